@@ -1,0 +1,57 @@
+# Thin wrapper over CMake. The two commands the README opens with:
+#   make demo   set up, build, and run the end-to-end demo
+#   make test   set up, build, and run every test
+# Others: test-asan (ASan+UBSan), test-tsan, fuzz (FUZZ_SECONDS each target),
+# bench, format, install (PREFIX), clean.
+
+JOBS ?= $(shell nproc)
+WERROR ?= $(if $(CI),ON,OFF)
+FUZZ_SECONDS ?= 60
+PREFIX ?= /usr/local
+CMAKE_FLAGS ?=
+
+define configure
+	cmake -S . -B $(1) -DECT_WERROR=$(WERROR) $(CMAKE_FLAGS) $(2) >/dev/null
+	cmake --build $(1) -j $(JOBS)
+endef
+
+.PHONY: all deps build demo test test-asan test-tsan fuzz bench format install clean
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+build: deps
+	$(call configure,build,)
+
+demo: build
+	./build/ect info
+
+test: build
+	ctest --test-dir build --output-on-failure -j $(JOBS)
+
+test-asan: deps
+	$(call configure,build-asan,-DCMAKE_BUILD_TYPE=Debug -DECT_SANITIZE=address)
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	  ctest --test-dir build-asan --output-on-failure -j $(JOBS)
+
+test-tsan: deps
+	$(call configure,build-tsan,-DCMAKE_BUILD_TYPE=Debug -DECT_SANITIZE=thread)
+	TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -j $(JOBS)
+
+fuzz: deps
+	CC=clang $(call configure,build-fuzz,-DECT_FUZZ=ON -DECT_BUILD_TESTS=OFF)
+	bash scripts/run-fuzz.sh build-fuzz/fuzz $(FUZZ_SECONDS)
+
+bench: build
+	./build/ect bench
+
+format:
+	clang-format -i $$(git ls-files '*.c' '*.h')
+
+install: build
+	cmake --install build --prefix $(PREFIX)
+
+clean:
+	rm -rf build build-asan build-tsan build-fuzz

@@ -1,0 +1,106 @@
+/* args — flag value parsing shared by every command. */
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "cli/cli.h"
+
+int cli_usage_error(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "ect %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\ntry 'ect %s --help'\n", cmd);
+    va_end(ap);
+    return CLI_EXIT_USAGE;
+}
+
+bool cli_parse_u64(const char *flag, const char *s, uint64_t min, uint64_t max, uint64_t *out) {
+    char *end;
+    errno = 0;
+    if (!s || !isdigit((unsigned char)*s)) goto bad;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end || v < min || v > max) goto bad;
+    *out = v;
+    return true;
+bad:
+    fprintf(stderr, "%s: '%s' is not an integer in [%" PRIu64 ", %" PRIu64 "]\n", flag, s ? s : "",
+            min, max);
+    return false;
+}
+
+bool cli_parse_size(const char *flag, const char *s, uint64_t *out) {
+    static const struct {
+        const char *suffix;
+        double mult;
+    } units[] = {
+        {"", 1},       {"b", 1},        {"k", 0x1p10},   {"kib", 0x1p10}, {"kb", 1e3},
+        {"m", 0x1p20}, {"mib", 0x1p20}, {"mb", 1e6},     {"g", 0x1p30},   {"gib", 0x1p30},
+        {"gb", 1e9},   {"t", 0x1p40},   {"tib", 0x1p40}, {"tb", 1e12},
+    };
+    char *end;
+    if (!s || !(isdigit((unsigned char)*s) || *s == '.')) goto bad;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || !isfinite(v) || v < 0) goto bad;
+    while (*end == ' ') end++;
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcasecmp(end, units[i].suffix) == 0) {
+            double bytes = v * units[i].mult;
+            if (bytes >= 0x1p63 || bytes != floor(bytes)) goto bad;
+            *out = (uint64_t)bytes;
+            return true;
+        }
+    }
+bad:
+    fprintf(stderr,
+            "%s: '%s' is not a size; use a whole number of bytes or forms like 64KiB, 4.5MiB, "
+            "1GiB, 2GB\n",
+            flag, s ? s : "");
+    return false;
+}
+
+bool cli_parse_hostport(const char *flag, const char *s, char *host, size_t hostcap, int *port) {
+    const char *colon = s ? strrchr(s, ':') : NULL;
+    uint64_t p;
+    if (!colon || colon == s) goto bad;
+    const char *h = s;
+    size_t hlen = (size_t)(colon - s);
+    if (h[0] == '[' && hlen >= 2 && h[hlen - 1] == ']') {
+        h++;
+        hlen -= 2;
+    }
+    if (hlen == 0 || hlen >= hostcap) goto bad;
+    char *end;
+    errno = 0;
+    if (!isdigit((unsigned char)colon[1])) goto bad;
+    p = strtoull(colon + 1, &end, 10);
+    if (errno || *end || p > 65535) goto bad;
+    memcpy(host, h, hlen);
+    host[hlen] = '\0';
+    *port = (int)p;
+    return true;
+bad:
+    fprintf(stderr, "%s: '%s' is not HOST:PORT (e.g. 127.0.0.1:14579)\n", flag, s ? s : "");
+    return false;
+}
+
+const char *cli_fmt_size(uint64_t bytes, char *buf, size_t cap) {
+    static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024 && u < 4) {
+        v /= 1024;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, cap, "%" PRIu64 " B", bytes);
+    else
+        snprintf(buf, cap, "%.4g %s", v, unit[u]);
+    return buf;
+}

@@ -1,0 +1,49 @@
+/*
+ * cli — the `ect` command-line tool. Each command is one function in its own
+ * file (cmd_<name>.c) registered in the table in main.c. Commands parse their
+ * own flags with getopt_long, print `--help` to stdout, and report bad flags
+ * on stderr with what is accepted, returning exit code 2.
+ */
+#ifndef ECT_CLI_H
+#define ECT_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct cli_cmd {
+    const char *name;
+    const char *summary;
+    int (*run)(int argc, char **argv); /* argv[0] is the command name */
+} cli_cmd;
+
+/* Exit codes. */
+#define CLI_EXIT_OK 0
+#define CLI_EXIT_FAIL 1
+#define CLI_EXIT_USAGE 2
+
+/* Parses sizes like "4096", "64KiB", "4.5MiB", "1GiB", "1.5GB", "16k".
+ * Binary suffixes (KiB, MiB, GiB, TiB, and K/M/G/T) are powers of 1024;
+ * KB/MB/GB/TB are powers of 1000. Returns false with a message on stderr. */
+bool cli_parse_size(const char *flag, const char *s, uint64_t *out);
+/* Parses a non-negative integer within [min, max]. */
+bool cli_parse_u64(const char *flag, const char *s, uint64_t min, uint64_t max, uint64_t *out);
+/* Parses "HOST:PORT" ("[v6]:PORT" too) into host (NUL-terminated) and port. */
+bool cli_parse_hostport(const char *flag, const char *s, char *host, size_t hostcap, int *port);
+/* Prints "ect CMD: MSG" and "try 'ect CMD --help'" to stderr; returns CLI_EXIT_USAGE. */
+int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Formats a byte count as "4.5 MiB" into buf. */
+const char *cli_fmt_size(uint64_t bytes, char *buf, size_t cap);
+
+/* Commands. */
+int cmd_info(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+
+/* Bench sub-commands: `ect bench NAME [--json]`. */
+typedef struct cli_bench {
+    const char *name;
+    const char *summary;
+    int (*run)(int argc, char **argv);
+} cli_bench;
+
+#endif

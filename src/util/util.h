@@ -1,0 +1,61 @@
+/*
+ * util — internal helpers every layer uses: error detail, logging, the
+ * monotonic clock, random ids and overflow-checked size arithmetic.
+ * Pure except for logging (stderr) and the id generator (getrandom).
+ */
+#ifndef ECT_UTIL_H
+#define ECT_UTIL_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ectransfer.h"
+
+#define ECT_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+/* ---- errors: record a detail sentence for ect_last_error(), return code. */
+int ect_set_error(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Wraps errno `e` as an ECT_E* code with "what: strerror(e)" as detail. */
+int ect_set_errno(int e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void ect_clear_error(void);
+
+/* ---- logging: level from ECT_LOG=error|warn|info|debug (default warn). */
+typedef enum { ECT_LOG_ERROR = 0, ECT_LOG_WARN, ECT_LOG_INFO, ECT_LOG_DEBUG } ect_log_level;
+bool ect_log_enabled(ect_log_level lvl);
+void ect_log(ect_log_level lvl, const char *mod, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Tests and the CLI may force a level; -1 re-reads ECT_LOG. */
+void ect_log_set_level(int lvl);
+
+#define ECT_LOGE(mod, ...) ect_log(ECT_LOG_ERROR, mod, __VA_ARGS__)
+#define ECT_LOGW(mod, ...) ect_log(ECT_LOG_WARN, mod, __VA_ARGS__)
+#define ECT_LOGI(mod, ...)                                                                         \
+    do {                                                                                           \
+        if (ect_log_enabled(ECT_LOG_INFO)) ect_log(ECT_LOG_INFO, mod, __VA_ARGS__);                \
+    } while (0)
+#define ECT_LOGD(mod, ...)                                                                         \
+    do {                                                                                           \
+        if (ect_log_enabled(ECT_LOG_DEBUG)) ect_log(ECT_LOG_DEBUG, mod, __VA_ARGS__);              \
+    } while (0)
+
+/* ---- clock: CLOCK_MONOTONIC. */
+uint64_t ect_now_ns(void);
+uint64_t ect_now_ms(void);
+double ect_now_s(void);
+
+/* ---- ids: 32 lowercase hex digits from the OS random source (like uuid4().hex). */
+#define ECT_ID_LEN 32
+void ect_random_id(char out[ECT_ID_LEN + 1]);
+uint64_t ect_random_u64(void);
+
+/* ---- checked arithmetic: return false on overflow. */
+static inline bool ect_mul_u64(uint64_t a, uint64_t b, uint64_t *out) {
+    return !__builtin_mul_overflow(a, b, out);
+}
+static inline bool ect_add_u64(uint64_t a, uint64_t b, uint64_t *out) {
+    return !__builtin_add_overflow(a, b, out);
+}
+
+#endif
