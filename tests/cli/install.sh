@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs the build into a scratch prefix with `cmake --install`, then builds
+# an embedding program against it through the generated ectransfer.pc, both
+# shared and static, and runs them.
+set -euo pipefail
+: "${ECT_BUILD_DIR:?}" "${ECT_SOURCE_DIR:?}"
+prefix=$(mktemp -d)
+trap 'rm -rf "$prefix"' EXIT
+cmake --install "$ECT_BUILD_DIR" --prefix "$prefix" >/dev/null
+libdir=$(ls -d "$prefix"/lib*/ | head -n1)
+test -f "$prefix/include/ectransfer.h"
+test -x "$prefix/bin/ect"
+test -f "$libdir/pkgconfig/ectransfer.pc"
+export PKG_CONFIG_PATH="$libdir/pkgconfig"
+pkg-config --modversion ectransfer
+cc -std=c11 -Wall -Werror "$ECT_SOURCE_DIR/examples/version.c" -o "$prefix/v_shared" \
+  $(pkg-config --cflags --libs ectransfer)
+LD_LIBRARY_PATH="$libdir" "$prefix/v_shared" | grep -q '^ectransfer .*pool is full'
+cc -std=c11 -Wall -Werror "$ECT_SOURCE_DIR/examples/version.c" -o "$prefix/v_static" \
+  $(pkg-config --cflags ectransfer) "$libdir/libectransfer.a" $(pkg-config --static --libs-only-l ectransfer | sed 's/-lectransfer//')
+"$prefix/v_static" | grep -q 'pool is full'
+"$prefix/bin/ect" --version | grep -q '^ect '
+echo "install: ok"
