@@ -12,11 +12,17 @@ test -f "$prefix/include/ectransfer.h"
 test -x "$prefix/bin/ect"
 test -f "$libdir/pkgconfig/ectransfer.pc"
 export PKG_CONFIG_PATH="$libdir/pkgconfig"
+# A sanitizer build of the library needs the same runtime in the program.
+san=""
+case "$("$prefix/bin/ect" info | sed -n 's/.*sanitize=\([a-z]*\).*/\1/p')" in
+  address) san="-fsanitize=address,undefined" ;;
+  thread) san="-fsanitize=thread" ;;
+esac
 pkg-config --modversion ectransfer
-cc -std=c11 -Wall -Werror "$ECT_SOURCE_DIR/examples/version.c" -o "$prefix/v_shared" \
+cc -std=c11 -Wall -Werror $san "$ECT_SOURCE_DIR/examples/version.c" -o "$prefix/v_shared" \
   $(pkg-config --cflags --libs ectransfer)
 LD_LIBRARY_PATH="$libdir" "$prefix/v_shared" | grep -q '^ectransfer .*pool is full'
-cc -std=c11 -Wall -Werror "$ECT_SOURCE_DIR/examples/version.c" -o "$prefix/v_static" \
+cc -std=c11 -Wall -Werror $san "$ECT_SOURCE_DIR/examples/version.c" -o "$prefix/v_static" \
   $(pkg-config --cflags ectransfer) "$libdir/libectransfer.a" $(pkg-config --static --libs-only-l ectransfer | sed 's/-lectransfer//')
 "$prefix/v_static" | grep -q 'pool is full'
 "$prefix/bin/ect" --version | grep -q '^ect '
