@@ -1,0 +1,886 @@
+/*
+ * pull_msg — msgpack codecs of the generation-1 messages (see pull_msg.h).
+ *
+ * Decoding runs in three steps, so that no input, however hostile, makes the
+ * decoder allocate or work more than a small multiple of its length:
+ *
+ *  1. A structural scan of the raw bytes (scan_*) walks every msgpack object
+ *     without allocating. It rejects truncation, trailing bytes, the reserved
+ *     byte 0xc1, nesting deeper than WIRE_PULL_MAX_DEPTH, more than
+ *     WIRE_PULL_MAX_OBJECTS objects, and containers that declare more entries
+ *     than bytes remain. The last check matters: msgpack-c's unpacker
+ *     allocates count x sizeof(msgpack_object) for a container as soon as it
+ *     reads the header, so a 5-byte `dd ff ff ff ff` would otherwise ask for
+ *     ~100 GiB.
+ *  2. msgpack_unpack_next builds the object tree in a zone. After step 1 the
+ *     zone holds at most ~24 bytes per object (~3 MiB).
+ *  3. The typed walk (*_from_obj) binds the top-level keys to the fields,
+ *     checks every type and bound, and copies what it keeps into owned
+ *     memory. It sees only trees that step 1 has bounded.
+ *
+ * Encoders validate with the same bounds and emit the smallest msgpack forms
+ * (msgpack-c's packer does that), which is also what msgspec emits.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <msgpack.h>
+
+#include "util/util.h"
+#include "wire/pull_msg.h"
+
+/* ------------------------------------------------------------ field names */
+
+/* Wire order of the keys of every message: the order msgspec encodes. */
+static const char *const notif_keys[] = {"mm_hashes", "shapes", "dtype_strs", "num_bytes_list",
+                                         "producer_session_id"};
+static const char *const pull_keys[] = {"mm_hash", "dst_ptr", "dst_offset", "consumer_session_id"};
+static const char *const complete_keys[] = {"mm_hash", "status"};
+static const char *const request_keys[] = {"request_id", "consumer_session_id", "mm_hashes"};
+static const char *const ready_keys[] = {"request_id", "mm_hashes",      "shapes",
+                                         "dtype_strs", "num_bytes_list", "producer_session_id",
+                                         "more"};
+#define MAX_FIELDS 7
+
+const char *wire_pull_type_name(wire_pull_type t) {
+    switch (t) {
+    case WIRE_PULL_NOTIFICATION: return "ECHashNotification";
+    case WIRE_PULL_PULL: return "ECTransferPull";
+    case WIRE_PULL_COMPLETE: return "ECTransferComplete";
+    case WIRE_PULL_REQUEST: return "ECTransferRequest";
+    case WIRE_PULL_READY: return "ECTransferReady";
+    default: return "unknown";
+    }
+}
+
+/* ----------------------------------------------------------------- errors */
+
+/* Where a value sits, for error texts: "msg.name[i][j]" (i, j < 0: absent). */
+typedef struct fpath {
+    const char *msg;
+    const char *name;
+    long i, j;
+} fpath;
+
+static void fpath_str(const fpath *f, char *buf, size_t cap) {
+    int n = snprintf(buf, cap, "%s.%s", f->msg, f->name);
+    if (n < 0 || (size_t)n >= cap) return;
+    if (f->i >= 0) n += snprintf(buf + n, cap - (size_t)n, "[%ld]", f->i);
+    if (n < 0 || (size_t)n >= cap) return;
+    if (f->j >= 0) snprintf(buf + n, cap - (size_t)n, "[%ld]", f->j);
+}
+
+static int ferr(const fpath *f, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int ferr(const fpath *f, int code, const char *fmt, ...) {
+    char where[160], what[256];
+    fpath_str(f, where, sizeof where);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return ect_set_error(code, "%s: %s", where, what);
+}
+
+/* Re-tags the current error detail with `code`, keeping its text (used where
+ * a helper such as wire_check_nbytes chose another code). */
+static int retag_error(int code) {
+    char text[512];
+    snprintf(text, sizeof text, "%s", ect_last_error());
+    return ect_set_error(code, "%s", text);
+}
+
+/* Printable copy of bytes from the peer (a key name) for an error text. */
+static void printable(const char *s, size_t n, char *buf, size_t cap) {
+    size_t k = 0;
+    for (size_t i = 0; i < n && k + 4 < cap; i++) {
+        unsigned char c = (unsigned char)s[i];
+        buf[k++] = (c >= 0x20 && c < 0x7f) ? (char)c : '?';
+    }
+    if (k + 4 >= cap && n > k) {
+        memcpy(buf + k, "...", 3);
+        k += 3;
+    }
+    buf[k] = '\0';
+}
+
+static const char *obj_type_name(const msgpack_object *o) {
+    switch (o->type) {
+    case MSGPACK_OBJECT_NIL: return "nil";
+    case MSGPACK_OBJECT_BOOLEAN: return "bool";
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER: return "int";
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64: return "float";
+    case MSGPACK_OBJECT_STR: return "str";
+    case MSGPACK_OBJECT_BIN: return "bin";
+    case MSGPACK_OBJECT_ARRAY: return "array";
+    case MSGPACK_OBJECT_MAP: return "map";
+    case MSGPACK_OBJECT_EXT: return "ext";
+    default: return "unknown";
+    }
+}
+
+/* ------------------------------------------------------------------- text */
+
+/* Strict UTF-8 (no overlong forms, no surrogates, nothing above U+10FFFF),
+ * as msgspec and Python require of a str. */
+static bool utf8_valid(const unsigned char *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        unsigned char c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        size_t len;
+        uint32_t cp, min;
+        if (c >= 0xc2 && c <= 0xdf)
+            len = 2, cp = c & 0x1f, min = 0x80;
+        else if (c >= 0xe0 && c <= 0xef)
+            len = 3, cp = c & 0x0f, min = 0x800;
+        else if (c >= 0xf0 && c <= 0xf4)
+            len = 4, cp = c & 0x07, min = 0x10000;
+        else
+            return false;
+        if (n - i < len) return false;
+        for (size_t k = 1; k < len; k++) {
+            if ((s[i + k] & 0xc0) != 0x80) return false;
+            cp = (cp << 6) | (s[i + k] & 0x3f);
+        }
+        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+        i += len;
+    }
+    return true;
+}
+
+/* A string field: 1..max bytes of UTF-8 without NUL (we hand it to C). */
+static int check_text(const fpath *f, int code, const char *s, size_t n, size_t max) {
+    if (n == 0) return ferr(f, code, "must not be empty");
+    if (n > max) return ferr(f, code, "string of %zu bytes exceeds the bound of %zu", n, max);
+    if (memchr(s, '\0', n)) return ferr(f, code, "contains a NUL byte");
+    if (!utf8_valid((const unsigned char *)s, n)) return ferr(f, code, "is not valid UTF-8");
+    return 0;
+}
+
+/* --------------------------------------------------- step 1: the raw scan */
+
+typedef struct scanner {
+    const uint8_t *p;
+    size_t len, pos;
+    size_t nobj;
+    const char *msg;
+    char key[64]; /* top-level key being scanned, printable; "" outside */
+} scanner;
+
+static int scan_fail(const scanner *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int scan_fail(const scanner *s, const char *fmt, ...) {
+    char what[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    if (s->key[0]) return ect_set_error(ECT_EPROTO, "%s.%s: %s", s->msg, s->key, what);
+    return ect_set_error(ECT_EPROTO, "%s: %s", s->msg, what);
+}
+
+static int scan_need(const scanner *s, uint64_t n) {
+    if (n > s->len - s->pos)
+        return scan_fail(s,
+                         "truncated input (%" PRIu64 " more bytes needed at offset %zu, %zu left)",
+                         n, s->pos, s->len - s->pos);
+    return 0;
+}
+
+/* Reads a big-endian unsigned of `width` bytes. */
+static int scan_uint(scanner *s, unsigned width, uint64_t *v) {
+    int rc = scan_need(s, width);
+    if (rc) return rc;
+    uint64_t x = 0;
+    for (unsigned k = 0; k < width; k++) x = (x << 8) | s->p[s->pos++];
+    *v = x;
+    return 0;
+}
+
+static int scan_value(scanner *s, int depth);
+
+static int scan_container(scanner *s, uint64_t n, bool is_map, int depth) {
+    uint64_t objs = is_map ? 2 * n : n; /* n < 2^32, cannot overflow */
+    if (objs > s->len - s->pos)
+        return scan_fail(s,
+                         "truncated input (%s at offset %zu declares %" PRIu64
+                         " entries, only %zu bytes left)",
+                         is_map ? "map" : "array", s->pos, n, s->len - s->pos);
+    if (objs > WIRE_PULL_MAX_OBJECTS - s->nobj)
+        return scan_fail(s, "more than %d msgpack objects in one message", WIRE_PULL_MAX_OBJECTS);
+    for (uint64_t k = 0; k < objs; k++) {
+        int rc = scan_value(s, depth + 1);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+static int scan_value(scanner *s, int depth) {
+    if (depth > WIRE_PULL_MAX_DEPTH)
+        return scan_fail(s, "nesting deeper than %d levels", WIRE_PULL_MAX_DEPTH);
+    if (s->nobj >= WIRE_PULL_MAX_OBJECTS)
+        return scan_fail(s, "more than %d msgpack objects in one message", WIRE_PULL_MAX_OBJECTS);
+    s->nobj++;
+    int rc = scan_need(s, 1);
+    if (rc) return rc;
+    uint8_t b = s->p[s->pos++];
+    uint64_t n = 0, extra = 0;
+    if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3) return 0;
+    if ((b & 0xf0) == 0x80) return scan_container(s, b & 0x0f, true, depth);
+    if ((b & 0xf0) == 0x90) return scan_container(s, b & 0x0f, false, depth);
+    if ((b & 0xe0) == 0xa0) {
+        rc = scan_need(s, b & 0x1f);
+        if (!rc) s->pos += b & 0x1f;
+        return rc;
+    }
+    switch (b) {
+    case 0xc4: /* bin 8/16/32 */
+    case 0xd9: /* str 8/16/32 */ rc = scan_uint(s, 1, &n); break;
+    case 0xc5:
+    case 0xda: rc = scan_uint(s, 2, &n); break;
+    case 0xc6:
+    case 0xdb: rc = scan_uint(s, 4, &n); break;
+    case 0xc7: rc = scan_uint(s, 1, &n), extra = 1; break; /* ext 8/16/32: + type byte */
+    case 0xc8: rc = scan_uint(s, 2, &n), extra = 1; break;
+    case 0xc9: rc = scan_uint(s, 4, &n), extra = 1; break;
+    case 0xca: n = 4; break; /* float 32 */
+    case 0xcb: n = 8; break; /* float 64 */
+    case 0xcc:
+    case 0xd0: n = 1; break;
+    case 0xcd:
+    case 0xd1: n = 2; break;
+    case 0xce:
+    case 0xd2: n = 4; break;
+    case 0xcf:
+    case 0xd3: n = 8; break;
+    case 0xd4: n = 2; break; /* fixext 1/2/4/8/16: type byte + data */
+    case 0xd5: n = 3; break;
+    case 0xd6: n = 5; break;
+    case 0xd7: n = 9; break;
+    case 0xd8: n = 17; break;
+    case 0xdc: /* array 16/32, map 16/32 */
+    case 0xdd:
+    case 0xde:
+    case 0xdf:
+        rc = scan_uint(s, (b & 1) ? 4 : 2, &n);
+        return rc ? rc : scan_container(s, n, b >= 0xde, depth);
+    default: /* 0xc1, the one byte msgpack never uses */
+        return scan_fail(s, "invalid msgpack byte 0x%02x at offset %zu", b, s->pos - 1);
+    }
+    if (rc) return rc;
+    rc = scan_need(s, n + extra);
+    if (rc) return rc;
+    s->pos += (size_t)(n + extra);
+    return 0;
+}
+
+/* Scans the whole input: one map with at most WIRE_PULL_MAX_KEYS keys and
+ * nothing after it. The error text names the top-level key being read. */
+static int scan_message(scanner *s) {
+    if (s->len == 0) return scan_fail(s, "truncated input (empty message)");
+    uint8_t b = s->p[0];
+    uint64_t n;
+    s->pos = 1;
+    s->nobj = 1;
+    int rc = 0;
+    if ((b & 0xf0) == 0x80)
+        n = b & 0x0f;
+    else if (b == 0xde)
+        rc = scan_uint(s, 2, &n);
+    else if (b == 0xdf)
+        rc = scan_uint(s, 4, &n);
+    else
+        return scan_fail(s, "expected a msgpack map at the top level (first byte 0x%02x)", b);
+    if (rc) return rc;
+    if (n > WIRE_PULL_MAX_KEYS)
+        return scan_fail(s, "map of %" PRIu64 " keys exceeds the bound of %d", n,
+                         WIRE_PULL_MAX_KEYS);
+    for (uint64_t k = 0; k < n; k++) {
+        size_t kpos = s->pos;
+        s->key[0] = '\0';
+        rc = scan_value(s, 2);
+        if (rc) return rc;
+        /* Name the key in later errors when it is a (fix/8/16) str. */
+        uint8_t kb = s->p[kpos];
+        size_t hdr = (kb & 0xe0) == 0xa0 ? 1 : kb == 0xd9 ? 2 : kb == 0xda ? 3 : kb == 0xdb ? 5 : 0;
+        if (hdr)
+            printable((const char *)s->p + kpos + hdr, s->pos - kpos - hdr, s->key, sizeof s->key);
+        rc = scan_value(s, 2);
+        if (rc) return rc;
+    }
+    s->key[0] = '\0';
+    if (s->pos != s->len)
+        return scan_fail(s, "%zu trailing bytes after the message", s->len - s->pos);
+    return 0;
+}
+
+/* ------------------------------------------------ step 2: msgpack-c unpack */
+
+static int unpack(const void *buf, size_t len, const char *msg, msgpack_unpacked *u) {
+    msgpack_unpacked_init(u);
+    if (!buf && len) return ect_set_error(ECT_EINVAL, "%s: NULL buffer", msg);
+    if (len > WIRE_PULL_MAX_MSG)
+        return ect_set_error(ECT_EPROTO, "%s: message of %zu bytes exceeds the bound of %u bytes",
+                             msg, len, WIRE_PULL_MAX_MSG);
+    scanner s = {.p = buf, .len = len, .msg = msg};
+    int rc = scan_message(&s);
+    if (rc) return rc;
+    size_t off = 0;
+    msgpack_unpack_return r = msgpack_unpack_next(u, buf, len, &off);
+    if (r == MSGPACK_UNPACK_SUCCESS && off == len && u->data.type == MSGPACK_OBJECT_MAP) return 0;
+    msgpack_unpacked_destroy(u);
+    msgpack_unpacked_init(u);
+    if (r == MSGPACK_UNPACK_NOMEM_ERROR)
+        return ect_set_error(ECT_ENOMEM, "%s: out of memory unpacking %zu bytes", msg, len);
+    /* The scan accepts exactly what msgpack-c parses; reaching here is a bug
+     * on one side, reported rather than asserted since the bytes are remote. */
+    return ect_set_error(ECT_EPROTO, "%s: msgpack-c could not parse the message (code %d)", msg,
+                         (int)r);
+}
+
+/* ---------------------------------------------------- step 3: typed walk */
+
+static bool key_is(const msgpack_object *k, const char *name) {
+    size_t n = strlen(name);
+    return k->type == MSGPACK_OBJECT_STR && k->via.str.size == n &&
+           memcmp(k->via.str.ptr, name, n) == 0;
+}
+
+static const msgpack_object *find_key(const msgpack_object *root, const char *name) {
+    for (uint32_t i = 0; i < root->via.map.size; i++)
+        if (key_is(&root->via.map.ptr[i].key, name)) return &root->via.map.ptr[i].val;
+    return NULL;
+}
+
+/* Binds the top-level keys to `names` (vals[k] for names[k]); rejects
+ * non-string and duplicate keys and missing fields; ignores unknown keys. */
+static int bind_fields(const msgpack_object *root, const char *msg, const char *const *names,
+                       size_t n, const msgpack_object **vals) {
+    const msgpack_object_kv *kv = root->via.map.ptr;
+    uint32_t size = root->via.map.size;
+    for (size_t k = 0; k < n; k++) vals[k] = NULL;
+    for (uint32_t i = 0; i < size; i++) {
+        const msgpack_object *key = &kv[i].key;
+        if (key->type != MSGPACK_OBJECT_STR)
+            return ect_set_error(ECT_EPROTO, "%s: key #%u is a %s, keys must be str", msg, i,
+                                 obj_type_name(key));
+        for (uint32_t j = 0; j < i; j++) {
+            if (kv[j].key.via.str.size == key->via.str.size &&
+                memcmp(kv[j].key.via.str.ptr, key->via.str.ptr, key->via.str.size) == 0) {
+                char name[64];
+                printable(key->via.str.ptr, key->via.str.size, name, sizeof name);
+                return ect_set_error(ECT_EPROTO, "%s.%s: duplicate key", msg, name);
+            }
+        }
+        for (size_t k = 0; k < n; k++)
+            if (key_is(key, names[k])) vals[k] = &kv[i].val;
+    }
+    for (size_t k = 0; k < n; k++)
+        if (!vals[k]) return ect_set_error(ECT_EPROTO, "%s.%s: missing field", msg, names[k]);
+    return 0;
+}
+
+static int get_u64(const msgpack_object *o, const fpath *f, uint64_t *out) {
+    if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
+        *out = o->via.u64;
+        return 0;
+    }
+    if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+        return ferr(f, ECT_EPROTO, "negative int %" PRId64 ", expected 0..2^64-1", o->via.i64);
+    return ferr(f, ECT_EPROTO, "expected an int, got %s", obj_type_name(o));
+}
+
+static int get_i32(const msgpack_object *o, const fpath *f, int32_t *out) {
+    if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
+        if (o->via.u64 > INT32_MAX)
+            return ferr(f, ECT_EPROTO, "int %" PRIu64 " out of the int32 range", o->via.u64);
+        *out = (int32_t)o->via.u64;
+        return 0;
+    }
+    if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+        if (o->via.i64 < INT32_MIN)
+            return ferr(f, ECT_EPROTO, "int %" PRId64 " out of the int32 range", o->via.i64);
+        *out = (int32_t)o->via.i64;
+        return 0;
+    }
+    return ferr(f, ECT_EPROTO, "expected an int, got %s", obj_type_name(o));
+}
+
+static int get_bool(const msgpack_object *o, const fpath *f, bool *out) {
+    if (o->type != MSGPACK_OBJECT_BOOLEAN)
+        return ferr(f, ECT_EPROTO, "expected a bool, got %s", obj_type_name(o));
+    *out = o->via.boolean;
+    return 0;
+}
+
+static int get_str(const msgpack_object *o, const fpath *f, char **out) {
+    if (o->type != MSGPACK_OBJECT_STR)
+        return ferr(f, ECT_EPROTO, "expected a str, got %s", obj_type_name(o));
+    int rc = check_text(f, ECT_EPROTO, o->via.str.ptr, o->via.str.size, WIRE_PULL_MAX_STR);
+    if (rc) return rc;
+    char *s = malloc(o->via.str.size + 1);
+    if (!s) return ferr(f, ECT_ENOMEM, "out of memory");
+    memcpy(s, o->via.str.ptr, o->via.str.size);
+    s[o->via.str.size] = '\0';
+    *out = s;
+    return 0;
+}
+
+static int get_list(const msgpack_object *o, const fpath *f, const msgpack_object **elems,
+                    size_t *n) {
+    if (o->type != MSGPACK_OBJECT_ARRAY)
+        return ferr(f, ECT_EPROTO, "expected an array, got %s", obj_type_name(o));
+    if (o->via.array.size > WIRE_PULL_MAX_ITEMS)
+        return ferr(f, ECT_EPROTO, "list of %u entries exceeds the bound of %d", o->via.array.size,
+                    WIRE_PULL_MAX_ITEMS);
+    *elems = o->via.array.ptr;
+    *n = o->via.array.size;
+    return 0;
+}
+
+static int get_dtype(const msgpack_object *o, const fpath *f, char out[WIRE_PULL_DTYPE_CAP]) {
+    if (o->type != MSGPACK_OBJECT_STR)
+        return ferr(f, ECT_EPROTO, "expected a str, got %s", obj_type_name(o));
+    int rc = check_text(f, ECT_EPROTO, o->via.str.ptr, o->via.str.size, WIRE_PULL_DTYPE_CAP - 1);
+    if (rc) return rc;
+    memcpy(out, o->via.str.ptr, o->via.str.size);
+    out[o->via.str.size] = '\0';
+    if (!wire_dtype_canonical(out))
+        return ferr(f, ECT_EPROTO, "Unsupported torch dtype string '%s'", out);
+    return 0;
+}
+
+static void items_free(wire_pull_item *items, size_t n) {
+    if (!items) return;
+    for (size_t i = 0; i < n; i++) free(items[i].mm_hash);
+    free(items);
+}
+
+/* The four columnar lists -> rows. vals[0..3] are mm_hashes, shapes,
+ * dtype_strs, num_bytes_list. */
+static int items_from_obj(const msgpack_object *const *vals, const char *msg, wire_pull_item **out,
+                          size_t *out_n) {
+    static const char *const names[4] = {"mm_hashes", "shapes", "dtype_strs", "num_bytes_list"};
+    const msgpack_object *col[4];
+    size_t n[4];
+    for (int c = 0; c < 4; c++) {
+        fpath f = {msg, names[c], -1, -1};
+        int rc = get_list(vals[c], &f, &col[c], &n[c]);
+        if (rc) return rc;
+    }
+    for (int c = 1; c < 4; c++)
+        if (n[c] != n[0])
+            return ect_set_error(ECT_EPROTO, "%s.%s: list has %zu entries but mm_hashes has %zu",
+                                 msg, names[c], n[c], n[0]);
+    wire_pull_item *items = n[0] ? calloc(n[0], sizeof *items) : NULL;
+    if (n[0] && !items) return ect_set_error(ECT_ENOMEM, "%s: out of memory", msg);
+    int rc = 0;
+    for (size_t i = 0; i < n[0] && !rc; i++) {
+        wire_pull_item *it = &items[i];
+        fpath fh = {msg, "mm_hashes", (long)i, -1};
+        rc = get_str(&col[0][i], &fh, &it->mm_hash);
+        if (rc) break;
+        fpath fs = {msg, "shapes", (long)i, -1};
+        const msgpack_object *dims = &col[1][i];
+        if (dims->type != MSGPACK_OBJECT_ARRAY) {
+            rc = ferr(&fs, ECT_EPROTO, "expected an array, got %s", obj_type_name(dims));
+            break;
+        }
+        if (dims->via.array.size > WIRE_MAX_NDIM) {
+            rc = ferr(&fs, ECT_EPROTO, "shape has %u dimensions, at most %d allowed",
+                      dims->via.array.size, WIRE_MAX_NDIM);
+            break;
+        }
+        it->ndim = dims->via.array.size;
+        for (uint32_t d = 0; d < it->ndim && !rc; d++) {
+            fpath fd = {msg, "shapes", (long)i, (long)d};
+            rc = get_u64(&dims->via.array.ptr[d], &fd, &it->shape[d]);
+        }
+        if (rc) break;
+        fpath ft = {msg, "dtype_strs", (long)i, -1};
+        rc = get_dtype(&col[2][i], &ft, it->dtype);
+        if (rc) break;
+        fpath fb = {msg, "num_bytes_list", (long)i, -1};
+        rc = get_u64(&col[3][i], &fb, &it->num_bytes);
+        if (rc) break;
+        char where[160];
+        fpath_str(&fb, where, sizeof where);
+        if (wire_check_nbytes(it->dtype, it->shape, it->ndim, it->num_bytes, where))
+            rc = retag_error(ECT_EPROTO);
+    }
+    if (rc) {
+        items_free(items, n[0]);
+        return rc;
+    }
+    *out = items;
+    *out_n = n[0];
+    return 0;
+}
+
+static int notification_from_obj(const msgpack_object *root, wire_hash_notification *m) {
+    const char *msg = "ECHashNotification";
+    const msgpack_object *v[MAX_FIELDS];
+    int rc = bind_fields(root, msg, notif_keys, ECT_ARRAY_LEN(notif_keys), v);
+    if (!rc) rc = items_from_obj(v, msg, &m->items, &m->n_items);
+    if (!rc)
+        rc = get_str(v[4], &(fpath){msg, "producer_session_id", -1, -1}, &m->producer_session_id);
+    if (rc) wire_hash_notification_free(m);
+    return rc;
+}
+
+static int pull_from_obj(const msgpack_object *root, wire_transfer_pull *m) {
+    const char *msg = "ECTransferPull";
+    const msgpack_object *v[MAX_FIELDS];
+    int rc = bind_fields(root, msg, pull_keys, ECT_ARRAY_LEN(pull_keys), v);
+    if (!rc) rc = get_str(v[0], &(fpath){msg, "mm_hash", -1, -1}, &m->mm_hash);
+    if (!rc) rc = get_u64(v[1], &(fpath){msg, "dst_ptr", -1, -1}, &m->dst_ptr);
+    if (!rc) rc = get_u64(v[2], &(fpath){msg, "dst_offset", -1, -1}, &m->dst_offset);
+    if (!rc)
+        rc = get_str(v[3], &(fpath){msg, "consumer_session_id", -1, -1}, &m->consumer_session_id);
+    if (rc) wire_transfer_pull_free(m);
+    return rc;
+}
+
+static int complete_from_obj(const msgpack_object *root, wire_transfer_complete *m) {
+    const char *msg = "ECTransferComplete";
+    const msgpack_object *v[MAX_FIELDS];
+    int rc = bind_fields(root, msg, complete_keys, ECT_ARRAY_LEN(complete_keys), v);
+    if (!rc) rc = get_str(v[0], &(fpath){msg, "mm_hash", -1, -1}, &m->mm_hash);
+    if (!rc) rc = get_i32(v[1], &(fpath){msg, "status", -1, -1}, &m->status);
+    if (rc) wire_transfer_complete_free(m);
+    return rc;
+}
+
+static int request_from_obj(const msgpack_object *root, wire_transfer_request *m) {
+    const char *msg = "ECTransferRequest";
+    const msgpack_object *v[MAX_FIELDS];
+    int rc = bind_fields(root, msg, request_keys, ECT_ARRAY_LEN(request_keys), v);
+    if (!rc) rc = get_str(v[0], &(fpath){msg, "request_id", -1, -1}, &m->request_id);
+    if (!rc)
+        rc = get_str(v[1], &(fpath){msg, "consumer_session_id", -1, -1}, &m->consumer_session_id);
+    const msgpack_object *elems = NULL;
+    size_t n = 0;
+    if (!rc) rc = get_list(v[2], &(fpath){msg, "mm_hashes", -1, -1}, &elems, &n);
+    if (!rc && n) {
+        m->mm_hashes = calloc(n, sizeof *m->mm_hashes);
+        if (!m->mm_hashes) rc = ect_set_error(ECT_ENOMEM, "%s: out of memory", msg);
+    }
+    for (size_t i = 0; i < n && !rc; i++) {
+        rc = get_str(&elems[i], &(fpath){msg, "mm_hashes", (long)i, -1}, &m->mm_hashes[i]);
+        m->n_mm_hashes = i + 1; /* so _free releases what was copied */
+    }
+    if (rc) wire_transfer_request_free(m);
+    return rc;
+}
+
+static int ready_from_obj(const msgpack_object *root, wire_transfer_ready *m) {
+    const char *msg = "ECTransferReady";
+    const msgpack_object *v[MAX_FIELDS];
+    int rc = bind_fields(root, msg, ready_keys, ECT_ARRAY_LEN(ready_keys), v);
+    if (!rc) rc = get_str(v[0], &(fpath){msg, "request_id", -1, -1}, &m->request_id);
+    if (!rc) rc = items_from_obj(v + 1, msg, &m->items, &m->n_items);
+    if (!rc)
+        rc = get_str(v[5], &(fpath){msg, "producer_session_id", -1, -1}, &m->producer_session_id);
+    if (!rc) rc = get_bool(v[6], &(fpath){msg, "more", -1, -1}, &m->more);
+    if (rc) wire_transfer_ready_free(m);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- decode */
+
+#define DEFINE_DECODE(fn, type, msgname, from_obj)                                                 \
+    int fn(const void *buf, size_t len, type *out) {                                               \
+        memset(out, 0, sizeof *out);                                                               \
+        msgpack_unpacked u;                                                                        \
+        int rc = unpack(buf, len, msgname, &u);                                                    \
+        if (!rc) rc = from_obj(&u.data, out);                                                      \
+        msgpack_unpacked_destroy(&u);                                                              \
+        return rc;                                                                                 \
+    }
+
+DEFINE_DECODE(wire_hash_notification_decode, wire_hash_notification, "ECHashNotification",
+              notification_from_obj)
+DEFINE_DECODE(wire_transfer_pull_decode, wire_transfer_pull, "ECTransferPull", pull_from_obj)
+DEFINE_DECODE(wire_transfer_complete_decode, wire_transfer_complete, "ECTransferComplete",
+              complete_from_obj)
+DEFINE_DECODE(wire_transfer_request_decode, wire_transfer_request, "ECTransferRequest",
+              request_from_obj)
+DEFINE_DECODE(wire_transfer_ready_decode, wire_transfer_ready, "ECTransferReady", ready_from_obj)
+
+int wire_pull_decode_any(const void *buf, size_t len, wire_pull_msg *out) {
+    memset(out, 0, sizeof *out);
+    msgpack_unpacked u;
+    int rc = unpack(buf, len, "pull message", &u);
+    if (rc) return rc;
+    const msgpack_object *root = &u.data;
+    wire_pull_type t = WIRE_PULL_NONE;
+    if (find_key(root, "dst_ptr"))
+        t = WIRE_PULL_PULL;
+    else if (find_key(root, "status"))
+        t = WIRE_PULL_COMPLETE;
+    else if (find_key(root, "request_id"))
+        t = find_key(root, "producer_session_id") ? WIRE_PULL_READY : WIRE_PULL_REQUEST;
+    else if (find_key(root, "producer_session_id"))
+        t = WIRE_PULL_NOTIFICATION;
+    switch (t) {
+    case WIRE_PULL_PULL: rc = pull_from_obj(root, &out->u.pull); break;
+    case WIRE_PULL_COMPLETE: rc = complete_from_obj(root, &out->u.complete); break;
+    case WIRE_PULL_READY: rc = ready_from_obj(root, &out->u.ready); break;
+    case WIRE_PULL_REQUEST: rc = request_from_obj(root, &out->u.request); break;
+    case WIRE_PULL_NOTIFICATION: rc = notification_from_obj(root, &out->u.notification); break;
+    default:
+        rc = ect_set_error(ECT_EPROTO,
+                           "pull message: unknown message type (none of the keys dst_ptr, "
+                           "status, request_id, producer_session_id)");
+    }
+    msgpack_unpacked_destroy(&u);
+    if (!rc)
+        out->type = t;
+    else
+        memset(out, 0, sizeof *out);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ free */
+
+void wire_hash_notification_free(wire_hash_notification *m) {
+    if (!m) return;
+    items_free(m->items, m->n_items);
+    free(m->producer_session_id);
+    memset(m, 0, sizeof *m);
+}
+
+void wire_transfer_pull_free(wire_transfer_pull *m) {
+    if (!m) return;
+    free(m->mm_hash);
+    free(m->consumer_session_id);
+    memset(m, 0, sizeof *m);
+}
+
+void wire_transfer_complete_free(wire_transfer_complete *m) {
+    if (!m) return;
+    free(m->mm_hash);
+    memset(m, 0, sizeof *m);
+}
+
+void wire_transfer_request_free(wire_transfer_request *m) {
+    if (!m) return;
+    free(m->request_id);
+    free(m->consumer_session_id);
+    if (m->mm_hashes)
+        for (size_t i = 0; i < m->n_mm_hashes; i++) free(m->mm_hashes[i]);
+    free(m->mm_hashes);
+    memset(m, 0, sizeof *m);
+}
+
+void wire_transfer_ready_free(wire_transfer_ready *m) {
+    if (!m) return;
+    free(m->request_id);
+    items_free(m->items, m->n_items);
+    free(m->producer_session_id);
+    memset(m, 0, sizeof *m);
+}
+
+void wire_pull_msg_free(wire_pull_msg *m) {
+    if (!m) return;
+    switch (m->type) {
+    case WIRE_PULL_NOTIFICATION: wire_hash_notification_free(&m->u.notification); break;
+    case WIRE_PULL_PULL: wire_transfer_pull_free(&m->u.pull); break;
+    case WIRE_PULL_COMPLETE: wire_transfer_complete_free(&m->u.complete); break;
+    case WIRE_PULL_REQUEST: wire_transfer_request_free(&m->u.request); break;
+    case WIRE_PULL_READY: wire_transfer_ready_free(&m->u.ready); break;
+    default: break;
+    }
+    memset(m, 0, sizeof *m);
+}
+
+/* ------------------------------------------------ encode-side validation */
+
+static int check_cstr(const char *s, const fpath *f) {
+    if (!s) return ferr(f, ECT_EINVAL, "is NULL");
+    return check_text(f, ECT_EINVAL, s, strlen(s), WIRE_PULL_MAX_STR);
+}
+
+static int check_items(const wire_pull_item *items, size_t n, const char *msg) {
+    if (n > WIRE_PULL_MAX_ITEMS)
+        return ferr(&(fpath){msg, "mm_hashes", -1, -1}, ECT_EINVAL,
+                    "list of %zu entries exceeds the bound of %d", n, WIRE_PULL_MAX_ITEMS);
+    if (n && !items) return ferr(&(fpath){msg, "mm_hashes", -1, -1}, ECT_EINVAL, "items is NULL");
+    for (size_t i = 0; i < n; i++) {
+        const wire_pull_item *it = &items[i];
+        int rc = check_cstr(it->mm_hash, &(fpath){msg, "mm_hashes", (long)i, -1});
+        if (rc) return rc;
+        if (it->ndim > WIRE_MAX_NDIM)
+            return ferr(&(fpath){msg, "shapes", (long)i, -1}, ECT_EINVAL,
+                        "shape has %u dimensions, at most %d allowed", it->ndim, WIRE_MAX_NDIM);
+        fpath ft = {msg, "dtype_strs", (long)i, -1};
+        size_t dl = strnlen(it->dtype, WIRE_PULL_DTYPE_CAP);
+        if (dl == WIRE_PULL_DTYPE_CAP) return ferr(&ft, ECT_EINVAL, "is not NUL-terminated");
+        if (!wire_dtype_canonical(it->dtype))
+            return ferr(&ft, ECT_EINVAL, "Unsupported torch dtype string '%s'", it->dtype);
+        char where[160];
+        fpath_str(&(fpath){msg, "num_bytes_list", (long)i, -1}, where, sizeof where);
+        if (wire_check_nbytes(it->dtype, it->shape, it->ndim, it->num_bytes, where))
+            return retag_error(ECT_EINVAL);
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- encode */
+
+/* Packing fails only when msgpack_sbuffer cannot grow; every pack call's
+ * result is OR-ed into one flag checked at the end. */
+static int pack_str(msgpack_packer *pk, const char *s) {
+    size_t n = strlen(s);
+    return msgpack_pack_str(pk, n) | msgpack_pack_str_body(pk, s, n);
+}
+
+static int pack_items(msgpack_packer *pk, const wire_pull_item *items, size_t n) {
+    int e = pack_str(pk, "mm_hashes") | msgpack_pack_array(pk, n);
+    for (size_t i = 0; i < n; i++) e |= pack_str(pk, items[i].mm_hash);
+    e |= pack_str(pk, "shapes") | msgpack_pack_array(pk, n);
+    for (size_t i = 0; i < n; i++) {
+        e |= msgpack_pack_array(pk, items[i].ndim);
+        for (uint32_t d = 0; d < items[i].ndim; d++)
+            e |= msgpack_pack_uint64(pk, items[i].shape[d]);
+    }
+    e |= pack_str(pk, "dtype_strs") | msgpack_pack_array(pk, n);
+    for (size_t i = 0; i < n; i++) e |= pack_str(pk, items[i].dtype);
+    e |= pack_str(pk, "num_bytes_list") | msgpack_pack_array(pk, n);
+    for (size_t i = 0; i < n; i++) e |= msgpack_pack_uint64(pk, items[i].num_bytes);
+    return e;
+}
+
+/* Hands the packed bytes to the caller, or frees them when packing failed. */
+static int finish(msgpack_sbuffer *sb, int pack_err, const char *msg, void **out, size_t *out_len) {
+    if (pack_err) {
+        msgpack_sbuffer_destroy(sb);
+        return ect_set_error(ECT_ENOMEM, "%s: out of memory encoding", msg);
+    }
+    /* The bounds checked above keep every message far below the limit. */
+    if (sb->size > WIRE_PULL_MAX_MSG) {
+        msgpack_sbuffer_destroy(sb);
+        return ect_set_error(ECT_EINVAL, "%s: encodes to more than %u bytes", msg,
+                             WIRE_PULL_MAX_MSG);
+    }
+    *out_len = sb->size;
+    *out = msgpack_sbuffer_release(sb);
+    return 0;
+}
+
+/* Argument checks shared by the encoders (before validation)... */
+#define ENCODE_ARGS(msg)                                                                           \
+    if (out) *out = NULL;                                                                          \
+    if (out_len) *out_len = 0;                                                                     \
+    if (!m || !out || !out_len) return ect_set_error(ECT_EINVAL, "%s: NULL argument", msg)
+
+/* ...and the packer they set up once the message is valid. */
+#define PACK_BEGIN()                                                                               \
+    msgpack_sbuffer sb;                                                                            \
+    msgpack_packer pk;                                                                             \
+    msgpack_sbuffer_init(&sb);                                                                     \
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write)
+
+int wire_hash_notification_encode(const wire_hash_notification *m, void **out, size_t *out_len) {
+    const char *msg = "ECHashNotification";
+    ENCODE_ARGS(msg);
+    int rc = check_items(m->items, m->n_items, msg);
+    if (!rc) rc = check_cstr(m->producer_session_id, &(fpath){msg, "producer_session_id", -1, -1});
+    if (rc) return rc;
+    PACK_BEGIN();
+    int e = msgpack_pack_map(&pk, ECT_ARRAY_LEN(notif_keys));
+    e |= pack_items(&pk, m->items, m->n_items);
+    e |= pack_str(&pk, "producer_session_id") | pack_str(&pk, m->producer_session_id);
+    return finish(&sb, e, msg, out, out_len);
+}
+
+int wire_transfer_pull_encode(const wire_transfer_pull *m, void **out, size_t *out_len) {
+    const char *msg = "ECTransferPull";
+    ENCODE_ARGS(msg);
+    int rc = check_cstr(m->mm_hash, &(fpath){msg, "mm_hash", -1, -1});
+    if (!rc) rc = check_cstr(m->consumer_session_id, &(fpath){msg, "consumer_session_id", -1, -1});
+    if (rc) return rc;
+    PACK_BEGIN();
+    int e = msgpack_pack_map(&pk, ECT_ARRAY_LEN(pull_keys));
+    e |= pack_str(&pk, "mm_hash") | pack_str(&pk, m->mm_hash);
+    e |= pack_str(&pk, "dst_ptr") | msgpack_pack_uint64(&pk, m->dst_ptr);
+    e |= pack_str(&pk, "dst_offset") | msgpack_pack_uint64(&pk, m->dst_offset);
+    e |= pack_str(&pk, "consumer_session_id") | pack_str(&pk, m->consumer_session_id);
+    return finish(&sb, e, msg, out, out_len);
+}
+
+int wire_transfer_complete_encode(const wire_transfer_complete *m, void **out, size_t *out_len) {
+    const char *msg = "ECTransferComplete";
+    ENCODE_ARGS(msg);
+    int rc = check_cstr(m->mm_hash, &(fpath){msg, "mm_hash", -1, -1});
+    if (rc) return rc;
+    PACK_BEGIN();
+    int e = msgpack_pack_map(&pk, ECT_ARRAY_LEN(complete_keys));
+    e |= pack_str(&pk, "mm_hash") | pack_str(&pk, m->mm_hash);
+    e |= pack_str(&pk, "status") | msgpack_pack_int32(&pk, m->status);
+    return finish(&sb, e, msg, out, out_len);
+}
+
+int wire_transfer_request_encode(const wire_transfer_request *m, void **out, size_t *out_len) {
+    const char *msg = "ECTransferRequest";
+    ENCODE_ARGS(msg);
+    int rc = check_cstr(m->request_id, &(fpath){msg, "request_id", -1, -1});
+    if (!rc) rc = check_cstr(m->consumer_session_id, &(fpath){msg, "consumer_session_id", -1, -1});
+    if (!rc && m->n_mm_hashes > WIRE_PULL_MAX_ITEMS)
+        rc = ferr(&(fpath){msg, "mm_hashes", -1, -1}, ECT_EINVAL,
+                  "list of %zu entries exceeds the bound of %d", m->n_mm_hashes,
+                  WIRE_PULL_MAX_ITEMS);
+    if (!rc && m->n_mm_hashes && !m->mm_hashes)
+        rc = ferr(&(fpath){msg, "mm_hashes", -1, -1}, ECT_EINVAL, "is NULL");
+    for (size_t i = 0; i < m->n_mm_hashes && !rc; i++)
+        rc = check_cstr(m->mm_hashes[i], &(fpath){msg, "mm_hashes", (long)i, -1});
+    if (rc) return rc;
+    PACK_BEGIN();
+    int e = msgpack_pack_map(&pk, ECT_ARRAY_LEN(request_keys));
+    e |= pack_str(&pk, "request_id") | pack_str(&pk, m->request_id);
+    e |= pack_str(&pk, "consumer_session_id") | pack_str(&pk, m->consumer_session_id);
+    e |= pack_str(&pk, "mm_hashes") | msgpack_pack_array(&pk, m->n_mm_hashes);
+    for (size_t i = 0; i < m->n_mm_hashes; i++) e |= pack_str(&pk, m->mm_hashes[i]);
+    return finish(&sb, e, msg, out, out_len);
+}
+
+int wire_transfer_ready_encode(const wire_transfer_ready *m, void **out, size_t *out_len) {
+    const char *msg = "ECTransferReady";
+    ENCODE_ARGS(msg);
+    int rc = check_cstr(m->request_id, &(fpath){msg, "request_id", -1, -1});
+    if (!rc) rc = check_items(m->items, m->n_items, msg);
+    if (!rc) rc = check_cstr(m->producer_session_id, &(fpath){msg, "producer_session_id", -1, -1});
+    if (rc) return rc;
+    PACK_BEGIN();
+    int e = msgpack_pack_map(&pk, ECT_ARRAY_LEN(ready_keys));
+    e |= pack_str(&pk, "request_id") | pack_str(&pk, m->request_id);
+    e |= pack_items(&pk, m->items, m->n_items);
+    e |= pack_str(&pk, "producer_session_id") | pack_str(&pk, m->producer_session_id);
+    e |= pack_str(&pk, "more") | (m->more ? msgpack_pack_true(&pk) : msgpack_pack_false(&pk));
+    return finish(&sb, e, msg, out, out_len);
+}
+
+int wire_pull_msg_encode(const wire_pull_msg *m, void **out, size_t *out_len) {
+    if (!m) {
+        if (out) *out = NULL;
+        return ect_set_error(ECT_EINVAL, "pull message: NULL argument");
+    }
+    switch (m->type) {
+    case WIRE_PULL_NOTIFICATION:
+        return wire_hash_notification_encode(&m->u.notification, out, out_len);
+    case WIRE_PULL_PULL: return wire_transfer_pull_encode(&m->u.pull, out, out_len);
+    case WIRE_PULL_COMPLETE: return wire_transfer_complete_encode(&m->u.complete, out, out_len);
+    case WIRE_PULL_REQUEST: return wire_transfer_request_encode(&m->u.request, out, out_len);
+    case WIRE_PULL_READY: return wire_transfer_ready_encode(&m->u.ready, out, out_len);
+    default:
+        if (out) *out = NULL;
+        return ect_set_error(ECT_EINVAL, "pull message: unknown type %d", (int)m->type);
+    }
+}
