@@ -1,0 +1,358 @@
+/*
+ * pool — one memory region, its allocator and its resident cache, behind one
+ * mutex (see the public header for the contract).
+ *
+ * The region is mapped in two steps so its base lands on a 2 MiB boundary
+ * whatever backs it: first an inaccessible reservation 2 MiB longer than
+ * needed, then the real mapping (anonymous, anonymous huge pages, or the
+ * memfd) fixed at the first aligned address inside it, then the unused head
+ * and tail of the reservation are unmapped. The aligned base lets huge pages
+ * back the region and lets transports and peers compute addresses without
+ * surprises.
+ *
+ * A memfd region is sealed against shrinking and growing once sized, so a
+ * peer that holds the fd can never truncate it under us (which would turn our
+ * own accesses into SIGBUS).
+ *
+ * Reclaim callbacks are collected under the mutex and delivered after it is
+ * released, so an owner may take its own locks or call back into the pool
+ * from the callback without deadlocking against another thread.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "mem/alloc.h"
+#include "mem/pool.h"
+#include "mem/resident.h"
+#include "util/util.h"
+
+#ifndef MAP_HUGE_2MB
+#define MAP_HUGE_2MB (21 << 26)
+#endif
+#ifndef MFD_HUGE_2MB
+#define MFD_HUGE_2MB (21 << 26)
+#endif
+
+#define DEFAULT_CAPACITY UINT64_C(1000000000)
+
+struct ect_pool {
+    pthread_mutex_t mu;
+    alloc *a;
+    resident_cache *res;
+    void *base;
+    uint64_t capacity; /* usable bytes */
+    uint64_t map_len;
+    int fd;
+    int huge, locked;
+    ect_pool_reclaim_fn on_reclaim;
+    void *reclaim_user;
+};
+
+void ect_pool_opts_init(ect_pool_opts *o) {
+    if (!o) return;
+    memset(o, 0, sizeof *o);
+    o->capacity = DEFAULT_CAPACITY;
+    o->alignment = ALLOC_DEFAULT_ALIGNMENT;
+}
+
+/* Creates the memfd (mode 0600, sized map_len); *huge is cleared on fallback. */
+static int open_memfd(uint64_t map_len, int *huge) {
+    int fd = -1;
+    if (*huge) {
+        fd = memfd_create("ectransfer-pool",
+                          MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB | MFD_HUGE_2MB);
+        if (fd < 0) {
+            ECT_LOGW("pool", "huge pages refused for the memfd (%s): using normal pages",
+                     strerror(errno));
+            *huge = 0;
+        }
+    }
+    if (fd < 0) fd = memfd_create("ectransfer-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return ect_set_errno(errno, "memfd_create for the pool");
+    if (fchmod(fd, 0600) != 0) {
+        int e = errno;
+        close(fd);
+        return ect_set_errno(e, "chmod 0600 of the pool's memfd");
+    }
+    if (ftruncate(fd, (off_t)map_len) != 0) {
+        int e = errno;
+        close(fd);
+        return ect_set_errno(e, "sizing the pool's memfd to %llu bytes",
+                             (unsigned long long)map_len);
+    }
+    if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+        ECT_LOGD("pool", "could not seal the pool's memfd: %s", strerror(errno));
+    return fd;
+}
+
+/* Maps map_len bytes at a 2 MiB aligned address into p->base. */
+static int map_region(ect_pool *p, int want_huge) {
+    uint64_t reserve_len = p->map_len + POOL_BASE_ALIGN;
+    void *raw =
+        mmap(NULL, reserve_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (raw == MAP_FAILED)
+        return ect_set_errno(errno, "reserving %llu bytes of address space for the pool",
+                             (unsigned long long)reserve_len);
+    uintptr_t aligned = ((uintptr_t)raw + POOL_BASE_ALIGN - 1) & ~(uintptr_t)(POOL_BASE_ALIGN - 1);
+    void *at = (void *)aligned, *m = MAP_FAILED;
+    int prot = PROT_READ | PROT_WRITE;
+    if (p->fd >= 0) {
+        m = mmap(at, p->map_len, prot, MAP_SHARED | MAP_FIXED, p->fd, 0);
+    } else {
+        if (want_huge) {
+            m = mmap(at, p->map_len, prot,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_HUGETLB | MAP_HUGE_2MB, -1, 0);
+            if (m == MAP_FAILED) {
+                ECT_LOGW("pool", "huge pages refused (%s): using normal pages", strerror(errno));
+                p->huge = 0;
+            }
+        }
+        if (m == MAP_FAILED)
+            m = mmap(at, p->map_len, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    }
+    if (m == MAP_FAILED) {
+        int e = errno;
+        munmap(raw, reserve_len);
+        return ect_set_errno(e, "mapping the pool's %llu bytes", (unsigned long long)p->map_len);
+    }
+    size_t head = (size_t)(aligned - (uintptr_t)raw);
+    size_t tail = (size_t)(reserve_len - head - p->map_len);
+    if (head) munmap(raw, head);
+    if (tail) munmap((char *)m + p->map_len, tail);
+    p->base = m;
+    return 0;
+}
+
+int ect_pool_open(const ect_pool_opts *opts, ect_pool **out) {
+    if (!out) return ect_set_error(ECT_EINVAL, "out must not be NULL");
+    *out = NULL;
+    ect_pool_opts def;
+    if (!opts) {
+        ect_pool_opts_init(&def);
+        opts = &def;
+    }
+    ect_pool *p = calloc(1, sizeof *p);
+    if (!p) return ect_set_error(ECT_ENOMEM, "pool: out of memory");
+    p->fd = -1;
+    int rc = alloc_create(opts->capacity, opts->alignment, &p->a);
+    if (rc) goto fail;
+    rc = resident_create(p->a, &p->res);
+    if (rc) goto fail;
+    alloc_stats st;
+    alloc_get_stats(p->a, &st);
+    p->capacity = st.capacity;
+    p->map_len = (st.capacity + POOL_BASE_ALIGN - 1) & ~(POOL_BASE_ALIGN - 1);
+    p->huge = opts->huge_pages ? 1 : 0;
+    if (opts->use_memfd) {
+        int fd = open_memfd(p->map_len, &p->huge);
+        if (fd < 0) {
+            rc = fd;
+            goto fail;
+        }
+        p->fd = fd;
+    }
+    rc = map_region(p, p->huge);
+    if (rc && p->fd >= 0 && p->huge) {
+        /* A hugetlb memfd is only refused when it is mapped (no huge pages free). */
+        ECT_LOGW("pool", "huge pages refused (%s): using normal pages", ect_last_error());
+        close(p->fd);
+        p->fd = -1;
+        p->huge = 0;
+        int fd = open_memfd(p->map_len, &p->huge);
+        if (fd < 0) {
+            rc = fd;
+            goto fail;
+        }
+        p->fd = fd;
+        rc = map_region(p, 0);
+    }
+    if (rc) goto fail;
+    if (opts->huge_pages && !p->huge) madvise(p->base, p->map_len, MADV_HUGEPAGE);
+    if (opts->mlock) {
+        if (mlock(p->base, p->map_len) == 0)
+            p->locked = 1;
+        else
+            ECT_LOGW("pool", "mlock of %llu bytes refused (%s): the pool is not pinned",
+                     (unsigned long long)p->map_len, strerror(errno));
+    }
+    rc = pthread_mutex_init(&p->mu, NULL);
+    if (rc) {
+        rc = ect_set_errno(rc, "pool mutex");
+        goto fail;
+    }
+    p->on_reclaim = opts->on_reclaim;
+    p->reclaim_user = opts->reclaim_user;
+    ECT_LOGD("pool", "opened %llu bytes at %p (fd %d, huge %d, locked %d)",
+             (unsigned long long)p->capacity, p->base, p->fd, p->huge, p->locked);
+    *out = p;
+    return 0;
+fail:
+    if (p->base) munmap(p->base, p->map_len);
+    if (p->fd >= 0) close(p->fd);
+    resident_destroy(p->res);
+    alloc_destroy(p->a);
+    free(p);
+    return rc;
+}
+
+void ect_pool_close(ect_pool *p) {
+    if (!p) return;
+    if (p->locked) munlock(p->base, p->map_len);
+    munmap(p->base, p->map_len);
+    if (p->fd >= 0) close(p->fd);
+    resident_destroy(p->res);
+    alloc_destroy(p->a);
+    pthread_mutex_destroy(&p->mu);
+    free(p);
+}
+
+void *ect_pool_base(const ect_pool *p) { return p ? p->base : NULL; }
+uint64_t ect_pool_capacity(const ect_pool *p) { return p ? p->capacity : 0; }
+int ect_pool_fd(const ect_pool *p) { return p ? p->fd : -1; }
+uint64_t pool_map_length(const ect_pool *p) { return p ? p->map_len : 0; }
+
+/* Hands the victims to the owner's callback (mutex not held), keeping the
+ * caller's error detail intact across the callbacks. */
+static void deliver(ect_pool *p, resident_victim *v, size_t n, int rc) {
+    if (n && p->on_reclaim) {
+        char saved[512];
+        snprintf(saved, sizeof saved, "%s", ect_last_error());
+        for (size_t i = 0; i < n; i++)
+            p->on_reclaim(p->reclaim_user, v[i].mm_hash, v[i].offset, v[i].nbytes);
+        if (rc) ect_set_error(rc, "%s", saved);
+    }
+    free(v);
+}
+
+static int full_error(ect_pool *p, uint64_t nbytes) {
+    alloc_stats as;
+    resident_stats rs;
+    alloc_get_stats(p->a, &as);
+    resident_get_stats(p->res, &rs);
+    return ect_set_error(ECT_EFULL,
+                         "pool is full: %llu bytes requested; %llu of %llu bytes free (largest "
+                         "block %llu) after reclaim; %llu resident items hold %llu bytes, %llu "
+                         "of them leased",
+                         (unsigned long long)nbytes, (unsigned long long)as.free,
+                         (unsigned long long)as.capacity, (unsigned long long)as.largest_free,
+                         (unsigned long long)rs.count, (unsigned long long)rs.bytes,
+                         (unsigned long long)rs.leased);
+}
+
+int ect_pool_alloc(ect_pool *p, uint64_t nbytes, uint64_t *offset) {
+    if (!p || !offset) return ect_set_error(ECT_EINVAL, "pool and offset must not be NULL");
+    if (nbytes == 0) return ect_set_error(ECT_EINVAL, "nbytes must be greater than 0");
+    resident_victim *v = NULL;
+    size_t nv = 0;
+    pthread_mutex_lock(&p->mu);
+    int rc = alloc_alloc(p->a, nbytes, offset);
+    if (rc == ECT_EFULL) {
+        rc = resident_reclaim(p->res, nbytes, &v, &nv);
+        if (rc == 0) rc = alloc_alloc(p->a, nbytes, offset);
+        if (rc == ECT_EFULL) full_error(p, nbytes);
+    }
+    pthread_mutex_unlock(&p->mu);
+    deliver(p, v, nv, rc);
+    return rc;
+}
+
+int ect_pool_reclaim(ect_pool *p, uint64_t nbytes) {
+    if (!p) return ect_set_error(ECT_EINVAL, "pool must not be NULL");
+    if (nbytes == 0) return ect_set_error(ECT_EINVAL, "nbytes must be greater than 0");
+    resident_victim *v = NULL;
+    size_t nv = 0;
+    pthread_mutex_lock(&p->mu);
+    int rc = resident_reclaim(p->res, nbytes, &v, &nv);
+    if (rc == ECT_EFULL) full_error(p, nbytes);
+    pthread_mutex_unlock(&p->mu);
+    deliver(p, v, nv, rc);
+    return rc;
+}
+
+int ect_pool_free(ect_pool *p, uint64_t offset) {
+    if (!p) return ect_set_error(ECT_EINVAL, "pool must not be NULL");
+    pthread_mutex_lock(&p->mu);
+    int rc;
+    const char *owner = resident_owner(p->res, offset);
+    if (owner)
+        rc = ect_set_error(ECT_EBUSY,
+                           "offset %llu belongs to resident item '%s' (use ect_pool_remove)",
+                           (unsigned long long)offset, owner);
+    else
+        rc = alloc_free(p->a, offset);
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+void ect_pool_stats(ect_pool *p, ect_pool_stat *st) {
+    if (!p || !st) return;
+    memset(st, 0, sizeof *st);
+    alloc_stats as;
+    resident_stats rs;
+    pthread_mutex_lock(&p->mu);
+    alloc_get_stats(p->a, &as);
+    resident_get_stats(p->res, &rs);
+    pthread_mutex_unlock(&p->mu);
+    st->capacity = as.capacity;
+    st->alignment = as.alignment;
+    st->used = as.used;
+    st->free = as.free;
+    st->largest_free = as.largest_free;
+    st->fragments = as.fragments;
+    st->allocations = as.allocations;
+    st->residents = rs.count;
+    st->resident_bytes = rs.bytes;
+    st->leased = rs.leased;
+    st->reclaimed = rs.reclaimed;
+    st->memfd = p->fd >= 0;
+    st->huge_pages = p->huge;
+    st->locked = p->locked;
+}
+
+int ect_pool_put(ect_pool *p, const char *mm_hash, uint64_t offset, uint64_t nbytes,
+                 const uint64_t *shape, size_t ndim, const char *dtype, int lease) {
+    if (!p) return ect_set_error(ECT_EINVAL, "pool must not be NULL");
+    pthread_mutex_lock(&p->mu);
+    int rc = resident_put(p->res, mm_hash, offset, nbytes, shape, ndim, dtype, lease != 0);
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+static int get(ect_pool *p, const char *mm_hash, bool lease, ect_resident_info *info) {
+    if (!p) return ect_set_error(ECT_EINVAL, "pool must not be NULL");
+    pthread_mutex_lock(&p->mu);
+    int rc = resident_get(p->res, mm_hash, lease, info);
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+int ect_pool_acquire(ect_pool *p, const char *mm_hash, ect_resident_info *info) {
+    return get(p, mm_hash, true, info);
+}
+
+int ect_pool_lookup(ect_pool *p, const char *mm_hash, ect_resident_info *info) {
+    return get(p, mm_hash, false, info);
+}
+
+int ect_pool_release(ect_pool *p, const char *mm_hash) {
+    if (!p) return ect_set_error(ECT_EINVAL, "pool must not be NULL");
+    pthread_mutex_lock(&p->mu);
+    int rc = resident_release(p->res, mm_hash);
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+int ect_pool_remove(ect_pool *p, const char *mm_hash) {
+    if (!p) return ect_set_error(ECT_EINVAL, "pool must not be NULL");
+    pthread_mutex_lock(&p->mu);
+    int rc = resident_remove(p->res, mm_hash);
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}

@@ -1,0 +1,318 @@
+/* Tests for mem/resident through the pool: put/acquire/lookup/release/remove and
+ * their errors, least-recently-used reclaim, leases blocking reclaim, the reclaim
+ * callback, and pool full -> reclaim -> retry -> ECT_EFULL. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "testutil.h"
+#include "mem/pool.h"
+#include "mem/resident.h"
+#include "util/util.h"
+
+#define MiB (UINT64_C(1) << 20)
+
+/* What the reclaim callback heard, in order. */
+typedef struct heard {
+    ect_pool *pool;
+    int n;
+    char hashes[32][ECT_MM_HASH_MAX + 1];
+    uint64_t offsets[32], nbytes[32];
+    int lookup_rc[32]; /* ect_pool_lookup of the hash from inside the callback */
+} heard;
+
+static void on_reclaim(void *user, const char *mm_hash, uint64_t offset, uint64_t nbytes) {
+    heard *h = user;
+    if (h->n >= 32) return;
+    snprintf(h->hashes[h->n], sizeof h->hashes[0], "%s", mm_hash);
+    h->offsets[h->n] = offset;
+    h->nbytes[h->n] = nbytes;
+    /* The pool's mutex is not held here: calling back in must not deadlock. */
+    h->lookup_rc[h->n] = ect_pool_lookup(h->pool, mm_hash, NULL);
+    h->n++;
+}
+
+static ect_pool *open_pool(uint64_t cap, heard *h) {
+    ect_pool_opts o;
+    ect_pool_opts_init(&o);
+    o.capacity = cap;
+    o.on_reclaim = h ? on_reclaim : NULL;
+    o.reclaim_user = h;
+    ect_pool *p = NULL;
+    assert_int_equal(ect_pool_open(&o, &p), 0);
+    if (h) {
+        memset(h, 0, sizeof *h);
+        h->pool = p;
+    }
+    return p;
+}
+
+/* Allocates nbytes and makes them resident as a float32 vector. */
+static uint64_t put_item(ect_pool *p, const char *hash, uint64_t nbytes, int lease) {
+    uint64_t off, shape[1] = {nbytes / 4};
+    assert_int_equal(ect_pool_alloc(p, nbytes, &off), 0);
+    int rc = ect_pool_put(p, hash, off, nbytes, shape, 1, "float32", lease);
+    if (rc) print_error("put %s: %s\n", hash, ect_last_error());
+    assert_int_equal(rc, 0);
+    return off;
+}
+
+static void test_put_errors(void **state) {
+    (void)state;
+    ect_pool *p = open_pool(4 * MiB, NULL);
+    uint64_t off, off2;
+    assert_int_equal(ect_pool_alloc(p, 4096, &off), 0);
+    uint64_t shape[3] = {2, 4, 128}; /* 1024 bfloat16 = 2048 bytes */
+    char longhash[ECT_MM_HASH_MAX + 2];
+    memset(longhash, 'h', sizeof longhash - 1);
+    longhash[sizeof longhash - 1] = '\0';
+    assert_err(ect_pool_put(p, "", off, 2048, shape, 3, "bfloat16", 0), ECT_EINVAL, "mm_hash");
+    assert_err(ect_pool_put(p, NULL, off, 2048, shape, 3, "bfloat16", 0), ECT_EINVAL, "mm_hash");
+    assert_err(ect_pool_put(p, longhash, off, 2048, shape, 3, "bfloat16", 0), ECT_EINVAL,
+               "longer than 255");
+    assert_err(ect_pool_put(p, "a", off, 2048, shape, 3, NULL, 0), ECT_EINVAL, "dtype");
+    assert_err(ect_pool_put(p, "a", off, 2048, shape, 3, "bogus16", 0), ECT_EINVAL, "dtype");
+    assert_err(
+        ect_pool_put(p, "a", off, 2048, shape, 3, "a_very_long_dtype_name_that_is_not_real", 0),
+        ECT_EINVAL, "dtype");
+    assert_err(ect_pool_put(p, "a", off, 2050, shape, 3, "bfloat16", 0), ECT_EINVAL, NULL);
+    assert_err(ect_pool_put(p, "a", off, 2048, NULL, 3, "bfloat16", 0), ECT_EINVAL, "shape");
+    assert_err(ect_pool_put(p, "a", off, 0, shape, 0, "bfloat16", 0), ECT_EINVAL, "nbytes");
+    uint64_t nine[9] = {1, 1, 1, 1, 1, 1, 1, 1, 2};
+    assert_err(ect_pool_put(p, "a", off, 4, nine, 9, "bfloat16", 0), ECT_EINVAL, "dimensions");
+    uint64_t big[1] = {4096}; /* 8192 bytes in a 4096-byte allocation */
+    assert_err(ect_pool_put(p, "a", off, 8192, big, 1, "bfloat16", 0), ECT_EINVAL,
+               "exceeds the allocation");
+    assert_err(ect_pool_put(p, "a", off + 256, 2048, shape, 3, "bfloat16", 0), ECT_ENOTFOUND,
+               "not the start of an allocation");
+    assert_err(ect_pool_put(p, "a", 3 * MiB, 2048, shape, 3, "bfloat16", 0), ECT_ENOTFOUND, NULL);
+    assert_err(ect_pool_put(NULL, "a", off, 2048, shape, 3, "bfloat16", 0), ECT_EINVAL, NULL);
+    /* A failed put leaves the caller owning the allocation: it can free it. */
+    assert_int_equal(ect_pool_alloc(p, 4096, &off2), 0);
+    assert_int_equal(ect_pool_free(p, off2), 0);
+
+    assert_int_equal(ect_pool_put(p, "a", off, 2048, shape, 3, "torch.bfloat16", 0), 0);
+    assert_int_equal(ect_pool_alloc(p, 4096, &off2), 0);
+    assert_err(ect_pool_put(p, "a", off2, 2048, shape, 3, "bfloat16", 0), ECT_EEXIST,
+               "already resident");
+    assert_err(ect_pool_put(p, "b", off, 2048, shape, 3, "bfloat16", 0), ECT_EEXIST,
+               "already belongs to 'a'");
+    /* The resident owns its memory now: a plain free is refused. */
+    assert_err(ect_pool_free(p, off), ECT_EBUSY, "ect_pool_remove");
+    assert_int_equal(ect_pool_free(p, off2), 0);
+
+    ect_resident_info info;
+    assert_int_equal(ect_pool_lookup(p, "a", &info), 0);
+    assert_int_equal(info.offset, off);
+    assert_int_equal(info.nbytes, 2048);
+    assert_int_equal(info.ndim, 3);
+    assert_int_equal(info.shape[0], 2);
+    assert_int_equal(info.shape[2], 128);
+    assert_int_equal(info.shape[3], 0);
+    assert_string_equal(info.dtype, "torch.bfloat16");
+    assert_int_equal(info.leases, 0);
+    ect_pool_close(p); /* frees the resident too (leak-checked under ASan) */
+}
+
+static void test_lease_release_remove_errors(void **state) {
+    (void)state;
+    ect_pool *p = open_pool(4 * MiB, NULL);
+    ect_resident_info info;
+    assert_err(ect_pool_lookup(p, "x", &info), ECT_ENOTFOUND, "'x' is not resident");
+    assert_err(ect_pool_acquire(p, "x", &info), ECT_ENOTFOUND, "not resident");
+    assert_err(ect_pool_release(p, "x"), ECT_ENOTFOUND, "not resident");
+    assert_err(ect_pool_remove(p, "x"), ECT_ENOTFOUND, "not resident");
+    assert_err(ect_pool_lookup(p, "", NULL), ECT_EINVAL, "mm_hash");
+    assert_err(ect_pool_release(p, NULL), ECT_EINVAL, "mm_hash");
+    assert_err(ect_pool_acquire(NULL, "x", NULL), ECT_EINVAL, NULL);
+
+    uint64_t off = put_item(p, "x", 1000, 1); /* put with one lease */
+    assert_int_equal(ect_pool_acquire(p, "x", &info), 0);
+    assert_int_equal(info.leases, 2);
+    ect_pool_stat st;
+    ect_pool_stats(p, &st);
+    assert_int_equal(st.residents, 1);
+    assert_int_equal(st.leased, 1);
+    assert_int_equal(st.resident_bytes, 1024);
+    assert_err(ect_pool_remove(p, "x"), ECT_EBUSY, "leased");
+    assert_int_equal(ect_pool_release(p, "x"), 0);
+    assert_err(ect_pool_remove(p, "x"), ECT_EBUSY, "1 leases");
+    assert_int_equal(ect_pool_release(p, "x"), 0);
+    assert_err(ect_pool_release(p, "x"), ECT_ESTATE, "no lease");
+    ect_pool_stats(p, &st);
+    assert_int_equal(st.leased, 0);
+    assert_int_equal(ect_pool_remove(p, "x"), 0);
+    assert_err(ect_pool_lookup(p, "x", NULL), ECT_ENOTFOUND, NULL);
+    /* Remove freed the memory: the offset is free space again. */
+    assert_err(ect_pool_free(p, off), ECT_ESTATE, "not allocated");
+    ect_pool_stats(p, &st);
+    assert_int_equal(st.residents, 0);
+    assert_int_equal(st.used, 0);
+    assert_int_equal(st.fragments, 1);
+    ect_pool_close(p);
+}
+
+static void test_lru_order_and_callback(void **state) {
+    (void)state;
+    heard h;
+    ect_pool *p = open_pool(4 * MiB, &h);
+    uint64_t oa = put_item(p, "A", MiB, 0);
+    uint64_t ob = put_item(p, "B", MiB, 0);
+    uint64_t oc = put_item(p, "C", MiB, 0);
+    uint64_t od = put_item(p, "D", MiB, 0);
+    (void)oa;
+    /* Using A makes B the least recently used. */
+    assert_int_equal(ect_pool_lookup(p, "A", NULL), 0);
+    uint64_t x;
+    assert_int_equal(ect_pool_alloc(p, MiB, &x), 0);
+    assert_int_equal(x, ob);
+    assert_int_equal(h.n, 1);
+    assert_string_equal(h.hashes[0], "B");
+    assert_int_equal(h.offsets[0], ob);
+    assert_int_equal(h.nbytes[0], MiB);
+    assert_int_equal(h.lookup_rc[0], ECT_ENOTFOUND); /* already gone when told */
+    /* 2 MiB: C alone is not enough, C then D are (adjacent), A stays. */
+    uint64_t y;
+    assert_int_equal(ect_pool_alloc(p, 2 * MiB, &y), 0);
+    assert_int_equal(y, oc);
+    assert_int_equal(h.n, 3);
+    assert_string_equal(h.hashes[1], "C");
+    assert_string_equal(h.hashes[2], "D");
+    assert_int_equal(h.offsets[2], od);
+    assert_int_equal(ect_pool_lookup(p, "A", NULL), 0);
+    ect_pool_stat st;
+    ect_pool_stats(p, &st);
+    assert_int_equal(st.reclaimed, 3);
+    assert_int_equal(st.residents, 1);
+    assert_int_equal(st.free, 0);
+    ect_pool_close(p);
+}
+
+static void test_release_counts_as_use(void **state) {
+    (void)state;
+    heard h;
+    ect_pool *p = open_pool(2 * MiB, &h);
+    put_item(p, "old", MiB, 1);
+    put_item(p, "new", MiB, 0);
+    /* "old" was put first but released last: "new" is now least recently used. */
+    assert_int_equal(ect_pool_release(p, "old"), 0);
+    assert_int_equal(ect_pool_reclaim(p, MiB), 0);
+    assert_int_equal(h.n, 1);
+    assert_string_equal(h.hashes[0], "new");
+    ect_pool_close(p);
+}
+
+static void test_leases_block_reclaim_then_full(void **state) {
+    (void)state;
+    heard h;
+    ect_pool *p = open_pool(4 * MiB, &h);
+    put_item(p, "L1", MiB, 1); /* leased from the put */
+    put_item(p, "U1", MiB, 0);
+    put_item(p, "L2", MiB, 0);
+    put_item(p, "U2", MiB, 0);
+    assert_int_equal(ect_pool_acquire(p, "L2", NULL), 0);
+    /* Oldest first, skipping the leased: U1 goes, not L1. */
+    uint64_t x;
+    assert_int_equal(ect_pool_alloc(p, MiB, &x), 0);
+    assert_int_equal(h.n, 1);
+    assert_string_equal(h.hashes[0], "U1");
+    /* 2 MiB cannot fit even if U2, the only unleased item (1 MiB), went: so
+     * nothing may be reclaimed in vain. */
+    uint64_t y = 12345;
+    assert_err(ect_pool_alloc(p, 2 * MiB, &y), ECT_EFULL, "pool is full");
+    assert_true(strstr(ect_last_error(), "of them leased") != NULL);
+    assert_int_equal(y, 12345);
+    assert_int_equal(h.n, 1);
+    assert_int_equal(ect_pool_lookup(p, "U2", NULL), 0);
+    /* Leased items survive any pressure; U2 goes for a 1 MiB request. */
+    assert_int_equal(ect_pool_free(p, x), 0);
+    assert_int_equal(ect_pool_alloc(p, MiB, &x), 0); /* fits without reclaim */
+    assert_int_equal(h.n, 1);
+    assert_int_equal(ect_pool_alloc(p, MiB, &y), 0);
+    assert_int_equal(h.n, 2);
+    assert_string_equal(h.hashes[1], "U2");
+    assert_err(ect_pool_alloc(p, 1, &y), ECT_EFULL, "pool is full");
+    assert_int_equal(ect_pool_lookup(p, "L1", NULL), 0);
+    assert_int_equal(ect_pool_lookup(p, "L2", NULL), 0);
+    /* Once released they can go. */
+    assert_int_equal(ect_pool_release(p, "L1"), 0);
+    assert_int_equal(ect_pool_alloc(p, 1, &y), 0);
+    assert_int_equal(h.n, 3);
+    assert_string_equal(h.hashes[2], "L1");
+    ect_pool_close(p);
+}
+
+/* Reclaim frees every unleased item yet the request still does not fit (the
+ * freed blocks are separated by leased ones): ECT_EFULL, and the owner still
+ * hears of every item that was reclaimed; the error detail survives the
+ * callbacks (which themselves call into the pool). */
+static void test_fragmented_reclaim_still_full(void **state) {
+    (void)state;
+    heard h;
+    ect_pool *p = open_pool(4 * MiB, &h);
+    put_item(p, "u0", MiB, 0);
+    put_item(p, "l1", MiB, 1);
+    put_item(p, "u2", MiB, 0);
+    put_item(p, "l3", MiB, 1);
+    uint64_t y;
+    /* 2 MiB of unleased items could make room in principle, but they are not adjacent. */
+    assert_err(ect_pool_alloc(p, 2 * MiB, &y), ECT_EFULL, "pool is full");
+    assert_true(strstr(ect_last_error(), "2097152 bytes requested") != NULL);
+    assert_int_equal(h.n, 2);
+    assert_string_equal(h.hashes[0], "u0");
+    assert_string_equal(h.hashes[1], "u2");
+    ect_pool_stat st;
+    ect_pool_stats(p, &st);
+    assert_int_equal(st.fragments, 2);
+    assert_int_equal(st.largest_free, MiB);
+    assert_int_equal(st.residents, 2);
+    assert_int_equal(st.leased, 2);
+    ect_pool_close(p);
+}
+
+/* The internal cache directly: victims are reported and the owner lookup works. */
+static void test_resident_internal(void **state) {
+    (void)state;
+    alloc *a;
+    resident_cache *c;
+    assert_int_equal(alloc_create(4096, 256, &a), 0);
+    assert_int_equal(resident_create(a, &c), 0);
+    uint64_t o1, o2, shape[1] = {256};
+    assert_int_equal(alloc_alloc(a, 2048, &o1), 0);
+    assert_int_equal(alloc_alloc(a, 2048, &o2), 0);
+    assert_int_equal(resident_put(c, "one", o1, 1024, shape, 1, "float32", false), 0);
+    assert_int_equal(resident_put(c, "two", o2, 1024, shape, 1, "float32", false), 0);
+    assert_string_equal(resident_owner(c, o2), "two");
+    assert_null(resident_owner(c, o2 + 256));
+    resident_victim *v = NULL;
+    size_t nv = 0;
+    assert_err(resident_reclaim(c, 0, &v, &nv), ECT_EINVAL, "nbytes");
+    assert_err(resident_reclaim(c, 8192, &v, &nv), ECT_EFULL, NULL);
+    assert_int_equal(nv, 0);
+    assert_int_equal(resident_reclaim(c, 4096, &v, &nv), 0);
+    assert_int_equal(nv, 2);
+    assert_string_equal(v[0].mm_hash, "one");
+    assert_int_equal(v[1].offset, o2);
+    assert_int_equal(v[1].nbytes, 1024);
+    free(v);
+    resident_stats rs;
+    resident_get_stats(c, &rs);
+    assert_int_equal(rs.count, 0);
+    assert_int_equal(rs.reclaimed, 2);
+    assert_int_equal(alloc_check(a), 0);
+    resident_destroy(c);
+    resident_destroy(NULL);
+    alloc_destroy(a);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_put_errors),
+        cmocka_unit_test(test_lease_release_remove_errors),
+        cmocka_unit_test(test_lru_order_and_callback),
+        cmocka_unit_test(test_release_counts_as_use),
+        cmocka_unit_test(test_leases_block_reclaim_then_full),
+        cmocka_unit_test(test_fragmented_reclaim_still_full),
+        cmocka_unit_test(test_resident_internal),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
