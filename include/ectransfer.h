@@ -231,8 +231,91 @@ ECT_API int ect_pool_remove(ect_pool *pool, const char *mm_hash);
  *  for nbytes 0. */
 ECT_API int ect_pool_reclaim(ect_pool *pool, uint64_t nbytes);
 
-
 /* @@ECT_API_XPORT@@ (data plane) */
+
+/*
+ * Data plane: one-sided, acknowledged batch writes into a peer's registered
+ * memory. Every transport handle is both a target (it registers regions that
+ * peers write into and serves them from its own threads) and an initiator (it
+ * writes into peers' regions). Back ends, chosen by name at open:
+ *   "tcp"  built in; session "HOST:PORT"; the target receives straight into
+ *          the destination and the initiator sends straight from the source.
+ *   "shm"  built in, same host and same user only; session "shm:@NAME" (an
+ *          abstract unix socket). Regions must be backed by a file descriptor
+ *          (memfd or /dev/shm); the initiator maps them and copies with memcpy.
+ *   "ucx"  when compiled in (see `ect info`); session "ucx:HOST:PORT".
+ * Threading: ect_xport_write_batch, ect_xport_register, ect_xport_unregister
+ * and ect_xport_session may be called from any thread at once;
+ * ect_xport_close must not race with any other call on the same handle.
+ */
+typedef struct ect_xport ect_xport;
+
+/** Bytes of a region key string, NUL included (a ucx key is a packed rkey). */
+#define ECT_XPORT_KEY_MAX 2048
+
+typedef struct ect_xport_opts {
+    const char *listen;     /* tcp, ucx: "HOST:PORT" the target listens on, port 0 =
+                               ephemeral; default "127.0.0.1:0"; copied at open */
+    int conns_per_peer;     /* tcp: connections one batch may stripe large writes over,
+                               1..64; default 2 */
+    uint64_t stripe_min;    /* tcp: a batch of at least twice this many bytes is striped,
+                               in pieces of at least this size; default 1 MiB */
+    int connect_timeout_ms; /* connecting to a peer, 1..600000; default 5000 */
+    int io_timeout_ms;      /* a connection that makes no progress this long fails its
+                               unfinished writes (both sides), 1..3600000; default 30000 */
+} ect_xport_opts;
+
+/** One write of a batch: `len` bytes from local `src` to the peer's address
+ *  `dst_addr`, inside the region whose key string is `dst_key`. */
+typedef struct ect_write {
+    const void *src;
+    uint64_t dst_addr;
+    uint64_t len;
+    const char *dst_key;
+} ect_write;
+
+/** Fills the defaults above. */
+ECT_API void ect_xport_opts_init(ect_xport_opts *opts);
+
+/** Opens back end `kind` ("tcp", "shm" or "ucx") and starts its target
+ *  threads. opts may be NULL for the defaults. Caller owns *out. Returns
+ *  ECT_ENOTSUP for a back end not compiled in, ECT_EINVAL for a bad option. */
+ECT_API int ect_xport_open(const char *kind, const ect_xport_opts *opts, ect_xport **out);
+
+/** The back end's name ("tcp", "shm", "ucx"). */
+ECT_API const char *ect_xport_kind(const ect_xport *x);
+
+/** The session string peers pass to ect_xport_write_batch to reach this
+ *  target. Owned by x, valid until ect_xport_close. */
+ECT_API const char *ect_xport_session(const ect_xport *x);
+
+/** Registers [addr, addr + len) as a write target and writes its key string
+ *  (NUL-terminated, at most ECT_XPORT_KEY_MAX bytes) into key. fd is a file
+ *  descriptor whose bytes from fd_offset are the same memory (a memfd or
+ *  /dev/shm segment), or -1 if none; shm requires one (it is duplicated, the
+ *  caller keeps its own). Regions may not overlap (ECT_EEXIST). */
+ECT_API int ect_xport_register(ect_xport *x, void *addr, uint64_t len, int fd, uint64_t fd_offset,
+                               char key[ECT_XPORT_KEY_MAX]);
+
+/** Unregisters the region with this key. Blocks while a write into it is
+ *  being received or copied; later writes to it are refused. ECT_ENOTFOUND
+ *  for an unknown key. */
+ECT_API int ect_xport_unregister(ect_xport *x, const char *key);
+
+/** Writes a batch to the target at peer_session and returns once the target
+ *  acknowledged every byte. Returns 0 if every write landed, else the error
+ *  of the first failed write; statuses (n entries, may be NULL) gets 0 or an
+ *  ECT_E* code per write: ECT_EACCES wrong key, ECT_ERANGE outside the
+ *  region, ECT_ENOTFOUND no such region, ECT_ECONNREFUSED target
+ *  unreachable, ECT_ECLOSED target vanished before acknowledging,
+ *  ECT_ETIMEDOUT no progress within io_timeout_ms. Connections are cached
+ *  per session and re-established after a failure. Safe from any thread. */
+ECT_API int ect_xport_write_batch(ect_xport *x, const char *peer_session, const ect_write *writes,
+                                  size_t n, int *statuses);
+
+/** Stops the target threads, closes connections, unregisters every region,
+ *  unmaps peers' memory and frees x. Accepts NULL. */
+ECT_API void ect_xport_close(ect_xport *x);
 
 /* @@ECT_API_PUSH@@ (generation 2) */
 

@@ -1,0 +1,608 @@
+/*
+ * shm — the same-host transport (wire format: docs/PROTOCOL.md "shm").
+ *
+ * The target listens on an abstract unix SOCK_SEQPACKET socket (the session
+ * is "shm:@NAME"; abstract names vanish with the process, so a crash leaves
+ * nothing to unlink) and accepts only peers of its own uid, which is what
+ * mode 0600 on a file would give. Regions must be backed by an fd (memfd or
+ * /dev/shm): the target passes it with SCM_RIGHTS the first time a
+ * connection writes into that region, and the initiator maps it once per
+ * connection and keeps the mapping until the target reports the region gone.
+ *
+ * The target still decides: for each chunk of a batch the initiator asks
+ * (BEGIN) and the target checks key and range, takes a reference on the
+ * region for each accepted write and answers (GRANT); the initiator copies
+ * with memcpy and says DONE; the target drops the references and
+ * acknowledges. Unregister therefore waits for copies in progress, exactly as
+ * for tcp receives.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "util/util.h"
+#include "xport/xport.h"
+
+#define SHM_MAGIC_HELLO 0x48534345u /* "ECSH" */
+#define SHM_MAGIC_BEGIN 0x42534345u /* "ECSB" */
+#define SHM_MAGIC_GRANT 0x47534345u /* "ECSG" */
+#define SHM_MAGIC_DONE 0x44534345u  /* "ECSD" */
+#define SHM_MAGIC_ACK 0x41534345u   /* "ECSA" */
+#define SHM_VERSION 1
+#define SHM_CHUNK 250 /* writes per BEGIN; below SCM_MAX_FD (253) */
+#define SHM_MAX_DROP 256
+#define SHM_BEGIN_MAX (8 + 24 * SHM_CHUNK)
+#define SHM_GRANT_MAX (16 + 40 * SHM_CHUNK + 8 * SHM_MAX_DROP)
+
+typedef struct shm_map {
+    uint64_t rid;  /* target's region id */
+    uint8_t *base; /* mapping of the region (starts page-aligned before it) */
+    size_t maplen;
+    uint8_t *start; /* the region's first byte */
+    uint64_t raddr, rlen;
+    UT_hash_handle hh;
+} shm_map;
+
+typedef struct shm_conn {
+    int fd;
+    shm_map *maps; /* this connection's mappings, by region id */
+    struct shm_conn *next;
+} shm_conn;
+
+typedef struct shm_peer {
+    char session[300];
+    struct sockaddr_un sa;
+    socklen_t salen;
+    shm_conn *idle; /* guarded by shm_impl.mu */
+    int nidle;
+    UT_hash_handle hh;
+} shm_peer;
+
+typedef struct shm_impl {
+    xp_server *srv;
+    pthread_mutex_t mu; /* guards peers and idle lists; never held across I/O */
+    shm_peer *peers;
+} shm_impl;
+
+static int make_addr(const char *name, struct sockaddr_un *sa, socklen_t *len) {
+    size_t nl = strlen(name);
+    memset(sa, 0, sizeof *sa);
+    sa->sun_family = AF_UNIX;
+    if (nl == 0 || nl + 1 > sizeof sa->sun_path)
+        return ect_set_error(ECT_EINVAL, "shm session name '%.60s' is empty or too long", name);
+    memcpy(sa->sun_path + 1, name, nl); /* sun_path[0] = 0: abstract namespace */
+    *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + nl);
+    return 0;
+}
+
+static int same_uid(int fd) {
+    struct ucred cr;
+    socklen_t l = sizeof cr;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &l) != 0) return 0;
+    return cr.uid == getuid();
+}
+
+/* Sends one message, waiting for room at most timeout_ms. */
+static int msg_send(int fd, const void *buf, size_t len, const int *fds, int nfds, int timeout_ms) {
+    struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
+    union {
+        char b[CMSG_SPACE(sizeof(int) * SHM_CHUNK)];
+        struct cmsghdr align;
+    } cb;
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (nfds > 0) {
+        memset(&cb, 0, sizeof cb);
+        m.msg_control = cb.b;
+        m.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+        struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+        memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
+    }
+    for (;;) {
+        ssize_t k = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (k == (ssize_t)len) return 0;
+        if (k >= 0) return ect_set_error(ECT_EIO, "shm: short message send");
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return ect_set_error(ECT_ECLOSED, "shm: send: %s", strerror(errno));
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        int pr = poll(&p, 1, timeout_ms);
+        if (pr == 0)
+            return ect_set_error(ECT_ETIMEDOUT, "shm: peer not reading for %d ms", timeout_ms);
+    }
+}
+
+/* Receives one message (and up to maxfds fds); *len gets its size. With
+ * stopfd >= 0, waits forever but returns ECT_ECLOSED once stopfd is
+ * readable; else waits at most timeout_ms. */
+static int msg_recv(int fd, void *buf, size_t cap, size_t *len, int *fds, int maxfds, int *nfds,
+                    int stopfd, int timeout_ms) {
+    union {
+        char b[CMSG_SPACE(sizeof(int) * SHM_CHUNK)];
+        struct cmsghdr align;
+    } cb;
+    if (nfds) *nfds = 0;
+    for (;;) {
+        struct pollfd p[2] = {{.fd = fd, .events = POLLIN}, {.fd = stopfd, .events = POLLIN}};
+        int pr = poll(p, stopfd >= 0 ? 2 : 1, stopfd >= 0 ? -1 : timeout_ms);
+        if (pr < 0 && errno == EINTR) continue;
+        if (pr == 0) return ect_set_error(ECT_ETIMEDOUT, "shm: no answer for %d ms", timeout_ms);
+        if (pr < 0) return ect_set_errno(errno, "poll");
+        if (stopfd >= 0 && p[1].revents) return ECT_ECLOSED;
+        struct iovec iov = {.iov_base = buf, .iov_len = cap};
+        struct msghdr m = {
+            .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cb.b, .msg_controllen = sizeof cb.b};
+        ssize_t k = recvmsg(fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        if (k < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+        if (k <= 0) return ect_set_error(ECT_ECLOSED, "shm: peer closed the connection");
+        /* Collect passed fds; any beyond what the caller takes are closed. */
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+            if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+            int cnt = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            for (int i = 0; i < cnt; i++) {
+                int f;
+                memcpy(&f, CMSG_DATA(c) + sizeof(int) * (size_t)i, sizeof f);
+                if (nfds && *nfds < maxfds)
+                    fds[(*nfds)++] = f;
+                else
+                    close(f);
+            }
+        }
+        if (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+            for (int i = 0; nfds && i < *nfds; i++) close(fds[i]);
+            if (nfds) *nfds = 0;
+            return ect_set_error(ECT_EPROTO, "shm: message too long");
+        }
+        *len = (size_t)k;
+        return 0;
+    }
+}
+
+/* ------------------------------------------------------------ target side */
+
+typedef struct sent_ids {
+    uint64_t *v;
+    size_t n, cap;
+} sent_ids;
+
+static bool sent_has(const sent_ids *s, uint64_t id) {
+    for (size_t i = 0; i < s->n; i++)
+        if (s->v[i] == id) return true;
+    return false;
+}
+
+static bool region_alive(xp_regions *t, uint64_t id) {
+    xp_region *r, *tmp;
+    bool alive = false;
+    pthread_mutex_lock(&t->mu);
+    HASH_ITER(hh, t->by_token, r, tmp) {
+        if (r->id == id) alive = true;
+    }
+    pthread_mutex_unlock(&t->mu);
+    return alive;
+}
+
+static void serve_conn(void *ctx, int fd, int stopfd) {
+    ect_xport *x = ctx;
+    int to = x->opts.io_timeout_ms;
+    uint8_t *in = malloc(SHM_BEGIN_MAX), *out = malloc(SHM_GRANT_MAX);
+    xp_region **held = calloc(SHM_CHUNK, sizeof *held);
+    sent_ids sent = {0};
+    size_t len;
+    if (!in || !out || !held || !same_uid(fd)) goto done;
+    if (msg_recv(fd, in, SHM_BEGIN_MAX, &len, NULL, 0, NULL, stopfd, to) != 0 || len != 8 ||
+        xp_get_u32(in) != SHM_MAGIC_HELLO || xp_get_u16(in + 4) != SHM_VERSION) {
+        ECT_LOGW("xport", "shm target: bad hello; closing");
+        goto done;
+    }
+    if (msg_send(fd, in, 8, NULL, 0, to) != 0) goto done;
+    for (;;) {
+        if (msg_recv(fd, in, SHM_BEGIN_MAX, &len, NULL, 0, NULL, stopfd, to) != 0) break;
+        uint32_t n = len >= 8 ? xp_get_u32(in + 4) : 0;
+        if (len < 8 || xp_get_u32(in) != SHM_MAGIC_BEGIN || n == 0 || n > SHM_CHUNK ||
+            len != 8 + 24 * (size_t)n) {
+            ECT_LOGW("xport", "shm target: malformed BEGIN (%zu bytes); closing", len);
+            break;
+        }
+        int fds[SHM_CHUNK], nfds = 0;
+        uint32_t ndrop = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            const uint8_t *e = in + 8 + 24 * (size_t)i;
+            uint8_t *o = out + 16 + 40 * (size_t)i;
+            xp_region *r = NULL;
+            int st = xp_region_acquire(&x->regs, xp_get_u64(e + 16), xp_get_u64(e),
+                                       xp_get_u64(e + 8), &r);
+            held[i] = r;
+            memset(o, 0, 40);
+            xp_put_u32(o, (uint32_t)st);
+            if (st) continue;
+            if (!sent_has(&sent, r->id)) {
+                if (sent.n == sent.cap) {
+                    size_t nc = sent.cap ? 2 * sent.cap : 16;
+                    uint64_t *nv = realloc(sent.v, nc * sizeof *nv);
+                    if (!nv) goto fail;
+                    sent.v = nv;
+                    sent.cap = nc;
+                }
+                sent.v[sent.n++] = r->id;
+                fds[nfds++] = r->fd;
+                xp_put_u32(o + 4, 1);
+            }
+            xp_put_u64(o + 8, r->id);
+            xp_put_u64(o + 16, (uint64_t)(uintptr_t)r->addr);
+            xp_put_u64(o + 24, r->len);
+            xp_put_u64(o + 32, r->fd_off);
+        }
+        /* Regions this connection was given that are gone: tell it to unmap. */
+        for (size_t i = 0; i < sent.n && ndrop < SHM_MAX_DROP;) {
+            if (region_alive(&x->regs, sent.v[i])) {
+                i++;
+                continue;
+            }
+            xp_put_u64(out + 16 + 40 * (size_t)n + 8 * (size_t)ndrop++, sent.v[i]);
+            sent.v[i] = sent.v[--sent.n];
+        }
+        xp_put_u32(out, SHM_MAGIC_GRANT);
+        xp_put_u32(out + 4, n);
+        xp_put_u32(out + 8, ndrop);
+        xp_put_u32(out + 12, (uint32_t)nfds);
+        int rc = msg_send(fd, out, 16 + 40 * (size_t)n + 8 * (size_t)ndrop, fds, nfds, to);
+        /* The initiator copies now; wait for DONE within the io timeout. */
+        if (!rc) rc = msg_recv(fd, in, SHM_BEGIN_MAX, &len, NULL, 0, NULL, -1, to);
+        if (!rc && (len != 8 || xp_get_u32(in) != SHM_MAGIC_DONE || xp_get_u32(in + 4) != n))
+            rc = ECT_EPROTO;
+        for (uint32_t i = 0; i < n; i++)
+            if (held[i]) xp_region_release(&x->regs, held[i]);
+        memset(held, 0, sizeof *held * SHM_CHUNK);
+        if (rc) break;
+        xp_put_u32(out, SHM_MAGIC_ACK);
+        xp_put_u32(out + 4, n);
+        if (msg_send(fd, out, 8, NULL, 0, to) != 0) break;
+        continue;
+    fail:
+        for (uint32_t i = 0; i < n; i++)
+            if (held[i]) xp_region_release(&x->regs, held[i]);
+        break;
+    }
+done:
+    free(in);
+    free(out);
+    free(held);
+    free(sent.v);
+}
+
+static int shm_open_be(ect_xport *x) {
+    char name[80];
+    snprintf(name, sizeof name, "ect-%d-%016" PRIx64, (int)getpid(), ect_random_u64());
+    struct sockaddr_un sa;
+    socklen_t sl;
+    int rc = make_addr(name, &sa, &sl);
+    if (rc) return rc;
+    int lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (lfd < 0) return ect_set_errno(errno, "shm: socket");
+    if (bind(lfd, (struct sockaddr *)&sa, sl) != 0 || listen(lfd, 64) != 0) {
+        rc = ect_set_errno(errno, "shm: listen on @%s", name);
+        close(lfd);
+        return rc;
+    }
+    shm_impl *s = calloc(1, sizeof *s);
+    if (!s) {
+        close(lfd);
+        return ect_set_error(ECT_ENOMEM, "shm transport");
+    }
+    pthread_mutex_init(&s->mu, NULL);
+    rc = xp_server_start(lfd, serve_conn, x, &s->srv);
+    if (rc) {
+        pthread_mutex_destroy(&s->mu);
+        free(s);
+        return rc;
+    }
+    snprintf(x->session, sizeof x->session, "shm:@%s", name);
+    x->impl = s;
+    return 0;
+}
+
+/* --------------------------------------------------------- initiator side */
+
+static void conn_free(shm_conn *c) {
+    shm_map *m, *tmp;
+    HASH_ITER(hh, c->maps, m, tmp) {
+        HASH_DEL(c->maps, m);
+        munmap(m->base, m->maplen);
+        free(m);
+    }
+    if (c->fd >= 0) close(c->fd);
+    free(c);
+}
+
+static void shm_close(ect_xport *x) {
+    shm_impl *s = x->impl;
+    xp_server_stop(s->srv);
+    shm_peer *p, *tmp;
+    HASH_ITER(hh, s->peers, p, tmp) {
+        HASH_DEL(s->peers, p);
+        while (p->idle) {
+            shm_conn *c = p->idle;
+            p->idle = c->next;
+            conn_free(c);
+        }
+        free(p);
+    }
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+static int get_peer(shm_impl *s, const char *session, shm_peer **out) {
+    shm_peer *p = NULL;
+    pthread_mutex_lock(&s->mu);
+    HASH_FIND_STR(s->peers, session, p);
+    pthread_mutex_unlock(&s->mu);
+    if (p) {
+        *out = p;
+        return 0;
+    }
+    if (strncmp(session, "shm:@", 5) != 0 || strlen(session) >= sizeof p->session)
+        return ect_set_error(ECT_EINVAL, "peer_session '%.100s' is not shm:@NAME", session);
+    p = calloc(1, sizeof *p);
+    if (!p) return ect_set_error(ECT_ENOMEM, "peer");
+    int rc = make_addr(session + 5, &p->sa, &p->salen);
+    if (rc) {
+        free(p);
+        return rc;
+    }
+    snprintf(p->session, sizeof p->session, "%s", session);
+    shm_peer *q;
+    pthread_mutex_lock(&s->mu);
+    HASH_FIND_STR(s->peers, session, q);
+    if (q)
+        free(p);
+    else
+        HASH_ADD_STR(s->peers, session, p);
+    pthread_mutex_unlock(&s->mu);
+    *out = q ? q : p;
+    return 0;
+}
+
+static int take_conn(ect_xport *x, shm_peer *p, shm_conn **out) {
+    shm_impl *s = x->impl;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        shm_conn *c = p->idle;
+        if (c) {
+            p->idle = c->next;
+            p->nidle--;
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (!c) break;
+        uint8_t b;
+        ssize_t k = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            *out = c;
+            return 0;
+        }
+        conn_free(c);
+    }
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd < 0) return ect_set_errno(errno, "shm: socket");
+    if (connect(fd, (struct sockaddr *)&p->sa, p->salen) != 0) {
+        int rc =
+            ect_set_error(ECT_ECONNREFUSED, "shm: connect to %s: %s", p->session, strerror(errno));
+        close(fd);
+        return rc;
+    }
+    if (!same_uid(fd)) {
+        close(fd);
+        return ect_set_error(ECT_EACCES, "shm: %s belongs to another user", p->session);
+    }
+    uint8_t h[8] = {0};
+    size_t len;
+    xp_put_u32(h, SHM_MAGIC_HELLO);
+    xp_put_u16(h + 4, SHM_VERSION);
+    int rc = msg_send(fd, h, 8, NULL, 0, x->opts.io_timeout_ms);
+    if (!rc) rc = msg_recv(fd, h, 8, &len, NULL, 0, NULL, -1, x->opts.io_timeout_ms);
+    if (rc == ECT_ECLOSED)
+        rc = ect_set_error(ECT_ECONNREFUSED, "shm: %s refused the hello", p->session);
+    if (!rc && (len != 8 || xp_get_u32(h) != SHM_MAGIC_HELLO || xp_get_u16(h + 4) != SHM_VERSION))
+        rc = ect_set_error(ECT_EPROTO, "shm: bad hello from %s", p->session);
+    if (rc) {
+        close(fd);
+        return rc;
+    }
+    shm_conn *c = calloc(1, sizeof *c);
+    if (!c) {
+        close(fd);
+        return ect_set_error(ECT_ENOMEM, "shm connection");
+    }
+    c->fd = fd;
+    *out = c;
+    return 0;
+}
+
+static void give_conn(ect_xport *x, shm_peer *p, shm_conn *c) {
+    shm_impl *s = x->impl;
+    pthread_mutex_lock(&s->mu);
+    if (p->nidle < 2 * x->opts.conns_per_peer + 8) {
+        c->next = p->idle;
+        p->idle = c;
+        p->nidle++;
+        c = NULL;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (c) conn_free(c);
+}
+
+static int map_region(shm_conn *c, const uint8_t *g, int fd) {
+    uint64_t rid = xp_get_u64(g + 8), raddr = xp_get_u64(g + 16), rlen = xp_get_u64(g + 24),
+             foff = xp_get_u64(g + 32);
+    shm_map *m;
+    HASH_FIND(hh, c->maps, &rid, sizeof rid, m);
+    if (m) { /* already mapped: the target sent it twice; keep ours */
+        close(fd);
+        return 0;
+    }
+    uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE), aoff = foff & ~(pg - 1), end;
+    struct stat st;
+    if (!ect_add_u64(foff, rlen, &end) || rlen == 0 || rlen > SIZE_MAX / 2 || fstat(fd, &st) != 0 ||
+        (uint64_t)st.st_size < end) {
+        close(fd);
+        return ect_set_error(ECT_EPROTO, "shm: region %" PRIu64 " does not fit its fd", rid);
+    }
+    size_t ml = (size_t)(rlen + (foff - aoff));
+    void *b = mmap(NULL, ml, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)aoff);
+    close(fd);
+    if (b == MAP_FAILED) return ect_set_errno(errno, "shm: mmap of region %" PRIu64, rid);
+    m = calloc(1, sizeof *m);
+    if (!m) {
+        munmap(b, ml);
+        return ect_set_error(ECT_ENOMEM, "shm mapping");
+    }
+    m->rid = rid;
+    m->base = b;
+    m->maplen = ml;
+    m->start = (uint8_t *)b + (foff - aoff);
+    m->raddr = raddr;
+    m->rlen = rlen;
+    HASH_ADD(hh, c->maps, rid, sizeof m->rid, m);
+    return 0;
+}
+
+/* One BEGIN/GRANT/copy/DONE/ACK round for idx[0..n). Fails only for
+ * connection-level errors; per-write refusals go to st. */
+static int chunk(ect_xport *x, shm_conn *c, const ect_write *w, const size_t *idx, uint32_t n,
+                 const uint64_t *tok, int *st, uint8_t *buf) {
+    int to = x->opts.io_timeout_ms;
+    xp_put_u32(buf, SHM_MAGIC_BEGIN);
+    xp_put_u32(buf + 4, n);
+    for (uint32_t i = 0; i < n; i++) {
+        uint8_t *e = buf + 8 + 24 * (size_t)i;
+        xp_put_u64(e, w[idx[i]].dst_addr);
+        xp_put_u64(e + 8, w[idx[i]].len);
+        xp_put_u64(e + 16, tok[idx[i]]);
+    }
+    int rc = msg_send(c->fd, buf, 8 + 24 * (size_t)n, NULL, 0, to);
+    int fds[SHM_CHUNK], nfds = 0;
+    size_t len;
+    if (!rc) rc = msg_recv(c->fd, buf, SHM_GRANT_MAX, &len, fds, SHM_CHUNK, &nfds, -1, to);
+    if (rc) return rc;
+    uint32_t ndrop = len >= 16 ? xp_get_u32(buf + 8) : 0, nf = len >= 16 ? xp_get_u32(buf + 12) : 0;
+    if (len < 16 || xp_get_u32(buf) != SHM_MAGIC_GRANT || xp_get_u32(buf + 4) != n ||
+        ndrop > SHM_MAX_DROP || len != 16 + 40 * (size_t)n + 8 * (size_t)ndrop ||
+        nf != (uint32_t)nfds) {
+        for (int i = 0; i < nfds; i++) close(fds[i]);
+        return ect_set_error(ECT_EPROTO, "shm: malformed GRANT");
+    }
+    for (uint32_t i = 0; i < ndrop; i++) {
+        uint64_t rid = xp_get_u64(buf + 16 + 40 * (size_t)n + 8 * (size_t)i);
+        shm_map *m;
+        HASH_FIND(hh, c->maps, &rid, sizeof rid, m);
+        if (m) {
+            HASH_DEL(c->maps, m);
+            munmap(m->base, m->maplen);
+            free(m);
+        }
+    }
+    int fi = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *g = buf + 16 + 40 * (size_t)i;
+        int32_t s = (int32_t)xp_get_u32(g);
+        size_t wi = idx[i];
+        if (xp_get_u32(g + 4) & 1) {
+            if (fi >= nfds) return ect_set_error(ECT_EPROTO, "shm: GRANT names a missing fd");
+            int e = map_region(c, g, fds[fi++]);
+            if (e && s == 0) s = e;
+        }
+        if (s > 0 || s < ECT_EOVERFLOW) s = ECT_EPROTO;
+        if (s) {
+            st[wi] = s;
+            continue;
+        }
+        uint64_t rid = xp_get_u64(g + 8);
+        shm_map *m;
+        HASH_FIND(hh, c->maps, &rid, sizeof rid, m);
+        uint64_t a = w[wi].dst_addr, end;
+        /* Never trust the grant blindly: the copy must stay inside our map. */
+        if (!m || a < m->raddr || !ect_add_u64(a, w[wi].len, &end) || end > m->raddr + m->rlen) {
+            st[wi] = ect_set_error(ECT_EPROTO, "shm: GRANT for a region not mapped here");
+            continue;
+        }
+        if (w[wi].len) memcpy(m->start + (a - m->raddr), w[wi].src, (size_t)w[wi].len);
+    }
+    while (fi < nfds) close(fds[fi++]);
+    xp_put_u32(buf, SHM_MAGIC_DONE);
+    xp_put_u32(buf + 4, n);
+    rc = msg_send(c->fd, buf, 8, NULL, 0, to);
+    if (!rc) rc = msg_recv(c->fd, buf, 8, &len, NULL, 0, NULL, -1, to);
+    if (!rc && (len != 8 || xp_get_u32(buf) != SHM_MAGIC_ACK || xp_get_u32(buf + 4) != n))
+        rc = ect_set_error(ECT_EPROTO, "shm: malformed ACK");
+    return rc;
+}
+
+static int shm_write_batch(ect_xport *x, const char *session, const ect_write *w, size_t n,
+                           int *st) {
+    shm_impl *s = x->impl;
+    shm_peer *p = NULL;
+    shm_conn *c = NULL;
+    int rc = get_peer(s, session, &p);
+    if (!rc) rc = take_conn(x, p, &c);
+    if (rc) {
+        for (size_t i = 0; i < n; i++) st[i] = rc;
+        return rc;
+    }
+    uint64_t *tok = malloc(n * sizeof *tok);
+    size_t *idx = malloc(n * sizeof *idx);
+    uint8_t *buf = malloc(SHM_GRANT_MAX);
+    if (!tok || !idx || !buf) {
+        free(tok);
+        free(idx);
+        free(buf);
+        give_conn(x, p, c);
+        return ect_set_error(ECT_ENOMEM, "batch");
+    }
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (xp_key_parse(w[i].dst_key, &tok[i]) != 0)
+            st[i] = ECT_EINVAL;
+        else
+            idx[m++] = i;
+    }
+    rc = 0;
+    for (size_t done = 0; done < m && !rc;) {
+        uint32_t k = (uint32_t)(m - done < SHM_CHUNK ? m - done : SHM_CHUNK);
+        rc = chunk(x, c, w, idx + done, k, tok, st, buf);
+        if (rc) {
+            /* The target did not acknowledge: nothing from here on counts. */
+            for (size_t i = done; i < m; i++)
+                if (st[idx[i]] == 0) st[idx[i]] = rc;
+        }
+        done += k;
+    }
+    if (rc)
+        conn_free(c);
+    else
+        give_conn(x, p, c);
+    free(tok);
+    free(idx);
+    free(buf);
+    return rc;
+}
+
+const xp_backend xp_shm_backend = {
+    .name = "shm",
+    .session_prefix = "shm:",
+    .open = shm_open_be,
+    .close = shm_close,
+    .reg = NULL,
+    .unreg = NULL,
+    .destroy = NULL,
+    .write_batch = shm_write_batch,
+};

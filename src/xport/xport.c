@@ -1,0 +1,337 @@
+/*
+ * xport — the public ect_xport_* calls: options, dispatch to a back end by
+ * name, argument checks shared by every back end, and the target's region
+ * table. A region is looked up by its 64-bit token; a write takes a
+ * reference for as long as bytes may still land in it, and unregister first
+ * hides the region (so no new write can take it) and then waits for the
+ * references to drain. That ordering is what makes "never free memory while a
+ * remote write may be in flight" hold for tcp and shm.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "util/util.h"
+#include "xport/xport.h"
+
+static const xp_backend *const backends[] = {
+    &xp_tcp_backend,
+    &xp_shm_backend,
+#if ECT_HAVE_UCX
+    &xp_ucx_backend,
+#endif
+};
+
+void ect_xport_opts_init(ect_xport_opts *o) {
+    if (!o) return;
+    memset(o, 0, sizeof *o);
+    o->listen = "127.0.0.1:0";
+    o->conns_per_peer = 2;
+    o->stripe_min = 1u << 20;
+    o->connect_timeout_ms = 5000;
+    o->io_timeout_ms = 30000;
+}
+
+static int check_opts(const ect_xport_opts *o) {
+    if (!o->listen || !o->listen[0] || strlen(o->listen) >= 256)
+        return ect_set_error(ECT_EINVAL, "opts.listen must be a HOST:PORT string under 256 bytes");
+    if (o->conns_per_peer < 1 || o->conns_per_peer > 64)
+        return ect_set_error(ECT_EINVAL, "opts.conns_per_peer must be 1..64, got %d",
+                             o->conns_per_peer);
+    if (o->stripe_min < 4096 || o->stripe_min > (1ull << 40))
+        return ect_set_error(ECT_EINVAL, "opts.stripe_min must be 4096..2^40 bytes, got %" PRIu64,
+                             o->stripe_min);
+    if (o->connect_timeout_ms < 1 || o->connect_timeout_ms > 600000)
+        return ect_set_error(ECT_EINVAL, "opts.connect_timeout_ms must be 1..600000, got %d",
+                             o->connect_timeout_ms);
+    if (o->io_timeout_ms < 1 || o->io_timeout_ms > 3600000)
+        return ect_set_error(ECT_EINVAL, "opts.io_timeout_ms must be 1..3600000, got %d",
+                             o->io_timeout_ms);
+    return 0;
+}
+
+int ect_xport_open(const char *kind, const ect_xport_opts *opts, ect_xport **out) {
+    if (!out) return ect_set_error(ECT_EINVAL, "out must not be NULL");
+    *out = NULL;
+    if (!kind) return ect_set_error(ECT_EINVAL, "kind must be \"tcp\", \"shm\" or \"ucx\"");
+    const xp_backend *be = NULL;
+    for (size_t i = 0; i < ECT_ARRAY_LEN(backends); i++)
+        if (strcmp(kind, backends[i]->name) == 0) be = backends[i];
+    if (!be) {
+        if (strcmp(kind, "ucx") == 0)
+            return ect_set_error(ECT_ENOTSUP, "kind \"ucx\": this build has no UCX transport");
+        return ect_set_error(ECT_EINVAL, "kind \"%s\" is not a transport (tcp, shm%s)", kind,
+                             ECT_HAVE_UCX ? ", ucx" : "");
+    }
+    ect_xport_opts o;
+    ect_xport_opts_init(&o);
+    if (opts) o = *opts;
+    int rc = check_opts(&o);
+    if (rc) return rc;
+    ect_xport *x = calloc(1, sizeof *x);
+    if (!x) return ect_set_error(ECT_ENOMEM, "transport handle");
+    x->be = be;
+    x->opts = o;
+    snprintf(x->listen, sizeof x->listen, "%s", o.listen);
+    x->opts.listen = x->listen;
+    pthread_mutex_init(&x->regs.mu, NULL);
+    pthread_cond_init(&x->regs.cv, NULL);
+    x->regs.next_id = 1;
+    rc = be->open(x);
+    if (rc) {
+        pthread_mutex_destroy(&x->regs.mu);
+        pthread_cond_destroy(&x->regs.cv);
+        free(x);
+        return rc;
+    }
+    ECT_LOGI("xport", "%s transport open, session %s", be->name, x->session);
+    *out = x;
+    return 0;
+}
+
+const char *ect_xport_kind(const ect_xport *x) { return x ? x->be->name : ""; }
+
+const char *ect_xport_session(const ect_xport *x) { return x ? x->session : ""; }
+
+int xp_key_parse(const char *s, uint64_t *token) {
+    uint64_t v = 0;
+    size_t i = 0;
+    for (; s[i] && i < 17; i++) {
+        char c = s[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (d < 0) break;
+        v = (v << 4) | (uint64_t)d;
+    }
+    if (i != 16 || s[16] != '\0')
+        return ect_set_error(ECT_EINVAL,
+                             "dst_key '%.40s' is not a key of this transport (16 hex digits)", s);
+    *token = v;
+    return 0;
+}
+
+int ect_xport_register(ect_xport *x, void *addr, uint64_t len, int fd, uint64_t fd_offset,
+                       char key[ECT_XPORT_KEY_MAX]) {
+    if (!x || !key) return ect_set_error(ECT_EINVAL, "x and key must not be NULL");
+    key[0] = '\0';
+    uint64_t end;
+    if (!addr) return ect_set_error(ECT_EINVAL, "addr must not be NULL");
+    if (len == 0) return ect_set_error(ECT_EINVAL, "len must be at least 1");
+    if (!ect_add_u64((uint64_t)(uintptr_t)addr, len, &end))
+        return ect_set_error(ECT_EOVERFLOW, "addr + len overflows");
+    if (fd < -1) return ect_set_error(ECT_EINVAL, "fd must be a descriptor or -1, got %d", fd);
+    if (fd >= 0) {
+        struct stat st;
+        uint64_t fend;
+        if (fstat(fd, &st) != 0) return ect_set_errno(errno, "fd %d", fd);
+        if (!ect_add_u64(fd_offset, len, &fend) || (uint64_t)st.st_size < fend)
+            return ect_set_error(ECT_ERANGE,
+                                 "fd_offset + len (%" PRIu64 " + %" PRIu64
+                                 ") exceeds the fd's size %lld",
+                                 fd_offset, len, (long long)st.st_size);
+    } else if (strcmp(x->be->name, "shm") == 0) {
+        return ect_set_error(ECT_ENOTSUP, "shm needs a region backed by an fd (memfd or /dev/shm)");
+    }
+    xp_region *r = calloc(1, sizeof *r);
+    if (!r) return ect_set_error(ECT_ENOMEM, "region");
+    r->addr = addr;
+    r->len = len;
+    r->fd = -1;
+    r->fd_off = fd_offset;
+    if (fd >= 0 && (r->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0) {
+        free(r);
+        return ect_set_errno(errno, "dup of fd %d", fd);
+    }
+    r->keystr = malloc(17);
+    if (!r->keystr) {
+        if (r->fd >= 0) close(r->fd);
+        free(r);
+        return ect_set_error(ECT_ENOMEM, "region key");
+    }
+    pthread_mutex_lock(&x->regs.mu);
+    xp_region *o, *tmp, *found;
+    int rc = 0;
+    HASH_ITER(hh, x->regs.by_token, o, tmp) {
+        if ((uint64_t)(uintptr_t)o->addr < end &&
+            (uint64_t)(uintptr_t)addr < (uint64_t)(uintptr_t)o->addr + o->len) {
+            rc = ect_set_error(ECT_EEXIST, "region [%p, +%" PRIu64 ") overlaps a registered one",
+                               addr, len);
+            break;
+        }
+    }
+    if (!rc) {
+        do {
+            r->token = ect_random_u64();
+            HASH_FIND(hh, x->regs.by_token, &r->token, sizeof r->token, found);
+        } while (found || r->token == 0);
+        r->id = x->regs.next_id++;
+    }
+    pthread_mutex_unlock(&x->regs.mu);
+    snprintf(r->keystr, 17, "%016" PRIx64, r->token);
+    if (!rc && x->be->reg) rc = x->be->reg(x, r);
+    if (rc) {
+        if (r->fd >= 0) close(r->fd);
+        free(r->keystr);
+        free(r);
+        return rc;
+    }
+    /* The overlap check and the insert are two steps; recheck under the lock
+     * so two racing registers of the same memory cannot both win. */
+    pthread_mutex_lock(&x->regs.mu);
+    HASH_ITER(hh, x->regs.by_token, o, tmp) {
+        if ((uint64_t)(uintptr_t)o->addr < end &&
+            (uint64_t)(uintptr_t)addr < (uint64_t)(uintptr_t)o->addr + o->len)
+            rc = ECT_EEXIST;
+    }
+    if (!rc) HASH_ADD(hh, x->regs.by_token, token, sizeof r->token, r);
+    pthread_mutex_unlock(&x->regs.mu);
+    if (rc) {
+        if (x->be->unreg) x->be->unreg(x, r);
+        if (r->fd >= 0) close(r->fd);
+        free(r->keystr);
+        free(r);
+        return ect_set_error(ECT_EEXIST, "region [%p, +%" PRIu64 ") overlaps a registered one",
+                             addr, len);
+    }
+    snprintf(key, ECT_XPORT_KEY_MAX, "%s", r->keystr);
+    return 0;
+}
+
+static void region_free(ect_xport *x, xp_region *r) {
+    if (x->be->unreg) x->be->unreg(x, r);
+    if (r->fd >= 0) close(r->fd);
+    free(r->keystr);
+    free(r);
+}
+
+int ect_xport_unregister(ect_xport *x, const char *key) {
+    if (!x || !key) return ect_set_error(ECT_EINVAL, "x and key must not be NULL");
+    pthread_mutex_lock(&x->regs.mu);
+    xp_region *r, *tmp, *hit = NULL;
+    HASH_ITER(hh, x->regs.by_token, r, tmp) {
+        if (strcmp(r->keystr, key) == 0) hit = r;
+    }
+    if (!hit) {
+        pthread_mutex_unlock(&x->regs.mu);
+        return ect_set_error(ECT_ENOTFOUND, "no registered region has key '%.40s'", key);
+    }
+    HASH_DEL(x->regs.by_token, hit);
+    while (hit->refs > 0) pthread_cond_wait(&x->regs.cv, &x->regs.mu);
+    pthread_mutex_unlock(&x->regs.mu);
+    region_free(x, hit);
+    return 0;
+}
+
+int xp_region_acquire(xp_regions *t, uint64_t token, uint64_t addr, uint64_t len, xp_region **out) {
+    uint64_t end;
+    int rc = 0;
+    xp_region *r;
+    pthread_mutex_lock(&t->mu);
+    HASH_FIND(hh, t->by_token, &token, sizeof token, r);
+    if (!ect_add_u64(addr, len, &end)) {
+        rc = ect_set_error(ECT_ERANGE, "write 0x%" PRIx64 " + %" PRIu64 " overflows", addr, len);
+    } else if (r) {
+        uint64_t base = (uint64_t)(uintptr_t)r->addr;
+        xp_region *o, *tmp;
+        if (addr < base || end > base + r->len) {
+            /* An address inside some other region is a key mismatch. */
+            HASH_ITER(hh, t->by_token, o, tmp) {
+                uint64_t b = (uint64_t)(uintptr_t)o->addr;
+                if (o != r && addr >= b && addr < b + o->len) rc = ECT_EACCES;
+            }
+        }
+        if (rc)
+            rc = ect_set_error(ECT_EACCES, "wrong key for the region at 0x%" PRIx64, addr);
+        else if (addr < base || end > base + r->len)
+            rc = ect_set_error(ECT_ERANGE,
+                               "write [0x%" PRIx64 ", +%" PRIu64 ") is outside region [0x%" PRIx64
+                               ", +%" PRIu64 ")",
+                               addr, len, base, r->len);
+        else
+            r->refs++;
+    } else {
+        xp_region *o, *tmp;
+        HASH_ITER(hh, t->by_token, o, tmp) {
+            uint64_t b = (uint64_t)(uintptr_t)o->addr;
+            if (addr >= b && addr < b + o->len) {
+                rc = ect_set_error(ECT_EACCES, "wrong key for the region at 0x%" PRIx64, addr);
+                break;
+            }
+        }
+        if (!rc)
+            rc = ect_set_error(ECT_ENOTFOUND, "no registered region with that key at 0x%" PRIx64,
+                               addr);
+    }
+    pthread_mutex_unlock(&t->mu);
+    *out = rc ? NULL : r;
+    return rc;
+}
+
+void xp_region_release(xp_regions *t, xp_region *r) {
+    pthread_mutex_lock(&t->mu);
+    if (--r->refs == 0) pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+}
+
+static int session_matches(const xp_backend *be, const char *s) {
+    if (be->session_prefix[0])
+        return strncmp(s, be->session_prefix, strlen(be->session_prefix)) == 0;
+    return strncmp(s, "shm:", 4) != 0 && strncmp(s, "ucx:", 4) != 0;
+}
+
+int ect_xport_write_batch(ect_xport *x, const char *peer_session, const ect_write *w, size_t n,
+                          int *statuses) {
+    int rc = 0;
+    if (!x || !peer_session)
+        rc = ect_set_error(ECT_EINVAL, "x and peer_session must not be NULL");
+    else if (!session_matches(x->be, peer_session))
+        rc = ect_set_error(ECT_EINVAL, "peer_session '%.100s' is not a %s session", peer_session,
+                           x->be->name);
+    else if (n > 0 && !w)
+        rc = ect_set_error(ECT_EINVAL, "writes must not be NULL when n > 0");
+    for (size_t i = 0; !rc && i < n; i++) {
+        if (!w[i].dst_key)
+            rc = ect_set_error(ECT_EINVAL, "writes[%zu].dst_key is NULL", i);
+        else if (!w[i].src && w[i].len > 0)
+            rc = ect_set_error(ECT_EINVAL, "writes[%zu].src is NULL", i);
+    }
+    if (rc) {
+        for (size_t i = 0; statuses && i < n; i++) statuses[i] = rc;
+        return rc;
+    }
+    if (n == 0) return 0;
+    int *st = statuses;
+    if (!st && !(st = calloc(n, sizeof *st))) return ect_set_error(ECT_ENOMEM, "statuses");
+    for (size_t i = 0; i < n; i++) st[i] = 0;
+    rc = x->be->write_batch(x, peer_session, w, n, st);
+    if (!rc) {
+        size_t i = 0;
+        for (; i < n && !rc; i++) rc = st[i];
+        if (rc == ECT_EINVAL)
+            ect_set_error(rc, "writes[%zu].dst_key is not a key of a %s region", i - 1,
+                          x->be->name);
+        else if (rc)
+            ect_set_error(rc, "writes[%zu] to %.100s failed: %s", i - 1, peer_session,
+                          ect_strerror(rc));
+    }
+    if (st != statuses) free(st);
+    return rc;
+}
+
+void ect_xport_close(ect_xport *x) {
+    if (!x) return;
+    x->be->close(x);
+    xp_region *r, *tmp;
+    HASH_ITER(hh, x->regs.by_token, r, tmp) {
+        HASH_DEL(x->regs.by_token, r);
+        region_free(x, r);
+    }
+    if (x->be->destroy) x->be->destroy(x);
+    pthread_mutex_destroy(&x->regs.mu);
+    pthread_cond_destroy(&x->regs.cv);
+    free(x);
+}

@@ -1,0 +1,142 @@
+/*
+ * xport — internal interface of the data plane. ect_xport (xport.c) owns the
+ * options, the session string and the table of registered regions; each back
+ * end (tcp.c, shm.c, ucx.c) is one const table of function pointers that
+ * xport.c picks by name. The region table is the one place where a target
+ * decides whether a write may land: key, range and liveness are checked
+ * there, and a region being written holds a reference that unregister waits
+ * for.
+ */
+#ifndef ECT_XPORT_H
+#define ECT_XPORT_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <uthash.h>
+
+#include "ect_config.h"
+#include "ectransfer.h"
+
+typedef struct xp_region {
+    uint64_t token;    /* tcp/shm key: random 64-bit token, hash key */
+    uint64_t id;       /* unique per target, never reused */
+    uint8_t *addr;     /* first byte in the target's address space */
+    uint64_t len;      /* bytes */
+    int fd;            /* our duplicate of the backing fd, or -1 */
+    uint64_t fd_off;   /* offset of addr's byte in fd */
+    int refs;          /* writes in progress (receive or copy); guarded by regs.mu */
+    char *keystr;      /* the key string handed out (malloc'd) */
+    void *be;          /* back end's per-region data (ucx memory handle) */
+    UT_hash_handle hh; /* by token */
+} xp_region;
+
+typedef struct xp_regions {
+    pthread_mutex_t mu; /* guards the table and refs; never held across I/O */
+    pthread_cond_t cv;  /* signalled when a region's refs drop to 0 */
+    xp_region *by_token;
+    uint64_t next_id;
+} xp_regions;
+
+typedef struct xp_backend xp_backend;
+
+struct ect_xport {
+    const xp_backend *be;
+    ect_xport_opts opts;
+    char listen[256];  /* copy of opts.listen */
+    char session[300]; /* what peers write to */
+    xp_regions regs;
+    void *impl; /* back end's state */
+};
+
+/*
+ * A back end. Every function returns 0 or a negative ECT_E* code with the
+ * detail set through ect_set_error. None is called with regs.mu held.
+ */
+struct xp_backend {
+    const char *name;           /* "tcp", "shm", "ucx" */
+    const char *session_prefix; /* what every session of this kind starts with ("" for tcp) */
+    /* Starts the target (listening socket, threads) and fills x->session.
+     * Blocks only for socket setup. On failure leaves nothing behind. */
+    int (*open)(ect_xport *x);
+    /* Stops the target threads and drops every cached peer connection and
+     * mapping. Called once, after which no other function is called. */
+    void (*close)(ect_xport *x);
+    /* Optional: frees what close kept for unreg (ucx context); called after
+     * every region is gone. */
+    void (*destroy)(ect_xport *x);
+    /* Optional: back-end work for a new region (ucx: map + pack the rkey),
+     * may replace r->keystr. Called before the region is visible to peers. */
+    int (*reg)(ect_xport *x, xp_region *r);
+    /* Optional: undo reg; called after the last reference is gone. */
+    void (*unreg)(ect_xport *x, xp_region *r);
+    /* Writes a validated batch (n >= 1, each write has src, dst_key and a
+     * session of this kind). Blocks until acknowledged, failed or timed out;
+     * safe from any number of threads at once. Fills st[0..n). */
+    int (*write_batch)(ect_xport *x, const char *session, const ect_write *w, size_t n, int *st);
+};
+
+extern const xp_backend xp_tcp_backend;
+extern const xp_backend xp_shm_backend;
+#if ECT_HAVE_UCX
+extern const xp_backend xp_ucx_backend;
+#endif
+
+/* ---- region table (xport.c) */
+/* Finds the region with this token and takes a reference if [addr, addr+len)
+ * lies inside it. Returns 0, ECT_EACCES (the address is in a region but the
+ * token is wrong), ECT_ERANGE (right token, range outside the region) or
+ * ECT_ENOTFOUND (no such region); sets the error detail. Thread-safe. */
+int xp_region_acquire(xp_regions *t, uint64_t token, uint64_t addr, uint64_t len, xp_region **out);
+void xp_region_release(xp_regions *t, xp_region *r);
+/* Parses a 16-hex-digit tcp/shm key; ECT_EINVAL with "dst_key" otherwise. */
+int xp_key_parse(const char *s, uint64_t *token);
+
+/* ---- sockets (xport_net.c) */
+/* Splits "HOST:PORT" or "[V6]:PORT"; ECT_EINVAL naming `what` otherwise. */
+int xp_parse_hostport(const char *what, const char *s, char *host, size_t cap, int *port);
+/* Non-blocking connect with a timeout; TCP_NODELAY set; fd left blocking.
+ * ECT_ECONNREFUSED, ECT_ETIMEDOUT or ECT_EINVAL (bad host). */
+int xp_tcp_connect(const char *host, int port, int timeout_ms, int *fd);
+/* Listening socket on host:port; *port_out gets the bound port. */
+int xp_tcp_listen(const char *host, int port, int *fd, int *port_out);
+/* Sends / receives exactly len bytes, waiting at most timeout_ms for each
+ * step of progress. ECT_ECLOSED on EOF or reset, ECT_ETIMEDOUT. */
+int xp_send_all(int fd, const void *buf, size_t len, int timeout_ms);
+int xp_recv_all(int fd, void *buf, size_t len, int timeout_ms);
+
+/* ---- connection server (xport_net.c): an accept thread plus one thread per
+ * connection. fn serves one connection until it returns; it should poll
+ * stopfd (readable once stopping) besides its socket. The server closes fd. */
+typedef struct xp_server xp_server;
+typedef void (*xp_conn_fn)(void *ctx, int fd, int stopfd);
+/* Takes ownership of listen_fd, also on failure. */
+int xp_server_start(int listen_fd, xp_conn_fn fn, void *ctx, xp_server **out);
+/* Stops accepting, wakes and joins every connection thread. Accepts NULL. */
+void xp_server_stop(xp_server *s);
+
+/* Little-endian codec helpers. */
+static inline void xp_put_u16(uint8_t *p, uint16_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+static inline void xp_put_u32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void xp_put_u64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint16_t xp_get_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t xp_get_u32(const uint8_t *p) {
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+static inline uint64_t xp_get_u64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+#endif

@@ -1,0 +1,637 @@
+/*
+ * test_xport — the data plane. One table of tests runs over every back end
+ * compiled in (tcp, shm, ucx); a few tcp-only tests drive the target with a
+ * raw socket (garbage, a stalled write, unregister during a receive). Target
+ * and initiator are two handles in this process, except for the "target
+ * killed mid-batch" test, whose target is a forked child.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+#include "ect_config.h"
+#include "util/util.h"
+#include "xport/tcp_frame.h"
+#include "xport/xport.h"
+
+#define MiB (1024u * 1024u)
+
+typedef struct region {
+    uint8_t *addr;
+    size_t len;
+    int fd;
+    char key[ECT_XPORT_KEY_MAX];
+} region;
+
+/* A memfd-backed region of len bytes, zeroed, registered with x. */
+static void mk_region(ect_xport *x, size_t len, region *r) {
+    r->len = len;
+    r->fd = memfd_create("test_xport", MFD_CLOEXEC);
+    assert_true(r->fd >= 0);
+    assert_int_equal(ftruncate(r->fd, (off_t)len), 0);
+    r->addr = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
+    assert_true(r->addr != MAP_FAILED);
+    int rc = ect_xport_register(x, r->addr, len, r->fd, 0, r->key);
+    if (rc) fail_msg("register: %s", ect_last_error());
+}
+
+static void rm_region(ect_xport *x, region *r) {
+    if (x) assert_int_equal(ect_xport_unregister(x, r->key), 0);
+    munmap(r->addr, r->len);
+    close(r->fd);
+}
+
+static ect_xport *open_kind(const char *kind) {
+    ect_xport *x = NULL;
+    ect_xport_opts o;
+    ect_xport_opts_init(&o);
+    o.io_timeout_ms = 10000;
+    int rc = ect_xport_open(kind, &o, &x);
+    if (rc) fail_msg("open %s: %s", kind, ect_last_error());
+    return x;
+}
+
+static ect_write wr(const void *src, const region *r, size_t off, size_t len) {
+    ect_write w = {.src = src,
+                   .dst_addr = (uint64_t)(uintptr_t)(r->addr + off),
+                   .len = len,
+                   .dst_key = r->key};
+    return w;
+}
+
+static int all_zero(const uint8_t *p, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (p[i]) return 0;
+    return 1;
+}
+
+/* ---- table tests; state is the kind name */
+
+static void t_sizes(void **state) {
+    const char *kind = *state;
+    ect_xport *t = open_kind(kind), *i = open_kind(kind);
+    region r;
+    mk_region(t, 40 * MiB, &r);
+    static const size_t sizes[] = {1, 2, 7, 100, 4096, 65537, MiB + 3, 4 * MiB + MiB / 2, 16 * MiB};
+    uint8_t *src = malloc(16 * MiB);
+    assert_non_null(src);
+    size_t off = 13;
+    for (size_t k = 0; k < ECT_ARRAY_LEN(sizes); k++) {
+        size_t n = sizes[k];
+        test_fill_pattern(src, n, k + 1);
+        ect_write w = wr(src, &r, off, n);
+        int st = 99;
+        int rc = ect_xport_write_batch(i, ect_xport_session(t), &w, 1, &st);
+        if (rc) fail_msg("%s write of %zu: %s", kind, n, ect_last_error());
+        assert_int_equal(st, 0);
+        assert_true(test_check_pattern(r.addr + off, n, k + 1));
+        assert_int_equal(r.addr[off - 1], 0); /* nothing before or after */
+        assert_int_equal(r.addr[off + n], 0);
+        off += n + 4099;
+    }
+    free(src);
+    rm_region(t, &r);
+    ect_xport_close(i);
+    ect_xport_close(t);
+}
+
+static void t_256m(void **state) {
+    const char *kind = *state;
+    ect_xport *t = open_kind(kind), *i = open_kind(kind);
+    region r;
+    size_t n = 256 * MiB;
+    mk_region(t, n, &r);
+    uint8_t *src = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(src != MAP_FAILED);
+    for (size_t k = 0; k < n; k += 4096) memset(src + k, (int)(k / 4096 * 7 + 1), 4096);
+    src[n - 1] = 0x5a;
+    ect_write w = wr(src, &r, 0, n);
+    int rc = ect_xport_write_batch(i, ect_xport_session(t), &w, 1, NULL);
+    if (rc) fail_msg("%s 256 MiB: %s", kind, ect_last_error());
+    assert_memory_equal(r.addr, src, n);
+    munmap(src, n);
+    rm_region(t, &r);
+    ect_xport_close(i);
+    ect_xport_close(t);
+}
+
+static void t_batches(void **state) {
+    const char *kind = *state;
+    ect_xport *t = open_kind(kind), *i = open_kind(kind);
+    region r;
+    mk_region(t, 16 * MiB, &r);
+    static const size_t counts[] = {1, 2, 17, 256, 1024};
+    uint64_t rs = 42;
+    uint8_t *src = malloc(8 * MiB);
+    ect_write *w = calloc(1024, sizeof *w);
+    size_t *off = calloc(1024, sizeof *off);
+    int *st = calloc(1024, sizeof *st);
+    assert_true(src && w && off && st);
+    for (size_t c = 0; c < ECT_ARRAY_LEN(counts); c++) {
+        size_t n = counts[c], pos = 0;
+        memset(r.addr, 0, r.len);
+        test_fill_pattern(src, 8 * MiB, c + 100);
+        for (size_t k = 0; k < n; k++) {
+            size_t len = 1 + (size_t)(test_rand(&rs) % 8192);
+            size_t soff = (size_t)(test_rand(&rs) % (8 * MiB - len));
+            off[k] = pos + (size_t)(test_rand(&rs) % 64);
+            w[k] = wr(src + soff, &r, off[k], len);
+            pos = off[k] + len;
+        }
+        int rc = ect_xport_write_batch(i, ect_xport_session(t), w, n, st);
+        if (rc) fail_msg("%s batch of %zu: %s", kind, n, ect_last_error());
+        for (size_t k = 0; k < n; k++) {
+            assert_int_equal(st[k], 0);
+            assert_memory_equal(r.addr + off[k], w[k].src, w[k].len);
+        }
+    }
+    free(src);
+    free(w);
+    free(off);
+    free(st);
+    rm_region(t, &r);
+    ect_xport_close(i);
+    ect_xport_close(t);
+}
+
+typedef struct thr_arg {
+    ect_xport *i;
+    const char *session;
+    region *r;
+    int idx;
+    int failures;
+} thr_arg;
+
+#define THREADS 8
+#define SLICE (512 * 1024)
+
+static void *thr_main(void *p) {
+    thr_arg *a = p;
+    uint8_t *src = malloc(SLICE);
+    uint64_t rs = (uint64_t)a->idx;
+    for (int b = 0; b < 20 && src; b++) {
+        ect_write w[16];
+        size_t base = (size_t)a->idx * SLICE;
+        test_fill_pattern(src, SLICE, (uint64_t)(a->idx * 1000 + b));
+        for (int k = 0; k < 16; k++) {
+            size_t len = SLICE / 16 - (size_t)(test_rand(&rs) % 64);
+            w[k] = wr(src + (size_t)k * (SLICE / 16), a->r, base + (size_t)k * (SLICE / 16), len);
+        }
+        if (ect_xport_write_batch(a->i, a->session, w, 16, NULL) != 0) a->failures++;
+        for (int k = 0; k < 16; k++)
+            if (memcmp(a->r->addr + base + (size_t)k * (SLICE / 16), w[k].src, w[k].len) != 0)
+                a->failures++;
+    }
+    free(src);
+    return NULL;
+}
+
+static void t_threads(void **state) {
+    const char *kind = *state;
+    ect_xport *t = open_kind(kind), *i = open_kind(kind);
+    region r;
+    mk_region(t, THREADS * SLICE, &r);
+    pthread_t th[THREADS];
+    thr_arg a[THREADS];
+    for (int k = 0; k < THREADS; k++) {
+        a[k] = (thr_arg){.i = i, .session = ect_xport_session(t), .r = &r, .idx = k};
+        assert_int_equal(pthread_create(&th[k], NULL, thr_main, &a[k]), 0);
+    }
+    for (int k = 0; k < THREADS; k++) {
+        pthread_join(th[k], NULL);
+        assert_int_equal(a[k].failures, 0);
+    }
+    rm_region(t, &r);
+    ect_xport_close(i);
+    ect_xport_close(t);
+}
+
+/* Batch [good, bad, good]: only the bad one fails; the next batch works. */
+static void refused_case(const char *kind, int expect, const char *what) {
+    ect_xport *t = open_kind(kind), *i = open_kind(kind);
+    region r, r2;
+    mk_region(t, MiB, &r);
+    mk_region(t, MiB, &r2);
+    uint8_t src[4096];
+    test_fill_pattern(src, sizeof src, 7);
+    ect_write w[3] = {wr(src, &r, 0, 100), wr(src, &r, 4096, 100), wr(src, &r, 8192, 100)};
+    char badkey[ECT_XPORT_KEY_MAX];
+    if (strcmp(what, "key") == 0) {
+        w[1].dst_key = r2.key; /* a real key, of another region */
+    } else if (strcmp(what, "end") == 0) {
+        w[1].dst_addr = (uint64_t)(uintptr_t)(r.addr + MiB - 50); /* crosses the end */
+    } else if (strcmp(what, "before") == 0) {
+        /* One byte before r2 with r2's key: out of range, or a key mismatch
+         * if the kernel happened to place r right below r2. */
+        w[1].dst_key = r2.key;
+        w[1].dst_addr = (uint64_t)(uintptr_t)(r2.addr - 1);
+        if (r2.addr - 1 >= r.addr && r2.addr - 1 < r.addr + r.len) expect = ECT_EACCES;
+    } else if (strcmp(what, "unregistered") == 0) {
+        region r3;
+        mk_region(t, MiB, &r3);
+        snprintf(badkey, sizeof badkey, "%s", r3.key);
+        w[1] = wr(src, &r3, 0, 100);
+        w[1].dst_key = badkey;
+        rm_region(t, &r3);
+    }
+    int st[3] = {9, 9, 9};
+    int rc = ect_xport_write_batch(i, ect_xport_session(t), w, 3, st);
+    assert_int_equal(rc, expect);
+    assert_int_equal(st[0], 0);
+    assert_int_equal(st[1], expect);
+    assert_int_equal(st[2], 0);
+    assert_memory_equal(r.addr, src, 100);
+    assert_memory_equal(r.addr + 8192, src, 100);
+    assert_true(all_zero(r.addr + 4096, 100));
+    assert_true(all_zero(r.addr + MiB - 50, 50));
+    assert_true(all_zero(r2.addr, 100));
+    /* The target keeps serving the same initiator. */
+    rc = ect_xport_write_batch(i, ect_xport_session(t), &w[0], 1, st);
+    assert_int_equal(rc, 0);
+    rm_region(t, &r);
+    rm_region(t, &r2);
+    ect_xport_close(i);
+    ect_xport_close(t);
+}
+
+static void t_wrong_key(void **state) { refused_case(*state, ECT_EACCES, "key"); }
+static void t_out_of_range(void **state) {
+    refused_case(*state, ECT_ERANGE, "end");
+    refused_case(*state, ECT_ERANGE, "before");
+}
+static void t_unregistered(void **state) { refused_case(*state, ECT_ENOTFOUND, "unregistered"); }
+
+static void t_bad_key_text(void **state) {
+    const char *kind = *state;
+    ect_xport *t = open_kind(kind), *i = open_kind(kind);
+    region r;
+    mk_region(t, MiB, &r);
+    uint8_t src[16] = {1};
+    ect_write w = wr(src, &r, 0, 16);
+    w.dst_key = "not-a-key";
+    int st = 0;
+    assert_err(ect_xport_write_batch(i, ect_xport_session(t), &w, 1, &st), ECT_EINVAL, "dst_key");
+    assert_int_equal(st, ECT_EINVAL);
+    assert_true(all_zero(r.addr, 16));
+    rm_region(t, &r);
+    ect_xport_close(i);
+    ect_xport_close(t);
+}
+
+static void t_refused(void **state) {
+    const char *kind = *state;
+    ect_xport *t = open_kind(kind), *i = open_kind(kind);
+    char session[300];
+    snprintf(session, sizeof session, "%s", ect_xport_session(t));
+    ect_xport_close(t);
+    uint8_t src[8] = {0};
+    ect_write w = {.src = src, .dst_addr = 4096, .len = 8, .dst_key = "0123456789abcdef"};
+    int st = 0;
+    uint64_t t0 = ect_now_ms();
+    assert_err(ect_xport_write_batch(i, session, &w, 1, &st), ECT_ECONNREFUSED, NULL);
+    assert_int_equal(st, ECT_ECONNREFUSED);
+    assert_true(ect_now_ms() - t0 < 5000);
+    ect_xport_close(i);
+}
+
+static void t_restart(void **state) {
+    const char *kind = *state;
+    ect_xport *t = open_kind(kind), *i = open_kind(kind);
+    region r;
+    mk_region(t, MiB, &r);
+    uint8_t src[4096];
+    test_fill_pattern(src, sizeof src, 3);
+    ect_write w = wr(src, &r, 0, sizeof src);
+    assert_int_equal(ect_xport_write_batch(i, ect_xport_session(t), &w, 1, NULL), 0);
+    char old[300];
+    snprintf(old, sizeof old, "%s", ect_xport_session(t));
+    rm_region(t, &r);
+    ect_xport_close(t);
+    /* The cached connection to the old target is dead; the write fails fast. */
+    int st = 0;
+    int rc = ect_xport_write_batch(i, old, &w, 1, &st);
+    assert_true(rc == ECT_ECONNREFUSED || rc == ECT_ECLOSED);
+    assert_int_equal(st, rc);
+    /* A new target (new session) works with the same initiator. */
+    t = open_kind(kind);
+    assert_string_not_equal(old, ect_xport_session(t));
+    mk_region(t, MiB, &r);
+    w = wr(src, &r, 100, sizeof src);
+    assert_int_equal(ect_xport_write_batch(i, ect_xport_session(t), &w, 1, NULL), 0);
+    assert_memory_equal(r.addr + 100, src, sizeof src);
+    rm_region(t, &r);
+    ect_xport_close(t);
+    ect_xport_close(i);
+}
+
+/* The target is a forked child that is SIGKILLed while batches run. */
+typedef struct target_info {
+    char session[300];
+    char key[ECT_XPORT_KEY_MAX];
+    uint64_t addr;
+} target_info;
+
+static void child_target(const char *kind, int wfd) {
+    ect_xport *t = NULL;
+    ect_xport_opts o;
+    ect_xport_opts_init(&o);
+    if (ect_xport_open(kind, &o, &t) != 0) _exit(3);
+    int fd = memfd_create("child", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, 64 * MiB) != 0) _exit(4);
+    void *a = mmap(NULL, 64 * MiB, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    target_info ti = {0};
+    if (a == MAP_FAILED || ect_xport_register(t, a, 64 * MiB, fd, 0, ti.key) != 0) _exit(5);
+    snprintf(ti.session, sizeof ti.session, "%s", ect_xport_session(t));
+    ti.addr = (uint64_t)(uintptr_t)a;
+    if (write(wfd, &ti, sizeof ti) != (ssize_t)sizeof ti) _exit(6);
+    for (;;) pause();
+}
+
+typedef struct killer {
+    pid_t pid;
+    int delay_ms;
+} killer;
+
+static void *killer_main(void *p) {
+    killer *k = p;
+    usleep((useconds_t)k->delay_ms * 1000);
+    kill(k->pid, SIGKILL);
+    return NULL;
+}
+
+static void t_killed(void **state) {
+    const char *kind = *state;
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(pfd[0]);
+        child_target(kind, pfd[1]);
+    }
+    close(pfd[1]);
+    target_info ti;
+    assert_int_equal(read(pfd[0], &ti, sizeof ti), (ssize_t)sizeof ti);
+    close(pfd[0]);
+    ect_xport *i = open_kind(kind);
+    size_t n = 32;
+    uint8_t *src = malloc(2 * MiB);
+    ect_write w[32];
+    int st[32];
+    for (size_t k = 0; k < n; k++)
+        w[k] = (ect_write){
+            .src = src, .dst_addr = ti.addr + k * 2 * MiB, .len = 2 * MiB, .dst_key = ti.key};
+    assert_int_equal(ect_xport_write_batch(i, ti.session, w, n, st), 0);
+    killer k = {.pid = pid, .delay_ms = 30};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, killer_main, &k), 0);
+    uint64_t t0 = ect_now_ms();
+    int rc = 0, rounds = 0;
+    while (rc == 0 && ect_now_ms() - t0 < 8000) {
+        rc = ect_xport_write_batch(i, ti.session, w, n, st);
+        rounds++;
+    }
+    pthread_join(th, NULL);
+    int ws;
+    waitpid(pid, &ws, 0);
+    assert_true(WIFSIGNALED(ws));
+    if (rc != ECT_ECLOSED && rc != ECT_ECONNREFUSED)
+        fail_msg("%s: expected a closed/refused error after the kill, got %d (%s) after %d rounds",
+                 kind, rc, ect_last_error(), rounds);
+    int failed = 0;
+    for (size_t j = 0; j < n; j++) {
+        assert_true(st[j] == 0 || st[j] == ECT_ECLOSED || st[j] == ECT_ECONNREFUSED);
+        failed += st[j] != 0;
+    }
+    assert_true(failed > 0);
+    /* Further writes fail fast, without hanging. */
+    t0 = ect_now_ms();
+    rc = ect_xport_write_batch(i, ti.session, w, 1, st);
+    assert_true(rc == ECT_ECONNREFUSED || rc == ECT_ECLOSED);
+    assert_true(ect_now_ms() - t0 < 3000);
+    free(src);
+    ect_xport_close(i);
+}
+
+static void t_args(void **state) {
+    const char *kind = *state;
+    ect_xport *t = open_kind(kind);
+    char key[ECT_XPORT_KEY_MAX];
+    uint8_t buf[64];
+    assert_err(ect_xport_register(t, NULL, 10, -1, 0, key), ECT_EINVAL, "addr");
+    assert_err(ect_xport_register(t, buf, 0, -1, 0, key), ECT_EINVAL, "len");
+    assert_err(ect_xport_unregister(t, "0000000000000000"), ECT_ENOTFOUND, "key");
+    region r;
+    mk_region(t, MiB, &r);
+    assert_err(ect_xport_register(t, r.addr + 10, 10, r.fd, 10, key), ECT_EEXIST, "overlaps");
+    assert_err(ect_xport_register(t, buf, sizeof buf, r.fd, MiB - 10, key), ECT_ERANGE,
+               "fd_offset");
+    const char *other = strcmp(kind, "shm") == 0 ? "127.0.0.1:1" : "shm:@x";
+    ect_write w = wr(buf, &r, 0, 1);
+    assert_err(ect_xport_write_batch(t, other, &w, 1, NULL), ECT_EINVAL, "peer_session");
+    w.src = NULL;
+    assert_err(ect_xport_write_batch(t, ect_xport_session(t), &w, 1, NULL), ECT_EINVAL, "src");
+    assert_int_equal(ect_xport_write_batch(t, ect_xport_session(t), NULL, 0, NULL), 0);
+    assert_string_equal(ect_xport_kind(t), kind);
+    rm_region(t, &r);
+    ect_xport_close(t);
+}
+
+/* ---- not per back end */
+
+static void test_open_errors(void **state) {
+    (void)state;
+    ect_xport *x = (ect_xport *)1;
+    assert_err(ect_xport_open("carrier-pigeon", NULL, &x), ECT_EINVAL, "kind");
+    assert_null(x);
+    ect_xport_opts o;
+    ect_xport_opts_init(&o);
+    o.listen = "nohostport";
+    assert_err(ect_xport_open("tcp", &o, &x), ECT_EINVAL, "opts.listen");
+    ect_xport_opts_init(&o);
+    o.conns_per_peer = 0;
+    assert_err(ect_xport_open("tcp", &o, &x), ECT_EINVAL, "conns_per_peer");
+    ect_xport_opts_init(&o);
+    o.io_timeout_ms = 0;
+    assert_err(ect_xport_open("shm", &o, &x), ECT_EINVAL, "io_timeout_ms");
+#if !ECT_HAVE_UCX
+    assert_err(ect_xport_open("ucx", NULL, &x), ECT_ENOTSUP, "ucx");
+#endif
+    assert_int_equal(ect_xport_open("shm", NULL, &x), 0);
+    char key[ECT_XPORT_KEY_MAX];
+    uint8_t buf[64];
+    assert_err(ect_xport_register(x, buf, sizeof buf, -1, 0, key), ECT_ENOTSUP, "fd");
+    assert_int_equal(strncmp(ect_xport_session(x), "shm:@", 5), 0);
+    ect_xport_close(x);
+    ect_xport_close(NULL);
+}
+
+static int raw_connect(const char *session) {
+    char host[256];
+    int port, fd;
+    assert_int_equal(xp_parse_hostport("s", session, host, sizeof host, &port), 0);
+    assert_int_equal(xp_tcp_connect(host, port, 2000, &fd), 0);
+    return fd;
+}
+
+static void raw_hello(int fd) {
+    uint8_t h[TCP_HELLO_LEN];
+    tcp_encode_hello(h, TCP_ROLE_INITIATOR);
+    assert_int_equal(xp_send_all(fd, h, sizeof h, 2000), 0);
+    assert_int_equal(xp_recv_all(fd, h, sizeof h, 2000), 0);
+    assert_int_equal(tcp_decode_hello(h, TCP_ROLE_TARGET), 0);
+}
+
+/* Garbage, a bad version and a bad frame each cost only their connection. */
+static void test_tcp_garbage(void **state) {
+    (void)state;
+    ect_xport *t = open_kind("tcp"), *i = open_kind("tcp");
+    region r;
+    mk_region(t, MiB, &r);
+    uint64_t rs = 9;
+    for (int round = 0; round < 20; round++) {
+        int fd = raw_connect(ect_xport_session(t));
+        if (round % 2) raw_hello(fd);
+        uint8_t junk[512];
+        for (size_t k = 0; k < sizeof junk; k++) junk[k] = (uint8_t)test_rand(&rs);
+        if (round == 3) { /* a valid header that points at our region, with a wrong key */
+            tcp_encode_write(junk, 1, (uint64_t)(uintptr_t)r.addr, 100, 1);
+        }
+        xp_send_all(fd, junk, sizeof junk, 2000);
+        close(fd);
+    }
+    /* Bad version: the target answers its own hello and closes. */
+    int fd = raw_connect(ect_xport_session(t));
+    uint8_t h[TCP_HELLO_LEN];
+    tcp_encode_hello(h, TCP_ROLE_INITIATOR);
+    h[4] = 9;
+    assert_int_equal(xp_send_all(fd, h, sizeof h, 2000), 0);
+    assert_int_equal(xp_recv_all(fd, h, sizeof h, 2000), 0);
+    assert_int_equal(tcp_decode_hello(h, TCP_ROLE_TARGET), 0);
+    assert_int_equal(xp_recv_all(fd, h, 1, 2000), ECT_ECLOSED);
+    close(fd);
+    assert_true(all_zero(r.addr, r.len));
+    uint8_t src[100];
+    test_fill_pattern(src, sizeof src, 5);
+    ect_write w = wr(src, &r, 0, sizeof src);
+    assert_int_equal(ect_xport_write_batch(i, ect_xport_session(t), &w, 1, NULL), 0);
+    assert_memory_equal(r.addr, src, sizeof src);
+    rm_region(t, &r);
+    ect_xport_close(i);
+    ect_xport_close(t);
+}
+
+typedef struct unreg_arg {
+    ect_xport *t;
+    const char *key;
+    atomic_int done;
+} unreg_arg;
+
+static void *unreg_main(void *p) {
+    unreg_arg *a = p;
+    assert_int_equal(ect_xport_unregister(a->t, a->key), 0);
+    atomic_store(&a->done, 1);
+    return NULL;
+}
+
+/* Unregister waits while a write into the region is half received. */
+static void test_tcp_unregister_waits(void **state) {
+    (void)state;
+    ect_xport *t = open_kind("tcp");
+    region r;
+    mk_region(t, MiB, &r);
+    int fd = raw_connect(ect_xport_session(t));
+    raw_hello(fd);
+    uint64_t token;
+    assert_int_equal(xp_key_parse(r.key, &token), 0);
+    uint8_t hdr[TCP_HDR_LEN], half[1000] = {0};
+    tcp_encode_write(hdr, 77, (uint64_t)(uintptr_t)r.addr, 2000, token);
+    assert_int_equal(xp_send_all(fd, hdr, sizeof hdr, 2000), 0);
+    assert_int_equal(xp_send_all(fd, half, sizeof half, 2000), 0);
+    usleep(50000);
+    unreg_arg a = {.t = t, .key = r.key};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, unreg_main, &a), 0);
+    usleep(150000);
+    assert_int_equal(atomic_load(&a.done), 0);
+    /* Finishing the payload lets unregister return; the ack says success. */
+    assert_int_equal(xp_send_all(fd, half, sizeof half, 2000), 0);
+    uint8_t ack[TCP_ACK_LEN];
+    assert_int_equal(xp_recv_all(fd, ack, sizeof ack, 2000), 0);
+    uint64_t id;
+    int32_t s;
+    assert_int_equal(tcp_decode_ack(ack, &id, &s), 0);
+    assert_int_equal(id, 77);
+    assert_int_equal(s, 0);
+    pthread_join(th, NULL);
+    assert_int_equal(atomic_load(&a.done), 1);
+    /* Now the region is gone: the same write is refused, payload consumed. */
+    assert_int_equal(xp_send_all(fd, hdr, sizeof hdr, 2000), 0);
+    assert_int_equal(xp_send_all(fd, half, sizeof half, 2000), 0);
+    assert_int_equal(xp_send_all(fd, half, sizeof half, 2000), 0);
+    assert_int_equal(xp_recv_all(fd, ack, sizeof ack, 2000), 0);
+    assert_int_equal(tcp_decode_ack(ack, &id, &s), 0);
+    assert_int_equal(s, ECT_ENOTFOUND);
+    close(fd);
+    rm_region(NULL, &r);
+    ect_xport_close(t);
+}
+
+/* A peer that stalls mid-frame is dropped after io_timeout_ms. */
+static void test_tcp_stall(void **state) {
+    (void)state;
+    ect_xport *t = NULL;
+    ect_xport_opts o;
+    ect_xport_opts_init(&o);
+    o.io_timeout_ms = 200;
+    assert_int_equal(ect_xport_open("tcp", &o, &t), 0);
+    region r;
+    mk_region(t, MiB, &r);
+    int fd = raw_connect(ect_xport_session(t));
+    raw_hello(fd);
+    uint8_t hdr[TCP_HDR_LEN];
+    tcp_encode_write(hdr, 1, (uint64_t)(uintptr_t)r.addr, 2000, 5);
+    assert_int_equal(xp_send_all(fd, hdr, 20, 2000), 0); /* half a header */
+    uint64_t t0 = ect_now_ms();
+    uint8_t b;
+    assert_int_equal(xp_recv_all(fd, &b, 1, 3000), ECT_ECLOSED);
+    assert_true(ect_now_ms() - t0 < 2000);
+    close(fd);
+    rm_region(t, &r);
+    ect_xport_close(t);
+}
+
+#define KIND_TESTS(k)                                                                              \
+    cmocka_unit_test_prestate(t_args, (void *)k), cmocka_unit_test_prestate(t_sizes, (void *)k),   \
+        cmocka_unit_test_prestate(t_batches, (void *)k),                                           \
+        cmocka_unit_test_prestate(t_threads, (void *)k),                                           \
+        cmocka_unit_test_prestate(t_wrong_key, (void *)k),                                         \
+        cmocka_unit_test_prestate(t_out_of_range, (void *)k),                                      \
+        cmocka_unit_test_prestate(t_unregistered, (void *)k),                                      \
+        cmocka_unit_test_prestate(t_bad_key_text, (void *)k),                                      \
+        cmocka_unit_test_prestate(t_refused, (void *)k),                                           \
+        cmocka_unit_test_prestate(t_restart, (void *)k),                                           \
+        cmocka_unit_test_prestate(t_killed, (void *)k),                                            \
+        cmocka_unit_test_prestate(t_256m, (void *)k)
+
+int main(void) {
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_open_errors),
+        cmocka_unit_test(test_tcp_garbage),
+        cmocka_unit_test(test_tcp_unregister_waits),
+        cmocka_unit_test(test_tcp_stall),
+        KIND_TESTS("tcp"),
+        KIND_TESTS("shm"),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
