@@ -1,0 +1,795 @@
+/*
+ * reservations — the consumer shard's reservation table. See reservations.h
+ * for the contract; this file explains the bookkeeping.
+ *
+ * Two kinds of object: entries (one per transfer_id, the state machine) and
+ * buffers (one per allocation). A buffer counts its holders: `refs` is the
+ * number of non-tombstone entries pointing at it (the writer, its followers,
+ * READY and cached entries), `leases` the consumer's outstanding takes, and
+ * `resident` keeps it after both drop to zero until least-recently-used
+ * reclaim. A buffer is freed exactly when all three are gone. A writer holds
+ * its ref through WRITING, CANCEL_PENDING and EXPIRE_PENDING, so memory a
+ * remote writer may still be writing is never freed by construction.
+ *
+ * Entries sit on exactly one of three lists, each ordered by `deadline`:
+ *  - live (WRITING, READY): deadline = expiry. Every deadline is set to
+ *    now + ttl with a clamped, non-decreasing now, so appending keeps the
+ *    list sorted and the reaper only looks at its head;
+ *  - pending (CANCEL_PENDING, EXPIRE_PENDING): deadline = end of grace;
+ *  - tombstones (CANCELLED, EXPIRED): deadline = removal; capped, and the
+ *    oldest goes first.
+ *
+ * Two indexes by mm_hash: `inflight` (the one WRITING writer of a hash,
+ * which new reserves follow) and `published` (the one completed buffer of a
+ * hash, which new reserves are answered from, `cached`).
+ */
+#include <assert.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <uthash.h>
+#include <utlist.h>
+
+#include "push/reservations.h"
+
+#define MOD "rsv"
+
+typedef enum { ROLE_WRITER = 1, ROLE_FOLLOWER, ROLE_CACHED } rsv_role;
+
+/* What a reservation describes; a follower or cached reply must match it. */
+typedef struct tensor {
+    uint64_t nbytes;
+    uint64_t shape[WIRE_MAX_NDIM];
+    size_t ndim;
+    char dtype[RSV_DTYPE_MAX + 1]; /* canonical */
+} tensor;
+
+typedef struct rsv_buf rsv_buf;
+typedef struct rsv_entry rsv_entry;
+
+struct rsv_buf {
+    uint64_t offset, size; /* the allocation (size >= 1) */
+    char *mm_hash;
+    tensor tn;
+    unsigned refs, leases;
+    bool published, resident;
+    uint64_t last_used;
+    UT_hash_handle hh; /* published index, by mm_hash */
+    rsv_buf *lru_prev, *lru_next;
+    rsv_buf *all_prev, *all_next;
+};
+
+struct rsv_entry {
+    char *transfer_id;
+    char *mm_hash;
+    char reservation_id[ECT_ID_LEN + 1];
+    tensor tn;
+    rsv_state state;
+    rsv_role role;
+    bool cancel_requested; /* EXPIRE_PENDING that a plain cancel reached */
+    rsv_buf *buf;          /* NULL in tombstones */
+    rsv_entry *lead;       /* follower: its writer */
+    rsv_entry *followers;  /* writer: its WRITING followers */
+    rsv_entry *fol_prev, *fol_next;
+    uint64_t deadline;
+    rsv_entry *prev, *next; /* on live, pending or tombs */
+    UT_hash_handle hh;      /* by transfer_id */
+    UT_hash_handle hh_inflight;
+};
+
+typedef struct ev_node {
+    rsv_event ev;
+    struct ev_node *prev, *next;
+} ev_node;
+
+struct rsv_table {
+    rsv_opts o;
+    uint64_t now;
+    rsv_entry *by_id, *inflight;
+    rsv_buf *published, *lru, *all;
+    rsv_entry *live, *pending, *tombs;
+    ev_node *events;
+    rsv_stats st;
+};
+
+static const char *const state_names[] = {
+    "?", "WRITING", "READY", "CANCEL_PENDING", "EXPIRE_PENDING", "CANCELLED", "EXPIRED"};
+
+const char *rsv_state_name(rsv_state s) {
+    return (s >= RSV_WRITING && s <= RSV_EXPIRED) ? state_names[s] : "?";
+}
+
+void rsv_opts_init(rsv_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->ttl_ms = RSV_DEFAULT_TTL_MS;
+    o->pending_grace_ms = RSV_DEFAULT_TTL_MS;
+    o->max_tombstones = RSV_DEFAULT_MAX_TOMBSTONES;
+    o->max_events = RSV_DEFAULT_MAX_EVENTS;
+}
+
+int rsv_open(const rsv_opts *o, rsv_table **out) {
+    *out = NULL;
+    if (!o || !o->mem || !o->mem->alloc || !o->mem->free)
+        return ect_set_error(ECT_EINVAL, "rsv_opts.mem: alloc and free callbacks are required");
+    if (o->ttl_ms == 0) return ect_set_error(ECT_EINVAL, "rsv_opts.ttl_ms must be > 0");
+    if (o->max_tombstones == 0)
+        return ect_set_error(ECT_EINVAL, "rsv_opts.max_tombstones must be > 0");
+    if (o->max_events == 0) return ect_set_error(ECT_EINVAL, "rsv_opts.max_events must be > 0");
+    rsv_table *t = calloc(1, sizeof *t);
+    if (!t) return ect_set_error(ECT_ENOMEM, "reservation table: out of memory");
+    t->o = *o;
+    *out = t;
+    return 0;
+}
+
+static uint64_t clamp_now(rsv_table *t, uint64_t now) {
+    if (now > t->now) t->now = now;
+    return t->now;
+}
+
+static bool is_tomb(rsv_state s) { return s == RSV_CANCELLED || s == RSV_EXPIRED; }
+static bool is_pending(rsv_state s) { return s == RSV_CANCEL_PENDING || s == RSV_EXPIRE_PENDING; }
+static bool in_live(rsv_state s) { return s == RSV_WRITING || s == RSV_READY; }
+
+static rsv_entry **list_of(rsv_table *t, rsv_state s) {
+    return in_live(s) ? &t->live : is_pending(s) ? &t->pending : &t->tombs;
+}
+
+/* ---- buffers */
+
+static void buf_free(rsv_table *t, rsv_buf *b) {
+    if (b->published) HASH_DELETE(hh, t->published, b);
+    if (b->resident) {
+        DL_DELETE2(t->lru, b, lru_prev, lru_next);
+        t->st.resident--;
+    }
+    DL_DELETE2(t->all, b, all_prev, all_next);
+    t->o.mem->free(t->o.mem_ctx, b->offset, b->size);
+    t->st.buffers--;
+    t->st.bytes_held -= b->size;
+    free(b->mm_hash);
+    free(b);
+}
+
+static void buf_maybe_free(rsv_table *t, rsv_buf *b) {
+    if (b->refs == 0 && b->leases == 0 && !b->resident) buf_free(t, b);
+}
+
+static void buf_unref(rsv_table *t, rsv_buf *b) {
+    assert(b->refs > 0);
+    b->refs--;
+    buf_maybe_free(t, b);
+}
+
+static rsv_buf *find_published(rsv_table *t, const char *h) {
+    rsv_buf *b = NULL;
+    HASH_FIND(hh, t->published, h, strlen(h), b);
+    return b;
+}
+
+static rsv_entry *find_inflight(rsv_table *t, const char *h) {
+    rsv_entry *e = NULL;
+    HASH_FIND(hh_inflight, t->inflight, h, strlen(h), e);
+    return e;
+}
+
+/* Frees one unleased, unreferenced resident buffer, oldest use first. */
+static bool evict_one(rsv_table *t) {
+    rsv_buf *b;
+    DL_FOREACH2(t->lru, b, lru_next) {
+        if (b->refs == 0 && b->leases == 0) {
+            b->resident = false;
+            DL_DELETE2(t->lru, b, lru_prev, lru_next);
+            t->st.resident--;
+            t->st.evictions++;
+            buf_free(t, b);
+            return true;
+        }
+    }
+    return false;
+}
+
+size_t rsv_evict_resident(rsv_table *t, size_t max) {
+    size_t n = 0;
+    while (n < max && evict_one(t)) n++;
+    return n;
+}
+
+/* ---- events */
+
+static void fill_event(rsv_event *ev, const rsv_entry *e, rsv_event_kind kind) {
+    memset(ev, 0, sizeof *ev);
+    ev->kind = kind;
+    snprintf(ev->transfer_id, sizeof ev->transfer_id, "%s", e->transfer_id);
+    snprintf(ev->mm_hash, sizeof ev->mm_hash, "%s", e->mm_hash);
+    memcpy(ev->reservation_id, e->reservation_id, sizeof ev->reservation_id);
+    memcpy(ev->dtype, e->tn.dtype, sizeof ev->dtype);
+    memcpy(ev->shape, e->tn.shape, sizeof ev->shape);
+    ev->ndim = e->tn.ndim;
+    ev->nbytes = e->tn.nbytes;
+}
+
+static void queue_event(rsv_table *t, const rsv_entry *e, rsv_event_kind kind) {
+    ev_node *n;
+    if (t->st.events >= t->o.max_events) {
+        n = t->events; /* reuse the oldest node: no allocation can fail here */
+        ECT_LOGW(MOD, "EC event backlog full (%zu); dropping %s event for transfer_id=%s",
+                 t->o.max_events, n->ev.kind == RSV_EV_READY ? "readiness" : "abandoned",
+                 n->ev.transfer_id);
+        DL_DELETE(t->events, n);
+        t->st.events--;
+        t->st.events_dropped++;
+    } else if (!(n = malloc(sizeof *n))) {
+        ECT_LOGE(MOD, "out of memory queueing an event for transfer_id=%s", e->transfer_id);
+        t->st.events_dropped++;
+        return;
+    }
+    fill_event(&n->ev, e, kind);
+    DL_APPEND(t->events, n);
+    t->st.events++;
+}
+
+const rsv_event *rsv_event_peek(const rsv_table *t) { return t->events ? &t->events->ev : NULL; }
+
+void rsv_event_pop(rsv_table *t) {
+    ev_node *n = t->events;
+    if (!n) return;
+    DL_DELETE(t->events, n);
+    t->st.events--;
+    free(n);
+}
+
+/* ---- entries */
+
+static void free_entry_mem(rsv_entry *e) {
+    free(e->transfer_id);
+    free(e->mm_hash);
+    free(e);
+}
+
+static void entry_free(rsv_table *t, rsv_entry *e) {
+    HASH_DELETE(hh, t->by_id, e);
+    DL_DELETE(*list_of(t, e->state), e);
+    if (is_tomb(e->state))
+        t->st.tombstones--;
+    else
+        t->st.live--;
+    free_entry_mem(e);
+}
+
+/* Moves e to `s`, relinking it on the right list with `deadline`. */
+static void set_state(rsv_table *t, rsv_entry *e, rsv_state s, uint64_t deadline) {
+    DL_DELETE(*list_of(t, e->state), e);
+    if (is_tomb(s) && !is_tomb(e->state)) {
+        t->st.live--;
+        t->st.tombstones++;
+    }
+    e->state = s;
+    e->deadline = deadline;
+    DL_APPEND(*list_of(t, s), e);
+    if (is_tomb(s) && t->st.tombstones > t->o.max_tombstones) {
+        rsv_entry *old = t->tombs;
+        ECT_LOGD(MOD, "tombstone cap %zu reached; forgetting transfer_id=%s", t->o.max_tombstones,
+                 old->transfer_id);
+        t->st.tombstones_dropped++;
+        entry_free(t, old);
+    }
+}
+
+/* Makes e a tombstone: drops its hold on the buffer and its follower link. */
+static void entomb(rsv_table *t, rsv_entry *e, rsv_state s) {
+    if (e->role == ROLE_WRITER && e->state == RSV_WRITING) HASH_DELETE(hh_inflight, t->inflight, e);
+    if (e->lead) {
+        DL_DELETE2(e->lead->followers, e, fol_prev, fol_next);
+        e->lead = NULL;
+    }
+    rsv_buf *b = e->buf;
+    e->buf = NULL;
+    set_state(t, e, s, t->now + t->o.ttl_ms);
+    if (b) buf_unref(t, b);
+}
+
+/* The writer leaves WRITING without publishing: its followers can never
+ * become ready, so they end now and the scheduler hears it at once. */
+static void abandon_followers(rsv_table *t, rsv_entry *w) {
+    rsv_entry *f, *tmp;
+    DL_FOREACH_SAFE2(w->followers, f, tmp, fol_next) {
+        queue_event(t, f, RSV_EV_ABANDONED);
+        entomb(t, f, RSV_CANCELLED);
+    }
+}
+
+static size_t reap(rsv_table *t) {
+    size_t n = 0;
+    uint64_t now = t->now;
+    while (t->live && t->live->deadline <= now) {
+        rsv_entry *e = t->live;
+        n++;
+        if (e->state == RSV_READY) {
+            entomb(t, e, RSV_EXPIRED);
+        } else if (e->role == ROLE_FOLLOWER) {
+            queue_event(t, e, RSV_EV_ABANDONED);
+            entomb(t, e, RSV_CANCELLED);
+        } else {
+            /* The writer may still be writing: keep its memory. No event for
+             * it: a producer that is still alive refreshes and reserves anew. */
+            HASH_DELETE(hh_inflight, t->inflight, e);
+            abandon_followers(t, e);
+            set_state(t, e, RSV_EXPIRE_PENDING, now + t->o.pending_grace_ms);
+        }
+    }
+    if (t->o.mem->write_active) {
+        rsv_entry *e, *tmp;
+        DL_FOREACH_SAFE(t->pending, e, tmp) {
+            if (e->deadline > now ||
+                t->o.mem->write_active(t->o.mem_ctx, e->buf->offset, e->buf->size))
+                continue;
+            ECT_LOGW(MOD, "transfer_id=%s: writer silent past its grace; freeing its memory",
+                     e->transfer_id);
+            entomb(t, e,
+                   e->state == RSV_CANCEL_PENDING || e->cancel_requested ? RSV_CANCELLED
+                                                                         : RSV_EXPIRED);
+            n++;
+        }
+    }
+    while (t->tombs && t->tombs->deadline <= now) {
+        entry_free(t, t->tombs);
+        n++;
+    }
+    return n;
+}
+
+size_t rsv_reap(rsv_table *t, uint64_t now_ms) {
+    clamp_now(t, now_ms);
+    return reap(t);
+}
+
+/* ---- reserve */
+
+static int check_key(const char *s, const char *field) {
+    if (!s || !*s) return ect_set_error(ECT_EINVAL, "%s must be a non-empty string", field);
+    if (strlen(s) > RSV_KEY_MAX)
+        return ect_set_error(ECT_EINVAL, "%s is longer than %d bytes", field, RSV_KEY_MAX);
+    return 0;
+}
+
+static bool same_tensor(const tensor *a, const tensor *b) {
+    return a->nbytes == b->nbytes && a->ndim == b->ndim && strcmp(a->dtype, b->dtype) == 0 &&
+           memcmp(a->shape, b->shape, a->ndim * sizeof *a->shape) == 0;
+}
+
+static void touch(rsv_table *t, rsv_buf *b) {
+    b->last_used = t->now;
+    if (b->resident) {
+        DL_DELETE2(t->lru, b, lru_prev, lru_next);
+        DL_APPEND2(t->lru, b, lru_prev, lru_next);
+    }
+}
+
+static void reply_for(const rsv_entry *e, rsv_reply *r) {
+    memset(r, 0, sizeof *r);
+    memcpy(r->reservation_id, e->reservation_id, sizeof r->reservation_id);
+    r->offset = e->buf ? e->buf->offset : 0;
+    r->nbytes = e->tn.nbytes;
+    r->ready = e->state == RSV_READY;
+    r->cached = e->role == ROLE_CACHED;
+}
+
+/* Allocation with the reclaim ladder of SPEC.md: expire, retry, evict
+ * least-recently-used residents one at a time, and only then give up. */
+static int alloc_reclaiming(rsv_table *t, uint64_t size, uint64_t *off) {
+    int rc = t->o.mem->alloc(t->o.mem_ctx, size, off);
+    if (rc != ECT_EFULL) return rc;
+    if (reap(t) > 0) rc = t->o.mem->alloc(t->o.mem_ctx, size, off);
+    while (rc == ECT_EFULL && evict_one(t)) rc = t->o.mem->alloc(t->o.mem_ctx, size, off);
+    return rc;
+}
+
+static rsv_entry *new_entry(const rsv_request *r, const tensor *tn) {
+    rsv_entry *e = calloc(1, sizeof *e);
+    if (!e) return NULL;
+    e->transfer_id = strdup(r->transfer_id);
+    e->mm_hash = strdup(r->mm_hash ? r->mm_hash : "");
+    if (!e->transfer_id || !e->mm_hash) {
+        free(e->transfer_id);
+        free(e->mm_hash);
+        free(e);
+        return NULL;
+    }
+    e->tn = *tn;
+    ect_random_id(e->reservation_id);
+    return e;
+}
+
+static void add_entry(rsv_table *t, rsv_entry *e, rsv_state s, uint64_t deadline) {
+    e->state = s;
+    e->deadline = deadline;
+    HASH_ADD_KEYPTR(hh, t->by_id, e->transfer_id, strlen(e->transfer_id), e);
+    DL_APPEND(*list_of(t, s), e);
+    if (is_tomb(s))
+        t->st.tombstones++;
+    else
+        t->st.live++;
+}
+
+static int reserve_new(rsv_table *t, const rsv_request *r, const tensor *tn, rsv_reply *reply) {
+    uint64_t expiry = t->now + t->o.ttl_ms;
+    rsv_buf *pub = find_published(t, r->mm_hash);
+    rsv_entry *w = pub ? NULL : find_inflight(t, r->mm_hash);
+    if (pub && !same_tensor(&pub->tn, tn))
+        return ect_set_error(ECT_EEXIST, "conflicting cached tensor for mm_hash '%s'", r->mm_hash);
+    if (w && !same_tensor(&w->tn, tn))
+        return ect_set_error(ECT_EEXIST, "conflicting in-flight tensor for mm_hash '%s'",
+                             r->mm_hash);
+    rsv_entry *e = new_entry(r, tn);
+    if (!e) return ect_set_error(ECT_ENOMEM, "reserve: out of memory");
+    if (pub) { /* (1) dedup against the published copy: no bytes move */
+        e->role = ROLE_CACHED;
+        e->buf = pub;
+        pub->refs++;
+        touch(t, pub);
+        add_entry(t, e, RSV_READY, expiry);
+        queue_event(t, e, RSV_EV_READY);
+    } else if (w) { /* (2) follow the writer already writing this hash */
+        e->role = ROLE_FOLLOWER;
+        e->buf = w->buf;
+        e->lead = w;
+        w->buf->refs++;
+        DL_APPEND2(w->followers, e, fol_prev, fol_next);
+        add_entry(t, e, RSV_WRITING, expiry);
+    } else { /* (3) allocate */
+        rsv_buf *b = calloc(1, sizeof *b);
+        char *h = strdup(r->mm_hash);
+        uint64_t size = tn->nbytes ? tn->nbytes : 1, off = 0;
+        int rc = (b && h) ? alloc_reclaiming(t, size, &off) : ECT_ENOMEM;
+        if (rc) {
+            free(b);
+            free(h);
+            free_entry_mem(e);
+            if (rc == ECT_EFULL)
+                return ect_set_error(ECT_EFULL,
+                                     "EC consumer buffer pool is full (%" PRIu64
+                                     " bytes wanted for transfer_id '%s')",
+                                     tn->nbytes, r->transfer_id);
+            if (rc == ECT_ENOMEM) return ect_set_error(rc, "reserve: out of memory");
+            return rc;
+        }
+        b->offset = off;
+        b->size = size;
+        b->mm_hash = h;
+        b->tn = *tn;
+        b->refs = 1;
+        DL_APPEND2(t->all, b, all_prev, all_next);
+        t->st.buffers++;
+        t->st.bytes_held += size;
+        e->role = ROLE_WRITER;
+        e->buf = b;
+        add_entry(t, e, RSV_WRITING, expiry);
+        HASH_ADD_KEYPTR(hh_inflight, t->inflight, e->mm_hash, strlen(e->mm_hash), e);
+    }
+    reply_for(e, reply);
+    reply->write = e->role == ROLE_WRITER;
+    return 0;
+}
+
+int rsv_reserve(rsv_table *t, const rsv_request *req, uint64_t now_ms, rsv_reply *reply) {
+    int rc;
+    memset(reply, 0, sizeof *reply);
+    if ((rc = check_key(req->transfer_id, "transfer_id")) ||
+        (rc = check_key(req->mm_hash, "mm_hash")))
+        return rc;
+    if (req->ndim && !req->shape)
+        return ect_set_error(ECT_EINVAL, "reserve: shape is missing (%zu dimensions)", req->ndim);
+    if ((rc = wire_check_nbytes(req->dtype, req->shape, req->ndim, req->nbytes, "reserve")))
+        return rc;
+    tensor tn = {.nbytes = req->nbytes, .ndim = req->ndim};
+    snprintf(tn.dtype, sizeof tn.dtype, "%s", wire_dtype_canonical(req->dtype));
+    if (req->ndim) memcpy(tn.shape, req->shape, req->ndim * sizeof *req->shape);
+    clamp_now(t, now_ms);
+    reap(t);
+    rsv_entry *e = NULL;
+    HASH_FIND(hh, t->by_id, req->transfer_id, strlen(req->transfer_id), e);
+    if (e) {
+        switch (e->state) {
+        case RSV_CANCELLED:
+        case RSV_CANCEL_PENDING: reply->cancelled = true; return 0;
+        case RSV_EXPIRED: entry_free(t, e); break;
+        case RSV_EXPIRE_PENDING:
+            return ect_set_error(ECT_EBUSY,
+                                 "reservation for transfer_id '%s' still has an active writer",
+                                 req->transfer_id);
+        case RSV_WRITING:
+        case RSV_READY:
+            if (strcmp(e->mm_hash, req->mm_hash) != 0 || !same_tensor(&e->tn, &tn))
+                return ect_set_error(ECT_EEXIST, "conflicting reservation for transfer_id '%s'",
+                                     req->transfer_id);
+            if (e->state == RSV_WRITING) {
+                DL_DELETE(t->live, e);
+                e->deadline = t->now + t->o.ttl_ms;
+                DL_APPEND(t->live, e);
+            }
+            reply_for(e, reply);
+            return 0;
+        }
+    }
+    return reserve_new(t, req, &tn, reply);
+}
+
+/* ---- complete / cancel */
+
+static rsv_entry *find_entry(const rsv_table *t, const char *id) {
+    rsv_entry *e = NULL;
+    if (id) HASH_FIND(hh, t->by_id, id, strlen(id), e);
+    return e;
+}
+
+static void publish(rsv_table *t, rsv_entry *w) {
+    uint64_t expiry = t->now + t->o.ttl_ms;
+    rsv_buf *b = w->buf;
+    assert(!find_published(t, b->mm_hash));
+    HASH_DELETE(hh_inflight, t->inflight, w);
+    b->published = true;
+    b->last_used = t->now;
+    HASH_ADD_KEYPTR(hh, t->published, b->mm_hash, strlen(b->mm_hash), b);
+    set_state(t, w, RSV_READY, expiry);
+    queue_event(t, w, RSV_EV_READY);
+    rsv_entry *f, *tmp;
+    DL_FOREACH_SAFE2(w->followers, f, tmp, fol_next) {
+        DL_DELETE2(w->followers, f, fol_prev, fol_next);
+        f->lead = NULL;
+        set_state(t, f, RSV_READY, expiry);
+        queue_event(t, f, RSV_EV_READY);
+    }
+}
+
+void rsv_complete(rsv_table *t, const char *transfer_id, const char *reservation_id,
+                  uint64_t now_ms, bool *completed, bool *became_ready) {
+    *completed = *became_ready = false;
+    clamp_now(t, now_ms);
+    rsv_entry *e = find_entry(t, transfer_id);
+    /* A late completion of an old reservation carries another id and must
+     * not complete the reservation that replaced it. */
+    if (!e || !reservation_id || !*reservation_id || strcmp(e->reservation_id, reservation_id))
+        return;
+    switch (e->state) {
+    case RSV_READY: *completed = true; return;
+    case RSV_WRITING:
+        *completed = true;
+        if (e->role == ROLE_WRITER) {
+            publish(t, e);
+            *became_ready = true;
+        }
+        return;
+    case RSV_CANCEL_PENDING: entomb(t, e, RSV_CANCELLED); return;
+    case RSV_EXPIRE_PENDING:
+        entomb(t, e, e->cancel_requested ? RSV_CANCELLED : RSV_EXPIRED);
+        return;
+    case RSV_CANCELLED:
+    case RSV_EXPIRED: return;
+    }
+}
+
+static int add_tombstone(rsv_table *t, const char *transfer_id) {
+    rsv_entry *e = calloc(1, sizeof *e);
+    if (!e || !(e->transfer_id = strdup(transfer_id)) || !(e->mm_hash = strdup(""))) {
+        if (e) free(e->transfer_id);
+        free(e);
+        return ect_set_error(ECT_ENOMEM, "cancel: out of memory");
+    }
+    add_entry(t, e, RSV_CANCELLED, t->now + t->o.ttl_ms);
+    if (t->st.tombstones > t->o.max_tombstones) {
+        t->st.tombstones_dropped++;
+        entry_free(t, t->tombs);
+    }
+    return 0;
+}
+
+int rsv_cancel(rsv_table *t, const char *transfer_id, const char *reservation_id, bool abandon,
+               bool refresh, uint64_t now_ms, bool *cancelled) {
+    int rc;
+    *cancelled = false;
+    if ((rc = check_key(transfer_id, "transfer_id"))) return rc;
+    if (refresh && !abandon)
+        return ect_set_error(ECT_EINVAL, "cancel: refresh needs abandon (transfer_id '%s')",
+                             transfer_id);
+    clamp_now(t, now_ms);
+    rsv_entry *e = find_entry(t, transfer_id);
+    if (!e) { /* pre-cancel: a later reserve gets the cancelled reply */
+        if ((rc = add_tombstone(t, transfer_id))) return rc;
+        *cancelled = true;
+        return 0;
+    }
+    if (reservation_id && *reservation_id && strcmp(e->reservation_id, reservation_id)) return 0;
+    rsv_state end = refresh ? RSV_EXPIRED : RSV_CANCELLED;
+    *cancelled = true;
+    switch (e->state) {
+    case RSV_CANCELLED: break;
+    case RSV_EXPIRED:
+        if (!refresh) { /* remember the cancel for a later reserve */
+            set_state(t, e, RSV_CANCELLED, t->now + t->o.ttl_ms);
+        }
+        break;
+    case RSV_READY:
+        if (abandon && !refresh) queue_event(t, e, RSV_EV_ABANDONED);
+        entomb(t, e, end);
+        break;
+    case RSV_WRITING:
+        if (e->role == ROLE_WRITER) {
+            abandon_followers(t, e);
+            if (!abandon) {
+                /* The producer may be writing right now: keep the memory
+                 * until it completes or abandons. */
+                HASH_DELETE(hh_inflight, t->inflight, e);
+                set_state(t, e, RSV_CANCEL_PENDING, t->now + t->o.pending_grace_ms);
+                break;
+            }
+        }
+        if (abandon && !refresh) queue_event(t, e, RSV_EV_ABANDONED);
+        entomb(t, e, end);
+        break;
+    case RSV_CANCEL_PENDING:
+        if (abandon) entomb(t, e, RSV_CANCELLED);
+        break;
+    case RSV_EXPIRE_PENDING:
+        if (abandon && !refresh) queue_event(t, e, RSV_EV_ABANDONED);
+        if (abandon)
+            entomb(t, e, refresh ? RSV_EXPIRED : RSV_CANCELLED);
+        else
+            e->cancel_requested = true;
+        break;
+    }
+    return 0;
+}
+
+/* ---- status and residency */
+
+static void fill_status(const rsv_entry *e, rsv_status *st) {
+    memset(st, 0, sizeof *st);
+    snprintf(st->mm_hash, sizeof st->mm_hash, "%s", e->mm_hash);
+    memcpy(st->reservation_id, e->reservation_id, sizeof st->reservation_id);
+    memcpy(st->dtype, e->tn.dtype, sizeof st->dtype);
+    memcpy(st->shape, e->tn.shape, sizeof st->shape);
+    st->ndim = e->tn.ndim;
+    st->nbytes = e->tn.nbytes;
+    st->offset = e->buf ? e->buf->offset : 0;
+    st->state = e->state;
+    st->ready = e->state == RSV_READY;
+    st->writer = e->role == ROLE_WRITER;
+}
+
+int rsv_status_get(const rsv_table *t, const char *transfer_id, rsv_status *st) {
+    const rsv_entry *e = find_entry(t, transfer_id);
+    if (!e)
+        return ect_set_error(ECT_ENOTFOUND, "no reservation for transfer_id '%s'",
+                             transfer_id ? transfer_id : "(null)");
+    fill_status(e, st);
+    return 0;
+}
+
+int rsv_take(rsv_table *t, const char *transfer_id, uint64_t now_ms, rsv_status *st) {
+    clamp_now(t, now_ms);
+    rsv_entry *e = find_entry(t, transfer_id);
+    if (!e || is_tomb(e->state))
+        return ect_set_error(ECT_ENOTFOUND, "take: no reservation for transfer_id '%s'",
+                             transfer_id ? transfer_id : "(null)");
+    if (e->state != RSV_READY)
+        return ect_set_error(ECT_ESTATE, "take: transfer_id '%s' is %s, not READY", transfer_id,
+                             rsv_state_name(e->state));
+    e->buf->leases++;
+    touch(t, e->buf);
+    fill_status(e, st);
+    return 0;
+}
+
+int rsv_release(rsv_table *t, const char *mm_hash, uint64_t now_ms) {
+    clamp_now(t, now_ms);
+    rsv_buf *b = mm_hash ? find_published(t, mm_hash) : NULL;
+    if (!b)
+        return ect_set_error(ECT_ENOTFOUND, "release: no tensor for mm_hash '%s'",
+                             mm_hash ? mm_hash : "(null)");
+    if (b->leases == 0)
+        return ect_set_error(ECT_ESTATE, "release: mm_hash '%s' is not taken", mm_hash);
+    b->leases--;
+    if (!b->resident) {
+        b->resident = true;
+        DL_APPEND2(t->lru, b, lru_prev, lru_next);
+        t->st.resident++;
+    }
+    touch(t, b);
+    return 0;
+}
+
+void rsv_get_stats(const rsv_table *t, rsv_stats *st) { *st = t->st; }
+
+void rsv_close(rsv_table *t) {
+    if (!t) return;
+    rsv_entry *e, *tmp;
+    HASH_ITER(hh, t->by_id, e, tmp) {
+        HASH_DELETE(hh, t->by_id, e);
+        free_entry_mem(e);
+    }
+    HASH_CLEAR(hh_inflight, t->inflight);
+    HASH_CLEAR(hh, t->published);
+    rsv_buf *b, *btmp;
+    DL_FOREACH_SAFE2(t->all, b, btmp, all_next) {
+        t->o.mem->free(t->o.mem_ctx, b->offset, b->size);
+        free(b->mm_hash);
+        free(b);
+    }
+    ev_node *n, *ntmp;
+    DL_FOREACH_SAFE(t->events, n, ntmp) free(n);
+    free(t);
+}
+
+/* ---- invariants */
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) return ect_set_error(ECT_ESTATE, __VA_ARGS__);                                \
+    } while (0)
+
+static size_t list_len(const rsv_entry *head) {
+    size_t n = 0;
+    for (const rsv_entry *e = head; e; e = e->next) n++;
+    return n;
+}
+
+int rsv_check(const rsv_table *t) {
+    size_t live = 0, tombs = 0, bufs = 0, resident = 0, events = 0;
+    uint64_t bytes = 0;
+    const rsv_entry *e, *tmp;
+    const rsv_buf *b;
+    DL_FOREACH2(t->all, b, all_next) {
+        unsigned refs = 0;
+        HASH_ITER(hh, t->by_id, e, tmp) refs += e->buf == b;
+        CHECK(refs == b->refs, "buffer @%" PRIu64 " counts %u refs, %u entries hold it", b->offset,
+              b->refs, refs);
+        CHECK(b->refs || b->leases || b->resident, "buffer @%" PRIu64 " is held by nobody",
+              b->offset);
+        CHECK(!b->published || find_published((rsv_table *)t, b->mm_hash) == b,
+              "published buffer @%" PRIu64 " missing from the index", b->offset);
+        bufs++;
+        resident += b->resident;
+        bytes += b->size;
+    }
+    HASH_ITER(hh, t->by_id, e, tmp) {
+        CHECK(e->state >= RSV_WRITING && e->state <= RSV_EXPIRED, "entry %s: bad state",
+              e->transfer_id);
+        if (is_tomb(e->state)) {
+            tombs++;
+            CHECK(!e->buf && !e->lead && !e->followers, "tombstone %s holds memory or links",
+                  e->transfer_id);
+            continue;
+        }
+        live++;
+        CHECK(e->buf, "live entry %s (%s) has no buffer", e->transfer_id, rsv_state_name(e->state));
+        if (e->state == RSV_WRITING && e->role == ROLE_WRITER)
+            CHECK(find_inflight((rsv_table *)t, e->mm_hash) == e && !e->buf->published,
+                  "writer %s not indexed in flight", e->transfer_id);
+        if (e->state == RSV_WRITING && e->role == ROLE_FOLLOWER)
+            CHECK(e->lead && e->lead->state == RSV_WRITING && e->lead->buf == e->buf,
+                  "follower %s has no WRITING writer on its buffer", e->transfer_id);
+        else
+            CHECK(!e->lead, "entry %s links a writer", e->transfer_id);
+        if (e->state == RSV_READY)
+            CHECK(e->buf->published, "READY entry %s on an unpublished buffer", e->transfer_id);
+        if (is_pending(e->state))
+            CHECK(e->role == ROLE_WRITER && !e->followers && !e->buf->published,
+                  "pending entry %s is not a lone writer", e->transfer_id);
+    }
+    CHECK(HASH_CNT(hh_inflight, t->inflight) <= live, "in-flight index larger than live set");
+    for (const ev_node *n = t->events; n; n = n->next) events++;
+    CHECK(live == t->st.live && tombs == t->st.tombstones, "entry counters drifted");
+    CHECK(list_len(t->live) + list_len(t->pending) == live && list_len(t->tombs) == tombs,
+          "lists do not partition the entries");
+    CHECK(bufs == t->st.buffers && resident == t->st.resident && bytes == t->st.bytes_held,
+          "buffer counters drifted (%zu/%zu buffers, %" PRIu64 "/%" PRIu64 " bytes)", bufs,
+          t->st.buffers, bytes, t->st.bytes_held);
+    CHECK(events == t->st.events && events <= t->o.max_events, "event queue counter drifted");
+    CHECK(tombs <= t->o.max_tombstones, "tombstone cap exceeded");
+    for (e = t->live; e && e->next; e = e->next)
+        CHECK(e->deadline <= e->next->deadline, "live list out of deadline order");
+    return 0;
+}

@@ -1,0 +1,227 @@
+/*
+ * reservations — the consumer shard's reservation table (push protocol,
+ * generation 2): the state machine behind the control ops `reserve`,
+ * `status`, `complete` and `cancel`, the periodic reaper, residency of
+ * published tensors (take / release, least-recently-used reclaim) and the
+ * readiness / abandoned events the shard publishes.
+ *
+ * Pure: no sockets, no threads, no clock. Every call takes `now_ms` (any
+ * monotonic millisecond clock; a value smaller than one seen before is
+ * treated as the largest seen). Memory is reached only through rsv_mem_ops,
+ * so tests plug in a fake pool and the shell wires the real one.
+ *
+ * Threading: not thread-safe; the control server holds one mutex around
+ * every call (the consumer's take/release come from another thread).
+ *
+ * States (keyed by transfer_id), as in SPEC.md "Generation 2":
+ *   WRITING -> READY | CANCEL_PENDING | EXPIRE_PENDING | CANCELLED
+ *   READY -> CANCELLED | EXPIRED;  CANCEL_PENDING -> CANCELLED;
+ *   EXPIRE_PENDING -> CANCELLED | EXPIRED.
+ * CANCELLED and EXPIRED are tombstones kept for one TTL, at most
+ * `max_tombstones` of them (the oldest dropped first).
+ *
+ * Invariants the implementation keeps (rsv_check verifies them):
+ *  - a buffer is freed exactly once, and only when no reservation, lease or
+ *    residency holds it; a buffer whose writer is WRITING, CANCEL_PENDING or
+ *    EXPIRE_PENDING is never freed (a remote write may still be landing),
+ *    except by the optional `write_active` escape described at rsv_mem_ops;
+ *  - at most one in-flight writer and one published buffer per mm_hash;
+ *  - bytes held == sum of the sizes of live buffers.
+ */
+#ifndef ECT_PUSH_RESERVATIONS_H
+#define ECT_PUSH_RESERVATIONS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "util/util.h"
+#include "wire/dtype.h"
+
+/* Longest transfer_id / mm_hash accepted (bytes, without the NUL). */
+#define RSV_KEY_MAX 255
+/* Longest canonical dtype name kept. */
+#define RSV_DTYPE_MAX 31
+
+#define RSV_DEFAULT_TTL_MS 300000u
+#define RSV_DEFAULT_MAX_TOMBSTONES 65536u
+#define RSV_DEFAULT_MAX_EVENTS 4096u
+
+/* How the table reaches the buffer pool. The shell wires the real pool; tests
+ * wire a fake. All callbacks are called with the table's lock held and must
+ * not block or call back into the table. */
+typedef struct rsv_mem_ops {
+    /* Reserves nbytes (> 0) and stores the start offset in *offset. Returns 0,
+     * ECT_EFULL when no free range fits (the table then reclaims and retries),
+     * or another ECT_E* code, which the table passes on. Required. */
+    int (*alloc)(void *ctx, uint64_t nbytes, uint64_t *offset);
+    /* Returns a range alloc handed out (same offset and nbytes). Required. */
+    void (*free)(void *ctx, uint64_t offset, uint64_t nbytes);
+    /* Optional. True while a remote write into [offset, offset + nbytes) may
+     * still be landing (the transport target knows). When given, a
+     * CANCEL_PENDING or EXPIRE_PENDING reservation older than
+     * `pending_grace_ms` whose range is quiet is made terminal and its memory
+     * freed, so a producer killed after reserve cannot leak the pool. When
+     * NULL, such memory is kept until the writer completes or abandons. */
+    bool (*write_active)(void *ctx, uint64_t offset, uint64_t nbytes);
+} rsv_mem_ops;
+
+typedef struct rsv_opts {
+    const rsv_mem_ops *mem; /* required; not copied, must outlive the table */
+    void *mem_ctx;
+    uint64_t ttl_ms;           /* reservation and tombstone lifetime (300 s) */
+    uint64_t pending_grace_ms; /* see rsv_mem_ops.write_active (300 s) */
+    size_t max_tombstones;     /* 65536 */
+    size_t max_events;         /* event backlog (4096); the oldest is dropped */
+} rsv_opts;
+
+void rsv_opts_init(rsv_opts *o);
+
+typedef enum rsv_state {
+    RSV_WRITING = 1,
+    RSV_READY,
+    RSV_CANCEL_PENDING,
+    RSV_EXPIRE_PENDING,
+    RSV_CANCELLED,
+    RSV_EXPIRED,
+} rsv_state;
+
+const char *rsv_state_name(rsv_state s);
+
+typedef struct rsv_table rsv_table;
+
+/* Errors: ECT_EINVAL naming the option; ECT_ENOMEM. Caller owns the result
+ * (rsv_close); *out is NULL on failure. */
+int rsv_open(const rsv_opts *o, rsv_table **out);
+/* Frees every buffer still held and the table. Call only once no remote
+ * writer can still write (the transport is stopped). NULL is fine. */
+void rsv_close(rsv_table *t);
+
+/* ---- reserve */
+
+typedef struct rsv_request {
+    const char *transfer_id;
+    const char *mm_hash;
+    uint64_t nbytes;
+    const uint64_t *shape;
+    size_t ndim;
+    const char *dtype; /* "bfloat16" or "torch.bfloat16" */
+} rsv_request;
+
+typedef struct rsv_reply {
+    char reservation_id[ECT_ID_LEN + 1]; /* "" when cancelled */
+    uint64_t offset;                     /* dst_ptr = pool base + offset */
+    uint64_t nbytes;
+    bool write;     /* the producer must write and complete */
+    bool ready;     /* already readable (cached) */
+    bool cached;    /* answered from a resident copy, no bytes move */
+    bool cancelled; /* the transfer was cancelled (pre-cancel) */
+} rsv_reply;
+
+/* Runs the reaper, then reserves per SPEC.md. On success fills *reply and may
+ * queue a readiness event (cached). Errors (ect_last_error has the text):
+ * ECT_EINVAL bad field ("Unsupported torch dtype string", "shape and dtype do
+ * not match nbytes", empty or too long ids); ECT_EEXIST "conflicting
+ * reservation for transfer_id", "conflicting in-flight tensor for mm_hash",
+ * "conflicting cached tensor for mm_hash"; ECT_EBUSY "... still has an active
+ * writer" (EXPIRE_PENDING); ECT_EFULL "EC consumer buffer pool is full";
+ * ECT_ENOMEM. Nothing changes on error. */
+int rsv_reserve(rsv_table *t, const rsv_request *req, uint64_t now_ms, rsv_reply *reply);
+
+/* ---- complete / cancel */
+
+/* complete(transfer_id, reservation_id) -> (*completed, *became_ready), as
+ * SPEC.md gives it: unknown or mismatched ids (false, false); READY or a
+ * follower (true, false); WRITING writer (true, true), publishing the writer
+ * and its followers; a CANCEL_PENDING / EXPIRE_PENDING writer becomes
+ * CANCELLED / EXPIRED, its memory freed, (false, false). Never fails. */
+void rsv_complete(rsv_table *t, const char *transfer_id, const char *reservation_id,
+                  uint64_t now_ms, bool *completed, bool *became_ready);
+
+/* cancel(transfer_id, reservation_id ("" or NULL: any), abandon, refresh).
+ * Stores the result in *cancelled. Returns ECT_EINVAL when refresh is asked
+ * without abandon (nothing changes), else 0. */
+int rsv_cancel(rsv_table *t, const char *transfer_id, const char *reservation_id, bool abandon,
+               bool refresh, uint64_t now_ms, bool *cancelled);
+
+/* Expires what is due (see SPEC.md "Reaper"); the shell calls it every 1 s,
+ * and reserve calls it too. Returns the number of transitions made. */
+size_t rsv_reap(rsv_table *t, uint64_t now_ms);
+
+/* ---- status and residency */
+
+typedef struct rsv_status {
+    char mm_hash[RSV_KEY_MAX + 1];
+    char reservation_id[ECT_ID_LEN + 1];
+    char dtype[RSV_DTYPE_MAX + 1];
+    uint64_t shape[WIRE_MAX_NDIM];
+    size_t ndim;
+    uint64_t nbytes;
+    uint64_t offset;
+    rsv_state state;
+    bool ready;
+    bool writer; /* owns the write (false: follower or cached) */
+} rsv_status;
+
+/* Status of a live (non-tombstone) reservation; ECT_ENOTFOUND otherwise.
+ * A tombstone's state is still reported through *st when st->state is
+ * wanted: pass st and check the return code first. */
+int rsv_status_get(const rsv_table *t, const char *transfer_id, rsv_status *st);
+
+/* The consumer takes a READY item for zero-copy reading: a lease on its
+ * buffer, which no reaper, cancel or reclaim frees until released. Fills *st
+ * (offset, nbytes, ...). Errors: ECT_ENOTFOUND; ECT_ESTATE when not READY. */
+int rsv_take(rsv_table *t, const char *transfer_id, uint64_t now_ms, rsv_status *st);
+
+/* Ends one lease on the published buffer of mm_hash and keeps the buffer
+ * resident (least-recently-used reclaim) so a later reserve of the hash is
+ * answered `cached`. Errors: ECT_ENOTFOUND; ECT_ESTATE when not leased. */
+int rsv_release(rsv_table *t, const char *mm_hash, uint64_t now_ms);
+
+/* Frees up to `max` unleased resident buffers no reservation uses, least
+ * recently used first. Returns how many were freed. */
+size_t rsv_evict_resident(rsv_table *t, size_t max);
+
+/* ---- events */
+
+typedef enum rsv_event_kind {
+    RSV_EV_READY = 1, /* {transfer_id, mm_hash, ready: true, reservation_id, ...} */
+    RSV_EV_ABANDONED, /* the transfer will never become ready on this shard */
+} rsv_event_kind;
+
+typedef struct rsv_event {
+    rsv_event_kind kind;
+    char transfer_id[RSV_KEY_MAX + 1];
+    char mm_hash[RSV_KEY_MAX + 1];
+    char reservation_id[ECT_ID_LEN + 1];
+    char dtype[RSV_DTYPE_MAX + 1];
+    uint64_t shape[WIRE_MAX_NDIM];
+    size_t ndim;
+    uint64_t nbytes;
+} rsv_event;
+
+/* The oldest queued event, or NULL. Valid until the next call on the table.
+ * The shell sends it without blocking and pops it only once sent, so an
+ * unsent event stays queued. */
+const rsv_event *rsv_event_peek(const rsv_table *t);
+void rsv_event_pop(rsv_table *t);
+
+typedef struct rsv_stats {
+    size_t live;         /* reservations not in a tombstone state */
+    size_t tombstones;   /* CANCELLED + EXPIRED entries */
+    size_t buffers;      /* live buffers (allocations held) */
+    size_t resident;     /* buffers kept resident */
+    size_t events;       /* queued events */
+    uint64_t bytes_held; /* sum of live buffer sizes */
+    uint64_t events_dropped;
+    uint64_t tombstones_dropped; /* removed early by the cap */
+    uint64_t evictions;          /* resident buffers reclaimed */
+} rsv_stats;
+
+void rsv_get_stats(const rsv_table *t, rsv_stats *st);
+
+/* Verifies the invariants above; ECT_ESTATE with the broken one in
+ * ect_last_error(). O(n); for tests and the fuzzer. */
+int rsv_check(const rsv_table *t);
+
+#endif
