@@ -1,7 +1,8 @@
 /*
  * dtype — the torch dtype table. Names are accepted with or without the
  * "torch." prefix, because upstream code writes both. The table covers every
- * dtype torch can put in an encoder output, float8 variants included.
+ * dtype torch can put in an encoder output, float8 variants included, and the
+ * aliases torch accepts as attribute names (half, chalf, cfloat, ...).
  */
 #include <inttypes.h>
 #include <string.h>
@@ -9,6 +10,7 @@
 #include "util/util.h"
 #include "wire/dtype.h"
 
+/* clang-format off */
 static const struct {
     const char *name;
     size_t size;
@@ -21,8 +23,11 @@ static const struct {
     {"short", 2},        {"uint16", 2},           {"int32", 4},
     {"int", 4},          {"uint32", 4},           {"int64", 8},
     {"long", 8},         {"uint64", 8},           {"bool", 1},
-    {"complex64", 8},    {"complex128", 16},
+    {"complex64", 8},    {"complex128", 16},      {"complex32", 4},
+    {"chalf", 4},        {"cfloat", 8},           {"cdouble", 16},
+    {"float4_e2m1fn_x2", 1},
 };
+/* clang-format on */
 
 static const char *strip_prefix(const char *name) {
     return strncmp(name, "torch.", 6) == 0 ? name + 6 : name;

@@ -1,0 +1,277 @@
+/*
+ * control_msg — the JSON control messages of the push protocol (generation 2):
+ * every request a producer or scheduler sends to a consumer shard's REP
+ * socket, every result in the reply envelope, and the readiness / abandoned
+ * events a shard pushes to its scheduler. Pure: no sockets, no threads.
+ *
+ * Encoding: compact JSON (no spaces), keys in the fixed order docs/PROTOCOL.md
+ * lists, returned as a NUL-terminated string. "Caller owns the result" and
+ * frees it with free().
+ *
+ * Decoding is strict: a value of the wrong JSON type, a missing required key,
+ * a negative or out-of-range integer, a real where an integer is required, a
+ * string or list over its bound, duplicate keys, trailing bytes, NUL bytes,
+ * frames over WIRE_CTL_MAX_FRAME and nesting deeper than WIRE_CTL_MAX_DEPTH
+ * are all refused with an ect_last_error() text that names the field, e.g.
+ * "items[3].shape[1]: expected a non-negative integer, got real". Unknown
+ * extra keys are ignored. Decoding never aborts and never leaks.
+ *
+ * Return codes of every decoder:
+ *   ECT_EPROTO    the bytes are not a JSON object within the frame bounds
+ *                 (a server answers WIRE_CTL_MALFORMED);
+ *   ECT_ENOTSUP   (requests only) unknown or missing op; the text is exactly
+ *                 "unknown control op: 'x'" as upstream words it;
+ *   ECT_EINVAL    a field is wrong; the text names it;
+ *   ECT_EOVERFLOW shape x dtype size overflows 64 bits;
+ *   ECT_ENOMEM    out of memory.
+ * On any failure the output struct is left cleared (safe to _clear again).
+ *
+ * Ownership: a struct filled by a decoder owns its heap strings (error texts,
+ * dst_key) and arrays (batch items, ports); release them with the matching
+ * _clear function, which also accepts a zeroed struct. Structs a caller fills
+ * for an encoder may point at any memory; encoders only read them.
+ *
+ * Thread-safety: every function is reentrant; none keeps state.
+ */
+#ifndef ECT_WIRE_CONTROL_MSG_H
+#define ECT_WIRE_CONTROL_MSG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wire/dtype.h"
+
+/* ---- bounds (bytes of UTF-8, after JSON unescaping) */
+#define WIRE_CTL_MAX_FRAME (16u << 20) /* whole frame; a full batch of long ids fits */
+#define WIRE_CTL_MAX_DEPTH 32          /* nesting of arrays and objects */
+#define WIRE_ID_MAX 256                /* transfer_id, mm_hash, reservation_id */
+#define WIRE_SESSION_MAX 256           /* dst_session ("host:port") */
+#define WIRE_DTYPE_MAX 64              /* dtype string */
+#define WIRE_TRANSPORT_MAX 32          /* transport name */
+#define WIRE_KEY_MAX 4096              /* dst_key */
+#define WIRE_ERROR_MAX 4096            /* error texts */
+#define WIRE_BATCH_MAX 4096            /* items of a batch request or result */
+#define WIRE_PEERS_MAX 4096            /* ports of a peers result */
+#define WIRE_ITEM_ERROR_MAX 255        /* text kept for a reserve_batch item that failed */
+
+/* The canned reply texts a control server uses (SPEC, exact). */
+#define WIRE_CTL_MALFORMED "malformed control request"
+
+typedef enum wire_ctl_op {
+    WIRE_OP_RESERVE = 1,
+    WIRE_OP_RESERVE_BATCH,
+    WIRE_OP_STATUS,
+    WIRE_OP_EVENT_PORT,
+    WIRE_OP_PEERS,
+    WIRE_OP_COMPLETE,
+    WIRE_OP_COMPLETE_BATCH,
+    WIRE_OP_CANCEL,
+} wire_ctl_op;
+
+/* The wire name of an op ("reserve", ...), or NULL for a value outside the enum. */
+const char *wire_ctl_op_name(wire_ctl_op op);
+
+/* A tensor's size, shape and dtype; always nbytes == product(shape) x size(dtype)
+ * after decoding. dtype is kept as written ("torch.bfloat16" stays so). */
+typedef struct wire_tensor {
+    uint64_t nbytes;
+    uint32_t ndim;
+    uint64_t shape[WIRE_MAX_NDIM];
+    char dtype[WIRE_DTYPE_MAX + 1];
+} wire_tensor;
+
+/* ------------------------------------------------------------- requests */
+
+/* reserve, and one item of reserve_batch. transfer_id and mm_hash are non-empty. */
+typedef struct wire_reserve_req {
+    char transfer_id[WIRE_ID_MAX + 1];
+    char mm_hash[WIRE_ID_MAX + 1];
+    wire_tensor tensor;
+} wire_reserve_req;
+
+/* One item of a decoded reserve_batch. Upstream answers every item on its own
+ * ("one failure does not fail the others"), so an item that does not decode
+ * does not fail the frame: rc is its ECT_E* code and error the text its
+ * {"ok": false, "error": ...} reply carries ("items[3].dtype: ..."). */
+typedef struct wire_reserve_item {
+    int rc;
+    char error[WIRE_ITEM_ERROR_MAX + 1];
+    wire_reserve_req req; /* valid when rc == 0 */
+} wire_reserve_item;
+
+/* complete, and one item of complete_batch. */
+typedef struct wire_complete_req {
+    char transfer_id[WIRE_ID_MAX + 1];
+    char reservation_id[WIRE_ID_MAX + 1];
+} wire_complete_req;
+
+/* cancel: reservation_id "" when absent; abandon / refresh false when absent. */
+typedef struct wire_cancel_req {
+    char transfer_id[WIRE_ID_MAX + 1];
+    char reservation_id[WIRE_ID_MAX + 1];
+    bool abandon;
+    bool refresh;
+} wire_cancel_req;
+
+typedef struct wire_ctl_request {
+    wire_ctl_op op;
+    union {
+        wire_reserve_req reserve;
+        struct {
+            size_t n;
+            wire_reserve_item *items; /* decoder: heap; encoder: items[i].req is read */
+        } reserve_batch;
+        struct {
+            char transfer_id[WIRE_ID_MAX + 1];
+        } status;
+        wire_complete_req complete;
+        struct {
+            size_t n;
+            wire_complete_req *items;
+        } complete_batch;
+        wire_cancel_req cancel;
+        /* event_port and peers carry no fields. */
+    } u;
+} wire_ctl_request;
+
+/* Encodes {"op": ..., fields...}. Batch items are encoded without "op". */
+int wire_ctl_encode_request(const wire_ctl_request *req, char **out);
+/* Decodes any request; dispatches on "op". See the return codes above. */
+int wire_ctl_decode_request(const void *buf, size_t len, wire_ctl_request *out);
+void wire_ctl_request_clear(wire_ctl_request *req);
+
+/* The reply a server sends for a request that failed wire_ctl_decode_request
+ * with `rc`: WIRE_CTL_MALFORMED for ECT_EPROTO, else the error text
+ * ect_last_error() holds. Call it right after the failed decode. */
+int wire_ctl_encode_decode_failure(int rc, char **out);
+
+/* -------------------------------------------------------------- results */
+
+/* reserve. cancelled: the transfer was cancelled before it was reserved; the
+ * encoder then writes exactly the cancelled form {reservation_id: "",
+ * dst_session: "", dst_ptr: 0, write: false, ready: false, cancelled: true}
+ * and ignores the other fields. transport and dst_key are this project's
+ * extensions (the data plane's back end and the destination region's key);
+ * "" / NULL when absent, and only written when set. */
+typedef struct wire_reserve_result {
+    bool cancelled;
+    char reservation_id[WIRE_ID_MAX + 1];
+    char dst_session[WIRE_SESSION_MAX + 1];
+    uint64_t dst_ptr;
+    uint64_t nbytes;
+    bool write;
+    bool ready;
+    bool cached;
+    char transport[WIRE_TRANSPORT_MAX + 1];
+    char *dst_key; /* owned after decoding; NULL when absent */
+} wire_reserve_result;
+
+/* One item of a reserve_batch result: {ok: true, result} or {ok: false, error}. */
+typedef struct wire_reserve_outcome {
+    bool ok;
+    char *error; /* when !ok; owned after decoding */
+    wire_reserve_result result;
+} wire_reserve_outcome;
+
+/* status: found == false is the JSON null (no such transfer). */
+typedef struct wire_status_result {
+    bool found;
+    char mm_hash[WIRE_ID_MAX + 1];
+    bool ready;
+    char reservation_id[WIRE_ID_MAX + 1];
+    wire_tensor tensor;
+} wire_status_result;
+
+typedef struct wire_complete_result {
+    bool completed;
+    bool became_ready;
+} wire_complete_result;
+
+typedef struct wire_ctl_reply {
+    wire_ctl_op op; /* which request this answers: selects the result type */
+    bool ok;
+    char *error; /* when !ok; owned after decoding */
+    union {
+        wire_reserve_result reserve;
+        struct {
+            size_t n;
+            wire_reserve_outcome *items;
+        } reserve_batch;
+        wire_status_result status;
+        uint16_t event_port; /* 1..65535 */
+        struct {
+            size_t n; /* 1..WIRE_PEERS_MAX */
+            uint16_t *ports;
+        } peers;
+        wire_complete_result complete;
+        struct {
+            size_t n;
+            wire_complete_result *items;
+        } complete_batch;
+        bool cancelled; /* cancel: {"cancelled": bool} */
+    } u;
+} wire_ctl_reply;
+
+/* Encodes {"ok": true, "result": ...} for rep->op, or {"ok": false, "error":
+ * rep->error} when !rep->ok. */
+int wire_ctl_encode_reply(const wire_ctl_reply *rep, char **out);
+/* {"ok": false, "error": text}. */
+int wire_ctl_encode_error(const char *text, char **out);
+/* Decodes the reply to a request of type `op`. For the batch ops,
+ * expect_items is the number of items the request carried and a result with
+ * another count is refused; SIZE_MAX skips the check. An {"ok": false} reply
+ * decodes successfully with ok == false and the error text. */
+int wire_ctl_decode_reply(wire_ctl_op op, size_t expect_items, const void *buf, size_t len,
+                          wire_ctl_reply *out);
+void wire_ctl_reply_clear(wire_ctl_reply *rep);
+
+/* --------------------------------------------------------------- events */
+
+/* Readiness (ready == true) and abandoned (ready == false) events, PUSH ->
+ * PULL. Upstream sends {transfer_id, **status, shard}; an abandoned event has
+ * the same keys with ready false, and this project adds "abandoned": true and
+ * an optional "error" reason. A decoder takes ready == false as abandoned
+ * whether or not "abandoned" is present. */
+typedef struct wire_event {
+    char transfer_id[WIRE_ID_MAX + 1];
+    char mm_hash[WIRE_ID_MAX + 1];
+    bool ready;
+    char reservation_id[WIRE_ID_MAX + 1];
+    wire_tensor tensor;
+    uint16_t shard; /* control port of the shard that sent it */
+    char *error;    /* abandoned: reason or NULL; owned after decoding */
+} wire_event;
+
+int wire_ctl_encode_event(const wire_event *ev, char **out);
+int wire_ctl_decode_event(const void *buf, size_t len, wire_event *out);
+void wire_event_clear(wire_event *ev);
+
+/* ---- internal to the codec (control_*.c); not for other modules. */
+#include <jansson.h>
+
+/* Checks the frame (size, NUL bytes, nesting, integers beyond int64, naming
+ * the path) and parses it into an object. Caller owns *out. */
+int wctl_load(const void *buf, size_t len, json_t **out);
+/* Dumps compact JSON into *out and releases root in every case. */
+int wctl_dump(json_t *root, char **out);
+const char *wctl_type_name(const json_t *v);
+/* Field getters: `pfx` is prepended to key in error texts ("items[3]."). */
+int wctl_get_str(const json_t *obj, const char *pfx, const char *key, bool required, bool nonempty,
+                 size_t max, char *dst);
+int wctl_get_str_dup(const json_t *obj, const char *pfx, const char *key, bool required, size_t max,
+                     char **dst);
+int wctl_get_u64(const json_t *obj, const char *pfx, const char *key, bool required, uint64_t *dst);
+int wctl_get_bool(const json_t *obj, const char *pfx, const char *key, bool required, bool *dst);
+int wctl_get_port(const json_t *obj, const char *pfx, const char *key, uint16_t *dst);
+int wctl_port_value(const json_t *v, const char *pfx, const char *name, uint16_t *dst);
+int wctl_get_tensor(const json_t *obj, const char *pfx, wire_tensor *t);
+/* Encoder helpers: each returns 0 or an ECT_E* code with the detail set, and
+ * does nothing once *rc is non-zero, so a builder checks rc once at the end. */
+void wctl_put_str(json_t *obj, const char *key, const char *s, int *rc);
+void wctl_put_u64(json_t *obj, const char *key, uint64_t v, int *rc);
+void wctl_put_bool(json_t *obj, const char *key, bool v, int *rc);
+void wctl_put_new(json_t *obj, const char *key, json_t *v, int *rc);
+void wctl_put_tensor(json_t *obj, const wire_tensor *t, int *rc);
+
+#endif
