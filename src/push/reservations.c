@@ -101,6 +101,19 @@ const char *rsv_state_name(rsv_state s) {
     return (s >= RSV_WRITING && s <= RSV_EXPIRED) ? state_names[s] : "?";
 }
 
+static int pool_alloc(void *ctx, uint64_t nbytes, uint64_t *offset) {
+    return ect_pool_alloc(ctx, nbytes, offset);
+}
+
+static void pool_free(void *ctx, uint64_t offset, uint64_t nbytes) {
+    int rc = ect_pool_free(ctx, offset);
+    if (rc)
+        ECT_LOGE(MOD, "freeing %" PRIu64 " bytes at %" PRIu64 ": %s", nbytes, offset,
+                 ect_last_error());
+}
+
+const rsv_mem_ops rsv_pool_ops = {pool_alloc, pool_free, NULL};
+
 void rsv_opts_init(rsv_opts *o) {
     memset(o, 0, sizeof *o);
     o->ttl_ms = RSV_DEFAULT_TTL_MS;

@@ -66,6 +66,11 @@ typedef struct rsv_mem_ops {
     bool (*write_active)(void *ctx, uint64_t offset, uint64_t nbytes);
 } rsv_mem_ops;
 
+/* rsv_mem_ops over the buffer pool (ect_pool_alloc / ect_pool_free); pass
+ * the ect_pool * as mem_ctx. The pool's own resident cache is not used: the
+ * table keeps residency itself. write_active is NULL (see above). */
+extern const rsv_mem_ops rsv_pool_ops;
+
 typedef struct rsv_opts {
     const rsv_mem_ops *mem; /* required; not copied, must outlive the table */
     void *mem_ctx;
@@ -163,9 +168,9 @@ typedef struct rsv_status {
     bool writer; /* owns the write (false: follower or cached) */
 } rsv_status;
 
-/* Status of a live (non-tombstone) reservation; ECT_ENOTFOUND otherwise.
- * A tombstone's state is still reported through *st when st->state is
- * wanted: pass st and check the return code first. */
+/* What the table knows of transfer_id, tombstones included (st->state says
+ * which; the `status` op answers null for CANCELLED and EXPIRED).
+ * ECT_ENOTFOUND when unknown. */
 int rsv_status_get(const rsv_table *t, const char *transfer_id, rsv_status *st);
 
 /* The consumer takes a READY item for zero-copy reading: a lease on its

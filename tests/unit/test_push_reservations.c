@@ -744,6 +744,67 @@ static void test_event_backlog(void **state) {
     fx_finish(f, 1);
 }
 
+/* The same table over the real buffer pool: reclaim, then "pool is full",
+ * and the pool's used bytes back at zero. */
+static void test_real_pool(void **state) {
+    (void)state;
+    ect_pool_opts po;
+    ect_pool_opts_init(&po);
+    po.capacity = 4 * 4096;
+    ect_pool *pool;
+    assert_int_equal(ect_pool_open(&po, &pool), 0);
+    rsv_opts o;
+    rsv_opts_init(&o);
+    o.mem = &rsv_pool_ops;
+    o.mem_ctx = pool;
+    rsv_table *t;
+    assert_int_equal(rsv_open(&o, &t), 0);
+    const uint64_t shape[1] = {1000}; /* float32: 4000 bytes, one 4 KiB slot after rounding */
+    char id[8], h[8];
+    rsv_reply r;
+    rsv_status st;
+    bool c, b;
+    for (int i = 0; i < 6; i++) {
+        snprintf(id, sizeof id, "t%d", i);
+        snprintf(h, sizeof h, "h%d", i);
+        rsv_request q = {id, h, 4000, shape, 1, "float32"};
+        assert_int_equal(rsv_reserve(t, &q, (uint64_t)i, &r), 0);
+        assert_true(r.write);
+        memset((char *)ect_pool_base(pool) + r.offset, i, 4000);
+        rsv_complete(t, id, r.reservation_id, (uint64_t)i, &c, &b);
+        assert_true(c && b);
+        assert_int_equal(rsv_take(t, id, (uint64_t)i, &st), 0);
+        assert_int_equal(((unsigned char *)ect_pool_base(pool))[st.offset + 3999], i);
+        assert_int_equal(rsv_release(t, h, (uint64_t)i), 0);
+        assert_int_equal(rsv_cancel(t, id, NULL, false, false, (uint64_t)i, &c), 0);
+        assert_int_equal(rsv_check(t), 0);
+    }
+    rsv_stats s;
+    rsv_get_stats(t, &s);
+    assert_int_equal(s.evictions, 2); /* h0 and h1 made room */
+    for (int i = 0; i < 4; i++) {     /* lease every resident: nothing can be reclaimed */
+        snprintf(id, sizeof id, "c%d", i);
+        snprintf(h, sizeof h, "h%d", i + 2);
+        rsv_request q = {id, h, 4000, shape, 1, "float32"};
+        assert_int_equal(rsv_reserve(t, &q, 10, &r), 0);
+        assert_true(r.cached);
+        assert_int_equal(rsv_take(t, id, 10, &st), 0);
+    }
+    rsv_request q = {"x", "hx", 4000, shape, 1, "float32"};
+    assert_err(rsv_reserve(t, &q, 11, &r), ECT_EFULL, "EC consumer buffer pool is full");
+    for (int i = 0; i < 4; i++) {
+        snprintf(h, sizeof h, "h%d", i + 2);
+        assert_int_equal(rsv_release(t, h, 12), 0);
+    }
+    rsv_reap(t, 12 + 2 * TTL);
+    rsv_evict_resident(t, SIZE_MAX);
+    ect_pool_stat ps;
+    ect_pool_stats(pool, &ps);
+    assert_int_equal(ps.used, 0);
+    rsv_close(t);
+    ect_pool_close(pool);
+}
+
 /* Random operations against the invariants: no free under a writer (the
  * fake asserts), used bytes == bytes held, no double free, rsv_check. */
 static void test_random_ops(void **state) {
@@ -869,6 +930,7 @@ int main(void) {
         cmocka_unit_test(test_pool_full_lru_reclaim),
         cmocka_unit_test(test_tombstone_cap),
         cmocka_unit_test(test_event_backlog),
+        cmocka_unit_test(test_real_pool),
         cmocka_unit_test(test_random_ops),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
