@@ -1060,7 +1060,86 @@ static void test_random_mutations_never_crash(void **state) {
     assert_true(ok > 0 && rejected > 0);
 }
 
+/* ------------------------------------------------- fuzz seed generator */
+
+static void write_seed(const char *dir, const char *name, const void *buf, size_t len) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(buf, 1, len, f) != len) {
+        fprintf(stderr, "cannot write %s\n", path);
+        exit(1);
+    }
+    fclose(f);
+}
+
+static void write_encoded(const char *dir, const char *name, const wire_pull_msg *m) {
+    void *buf;
+    size_t len;
+    if (wire_pull_msg_encode(m, &buf, &len) != 0) {
+        fprintf(stderr, "seed %s: %s\n", name, ect_last_error());
+        exit(1);
+    }
+    write_seed(dir, name, buf, len);
+    free(buf);
+}
+
+/* With ECT_PULL_SEED_DIR set, writes the fuzz seed corpus there (valid
+ * messages of every type: the golden ones and a few richer ones). */
+static void write_seed_corpus(const char *dir) {
+    const struct {
+        const char *name, *hex;
+    } goldens[] = {{"golden_pull", GOLDEN_PULL},
+                   {"golden_complete", GOLDEN_COMPLETE},
+                   {"golden_notification", GOLDEN_NOTIFICATION},
+                   {"golden_request", GOLDEN_REQUEST},
+                   {"golden_ready", GOLDEN_READY}};
+    unsigned char raw[512];
+    for (size_t i = 0; i < ECT_ARRAY_LEN(goldens); i++)
+        write_seed(dir, goldens[i].name, raw, unhex(goldens[i].hex, raw, sizeof raw));
+
+    uint64_t st = 5;
+    wire_pull_item items[6];
+    memset(items, 0, sizeof items);
+    rand_items(&st, items, 6, false);
+    wire_pull_msg m = {.type = WIRE_PULL_NOTIFICATION};
+    m.u.notification = (wire_hash_notification){items, 6, "producer-session-7"};
+    write_encoded(dir, "notification_6_items", &m);
+    m.type = WIRE_PULL_READY;
+    m.u.ready = (wire_transfer_ready){"req-1", items, 3, "producer-session-7", true};
+    write_encoded(dir, "ready_more", &m);
+    m.u.ready = (wire_transfer_ready){"req-1", NULL, 0, "producer-session-7", false};
+    write_encoded(dir, "ready_empty", &m);
+    m.type = WIRE_PULL_REQUEST;
+    m.u.request = (wire_transfer_request){"req-2", "consumer-session-3", NULL, 0};
+    write_encoded(dir, "request_all", &m);
+    m.type = WIRE_PULL_COMPLETE;
+    m.u.complete = (wire_transfer_complete){"deadbeef", INT32_MIN};
+    write_encoded(dir, "complete_failed", &m);
+    m.type = WIRE_PULL_PULL;
+    m.u.pull = (wire_transfer_pull){"deadbeef", UINT64_MAX, 1u << 20, "consumer-session-3"};
+    write_encoded(dir, "pull_max_ptr", &m);
+    for (size_t i = 0; i < 6; i++) free(items[i].mm_hash);
+
+    mb b; /* keys out of order, an unknown nested key */
+    mb_init(&b);
+    build_pull(&b, NULL, 1);
+    mb_str(&b, "trace");
+    mb_map(&b, 1);
+    mb_str(&b, "spans");
+    mb_arr(&b, 2);
+    msgpack_pack_double(&b.pk, 0.5);
+    msgpack_pack_nil(&b.pk);
+    write_seed(dir, "pull_unknown_key", b.sb.data, b.sb.size);
+    mb_free(&b);
+}
+
 int main(void) {
+    const char *seed_dir = getenv("ECT_PULL_SEED_DIR");
+    if (seed_dir) {
+        write_seed_corpus(seed_dir);
+        return 0;
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip_pull_and_complete),
         cmocka_unit_test(test_round_trip_notification_and_ready),
