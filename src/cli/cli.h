@@ -46,4 +46,7 @@ typedef struct cli_bench {
     int (*run)(int argc, char **argv);
 } cli_bench;
 
+/* bench_alloc.c: `ect bench alloc` (mem/alloc against a linear first-fit list). */
+int bench_alloc(int argc, char **argv);
+
 #endif

@@ -1,6 +1,8 @@
 /* Tests for mem/alloc: every error case, first-fit order, coalescing, stats, and
  * random operations against a trivial reference model. */
+#include <stdio.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 
 #include "testutil.h"
 #include "mem/alloc.h"
@@ -318,6 +320,44 @@ static void test_model_byte_alignment(void **state) {
     run_model(8192, 1, 512, 100000, 99);
 }
 
+/* `ect bench alloc`: runs, answers --help and bad flags, and at 100,000
+ * fragments the tree beats the linear scan by far (the ratio is in the
+ * hundreds on a quiet machine; 5 leaves room for a loaded or sanitized one). */
+static int run_cmd(const char *cmd, char *out, size_t cap) {
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    size_t n = fread(out, 1, cap - 1, f);
+    out[n] = '\0';
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void test_bench_alloc_cli(void **state) {
+    (void)state;
+    const char *bin = getenv("ECT_BIN");
+    if (!bin) skip();
+    char cmd[4096], out[8192];
+    snprintf(cmd, sizeof cmd, "'%s' bench alloc --help", bin);
+    assert_int_equal(run_cmd(cmd, out, sizeof out), 0);
+    assert_non_null(strstr(out, "usage: ect bench alloc"));
+    snprintf(cmd, sizeof cmd, "'%s' bench alloc --bogus 2>&1", bin);
+    assert_int_equal(run_cmd(cmd, out, sizeof out), 2);
+    assert_non_null(strstr(out, "try 'ect bench alloc --help'"));
+    snprintf(cmd, sizeof cmd, "'%s' bench alloc --ms 0 2>&1", bin);
+    assert_int_equal(run_cmd(cmd, out, sizeof out), 2);
+    snprintf(cmd, sizeof cmd, "'%s' bench alloc --ms 30 --json", bin);
+    assert_int_equal(run_cmd(cmd, out, sizeof out), 0);
+    const char *key = "{\"workload\":\"skip\",\"fragments\":100001,";
+    const char *row = strstr(out, key);
+    assert_non_null(row);
+    double tree = 0, lin = 0;
+    assert_int_equal(
+        sscanf(row + strlen(key), "\"tree_ops_per_s\":%lf,\"linear_ops_per_s\":%lf", &tree, &lin),
+        2);
+    assert_true(tree > 0 && lin > 0);
+    assert_true(tree > 5 * lin);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_create_rejects_bad_options),
@@ -327,6 +367,7 @@ int main(void) {
         cmocka_unit_test(test_model_small_capacity_1m_ops),
         cmocka_unit_test(test_model_large_capacity),
         cmocka_unit_test(test_model_byte_alignment),
+        cmocka_unit_test(test_bench_alloc_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
