@@ -1,6 +1,8 @@
 /* Tests for mem/resident through the pool: put/acquire/lookup/release/remove and
  * their errors, least-recently-used reclaim, leases blocking reclaim, the reclaim
  * callback, and pool full -> reclaim -> retry -> ECT_EFULL. */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -304,6 +306,93 @@ static void test_resident_internal(void **state) {
     alloc_destroy(a);
 }
 
+/* A producer thread keeps writing items into a small pool (so reclaim runs
+ * all the time) while a reader thread leases recent items and checks their
+ * bytes: a lease must keep an item's memory from being reclaimed and reused. */
+typedef struct shared {
+    ect_pool *p;
+    atomic_int produced;
+    atomic_int reclaimed;
+    atomic_int done;
+    int errors, verified;
+} shared;
+
+static void count_reclaim(void *user, const char *mm_hash, uint64_t offset, uint64_t nbytes) {
+    (void)mm_hash, (void)offset, (void)nbytes;
+    atomic_fetch_add(&((shared *)user)->reclaimed, 1);
+}
+
+#define ITEM (UINT64_C(16) << 10)
+
+static void *producer_main(void *arg) {
+    shared *sh = arg;
+    unsigned char *base = ect_pool_base(sh->p);
+    for (int i = 0; i < 3000; i++) {
+        char hash[32];
+        snprintf(hash, sizeof hash, "h%d", i);
+        uint64_t off, shape[1] = {ITEM};
+        if (ect_pool_alloc(sh->p, ITEM, &off)) {
+            sh->errors++;
+            break;
+        }
+        test_fill_pattern(base + off, ITEM, (uint64_t)i);
+        if (ect_pool_put(sh->p, hash, off, ITEM, shape, 1, "uint8", 0)) sh->errors++;
+        atomic_store(&sh->produced, i + 1);
+    }
+    atomic_store(&sh->done, 1);
+    return NULL;
+}
+
+static void *reader_main(void *arg) {
+    shared *sh = arg;
+    unsigned char *base = ect_pool_base(sh->p);
+    uint64_t rs = 3;
+    while (!atomic_load(&sh->done)) {
+        int n = atomic_load(&sh->produced);
+        if (n == 0) continue;
+        int j = n - 1 - (int)(test_rand(&rs) % 8);
+        if (j < 0) continue;
+        char hash[32];
+        snprintf(hash, sizeof hash, "h%d", j);
+        ect_resident_info info;
+        int rc = ect_pool_acquire(sh->p, hash, &info);
+        if (rc == ECT_ENOTFOUND) continue;
+        if (rc) {
+            sh->errors++;
+            break;
+        }
+        if (!test_check_pattern(base + info.offset, ITEM, (uint64_t)j)) sh->errors++;
+        sh->verified++;
+        if (ect_pool_release(sh->p, hash)) sh->errors++;
+    }
+    return NULL;
+}
+
+static void test_threads_lease_protects_from_reclaim(void **state) {
+    (void)state;
+    shared sh = {0};
+    ect_pool_opts o;
+    ect_pool_opts_init(&o);
+    o.capacity = 16 * ITEM;
+    o.on_reclaim = count_reclaim;
+    o.reclaim_user = &sh;
+    assert_int_equal(ect_pool_open(&o, &sh.p), 0);
+    pthread_t t[2];
+    assert_int_equal(pthread_create(&t[0], NULL, producer_main, &sh), 0);
+    assert_int_equal(pthread_create(&t[1], NULL, reader_main, &sh), 0);
+    pthread_join(t[0], NULL);
+    pthread_join(t[1], NULL);
+    assert_int_equal(sh.errors, 0);
+    assert_true(sh.verified > 0);
+    assert_int_equal(atomic_load(&sh.produced), 3000);
+    assert_true(atomic_load(&sh.reclaimed) >= 3000 - 16);
+    ect_pool_stat st;
+    ect_pool_stats(sh.p, &st);
+    assert_int_equal(st.reclaimed, (uint64_t)atomic_load(&sh.reclaimed));
+    assert_int_equal(st.leased, 0);
+    ect_pool_close(sh.p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_put_errors),
@@ -313,6 +402,7 @@ int main(void) {
         cmocka_unit_test(test_leases_block_reclaim_then_full),
         cmocka_unit_test(test_fragmented_reclaim_still_full),
         cmocka_unit_test(test_resident_internal),
+        cmocka_unit_test(test_threads_lease_protects_from_reclaim),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
