@@ -213,8 +213,6 @@ static int scan_container(scanner *s, uint64_t n, bool is_map, int depth) {
                          "truncated input (%s at offset %zu declares %" PRIu64
                          " entries, only %zu bytes left)",
                          is_map ? "map" : "array", s->pos, n, s->len - s->pos);
-    if (objs > WIRE_PULL_MAX_OBJECTS - s->nobj)
-        return scan_fail(s, "more than %d msgpack objects in one message", WIRE_PULL_MAX_OBJECTS);
     for (uint64_t k = 0; k < objs; k++) {
         int rc = scan_value(s, depth + 1);
         if (rc) return rc;

@@ -841,6 +841,7 @@ static void test_reject_bad_keys_and_strings(void **state) {
         {"ab\0c", 4, "ECTransferPull.mm_hash: contains a NUL byte"},
         {"\xff", 1, "ECTransferPull.mm_hash: is not valid UTF-8"},
         {"\xc0\xaf", 2, "is not valid UTF-8"},         /* overlong '/' */
+        {"\xe0\x80\xaf", 3, "is not valid UTF-8"},     /* overlong '/', 3 bytes */
         {"\xed\xa0\x80", 3, "is not valid UTF-8"},     /* surrogate */
         {"\xf4\x90\x80\x80", 4, "is not valid UTF-8"}, /* above U+10FFFF */
         {"\xe2\x82", 2, "is not valid UTF-8"},         /* cut short */
