@@ -13,6 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A failed hash-table allocation must be an ECT_ENOMEM, never exit(): uthash
+ * then rolls the add back and raises this flag. */
+static _Thread_local int hash_oom;
+#define HASH_NONFATAL_OOM 1
+#define uthash_nonfatal_oom(obj) (hash_oom = 1)
 #include <uthash.h>
 #include <utlist.h>
 
@@ -116,8 +121,16 @@ int resident_put(resident_cache *c, const char *mm_hash, uint64_t offset, uint64
     strcpy(e->dtype, dtype);
     e->leases = lease ? 1 : 0;
     size_t hlen = strlen(e->mm_hash);
+    hash_oom = 0;
     HASH_ADD_KEYPTR(hh, c->by_hash, e->mm_hash, hlen, e);
-    HASH_ADD(hh_off, c->by_off, offset, sizeof e->offset, e);
+    if (!hash_oom) {
+        HASH_ADD(hh_off, c->by_off, offset, sizeof e->offset, e);
+        if (hash_oom) HASH_DELETE(hh, c->by_hash, e);
+    }
+    if (hash_oom) {
+        free(e);
+        return ect_set_error(ECT_ENOMEM, "resident cache: out of memory");
+    }
     DL_APPEND(c->lru, e);
     c->bytes += asize;
     if (lease)
