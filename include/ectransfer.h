@@ -181,7 +181,7 @@ ECT_API int ect_pool_fd(const ect_pool *pool);
  *  nothing fits, reclaims unleased resident items (least recently used first,
  *  reported to on_reclaim) until it fits, and retries. Errors: ECT_EINVAL for
  *  nbytes 0; ECT_EFULL "pool is full" when nothing fits even after reclaim
- *  (the detail says how much is free, leased and resident). */
+ *  (the detail says how much is free, leased and resident); ECT_ENOMEM (heap). */
 ECT_API int ect_pool_alloc(ect_pool *pool, uint64_t nbytes, uint64_t *offset);
 
 /** Frees an allocation the caller owns. Errors, each changing nothing:
@@ -202,14 +202,15 @@ ECT_API void ect_pool_stats(ect_pool *pool, ect_pool_stat *stats);
  *  dtype; ndim over ECT_POOL_MAX_NDIM; shape/dtype not matching nbytes;
  *  nbytes larger than the allocation); ECT_ENOTFOUND (no allocation starts
  *  at offset); ECT_EEXIST (mm_hash already resident, or the allocation
- *  already belongs to another item). */
+ *  already belongs to another item); ECT_ENOMEM (heap). */
 ECT_API int ect_pool_put(ect_pool *pool, const char *mm_hash, uint64_t offset, uint64_t nbytes,
                          const uint64_t *shape, size_t ndim, const char *dtype, int lease);
 
 /** Looks mm_hash up, adds one lease (it cannot be reclaimed or removed until
  *  released) and marks it most recently used; fills *info (may be NULL).
  *  Every successful acquire needs one ect_pool_release. ECT_ENOTFOUND if not
- *  resident. */
+ *  resident; ECT_EOVERFLOW past 2^32 - 1 leases. For this function and the
+ *  three below, an empty or over-long mm_hash is ECT_EINVAL. */
 ECT_API int ect_pool_acquire(ect_pool *pool, const char *mm_hash, ect_resident_info *info);
 
 /** Looks mm_hash up without leasing it and marks it most recently used;
