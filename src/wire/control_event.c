@@ -27,15 +27,15 @@ int wire_ctl_encode_event(const wire_event *ev, char **out) {
     json_t *o = json_object();
     if (!o) return ect_set_error(ECT_ENOMEM, "out of memory encoding JSON");
     int rc = 0;
-    wctl_put_str(o, "transfer_id", ev->transfer_id, &rc);
-    wctl_put_str(o, "mm_hash", ev->mm_hash, &rc);
+    wctl_put_str(o, "transfer_id", ev->transfer_id, WIRE_ID_MAX, true, &rc);
+    wctl_put_str(o, "mm_hash", ev->mm_hash, WIRE_ID_MAX, true, &rc);
     wctl_put_bool(o, "ready", ev->ready, &rc);
-    wctl_put_str(o, "reservation_id", ev->reservation_id, &rc);
+    wctl_put_str(o, "reservation_id", ev->reservation_id, WIRE_ID_MAX, false, &rc);
     wctl_put_tensor(o, &ev->tensor, &rc);
     wctl_put_u64(o, "shard", ev->shard, &rc);
     if (!ev->ready) {
         wctl_put_bool(o, "abandoned", true, &rc);
-        if (ev->error) wctl_put_str(o, "error", ev->error, &rc);
+        if (ev->error) wctl_put_text(o, "error", ev->error, &rc);
     }
     if (rc) {
         json_decref(o);

@@ -341,14 +341,69 @@ void wctl_put_new(json_t *obj, const char *key, json_t *v, int *rc) {
         *rc = ect_set_error(ECT_ENOMEM, "%s: out of memory encoding JSON", key);
 }
 
-void wctl_put_str(json_t *obj, const char *key, const char *s, int *rc) {
+void wctl_put_str(json_t *obj, const char *key, const char *s, size_t max, bool nonempty, int *rc) {
     if (*rc) return;
-    json_t *v = json_string(s ? s : "");
+    if (!s) s = "";
+    size_t n = strnlen(s, max + 1);
+    if (n > max) {
+        *rc = ect_set_error(ECT_EINVAL, "%s: longer than the %zu bytes allowed", key, max);
+        return;
+    }
+    if (nonempty && n == 0) {
+        *rc = ect_set_error(ECT_EINVAL, "%s: must not be empty", key);
+        return;
+    }
+    json_t *v = json_stringn(s, n);
     if (!v) {
         *rc = ect_set_error(ECT_EINVAL, "%s: not valid UTF-8 (or out of memory)", key);
         return;
     }
     wctl_put_new(obj, key, v, rc);
+}
+
+/* Copies the longest prefix of s (at most cap - 1 bytes) that ends on a
+ * character boundary, each invalid UTF-8 byte replaced by '?': the result is
+ * always valid UTF-8 for jansson (no overlongs, surrogates or > U+10FFFF). */
+static void utf8_clean(const char *s, char *out, size_t cap) {
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = 0, o = 0;
+    while (p[i] && o + 1 < cap) {
+        unsigned char c = p[i];
+        size_t k = c < 0x80                 ? 1
+                   : c >= 0xC2 && c <= 0xDF ? 2
+                   : c >= 0xE0 && c <= 0xEF ? 3
+                   : c >= 0xF0 && c <= 0xF4 ? 4
+                                            : 0;
+        bool ok = k > 0;
+        for (size_t j = 1; ok && j < k; j++) ok = (p[i + j] & 0xC0) == 0x80;
+        if (ok && k >= 3) {
+            unsigned char d = p[i + 1];
+            ok = !(c == 0xE0 && d < 0xA0) && !(c == 0xED && d >= 0xA0) &&
+                 !(c == 0xF0 && d < 0x90) && !(c == 0xF4 && d >= 0x90);
+        }
+        if (!ok) {
+            out[o++] = '?';
+            i++;
+            continue;
+        }
+        if (o + k >= cap) break;
+        memcpy(out + o, p + i, k);
+        o += k;
+        i += k;
+    }
+    out[o] = '\0';
+}
+
+void wctl_put_text(json_t *obj, const char *key, const char *s, int *rc) {
+    if (*rc) return;
+    char *clean = malloc(WIRE_ERROR_MAX + 1);
+    if (!clean) {
+        *rc = ect_set_error(ECT_ENOMEM, "%s: out of memory encoding JSON", key);
+        return;
+    }
+    utf8_clean(s ? s : "", clean, WIRE_ERROR_MAX + 1);
+    wctl_put_new(obj, key, json_string(clean), rc);
+    free(clean);
 }
 
 void wctl_put_u64(json_t *obj, const char *key, uint64_t v, int *rc) {
@@ -372,6 +427,11 @@ void wctl_put_tensor(json_t *obj, const wire_tensor *t, int *rc) {
                             (unsigned)t->ndim, WIRE_MAX_NDIM);
         return;
     }
+    if (!wire_dtype_canonical(t->dtype)) {
+        *rc = ect_set_error(ECT_EINVAL, "dtype: Unsupported torch dtype string '%.64s'", t->dtype);
+        return;
+    }
+    if ((*rc = wire_check_nbytes(t->dtype, t->shape, t->ndim, t->nbytes, "nbytes"))) return;
     wctl_put_u64(obj, "nbytes", t->nbytes, rc);
     json_t *shape = json_array();
     for (uint32_t i = 0; shape && i < t->ndim && !*rc; i++) {
@@ -382,7 +442,7 @@ void wctl_put_tensor(json_t *obj, const wire_tensor *t, int *rc) {
             *rc = ect_set_error(ECT_ENOMEM, "shape: out of memory encoding JSON");
     }
     wctl_put_new(obj, "shape", shape, rc);
-    wctl_put_str(obj, "dtype", t->dtype, rc);
+    wctl_put_str(obj, "dtype", t->dtype, WIRE_DTYPE_MAX, true, rc);
 }
 
 /* ------------------------------------------------------ error replies */
@@ -393,7 +453,7 @@ int wire_ctl_encode_error(const char *text, char **out) {
     if (!o) return ect_set_error(ECT_ENOMEM, "out of memory encoding JSON");
     int rc = 0;
     wctl_put_bool(o, "ok", false, &rc);
-    wctl_put_str(o, "error", text, &rc);
+    wctl_put_text(o, "error", text, &rc);
     if (rc) {
         json_decref(o);
         return rc;

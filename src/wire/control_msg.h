@@ -268,7 +268,11 @@ int wctl_port_value(const json_t *v, const char *pfx, const char *name, uint16_t
 int wctl_get_tensor(const json_t *obj, const char *pfx, wire_tensor *t);
 /* Encoder helpers: each returns 0 or an ECT_E* code with the detail set, and
  * does nothing once *rc is non-zero, so a builder checks rc once at the end. */
-void wctl_put_str(json_t *obj, const char *key, const char *s, int *rc);
+/* s must hold at most max bytes (and one at least when nonempty). */
+void wctl_put_str(json_t *obj, const char *key, const char *s, size_t max, bool nonempty, int *rc);
+/* Error texts: cut to WIRE_ERROR_MAX bytes and made valid UTF-8 ('?' for a
+ * bad byte), so a reply can always be sent. */
+void wctl_put_text(json_t *obj, const char *key, const char *s, int *rc);
 void wctl_put_u64(json_t *obj, const char *key, uint64_t v, int *rc);
 void wctl_put_bool(json_t *obj, const char *key, bool v, int *rc);
 void wctl_put_new(json_t *obj, const char *key, json_t *v, int *rc);

@@ -52,23 +52,23 @@ static json_t *reserve_result_obj(const wire_reserve_result *r, int *rc) {
     json_t *o = new_obj(rc);
     if (!o) return NULL;
     if (r->cancelled) {
-        wctl_put_str(o, "reservation_id", "", rc);
-        wctl_put_str(o, "dst_session", "", rc);
+        wctl_put_str(o, "reservation_id", "", WIRE_ID_MAX, false, rc);
+        wctl_put_str(o, "dst_session", "", WIRE_SESSION_MAX, false, rc);
         wctl_put_u64(o, "dst_ptr", 0, rc);
         wctl_put_bool(o, "write", false, rc);
         wctl_put_bool(o, "ready", false, rc);
         wctl_put_bool(o, "cancelled", true, rc);
         return o;
     }
-    wctl_put_str(o, "reservation_id", r->reservation_id, rc);
-    wctl_put_str(o, "dst_session", r->dst_session, rc);
+    wctl_put_str(o, "reservation_id", r->reservation_id, WIRE_ID_MAX, false, rc);
+    wctl_put_str(o, "dst_session", r->dst_session, WIRE_SESSION_MAX, false, rc);
     wctl_put_u64(o, "dst_ptr", r->dst_ptr, rc);
     wctl_put_u64(o, "nbytes", r->nbytes, rc);
     wctl_put_bool(o, "write", r->write, rc);
     wctl_put_bool(o, "ready", r->ready, rc);
     wctl_put_bool(o, "cached", r->cached, rc);
-    if (r->transport[0]) wctl_put_str(o, "transport", r->transport, rc);
-    if (r->dst_key) wctl_put_str(o, "dst_key", r->dst_key, rc);
+    if (r->transport[0]) wctl_put_str(o, "transport", r->transport, WIRE_TRANSPORT_MAX, false, rc);
+    if (r->dst_key) wctl_put_str(o, "dst_key", r->dst_key, WIRE_KEY_MAX, false, rc);
     return o;
 }
 
@@ -108,7 +108,7 @@ static json_t *result_json(const wire_ctl_reply *rep, int *rc) {
             if (it->ok)
                 wctl_put_new(io, "result", reserve_result_obj(&it->result, rc), rc);
             else
-                wctl_put_str(io, "error", it->error, rc);
+                wctl_put_text(io, "error", it->error, rc);
             append(arr, io, rc);
         }
         wctl_put_new(o, "items", arr, rc);
@@ -116,21 +116,29 @@ static json_t *result_json(const wire_ctl_reply *rep, int *rc) {
     case WIRE_OP_STATUS:
         if (!rep->u.status.found) return json_null();
         o = new_obj(rc);
-        wctl_put_str(o, "mm_hash", rep->u.status.mm_hash, rc);
+        wctl_put_str(o, "mm_hash", rep->u.status.mm_hash, WIRE_ID_MAX, true, rc);
         wctl_put_bool(o, "ready", rep->u.status.ready, rc);
-        wctl_put_str(o, "reservation_id", rep->u.status.reservation_id, rc);
+        wctl_put_str(o, "reservation_id", rep->u.status.reservation_id, WIRE_ID_MAX, false, rc);
         wctl_put_tensor(o, &rep->u.status.tensor, rc);
         return o;
-    case WIRE_OP_EVENT_PORT: return json_integer(rep->u.event_port);
+    case WIRE_OP_EVENT_PORT:
+        if (rep->u.event_port == 0) {
+            *rc = ect_set_error(ECT_EINVAL, "result: port 0 is not an event port");
+            return NULL;
+        }
+        return json_integer(rep->u.event_port);
     case WIRE_OP_PEERS:
-        if (rep->u.peers.n > WIRE_PEERS_MAX || (rep->u.peers.n && !rep->u.peers.ports)) {
-            *rc = ect_set_error(ECT_EINVAL, "ports: NULL or over %d", WIRE_PEERS_MAX);
+        if (rep->u.peers.n == 0 || rep->u.peers.n > WIRE_PEERS_MAX || !rep->u.peers.ports) {
+            *rc = ect_set_error(ECT_EINVAL, "ports: NULL, empty or over %d", WIRE_PEERS_MAX);
             return NULL;
         }
         o = new_obj(rc);
         arr = json_array();
-        for (size_t i = 0; arr && i < rep->u.peers.n && !*rc; i++)
+        for (size_t i = 0; arr && i < rep->u.peers.n && !*rc; i++) {
+            if (rep->u.peers.ports[i] == 0)
+                *rc = ect_set_error(ECT_EINVAL, "ports[%zu]: port 0", i);
             append(arr, json_integer(rep->u.peers.ports[i]), rc);
+        }
         wctl_put_new(o, "ports", arr, rc);
         return o;
     case WIRE_OP_COMPLETE: return complete_result_obj(&rep->u.complete, rc);

@@ -19,6 +19,8 @@
 
 /* Longest op text quoted back in "unknown control op: ..." (then "..."). */
 #define OP_QUOTE_MAX 64
+/* Longest op name we send. */
+#define OP_NAME_MAX 16
 
 void wire_ctl_request_clear(wire_ctl_request *req) {
     if (!req) return;
@@ -35,9 +37,9 @@ static json_t *reserve_obj(const wire_reserve_req *r, const char *op, int *rc) {
         *rc = ect_set_error(ECT_ENOMEM, "out of memory encoding JSON");
         return NULL;
     }
-    if (op) wctl_put_str(o, "op", op, rc);
-    wctl_put_str(o, "transfer_id", r->transfer_id, rc);
-    wctl_put_str(o, "mm_hash", r->mm_hash, rc);
+    if (op) wctl_put_str(o, "op", op, OP_NAME_MAX, true, rc);
+    wctl_put_str(o, "transfer_id", r->transfer_id, WIRE_ID_MAX, true, rc);
+    wctl_put_str(o, "mm_hash", r->mm_hash, WIRE_ID_MAX, true, rc);
     wctl_put_tensor(o, &r->tensor, rc);
     return o;
 }
@@ -48,9 +50,9 @@ static json_t *complete_obj(const wire_complete_req *c, const char *op, int *rc)
         *rc = ect_set_error(ECT_ENOMEM, "out of memory encoding JSON");
         return NULL;
     }
-    if (op) wctl_put_str(o, "op", op, rc);
-    wctl_put_str(o, "transfer_id", c->transfer_id, rc);
-    wctl_put_str(o, "reservation_id", c->reservation_id, rc);
+    if (op) wctl_put_str(o, "op", op, OP_NAME_MAX, true, rc);
+    wctl_put_str(o, "transfer_id", c->transfer_id, WIRE_ID_MAX, true, rc);
+    wctl_put_str(o, "reservation_id", c->reservation_id, WIRE_ID_MAX, false, rc);
     return o;
 }
 
@@ -79,8 +81,12 @@ int wire_ctl_encode_request(const wire_ctl_request *req, char **out) {
         if ((rc = check_batch(n, items))) return rc;
         o = json_object();
         json_t *arr = json_array();
-        wctl_put_str(o, "op", op, &rc);
+        wctl_put_str(o, "op", op, OP_NAME_MAX, true, &rc);
         for (size_t i = 0; arr && i < n && !rc; i++) {
+            if (rsv && req->u.reserve_batch.items[i].rc) {
+                rc = ect_set_error(ECT_EINVAL, "items[%zu]: an item that did not decode", i);
+                break;
+            }
             json_t *it = rsv ? reserve_obj(&req->u.reserve_batch.items[i].req, NULL, &rc)
                              : complete_obj(&req->u.complete_batch.items[i], NULL, &rc);
             if (!rc && json_array_append_new(arr, it))
@@ -96,19 +102,19 @@ int wire_ctl_encode_request(const wire_ctl_request *req, char **out) {
     }
     case WIRE_OP_STATUS:
         o = json_object();
-        wctl_put_str(o, "op", op, &rc);
-        wctl_put_str(o, "transfer_id", req->u.status.transfer_id, &rc);
+        wctl_put_str(o, "op", op, OP_NAME_MAX, true, &rc);
+        wctl_put_str(o, "transfer_id", req->u.status.transfer_id, WIRE_ID_MAX, true, &rc);
         break;
     case WIRE_OP_EVENT_PORT:
     case WIRE_OP_PEERS:
         o = json_object();
-        wctl_put_str(o, "op", op, &rc);
+        wctl_put_str(o, "op", op, OP_NAME_MAX, true, &rc);
         break;
     case WIRE_OP_CANCEL:
         o = json_object();
-        wctl_put_str(o, "op", op, &rc);
-        wctl_put_str(o, "transfer_id", req->u.cancel.transfer_id, &rc);
-        wctl_put_str(o, "reservation_id", req->u.cancel.reservation_id, &rc);
+        wctl_put_str(o, "op", op, OP_NAME_MAX, true, &rc);
+        wctl_put_str(o, "transfer_id", req->u.cancel.transfer_id, WIRE_ID_MAX, true, &rc);
+        wctl_put_str(o, "reservation_id", req->u.cancel.reservation_id, WIRE_ID_MAX, false, &rc);
         wctl_put_bool(o, "abandon", req->u.cancel.abandon, &rc);
         wctl_put_bool(o, "refresh", req->u.cancel.refresh, &rc);
         break;

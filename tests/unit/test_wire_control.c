@@ -472,6 +472,16 @@ static void test_decode_failure_replies(void **state) {
     assert_string_equal(s, G_R_UNKNOWN_OP);
     free(s);
 
+    /* Found by fuzz_control_msg: a path naming a key with invalid UTF-8 in the
+     * error text. The reply must still be valid JSON, the bad bytes as '?'. */
+    const char bad_key[] = "{\"op\":\"peers\",\"k\xff\xc3\":[99999999999999999999]}";
+    rc = wire_ctl_decode_request(bad_key, sizeof bad_key - 1, &req);
+    assert_err(rc, ECT_EINVAL, "integer out of range");
+    assert_int_equal(wire_ctl_encode_decode_failure(rc, &s), 0);
+    assert_string_equal(s, "{\"ok\":false,\"error\":\"k??[0]: integer out of range (beyond "
+                           "64-bit signed)\"}");
+    free(s);
+
     const char *field = "{\"op\":\"status\",\"transfer_id\":7}";
     rc = wire_ctl_decode_request(field, strlen(field), &req);
     assert_err(rc, ECT_EINVAL, "transfer_id: expected a string, got integer");
@@ -479,6 +489,58 @@ static void test_decode_failure_replies(void **state) {
     assert_string_equal(s, "{\"ok\":false,\"error\":\"transfer_id: expected a string, got "
                            "integer\"}");
     free(s);
+}
+
+/* docs/PROTOCOL.md shows these exact strings as its push examples. */
+static void test_goldens_are_the_documented_examples(void **state) {
+    (void)state;
+    static const char *const goldens[] = {
+        G_RESERVE,
+        G_RESERVE_BATCH,
+        G_STATUS,
+        G_EVENT_PORT,
+        G_PEERS,
+        G_COMPLETE,
+        G_COMPLETE_BATCH,
+        G_CANCEL,
+        G_R_RESERVE,
+        G_R_RESERVE_CANCELLED,
+        G_R_RESERVE_BATCH,
+        G_R_STATUS,
+        G_R_STATUS_NULL,
+        G_R_EVENT_PORT,
+        G_R_PEERS,
+        G_R_COMPLETE,
+        G_R_COMPLETE_BATCH,
+        G_R_CANCEL,
+        G_R_ERROR,
+        G_R_MALFORMED,
+        G_R_UNKNOWN_OP,
+        G_EV_READY,
+        G_EV_ABANDONED,
+    };
+    char path[1024];
+    const char *src = getenv("ECT_SOURCE_DIR");
+    if (src) {
+        snprintf(path, sizeof path, "%s/docs/PROTOCOL.md", src);
+    } else { /* run by hand: find the docs from this file's path */
+        snprintf(path, sizeof path, "%s", __FILE__);
+        char *cut = strstr(path, "tests/unit/");
+        assert_non_null(cut);
+        snprintf(cut, sizeof path - (size_t)(cut - path), "docs/PROTOCOL.md");
+    }
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("cannot open %s", path);
+    static char doc[256 * 1024];
+    size_t n = fread(doc, 1, sizeof doc - 1, f);
+    fclose(f);
+    doc[n] = '\0';
+    /* Each example is a line of its own in a code block. */
+    for (size_t i = 0; i < ECT_ARRAY_LEN(goldens); i++) {
+        char line[1024];
+        snprintf(line, sizeof line, "\n%s\n", goldens[i]);
+        if (!strstr(doc, line)) fail_msg("docs/PROTOCOL.md lacks the example %s", goldens[i]);
+    }
 }
 
 /* ---------------------------------------------------- random round trips */
@@ -1073,11 +1135,93 @@ static void test_extra_keys_ignored_and_batch_items_judged_alone(void **state) {
     wire_ctl_request_clear(&r); /* clearing twice is harmless */
 }
 
+static void test_encoders_refuse_what_decoders_refuse(void **state) {
+    (void)state;
+    char *s = (char *)1;
+    wire_ctl_request q;
+    memset(&q, 0, sizeof q);
+    q.op = WIRE_OP_RESERVE;
+    strcpy(q.u.reserve.mm_hash, "h");
+    set_tensor(&q.u.reserve.tensor, "float16", 8, 2, shape_2x2);
+    assert_err(wire_ctl_encode_request(&q, &s), ECT_EINVAL, "transfer_id: must not be empty");
+    assert_null(s);
+    strcpy(q.u.reserve.transfer_id, "t");
+    q.u.reserve.tensor.nbytes = 9;
+    assert_err(wire_ctl_encode_request(&q, &s), ECT_EINVAL, "shape and dtype do not match");
+    set_tensor(&q.u.reserve.tensor, "float17", 8, 2, shape_2x2);
+    assert_err(wire_ctl_encode_request(&q, &s), ECT_EINVAL, "Unsupported torch dtype string");
+    q.op = (wire_ctl_op)99;
+    assert_err(wire_ctl_encode_request(&q, &s), ECT_EINVAL, "op");
+
+    wire_ctl_reply r;
+    memset(&r, 0, sizeof r);
+    r.ok = true;
+    r.op = WIRE_OP_EVENT_PORT;
+    assert_err(wire_ctl_encode_reply(&r, &s), ECT_EINVAL, "port 0");
+    r.op = WIRE_OP_PEERS;
+    assert_err(wire_ctl_encode_reply(&r, &s), ECT_EINVAL, "empty");
+    r.op = WIRE_OP_RESERVE;
+    char *key = malloc(WIRE_KEY_MAX + 2);
+    assert_non_null(key);
+    memset(key, 'k', WIRE_KEY_MAX + 1);
+    key[WIRE_KEY_MAX + 1] = '\0';
+    r.u.reserve.dst_key = key;
+    assert_err(wire_ctl_encode_reply(&r, &s), ECT_EINVAL, "dst_key: longer than the 4096");
+    key[WIRE_KEY_MAX] = '\0';
+    assert_int_equal(wire_ctl_encode_reply(&r, &s), 0);
+    free(s);
+    free(key);
+    char bad[] = "r\xff";
+    strcpy(r.u.reserve.reservation_id, bad);
+    assert_err(wire_ctl_encode_reply(&r, &s), ECT_EINVAL, "reservation_id: not valid UTF-8");
+
+    /* Error texts are never refused: cut to WIRE_ERROR_MAX, bad bytes as '?'. */
+    char *long_text = malloc(WIRE_ERROR_MAX + 100);
+    assert_non_null(long_text);
+    memset(long_text, 'e', WIRE_ERROR_MAX + 99);
+    memcpy(long_text + WIRE_ERROR_MAX - 1, "\xe2\x82\xac", 3); /* a euro sign across the cut */
+    long_text[WIRE_ERROR_MAX + 99] = '\0';
+    long_text[0] = (char)0xff;
+    assert_int_equal(wire_ctl_encode_error(long_text, &s), 0);
+    wire_ctl_reply back;
+    assert_int_equal(wire_ctl_decode_reply(WIRE_OP_CANCEL, SIZE_MAX, s, strlen(s), &back), 0);
+    assert_int_equal(strlen(back.error), WIRE_ERROR_MAX - 1);
+    assert_int_equal(back.error[0], '?');
+    wire_ctl_reply_clear(&back);
+    free(s);
+    free(long_text);
+
+    wire_event ev;
+    memset(&ev, 0, sizeof ev);
+    strcpy(ev.transfer_id, "t");
+    strcpy(ev.mm_hash, "h");
+    set_tensor(&ev.tensor, "float16", 8, 2, shape_2x2);
+    assert_err(wire_ctl_encode_event(&ev, &s), ECT_EINVAL, "shard");
+}
+
 /* -------------------------------------------------------- mutation loop */
+
+/* Whether a decoded request holds a reserve_batch item that did not decode
+ * (the encoder refuses to send such an item). */
+static bool has_failed_item(const wire_ctl_request *q) {
+    if (q->op != WIRE_OP_RESERVE_BATCH) return false;
+    for (size_t i = 0; i < q->u.reserve_batch.n; i++)
+        if (q->u.reserve_batch.items[i].rc) return true;
+    return false;
+}
 
 static void decode_everything(const unsigned char *buf, size_t len) {
     wire_ctl_request q;
-    if (wire_ctl_decode_request(buf, len, &q) == 0) {
+    int qrc = wire_ctl_decode_request(buf, len, &q);
+    if (qrc) {
+        char *s = NULL;
+        assert_int_equal(wire_ctl_encode_decode_failure(qrc, &s), 0);
+        free(s);
+    } else if (has_failed_item(&q)) {
+        char *s = NULL;
+        assert_err(wire_ctl_encode_request(&q, &s), ECT_EINVAL, "did not decode");
+        wire_ctl_request_clear(&q);
+    } else {
         char *s = NULL;
         assert_int_equal(wire_ctl_encode_request(&q, &s), 0);
         wire_ctl_request_clear(&q);
@@ -1138,6 +1282,7 @@ int main(void) {
         cmocka_unit_test(test_golden_replies),
         cmocka_unit_test(test_golden_events),
         cmocka_unit_test(test_decode_failure_replies),
+        cmocka_unit_test(test_goldens_are_the_documented_examples),
         cmocka_unit_test(test_random_round_trips),
         cmocka_unit_test(test_reject_wrong_type),
         cmocka_unit_test(test_reject_missing_field),
@@ -1149,6 +1294,7 @@ int main(void) {
         cmocka_unit_test(test_reject_mismatched_lengths),
         cmocka_unit_test(test_unknown_ops),
         cmocka_unit_test(test_extra_keys_ignored_and_batch_items_judged_alone),
+        cmocka_unit_test(test_encoders_refuse_what_decoders_refuse),
         cmocka_unit_test(test_mutations_never_crash),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
