@@ -1,0 +1,532 @@
+/*
+ * Tests for push/pushes: the producer's records. A scripted shell takes the
+ * actions push_next_actions hands out and reports outcomes; the tests check
+ * the order (reserve on every shard, write once staged, complete, release,
+ * report), dedup, refresh of aged reservations, that a failed shard abandons
+ * the others only once everything in flight settled, and that the source is
+ * released exactly once. A random run checks the invariants throughout.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "testutil.h"
+#include "push/pushes.h"
+
+#define S 1000ull
+#define MAXACT 64
+
+static const uint64_t SHAPE[2] = {576, 4096};
+
+static push_table *open_default(void) {
+    push_opts o;
+    push_opts_init(&o);
+    push_table *t;
+    assert_int_equal(push_open(&o, &t), 0);
+    return t;
+}
+
+static int add(push_table *t, const char *tid, size_t n, uint64_t now) {
+    push_item it = {tid, "127.0.0.1:14579", "hash", 576 * 4096 * 2, SHAPE, 2, "torch.bfloat16", n};
+    return push_add(t, &it, now);
+}
+
+typedef struct acts {
+    push_action a[MAXACT];
+    size_t n;
+} acts;
+
+static acts *next(push_table *t, uint64_t now) {
+    static acts A;
+    A.n = push_next_actions(t, now, A.a, MAXACT);
+    assert_int_equal(push_check(t), 0);
+    return &A;
+}
+
+/* Asserts the batch holds exactly `n` actions of `kind` (any others fail). */
+static void expect_kind(const acts *A, push_action_kind kind, size_t n) {
+    size_t c = 0;
+    for (size_t i = 0; i < A->n; i++) c += A->a[i].kind == kind;
+    assert_int_equal(c, n);
+    assert_int_equal(A->n, n);
+}
+
+static void reserve_ok(push_table *t, const char *tid, size_t shard, bool write, uint64_t now) {
+    char rid[ECT_ID_LEN + 1], sess[32];
+    snprintf(rid, sizeof rid, "rid%zu", shard);
+    snprintf(sess, sizeof sess, "10.0.0.%zu:9000", shard);
+    push_reservation r = {rid, sess, 4096 * (shard + 1), 77, write, !write, !write, false};
+    assert_int_equal(push_reserve_done(t, tid, shard, &r, NULL, now), 0);
+    assert_int_equal(push_check(t), 0);
+}
+
+static push_state state_of(push_table *t, const char *tid) {
+    push_info in;
+    return push_get(t, tid, &in) ? 0 : in.state;
+}
+
+static void test_opts_and_add(void **state) {
+    (void)state;
+    push_opts o;
+    push_opts_init(&o);
+    assert_int_equal(o.refresh_after_ms, 150000);
+    assert_int_equal(o.ttl_ms, 300000);
+    push_table *t = (push_table *)1;
+    o.refresh_after_ms = 0;
+    assert_err(push_open(&o, &t), ECT_EINVAL, "refresh_after_ms");
+    assert_null(t);
+    push_close(NULL);
+    t = open_default();
+    push_item it = {"t", "c:1", "h", 10, SHAPE, 2, "bfloat16", 1};
+    assert_err(push_add(t, &it, 0), ECT_EINVAL, "shape and dtype do not match nbytes");
+    it.nbytes = 576 * 4096 * 2;
+    it.dtype = "nope";
+    assert_err(push_add(t, &it, 0), ECT_EINVAL, "Unsupported torch dtype string");
+    it.dtype = "bfloat16";
+    it.n_shards = 0;
+    assert_err(push_add(t, &it, 0), ECT_EINVAL, "n_shards");
+    it.n_shards = 65;
+    assert_err(push_add(t, &it, 0), ECT_EINVAL, "n_shards");
+    it.n_shards = 1;
+    it.consumer = "";
+    assert_err(push_add(t, &it, 0), ECT_EINVAL, "consumer");
+    it.consumer = "c:1";
+    it.transfer_id = NULL;
+    assert_err(push_add(t, &it, 0), ECT_EINVAL, "transfer_id");
+    it.transfer_id = "t";
+    assert_int_equal(push_add(t, &it, 0), 0);
+    assert_err(push_add(t, &it, 0), ECT_EEXIST, "already pushed"); /* dedup */
+    assert_err(push_source_ready(t, "zz", 0), ECT_ENOTFOUND, "zz");
+    assert_err(push_cancel(t, "zz", 0), ECT_ENOTFOUND, "zz");
+    push_close(t);
+}
+
+static void test_happy_path(void **state) {
+    (void)state;
+    push_table *t = open_default();
+    assert_int_equal(add(t, "t", 2, 0), 0);
+    acts *A = next(t, 0);
+    expect_kind(A, PUSH_ACT_RESERVE, 2);
+    assert_int_equal(A->a[0].shard, 0);
+    assert_int_equal(A->a[1].shard, 1);
+    assert_string_equal(A->a[0].mm_hash, "hash");
+    assert_string_equal(A->a[0].dtype, "bfloat16");
+    assert_string_equal(A->a[0].consumer, "127.0.0.1:14579");
+    assert_int_equal(A->a[0].shape[0], 576);
+    expect_kind(next(t, 1), 0, 0); /* nothing handed out twice while in flight */
+    reserve_ok(t, "t", 0, true, 2);
+    assert_err(push_reserve_done(t, "t", 0, NULL, "x", 2), ECT_ESTATE, "no reserve in flight");
+    assert_err(push_write_done(t, "t", 0, true), ECT_ESTATE, "no write in flight");
+    assert_err(push_reserve_done(t, "t", 5, NULL, "x", 2), ECT_ESTATE, "no shard 5");
+    reserve_ok(t, "t", 1, true, 2);
+    expect_kind(next(t, 3), 0, 0); /* no source yet */
+    assert_int_equal(state_of(t, "t"), PUSH_WAITING_INPUTS);
+    assert_int_equal(push_source_ready(t, "t", 4), 0);
+    assert_err(push_source_ready(t, "t", 4), ECT_ESTATE, "staged");
+    A = next(t, 5);
+    expect_kind(A, PUSH_ACT_WRITE, 2);
+    assert_string_equal(A->a[1].dst_session, "10.0.0.1:9000");
+    assert_int_equal(A->a[1].dst_ptr, 8192);
+    assert_int_equal(A->a[1].dst_key, 77);
+    assert_int_equal(A->a[1].nbytes, 576 * 4096 * 2);
+    assert_int_equal(state_of(t, "t"), PUSH_WRITING);
+    assert_int_equal(push_write_done(t, "t", 0, true), 0);
+    expect_kind(next(t, 6), 0, 0); /* completes wait for every write */
+    assert_int_equal(push_write_done(t, "t", 1, true), 0);
+    A = next(t, 7);
+    expect_kind(A, PUSH_ACT_COMPLETE, 2);
+    assert_string_equal(A->a[0].reservation_id, "rid0");
+    assert_int_equal(state_of(t, "t"), PUSH_NOTIFYING);
+    assert_int_equal(push_complete_done(t, "t", 0, true, true), 0);
+    assert_int_equal(push_complete_done(t, "t", 1, true, true), 0);
+    A = next(t, 8);
+    assert_int_equal(A->n, 2);
+    assert_int_equal(A->a[0].kind, PUSH_ACT_RELEASE_SOURCE);
+    assert_int_equal(A->a[1].kind, PUSH_ACT_FINISHED);
+    assert_int_equal(A->a[1].state, PUSH_DONE);
+    assert_string_equal(A->a[1].error, "");
+    assert_int_equal(state_of(t, "t"), PUSH_DONE);
+    expect_kind(next(t, 9), 0, 0);
+    assert_err(add(t, "t", 2, 10), ECT_EEXIST, "already pushed");
+    assert_err(push_cancel(t, "t", 10), ECT_ESTATE, "DONE");
+    /* remembered one TTL, then forgotten */
+    next(t, 8 + 300 * S);
+    assert_int_equal(state_of(t, "t"), 0);
+    assert_int_equal(add(t, "t", 1, 9 + 300 * S), 0);
+    push_stats st;
+    push_get_stats(t, &st);
+    assert_int_equal(st.done, 1);
+    push_close(t);
+}
+
+static void test_cached_and_follower_shards_skip_writes(void **state) {
+    (void)state;
+    push_table *t = open_default();
+    assert_int_equal(add(t, "t", 2, 0), 0);
+    next(t, 0);
+    reserve_ok(t, "t", 0, true, 0);
+    reserve_ok(t, "t", 1, false, 0); /* cached or follower */
+    assert_int_equal(push_source_ready(t, "t", 1), 0);
+    acts *A = next(t, 1);
+    expect_kind(A, PUSH_ACT_WRITE, 1);
+    assert_int_equal(A->a[0].shard, 0);
+    assert_int_equal(push_write_done(t, "t", 0, true), 0);
+    A = next(t, 2);
+    expect_kind(A, PUSH_ACT_COMPLETE, 1);
+    assert_int_equal(push_complete_done(t, "t", 0, true, true), 0);
+    A = next(t, 3);
+    assert_int_equal(A->a[A->n - 1].state, PUSH_DONE);
+    /* nothing to write anywhere: straight to DONE */
+    assert_int_equal(add(t, "u", 1, 4), 0);
+    next(t, 4);
+    reserve_ok(t, "u", 0, false, 4);
+    assert_int_equal(push_source_ready(t, "u", 5), 0);
+    A = next(t, 5);
+    assert_int_equal(A->n, 2);
+    assert_int_equal(A->a[0].kind, PUSH_ACT_RELEASE_SOURCE);
+    assert_int_equal(A->a[1].state, PUSH_DONE);
+    push_close(t);
+}
+
+static void test_failed_shard_abandons_the_others(void **state) {
+    (void)state;
+    push_table *t = open_default();
+    assert_int_equal(add(t, "t", 3, 0), 0);
+    next(t, 0);
+    reserve_ok(t, "t", 0, true, 1);
+    assert_int_equal(push_reserve_done(t, "t", 1, NULL, "EC consumer buffer pool is full", 1), 0);
+    /* shard 2 still answering: nothing is abandoned yet */
+    expect_kind(next(t, 2), 0, 0);
+    reserve_ok(t, "t", 2, true, 3);
+    acts *A = next(t, 3);
+    expect_kind(A, PUSH_ACT_ABANDON, 2);
+    assert_int_equal(A->a[0].shard, 0);
+    assert_string_equal(A->a[0].reservation_id, "rid0");
+    assert_int_equal(A->a[1].shard, 2);
+    /* the source arriving now is refused: the caller releases it */
+    assert_err(push_source_ready(t, "t", 3), ECT_ESTATE, "ending");
+    assert_int_equal(push_abandon_done(t, "t", 0, true), 0);
+    expect_kind(next(t, 4), 0, 0);
+    assert_int_equal(push_abandon_done(t, "t", 2, false), 0); /* its TTL ends it */
+    A = next(t, 5);
+    expect_kind(A, PUSH_ACT_FINISHED, 1); /* never staged: nothing to release */
+    assert_int_equal(A->a[0].state, PUSH_FAILED);
+    assert_non_null(strstr(A->a[0].error, "shard 1"));
+    assert_non_null(strstr(A->a[0].error, "pool is full"));
+    push_close(t);
+}
+
+static void test_consumer_cancelled_reply(void **state) {
+    (void)state;
+    push_table *t = open_default();
+    assert_int_equal(add(t, "t", 2, 0), 0);
+    next(t, 0);
+    push_reservation c = {"", "", 0, 0, false, false, false, true};
+    assert_int_equal(push_reserve_done(t, "t", 1, &c, NULL, 1), 0);
+    assert_int_equal(state_of(t, "t"), PUSH_CANCEL_PENDING);
+    reserve_ok(t, "t", 0, true, 1);
+    acts *A = next(t, 2);
+    expect_kind(A, PUSH_ACT_ABANDON, 1);
+    assert_int_equal(A->a[0].shard, 0);
+    assert_int_equal(push_abandon_done(t, "t", 0, true), 0);
+    A = next(t, 3);
+    expect_kind(A, PUSH_ACT_FINISHED, 1);
+    assert_int_equal(A->a[0].state, PUSH_CANCELLED);
+    push_close(t);
+}
+
+static void test_engine_cancel_while_writing(void **state) {
+    (void)state;
+    push_table *t = open_default();
+    assert_int_equal(add(t, "t", 2, 0), 0);
+    next(t, 0);
+    reserve_ok(t, "t", 0, true, 0);
+    reserve_ok(t, "t", 1, true, 0);
+    assert_int_equal(push_source_ready(t, "t", 0), 0);
+    expect_kind(next(t, 1), PUSH_ACT_WRITE, 2);
+    assert_int_equal(push_cancel(t, "t", 2), 0);
+    assert_int_equal(push_cancel(t, "t", 2), 0); /* idempotent */
+    assert_int_equal(state_of(t, "t"), PUSH_CANCEL_PENDING);
+    assert_int_equal(push_write_done(t, "t", 0, true), 0);
+    /* the source is not released while a write may still read it */
+    expect_kind(next(t, 3), 0, 0);
+    assert_int_equal(push_write_done(t, "t", 1, true), 0);
+    expect_kind(next(t, 4), PUSH_ACT_ABANDON, 2);
+    assert_int_equal(push_abandon_done(t, "t", 0, true), 0);
+    assert_int_equal(push_abandon_done(t, "t", 1, true), 0);
+    acts *A = next(t, 5);
+    assert_int_equal(A->n, 2);
+    assert_int_equal(A->a[0].kind, PUSH_ACT_RELEASE_SOURCE);
+    assert_int_equal(A->a[1].state, PUSH_CANCELLED);
+    assert_int_equal(push_cancel(t, "t", 6), 0);
+    push_close(t);
+}
+
+static void test_refresh_before_write(void **state) {
+    (void)state;
+    push_table *t = open_default();
+    assert_int_equal(add(t, "t", 2, 0), 0);
+    next(t, 0);
+    reserve_ok(t, "t", 0, true, 0);
+    reserve_ok(t, "t", 1, false, 0); /* a cached shard holds nothing to refresh */
+    assert_int_equal(push_source_ready(t, "t", 150 * S), 0);
+    acts *A = next(t, 150 * S);
+    expect_kind(A, PUSH_ACT_REFRESH, 1);
+    assert_int_equal(A->a[0].shard, 0);
+    assert_string_equal(A->a[0].reservation_id, "rid0");
+    expect_kind(next(t, 150 * S), 0, 0);
+    assert_int_equal(push_refresh_done(t, "t", 0, true), 0);
+    assert_err(push_refresh_done(t, "t", 0, true), ECT_ESTATE, "no refresh in flight");
+    expect_kind(next(t, 151 * S), PUSH_ACT_RESERVE, 1);
+    reserve_ok(t, "t", 0, true, 151 * S);
+    expect_kind(next(t, 152 * S), PUSH_ACT_WRITE, 1);
+    push_stats st;
+    push_get_stats(t, &st);
+    assert_int_equal(st.refreshes, 1);
+    /* a failed refresh fails the push and abandons what may remain */
+    assert_int_equal(add(t, "u", 1, 0), 0);
+    next(t, 152 * S);
+    reserve_ok(t, "u", 0, true, 152 * S);
+    assert_int_equal(push_source_ready(t, "u", 302 * S), 0);
+    A = next(t, 302 * S);
+    assert_int_equal(A->n, 1);
+    assert_int_equal(A->a[0].kind, PUSH_ACT_REFRESH);
+    assert_int_equal(push_refresh_done(t, "u", 0, false), 0);
+    expect_kind(next(t, 303 * S), PUSH_ACT_ABANDON, 1);
+    assert_int_equal(push_abandon_done(t, "u", 0, true), 0);
+    A = next(t, 304 * S);
+    assert_int_equal(A->a[1].state, PUSH_FAILED);
+    assert_non_null(strstr(A->a[1].error, "refresh"));
+    push_close(t);
+}
+
+static void test_write_and_complete_failures(void **state) {
+    (void)state;
+    push_table *t = open_default();
+    assert_int_equal(add(t, "w", 2, 0), 0);
+    next(t, 0);
+    reserve_ok(t, "w", 0, true, 0);
+    reserve_ok(t, "w", 1, true, 0);
+    assert_int_equal(push_source_ready(t, "w", 0), 0);
+    next(t, 1);
+    assert_int_equal(push_write_done(t, "w", 1, false), 0);
+    expect_kind(next(t, 2), 0, 0); /* shard 0 still writing */
+    assert_int_equal(push_write_done(t, "w", 0, true), 0);
+    expect_kind(next(t, 3), PUSH_ACT_ABANDON, 2); /* both, the written one too */
+    assert_int_equal(push_abandon_done(t, "w", 0, true), 0);
+    assert_int_equal(push_abandon_done(t, "w", 1, true), 0);
+    acts *A = next(t, 4);
+    assert_int_equal(A->a[0].kind, PUSH_ACT_RELEASE_SOURCE);
+    assert_non_null(strstr(A->a[1].error, "writing to 10.0.0.1:9000 (shard 1) failed"));
+    /* a completion the shard refuses (expired meanwhile) fails the push */
+    assert_int_equal(add(t, "c", 2, 5), 0);
+    next(t, 5);
+    reserve_ok(t, "c", 0, true, 5);
+    reserve_ok(t, "c", 1, true, 5);
+    assert_int_equal(push_source_ready(t, "c", 5), 0);
+    next(t, 6);
+    assert_int_equal(push_write_done(t, "c", 0, true), 0);
+    assert_int_equal(push_write_done(t, "c", 1, true), 0);
+    next(t, 7);
+    assert_int_equal(push_complete_done(t, "c", 0, true, true), 0);
+    assert_int_equal(push_complete_done(t, "c", 1, true, false), 0);
+    expect_kind(next(t, 8), PUSH_ACT_ABANDON, 2);
+    assert_int_equal(push_abandon_done(t, "c", 0, true), 0);
+    assert_int_equal(push_abandon_done(t, "c", 1, true), 0);
+    A = next(t, 9);
+    assert_int_equal(A->a[1].state, PUSH_FAILED);
+    assert_non_null(strstr(A->a[1].error, "did not accept the completion"));
+    push_close(t);
+}
+
+static void test_input_wait_timeout(void **state) {
+    (void)state;
+    push_table *t = open_default();
+    assert_int_equal(add(t, "t", 1, 0), 0);
+    next(t, 0);
+    reserve_ok(t, "t", 0, true, 0);
+    expect_kind(next(t, 300 * S - 1), 0, 0);
+    expect_kind(next(t, 300 * S), PUSH_ACT_ABANDON, 1);
+    assert_int_equal(push_abandon_done(t, "t", 0, true), 0);
+    acts *A = next(t, 300 * S);
+    expect_kind(A, PUSH_ACT_FINISHED, 1);
+    assert_non_null(strstr(A->a[0].error, "not saved within 300000 ms"));
+    push_close(t);
+}
+
+static void test_small_action_buffers(void **state) {
+    (void)state;
+    push_table *t = open_default();
+    assert_int_equal(add(t, "t", 3, 0), 0);
+    push_action a[1];
+    for (size_t i = 0; i < 3; i++) {
+        assert_int_equal(push_next_actions(t, 0, a, 1), 1);
+        assert_int_equal(a[0].kind, PUSH_ACT_RESERVE);
+        assert_int_equal(a[0].shard, i);
+    }
+    assert_int_equal(push_next_actions(t, 0, a, 1), 0);
+    for (size_t i = 0; i < 3; i++) reserve_ok(t, "t", i, false, 0);
+    assert_int_equal(push_source_ready(t, "t", 0), 0);
+    assert_int_equal(push_next_actions(t, 1, a, 1), 1);
+    assert_int_equal(a[0].kind, PUSH_ACT_RELEASE_SOURCE);
+    assert_int_equal(push_check(t), 0);
+    assert_int_equal(push_next_actions(t, 1, a, 1), 1);
+    assert_int_equal(a[0].kind, PUSH_ACT_FINISHED);
+    assert_int_equal(push_next_actions(t, 1, a, 0), 0);
+    assert_int_equal(state_of(t, "t"), PUSH_DONE);
+    push_close(t);
+}
+
+static void test_tombstone_cap(void **state) {
+    (void)state;
+    push_opts o;
+    push_opts_init(&o);
+    o.max_tombstones = 2;
+    push_table *t;
+    assert_int_equal(push_open(&o, &t), 0);
+    char id[8];
+    for (int i = 0; i < 4; i++) {
+        snprintf(id, sizeof id, "t%d", i);
+        assert_int_equal(add(t, id, 1, 0), 0);
+        assert_int_equal(push_cancel(t, id, 0), 0);
+    }
+    next(t, 1);
+    push_stats st;
+    push_get_stats(t, &st);
+    assert_int_equal(st.tombstones, 2);
+    assert_int_equal(st.tombstones_dropped, 2);
+    assert_int_equal(st.cancelled, 4);
+    assert_int_equal(state_of(t, "t0"), 0);
+    assert_int_equal(state_of(t, "t3"), PUSH_CANCELLED);
+    push_close(t);
+}
+
+/* A random shell: outcomes at random, checks after every call; every record
+ * ends, every staged source is released exactly once, before the report. */
+typedef struct shell {
+    push_action pend[512];
+    size_t np;
+    unsigned staged[200], released[200], ends[PUSH_FAILED + 1];
+} shell;
+
+/* Takes new actions: release and report are done at once, in order, as the
+ * producer shell does; the rest wait to be settled in random order. */
+static void hand_out(push_table *t, shell *sh, uint64_t now) {
+    push_action a[64];
+    size_t n = push_next_actions(t, now, a, 64);
+    assert_int_equal(push_check(t), 0);
+    for (size_t i = 0; i < n; i++) {
+        unsigned k = (unsigned)atoi(a[i].transfer_id + 1);
+        if (a[i].kind == PUSH_ACT_RELEASE_SOURCE) {
+            sh->released[k]++;
+            assert_true(sh->released[k] <= sh->staged[k]);
+        } else if (a[i].kind == PUSH_ACT_FINISHED) {
+            sh->ends[a[i].state]++;
+            assert_int_equal(sh->released[k], sh->staged[k]);
+        } else {
+            assert_true(sh->np < 512);
+            sh->pend[sh->np++] = a[i];
+        }
+    }
+}
+
+static void settle(push_table *t, shell *sh, uint64_t *seed, uint64_t now, bool all_fail) {
+    size_t i = (size_t)(test_rand(seed) % sh->np);
+    push_action a = sh->pend[i];
+    sh->pend[i] = sh->pend[--sh->np];
+    bool ok = !all_fail && test_rand(seed) % 10 != 0;
+    const char *id = a.transfer_id;
+    switch (a.kind) {
+    case PUSH_ACT_RESERVE:
+        if (!ok) {
+            assert_int_equal(push_reserve_done(t, id, a.shard, NULL, "boom", now), 0);
+        } else {
+            bool w = test_rand(seed) % 3 != 0;
+            push_reservation r = {"rid", "s:1", 0, 0, w, !w, false, test_rand(seed) % 20 == 0};
+            assert_int_equal(push_reserve_done(t, id, a.shard, &r, NULL, now), 0);
+        }
+        break;
+    case PUSH_ACT_REFRESH: assert_int_equal(push_refresh_done(t, id, a.shard, ok), 0); break;
+    case PUSH_ACT_WRITE: assert_int_equal(push_write_done(t, id, a.shard, ok), 0); break;
+    case PUSH_ACT_COMPLETE:
+        assert_int_equal(push_complete_done(t, id, a.shard, ok, test_rand(seed) % 10), 0);
+        break;
+    case PUSH_ACT_ABANDON: assert_int_equal(push_abandon_done(t, id, a.shard, ok), 0); break;
+    default: fail();
+    }
+    assert_int_equal(push_check(t), 0);
+}
+
+static void test_random_shell(void **state) {
+    (void)state;
+    uint64_t seed = 4242;
+    push_opts o;
+    push_opts_init(&o);
+    o.refresh_after_ms = 30;
+    o.input_wait_ms = 80;
+    o.ttl_ms = 50;
+    o.max_tombstones = 16;
+    push_table *t;
+    assert_int_equal(push_open(&o, &t), 0);
+    shell *sh = calloc(1, sizeof *sh);
+    uint64_t now = 0;
+    for (int step = 0; step < 20000; step++) {
+        now += test_rand(&seed) % 3;
+        unsigned k = (unsigned)(test_rand(&seed) % 200);
+        char id[8];
+        snprintf(id, sizeof id, "p%u", k);
+        switch (test_rand(&seed) % 6) {
+        case 0: (void)add(t, id, 1 + (size_t)(test_rand(&seed) % 3), now); break;
+        case 1:
+            if (push_source_ready(t, id, now) == 0) sh->staged[k]++;
+            break;
+        case 2:
+            if (test_rand(&seed) % 8 == 0) (void)push_cancel(t, id, now);
+            break;
+        case 3:
+        case 4:
+            if (sh->np < 400) hand_out(t, sh, now);
+            break;
+        case 5:
+            if (sh->np) settle(t, sh, &seed, now, false);
+            break;
+        }
+        assert_int_equal(push_check(t), 0);
+    }
+    /* drain: everything in flight fails, every record ends */
+    push_stats st;
+    for (int round = 0; round < 100000; round++) {
+        now += 100;
+        hand_out(t, sh, now);
+        push_get_stats(t, &st);
+        if (!sh->np && !st.live) break;
+        while (sh->np) settle(t, sh, &seed, now, true);
+    }
+    push_get_stats(t, &st);
+    assert_int_equal(st.live, 0);
+    assert_int_equal(sh->np, 0);
+    for (int k = 0; k < 200; k++) assert_int_equal(sh->released[k], sh->staged[k]);
+    assert_true(sh->ends[PUSH_DONE] > 0 && sh->ends[PUSH_FAILED] > 0 &&
+                sh->ends[PUSH_CANCELLED] > 0);
+    assert_true(st.refreshes > 0);
+    free(sh);
+    push_close(t);
+}
+
+int main(void) {
+    ect_log_set_level(ECT_LOG_ERROR);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_opts_and_add),
+        cmocka_unit_test(test_happy_path),
+        cmocka_unit_test(test_cached_and_follower_shards_skip_writes),
+        cmocka_unit_test(test_failed_shard_abandons_the_others),
+        cmocka_unit_test(test_consumer_cancelled_reply),
+        cmocka_unit_test(test_engine_cancel_while_writing),
+        cmocka_unit_test(test_refresh_before_write),
+        cmocka_unit_test(test_write_and_complete_failures),
+        cmocka_unit_test(test_input_wait_timeout),
+        cmocka_unit_test(test_small_action_buffers),
+        cmocka_unit_test(test_tombstone_cap),
+        cmocka_unit_test(test_random_shell),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
