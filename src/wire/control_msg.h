@@ -43,7 +43,7 @@
 #include "wire/dtype.h"
 
 /* ---- bounds (bytes of UTF-8, after JSON unescaping) */
-#define WIRE_CTL_MAX_FRAME (16u << 20) /* whole frame; a full batch of long ids fits */
+#define WIRE_CTL_MAX_FRAME (16u << 20) /* whole frame: 4096 items of 256-byte ids fit */
 #define WIRE_CTL_MAX_DEPTH 32          /* nesting of arrays and objects */
 #define WIRE_ID_MAX 256                /* transfer_id, mm_hash, reservation_id */
 #define WIRE_SESSION_MAX 256           /* dst_session ("host:port") */
