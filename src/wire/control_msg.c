@@ -161,6 +161,10 @@ int wctl_load(const void *buf, size_t len, json_t **out) {
     if (rc) return rc;
     json_error_t jerr;
     json_t *root = json_loadb(len ? buf : "", len, JSON_REJECT_DUPLICATES, &jerr);
+    /* jansson leaves the text empty when its lexer's first buffer cannot be
+     * allocated, and says "out of memory" for later allocations. */
+    if (!root && (json_error_code(&jerr) == json_error_out_of_memory || jerr.text[0] == '\0'))
+        return ect_set_error(ECT_ENOMEM, "out of memory parsing JSON");
     if (!root)
         return ect_set_error(ECT_EPROTO, "not JSON: %s at byte %d", jerr.text, jerr.position);
     if (!json_is_object(root)) {
@@ -341,6 +345,56 @@ void wctl_put_new(json_t *obj, const char *key, json_t *v, int *rc) {
         *rc = ect_set_error(ECT_ENOMEM, "%s: out of memory encoding JSON", key);
 }
 
+/* Length of the valid UTF-8 sequence at p (jansson's rules: no overlongs,
+ * surrogates or code points above U+10FFFF), or 0 if it is not one. */
+static size_t utf8_seq(const unsigned char *p) {
+    unsigned char c = p[0];
+    size_t k = c < 0x80                 ? 1
+               : c >= 0xC2 && c <= 0xDF ? 2
+               : c >= 0xE0 && c <= 0xEF ? 3
+               : c >= 0xF0 && c <= 0xF4 ? 4
+                                        : 0;
+    for (size_t j = 1; j < k; j++)
+        if ((p[j] & 0xC0) != 0x80) return 0;
+    if (k >= 3) {
+        unsigned char d = p[1];
+        if ((c == 0xE0 && d < 0xA0) || (c == 0xED && d >= 0xA0) || (c == 0xF0 && d < 0x90) ||
+            (c == 0xF4 && d >= 0x90))
+            return 0;
+    }
+    return k;
+}
+
+static bool utf8_valid(const char *s) {
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p) {
+        size_t k = utf8_seq(p);
+        if (!k) return false;
+        p += k;
+    }
+    return true;
+}
+
+/* Copies the longest prefix of s (at most cap - 1 bytes) that ends on a
+ * character boundary, each invalid UTF-8 byte replaced by '?'. */
+static void utf8_clean(const char *s, char *out, size_t cap) {
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = 0, o = 0;
+    while (p[i] && o + 1 < cap) {
+        size_t k = utf8_seq(p + i);
+        if (!k) {
+            out[o++] = '?';
+            i++;
+            continue;
+        }
+        if (o + k >= cap) break;
+        memcpy(out + o, p + i, k);
+        o += k;
+        i += k;
+    }
+    out[o] = '\0';
+}
+
 void wctl_put_str(json_t *obj, const char *key, const char *s, size_t max, bool nonempty, int *rc) {
     if (*rc) return;
     if (!s) s = "";
@@ -355,43 +409,11 @@ void wctl_put_str(json_t *obj, const char *key, const char *s, size_t max, bool 
     }
     json_t *v = json_stringn(s, n);
     if (!v) {
-        *rc = ect_set_error(ECT_EINVAL, "%s: not valid UTF-8 (or out of memory)", key);
+        *rc = utf8_valid(s) ? ect_set_error(ECT_ENOMEM, "%s: out of memory encoding JSON", key)
+                            : ect_set_error(ECT_EINVAL, "%s: not valid UTF-8", key);
         return;
     }
     wctl_put_new(obj, key, v, rc);
-}
-
-/* Copies the longest prefix of s (at most cap - 1 bytes) that ends on a
- * character boundary, each invalid UTF-8 byte replaced by '?': the result is
- * always valid UTF-8 for jansson (no overlongs, surrogates or > U+10FFFF). */
-static void utf8_clean(const char *s, char *out, size_t cap) {
-    const unsigned char *p = (const unsigned char *)s;
-    size_t i = 0, o = 0;
-    while (p[i] && o + 1 < cap) {
-        unsigned char c = p[i];
-        size_t k = c < 0x80                 ? 1
-                   : c >= 0xC2 && c <= 0xDF ? 2
-                   : c >= 0xE0 && c <= 0xEF ? 3
-                   : c >= 0xF0 && c <= 0xF4 ? 4
-                                            : 0;
-        bool ok = k > 0;
-        for (size_t j = 1; ok && j < k; j++) ok = (p[i + j] & 0xC0) == 0x80;
-        if (ok && k >= 3) {
-            unsigned char d = p[i + 1];
-            ok = !(c == 0xE0 && d < 0xA0) && !(c == 0xED && d >= 0xA0) &&
-                 !(c == 0xF0 && d < 0x90) && !(c == 0xF4 && d >= 0x90);
-        }
-        if (!ok) {
-            out[o++] = '?';
-            i++;
-            continue;
-        }
-        if (o + k >= cap) break;
-        memcpy(out + o, p + i, k);
-        o += k;
-        i += k;
-    }
-    out[o] = '\0';
 }
 
 void wctl_put_text(json_t *obj, const char *key, const char *s, int *rc) {

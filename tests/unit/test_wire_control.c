@@ -12,6 +12,60 @@
 #include "util/util.h"
 #include "wire/control_msg.h"
 
+/* Out-of-memory countdown over this program's malloc/calloc/realloc (jansson's
+ * included), as in test_mem_oom.c. Interposing malloc conflicts with the
+ * sanitizers' own, so the OOM test is skipped under ASan and TSan. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define OOM_SKIP 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define OOM_SKIP 1
+#endif
+#endif
+
+static int countdown = -1; /* -1: off; else allocations left before every one fails */
+static long live;          /* blocks handed out minus blocks freed */
+
+#ifndef OOM_SKIP
+extern void *__libc_malloc(size_t n);
+extern void *__libc_calloc(size_t n, size_t m);
+extern void *__libc_realloc(void *p, size_t n);
+extern void __libc_free(void *p);
+
+static int fail_now(void) {
+    if (countdown < 0) return 0;
+    if (countdown == 0) return 1;
+    countdown--;
+    return 0;
+}
+
+void *malloc(size_t n) {
+    if (fail_now()) return NULL;
+    void *p = __libc_malloc(n);
+    if (p) live++;
+    return p;
+}
+
+void *calloc(size_t n, size_t m) {
+    if (fail_now()) return NULL;
+    void *p = __libc_calloc(n, m);
+    if (p) live++;
+    return p;
+}
+
+void *realloc(void *old, size_t n) {
+    if (fail_now()) return NULL;
+    void *p = __libc_realloc(old, n);
+    if (p && !old) live++;
+    return p;
+}
+
+void free(void *p) {
+    if (p) live--;
+    __libc_free(p);
+}
+#endif
+
 /* ------------------------------------------------------------ helpers */
 
 static void set_tensor(wire_tensor *t, const char *dtype, uint64_t nbytes, uint32_t ndim,
@@ -1161,8 +1215,7 @@ static void test_encoders_refuse_what_decoders_refuse(void **state) {
     r.op = WIRE_OP_PEERS;
     assert_err(wire_ctl_encode_reply(&r, &s), ECT_EINVAL, "empty");
     r.op = WIRE_OP_RESERVE;
-    char *key = malloc(WIRE_KEY_MAX + 2);
-    assert_non_null(key);
+    static char key[WIRE_KEY_MAX + 2];
     memset(key, 'k', WIRE_KEY_MAX + 1);
     key[WIRE_KEY_MAX + 1] = '\0';
     r.u.reserve.dst_key = key;
@@ -1170,14 +1223,12 @@ static void test_encoders_refuse_what_decoders_refuse(void **state) {
     key[WIRE_KEY_MAX] = '\0';
     assert_int_equal(wire_ctl_encode_reply(&r, &s), 0);
     free(s);
-    free(key);
     char bad[] = "r\xff";
     strcpy(r.u.reserve.reservation_id, bad);
     assert_err(wire_ctl_encode_reply(&r, &s), ECT_EINVAL, "reservation_id: not valid UTF-8");
 
     /* Error texts are never refused: cut to WIRE_ERROR_MAX, bad bytes as '?'. */
-    char *long_text = malloc(WIRE_ERROR_MAX + 100);
-    assert_non_null(long_text);
+    static char long_text[WIRE_ERROR_MAX + 100];
     memset(long_text, 'e', WIRE_ERROR_MAX + 99);
     memcpy(long_text + WIRE_ERROR_MAX - 1, "\xe2\x82\xac", 3); /* a euro sign across the cut */
     long_text[WIRE_ERROR_MAX + 99] = '\0';
@@ -1189,7 +1240,6 @@ static void test_encoders_refuse_what_decoders_refuse(void **state) {
     assert_int_equal(back.error[0], '?');
     wire_ctl_reply_clear(&back);
     free(s);
-    free(long_text);
 
     wire_event ev;
     memset(&ev, 0, sizeof ev);
@@ -1197,6 +1247,126 @@ static void test_encoders_refuse_what_decoders_refuse(void **state) {
     strcpy(ev.mm_hash, "h");
     set_tensor(&ev.tensor, "float16", 8, 2, shape_2x2);
     assert_err(wire_ctl_encode_event(&ev, &s), ECT_EINVAL, "shard");
+}
+
+/* What one OOM step runs: decode `frame` as `kind`, or (encode kinds) encode
+ * the struct decoded from it beforehand. Cleans up after itself. */
+typedef struct {
+    enum { DEC_REQ, ENC_REQ, DEC_REP, ENC_REP, DEC_EV, ENC_EV, ENC_FAIL } kind;
+    wire_ctl_op op;
+    const char *frame;
+    wire_ctl_request q;
+    wire_ctl_reply r;
+    wire_event e;
+} oom_case;
+
+static int oom_step(oom_case *c) {
+    size_t len = strlen(c->frame);
+    char *out = NULL;
+    int rc = 0;
+    switch (c->kind) {
+    case DEC_REQ: {
+        wire_ctl_request q;
+        if (!(rc = wire_ctl_decode_request(c->frame, len, &q))) wire_ctl_request_clear(&q);
+        break;
+    }
+    case DEC_REP: {
+        wire_ctl_reply r;
+        if (!(rc = wire_ctl_decode_reply(c->op, SIZE_MAX, c->frame, len, &r)))
+            wire_ctl_reply_clear(&r);
+        break;
+    }
+    case DEC_EV: {
+        wire_event e;
+        if (!(rc = wire_ctl_decode_event(c->frame, len, &e))) wire_event_clear(&e);
+        break;
+    }
+    case ENC_REQ: rc = wire_ctl_encode_request(&c->q, &out); break;
+    case ENC_REP: rc = wire_ctl_encode_reply(&c->r, &out); break;
+    case ENC_EV: rc = wire_ctl_encode_event(&c->e, &out); break;
+    case ENC_FAIL:
+        rc = wire_ctl_decode_request(c->frame, len, &c->q);
+        assert_true(rc != 0);
+        rc = wire_ctl_encode_decode_failure(rc, &out);
+        break;
+    }
+    if (rc == 0) assert_non_null(out = out ? out : (char *)c->frame);
+    if (out != c->frame) free(out);
+    return rc;
+}
+
+static void test_out_of_memory_fails_cleanly(void **state) {
+    (void)state;
+#ifdef OOM_SKIP
+    skip();
+#endif
+    static const struct {
+        wire_ctl_op op;
+        const char *frame;
+    } frames[] = {
+        {WIRE_OP_RESERVE, G_RESERVE},
+        {WIRE_OP_RESERVE_BATCH, G_RESERVE_BATCH},
+        {WIRE_OP_COMPLETE_BATCH, G_COMPLETE_BATCH},
+        {WIRE_OP_CANCEL, G_CANCEL},
+        {WIRE_OP_RESERVE, G_R_RESERVE},
+        {WIRE_OP_RESERVE, G_R_RESERVE_CANCELLED},
+        {WIRE_OP_RESERVE_BATCH, G_R_RESERVE_BATCH},
+        {WIRE_OP_STATUS, G_R_STATUS},
+        {WIRE_OP_PEERS, G_R_PEERS},
+        {WIRE_OP_COMPLETE_BATCH, G_R_COMPLETE_BATCH},
+        {WIRE_OP_CANCEL, G_R_ERROR},
+        {0, G_EV_ABANDONED},
+        {0, "{\"op\":\"nope\"}"},
+        {0, "{\"op\":"},
+    };
+    int steps = 0;
+    for (size_t f = 0; f < ECT_ARRAY_LEN(frames); f++) {
+        const char *fr = frames[f].frame;
+        size_t len = strlen(fr);
+        oom_case c;
+        memset(&c, 0, sizeof c);
+        c.op = frames[f].op;
+        c.frame = fr;
+        /* Which decoder takes this frame decides the kinds to run. */
+        int kinds[2], nk = 0;
+        if (fr == (const char *)G_EV_ABANDONED) {
+            assert_int_equal(wire_ctl_decode_event(fr, len, &c.e), 0);
+            kinds[nk++] = DEC_EV, kinds[nk++] = ENC_EV;
+        } else if (c.op == 0) {
+            kinds[nk++] = ENC_FAIL;
+        } else if (strncmp(fr, "{\"op\"", 5) == 0) {
+            assert_int_equal(wire_ctl_decode_request(fr, len, &c.q), 0);
+            kinds[nk++] = DEC_REQ, kinds[nk++] = ENC_REQ;
+        } else {
+            assert_int_equal(wire_ctl_decode_reply(c.op, SIZE_MAX, fr, len, &c.r), 0);
+            kinds[nk++] = DEC_REP, kinds[nk++] = ENC_REP;
+        }
+        for (int i = 0; i < nk; i++) {
+            c.kind = kinds[i];
+            int k = 0;
+            for (;; k++) {
+                long before = live;
+                countdown = k;
+                int rc = oom_step(&c);
+                countdown = -1;
+                if (live != before)
+                    fail_msg("%s kind %d: leak after %d allocations", fr, c.kind, k);
+                if (rc == 0) break;
+                /* jansson reports some of its allocation failures as syntax errors,
+                 * so a decoder may say ECT_EPROTO; an encoder always says ENOMEM. */
+                bool dec = c.kind == DEC_REQ || c.kind == DEC_REP || c.kind == DEC_EV;
+                if (rc != ECT_ENOMEM && !(dec && rc == ECT_EPROTO))
+                    fail_msg("%s kind %d, allocation %d failed: rc %d (%s)", fr, c.kind, k, rc,
+                             ect_last_error());
+            }
+            assert_true(k >= 1); /* every call allocates, so the loop did fail some */
+            steps += k;
+        }
+        wire_ctl_request_clear(&c.q);
+        wire_ctl_reply_clear(&c.r);
+        wire_event_clear(&c.e);
+    }
+    print_message("%d allocation failures injected\n", steps);
 }
 
 /* -------------------------------------------------------- mutation loop */
@@ -1295,6 +1465,7 @@ int main(void) {
         cmocka_unit_test(test_unknown_ops),
         cmocka_unit_test(test_extra_keys_ignored_and_batch_items_judged_alone),
         cmocka_unit_test(test_encoders_refuse_what_decoders_refuse),
+        cmocka_unit_test(test_out_of_memory_fails_cleanly),
         cmocka_unit_test(test_mutations_never_crash),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
