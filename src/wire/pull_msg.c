@@ -305,7 +305,7 @@ static int scan_message(scanner *s) {
         s->key[0] = '\0';
         rc = scan_value(s, 2);
         if (rc) return rc;
-        /* Name the key in later errors when it is a (fix/8/16) str. */
+        /* Name the key in later errors when it is a str. */
         uint8_t kb = s->p[kpos];
         size_t hdr = (kb & 0xe0) == 0xa0 ? 1 : kb == 0xd9 ? 2 : kb == 0xda ? 3 : kb == 0xdb ? 5 : 0;
         if (hdr)
