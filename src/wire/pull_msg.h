@@ -9,8 +9,10 @@
  *
  * Decoding is strict. A decoder returns 0, ECT_EPROTO for any malformed or
  * out-of-bound input (ect_last_error() names the message and field, e.g.
- * "ECTransferPull.dst_ptr: expected a non-negative int"), or ECT_ENOMEM. On
- * failure *out is zeroed and owns nothing. On success the caller owns *out and
+ * "ECTransferPull.dst_ptr: negative int -1, expected 0..2^64-1"), ECT_ENOMEM,
+ * or ECT_EINVAL for a NULL buffer with len > 0. It reads only buf[0..len),
+ * never more than WIRE_PULL_MAX_MSG bytes, and allocates O(len). On failure
+ * *out is zeroed and owns nothing. On success the caller owns *out and
  * releases it with the matching _free. Unknown extra keys are ignored.
  *
  * Encoders check the same bounds (ECT_EINVAL naming the field), so nothing

@@ -596,6 +596,11 @@ static void test_reject_truncated_input(void **state) {
             free(copy);
         }
     }
+    /* No buffer at all. */
+    wire_transfer_ready rd;
+    assert_err(wire_transfer_ready_decode(NULL, 0, &rd), ECT_EPROTO,
+               "ECTransferReady: truncated input (empty message)");
+    assert_err(wire_transfer_ready_decode(NULL, 5, &rd), ECT_EINVAL, "NULL buffer");
     /* The error names the field being read. */
     size_t n = unhex(GOLDEN_PULL, raw, sizeof raw);
     wire_transfer_pull p;
