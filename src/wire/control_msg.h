@@ -23,7 +23,12 @@
  *                 "unknown control op: 'x'" as upstream words it;
  *   ECT_EINVAL    a field is wrong; the text names it;
  *   ECT_EOVERFLOW shape x dtype size overflows 64 bits;
- *   ECT_ENOMEM    out of memory.
+ *   ECT_ENOMEM    out of memory (jansson reports a few of its own allocation
+ *                 failures as a syntax error, so those come back ECT_EPROTO).
+ * Encoders return ECT_EINVAL for whatever a decoder would refuse (ECT_ERANGE
+ * for an integer above 2^63-1) and ECT_ENOMEM; error texts are never refused
+ * but cut to WIRE_ERROR_MAX bytes with invalid UTF-8 bytes shown as '?', so a
+ * server can always send its reply.
  * On any failure the output struct is left cleared (safe to _clear again).
  *
  * Ownership: a struct filled by a decoder owns its heap strings (error texts,
