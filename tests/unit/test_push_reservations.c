@@ -805,8 +805,29 @@ static void test_real_pool(void **state) {
     ect_pool_close(pool);
 }
 
+/* The transitions SPEC.md allows (0: unknown). Beyond its list: WRITING ->
+ * EXPIRED is the producer's refresh (cancel with refresh and abandon), and an
+ * EXPIRED tombstone counts as forgotten: a reserve starts anew, a cancel
+ * pre-cancels. */
+static bool legal(rsv_state from, rsv_state to) {
+    if (from == to) return true;
+    if (from == 0) return to == RSV_WRITING || to == RSV_READY || to == RSV_CANCELLED;
+    switch (from) {
+    case RSV_WRITING:
+        return to == RSV_READY || to == RSV_CANCEL_PENDING || to == RSV_EXPIRE_PENDING ||
+               to == RSV_CANCELLED || to == RSV_EXPIRED;
+    case RSV_READY: return to == RSV_CANCELLED || to == RSV_EXPIRED;
+    case RSV_CANCEL_PENDING: return to == RSV_CANCELLED;
+    case RSV_EXPIRE_PENDING: return to == RSV_CANCELLED || to == RSV_EXPIRED;
+    case RSV_CANCELLED: return to == 0;
+    case RSV_EXPIRED: return to == 0 || to == RSV_WRITING || to == RSV_READY || to == RSV_CANCELLED;
+    }
+    return false;
+}
+
 /* Random operations against the invariants: no free under a writer (the
- * fake asserts), used bytes == bytes held, no double free, rsv_check. */
+ * fake asserts), used bytes == bytes held, no double free, rsv_check, and
+ * every state change of the operated transfer is a legal transition. */
 static void test_random_ops(void **state) {
     (void)state;
     uint64_t seed = 12345;
@@ -827,6 +848,8 @@ static void test_random_ops(void **state) {
             snprintf(tid, sizeof tid, "t%u", k);
             snprintf(h, sizeof h, "h%u", (unsigned)(test_rand(&seed) % 5));
             now += test_rand(&seed) % 7;
+            rsv_reap(f->t, now); /* so the op below makes one transition at most */
+            rsv_state before = state_of(f, tid);
             rsv_reply r;
             rsv_status st;
             bool c, b;
@@ -876,6 +899,12 @@ static void test_random_ops(void **state) {
             rsv_stats s;
             rsv_get_stats(f->t, &s);
             assert_int_equal(s.bytes_held, f->pool.used);
+            rsv_state after = state_of(f, tid);
+            if (!legal(before, after)) {
+                print_error("illegal transition %s -> %s (op %u)\n", rsv_state_name(before),
+                            rsv_state_name(after), op);
+                fail();
+            }
             if (rsv_status_get(f->t, tid, &st) == 0)
                 seen[5] += st.state == RSV_CANCEL_PENDING || st.state == RSV_EXPIRE_PENDING;
             seen[6] = (unsigned)s.evictions > seen[6] ? (unsigned)s.evictions : seen[6];
