@@ -3,6 +3,9 @@
 # SECONDS each, starting from fuzz/corpus/<name>/ (seeds are not modified;
 # new inputs go to a scratch corpus). Any crash, leak or sanitizer report fails.
 set -euo pipefail
+# libucs (linked when UCX is found) installs its own SIGSEGV/SIGBUS/SIGILL/SIGFPE
+# handlers on load; clear them so libFuzzer and the sanitizers see real crashes.
+export UCX_ERROR_SIGNALS=
 dir=$1
 secs=${2:-60}
 root=$(cd "$(dirname "$0")/.." && pwd)
