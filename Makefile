@@ -33,12 +33,12 @@ test: build
 
 test-asan: deps
 	$(call configure,build-asan,-DCMAKE_BUILD_TYPE=Debug -DECT_SANITIZE=address)
-	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	UCX_ERROR_SIGNALS= ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	  ctest --test-dir build-asan --output-on-failure -j $(JOBS)
 
 test-tsan: deps
 	$(call configure,build-tsan,-DCMAKE_BUILD_TYPE=Debug -DECT_SANITIZE=thread)
-	TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -j $(JOBS)
+	UCX_ERROR_SIGNALS= TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -j $(JOBS)
 
 fuzz: deps
 	CC=clang $(call configure,build-fuzz,-DECT_FUZZ=ON -DECT_BUILD_TESTS=OFF)
