@@ -49,4 +49,7 @@ typedef struct cli_bench {
 /* bench_alloc.c: `ect bench alloc` (mem/alloc against a linear first-fit list). */
 int bench_alloc(int argc, char **argv);
 
+/* bench_xport.c: `ect bench xport` (tcp/shm/ucx batch writes vs raw TCP, memcpy, ucx_perftest). */
+int bench_xport(int argc, char **argv);
+
 #endif

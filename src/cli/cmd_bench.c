@@ -9,6 +9,8 @@
 
 static const cli_bench benches[] = {
     /* @@BENCH_TABLE@@ */
+    {"xport", "transport batch writes 64 KiB..64 MiB vs raw TCP, memcpy and ucx_perftest",
+     bench_xport},
     {"alloc", "pool allocator alloc+free at 10..100,000 fragments vs a linear first-fit list",
      bench_alloc},
     {NULL, NULL, NULL},

@@ -4,16 +4,17 @@
  *
  * Target: ucp_mem_map of each region and ucp_rkey_pack; the key string is
  * hex of (region address, region length, packed rkey). A progress thread
- * drives the target's worker (UCX's tcp transport needs the target to make
- * progress; shared-memory ones do not), sleeping on the worker's event fd.
- * Peers learn the worker address from a tiny tcp side channel at the
- * session "ucx:HOST:PORT".
+ * drives the target's worker (UCX's tcp transport, and its software put for
+ * memory that a shared-memory transport cannot map, need the target to make
+ * progress). Peers learn the worker address from a tiny tcp side channel at
+ * the session "ucx:HOST:PORT"; the initiator keeps that connection open, and
+ * its EOF is how a dead target is noticed, whatever transport UCX picked.
  *
  * Initiator: one worker, driven by the calling thread under a mutex (UCX
  * workers are single-threaded here, so concurrent batches serialize). Per
- * session one endpoint with peer-failure error handling and the unpacked
- * rkeys it has used; every write is a ucp_put_nbx, then one flush for the
- * batch. A failure closes the endpoint so the next batch reconnects.
+ * session one endpoint and the unpacked rkeys it has used; every write is a
+ * ucp_put_nbx, then one flush for the batch. A failure closes the endpoint
+ * so the next batch reconnects.
  *
  * Limits: the initiator checks each write against the range inside the key
  * (a write outside gets ECT_EACCES / ECT_ERANGE), but with UCX's one-sided
@@ -48,7 +49,7 @@ typedef struct ucx_peer {
     char session[300];
     ucp_ep_h ep; /* NULL once failed */
     int side_fd; /* side channel, open as long as ep: EOF means the target is gone */
-    int failed;  /* set by the error callback */
+    int failed;  /* the side channel reported the target gone mid-batch */
     ucx_rkey *rkeys;
     UT_hash_handle hh;
 } ucx_peer;
@@ -59,7 +60,6 @@ typedef struct ucx_impl {
     ucp_worker_h iw; /* initiator worker; driven under imu */
     void *taddr;     /* target worker address */
     size_t taddr_len;
-    int efd; /* tw's event fd */
     int stopfd;
     pthread_t prog;
     bool prog_started;
@@ -67,7 +67,6 @@ typedef struct ucx_impl {
     pthread_mutex_t imu; /* guards iw and peers */
     ucx_peer *peers;
     xp_server *srv;
-    bool no_peer_err; /* the transports cannot report peer failure; connect without */
 } ucx_impl;
 
 static int ucs_err(ucs_status_t s, const char *what) {
@@ -83,19 +82,26 @@ static int ucs_err(ucs_status_t s, const char *what) {
 
 /* ------------------------------------------------------------ target side */
 
+/* The context has no UCP_FEATURE_WAKEUP: asking for it makes UCX drop the
+ * transports without events (cma), which leaves puts to active-message
+ * copies through the target. So the target polls: flat out while there is
+ * work, then backing off from 20 us to 1 ms sleeps when idle. */
 static void *progress_main(void *arg) {
     ucx_impl *u = arg;
+    unsigned nap_us = 0;
     for (;;) {
         pthread_mutex_lock(&u->tmu);
-        while (ucp_worker_progress(u->tw)) {
-        }
-        ucs_status_t s = ucp_worker_arm(u->tw);
+        unsigned did = 0;
+        while (ucp_worker_progress(u->tw)) did++;
         pthread_mutex_unlock(&u->tmu);
-        if (s == UCS_ERR_BUSY) continue;
-        struct pollfd p[2] = {{.fd = u->efd, .events = POLLIN},
-                              {.fd = u->stopfd, .events = POLLIN}};
-        int pr = poll(p, 2, 100);
-        if (pr > 0 && p[1].revents) break;
+        if (did) {
+            nap_us = 0;
+            continue;
+        }
+        nap_us = nap_us ? (nap_us * 2 > 1000 ? 1000 : nap_us * 2) : 20;
+        struct pollfd p = {.fd = u->stopfd, .events = POLLIN};
+        if (poll(&p, 1, 0) > 0) break;
+        usleep(nap_us);
     }
     return NULL;
 }
@@ -127,7 +133,7 @@ static int ucx_open(ect_xport *x) {
     if (rc) return rc;
     ucx_impl *u = calloc(1, sizeof *u);
     if (!u) return ect_set_error(ECT_ENOMEM, "ucx transport");
-    u->efd = u->stopfd = -1;
+    u->stopfd = -1;
     pthread_mutex_init(&u->tmu, NULL);
     pthread_mutex_init(&u->imu, NULL);
     x->impl = u;
@@ -137,8 +143,7 @@ static int ucx_open(ect_xport *x) {
         rc = ucs_err(s, "config");
         goto fail;
     }
-    ucp_params_t pp = {.field_mask = UCP_PARAM_FIELD_FEATURES,
-                       .features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP};
+    ucp_params_t pp = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_RMA};
     s = ucp_init(&pp, cfg, &u->ctx);
     ucp_config_release(cfg);
     if (s != UCS_OK) {
@@ -164,11 +169,6 @@ static int ucx_open(ect_xport *x) {
     ucp_worker_release_address(u->tw, a);
     if (!u->taddr || u->taddr_len > UCX_ADDR_MAX) {
         rc = ect_set_error(ECT_ENOMEM, "ucx worker address");
-        goto fail;
-    }
-    s = ucp_worker_get_efd(u->tw, &u->efd);
-    if (s != UCS_OK) {
-        rc = ucs_err(s, "event fd");
         goto fail;
     }
     u->stopfd = eventfd(0, EFD_CLOEXEC);
@@ -320,13 +320,6 @@ static void ucx_destroy(ect_xport *x) {
     free(u);
 }
 
-static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status) {
-    ucx_peer *p = arg;
-    (void)ep;
-    ECT_LOGD("xport", "ucx: endpoint to %s failed: %s", p->session, ucs_status_string(status));
-    p->failed = 1;
-}
-
 /* Called with imu held. */
 static int connect_peer(ect_xport *x, ucx_peer *p) {
     ucx_impl *u = x->impl;
@@ -350,24 +343,13 @@ static int connect_peer(ect_xport *x, ucx_peer *p) {
         free(addr);
         return rc;
     }
-    ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
-                                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                                        UCP_EP_PARAM_FIELD_ERR_HANDLER,
-                          .address = (ucp_address_t *)addr,
-                          .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-                          .err_handler = {.cb = on_ep_error, .arg = p}};
+    /* No UCP_ERR_HANDLING_MODE_PEER: the shared-memory transports cannot
+     * report peer failure, and asking for it would leave only tcp. The
+     * side channel's EOF tells us the target is gone instead. */
+    ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS,
+                          .address = (ucp_address_t *)addr};
     p->failed = 0;
-    ucs_status_t s = UCS_ERR_UNREACHABLE;
-    if (!u->no_peer_err) s = ucp_ep_create(u->iw, &ep, &p->ep);
-    if (s == UCS_ERR_UNREACHABLE) {
-        u->no_peer_err = true;
-        /* Shared-memory transports (posix, sysv) have no peer-failure
-         * handling; connect without it (a dead peer is then found by the
-         * flush timeout or by cma's error). */
-        ep.field_mask &=
-            ~(uint64_t)(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
-        s = ucp_ep_create(u->iw, &ep, &p->ep);
-    }
+    ucs_status_t s = ucp_ep_create(u->iw, &ep, &p->ep);
     free(addr);
     if (s != UCS_OK) {
         close(fd);

@@ -1,0 +1,400 @@
+/*
+ * bench_xport — `ect bench xport`: batch writes of 64 KiB .. 64 MiB per
+ * transport, target and initiator in this process over loopback, each batch
+ * one write, timed from the call to the acknowledgement. Beside each, the
+ * limit measured in the same run on the same buffers:
+ *   tcp  a raw blocking TCP socket pair streaming the same bytes, the
+ *        receiver answering one byte per message (the same "sync");
+ *   shm  one memcpy of the same bytes on one thread;
+ *   ucx  `ucx_perftest -t ucp_put_bw` over loopback as a subprocess (skipped
+ *        when ucx_perftest is not installed); its latency is its p50
+ *        overhead, it reports no p99.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "ect_config.h"
+#include "ectransfer.h"
+#include "util/util.h"
+
+typedef struct stats {
+    double gbps, p50_us, p99_us;
+    bool ok;
+} stats;
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Fills s from per-iteration latencies (ns) and the total elapsed time. */
+static void summarize(uint64_t *lat, size_t n, uint64_t bytes, uint64_t total_ns, stats *s) {
+    qsort(lat, n, sizeof *lat, cmp_u64);
+    s->gbps = (double)bytes * (double)n / (double)total_ns;
+    s->p50_us = (double)lat[n / 2] / 1000.0;
+    s->p99_us = (double)lat[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1] / 1000.0;
+    s->ok = true;
+}
+
+#define MAX_ITERS 20000
+
+/* Runs fn until `secs` pass (at least 5 times, at most MAX_ITERS). */
+typedef int (*iter_fn)(void *ctx);
+static int timed(iter_fn fn, void *ctx, uint64_t bytes, double secs, stats *s) {
+    uint64_t *lat = malloc(MAX_ITERS * sizeof *lat);
+    if (!lat) return -1;
+    for (int w = 0; w < 2; w++)
+        if (fn(ctx) != 0) {
+            free(lat);
+            return -1;
+        }
+    size_t n = 0;
+    uint64_t t0 = ect_now_ns(), budget = (uint64_t)(secs * 1e9);
+    while (n < MAX_ITERS && (n < 5 || ect_now_ns() - t0 < budget)) {
+        uint64_t a = ect_now_ns();
+        if (fn(ctx) != 0) {
+            free(lat);
+            return -1;
+        }
+        lat[n++] = ect_now_ns() - a;
+    }
+    summarize(lat, n, bytes, ect_now_ns() - t0, s);
+    free(lat);
+    return 0;
+}
+
+/* ---- the transport under test */
+
+typedef struct xp_ctx {
+    ect_xport *i;
+    const char *session;
+    ect_write w;
+} xp_ctx;
+
+static int xp_iter(void *p) {
+    xp_ctx *c = p;
+    return ect_xport_write_batch(c->i, c->session, &c->w, 1, NULL);
+}
+
+/* ---- limit: memcpy */
+
+typedef struct cp_ctx {
+    void *dst;
+    const void *src;
+    size_t n;
+} cp_ctx;
+
+static int cp_iter(void *p) {
+    cp_ctx *c = p;
+    memcpy(c->dst, c->src, c->n);
+    __asm__ volatile("" ::: "memory");
+    return 0;
+}
+
+/* ---- limit: raw blocking TCP */
+
+typedef struct raw_ctx {
+    int cfd, sfd;
+    uint8_t *dst;
+    const uint8_t *src;
+    size_t n;
+    volatile int stop;
+} raw_ctx;
+
+static void *raw_server(void *p) {
+    raw_ctx *c = p;
+    for (;;) {
+        size_t got = 0;
+        while (got < c->n) {
+            ssize_t k = recv(c->sfd, c->dst + got, c->n - got, 0);
+            if (k <= 0) return NULL;
+            got += (size_t)k;
+        }
+        uint8_t a = 1;
+        if (send(c->sfd, &a, 1, MSG_NOSIGNAL) != 1) return NULL;
+    }
+}
+
+static int raw_iter(void *p) {
+    raw_ctx *c = p;
+    size_t sent = 0;
+    while (sent < c->n) {
+        ssize_t k = send(c->cfd, c->src + sent, c->n - sent, MSG_NOSIGNAL);
+        if (k <= 0) return -1;
+        sent += (size_t)k;
+    }
+    uint8_t a;
+    return recv(c->cfd, &a, 1, 0) == 1 ? 0 : -1;
+}
+
+static int raw_pair(int *cfd, int *sfd) {
+    int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof sa;
+    if (l < 0 || bind(l, (struct sockaddr *)&sa, sl) != 0 || listen(l, 1) != 0 ||
+        getsockname(l, (struct sockaddr *)&sa, &sl) != 0) {
+        if (l >= 0) close(l);
+        return -1;
+    }
+    *cfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (*cfd < 0 || connect(*cfd, (struct sockaddr *)&sa, sl) != 0) {
+        close(l);
+        return -1;
+    }
+    *sfd = accept(l, NULL, NULL);
+    close(l);
+    if (*sfd < 0) return -1;
+    setsockopt(*cfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    setsockopt(*sfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return 0;
+}
+
+static int raw_limit(uint8_t *dst, const uint8_t *src, size_t n, double secs, stats *s) {
+    raw_ctx c = {.dst = dst, .src = src, .n = n};
+    if (raw_pair(&c.cfd, &c.sfd) != 0) return -1;
+    pthread_t th;
+    if (pthread_create(&th, NULL, raw_server, &c) != 0) {
+        close(c.cfd);
+        close(c.sfd);
+        return -1;
+    }
+    int rc = timed(raw_iter, &c, n, secs, s);
+    shutdown(c.cfd, SHUT_RDWR);
+    shutdown(c.sfd, SHUT_RDWR);
+    pthread_join(th, NULL);
+    close(c.cfd);
+    close(c.sfd);
+    return rc;
+}
+
+/* ---- limit: ucx_perftest -t ucp_put_bw on loopback */
+
+static int free_port(void) {
+    int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof sa;
+    int port = -1;
+    if (l >= 0 && bind(l, (struct sockaddr *)&sa, sl) == 0 &&
+        getsockname(l, (struct sockaddr *)&sa, &sl) == 0)
+        port = ntohs(sa.sin_port);
+    if (l >= 0) close(l);
+    return port;
+}
+
+static int perftest_limit(size_t n, int iters, stats *s) {
+    if (system("command -v ucx_perftest >/dev/null 2>&1") != 0) return -1;
+    int port = free_port();
+    if (port < 0) return -1;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    pid_t srv = fork();
+    if (srv < 0) return -1;
+    if (srv == 0) {
+        int dn = open("/dev/null", O_WRONLY);
+        if (dn >= 0) {
+            dup2(dn, 1);
+            dup2(dn, 2);
+        }
+        execlp("ucx_perftest", "ucx_perftest", "-p", ps, (char *)NULL);
+        _exit(127);
+    }
+    usleep(300000);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd,
+             "timeout 60 ucx_perftest 127.0.0.1 -p %d -t ucp_put_bw -s %zu -n %d 2>/dev/null", port,
+             n, iters);
+    FILE *f = popen(cmd, "r");
+    char line[512];
+    int rc = -1;
+    while (f && fgets(line, sizeof line, f)) {
+        double it, p50, avg, overall, bwa, bwo;
+        if (sscanf(line, " Final: %lf %lf %lf %lf %lf %lf", &it, &p50, &avg, &overall, &bwa,
+                   &bwo) == 6) {
+            s->gbps = bwo * 1048576.0 / 1e9; /* ucx_perftest's MB is 2^20 bytes */
+            s->p50_us = p50;
+            s->p99_us = NAN;
+            s->ok = true;
+            rc = 0;
+        }
+    }
+    if (f) pclose(f);
+    kill(srv, SIGTERM);
+    waitpid(srv, NULL, 0);
+    return rc;
+}
+
+/* ---- driver */
+
+static void help(void) {
+    printf("usage: ect bench xport [--json] [--transport tcp,shm,ucx] [--seconds S]\n\n"
+           "Batch writes of 64 KiB, 1 MiB, 4.5 MiB, 16 MiB and 64 MiB per transport (target\n"
+           "and initiator in this process, loopback), one write per batch, beside the limit\n"
+           "measured in the same run: raw blocking TCP for tcp, single-thread memcpy for shm,\n"
+           "ucx_perftest -t ucp_put_bw for ucx (UCX_TLS applies to both). GB/s is 10^9 B/s;\n"
+           "latency is per batch, call to acknowledgement.\n"
+           "  --transport LIST  comma-separated subset (default: every one compiled in)\n"
+           "  --seconds S       time per measurement, 0.05..60 (default 0.5)\n"
+           "  --json            one JSON list of rows: transport, size, gbps, limit, limit_gbps,\n"
+           "                    ratio, p50_us, p99_us, limit_p50_us, limit_p99_us\n");
+}
+
+static void jnum(double v) {
+    if (isnan(v))
+        printf("null");
+    else
+        printf("%.3f", v);
+}
+
+static int one_kind(const char *kind, double secs, bool json, bool *first) {
+    static const uint64_t sizes[] = {64 << 10, 1 << 20, 9 << 19, 16 << 20, 64 << 20};
+    ect_xport *t = NULL, *i = NULL;
+    ect_xport_opts o;
+    ect_xport_opts_init(&o);
+    if (ect_xport_open(kind, &o, &t) != 0 || ect_xport_open(kind, &o, &i) != 0) {
+        fprintf(stderr, "ect bench xport: %s: %s\n", kind, ect_last_error());
+        ect_xport_close(t);
+        return CLI_EXIT_FAIL;
+    }
+    const char *limit = strcmp(kind, "tcp") == 0   ? "raw-tcp"
+                        : strcmp(kind, "shm") == 0 ? "memcpy"
+                                                   : "ucx_perftest";
+    int rc = CLI_EXIT_OK;
+    for (size_t k = 0; k < ECT_ARRAY_LEN(sizes) && rc == CLI_EXIT_OK; k++) {
+        size_t n = (size_t)sizes[k];
+        int fd = memfd_create("bench_xport", MFD_CLOEXEC);
+        uint8_t *dst = MAP_FAILED, *src = malloc(n);
+        if (fd >= 0 && ftruncate(fd, (off_t)n) == 0)
+            dst = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        char key[ECT_XPORT_KEY_MAX];
+        if (dst == MAP_FAILED || !src || ect_xport_register(t, dst, n, fd, 0, key) != 0) {
+            fprintf(stderr, "ect bench xport: %s: setup of %zu bytes failed: %s\n", kind, n,
+                    ect_last_error());
+            rc = CLI_EXIT_FAIL;
+        }
+        stats us = {0}, lim = {0};
+        if (rc == CLI_EXIT_OK) {
+            memset(src, 0xab, n);
+            memset(dst, 0, n);
+            xp_ctx c = {
+                .i = i,
+                .session = ect_xport_session(t),
+                .w = {.src = src, .dst_addr = (uint64_t)(uintptr_t)dst, .len = n, .dst_key = key}};
+            if (timed(xp_iter, &c, n, secs, &us) != 0) {
+                fprintf(stderr, "ect bench xport: %s: write failed: %s\n", kind, ect_last_error());
+                rc = CLI_EXIT_FAIL;
+            }
+            ect_xport_unregister(t, key);
+        }
+        if (rc == CLI_EXIT_OK) {
+            if (strcmp(kind, "tcp") == 0) {
+                raw_limit(dst, src, n, secs, &lim);
+            } else if (strcmp(kind, "shm") == 0) {
+                cp_ctx c = {.dst = dst, .src = src, .n = n};
+                timed(cp_iter, &c, n, secs, &lim);
+            } else {
+                int iters = (int)(secs * us.gbps * 1e9 / (double)n);
+                perftest_limit(n, iters < 20 ? 20 : iters > 20000 ? 20000 : iters, &lim);
+            }
+            double ratio = lim.ok && lim.gbps > 0 ? us.gbps / lim.gbps : NAN;
+            char sz[32];
+            if (json) {
+                printf("%s\n  {\"transport\": \"%s\", \"size\": %zu, \"gbps\": ", *first ? "" : ",",
+                       kind, n);
+                *first = false;
+                jnum(us.gbps);
+                printf(", \"limit\": \"%s\", \"limit_gbps\": ", limit);
+                jnum(lim.ok ? lim.gbps : NAN);
+                printf(", \"ratio\": ");
+                jnum(ratio);
+                printf(", \"p50_us\": ");
+                jnum(us.p50_us);
+                printf(", \"p99_us\": ");
+                jnum(us.p99_us);
+                printf(", \"limit_p50_us\": ");
+                jnum(lim.ok ? lim.p50_us : NAN);
+                printf(", \"limit_p99_us\": ");
+                jnum(lim.ok ? lim.p99_us : NAN);
+                printf("}");
+            } else {
+                printf("%-4s %9s %8.2f %8.1f %8.1f   %-12s %8.2f %8.1f %8.1f   %6.2f\n", kind,
+                       cli_fmt_size(n, sz, sizeof sz), us.gbps, us.p50_us, us.p99_us, limit,
+                       lim.ok ? lim.gbps : NAN, lim.ok ? lim.p50_us : NAN,
+                       lim.ok ? lim.p99_us : NAN, ratio);
+            }
+            fflush(stdout);
+        }
+        if (dst != MAP_FAILED) munmap(dst, n);
+        if (fd >= 0) close(fd);
+        free(src);
+    }
+    ect_xport_close(i);
+    ect_xport_close(t);
+    return rc;
+}
+
+int bench_xport(int argc, char **argv) {
+    static const struct option opts[] = {{"json", no_argument, 0, 'j'},
+                                         {"transport", required_argument, 0, 't'},
+                                         {"seconds", required_argument, 0, 's'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    bool json = false;
+    double secs = 0.5;
+    const char *list = ECT_HAVE_UCX ? "tcp,shm,ucx" : "tcp,shm";
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "jt:s:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'j': json = true; break;
+        case 't': list = optarg; break;
+        case 's': {
+            char *end;
+            secs = strtod(optarg, &end);
+            if (*end || !(secs >= 0.05 && secs <= 60))
+                return cli_usage_error("bench xport", "--seconds must be 0.05..60, got '%s'",
+                                       optarg);
+            break;
+        }
+        case 'h': help(); return CLI_EXIT_OK;
+        default: return cli_usage_error("bench xport", "unknown flag");
+        }
+    }
+    if (optind < argc)
+        return cli_usage_error("bench xport", "unexpected argument '%s'", argv[optind]);
+    char kinds[64];
+    snprintf(kinds, sizeof kinds, "%s", list);
+    for (char *save = NULL, *k = strtok_r(kinds, ",", &save); k; k = strtok_r(NULL, ",", &save)) {
+        if (strcmp(k, "tcp") && strcmp(k, "shm") && strcmp(k, "ucx"))
+            return cli_usage_error("bench xport", "--transport: '%s' is not tcp, shm or ucx", k);
+        if (strcmp(k, "ucx") == 0 && !ECT_HAVE_UCX)
+            return cli_usage_error("bench xport", "--transport: ucx is not compiled in");
+    }
+    if (json)
+        printf("[");
+    else
+        printf("%-4s %9s %8s %8s %8s   %-12s %8s %8s %8s   %6s\n", "xprt", "size", "GB/s", "p50 us",
+               "p99 us", "limit", "GB/s", "p50 us", "p99 us", "ratio");
+    snprintf(kinds, sizeof kinds, "%s", list);
+    bool first = true;
+    int rc = CLI_EXIT_OK;
+    for (char *save = NULL, *k = strtok_r(kinds, ",", &save); k; k = strtok_r(NULL, ",", &save)) {
+        int r = one_kind(k, secs, json, &first);
+        if (r != CLI_EXIT_OK) rc = r;
+    }
+    if (json) printf("\n]\n");
+    return rc;
+}
