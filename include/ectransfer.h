@@ -318,7 +318,9 @@ ECT_API int ect_xport_write_batch(ect_xport *x, const char *peer_session, const 
  *  unmaps peers' memory and frees x. Accepts NULL. */
 ECT_API void ect_xport_close(ect_xport *x);
 
-/* @@ECT_API_PUSH@@ (generation 2) */
+/* @@ECT_API_PUSH@@ (generation 2: consumer side) */
+
+/* @@ECT_API_PUSH_PRODUCER@@ (generation 2: producer side) */
 
 /* @@ECT_API_PULL@@ (generation 1) */
 

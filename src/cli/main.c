@@ -9,6 +9,7 @@
 
 static const cli_cmd commands[] = {
     {"info", "print the version, compiled-in transports and defaults", cmd_info},
+    /* @@COMMANDS@@ */
     {"bench", "run benchmarks and print ratios against limits measured in the same run", cmd_bench},
 };
 
