@@ -1,0 +1,71 @@
+/*
+ * control_client — the REQ side of the push protocol's control channel
+ * (generation 2): one object per thread, holding one REQ socket per consumer
+ * shard address ("host:port"), used by the producer and the consumer
+ * scheduler to send ops to consumer shards.
+ *
+ * Sockets are created lazily on the first call to an address with
+ * RCVTIMEO = SNDTIMEO = the control timeout, LINGER 0 and IPV6 1. After any
+ * failed exchange (send or receive error, timeout, undecodable reply) the
+ * socket is discarded and the next call reconnects, which resets REQ's strict
+ * send/receive alternation. An {"ok": false} reply is a successful exchange:
+ * ctl_call returns 0 and the caller reads out->ok / out->error.
+ *
+ * Shard discovery (`peers`) is cached per address, only when it succeeded.
+ *
+ * Threading: a ctl_client and its sockets belong to the thread that opened
+ * it; no function may be called from another thread. The ZMQ context is the
+ * caller's and must outlive the client.
+ */
+#ifndef ECT_PUSH_CONTROL_CLIENT_H
+#define ECT_PUSH_CONTROL_CLIENT_H
+
+#include <stddef.h>
+
+#include "wire/control_msg.h"
+
+/* Default control timeout, SPEC: 30 s. */
+#define CTL_DEFAULT_TIMEOUT_MS 30000
+
+typedef struct ctl_client ctl_client;
+
+/* The control timeout in ms for `seconds` as the spec converts it:
+ * max(1, ceil(seconds * 1000)). */
+int ctl_timeout_ms(double seconds);
+
+/* Opens a client on zctx (not owned; must outlive the client) with the given
+ * timeout (ms, >= 1). Caller owns *out (ctl_client_close); *out is NULL on
+ * failure. Errors: ECT_EINVAL (NULL zctx, timeout < 1); ECT_ENOMEM. */
+int ctl_client_open(void *zctx, int timeout_ms, ctl_client **out);
+
+/* Sends `req` to host:port and decodes the reply into *out (the caller
+ * clears it with wire_ctl_reply_clear; it is cleared on failure). Blocks up
+ * to 2 x timeout. Returns 0 when a well-formed reply arrived (check out->ok),
+ * else ECT_ETIMEDOUT (no reply in time), ECT_ECONNREFUSED / ECT_EIO (socket
+ * errors), ECT_EPROTO (undecodable reply), ECT_EINVAL (bad request or host),
+ * ECT_ENOMEM; the socket to that address is then discarded. */
+int ctl_call(ctl_client *c, const char *host, int port, const wire_ctl_request *req,
+             wire_ctl_reply *out);
+
+/* Like ctl_call, but an {"ok": false} reply is returned as ECT_EPROTO with
+ * the server's text in ect_last_error() (the socket is kept). */
+int ctl_call_ok(ctl_client *c, const char *host, int port, const wire_ctl_request *req,
+                wire_ctl_reply *out);
+
+/* The control ports of every TP rank of the consumer instance at host:port
+ * (op `peers`), in rank order; at most `cap` are stored, *n gets the count
+ * the shard reported (ECT_ERANGE when it exceeds cap). Cached per address
+ * after the first success. Errors as ctl_call, plus ECT_EPROTO for an
+ * {"ok": false} reply. */
+int ctl_peers(ctl_client *c, const char *host, int port, int *ports, size_t cap, size_t *n);
+
+/* Forgets the cached peers of host:port (e.g. after the consumer restarted). */
+void ctl_forget_peers(ctl_client *c, const char *host, int port);
+
+/* The event (PUSH) port of the shard at host:port (op `event_port`). */
+int ctl_event_port(ctl_client *c, const char *host, int port, int *event_port);
+
+/* Closes every socket and frees c. NULL is fine. */
+void ctl_client_close(ctl_client *c);
+
+#endif
