@@ -288,6 +288,81 @@ static void t_unregistered(void **state) {
     refused_case(kind, ECT_ENOTFOUND, "unregistered");
 }
 
+/* A region written before (so cached by the initiator: shm's fast path)
+ * and then unregistered refuses further writes, and nothing lands. */
+static void t_unregister_after_use(void **state) {
+    const char *kind = kind_of(*state);
+    if (strcmp(kind, "ucx") == 0) skip(); /* see t_unregistered */
+    ect_xport *t = open_kind(kind), *i = open_kind(kind);
+    region r;
+    mk_region(t, MiB, &r);
+    uint8_t src[512];
+    test_fill_pattern(src, sizeof src, 11);
+    ect_write w = wr(src, &r, 0, sizeof src);
+    assert_int_equal(ect_xport_write_batch(i, ect_xport_session(t), &w, 1, NULL), 0);
+    assert_int_equal(ect_xport_write_batch(i, ect_xport_session(t), &w, 1, NULL), 0);
+    assert_int_equal(ect_xport_unregister(t, r.key), 0);
+    memset(r.addr, 0, 4096);
+    int st = 0;
+    assert_err(ect_xport_write_batch(i, ect_xport_session(t), &w, 1, &st), ECT_ENOTFOUND, NULL);
+    assert_int_equal(st, ECT_ENOTFOUND);
+    assert_true(all_zero(r.addr, 4096));
+    rm_region(NULL, &r);
+    ect_xport_close(i);
+    ect_xport_close(t);
+}
+
+typedef struct race_arg {
+    ect_xport *i;
+    const char *session;
+    ect_write w;
+    atomic_int stop;
+    atomic_int ok;
+    int refused, other;
+} race_arg;
+
+static void *race_main(void *p) {
+    race_arg *a = p;
+    while (!atomic_load(&a->stop)) {
+        int rc = ect_xport_write_batch(a->i, a->session, &a->w, 1, NULL);
+        if (rc == 0)
+            a->ok++;
+        else if (rc == ECT_ENOTFOUND)
+            a->refused++;
+        else
+            a->other++;
+    }
+    return NULL;
+}
+
+/* Writes race with unregister: once unregister returns, no byte lands. */
+static void t_unregister_race(void **state) {
+    const char *kind = kind_of(*state);
+    if (strcmp(kind, "ucx") == 0) skip(); /* see t_unregistered */
+    ect_xport *t = open_kind(kind), *i = open_kind(kind);
+    region r;
+    mk_region(t, 4 * MiB, &r);
+    uint8_t *src = malloc(2 * MiB);
+    assert_non_null(src);
+    memset(src, 0x77, 2 * MiB);
+    race_arg a = {.i = i, .session = ect_xport_session(t), .w = wr(src, &r, 4096, 2 * MiB)};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, race_main, &a), 0);
+    while (atomic_load(&a.ok) < 3) usleep(1000);
+    assert_int_equal(ect_xport_unregister(t, r.key), 0);
+    memset(r.addr, 0, r.len);
+    usleep(50000);
+    atomic_store(&a.stop, 1);
+    pthread_join(th, NULL);
+    assert_true(all_zero(r.addr, r.len));
+    assert_true(a.refused > 0);
+    assert_int_equal(a.other, 0);
+    free(src);
+    rm_region(NULL, &r);
+    ect_xport_close(i);
+    ect_xport_close(t);
+}
+
 static void t_bad_key_text(void **state) {
     const char *kind = kind_of(*state);
     ect_xport *t = open_kind(kind), *i = open_kind(kind);
@@ -641,6 +716,8 @@ static void test_tcp_stall(void **state) {
         cmocka_unit_test_prestate(t_out_of_range, (void *)k),                                      \
         cmocka_unit_test_prestate(t_unregistered, (void *)k),                                      \
         cmocka_unit_test_prestate(t_bad_key_text, (void *)k),                                      \
+        cmocka_unit_test_prestate(t_unregister_after_use, (void *)k),                              \
+        cmocka_unit_test_prestate(t_unregister_race, (void *)k),                                   \
         cmocka_unit_test_prestate(t_refused, (void *)k),                                           \
         cmocka_unit_test_prestate(t_restart, (void *)k),                                           \
         cmocka_unit_test_prestate(t_killed, (void *)k),                                            \
