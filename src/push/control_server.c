@@ -1,0 +1,487 @@
+/*
+ * control_server — REP + PUSH thread over the reservation table. The
+ * handler (ctl_server_handle) is the only place that turns decoded requests
+ * into table calls and table answers into replies; the thread only moves
+ * frames, runs the reaper and drains the event queue. The lock is held for
+ * table calls and for encoding what they return, never across zmq_send or
+ * zmq_recv, so the consumer's take/release never wait on the network.
+ */
+#include "push/control_server.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <zmq.h>
+
+#include "util/util.h"
+#include "wire/control_msg.h"
+
+#define MOD "ctlsrv"
+
+struct ctl_server {
+    ctl_server_opts o;
+    char ip[256], session[WIRE_SESSION_MAX + 1], transport[WIRE_TRANSPORT_MAX + 1];
+    char *dst_key;
+    pthread_mutex_t mu;
+    rsv_table *tab;
+    void *rep, *push;
+    int port, event_port;
+    pthread_t thr;
+    bool thr_started;
+    atomic_bool stop;
+    atomic_uint_fast64_t events_sent, bad_requests;
+};
+
+void ctl_server_opts_init(ctl_server_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->ip = "127.0.0.1";
+    o->tp_size = 1;
+    o->reap_interval_ms = CTL_DEFAULT_REAP_INTERVAL_MS;
+    o->poll_ms = CTL_DEFAULT_POLL_MS;
+    rsv_opts_init(&o->rsv);
+}
+
+/* ------------------------------------------------------------- handler */
+
+static void fill_tensor(wire_tensor *t, uint64_t nbytes, const uint64_t *shape, size_t ndim,
+                        const char *dtype) {
+    t->nbytes = nbytes;
+    t->ndim = (uint32_t)ndim;
+    memcpy(t->shape, shape, ndim * sizeof *shape);
+    snprintf(t->dtype, sizeof t->dtype, "%s", dtype);
+}
+
+/* One reserve under the lock; on failure *err is the text for the reply. */
+static int do_reserve(ctl_server *s, const wire_reserve_req *r, uint64_t now,
+                      wire_reserve_result *res) {
+    rsv_request q = {.transfer_id = r->transfer_id,
+                     .mm_hash = r->mm_hash,
+                     .nbytes = r->tensor.nbytes,
+                     .shape = r->tensor.shape,
+                     .ndim = r->tensor.ndim,
+                     .dtype = r->tensor.dtype};
+    rsv_reply rep;
+    memset(res, 0, sizeof *res);
+    int rc = rsv_reserve(s->tab, &q, now, &rep);
+    if (rc) return rc;
+    if (rep.cancelled) {
+        res->cancelled = true;
+        return 0;
+    }
+    snprintf(res->reservation_id, sizeof res->reservation_id, "%s", rep.reservation_id);
+    snprintf(res->dst_session, sizeof res->dst_session, "%s", s->session);
+    res->dst_ptr = s->o.pool_base + rep.offset;
+    res->nbytes = rep.nbytes;
+    res->write = rep.write;
+    res->ready = rep.ready;
+    res->cached = rep.cached;
+    snprintf(res->transport, sizeof res->transport, "%s", s->transport);
+    res->dst_key = s->dst_key; /* borrowed for encoding only */
+    return 0;
+}
+
+static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now, char **reply) {
+    wire_ctl_reply rep;
+    memset(&rep, 0, sizeof rep);
+    rep.op = q->op;
+    rep.ok = true;
+    int rc = 0;
+    char errtext[WIRE_ERROR_MAX + 1] = "";
+    pthread_mutex_lock(&s->mu);
+    switch (q->op) {
+    case WIRE_OP_RESERVE:
+        rc = do_reserve(s, &q->u.reserve, now, &rep.u.reserve);
+        if (rc) snprintf(errtext, sizeof errtext, "%s", ect_last_error());
+        break;
+    case WIRE_OP_RESERVE_BATCH: {
+        size_t n = q->u.reserve_batch.n;
+        rep.u.reserve_batch.items = calloc(n ? n : 1, sizeof *rep.u.reserve_batch.items);
+        if (!rep.u.reserve_batch.items) {
+            rc = ECT_ENOMEM;
+            snprintf(errtext, sizeof errtext, "EC consumer out of memory");
+            break;
+        }
+        rep.u.reserve_batch.n = n;
+        for (size_t i = 0; i < n; i++) {
+            const wire_reserve_item *it = &q->u.reserve_batch.items[i];
+            wire_reserve_outcome *oc = &rep.u.reserve_batch.items[i];
+            if (it->rc) {
+                oc->error = strdup(it->error);
+            } else if (do_reserve(s, &it->req, now, &oc->result) == 0) {
+                oc->ok = true;
+                continue;
+            } else {
+                oc->error = strdup(ect_last_error());
+            }
+            if (!oc->error) {
+                rc = ECT_ENOMEM;
+                snprintf(errtext, sizeof errtext, "EC consumer out of memory");
+                break;
+            }
+        }
+        break;
+    }
+    case WIRE_OP_STATUS: {
+        rsv_status st;
+        if (rsv_status_get(s->tab, q->u.status.transfer_id, &st) == 0 &&
+            st.state != RSV_CANCELLED && st.state != RSV_EXPIRED) {
+            wire_status_result *r = &rep.u.status;
+            r->found = true;
+            snprintf(r->mm_hash, sizeof r->mm_hash, "%s", st.mm_hash);
+            r->ready = st.ready;
+            snprintf(r->reservation_id, sizeof r->reservation_id, "%s", st.reservation_id);
+            fill_tensor(&r->tensor, st.nbytes, st.shape, st.ndim, st.dtype);
+        }
+        break;
+    }
+    case WIRE_OP_EVENT_PORT:
+        if (s->event_port <= 0) {
+            rc = ECT_ESTATE;
+            snprintf(errtext, sizeof errtext, "event port not bound (detached shard)");
+        }
+        rep.u.event_port = (uint16_t)s->event_port;
+        break;
+    case WIRE_OP_PEERS: {
+        int base = s->o.base_port ? s->o.base_port : s->port - s->o.tp_rank;
+        size_t n = (s->o.base_port || s->o.port) ? (size_t)s->o.tp_size : 1;
+        if (!s->o.base_port && !s->o.port) base = s->port;
+        rep.u.peers.ports = calloc(n, sizeof *rep.u.peers.ports);
+        if (!rep.u.peers.ports) {
+            rc = ECT_ENOMEM;
+            snprintf(errtext, sizeof errtext, "EC consumer out of memory");
+            break;
+        }
+        rep.u.peers.n = n;
+        for (size_t i = 0; i < n; i++) rep.u.peers.ports[i] = (uint16_t)(base + (int)i);
+        if (base < 1 || base + (int)n - 1 > 65535) {
+            rc = ECT_ESTATE;
+            snprintf(errtext, sizeof errtext, "control port unknown (detached shard)");
+        }
+        break;
+    }
+    case WIRE_OP_COMPLETE:
+        rsv_complete(s->tab, q->u.complete.transfer_id, q->u.complete.reservation_id, now,
+                     &rep.u.complete.completed, &rep.u.complete.became_ready);
+        break;
+    case WIRE_OP_COMPLETE_BATCH: {
+        size_t n = q->u.complete_batch.n;
+        rep.u.complete_batch.items = calloc(n ? n : 1, sizeof *rep.u.complete_batch.items);
+        if (!rep.u.complete_batch.items) {
+            rc = ECT_ENOMEM;
+            snprintf(errtext, sizeof errtext, "EC consumer out of memory");
+            break;
+        }
+        rep.u.complete_batch.n = n;
+        for (size_t i = 0; i < n; i++)
+            rsv_complete(s->tab, q->u.complete_batch.items[i].transfer_id,
+                         q->u.complete_batch.items[i].reservation_id, now,
+                         &rep.u.complete_batch.items[i].completed,
+                         &rep.u.complete_batch.items[i].became_ready);
+        break;
+    }
+    case WIRE_OP_CANCEL: {
+        const wire_cancel_req *c = &q->u.cancel;
+        rc = rsv_cancel(s->tab, c->transfer_id, c->reservation_id, c->abandon, c->refresh, now,
+                        &rep.u.cancelled);
+        if (rc) snprintf(errtext, sizeof errtext, "%s", ect_last_error());
+        break;
+    }
+    default:
+        rc = ECT_ENOTSUP;
+        snprintf(errtext, sizeof errtext, "unknown control op: '%d'", (int)q->op);
+        break;
+    }
+    pthread_mutex_unlock(&s->mu);
+    int erc;
+    if (rc) {
+        erc = wire_ctl_encode_error(errtext, reply);
+    } else {
+        erc = wire_ctl_encode_reply(&rep, reply);
+        if (erc && erc != ECT_ENOMEM) { /* our own result refused: say so, never go silent */
+            char why[512];
+            snprintf(why, sizeof why, "EC consumer could not encode its reply: %s",
+                     ect_last_error());
+            ECT_LOGE(MOD, "%s", why);
+            erc = wire_ctl_encode_error(why, reply);
+        }
+    }
+    /* Borrowed pointers are not ours to free; clear only what we allocated. */
+    if (q->op == WIRE_OP_RESERVE) rep.u.reserve.dst_key = NULL;
+    if (q->op == WIRE_OP_RESERVE_BATCH)
+        for (size_t i = 0; i < rep.u.reserve_batch.n; i++)
+            rep.u.reserve_batch.items[i].result.dst_key = NULL;
+    wire_ctl_reply_clear(&rep);
+    return erc;
+}
+
+int ctl_server_handle(ctl_server *s, const void *buf, size_t len, uint64_t now_ms, char **reply) {
+    *reply = NULL;
+    wire_ctl_request q;
+    int rc = wire_ctl_decode_request(buf, len, &q);
+    if (rc) {
+        atomic_fetch_add(&s->bad_requests, 1);
+        ECT_LOGD(MOD, "refused request: %s", ect_last_error());
+        return wire_ctl_encode_decode_failure(rc, reply);
+    }
+    rc = handle_decoded(s, &q, now_ms, reply);
+    wire_ctl_request_clear(&q);
+    return rc;
+}
+
+/* -------------------------------------------------------------- thread */
+
+/* Sends queued events until the PUSH socket would block. The event is
+ * encoded under the lock and popped only after it went out; if another
+ * thread changed the queue meanwhile, the head is compared before popping. */
+static void flush_events(ctl_server *s) {
+    for (;;) {
+        char *frame = NULL;
+        rsv_event copy;
+        pthread_mutex_lock(&s->mu);
+        const rsv_event *e = rsv_event_peek(s->tab);
+        if (!e) {
+            pthread_mutex_unlock(&s->mu);
+            return;
+        }
+        copy = *e;
+        pthread_mutex_unlock(&s->mu);
+        wire_event we;
+        memset(&we, 0, sizeof we);
+        snprintf(we.transfer_id, sizeof we.transfer_id, "%s", copy.transfer_id);
+        snprintf(we.mm_hash, sizeof we.mm_hash, "%s", copy.mm_hash);
+        snprintf(we.reservation_id, sizeof we.reservation_id, "%s", copy.reservation_id);
+        we.ready = copy.kind == RSV_EV_READY;
+        fill_tensor(&we.tensor, copy.nbytes, copy.shape, copy.ndim, copy.dtype);
+        we.shard = (uint16_t)s->port;
+        int rc = wire_ctl_encode_event(&we, &frame);
+        bool sent = false;
+        if (rc == 0) {
+            sent = zmq_send(s->push, frame, strlen(frame), ZMQ_DONTWAIT) >= 0;
+            free(frame);
+            if (!sent && errno != EAGAIN) ECT_LOGW(MOD, "event send: %s", zmq_strerror(errno));
+        } else {
+            ECT_LOGE(MOD, "dropping unencodable event for %s: %s", copy.transfer_id,
+                     ect_last_error());
+        }
+        if (!sent && rc == 0) return; /* stays queued */
+        pthread_mutex_lock(&s->mu);
+        e = rsv_event_peek(s->tab);
+        if (e && memcmp(e, &copy, sizeof copy) == 0) rsv_event_pop(s->tab);
+        pthread_mutex_unlock(&s->mu);
+        if (sent) atomic_fetch_add(&s->events_sent, 1);
+    }
+}
+
+static void serve_one(ctl_server *s) {
+    zmq_msg_t msg;
+    zmq_msg_init(&msg);
+    if (zmq_msg_recv(&msg, s->rep, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&msg);
+        return;
+    }
+    bool multi = zmq_msg_more(&msg);
+    while (zmq_msg_more(&msg)) { /* a raw peer may send parts: drain them, answer once */
+        zmq_msg_close(&msg);
+        zmq_msg_init(&msg);
+        if (zmq_msg_recv(&msg, s->rep, 0) < 0) break;
+    }
+    char *reply = NULL;
+    int rc;
+    if (multi) {
+        atomic_fetch_add(&s->bad_requests, 1);
+        rc = wire_ctl_encode_error(WIRE_CTL_MALFORMED, &reply);
+    } else {
+        rc = ctl_server_handle(s, zmq_msg_data(&msg), zmq_msg_size(&msg), ect_now_ms(), &reply);
+    }
+    zmq_msg_close(&msg);
+    if (rc || !reply) {
+        /* Out of memory: REP must still answer to accept the next request. */
+        static const char oom[] = "{\"ok\":false,\"error\":\"EC consumer out of memory\"}";
+        zmq_send(s->rep, oom, sizeof oom - 1, 0);
+    } else {
+        if (zmq_send(s->rep, reply, strlen(reply), 0) < 0)
+            ECT_LOGW(MOD, "reply send: %s", zmq_strerror(errno));
+    }
+    free(reply);
+}
+
+static void *server_main(void *arg) {
+    ctl_server *s = arg;
+    uint64_t next_reap = ect_now_ms() + (uint64_t)s->o.reap_interval_ms;
+    while (!atomic_load(&s->stop)) {
+        zmq_pollitem_t it = {.socket = s->rep, .events = ZMQ_POLLIN};
+        int n = zmq_poll(&it, 1, s->o.poll_ms);
+        if (n < 0 && errno == ETERM) break;
+        if (n > 0 && (it.revents & ZMQ_POLLIN)) serve_one(s);
+        uint64_t now = ect_now_ms();
+        if (now >= next_reap) {
+            ctl_server_reap(s, now);
+            next_reap = now + (uint64_t)s->o.reap_interval_ms;
+        }
+        flush_events(s);
+    }
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- open */
+
+static int bind_socket(void *sock, const char *ip, int port, int *bound) {
+    char ep[300];
+    bool v6 = strchr(ip, ':') != NULL;
+    if (port)
+        snprintf(ep, sizeof ep, v6 ? "tcp://[%s]:%d" : "tcp://%s:%d", ip, port);
+    else
+        snprintf(ep, sizeof ep, v6 ? "tcp://[%s]:*" : "tcp://%s:*", ip);
+    if (zmq_bind(sock, ep) != 0) {
+        int e = errno;
+        if (e == EADDRINUSE) return ect_set_error(ECT_EEXIST, "%s: address in use", ep);
+        return ect_set_error(ECT_EIO, "bind %s: %s", ep, zmq_strerror(e));
+    }
+    char last[300];
+    size_t sz = sizeof last;
+    if (zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, last, &sz) != 0)
+        return ect_set_error(ECT_EIO, "bind %s: cannot read the bound port", ep);
+    const char *colon = strrchr(last, ':');
+    *bound = colon ? atoi(colon + 1) : 0;
+    if (*bound <= 0) return ect_set_error(ECT_EIO, "bind %s: bad endpoint %s", ep, last);
+    return 0;
+}
+
+static int check_opts(const ctl_server_opts *o) {
+    if (!o->ip || !*o->ip || strlen(o->ip) > 255)
+        return ect_set_error(ECT_EINVAL, "control server ip: required, at most 255 bytes");
+    if (o->port < 0 || o->port > 65535)
+        return ect_set_error(ECT_EINVAL, "control server port %d: 0..65535", o->port);
+    if (o->tp_size < 1 || o->tp_size > 64)
+        return ect_set_error(ECT_EINVAL, "tp_size %d: 1..64", o->tp_size);
+    if (o->tp_rank < 0 || o->tp_rank >= o->tp_size)
+        return ect_set_error(ECT_EINVAL, "tp_rank %d: 0..tp_size-1", o->tp_rank);
+    if (o->base_port < 0 || o->base_port + o->tp_size - 1 > 65535)
+        return ect_set_error(ECT_EINVAL, "base_port %d: ranks beyond port 65535", o->base_port);
+    if (o->reap_interval_ms < 1 || o->poll_ms < 1)
+        return ect_set_error(ECT_EINVAL, "reap_interval_ms and poll_ms must be >= 1");
+    if (!o->dst_session || strlen(o->dst_session) > WIRE_SESSION_MAX)
+        return ect_set_error(ECT_EINVAL, "dst_session: required, at most %d bytes",
+                             WIRE_SESSION_MAX);
+    if (o->transport && strlen(o->transport) > WIRE_TRANSPORT_MAX)
+        return ect_set_error(ECT_EINVAL, "transport: at most %d bytes", WIRE_TRANSPORT_MAX);
+    if (o->dst_key && strlen(o->dst_key) > WIRE_KEY_MAX)
+        return ect_set_error(ECT_EINVAL, "dst_key: at most %d bytes", WIRE_KEY_MAX);
+    return 0;
+}
+
+int ctl_server_open(void *zctx, const ctl_server_opts *o, ctl_server **out) {
+    *out = NULL;
+    if (!o) return ect_set_error(ECT_EINVAL, "control server: options required");
+    int rc = check_opts(o);
+    if (rc) return rc;
+    if (!o->detached && !zctx) return ect_set_error(ECT_EINVAL, "control server: zctx required");
+    ctl_server *s = calloc(1, sizeof *s);
+    if (!s) return ect_set_error(ECT_ENOMEM, "control server: out of memory");
+    s->o = *o;
+    snprintf(s->ip, sizeof s->ip, "%s", o->ip);
+    s->o.ip = s->ip;
+    snprintf(s->session, sizeof s->session, "%s", o->dst_session);
+    snprintf(s->transport, sizeof s->transport, "%s", o->transport ? o->transport : "");
+    if (o->dst_key && !(s->dst_key = strdup(o->dst_key))) {
+        free(s);
+        return ect_set_error(ECT_ENOMEM, "control server: out of memory");
+    }
+    pthread_mutex_init(&s->mu, NULL);
+    rc = rsv_open(&o->rsv, &s->tab);
+    if (rc) goto fail;
+    if (o->detached) {
+        s->port = o->port;
+        *out = s;
+        return 0;
+    }
+    s->rep = zmq_socket(zctx, ZMQ_REP);
+    s->push = zmq_socket(zctx, ZMQ_PUSH);
+    if (!s->rep || !s->push) {
+        rc = ect_set_error(ECT_EIO, "control server: zmq_socket: %s", zmq_strerror(errno));
+        goto fail;
+    }
+    int zero = 0, one = 1;
+    int64_t maxmsg = CTL_MAX_RECV_BYTES;
+    int ipv6 = strchr(o->ip, ':') != NULL || strcmp(o->ip, "*") == 0;
+    zmq_setsockopt(s->rep, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(s->push, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(s->rep, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    if (ipv6) {
+        zmq_setsockopt(s->rep, ZMQ_IPV6, &one, sizeof one);
+        zmq_setsockopt(s->push, ZMQ_IPV6, &one, sizeof one);
+    }
+    rc = bind_socket(s->rep, o->ip, o->port, &s->port);
+    if (!rc) rc = bind_socket(s->push, o->ip, 0, &s->event_port);
+    if (rc) goto fail;
+    if (pthread_create(&s->thr, NULL, server_main, s) != 0) {
+        rc = ect_set_error(ECT_EIO, "control server: cannot start its thread");
+        goto fail;
+    }
+    s->thr_started = true;
+    ECT_LOGI(MOD, "shard %d/%d: control %s:%d, events port %d", o->tp_rank, o->tp_size, o->ip,
+             s->port, s->event_port);
+    *out = s;
+    return 0;
+fail:
+    ctl_server_close(s);
+    return rc;
+}
+
+void ctl_server_close(ctl_server *s) {
+    if (!s) return;
+    atomic_store(&s->stop, true);
+    if (s->thr_started) pthread_join(s->thr, NULL);
+    if (s->rep) zmq_close(s->rep);
+    if (s->push) zmq_close(s->push);
+    rsv_close(s->tab);
+    pthread_mutex_destroy(&s->mu);
+    free(s->dst_key);
+    free(s);
+}
+
+/* ------------------------------------------------------------ accessors */
+
+int ctl_server_port(const ctl_server *s) { return s->port; }
+int ctl_server_event_port(const ctl_server *s) { return s->event_port; }
+
+size_t ctl_server_reap(ctl_server *s, uint64_t now_ms) {
+    pthread_mutex_lock(&s->mu);
+    size_t n = rsv_reap(s->tab, now_ms);
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+int ctl_server_take(ctl_server *s, const char *transfer_id, rsv_status *st) {
+    pthread_mutex_lock(&s->mu);
+    int rc = rsv_take(s->tab, transfer_id, ect_now_ms(), st);
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+int ctl_server_release(ctl_server *s, const char *mm_hash) {
+    pthread_mutex_lock(&s->mu);
+    int rc = rsv_release(s->tab, mm_hash, ect_now_ms());
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+void ctl_server_stats(ctl_server *s, rsv_stats *st) {
+    pthread_mutex_lock(&s->mu);
+    rsv_get_stats(s->tab, st);
+    pthread_mutex_unlock(&s->mu);
+}
+
+int ctl_server_check(ctl_server *s) {
+    pthread_mutex_lock(&s->mu);
+    int rc = rsv_check(s->tab);
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+uint64_t ctl_server_events_sent(ctl_server *s) { return atomic_load(&s->events_sent); }
+uint64_t ctl_server_bad_requests(ctl_server *s) { return atomic_load(&s->bad_requests); }

@@ -1,0 +1,92 @@
+/*
+ * control_server — one consumer TP rank's side of the push protocol's
+ * control channel (generation 2): a REP socket on the shard's control port
+ * serving every op of SPEC.md through the reservation table (rsv_), and a
+ * PUSH socket on an ephemeral port sending the table's readiness and
+ * abandoned events to the scheduler's inbox.
+ *
+ * One background thread owns both sockets: it polls the REP socket every
+ * poll_ms (100 ms), answers each request (a frame that does not decode gets
+ * "malformed control request", an unknown op "unknown control op: 'x'"),
+ * runs the reaper every reap_interval_ms (1 s) and sends queued events
+ * without blocking (an unsent event stays queued in the table, whose backlog
+ * is capped at rsv.max_events, the oldest dropped).
+ *
+ * The table is guarded by one mutex held for table calls only, never across
+ * socket I/O; ctl_server_take / _release / _stats may be called from any
+ * thread while the server runs.
+ *
+ * A "detached" server has the table but no sockets and no thread: tests and
+ * the fuzzer feed frames to ctl_server_handle directly.
+ */
+#ifndef ECT_PUSH_CONTROL_SERVER_H
+#define ECT_PUSH_CONTROL_SERVER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "push/reservations.h"
+
+#define CTL_DEFAULT_REAP_INTERVAL_MS 1000
+#define CTL_DEFAULT_POLL_MS 100
+/* Frames larger than this make ZMQ drop the sender's connection before the
+ * bytes are buffered; frames up to it that the codec refuses
+ * (> WIRE_CTL_MAX_FRAME) are answered "malformed control request". */
+#define CTL_MAX_RECV_BYTES (2 * (int64_t)WIRE_CTL_MAX_FRAME)
+
+typedef struct ctl_server_opts {
+    const char *ip;          /* bind address; "127.0.0.1"; "*" or "0.0.0.0" only when asked */
+    int port;                /* this shard's control port; 0 = ephemeral (tests) */
+    int tp_size;             /* ranks of the instance, 1..64 (1) */
+    int tp_rank;             /* 0..tp_size-1 (0) */
+    int base_port;           /* control port of rank 0 (what `peers` lists from);
+                                0: port - tp_rank (with port 0: only this shard) */
+    int reap_interval_ms;    /* 1000 */
+    int poll_ms;             /* 100 */
+    rsv_opts rsv;            /* the table: mem ops (required), TTL, grace, caps */
+    const char *dst_session; /* the transport session producers write to (required) */
+    const char *transport;   /* "tcp" | "shm" | "ucx" (reply extension), may be NULL */
+    const char *dst_key;     /* the pool region's key (reply extension), may be NULL */
+    uint64_t pool_base;      /* dst_ptr = pool_base + offset */
+    bool detached;           /* no sockets, no thread */
+} ctl_server_opts;
+
+void ctl_server_opts_init(ctl_server_opts *o);
+
+typedef struct ctl_server ctl_server;
+
+/* Opens the table, binds both sockets on zctx (not owned; must outlive the
+ * server; may be NULL when detached) and starts the thread. Errors:
+ * ECT_EINVAL naming the option; ECT_EEXIST "address in use" when the control
+ * port is taken; ECT_EIO other socket errors; ECT_ENOMEM. Caller owns *out
+ * (ctl_server_close); *out is NULL on failure. */
+int ctl_server_open(void *zctx, const ctl_server_opts *o, ctl_server **out);
+
+/* Stops the thread, closes both sockets and frees the table (every buffer it
+ * still holds goes back through rsv.mem). The caller must stop remote writes
+ * (close or unregister the transport region) before. NULL is fine. */
+void ctl_server_close(ctl_server *s);
+
+/* Bound ports (the control port, the PUSH event port); 0 when detached. */
+int ctl_server_port(const ctl_server *s);
+int ctl_server_event_port(const ctl_server *s);
+
+/* Handles one request frame and returns the reply frame in *reply (caller
+ * frees it). Every frame gets a reply; the return value is 0, or ECT_ENOMEM
+ * when no reply could be built. Thread-safe. */
+int ctl_server_handle(ctl_server *s, const void *buf, size_t len, uint64_t now_ms, char **reply);
+
+/* Reaps now (the thread does this every reap_interval_ms). Thread-safe. */
+size_t ctl_server_reap(ctl_server *s, uint64_t now_ms);
+
+/* rsv_take / rsv_release / rsv_get_stats / rsv_check under the lock. */
+int ctl_server_take(ctl_server *s, const char *transfer_id, rsv_status *st);
+int ctl_server_release(ctl_server *s, const char *mm_hash);
+void ctl_server_stats(ctl_server *s, rsv_stats *st);
+int ctl_server_check(ctl_server *s);
+/* Events sent on the PUSH socket and frames answered "malformed". */
+uint64_t ctl_server_events_sent(ctl_server *s);
+uint64_t ctl_server_bad_requests(ctl_server *s);
+
+#endif

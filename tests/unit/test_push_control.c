@@ -1,0 +1,500 @@
+/*
+ * Tests for push/control_server and push/control_client over real sockets on
+ * loopback (ephemeral ports): every op of the spec, malformed, unknown,
+ * multi-part and oversized frames, the event backlog bound, bind errors,
+ * client timeouts with discard-and-reconnect, the peers cache, and the
+ * pool's used bytes back at zero after every scenario.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <zmq.h>
+
+#include "testutil.h"
+#include "push/control_client.h"
+#include "push/control_server.h"
+#include "util/util.h"
+
+#define CAP (8u << 20)
+
+typedef struct fx {
+    void *zctx;
+    ect_pool *pool;
+    ctl_server *srv;
+    ctl_client *cli;
+    int port;
+} fx;
+
+static void fx_open_srv(fx *f, int port, size_t max_events) {
+    ctl_server_opts o;
+    ctl_server_opts_init(&o);
+    o.port = port;
+    o.rsv.mem = &rsv_pool_ops;
+    o.rsv.mem_ctx = f->pool;
+    if (max_events) o.rsv.max_events = max_events;
+    o.dst_session = "127.0.0.1:9";
+    o.transport = "tcp";
+    o.dst_key = "00112233aabbccdd";
+    o.pool_base = (uint64_t)(uintptr_t)ect_pool_base(f->pool);
+    assert_int_equal(ctl_server_open(f->zctx, &o, &f->srv), 0);
+    f->port = ctl_server_port(f->srv);
+    assert_true(f->port > 0);
+}
+
+static void fx_open(fx *f, size_t max_events, int timeout_ms) {
+    memset(f, 0, sizeof *f);
+    f->zctx = zmq_ctx_new();
+    ect_pool_opts po;
+    ect_pool_opts_init(&po);
+    po.capacity = CAP;
+    assert_int_equal(ect_pool_open(&po, &f->pool), 0);
+    fx_open_srv(f, 0, max_events);
+    assert_int_equal(ctl_client_open(f->zctx, timeout_ms, &f->cli), 0);
+}
+
+static uint64_t pool_used(ect_pool *p) {
+    ect_pool_stat st;
+    ect_pool_stats(p, &st);
+    return st.used;
+}
+
+static void fx_close(fx *f) {
+    ctl_client_close(f->cli);
+    if (f->srv) assert_int_equal(ctl_server_check(f->srv), 0);
+    ctl_server_close(f->srv);
+    assert_int_equal(pool_used(f->pool), 0); /* the table gave every buffer back */
+    ect_pool_close(f->pool);
+    zmq_ctx_term(f->zctx);
+}
+
+static wire_ctl_request reserve_req(const char *tid, const char *hash, uint64_t rows) {
+    wire_ctl_request q;
+    memset(&q, 0, sizeof q);
+    q.op = WIRE_OP_RESERVE;
+    snprintf(q.u.reserve.transfer_id, sizeof q.u.reserve.transfer_id, "%s", tid);
+    snprintf(q.u.reserve.mm_hash, sizeof q.u.reserve.mm_hash, "%s", hash);
+    q.u.reserve.tensor.ndim = 2;
+    q.u.reserve.tensor.shape[0] = rows;
+    q.u.reserve.tensor.shape[1] = 64;
+    snprintf(q.u.reserve.tensor.dtype, sizeof q.u.reserve.tensor.dtype, "bfloat16");
+    q.u.reserve.tensor.nbytes = rows * 64 * 2;
+    return q;
+}
+
+/* Raw request over a fresh REQ socket; returns the reply text (caller frees). */
+static char *raw_call(fx *f, const void *buf, size_t len) {
+    void *s = zmq_socket(f->zctx, ZMQ_REQ);
+    int zero = 0, to = 5000;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(s, ZMQ_RCVTIMEO, &to, sizeof to);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", f->port);
+    assert_int_equal(zmq_connect(s, ep), 0);
+    assert_true(zmq_send(s, buf, len, 0) >= 0);
+    char *out = calloc(1, 8192);
+    int n = zmq_recv(s, out, 8191, 0);
+    assert_true(n > 0);
+    zmq_close(s);
+    return out;
+}
+
+static void *pull_connect(fx *f) {
+    void *p = zmq_socket(f->zctx, ZMQ_PULL);
+    int zero = 0, to = 3000;
+    zmq_setsockopt(p, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(p, ZMQ_RCVTIMEO, &to, sizeof to);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", ctl_server_event_port(f->srv));
+    assert_int_equal(zmq_connect(p, ep), 0);
+    return p;
+}
+
+static void recv_event(void *pull, wire_event *ev) {
+    char buf[4096];
+    int n = zmq_recv(pull, buf, sizeof buf, 0);
+    assert_true(n > 0);
+    assert_int_equal(wire_ctl_decode_event(buf, (size_t)n, ev), 0);
+}
+
+/* reserve -> status -> complete -> event -> take/release -> cached reserve. */
+static void test_reserve_complete_event(void **state) {
+    (void)state;
+    fx f;
+    fx_open(&f, 0, 5000);
+    int ep = 0;
+    assert_int_equal(ctl_event_port(f.cli, "127.0.0.1", f.port, &ep), 0);
+    assert_int_equal(ep, ctl_server_event_port(f.srv));
+    void *pull = pull_connect(&f);
+
+    wire_ctl_request q = reserve_req("t1", "h1", 100);
+    wire_ctl_reply r;
+    assert_int_equal(ctl_call_ok(f.cli, "127.0.0.1", f.port, &q, &r), 0);
+    assert_true(r.u.reserve.write);
+    assert_false(r.u.reserve.ready);
+    assert_string_equal(r.u.reserve.dst_session, "127.0.0.1:9");
+    assert_string_equal(r.u.reserve.transport, "tcp");
+    assert_string_equal(r.u.reserve.dst_key, "00112233aabbccdd");
+    uint64_t base = (uint64_t)(uintptr_t)ect_pool_base(f.pool);
+    assert_true(r.u.reserve.dst_ptr >= base && r.u.reserve.dst_ptr < base + CAP);
+    char rid[WIRE_ID_MAX + 1];
+    snprintf(rid, sizeof rid, "%s", r.u.reserve.reservation_id);
+    memset((void *)(uintptr_t)r.u.reserve.dst_ptr, 0x5a, 100 * 64 * 2); /* "remote write" */
+    wire_ctl_reply_clear(&r);
+    assert_true(pool_used(f.pool) >= 100 * 64 * 2);
+
+    wire_ctl_request st = {.op = WIRE_OP_STATUS};
+    snprintf(st.u.status.transfer_id, sizeof st.u.status.transfer_id, "t1");
+    assert_int_equal(ctl_call_ok(f.cli, "127.0.0.1", f.port, &st, &r), 0);
+    assert_true(r.u.status.found);
+    assert_false(r.u.status.ready);
+    assert_string_equal(r.u.status.reservation_id, rid);
+    wire_ctl_reply_clear(&r);
+
+    wire_ctl_request c = {.op = WIRE_OP_COMPLETE};
+    snprintf(c.u.complete.transfer_id, sizeof c.u.complete.transfer_id, "t1");
+    snprintf(c.u.complete.reservation_id, sizeof c.u.complete.reservation_id, "wrong");
+    assert_int_equal(ctl_call_ok(f.cli, "127.0.0.1", f.port, &c, &r), 0);
+    assert_false(r.u.complete.completed);
+    wire_ctl_reply_clear(&r);
+    snprintf(c.u.complete.reservation_id, sizeof c.u.complete.reservation_id, "%s", rid);
+    assert_int_equal(ctl_call_ok(f.cli, "127.0.0.1", f.port, &c, &r), 0);
+    assert_true(r.u.complete.completed);
+    assert_true(r.u.complete.became_ready);
+    wire_ctl_reply_clear(&r);
+    assert_int_equal(ctl_call_ok(f.cli, "127.0.0.1", f.port, &c, &r), 0); /* idempotent */
+    assert_true(r.u.complete.completed);
+    assert_false(r.u.complete.became_ready);
+    wire_ctl_reply_clear(&r);
+
+    wire_event ev;
+    recv_event(pull, &ev);
+    assert_true(ev.ready);
+    assert_string_equal(ev.transfer_id, "t1");
+    assert_string_equal(ev.mm_hash, "h1");
+    assert_string_equal(ev.reservation_id, rid);
+    assert_int_equal(ev.shard, f.port);
+    assert_int_equal(ev.tensor.nbytes, 100 * 64 * 2);
+    wire_event_clear(&ev);
+
+    rsv_status rs;
+    assert_int_equal(ctl_server_take(f.srv, "t1", &rs), 0);
+    assert_int_equal(((uint8_t *)ect_pool_base(f.pool))[rs.offset], 0x5a);
+    assert_int_equal(ctl_server_release(f.srv, "h1"), 0);
+
+    /* A second transfer of the same hash is answered from the resident copy. */
+    q = reserve_req("t2", "h1", 100);
+    assert_int_equal(ctl_call_ok(f.cli, "127.0.0.1", f.port, &q, &r), 0);
+    assert_true(r.u.reserve.cached);
+    assert_true(r.u.reserve.ready);
+    assert_false(r.u.reserve.write);
+    wire_ctl_reply_clear(&r);
+    recv_event(pull, &ev); /* cached reserve publishes at once */
+    assert_string_equal(ev.transfer_id, "t2");
+    wire_event_clear(&ev);
+
+    /* Cancel both (READY -> CANCELLED), then status answers null. */
+    for (int i = 1; i <= 2; i++) {
+        wire_ctl_request k = {.op = WIRE_OP_CANCEL};
+        snprintf(k.u.cancel.transfer_id, sizeof k.u.cancel.transfer_id, "t%d", i);
+        assert_int_equal(ctl_call_ok(f.cli, "127.0.0.1", f.port, &k, &r), 0);
+        assert_true(r.u.cancelled);
+        wire_ctl_reply_clear(&r);
+    }
+    assert_int_equal(ctl_call_ok(f.cli, "127.0.0.1", f.port, &st, &r), 0);
+    assert_false(r.u.status.found);
+    wire_ctl_reply_clear(&r);
+    zmq_close(pull);
+    fx_close(&f); /* rsv_close frees the resident buffer */
+}
+
+static void test_batches_precancel_errors(void **state) {
+    (void)state;
+    fx f;
+    fx_open(&f, 0, 5000);
+    /* pre-cancel, then reserve gets the cancelled form */
+    wire_ctl_request k = {.op = WIRE_OP_CANCEL};
+    snprintf(k.u.cancel.transfer_id, sizeof k.u.cancel.transfer_id, "pc");
+    wire_ctl_reply r;
+    assert_int_equal(ctl_call_ok(f.cli, "127.0.0.1", f.port, &k, &r), 0);
+    wire_ctl_reply_clear(&r);
+    /* refresh without abandon is refused with a reply, not silence */
+    k.u.cancel.refresh = true;
+    assert_int_equal(ctl_call(f.cli, "127.0.0.1", f.port, &k, &r), 0);
+    assert_false(r.ok);
+    assert_non_null(r.error);
+    wire_ctl_reply_clear(&r);
+
+    wire_reserve_item items[3];
+    memset(items, 0, sizeof items);
+    wire_ctl_request a = reserve_req("pc", "hx", 10);
+    wire_ctl_request b = reserve_req("b1", "hb", 10);
+    wire_ctl_request c = reserve_req("b2", "hc", 100000); /* 12.8 MB > the 8 MiB pool */
+    items[0].req = a.u.reserve;
+    items[1].req = b.u.reserve;
+    items[2].req = c.u.reserve;
+    wire_ctl_request q = {.op = WIRE_OP_RESERVE_BATCH};
+    q.u.reserve_batch.n = 3;
+    q.u.reserve_batch.items = items;
+    assert_int_equal(ctl_call_ok(f.cli, "127.0.0.1", f.port, &q, &r), 0);
+    assert_int_equal(r.u.reserve_batch.n, 3);
+    assert_true(r.u.reserve_batch.items[0].ok);
+    assert_true(r.u.reserve_batch.items[0].result.cancelled);
+    assert_true(r.u.reserve_batch.items[1].ok);
+    assert_true(r.u.reserve_batch.items[1].result.write);
+    assert_false(r.u.reserve_batch.items[2].ok); /* one failure does not fail the others */
+    assert_non_null(strstr(r.u.reserve_batch.items[2].error, "EC consumer buffer pool is full"));
+    char rid[WIRE_ID_MAX + 1];
+    snprintf(rid, sizeof rid, "%s", r.u.reserve_batch.items[1].result.reservation_id);
+    wire_ctl_reply_clear(&r);
+
+    /* conflicting reservation for the same transfer_id with another hash */
+    wire_ctl_request bad = reserve_req("b1", "other", 10);
+    assert_int_equal(ctl_call(f.cli, "127.0.0.1", f.port, &bad, &r), 0);
+    assert_false(r.ok);
+    assert_non_null(strstr(r.error, "conflicting"));
+    wire_ctl_reply_clear(&r);
+
+    /* complete_batch: one good, one unknown */
+    wire_complete_req cr[2];
+    memset(cr, 0, sizeof cr);
+    snprintf(cr[0].transfer_id, sizeof cr[0].transfer_id, "b1");
+    snprintf(cr[0].reservation_id, sizeof cr[0].reservation_id, "%s", rid);
+    snprintf(cr[1].transfer_id, sizeof cr[1].transfer_id, "nope");
+    snprintf(cr[1].reservation_id, sizeof cr[1].reservation_id, "x");
+    wire_ctl_request cb = {.op = WIRE_OP_COMPLETE_BATCH};
+    cb.u.complete_batch.n = 2;
+    cb.u.complete_batch.items = cr;
+    assert_int_equal(ctl_call_ok(f.cli, "127.0.0.1", f.port, &cb, &r), 0);
+    assert_true(r.u.complete_batch.items[0].completed);
+    assert_true(r.u.complete_batch.items[0].became_ready);
+    assert_false(r.u.complete_batch.items[1].completed);
+    wire_ctl_reply_clear(&r);
+
+    /* peers of a single ephemeral shard: itself */
+    int ports[4];
+    size_t n = 0;
+    assert_int_equal(ctl_peers(f.cli, "127.0.0.1", f.port, ports, 4, &n), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(ports[0], f.port);
+
+    k.u.cancel.refresh = false;
+    snprintf(k.u.cancel.transfer_id, sizeof k.u.cancel.transfer_id, "b1");
+    assert_int_equal(ctl_call_ok(f.cli, "127.0.0.1", f.port, &k, &r), 0);
+    assert_true(r.u.cancelled);
+    wire_ctl_reply_clear(&r);
+    fx_close(&f);
+}
+
+static void test_bad_frames(void **state) {
+    (void)state;
+    fx f;
+    fx_open(&f, 0, 5000);
+    char *rep = raw_call(&f, "{not json", 9);
+    assert_string_equal(rep, "{\"ok\":false,\"error\":\"malformed control request\"}");
+    free(rep);
+    rep = raw_call(&f, "{\"op\":\"frobnicate\"}", 19);
+    assert_non_null(strstr(rep, "unknown control op: 'frobnicate'"));
+    free(rep);
+    const char *badf = "{\"op\":\"reserve\",\"transfer_id\":\"t\",\"mm_hash\":\"h\",\"nbytes\":3,"
+                       "\"shape\":[2],\"dtype\":\"bfloat16\"}";
+    rep = raw_call(&f, badf, strlen(badf));
+    assert_non_null(strstr(rep, "shape and dtype do not match nbytes"));
+    free(rep);
+    const char *baddt = "{\"op\":\"reserve\",\"transfer_id\":\"t\",\"mm_hash\":\"h\",\"nbytes\":2,"
+                        "\"shape\":[2],\"dtype\":\"complex999\"}";
+    rep = raw_call(&f, baddt, strlen(baddt));
+    assert_non_null(strstr(rep, "\"ok\":false"));
+    free(rep);
+    /* oversized: over the codec's frame bound, under the socket cut-off */
+    size_t big = WIRE_CTL_MAX_FRAME + 10;
+    char *buf = malloc(big);
+    memset(buf, ' ', big);
+    buf[0] = '{';
+    buf[big - 1] = '}';
+    rep = raw_call(&f, buf, big);
+    assert_string_equal(rep, "{\"ok\":false,\"error\":\"malformed control request\"}");
+    free(rep);
+    free(buf);
+    /* beyond the cut-off: ZMQ drops that peer; the server keeps serving */
+    {
+        size_t huge = (size_t)CTL_MAX_RECV_BYTES + 100;
+        char *h = calloc(1, huge);
+        void *s = zmq_socket(f.zctx, ZMQ_REQ);
+        int zero = 0, to = 500;
+        zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+        zmq_setsockopt(s, ZMQ_RCVTIMEO, &to, sizeof to);
+        char ep[64];
+        snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", f.port);
+        zmq_connect(s, ep);
+        zmq_send(s, h, huge, 0);
+        char tmp[16];
+        assert_true(zmq_recv(s, tmp, sizeof tmp, 0) < 0); /* no reply */
+        zmq_close(s);
+        free(h);
+    }
+    /* multi-part frame from a DEALER: answered once, malformed */
+    {
+        void *d = zmq_socket(f.zctx, ZMQ_DEALER);
+        int zero = 0, to = 3000;
+        zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
+        zmq_setsockopt(d, ZMQ_RCVTIMEO, &to, sizeof to);
+        char ep[64];
+        snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", f.port);
+        zmq_connect(d, ep);
+        zmq_send(d, "", 0, ZMQ_SNDMORE); /* REQ envelope delimiter */
+        zmq_send(d, "{\"op\":\"peers\"}", 14, ZMQ_SNDMORE);
+        zmq_send(d, "x", 1, 0);
+        char tmp[256];
+        int n = zmq_recv(d, tmp, sizeof tmp, 0); /* delimiter */
+        assert_int_equal(n, 0);
+        n = zmq_recv(d, tmp, sizeof tmp - 1, 0);
+        assert_true(n > 0);
+        tmp[n] = 0;
+        assert_non_null(strstr(tmp, "malformed control request"));
+        zmq_close(d);
+    }
+    /* still serving */
+    wire_ctl_request q = {.op = WIRE_OP_PEERS};
+    wire_ctl_reply r;
+    assert_int_equal(ctl_call_ok(f.cli, "127.0.0.1", f.port, &q, &r), 0);
+    wire_ctl_reply_clear(&r);
+    assert_true(ctl_server_bad_requests(f.srv) >= 3);
+    fx_close(&f);
+}
+
+/* Backlog capped at 8 with no scheduler connected: the oldest are dropped,
+ * the newest 8 arrive once a PULL connects. */
+static void test_event_backlog(void **state) {
+    (void)state;
+    fx f;
+    fx_open(&f, 8, 5000);
+    for (int i = 0; i < 20; i++) {
+        char tid[16];
+        snprintf(tid, sizeof tid, "e%d", i);
+        wire_ctl_request q = reserve_req(tid, tid, 1);
+        wire_ctl_reply r;
+        assert_int_equal(ctl_call_ok(f.cli, "127.0.0.1", f.port, &q, &r), 0);
+        wire_ctl_request c = {.op = WIRE_OP_COMPLETE};
+        snprintf(c.u.complete.transfer_id, sizeof c.u.complete.transfer_id, "%s", tid);
+        snprintf(c.u.complete.reservation_id, sizeof c.u.complete.reservation_id, "%s",
+                 r.u.reserve.reservation_id);
+        wire_ctl_reply_clear(&r);
+        assert_int_equal(ctl_call_ok(f.cli, "127.0.0.1", f.port, &c, &r), 0);
+        assert_true(r.u.complete.became_ready);
+        wire_ctl_reply_clear(&r);
+    }
+    rsv_stats st;
+    ctl_server_stats(f.srv, &st);
+    assert_int_equal(st.events, 8);
+    assert_int_equal(st.events_dropped, 12);
+    void *pull = pull_connect(&f);
+    for (int i = 12; i < 20; i++) {
+        wire_event ev;
+        recv_event(pull, &ev);
+        char tid[16];
+        snprintf(tid, sizeof tid, "e%d", i);
+        assert_string_equal(ev.transfer_id, tid);
+        wire_event_clear(&ev);
+    }
+    char tmp[16];
+    int to = 300;
+    zmq_setsockopt(pull, ZMQ_RCVTIMEO, &to, sizeof to);
+    assert_true(zmq_recv(pull, tmp, sizeof tmp, 0) < 0);
+    zmq_close(pull);
+    for (int i = 0; i < 20; i++) {
+        wire_ctl_request k = {.op = WIRE_OP_CANCEL};
+        snprintf(k.u.cancel.transfer_id, sizeof k.u.cancel.transfer_id, "e%d", i);
+        wire_ctl_reply r;
+        assert_int_equal(ctl_call_ok(f.cli, "127.0.0.1", f.port, &k, &r), 0);
+        assert_true(r.u.cancelled);
+        wire_ctl_reply_clear(&r);
+    }
+    fx_close(&f);
+}
+
+/* Bind conflict reported at open; client timeout, discard and reconnect;
+ * peers cached only on success. */
+static void test_bind_timeout_reconnect(void **state) {
+    (void)state;
+    fx f;
+    fx_open(&f, 0, 300);
+    ctl_server *dup = NULL;
+    ctl_server_opts o;
+    ctl_server_opts_init(&o);
+    o.port = f.port;
+    o.rsv.mem = &rsv_pool_ops;
+    o.rsv.mem_ctx = f.pool;
+    o.dst_session = "x:1";
+    assert_err(ctl_server_open(f.zctx, &o, &dup), ECT_EEXIST, "address in use");
+    assert_null(dup);
+    o.tp_rank = 3;
+    assert_err(ctl_server_open(f.zctx, &o, &dup), ECT_EINVAL, "tp_rank");
+
+    int port = f.port;
+    ctl_server_close(f.srv); /* shard gone */
+    f.srv = NULL;
+    int ports[4];
+    size_t n = 9;
+    uint64_t t0 = ect_now_ms();
+    assert_err(ctl_peers(f.cli, "127.0.0.1", port, ports, 4, &n), ECT_ETIMEDOUT, "peers");
+    assert_true(ect_now_ms() - t0 < 3000);
+    assert_int_equal(n, 0);
+    fx_open_srv(&f, port, 0); /* back on the same port */
+    assert_int_equal(ctl_peers(f.cli, "127.0.0.1", port, ports, 4, &n), 0); /* reconnected */
+    assert_int_equal(n, 1);
+    assert_int_equal(ports[0], port);
+    assert_err(ctl_peers(f.cli, "127.0.0.1", port, ports, 0, &n), ECT_ERANGE, "shards");
+    ctl_server_close(f.srv);
+    f.srv = NULL;
+    n = 0;
+    assert_int_equal(ctl_peers(f.cli, "127.0.0.1", port, ports, 4, &n), 0); /* cached */
+    assert_int_equal(n, 1);
+    ctl_forget_peers(f.cli, "127.0.0.1", port);
+    assert_err(ctl_peers(f.cli, "127.0.0.1", port, ports, 4, &n), ECT_ETIMEDOUT, NULL);
+    assert_err(
+        ctl_call(f.cli, "", port, &(wire_ctl_request){.op = WIRE_OP_PEERS}, &(wire_ctl_reply){0}),
+        ECT_EINVAL, "host");
+    assert_int_equal(ctl_timeout_ms(30), 30000);
+    assert_int_equal(ctl_timeout_ms(0.0001), 1);
+    assert_int_equal(ctl_timeout_ms(1.0005), 1001);
+    fx_close(&f);
+}
+
+/* peers for a TP=4 instance lists every rank's control port. */
+static void test_peers_tp(void **state) {
+    (void)state;
+    fx f;
+    fx_open(&f, 0, 5000);
+    ctl_server_close(f.srv);
+    ctl_server_opts o;
+    ctl_server_opts_init(&o);
+    o.tp_size = 4;
+    o.tp_rank = 2;
+    o.base_port = 40000;
+    o.rsv.mem = &rsv_pool_ops;
+    o.rsv.mem_ctx = f.pool;
+    o.dst_session = "x:1";
+    o.detached = true;
+    assert_int_equal(ctl_server_open(NULL, &o, &f.srv), 0);
+    char *rep = NULL;
+    assert_int_equal(ctl_server_handle(f.srv, "{\"op\":\"peers\"}", 14, 0, &rep), 0);
+    assert_string_equal(rep, "{\"ok\":true,\"result\":{\"ports\":[40000,40001,40002,40003]}}");
+    free(rep);
+    assert_int_equal(ctl_server_handle(f.srv, "{\"op\":\"event_port\"}", 19, 0, &rep), 0);
+    assert_non_null(strstr(rep, "\"ok\":false"));
+    free(rep);
+    fx_close(&f);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_reserve_complete_event),
+        cmocka_unit_test(test_batches_precancel_errors),
+        cmocka_unit_test(test_bad_frames),
+        cmocka_unit_test(test_event_backlog),
+        cmocka_unit_test(test_bind_timeout_reconnect),
+        cmocka_unit_test(test_peers_tp),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
