@@ -322,7 +322,369 @@ ECT_API void ect_xport_close(ect_xport *x);
 
 /* @@ECT_API_PUSH_PRODUCER@@ (generation 2: producer side) */
 
+/*
+ * Push producer (generation 2, SPEC "Producer side"): pushes encoder outputs
+ * into the reservations of a consumer instance's shards (one per TP rank).
+ *
+ * Per item: reserve on EVERY shard (shards discovered through `peers` at the
+ * consumer's base address and cached), stage the source once, one batched
+ * ect_xport_write_batch per destination session (sessions concurrently),
+ * complete per shard. A shard that fails makes the item fail and the
+ * reservations already made on the other shards are abandoned (cancel with
+ * abandon). A reservation older than refresh_after_ms is refreshed before the
+ * write. The data plane (tcp, shm, ucx) is the one each shard names in its
+ * reserve reply; the producer opens that initiator on first use.
+ *
+ * Steps: ect_push_producer_reserve only queues; ect_push_producer_flush ends
+ * the step and hands every queued item to the dispatcher at once, which sends
+ * ONE reserve_batch per shard, ONE write_batch per destination session and
+ * ONE complete_batch per shard for the whole step (plus one `peers` per
+ * consumer the first time), so k items cost the same number of control round
+ * trips per shard as one.
+ *
+ * Threading: one dispatcher thread per producer owns every network resource
+ * (the REQ sockets through its control client, the transports) and runs the
+ * push records; write batches to different sessions run on short-lived
+ * helper threads. Every ect_push_producer_* call except _open and _close is
+ * safe from any thread at once and never waits on the network (the only wait
+ * is ect_push_producer_poll's timeout, chosen by the caller). _close must not
+ * race with any other call.
+ *
+ * Finished transfers (done, failed, cancelled) are reported once each by
+ * ect_push_producer_poll. A transfer_id is accepted once: again while in
+ * flight or within ttl_ms after it finished, reserve answers ECT_EEXIST.
+ */
+typedef struct ect_push_producer ect_push_producer;
+
+/** Called once the producer no longer reads a borrowed source (after every
+ *  reserve, write and complete of its transfer settled, or when the push
+ *  failed or was cancelled). Runs on the dispatcher thread, or on the
+ *  caller's thread from _cancel of an unflushed item or from _close; it must
+ *  not call ect_push_producer_* functions of the same producer. */
+typedef void (*ect_push_release_fn)(void *user, const void *data, uint64_t nbytes);
+
+typedef struct ect_push_producer_opts {
+    uint64_t staging_size;  /* bytes of the staging pool that copied sources live in
+                               until written; default 256 MiB; 0 = borrow only */
+    int control_timeout_ms; /* each control exchange, 1..3600000; default 30000 (SPEC) */
+    uint64_t refresh_after_ms; /* refresh a reservation older than this before writing;
+                                  default 150000 (SPEC) */
+    uint64_t input_wait_ms;    /* fail an item whose source is not staged by then;
+                                  default 300000 */
+    uint64_t ttl_ms;           /* finished transfer_ids are refused this long (dedup);
+                                  default 300000 */
+    size_t max_tombstones;     /* at most this many finished ids remembered; default 65536 */
+    int connect_timeout_ms;    /* data plane: passed to the transports; default 5000 */
+    int io_timeout_ms;         /* data plane: a write making no progress this long fails;
+                                  default 30000 */
+    const char *listen_host;   /* where the producer's own transports listen (they must
+                                  open a target): default "127.0.0.1"; copied */
+} ect_push_producer_opts;
+
+/** One item to push. Every pointer is read during the call only, except
+ *  `data` when `release` is set (borrowed until release fires). */
+typedef struct ect_push_item {
+    const char *transfer_id; /* unique per push, 1..255 bytes */
+    const char *consumer;    /* the consumer's control address "HOST:PORT" (TP rank 0) */
+    const char *mm_hash;     /* content hash, 1..255 bytes (the consumer dedups on it) */
+    const uint64_t *shape;
+    size_t ndim;             /* 0..8 */
+    const char *dtype;       /* torch dtype name, "bfloat16" or "torch.bfloat16" */
+    uint64_t nbytes;         /* must equal product(shape) x dtype size */
+    /* The source, or NULL to stage it later with ect_push_producer_stage. */
+    const void *data;
+    /* NULL: `data` is copied once into the staging pool during the call and
+     * the caller keeps its buffer. Else `data` is borrowed (zero copy): it
+     * must stay valid and unchanged until release(release_user, data,
+     * nbytes) fires, which it does exactly once if the call succeeded and
+     * never if it failed. */
+    ect_push_release_fn release;
+    void *release_user;
+} ect_push_item;
+
+/** Outcome of one transfer. status: 0 done on every shard, ECT_ECANCELED
+ *  cancelled (by _cancel or by the consumer), else the error (text in
+ *  `error`). latency_ns: from _reserve to the outcome. */
+typedef struct ect_push_result {
+    char transfer_id[256];
+    int status;
+    char error[192];
+    uint64_t latency_ns;
+} ect_push_result;
+
+/** Counters since open (for benchmarks and tests). */
+typedef struct ect_push_producer_stats {
+    uint64_t steps;            /* flushes that handed over at least one item */
+    uint64_t control_requests; /* control exchanges sent (every op) */
+    uint64_t reserve_batches, complete_batches, write_batches, peers_requests, cancels;
+    uint64_t done, failed, cancelled, refreshes;
+    uint64_t staged_bytes_in_use; /* staging pool bytes held now */
+} ect_push_producer_stat;
+
+/** Fills the defaults above. */
+ECT_API void ect_push_producer_opts_init(ect_push_producer_opts *opts);
+
+/** Validates opts (ECT_EINVAL naming the field), creates the staging pool and
+ *  starts the dispatcher. opts may be NULL for the defaults. Caller owns *out
+ *  (ect_push_producer_close); *out is NULL on failure. */
+ECT_API int ect_push_producer_open(const ect_push_producer_opts *opts, ect_push_producer **out);
+
+/** Queues an item for the current step; nothing is sent until
+ *  ect_push_producer_flush. Errors: ECT_EINVAL naming the field; ECT_EEXIST
+ *  transfer_id already pushed (dedup); ECT_EFULL the staging pool cannot hold
+ *  the copy; ECT_ECLOSED closing; ECT_ENOMEM. Any thread; never blocks on the
+ *  network (a copy into the staging pool happens on the calling thread). */
+ECT_API int ect_push_producer_reserve(ect_push_producer *p, const ect_push_item *item);
+
+/** Stages the source of an item queued without `data` (same copy / borrow
+ *  rules as ect_push_item). The writes go out with the next flush. Errors:
+ *  ECT_ENOTFOUND unknown transfer_id; ECT_ESTATE already staged or finished;
+ *  ECT_EINVAL nbytes differs from the item's; ECT_EFULL; ECT_ENOMEM. */
+ECT_API int ect_push_producer_stage(ect_push_producer *p, const char *transfer_id,
+                                    const void *data, uint64_t nbytes, ect_push_release_fn release,
+                                    void *release_user);
+
+/** Ends the step: hands every item and stage queued since the last flush to
+ *  the dispatcher, which batches them per shard and per session. Returns the
+ *  number of items handed over, or ECT_ECLOSED. Any thread; non-blocking. */
+ECT_API int ect_push_producer_flush(ect_push_producer *p);
+
+/** Cancels a transfer: an unflushed one ends at once; one in flight is
+ *  abandoned on its shards once its actions in flight settled. It is reported
+ *  by poll with ECT_ECANCELED (unless it finished first). Errors:
+ *  ECT_ENOTFOUND (unknown or already finished). Any thread; non-blocking. */
+ECT_API int ect_push_producer_cancel(ect_push_producer *p, const char *transfer_id);
+
+/** Moves up to max finished transfers into out, waiting up to timeout_ms
+ *  (0: do not wait, -1: forever) for at least one. Returns how many. Any
+ *  thread. */
+ECT_API size_t ect_push_producer_poll(ect_push_producer *p, ect_push_result *out, size_t max,
+                                      int timeout_ms);
+
+/** Items queued, staged or in flight and not yet reported by poll. */
+ECT_API size_t ect_push_producer_pending(ect_push_producer *p);
+
+ECT_API void ect_push_producer_stats(ect_push_producer *p, ect_push_producer_stat *st);
+
+/** Stops the dispatcher (a control exchange in progress may take up to its
+ *  timeout), fails what is still in flight without contacting the consumer
+ *  (its reservations end by their TTL), fires every pending release callback,
+ *  closes the transports and frees p. Accepts NULL. */
+ECT_API void ect_push_producer_close(ect_push_producer *p);
+
 /* @@ECT_API_PULL@@ (generation 1) */
+
+/*
+ * Generation 1 (pull). A producer announces items over ZMQ PUB/SUB and serves
+ * pulls over ROUTER; a consumer scheduler learns what is available without
+ * blocking; a consumer pulls an item and the producer writes it into the
+ * consumer's registered pool through the data plane. Wire formats:
+ * docs/PROTOCOL.md ("Generation 1: pull").
+ *
+ * Threading: each handle is thread-compatible, not thread-safe, except where
+ * a function says otherwise. A scheduler's and a consumer's ZMQ sockets are
+ * owned by the thread that calls them (use each from one thread at a time).
+ * A producer runs three kinds of thread of its own: the save thread (owns the
+ * PUB socket), the ROUTER thread (owns the ROUTER socket) and one write lane
+ * per consumer session (started on demand, ended after 5 s idle), so one slow
+ * or absent consumer never delays another.
+ */
+
+/** What a scheduler knows of an available item (and what load needs). */
+typedef struct ect_pull_meta {
+    uint64_t nbytes;
+    uint32_t ndim;
+    uint64_t shape[ECT_POOL_MAX_NDIM];
+    char dtype[ECT_POOL_DTYPE_MAX];   /* as announced, e.g. "torch.bfloat16" */
+    char producer_session_id[257];    /* the producer start that announced it */
+} ect_pull_meta;
+
+typedef struct ect_pull_producer ect_pull_producer;
+
+typedef struct ect_pull_producer_opts {
+    const char *host;       /* ec_ip to bind ROUTER and PUB on; default "127.0.0.1"; copied */
+    int port;               /* ec_port: ROUTER on port, PUB on port + 1; default 14579;
+                               0 = an ephemeral pair (ect_pull_producer_port tells it) */
+    const char *transport;  /* data plane back end: "tcp" (default), "shm", "ucx" */
+    const char *xport_listen; /* tcp/ucx listen address; default "HOST:0" */
+    uint64_t pool_size;     /* producer pool bytes (memfd); default 1,000,000,000 */
+    uint64_t alignment;     /* default 64 (generation 1) */
+    int connect_timeout_ms; /* data-plane connect to a consumer; default 3000 */
+    int io_timeout_ms;      /* data-plane write without progress; default 10000 */
+    uint32_t max_lanes;     /* consumer sessions served at once; default 256; a pull for
+                               a new session beyond it is refused with ECT_EBUSY */
+    uint32_t page_items;    /* items per ECTransferReady, 1..4096; default 4096 */
+} ect_pull_producer_opts;
+
+typedef struct ect_pull_producer_stat {
+    uint64_t saved;        /* items copied into the pool and published */
+    uint64_t save_failed;  /* items dropped by the save thread (pool full, bad input) */
+    uint64_t notifications;/* ECHashNotification messages published */
+    uint64_t pulls_ok;     /* ECTransferComplete with status 0 */
+    uint64_t pulls_failed; /* ECTransferComplete with a non-zero status */
+    uint64_t malformed;    /* ROUTER frames dropped as malformed */
+    uint64_t requests;     /* ECTransferRequest answered */
+    uint64_t evicted;      /* items reclaimed from the pool (least recently used) */
+    uint64_t lanes;        /* write lanes running now */
+} ect_pull_producer_stat;
+
+/** Called once when the producer no longer needs the bytes given to
+ *  ect_pull_producer_save (on the save thread, or in ect_pull_producer_close
+ *  for items still queued). */
+typedef void (*ect_pull_release_fn)(void *user, const void *data);
+
+/** Fills the defaults above. */
+ECT_API void ect_pull_producer_opts_init(ect_pull_producer_opts *opts);
+
+/** Opens the pool (memfd), the data plane (registers the pool), binds ROUTER
+ *  and PUB and starts the save and ROUTER threads, with a fresh random
+ *  session id. Caller owns *out. Errors: ECT_EINVAL naming the bad option;
+ *  ECT_EIO when a port cannot be bound; pool and transport errors. */
+ECT_API int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer **out);
+
+/** Queues an item and returns at once. With release == NULL the bytes are
+ *  copied before returning (a heap snapshot); otherwise they are borrowed and
+ *  must stay unchanged until release(user, data) is called. The save thread
+ *  then copies them into the pool (reclaiming least-recently-used items when
+ *  it needs room) and publishes them, several per ECHashNotification when
+ *  they are ready together. Saving a hash that is already held re-announces
+ *  it. Errors (release is then never called): ECT_EINVAL (empty or over-long
+ *  mm_hash, unknown dtype, shape/dtype not matching nbytes, nbytes 0, NULL
+ *  data); ECT_ENOMEM; ECT_ECLOSED while closing. Safe from any thread. */
+ECT_API int ect_pull_producer_save(ect_pull_producer *p, const char *mm_hash, const void *data,
+                                   uint64_t nbytes, const uint64_t *shape, size_t ndim,
+                                   const char *dtype, ect_pull_release_fn release, void *user);
+
+/** Waits until every item saved before the call is published or dropped.
+ *  ECT_ETIMEDOUT after timeout_ms. Safe from any thread. */
+ECT_API int ect_pull_producer_flush(ect_pull_producer *p, int timeout_ms);
+
+/** The bound ec_port (ROUTER; PUB is port + 1). */
+ECT_API int ect_pull_producer_port(const ect_pull_producer *p);
+/** This start's producer_session_id (32 hex chars). Owned by p. */
+ECT_API const char *ect_pull_producer_session_id(const ect_pull_producer *p);
+/** The producer's pool (for ect_pool_stats). Owned by p. */
+ECT_API ect_pool *ect_pull_producer_pool(ect_pull_producer *p);
+/** Fills *st. Safe from any thread. */
+ECT_API void ect_pull_producer_stats(ect_pull_producer *p, ect_pull_producer_stat *st);
+
+/** Closes in the spec's order: poison-pills the save queue and joins the
+ *  save thread (5 s bound, releasing queued items), stops the ROUTER thread
+ *  and the write lanes (a write in progress ends within the data plane's
+ *  timeouts), unregisters the pool, closes the data plane and the sockets
+ *  (LINGER 0), terminates the ZMQ context, unmaps the pool. Accepts NULL. */
+ECT_API void ect_pull_producer_close(ect_pull_producer *p);
+
+typedef struct ect_pull_scheduler ect_pull_scheduler;
+
+typedef struct ect_pull_scheduler_opts {
+    const char *producer;  /* "HOST:PORT" of the producer's ec_port; required; copied */
+    int request_retry_ms;  /* re-ask the inventory when unanswered this long; default 2000 */
+} ect_pull_scheduler_opts;
+
+typedef struct ect_pull_scheduler_stat {
+    uint64_t notifications; /* ECHashNotification received */
+    uint64_t ready_pages;   /* ECTransferReady received */
+    uint64_t malformed;     /* frames dropped (SUB or DEALER) */
+    uint64_t session_changes; /* producer restarts seen (its hashes forgotten) */
+    uint64_t available;     /* hashes known now */
+    int synced;             /* 1 once the inventory answer of the current session arrived */
+} ect_pull_scheduler_stat;
+
+ECT_API void ect_pull_scheduler_opts_init(ect_pull_scheduler_opts *opts);
+
+/** Connects SUB (producer port + 1, SUBSCRIBE "", RCVTIMEO 0) and a DEALER
+ *  (port) and queues an ECTransferRequest for everything the producer already
+ *  holds (answered asynchronously; nothing here blocks on the network). */
+ECT_API int ect_pull_scheduler_open(const ect_pull_scheduler_opts *opts, ect_pull_scheduler **out);
+
+/** Drains every queued notification and inventory page without blocking,
+ *  then answers: 1 and *meta filled (meta may be NULL) if mm_hash is
+ *  available, 0 if not, or a negative ECT_E* code (ECT_EINVAL bad mm_hash). */
+ECT_API int ect_pull_scheduler_has(ect_pull_scheduler *s, const char *mm_hash, ect_pull_meta *meta);
+
+/** Drains like has() without asking. Returns 0. */
+ECT_API int ect_pull_scheduler_poll(ect_pull_scheduler *s);
+
+/** Calls fn for every available hash (after a poll). fn must not call the
+ *  scheduler. Returns the number of hashes visited. */
+ECT_API size_t ect_pull_scheduler_foreach(ect_pull_scheduler *s,
+                                          void (*fn)(void *user, const char *mm_hash,
+                                                     const ect_pull_meta *meta),
+                                          void *user);
+
+/** Forgets mm_hash (e.g. after a load failed with ECT_ENOTFOUND: evicted). */
+ECT_API void ect_pull_scheduler_forget(ect_pull_scheduler *s, const char *mm_hash);
+
+ECT_API void ect_pull_scheduler_stats(ect_pull_scheduler *s, ect_pull_scheduler_stat *st);
+
+/** Closes the sockets (LINGER 0) and terminates the context. Accepts NULL. */
+ECT_API void ect_pull_scheduler_close(ect_pull_scheduler *s);
+
+typedef struct ect_pull_consumer ect_pull_consumer;
+
+typedef struct ect_pull_consumer_opts {
+    const char *producer;   /* "HOST:PORT" of the producer's ec_port; required; copied */
+    const char *transport;  /* "tcp" (default), "shm", "ucx"; the producer's must match */
+    const char *xport_listen; /* tcp/ucx listen address; default "127.0.0.1:0" */
+    uint64_t pool_size;     /* consumer pool bytes (memfd); default 1,000,000,000 */
+    uint64_t alignment;     /* default 64 */
+    int timeout_ms;         /* wait for ECTransferComplete; default 60000 (RCVTIMEO) */
+    int quarantine_ms;      /* how long a timed-out region stays unusable unless its late
+                               completion arrives first; default 60000 */
+} ect_pull_consumer_opts;
+
+/** A loaded item: valid, and leased in the consumer's pool, until
+ *  ect_pull_consumer_release(mm_hash). */
+typedef struct ect_pull_view {
+    const void *data;
+    uint64_t nbytes;
+    uint32_t ndim;
+    uint64_t shape[ECT_POOL_MAX_NDIM];
+    char dtype[ECT_POOL_DTYPE_MAX];
+    int cached; /* 1 if it came from the pool's resident cache (no transfer) */
+} ect_pull_view;
+
+typedef struct ect_pull_consumer_stat {
+    uint64_t local;      /* loads answered by the resident cache */
+    uint64_t remote;     /* loads pulled successfully */
+    uint64_t failed;     /* pulls answered with a non-zero status */
+    uint64_t timeouts;   /* pulls that timed out */
+    uint64_t stale;      /* completions dropped as not this request's */
+    uint64_t malformed;  /* undecodable frames dropped */
+    uint64_t quarantined;/* timed-out regions not yet freed */
+} ect_pull_consumer_stat;
+
+ECT_API void ect_pull_consumer_opts_init(ect_pull_consumer_opts *opts);
+
+/** Opens the pool (memfd), the data plane (registers the pool) and connects
+ *  a DEALER to the producer. Caller owns *out. */
+ECT_API int ect_pull_consumer_open(const ect_pull_consumer_opts *opts, ect_pull_consumer **out);
+
+/** Loads mm_hash: from the resident cache if present, else allocates
+ *  meta->nbytes, sends ECTransferPull (dst_ptr = pool base, dst_offset = the
+ *  region's offset, plus the region key and a fresh request token) and waits
+ *  up to timeout_ms for the ECTransferComplete carrying the same mm_hash and
+ *  token. On success the item is resident and leased and *view describes it.
+ *  Errors: ECT_EINVAL (bad mm_hash or meta); ECT_EFULL (consumer pool full);
+ *  ECT_ETIMEDOUT (no answer: the region is quarantined, see quarantine_ms);
+ *  the producer's non-zero status (ECT_ENOTFOUND unknown or evicted hash,
+ *  ECT_EACCES / ECT_ERANGE write refused, ECT_ECONNREFUSED unreachable ...;
+ *  the region is freed); ect_last_error() names the cause. */
+ECT_API int ect_pull_consumer_load(ect_pull_consumer *c, const char *mm_hash,
+                                   const ect_pull_meta *meta, ect_pull_view *view);
+
+/** Drops the lease of a load; the item stays resident (reclaimed least
+ *  recently used when the pool needs room). */
+ECT_API int ect_pull_consumer_release(ect_pull_consumer *c, const char *mm_hash);
+
+/** The consumer's pool. Owned by c. */
+ECT_API ect_pool *ect_pull_consumer_pool(ect_pull_consumer *c);
+ECT_API void ect_pull_consumer_stats(ect_pull_consumer *c, ect_pull_consumer_stat *st);
+
+/** Unregisters the pool, closes the data plane, the DEALER (LINGER 0), the
+ *  ZMQ context and the pool. Never waits for the producer. Accepts NULL. */
+ECT_API void ect_pull_consumer_close(ect_pull_consumer *c);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,701 @@
+/*
+ * Tests for the push producer (ect_push_producer_*) against a consumer faked
+ * in this process: per TP rank a REP socket served by its own thread over a
+ * real reservation table (rsv_) on a memfd buffer pool, registered with a
+ * real transport target (tcp or shm). The fake counts the requests it gets
+ * per op and can refuse reserves, answer slowly, or die after a given op, so
+ * the tests check what crosses the wire, not only what the producer says:
+ * the bytes in every shard's buffer, round trips per step, abandoned
+ * reservations on the healthy shards, and that every pool drains.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <zmq.h>
+
+#include "testutil.h"
+#include "push/reservations.h"
+#include "util/util.h"
+#include "wire/control_msg.h"
+
+#define MAX_TP 4
+#define POOL (64u << 20)
+
+typedef struct shard {
+    struct fake *f;
+    int rank;
+    void *rep;
+    int port;
+    pthread_t th;
+    atomic_bool stop;
+    ect_pool *pool;
+    ect_xport *x;
+    char key[ECT_XPORT_KEY_MAX];
+    rsv_table *t;
+    pthread_mutex_t mu;
+    /* fault injection */
+    atomic_bool fail_reserve;
+    atomic_int die_after_op; /* close the socket after answering this op (0: never) */
+    atomic_int delay_ms;     /* before answering reserve_batch */
+    /* counters */
+    atomic_int n_op[WIRE_OP_CANCEL + 1];
+    atomic_int n_items_cancel_refresh;
+} shard;
+
+typedef struct fake {
+    void *zctx;
+    int tp;
+    shard sh[MAX_TP];
+    char kind[8];
+} fake;
+
+static void answer(shard *s, const void *buf, size_t len, char **out) {
+    wire_ctl_request req;
+    int rc = wire_ctl_decode_request(buf, len, &req);
+    if (rc) {
+        assert_int_equal(wire_ctl_encode_decode_failure(rc, out), 0);
+        return;
+    }
+    atomic_fetch_add(&s->n_op[req.op], 1);
+    wire_ctl_reply rep;
+    memset(&rep, 0, sizeof rep);
+    rep.op = req.op;
+    rep.ok = true;
+    uint64_t now = ect_now_ms();
+    uint16_t ports[MAX_TP];
+    pthread_mutex_lock(&s->mu);
+    switch (req.op) {
+    case WIRE_OP_PEERS:
+        for (int i = 0; i < s->f->tp; i++) ports[i] = (uint16_t)s->f->sh[i].port;
+        rep.u.peers.n = (size_t)s->f->tp;
+        rep.u.peers.ports = ports;
+        break;
+    case WIRE_OP_RESERVE_BATCH: {
+        if (atomic_load(&s->delay_ms)) usleep((useconds_t)atomic_load(&s->delay_ms) * 1000);
+        if (atomic_load(&s->fail_reserve)) {
+            rep.ok = false;
+            rep.error = "injected reserve failure";
+            break;
+        }
+        size_t n = req.u.reserve_batch.n;
+        rep.u.reserve_batch.n = n;
+        rep.u.reserve_batch.items = calloc(n, sizeof(wire_reserve_outcome));
+        for (size_t i = 0; i < n; i++) {
+            wire_reserve_outcome *o = &rep.u.reserve_batch.items[i];
+            const wire_reserve_req *r = &req.u.reserve_batch.items[i].req;
+            rsv_request rr = {r->transfer_id,  r->mm_hash,     r->tensor.nbytes,
+                              r->tensor.shape, r->tensor.ndim, r->tensor.dtype};
+            rsv_reply ry;
+            if (req.u.reserve_batch.items[i].rc || rsv_reserve(s->t, &rr, now, &ry)) {
+                o->ok = false;
+                o->error = strdup(ect_last_error());
+                continue;
+            }
+            o->ok = true;
+            wire_reserve_result *res = &o->result;
+            res->cancelled = ry.cancelled;
+            snprintf(res->reservation_id, sizeof res->reservation_id, "%s", ry.reservation_id);
+            if (!ry.cancelled) {
+                snprintf(res->dst_session, sizeof res->dst_session, "%s", ect_xport_session(s->x));
+                res->dst_ptr = (uint64_t)(uintptr_t)ect_pool_base(s->pool) + ry.offset;
+                res->nbytes = ry.nbytes;
+                res->write = ry.write;
+                res->ready = ry.ready;
+                res->cached = ry.cached;
+                snprintf(res->transport, sizeof res->transport, "%s", s->f->kind);
+                res->dst_key = s->key;
+            }
+        }
+        break;
+    }
+    case WIRE_OP_COMPLETE_BATCH: {
+        size_t n = req.u.complete_batch.n;
+        rep.u.complete_batch.n = n;
+        rep.u.complete_batch.items = calloc(n, sizeof(wire_complete_result));
+        for (size_t i = 0; i < n; i++)
+            rsv_complete(s->t, req.u.complete_batch.items[i].transfer_id,
+                         req.u.complete_batch.items[i].reservation_id, now,
+                         &rep.u.complete_batch.items[i].completed,
+                         &rep.u.complete_batch.items[i].became_ready);
+        break;
+    }
+    case WIRE_OP_CANCEL:
+        if (req.u.cancel.refresh) atomic_fetch_add(&s->n_items_cancel_refresh, 1);
+        if (rsv_cancel(s->t, req.u.cancel.transfer_id, req.u.cancel.reservation_id,
+                       req.u.cancel.abandon, req.u.cancel.refresh, now, &rep.u.cancelled)) {
+            rep.ok = false;
+            rep.error = (char *)ect_last_error();
+        }
+        break;
+    default: rep.ok = false; rep.error = "not served by the fake";
+    }
+    while (rsv_event_peek(s->t)) rsv_event_pop(s->t);
+    pthread_mutex_unlock(&s->mu);
+    assert_int_equal(wire_ctl_encode_reply(&rep, out), 0);
+    if (req.op == WIRE_OP_RESERVE_BATCH && rep.ok) {
+        for (size_t i = 0; i < rep.u.reserve_batch.n; i++) {
+            free(rep.u.reserve_batch.items[i].error);
+        }
+        free(rep.u.reserve_batch.items);
+    }
+    if (req.op == WIRE_OP_COMPLETE_BATCH) free(rep.u.complete_batch.items);
+    if (atomic_load(&s->die_after_op) == (int)req.op) atomic_store(&s->stop, true);
+    wire_ctl_request_clear(&req);
+}
+
+static void *serve(void *arg) {
+    shard *s = arg;
+    while (!atomic_load(&s->stop)) {
+        zmq_pollitem_t pi = {s->rep, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&pi, 1, 20) <= 0) continue;
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, s->rep, 0) < 0) {
+            zmq_msg_close(&m);
+            continue;
+        }
+        char *out = NULL;
+        answer(s, zmq_msg_data(&m), zmq_msg_size(&m), &out);
+        zmq_msg_close(&m);
+        zmq_send(s->rep, out, strlen(out), 0);
+        free(out);
+    }
+    /* dying: the socket goes with the thread, so peers see silence */
+    zmq_close(s->rep);
+    s->rep = NULL;
+    return NULL;
+}
+
+static fake *fake_open(int tp, const char *kind) {
+    fake *f = calloc(1, sizeof *f);
+    f->zctx = zmq_ctx_new();
+    f->tp = tp;
+    snprintf(f->kind, sizeof f->kind, "%s", kind);
+    for (int i = 0; i < tp; i++) {
+        shard *s = &f->sh[i];
+        s->f = f;
+        s->rank = i;
+        pthread_mutex_init(&s->mu, NULL);
+        ect_pool_opts po;
+        ect_pool_opts_init(&po);
+        po.capacity = POOL;
+        po.use_memfd = 1;
+        assert_int_equal(ect_pool_open(&po, &s->pool), 0);
+        assert_int_equal(ect_xport_open(kind, NULL, &s->x), 0);
+        assert_int_equal(ect_xport_register(s->x, ect_pool_base(s->pool),
+                                            ect_pool_capacity(s->pool), ect_pool_fd(s->pool), 0,
+                                            s->key),
+                         0);
+        rsv_opts ro;
+        rsv_opts_init(&ro);
+        ro.mem = &rsv_pool_ops;
+        ro.mem_ctx = s->pool;
+        assert_int_equal(rsv_open(&ro, &s->t), 0);
+        s->rep = zmq_socket(f->zctx, ZMQ_REP);
+        int zero = 0;
+        zmq_setsockopt(s->rep, ZMQ_LINGER, &zero, sizeof zero);
+        assert_int_equal(zmq_bind(s->rep, "tcp://127.0.0.1:*"), 0);
+        char ep[128];
+        size_t len = sizeof ep;
+        zmq_getsockopt(s->rep, ZMQ_LAST_ENDPOINT, ep, &len);
+        s->port = atoi(strrchr(ep, ':') + 1);
+    }
+    for (int i = 0; i < tp; i++) pthread_create(&f->sh[i].th, NULL, serve, &f->sh[i]);
+    return f;
+}
+
+static void fake_kill(shard *s) {
+    atomic_store(&s->stop, true);
+    pthread_join(s->th, NULL);
+    s->th = 0;
+}
+
+static void fake_close(fake *f) {
+    for (int i = 0; i < f->tp; i++) {
+        shard *s = &f->sh[i];
+        if (s->th) fake_kill(s);
+        ect_xport_close(s->x);
+        rsv_close(s->t);
+        ect_pool_close(s->pool);
+        pthread_mutex_destroy(&s->mu);
+    }
+    zmq_ctx_term(f->zctx);
+    free(f);
+}
+
+static rsv_stats shard_stats(shard *s) {
+    rsv_stats st;
+    pthread_mutex_lock(&s->mu);
+    rsv_get_stats(s->t, &st);
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+/* Reads the READY item back from the shard's buffer and checks its bytes. */
+static void expect_bytes(shard *s, const char *tid, uint64_t seed, uint64_t nbytes) {
+    rsv_status st;
+    pthread_mutex_lock(&s->mu);
+    assert_int_equal(rsv_take(s->t, tid, ect_now_ms(), &st), 0);
+    pthread_mutex_unlock(&s->mu);
+    assert_int_equal(st.nbytes, nbytes);
+    assert_true(test_check_pattern((char *)ect_pool_base(s->pool) + st.offset, nbytes, seed));
+    pthread_mutex_lock(&s->mu);
+    assert_int_equal(rsv_release(s->t, st.mm_hash, ect_now_ms()), 0);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ------------------------------------------------------------- producer */
+
+static ect_push_producer *prod_open(int control_timeout_ms, uint64_t refresh_ms) {
+    ect_push_producer_opts o;
+    ect_push_producer_opts_init(&o);
+    o.staging_size = 32u << 20;
+    o.control_timeout_ms = control_timeout_ms;
+    o.refresh_after_ms = refresh_ms;
+    o.connect_timeout_ms = 1000;
+    o.io_timeout_ms = 2000;
+    ect_push_producer *p = NULL;
+    assert_int_equal(ect_push_producer_open(&o, &p), 0);
+    return p;
+}
+
+typedef struct item_buf {
+    char tid[64], hash[64];
+    uint64_t shape[1];
+    void *data;
+    uint64_t nbytes, seed;
+} item_buf;
+
+static void item_make(item_buf *b, const char *prefix, int i, uint64_t nbytes) {
+    snprintf(b->tid, sizeof b->tid, "%s-%d", prefix, i);
+    snprintf(b->hash, sizeof b->hash, "h-%s-%d", prefix, i);
+    b->nbytes = nbytes;
+    b->shape[0] = nbytes / 2;
+    b->seed = (uint64_t)i * 7919u + nbytes;
+    b->data = malloc(nbytes);
+    test_fill_pattern(b->data, nbytes, b->seed);
+}
+
+static ect_push_item item_of(const item_buf *b, const char *consumer) {
+    ect_push_item it = {0};
+    it.transfer_id = b->tid;
+    it.consumer = consumer;
+    it.mm_hash = b->hash;
+    it.shape = b->shape;
+    it.ndim = 1;
+    it.dtype = "bfloat16";
+    it.nbytes = b->nbytes;
+    it.data = b->data;
+    return it;
+}
+
+/* Polls until n results arrived (fails after `secs`). */
+static void wait_results(ect_push_producer *p, ect_push_result *r, size_t n, double secs) {
+    size_t got = 0;
+    uint64_t end = ect_now_ms() + (uint64_t)(secs * 1000);
+    while (got < n) {
+        assert_true(ect_now_ms() < end);
+        got += ect_push_producer_poll(p, r + got, n - got, 100);
+    }
+}
+
+static void consumer_addr(const fake *f, char *buf, size_t cap) {
+    snprintf(buf, cap, "127.0.0.1:%d", f->sh[0].port);
+}
+
+/* Nothing left on the producer side; every shard table passes its
+ * invariant check. */
+static void expect_drained(fake *f, ect_push_producer *p) {
+    for (int i = 0; i < f->tp; i++) {
+        pthread_mutex_lock(&f->sh[i].mu);
+        assert_int_equal(rsv_check(f->sh[i].t), 0);
+        pthread_mutex_unlock(&f->sh[i].mu);
+    }
+    ect_push_producer_stat ps;
+    ect_push_producer_stats(p, &ps);
+    assert_int_equal(ps.staged_bytes_in_use, 0);
+    assert_int_equal(ect_push_producer_pending(p), 0);
+}
+
+static void happy(int tp, const char *kind, int k) {
+    fake *f = fake_open(tp, kind);
+    ect_push_producer *p = prod_open(5000, 150000);
+    char addr[64];
+    consumer_addr(f, addr, sizeof addr);
+    item_buf *b = calloc((size_t)k, sizeof *b);
+    for (int i = 0; i < k; i++) {
+        item_make(&b[i], kind, i, 4096u + 512u * (unsigned)i);
+        ect_push_item it = item_of(&b[i], addr);
+        assert_int_equal(ect_push_producer_reserve(p, &it), 0);
+    }
+    assert_int_equal(ect_push_producer_flush(p), k);
+    ect_push_result *r = calloc((size_t)k, sizeof *r);
+    wait_results(p, r, (size_t)k, 20);
+    for (int i = 0; i < k; i++) {
+        assert_int_equal(r[i].status, 0);
+        assert_string_equal(r[i].error, "");
+    }
+    for (int s = 0; s < tp; s++) {
+        for (int i = 0; i < k; i++) expect_bytes(&f->sh[s], b[i].tid, b[i].seed, b[i].nbytes);
+        /* one step: one reserve_batch and one complete_batch per shard */
+        assert_int_equal(atomic_load(&f->sh[s].n_op[WIRE_OP_RESERVE_BATCH]), 1);
+        assert_int_equal(atomic_load(&f->sh[s].n_op[WIRE_OP_COMPLETE_BATCH]), 1);
+        assert_int_equal(atomic_load(&f->sh[s].n_op[WIRE_OP_RESERVE]), 0);
+        assert_int_equal(atomic_load(&f->sh[s].n_op[WIRE_OP_PEERS]), s == 0 ? 1 : 0);
+    }
+    ect_push_producer_stat ps;
+    ect_push_producer_stats(p, &ps);
+    assert_int_equal(ps.done, (uint64_t)k);
+    assert_int_equal(ps.write_batches, (uint64_t)tp); /* one per destination session */
+    expect_drained(f, p);
+    ect_push_producer_close(p);
+    fake_close(f);
+    for (int i = 0; i < k; i++) free(b[i].data);
+    free(b);
+    free(r);
+}
+
+static void test_happy_tp1(void **st) {
+    (void)st;
+    happy(1, "tcp", 8);
+}
+static void test_happy_tp2(void **st) {
+    (void)st;
+    happy(2, "tcp", 8);
+}
+static void test_happy_tp4(void **st) {
+    (void)st;
+    happy(4, "tcp", 5);
+}
+static void test_happy_shm_tp2(void **st) {
+    (void)st;
+    happy(2, "shm", 8);
+}
+
+/* A step of 32 items costs the shards what a step of 1 costs. */
+static void test_round_trips_constant(void **st) {
+    (void)st;
+    fake *f = fake_open(2, "tcp");
+    ect_push_producer *p = prod_open(5000, 150000);
+    char addr[64];
+    consumer_addr(f, addr, sizeof addr);
+    item_buf b[33];
+    ect_push_result r[33];
+    int per_step[2][2];
+    for (int step = 0, base = 0; step < 2; step++) {
+        int k = step == 0 ? 1 : 32;
+        int before[2] = {atomic_load(&f->sh[0].n_op[WIRE_OP_RESERVE_BATCH]) +
+                             atomic_load(&f->sh[0].n_op[WIRE_OP_COMPLETE_BATCH]),
+                         atomic_load(&f->sh[1].n_op[WIRE_OP_RESERVE_BATCH]) +
+                             atomic_load(&f->sh[1].n_op[WIRE_OP_COMPLETE_BATCH])};
+        for (int i = 0; i < k; i++) {
+            item_make(&b[base + i], "rt", base + i, 8192);
+            ect_push_item it = item_of(&b[base + i], addr);
+            assert_int_equal(ect_push_producer_reserve(p, &it), 0);
+        }
+        assert_int_equal(ect_push_producer_flush(p), k);
+        wait_results(p, r, (size_t)k, 20);
+        for (int i = 0; i < k; i++) assert_int_equal(r[i].status, 0);
+        for (int s = 0; s < 2; s++)
+            per_step[step][s] = atomic_load(&f->sh[s].n_op[WIRE_OP_RESERVE_BATCH]) +
+                                atomic_load(&f->sh[s].n_op[WIRE_OP_COMPLETE_BATCH]) - before[s];
+        base += k;
+    }
+    for (int s = 0; s < 2; s++) {
+        assert_int_equal(per_step[0][s], 2);
+        assert_int_equal(per_step[1][s], per_step[0][s]);
+    }
+    for (int i = 0; i < 33; i++) expect_bytes(&f->sh[1], b[i].tid, b[i].seed, b[i].nbytes);
+    expect_drained(f, p);
+    ect_push_producer_close(p);
+    fake_close(f);
+    for (int i = 0; i < 33; i++) free(b[i].data);
+}
+
+static atomic_int released;
+static void on_release(void *user, const void *data, uint64_t nbytes) {
+    (void)nbytes;
+    assert_ptr_equal(user, data);
+    atomic_fetch_add(&released, 1);
+}
+
+/* Shard 1 of 3 refuses: the item fails naming the cause, the reservations
+ * made on shards 0 and 2 are abandoned (their pools drain), and the
+ * borrowed source is released exactly once. */
+static void test_failed_shard_abandons_others(void **st) {
+    (void)st;
+    fake *f = fake_open(3, "tcp");
+    atomic_store(&f->sh[1].fail_reserve, true);
+    ect_push_producer *p = prod_open(5000, 150000);
+    char addr[64];
+    consumer_addr(f, addr, sizeof addr);
+    item_buf b;
+    item_make(&b, "fs", 0, 65536);
+    ect_push_item it = item_of(&b, addr);
+    it.release = on_release;
+    it.release_user = b.data;
+    atomic_store(&released, 0);
+    assert_int_equal(ect_push_producer_reserve(p, &it), 0);
+    assert_int_equal(ect_push_producer_flush(p), 1);
+    ect_push_result r;
+    wait_results(p, &r, 1, 20);
+    assert_int_equal(r.status, ECT_EIO);
+    assert_non_null(strstr(r.error, "injected reserve failure"));
+    assert_string_equal(r.transfer_id, "fs-0");
+    assert_int_equal(atomic_load(&released), 1);
+    for (int s = 0; s < 3; s += 2) {
+        assert_int_equal(atomic_load(&f->sh[s].n_op[WIRE_OP_CANCEL]), 1);
+        rsv_stats rs = shard_stats(&f->sh[s]);
+        assert_int_equal(rs.live, 0);
+        assert_int_equal(rs.bytes_held, 0);
+    }
+    assert_int_equal(atomic_load(&f->sh[1].n_op[WIRE_OP_CANCEL]), 0);
+    assert_int_equal(atomic_load(&f->sh[0].n_op[WIRE_OP_COMPLETE_BATCH]), 0);
+    expect_drained(f, p);
+    ect_push_producer_close(p);
+    fake_close(f);
+    free(b.data);
+}
+
+/* Shard 1 dies right after answering the reserves: the complete to it times
+ * out, the item is reported failed within a bounded time, no hang, and the
+ * healthy shard's reservation is abandoned. */
+static void test_consumer_killed_mid_push(void **st) {
+    (void)st;
+    fake *f = fake_open(2, "tcp");
+    atomic_store(&f->sh[1].die_after_op, WIRE_OP_RESERVE_BATCH);
+    ect_push_producer *p = prod_open(300, 150000);
+    char addr[64];
+    consumer_addr(f, addr, sizeof addr);
+    item_buf b[3];
+    for (int i = 0; i < 3; i++) {
+        item_make(&b[i], "kill", i, 16384);
+        ect_push_item it = item_of(&b[i], addr);
+        assert_int_equal(ect_push_producer_reserve(p, &it), 0);
+    }
+    uint64_t t0 = ect_now_ms();
+    assert_int_equal(ect_push_producer_flush(p), 3);
+    ect_push_result r[3];
+    wait_results(p, r, 3, 15);
+    assert_true(ect_now_ms() - t0 < 10000);
+    for (int i = 0; i < 3; i++) {
+        assert_int_not_equal(r[i].status, 0);
+        assert_non_null(strstr(r[i].error, "shard 1"));
+    }
+    rsv_stats rs = shard_stats(&f->sh[0]);
+    assert_int_equal(rs.live, 0); /* abandoned on the healthy shard */
+    assert_int_equal(rs.bytes_held, 0);
+    ect_push_producer_stat ps;
+    ect_push_producer_stats(p, &ps);
+    assert_int_equal(ps.failed, 3);
+    assert_int_equal(ps.staged_bytes_in_use, 0);
+    ect_push_producer_close(p);
+    /* The dead shard never heard the abandon; its reservations still wait
+     * for a writer (its TTL would end them). End them here: rsv_close with
+     * WRITING entries reads freed memory (reported to the lead). */
+    for (int i = 0; i < 3; i++) {
+        bool cancelled = false;
+        assert_int_equal(
+            rsv_cancel(f->sh[1].t, b[i].tid, NULL, true, false, ect_now_ms(), &cancelled), 0);
+        assert_true(cancelled);
+    }
+    fake_close(f);
+    for (int i = 0; i < 3; i++) free(b[i].data);
+}
+
+/* Nothing listens at the consumer address: discovery fails, reported as a
+ * failed transfer with the address in the text; the caller never blocked. */
+static void test_unreachable_consumer(void **st) {
+    (void)st;
+    ect_push_producer *p = prod_open(200, 150000);
+    item_buf b;
+    item_make(&b, "nobody", 0, 1024);
+    ect_push_item it = item_of(&b, "127.0.0.1:1");
+    uint64_t t0 = ect_now_ms();
+    assert_int_equal(ect_push_producer_reserve(p, &it), 0);
+    assert_int_equal(ect_push_producer_flush(p), 1);
+    assert_true(ect_now_ms() - t0 < 100); /* reserve + flush never wait on the network */
+    ect_push_result r;
+    wait_results(p, &r, 1, 10);
+    assert_int_not_equal(r.status, 0);
+    assert_non_null(strstr(r.error, "127.0.0.1:1"));
+    ect_push_producer_close(p);
+    free(b.data);
+}
+
+/* A transfer_id is pushed once; repeated content under a new id is answered
+ * `cached` by the consumer and costs no write. */
+static void test_dedup(void **st) {
+    (void)st;
+    fake *f = fake_open(1, "tcp");
+    ect_push_producer *p = prod_open(5000, 150000);
+    char addr[64];
+    consumer_addr(f, addr, sizeof addr);
+    item_buf b;
+    item_make(&b, "dd", 0, 32768);
+    ect_push_item it = item_of(&b, addr);
+    assert_int_equal(ect_push_producer_reserve(p, &it), 0);
+    assert_err(ect_push_producer_reserve(p, &it), ECT_EEXIST, "already pushed");
+    assert_int_equal(ect_push_producer_flush(p), 1);
+    ect_push_result r;
+    wait_results(p, &r, 1, 20);
+    assert_int_equal(r.status, 0);
+    assert_err(ect_push_producer_reserve(p, &it), ECT_EEXIST, "dd-0"); /* finished: still refused */
+    expect_bytes(&f->sh[0], "dd-0", b.seed, b.nbytes);                 /* now resident */
+    ect_push_producer_stat before, after;
+    ect_push_producer_stats(p, &before);
+    it.transfer_id = "dd-1"; /* same mm_hash */
+    assert_int_equal(ect_push_producer_reserve(p, &it), 0);
+    assert_int_equal(ect_push_producer_flush(p), 1);
+    wait_results(p, &r, 1, 20);
+    assert_int_equal(r.status, 0);
+    assert_string_equal(r.transfer_id, "dd-1");
+    ect_push_producer_stats(p, &after);
+    assert_int_equal(after.write_batches, before.write_batches);
+    assert_int_equal(after.staged_bytes_in_use, 0);
+    ect_push_producer_close(p);
+    fake_close(f);
+    free(b.data);
+}
+
+/* Cancel: an unflushed item ends at once; a reserved one is abandoned on
+ * its shards and reported cancelled. */
+static void test_cancel(void **st) {
+    (void)st;
+    fake *f = fake_open(2, "tcp");
+    ect_push_producer *p = prod_open(5000, 150000);
+    char addr[64];
+    consumer_addr(f, addr, sizeof addr);
+    assert_err(ect_push_producer_cancel(p, "nope"), ECT_ENOTFOUND, "nope");
+    item_buf b[2];
+    item_make(&b[0], "cx", 0, 4096);
+    item_make(&b[1], "cx", 1, 4096);
+    ect_push_item it = item_of(&b[0], addr);
+    assert_int_equal(ect_push_producer_reserve(p, &it), 0);
+    assert_int_equal(ect_push_producer_cancel(p, "cx-0"), 0);
+    ect_push_result r;
+    assert_int_equal(ect_push_producer_poll(p, &r, 1, 0), 1);
+    assert_int_equal(r.status, ECT_ECANCELED);
+    assert_int_equal(ect_push_producer_flush(p), 0);
+    assert_int_equal(atomic_load(&f->sh[0].n_op[WIRE_OP_PEERS]), 0);
+    /* reserved, source not staged yet */
+    it = item_of(&b[1], addr);
+    it.data = NULL;
+    assert_int_equal(ect_push_producer_reserve(p, &it), 0);
+    assert_int_equal(ect_push_producer_flush(p), 1);
+    uint64_t end = ect_now_ms() + 10000;
+    while (shard_stats(&f->sh[0]).live + shard_stats(&f->sh[1]).live < 2) {
+        assert_true(ect_now_ms() < end);
+        usleep(5000);
+    }
+    assert_int_equal(ect_push_producer_cancel(p, "cx-1"), 0);
+    wait_results(p, &r, 1, 20);
+    assert_int_equal(r.status, ECT_ECANCELED);
+    assert_string_equal(r.transfer_id, "cx-1");
+    for (int s = 0; s < 2; s++) {
+        assert_int_equal(shard_stats(&f->sh[s]).live, 0);
+        assert_int_equal(shard_stats(&f->sh[s]).bytes_held, 0);
+    }
+    assert_err(ect_push_producer_stage(p, "cx-1", b[1].data, b[1].nbytes, NULL, NULL), ECT_ESTATE,
+               "finished");
+    expect_drained(f, p);
+    ect_push_producer_close(p);
+    fake_close(f);
+    free(b[0].data);
+    free(b[1].data);
+}
+
+/* A reservation older than refresh_after_ms is refreshed (cancel with
+ * refresh, then reserve anew) before the write; the bytes still land. */
+static void test_refresh(void **st) {
+    (void)st;
+    fake *f = fake_open(2, "tcp");
+    ect_push_producer *p = prod_open(5000, 100);
+    char addr[64];
+    consumer_addr(f, addr, sizeof addr);
+    item_buf b;
+    item_make(&b, "rf", 0, 8192);
+    ect_push_item it = item_of(&b, addr);
+    it.data = NULL;
+    assert_int_equal(ect_push_producer_reserve(p, &it), 0);
+    assert_int_equal(ect_push_producer_flush(p), 1);
+    uint64_t end = ect_now_ms() + 10000;
+    while (shard_stats(&f->sh[1]).live < 1) {
+        assert_true(ect_now_ms() < end);
+        usleep(5000);
+    }
+    usleep(250 * 1000);
+    assert_err(ect_push_producer_stage(p, "rf-0", b.data, 1, NULL, NULL), ECT_EINVAL, "nbytes");
+    assert_int_equal(ect_push_producer_stage(p, "rf-0", b.data, b.nbytes, NULL, NULL), 0);
+    assert_err(ect_push_producer_stage(p, "rf-0", b.data, b.nbytes, NULL, NULL), ECT_ESTATE,
+               "staged");
+    assert_int_equal(ect_push_producer_flush(p), 0);
+    ect_push_result r;
+    wait_results(p, &r, 1, 20);
+    assert_int_equal(r.status, 0);
+    for (int s = 0; s < 2; s++) {
+        assert_int_equal(atomic_load(&f->sh[s].n_items_cancel_refresh), 1);
+        assert_int_equal(atomic_load(&f->sh[s].n_op[WIRE_OP_RESERVE_BATCH]), 2);
+        expect_bytes(&f->sh[s], "rf-0", b.seed, b.nbytes);
+    }
+    ect_push_producer_stat ps;
+    ect_push_producer_stats(p, &ps);
+    assert_int_equal(ps.refreshes, 2);
+    expect_drained(f, p);
+    ect_push_producer_close(p);
+    fake_close(f);
+    free(b.data);
+}
+
+static void test_bad_args(void **st) {
+    (void)st;
+    ect_push_producer_opts o;
+    ect_push_producer_opts_init(&o);
+    ect_push_producer *p = (ect_push_producer *)&o;
+    o.control_timeout_ms = 0;
+    assert_err(ect_push_producer_open(&o, &p), ECT_EINVAL, "control_timeout_ms");
+    assert_null(p);
+    ect_push_producer_opts_init(&o);
+    o.refresh_after_ms = 0;
+    assert_err(ect_push_producer_open(&o, &p), ECT_EINVAL, "refresh_after_ms");
+    p = prod_open(1000, 1000);
+    item_buf b;
+    item_make(&b, "bad", 0, 4096);
+    ect_push_item it = item_of(&b, "127.0.0.1:5000");
+    it.consumer = "no-port";
+    assert_err(ect_push_producer_reserve(p, &it), ECT_EINVAL, "consumer");
+    it.consumer = "127.0.0.1:5000";
+    it.nbytes = 4095;
+    assert_err(ect_push_producer_reserve(p, &it), ECT_EINVAL, "nbytes");
+    it.nbytes = 4096;
+    it.dtype = "complex1024";
+    assert_err(ect_push_producer_reserve(p, &it), ECT_EINVAL, NULL);
+    it.dtype = "bfloat16";
+    it.transfer_id = "";
+    assert_err(ect_push_producer_reserve(p, &it), ECT_EINVAL, "transfer_id");
+    assert_int_equal(ect_push_producer_pending(p), 0);
+    ect_push_producer_close(p);
+    ect_push_producer_close(NULL);
+    free(b.data);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_args),
+        cmocka_unit_test(test_happy_tp1),
+        cmocka_unit_test(test_happy_tp2),
+        cmocka_unit_test(test_happy_tp4),
+        cmocka_unit_test(test_happy_shm_tp2),
+        cmocka_unit_test(test_round_trips_constant),
+        cmocka_unit_test(test_failed_shard_abandons_others),
+        cmocka_unit_test(test_consumer_killed_mid_push),
+        cmocka_unit_test(test_unreachable_consumer),
+        cmocka_unit_test(test_dedup),
+        cmocka_unit_test(test_cancel),
+        cmocka_unit_test(test_refresh),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
