@@ -1,0 +1,333 @@
+/*
+ * consumer — the consumer worker's side of a pull: its memfd pool
+ * (registered with the data plane) and a DEALER to the producer.
+ *
+ * load(): (1) the pool's resident cache (an earlier transfer); (2) a remote
+ * pull into a fresh allocation. Each pull carries a fresh token (extension
+ * key `token`, echoed by ectransfer producers in ECTransferComplete), so a
+ * completion that arrives after its request timed out is recognised and
+ * never taken for a later request's, even one for the same mm_hash.
+ *
+ * A timed-out region is not freed at once: the producer may still be
+ * writing into it, and freeing it would let that late write land in the next
+ * allocation. It is quarantined until its late completion arrives (then
+ * freed) or quarantine_ms passes. A completion without a token (an upstream
+ * producer) is matched by mm_hash alone.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "pull/pull_internal.h"
+#include "util/util.h"
+#include "wire/dtype.h"
+
+#define MOD "pull"
+
+typedef struct quarantined {
+    uint64_t token, offset, until_ms;
+    struct quarantined *next;
+} quarantined;
+
+struct ect_pull_consumer {
+    ect_pull_consumer_opts o;
+    char producer[300], transport[16];
+    ect_pool *pool;
+    ect_xport *x;
+    char key[ECT_XPORT_KEY_MAX];
+    bool registered;
+    void *zctx, *dealer;
+    uint64_t next_token;
+    quarantined *q;
+    ect_pull_consumer_stat st;
+};
+
+void ect_pull_consumer_opts_init(ect_pull_consumer_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->transport = "tcp";
+    o->pool_size = 1000000000ull;
+    o->alignment = 64;
+    o->timeout_ms = 60000;
+    o->quarantine_ms = 60000;
+}
+
+static void quarantine_sweep(ect_pull_consumer *c, bool all) {
+    uint64_t now = ect_now_ms();
+    for (quarantined **pp = &c->q; *pp;) {
+        quarantined *e = *pp;
+        if (all || now >= e->until_ms) {
+            ect_pool_free(c->pool, e->offset);
+            *pp = e->next;
+            free(e);
+            c->st.quarantined--;
+        } else {
+            pp = &e->next;
+        }
+    }
+}
+
+/* A late completion for a quarantined token: its write is over, free. */
+static bool quarantine_release(ect_pull_consumer *c, uint64_t token) {
+    for (quarantined **pp = &c->q; *pp; pp = &(*pp)->next)
+        if ((*pp)->token == token) {
+            quarantined *e = *pp;
+            ect_pool_free(c->pool, e->offset);
+            *pp = e->next;
+            free(e);
+            c->st.quarantined--;
+            return true;
+        }
+    return false;
+}
+
+static void view_from_info(ect_pull_consumer *c, const ect_resident_info *in, ect_pull_view *v,
+                           int cached) {
+    memset(v, 0, sizeof *v);
+    v->data = (const char *)ect_pool_base(c->pool) + in->offset;
+    v->nbytes = in->nbytes;
+    v->ndim = in->ndim;
+    memcpy(v->shape, in->shape, sizeof v->shape);
+    memcpy(v->dtype, in->dtype, sizeof v->dtype);
+    v->cached = cached;
+}
+
+/* Waits for the completion of (mm_hash, token). Returns the status, or
+ * ECT_ETIMEDOUT; *reason gets the producer's error text if any. */
+static int wait_complete(ect_pull_consumer *c, const char *mm_hash, uint64_t token, char *reason,
+                         size_t cap) {
+    uint64_t deadline = ect_now_ms() + (uint64_t)c->o.timeout_ms;
+    for (;;) {
+        uint64_t now = ect_now_ms();
+        if (now >= deadline) return ECT_ETIMEDOUT;
+        zmq_pollitem_t it = {c->dealer, 0, ZMQ_POLLIN, 0};
+        long wait = (long)(deadline - now);
+        int rc = zmq_poll(&it, 1, wait);
+        if (rc <= 0) continue;
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, c->dealer, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            continue;
+        }
+        if (zmq_msg_more(&m)) { /* not ours: drop the whole message */
+            c->st.malformed++;
+            while (zmq_msg_more(&m)) {
+                zmq_msg_close(&m);
+                zmq_msg_init(&m);
+                if (zmq_msg_recv(&m, c->dealer, ZMQ_DONTWAIT) < 0) break;
+            }
+            zmq_msg_close(&m);
+            continue;
+        }
+        wire_transfer_complete done;
+        pull_ext x;
+        const void *buf = zmq_msg_data(&m);
+        size_t len = zmq_msg_size(&m);
+        if (wire_transfer_complete_decode(buf, len, &done) != 0) {
+            c->st.malformed++;
+            ECT_LOGD(MOD, "DEALER frame dropped: %s", ect_last_error());
+            zmq_msg_close(&m);
+            continue;
+        }
+        if (pull_ext_decode(buf, len, "ECTransferComplete", &x) != 0) {
+            c->st.malformed++;
+            wire_transfer_complete_free(&done);
+            zmq_msg_close(&m);
+            continue;
+        }
+        zmq_msg_close(&m);
+        bool mine = strcmp(done.mm_hash, mm_hash) == 0 && (!x.has_token || x.token == token);
+        int status = done.status;
+        if (mine && x.error) snprintf(reason, cap, "%s", x.error);
+        if (!mine) {
+            c->st.stale++;
+            if (x.has_token) quarantine_release(c, x.token);
+            ECT_LOGD(MOD, "stale ECTransferComplete for %s dropped", done.mm_hash);
+        }
+        wire_transfer_complete_free(&done);
+        pull_ext_free(&x);
+        if (mine) return status;
+    }
+}
+
+int ect_pull_consumer_load(ect_pull_consumer *c, const char *mm_hash, const ect_pull_meta *meta,
+                           ect_pull_view *view) {
+    if (!c || !mm_hash || !view) return ect_set_error(ECT_EINVAL, "pull load: NULL argument");
+    size_t hl = strlen(mm_hash);
+    if (hl == 0 || hl > ECT_MM_HASH_MAX)
+        return ect_set_error(ECT_EINVAL, "pull load: mm_hash must be 1..%d bytes", ECT_MM_HASH_MAX);
+    quarantine_sweep(c, false);
+    ect_resident_info info;
+    if (ect_pool_acquire(c->pool, mm_hash, &info) == 0) {
+        view_from_info(c, &info, view, 1);
+        c->st.local++;
+        return 0;
+    }
+    if (!meta)
+        return ect_set_error(ECT_EINVAL, "pull load: %s is not resident and meta is NULL", mm_hash);
+    if (meta->ndim > ECT_POOL_MAX_NDIM)
+        return ect_set_error(ECT_EINVAL, "pull load: meta.ndim %u over %d", meta->ndim,
+                             ECT_POOL_MAX_NDIM);
+    int rc =
+        wire_check_nbytes(meta->dtype, meta->shape, meta->ndim, meta->nbytes, "pull load meta");
+    if (rc) return rc;
+    if (meta->nbytes == 0) return ect_set_error(ECT_EINVAL, "pull load: meta.nbytes is 0");
+    uint64_t off;
+    rc = ect_pool_alloc(c->pool, meta->nbytes, &off);
+    if (rc)
+        return ect_set_error(rc, "pull load of %s: consumer pool: %s", mm_hash, ect_last_error());
+
+    uint64_t token = ++c->next_token;
+    wire_transfer_pull req = {.mm_hash = (char *)mm_hash,
+                              .dst_ptr = (uint64_t)(uintptr_t)ect_pool_base(c->pool),
+                              .dst_offset = off,
+                              .consumer_session_id = (char *)ect_xport_session(c->x)};
+    pull_ext x = {.dst_key = c->key, .has_token = true, .token = token};
+    void *buf;
+    size_t len;
+    if ((rc = pull_ext_encode_pull(&req, &x, &buf, &len)) != 0) {
+        ect_pool_free(c->pool, off);
+        return rc;
+    }
+    int s = zmq_send(c->dealer, buf, len, ZMQ_DONTWAIT);
+    free(buf);
+    if (s < 0) {
+        ect_pool_free(c->pool, off);
+        return ect_set_error(ECT_ECONNREFUSED, "pull load of %s: cannot send ECTransferPull: %s",
+                             mm_hash, zmq_strerror(zmq_errno()));
+    }
+    char reason[WIRE_PULL_MAX_STR + 1] = "";
+    rc = wait_complete(c, mm_hash, token, reason, sizeof reason);
+    if (rc == ECT_ETIMEDOUT) {
+        c->st.timeouts++;
+        quarantined *q = calloc(1, sizeof *q);
+        if (q) {
+            q->token = token;
+            q->offset = off;
+            q->until_ms = ect_now_ms() + (uint64_t)c->o.quarantine_ms;
+            q->next = c->q;
+            c->q = q;
+            c->st.quarantined++;
+        } else {
+            ect_pool_free(c->pool, off); /* cannot track it: best effort */
+        }
+        return ect_set_error(ECT_ETIMEDOUT,
+                             "pull load of %s: no ECTransferComplete from %s within %d ms", mm_hash,
+                             c->producer, c->o.timeout_ms);
+    }
+    if (rc != 0) {
+        c->st.failed++;
+        ect_pool_free(c->pool, off);
+        return ect_set_error(rc < 0 ? rc : ECT_EIO,
+                             "pull load of %s: producer answered status %d (%s)%s%s", mm_hash, rc,
+                             ect_strerror(rc < 0 ? rc : ECT_EIO), reason[0] ? ": " : "", reason);
+    }
+    rc = ect_pool_put(c->pool, mm_hash, off, meta->nbytes, meta->shape, meta->ndim, meta->dtype, 1);
+    if (rc) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", ect_last_error());
+        ect_pool_free(c->pool, off);
+        if (rc == ECT_EEXIST && ect_pool_acquire(c->pool, mm_hash, &info) == 0) {
+            view_from_info(c, &info, view, 1);
+            c->st.local++;
+            return 0;
+        }
+        return ect_set_error(rc, "pull load of %s: %s", mm_hash, why);
+    }
+    if (ect_pool_lookup(c->pool, mm_hash, &info) != 0)
+        return ect_set_error(ECT_ESTATE, "pull load of %s: vanished after put", mm_hash);
+    view_from_info(c, &info, view, 0);
+    c->st.remote++;
+    return 0;
+}
+
+int ect_pull_consumer_release(ect_pull_consumer *c, const char *mm_hash) {
+    if (!c || !mm_hash) return ect_set_error(ECT_EINVAL, "pull release: NULL argument");
+    return ect_pool_release(c->pool, mm_hash);
+}
+
+ect_pool *ect_pull_consumer_pool(ect_pull_consumer *c) { return c ? c->pool : NULL; }
+
+void ect_pull_consumer_stats(ect_pull_consumer *c, ect_pull_consumer_stat *st) {
+    memset(st, 0, sizeof *st);
+    if (c) *st = c->st;
+}
+
+int ect_pull_consumer_open(const ect_pull_consumer_opts *o, ect_pull_consumer **out) {
+    if (!out) return ect_set_error(ECT_EINVAL, "pull consumer: out is NULL");
+    *out = NULL;
+    if (!o || !o->producer)
+        return ect_set_error(ECT_EINVAL, "pull consumer: producer (HOST:PORT) is required");
+    if (!o->transport || strlen(o->transport) >= 16)
+        return ect_set_error(ECT_EINVAL, "pull consumer: transport missing");
+    if (o->timeout_ms < 1)
+        return ect_set_error(ECT_EINVAL, "pull consumer: timeout_ms must be >= 1");
+    if (o->quarantine_ms < 0)
+        return ect_set_error(ECT_EINVAL, "pull consumer: quarantine_ms must be >= 0");
+    const char *colon = strrchr(o->producer, ':');
+    char *end = NULL;
+    long port = colon ? strtol(colon + 1, &end, 10) : 0;
+    size_t hl = colon ? (size_t)(colon - o->producer) : 0;
+    if (!colon || hl == 0 || hl >= 256 || !end || *end || port < 1 || port > 65535)
+        return ect_set_error(ECT_EINVAL, "pull consumer: producer '%s' is not HOST:PORT",
+                             o->producer);
+    ect_pull_consumer *c = calloc(1, sizeof *c);
+    if (!c) return ect_set_error(ECT_ENOMEM, "pull consumer: out of memory");
+    c->o = *o;
+    snprintf(c->producer, sizeof c->producer, "%s", o->producer);
+    snprintf(c->transport, sizeof c->transport, "%s", o->transport);
+    c->o.producer = c->producer;
+    c->o.transport = c->transport;
+    c->o.xport_listen = NULL;
+    c->next_token = ect_random_u64() >> 16; /* distinct across restarts of this process */
+    int rc;
+    ect_pool_opts po;
+    ect_pool_opts_init(&po);
+    po.capacity = o->pool_size;
+    po.alignment = o->alignment;
+    po.use_memfd = 1;
+    if ((rc = ect_pool_open(&po, &c->pool)) != 0) goto fail;
+    ect_xport_opts xo;
+    ect_xport_opts_init(&xo);
+    if (o->xport_listen) xo.listen = o->xport_listen;
+    if ((rc = ect_xport_open(c->transport, &xo, &c->x)) != 0) goto fail;
+    if ((rc = ect_xport_register(c->x, ect_pool_base(c->pool), ect_pool_capacity(c->pool),
+                                 ect_pool_fd(c->pool), 0, c->key)) != 0)
+        goto fail;
+    c->registered = true;
+    c->zctx = zmq_ctx_new();
+    if (!c->zctx || !(c->dealer = zmq_socket(c->zctx, ZMQ_DEALER))) {
+        rc = ect_set_error(ECT_ENOMEM, "pull consumer: cannot create the DEALER");
+        goto fail;
+    }
+    int zero = 0;
+    zmq_setsockopt(c->dealer, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(c->dealer, ZMQ_RCVTIMEO, &o->timeout_ms, sizeof o->timeout_ms);
+    char ep[320];
+    snprintf(ep, sizeof ep, "tcp://%.*s:%ld", (int)hl, o->producer, port);
+    if (zmq_connect(c->dealer, ep) != 0) {
+        rc = ect_set_error(ECT_EINVAL, "pull consumer: cannot connect DEALER to %s: %s", ep,
+                           zmq_strerror(zmq_errno()));
+        goto fail;
+    }
+    *out = c;
+    return 0;
+fail:;
+    char saved[512];
+    snprintf(saved, sizeof saved, "%s", ect_last_error());
+    ect_pull_consumer_close(c);
+    return ect_set_error(rc, "%s", saved);
+}
+
+void ect_pull_consumer_close(ect_pull_consumer *c) {
+    if (!c) return;
+    /* Unregister first: no late write can land once the pool is withdrawn. */
+    if (c->registered) ect_xport_unregister(c->x, c->key);
+    ect_xport_close(c->x);
+    if (c->dealer) zmq_close(c->dealer);
+    if (c->zctx) zmq_ctx_term(c->zctx);
+    if (c->pool) quarantine_sweep(c, true);
+    ect_pool_close(c->pool);
+    free(c);
+}

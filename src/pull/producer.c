@@ -1,0 +1,778 @@
+/*
+ * producer — the generation-1 producer: save queue + save thread (owns PUB),
+ * ROUTER thread (owns ROUTER), one write lane per consumer session.
+ *
+ * Why lanes: upstream's save thread waited for each item's pull before the
+ * next (head-of-line blocking). Here the ROUTER thread never writes: it hands
+ * each accepted pull to the lane of its consumer session (started on demand,
+ * ended after LANE_IDLE_MS without work), so a consumer that is slow or gone
+ * holds up only its own lane. Lanes push finished jobs onto a completion
+ * queue and wake the ROUTER thread through an eventfd it polls beside the
+ * ROUTER socket; only the ROUTER thread sends on the ROUTER socket.
+ *
+ * Memory: items are copied into a memfd pool (so the shm back end can map
+ * it) and made resident without a lease; a pull leases its item for the
+ * duration of the write. When the save thread needs room, the pool reclaims
+ * unleased items least recently used first and the reclaim callback drops
+ * them from the inventory.
+ */
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "pull/pull_internal.h"
+#include "util/util.h"
+#include "wire/dtype.h"
+
+#define MOD "pull"
+#define LANE_IDLE_MS 5000
+#define SAVE_JOIN_MS 5000
+
+typedef struct save_item {
+    wire_pull_item item; /* mm_hash owned */
+    const void *data;
+    ect_pull_release_fn release; /* NULL: data is a heap copy we free */
+    void *user;
+    struct save_item *next;
+} save_item;
+
+typedef struct lane {
+    ect_pull_producer *p;
+    char *session;
+    pthread_t thread;
+    pull_job *head, *tail; /* guarded by p->lane_mu */
+    bool exiting;          /* no more jobs may be queued (guarded by p->lane_mu) */
+    struct lane *next;
+} lane;
+
+typedef struct completion {
+    pull_peer peer;
+    char *mm_hash;
+    int status;
+    bool has_token;
+    uint64_t token;
+    char reason[256];
+    struct completion *next;
+} completion;
+
+struct ect_pull_producer {
+    ect_pull_producer_opts o;
+    char host[256], transport[16];
+    int port;
+    char session_id[ECT_ID_LEN + 1];
+    ect_pool *pool;
+    ect_xport *x;
+    char key[ECT_XPORT_KEY_MAX];
+    bool registered;
+    void *zctx, *router, *pub;
+    int efd;
+    pull_inventory inv;
+    bool inv_ok;
+    pull_router r; /* ROUTER thread only */
+
+    pthread_mutex_t mu; /* save queue, flush, stats */
+    pthread_cond_t cv;
+    save_item *q_head, *q_tail;
+    uint64_t q_enqueued, q_done; /* items ever queued / finished by the save thread */
+    bool save_stop;
+    pthread_t save_thread, router_thread;
+    bool save_started, router_started;
+    atomic_bool router_stop;
+
+    pthread_mutex_t lane_mu; /* lanes, zombies, completions */
+    pthread_cond_t lane_cv;
+    lane *lanes, *zombies;
+    uint32_t n_lanes;
+    bool lanes_stop;
+    completion *c_head, *c_tail;
+
+    atomic_uint_fast64_t saved, save_failed, notifications, pulls_ok, pulls_failed, evicted;
+    atomic_uint_fast64_t malformed, requests, refused;
+};
+
+void ect_pull_producer_opts_init(ect_pull_producer_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->host = "127.0.0.1";
+    o->port = 14579;
+    o->transport = "tcp";
+    o->pool_size = 1000000000ull;
+    o->alignment = 64;
+    o->connect_timeout_ms = 3000;
+    o->io_timeout_ms = 10000;
+    o->max_lanes = 256;
+    o->page_items = WIRE_PULL_MAX_ITEMS;
+}
+
+/* ---- reclaim callback (any thread that allocates: the save thread) */
+
+static void on_reclaim(void *user, const char *mm_hash, uint64_t offset, uint64_t nbytes) {
+    ect_pull_producer *p = user;
+    (void)offset;
+    (void)nbytes;
+    pull_inv_remove(&p->inv, mm_hash);
+    atomic_fetch_add(&p->evicted, 1);
+    ECT_LOGI(MOD, "evicted %s (least recently used) to make room", mm_hash);
+}
+
+/* ---- save thread */
+
+static void release_item(save_item *s) {
+    if (s->release)
+        s->release(s->user, s->data);
+    else
+        free((void *)s->data);
+    free(s->item.mm_hash);
+    free(s);
+}
+
+/* Copies one item into the pool; 0 when it is resident (new or already). */
+static int store(ect_pull_producer *p, save_item *s) {
+    ect_resident_info info;
+    if (ect_pool_lookup(p->pool, s->item.mm_hash, &info) == 0) {
+        if (info.nbytes == s->item.num_bytes) return pull_inv_add(&p->inv, &s->item);
+        /* Same hash, other bytes: replace when nobody is reading it. */
+        if (ect_pool_remove(p->pool, s->item.mm_hash) != 0) return ECT_EBUSY;
+        pull_inv_remove(&p->inv, s->item.mm_hash);
+    }
+    uint64_t off;
+    int rc = ect_pool_alloc(p->pool, s->item.num_bytes, &off);
+    if (rc) return rc;
+    memcpy((char *)ect_pool_base(p->pool) + off, s->data, s->item.num_bytes);
+    rc = pull_inv_add(&p->inv, &s->item);
+    if (rc == 0)
+        rc = ect_pool_put(p->pool, s->item.mm_hash, off, s->item.num_bytes, s->item.shape,
+                          s->item.ndim, s->item.dtype, 0);
+    if (rc) {
+        pull_inv_remove(&p->inv, s->item.mm_hash);
+        ect_pool_free(p->pool, off);
+    }
+    return rc;
+}
+
+static void publish(ect_pull_producer *p, wire_pull_item *items, size_t n) {
+    for (size_t i = 0; i < n; i += WIRE_PULL_MAX_ITEMS) {
+        size_t k = n - i < WIRE_PULL_MAX_ITEMS ? n - i : WIRE_PULL_MAX_ITEMS;
+        wire_hash_notification m = {
+            .items = items + i, .n_items = k, .producer_session_id = p->session_id};
+        void *buf;
+        size_t len;
+        if (wire_hash_notification_encode(&m, &buf, &len) != 0) {
+            ECT_LOGE(MOD, "cannot encode ECHashNotification: %s", ect_last_error());
+            continue;
+        }
+        if (zmq_send(p->pub, buf, len, ZMQ_DONTWAIT) < 0)
+            ECT_LOGW(MOD, "ECHashNotification not sent: %s", zmq_strerror(zmq_errno()));
+        else
+            atomic_fetch_add(&p->notifications, 1);
+        free(buf);
+    }
+}
+
+static void *save_main(void *arg) {
+    ect_pull_producer *p = arg;
+    for (;;) {
+        pthread_mutex_lock(&p->mu);
+        while (!p->q_head && !p->save_stop) pthread_cond_wait(&p->cv, &p->mu);
+        save_item *batch = p->q_head;
+        p->q_head = p->q_tail = NULL;
+        bool stop = p->save_stop;
+        pthread_mutex_unlock(&p->mu);
+        if (!batch && stop) break;
+        /* Everything queued together is stored, then announced together. */
+        size_t n = 0, cap = 0, done = 0;
+        for (save_item *s = batch; s; s = s->next) cap++;
+        wire_pull_item *ok = calloc(cap, sizeof *ok);
+        while (batch) {
+            save_item *s = batch;
+            batch = s->next;
+            int rc = stop ? ect_set_error(ECT_ECLOSED, "producer closed before it was stored")
+                          : store(p, s);
+            if (rc == 0 && ok) {
+                ok[n] = s->item;
+                ok[n].mm_hash = strdup(s->item.mm_hash);
+                if (ok[n].mm_hash) n++;
+                atomic_fetch_add(&p->saved, 1);
+            } else {
+                atomic_fetch_add(&p->save_failed, 1);
+                ECT_LOGE(MOD, "save of %s failed (%s): %s", s->item.mm_hash, ect_strerror(rc),
+                         ect_last_error());
+            }
+            release_item(s);
+            done++;
+        }
+        if (n) publish(p, ok, n);
+        if (ok) pull_inv_items_free(ok, n);
+        pthread_mutex_lock(&p->mu);
+        p->q_done += done;
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+        if (stop) break;
+    }
+    return NULL;
+}
+
+int ect_pull_producer_save(ect_pull_producer *p, const char *mm_hash, const void *data,
+                           uint64_t nbytes, const uint64_t *shape, size_t ndim, const char *dtype,
+                           ect_pull_release_fn release, void *user) {
+    if (!p || !mm_hash || !data || !dtype || (ndim && !shape))
+        return ect_set_error(ECT_EINVAL, "pull save: NULL argument");
+    size_t hl = strlen(mm_hash);
+    if (hl == 0 || hl > ECT_MM_HASH_MAX)
+        return ect_set_error(ECT_EINVAL, "pull save: mm_hash must be 1..%d bytes", ECT_MM_HASH_MAX);
+    if (nbytes == 0) return ect_set_error(ECT_EINVAL, "pull save: nbytes is 0");
+    if (ndim > ECT_POOL_MAX_NDIM)
+        return ect_set_error(ECT_EINVAL, "pull save: ndim %zu over %d", ndim, ECT_POOL_MAX_NDIM);
+    if (strlen(dtype) >= WIRE_PULL_DTYPE_CAP)
+        return ect_set_error(ECT_EINVAL, "pull save: dtype: Unsupported torch dtype string");
+    int rc = wire_check_nbytes(dtype, shape, ndim, nbytes, "pull save");
+    if (rc) return rc;
+    save_item *s = calloc(1, sizeof *s);
+    if (!s || !(s->item.mm_hash = strdup(mm_hash))) {
+        free(s);
+        return ect_set_error(ECT_ENOMEM, "pull save: out of memory");
+    }
+    s->item.ndim = (uint32_t)ndim;
+    for (size_t d = 0; d < ndim; d++) s->item.shape[d] = shape[d];
+    snprintf(s->item.dtype, sizeof s->item.dtype, "%s", dtype);
+    s->item.num_bytes = nbytes;
+    s->release = release;
+    s->user = user;
+    if (release) {
+        s->data = data;
+    } else {
+        void *copy = malloc(nbytes);
+        if (!copy) {
+            free(s->item.mm_hash);
+            free(s);
+            return ect_set_error(ECT_ENOMEM, "pull save: out of memory for a %llu-byte snapshot",
+                                 (unsigned long long)nbytes);
+        }
+        memcpy(copy, data, nbytes);
+        s->data = copy;
+    }
+    pthread_mutex_lock(&p->mu);
+    if (p->save_stop) {
+        pthread_mutex_unlock(&p->mu);
+        if (!release) free((void *)s->data);
+        free(s->item.mm_hash);
+        free(s);
+        return ect_set_error(ECT_ECLOSED, "pull save: producer is closing");
+    }
+    if (p->q_tail)
+        p->q_tail->next = s;
+    else
+        p->q_head = s;
+    p->q_tail = s;
+    p->q_enqueued++;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    return 0;
+}
+
+int ect_pull_producer_flush(ect_pull_producer *p, int timeout_ms) {
+    if (!p) return ect_set_error(ECT_EINVAL, "pull flush: NULL producer");
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += timeout_ms / 1000;
+    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    int rc = 0;
+    pthread_mutex_lock(&p->mu);
+    uint64_t target = p->q_enqueued;
+    while (p->q_done < target && rc == 0)
+        if (pthread_cond_timedwait(&p->cv, &p->mu, &dl) == ETIMEDOUT) rc = ECT_ETIMEDOUT;
+    pthread_mutex_unlock(&p->mu);
+    if (rc) return ect_set_error(rc, "pull flush: save queue not drained within %d ms", timeout_ms);
+    return 0;
+}
+
+/* ---- write lanes */
+
+static void wake_router(ect_pull_producer *p) {
+    uint64_t one = 1;
+    ssize_t w = write(p->efd, &one, sizeof one);
+    (void)w; /* a full counter still wakes the poller */
+}
+
+static void run_job(ect_pull_producer *p, pull_job *j) {
+    completion *c = calloc(1, sizeof *c);
+    ect_write w = {.src = (const char *)ect_pool_base(p->pool) + j->src_offset,
+                   .dst_addr = j->dst_addr,
+                   .len = j->nbytes,
+                   .dst_key = j->dst_key};
+    int st = 0;
+    int rc = ect_xport_write_batch(p->x, j->session, &w, 1, &st);
+    if (rc == 0 && st != 0) rc = st;
+    const char *why = rc ? ect_last_error() : "";
+    ect_pool_release(p->pool, j->mm_hash);
+    if (rc) {
+        ECT_LOGW(MOD, "write of %s to %s failed (%s): %s", j->mm_hash, j->session, ect_strerror(rc),
+                 why);
+        atomic_fetch_add(&p->pulls_failed, 1);
+    } else {
+        atomic_fetch_add(&p->pulls_ok, 1);
+    }
+    if (!c) {
+        ECT_LOGE(MOD, "out of memory: completion of %s dropped", j->mm_hash);
+        return;
+    }
+    c->peer = j->peer;
+    c->mm_hash = j->mm_hash;
+    j->mm_hash = NULL;
+    c->status = rc;
+    c->has_token = j->has_token;
+    c->token = j->token;
+    if (rc) snprintf(c->reason, sizeof c->reason, "write to %s failed: %s", j->session, why);
+    pthread_mutex_lock(&p->lane_mu);
+    if (p->c_tail)
+        p->c_tail->next = c;
+    else
+        p->c_head = c;
+    p->c_tail = c;
+    pthread_mutex_unlock(&p->lane_mu);
+    wake_router(p);
+}
+
+static void *lane_main(void *arg) {
+    lane *l = arg;
+    ect_pull_producer *p = l->p;
+    pthread_mutex_lock(&p->lane_mu);
+    for (;;) {
+        if (!l->head) {
+            if (p->lanes_stop) break;
+            struct timespec dl;
+            clock_gettime(CLOCK_REALTIME, &dl);
+            dl.tv_sec += LANE_IDLE_MS / 1000;
+            if (pthread_cond_timedwait(&p->lane_cv, &p->lane_mu, &dl) == ETIMEDOUT && !l->head)
+                break;
+            continue;
+        }
+        pull_job *j = l->head;
+        l->head = j->next;
+        if (!l->head) l->tail = NULL;
+        pthread_mutex_unlock(&p->lane_mu);
+        run_job(p, j);
+        pull_job_free(j);
+        pthread_mutex_lock(&p->lane_mu);
+    }
+    /* Leave the live list for the zombie list; whoever holds lane_mu next and
+     * looks for this session starts a fresh lane. */
+    l->exiting = true;
+    for (lane **pp = &p->lanes; *pp; pp = &(*pp)->next)
+        if (*pp == l) {
+            *pp = l->next;
+            break;
+        }
+    p->n_lanes--;
+    l->next = p->zombies;
+    p->zombies = l;
+    pthread_mutex_unlock(&p->lane_mu);
+    wake_router(p);
+    return NULL;
+}
+
+/* router ops.dispatch: queue on the session's lane (ROUTER thread). */
+static int dispatch(void *user, pull_job *j) {
+    ect_pull_producer *p = user;
+    pthread_mutex_lock(&p->lane_mu);
+    lane *l = p->lanes;
+    while (l && strcmp(l->session, j->session) != 0) l = l->next;
+    if (!l) {
+        if (p->lanes_stop) {
+            pthread_mutex_unlock(&p->lane_mu);
+            return ect_set_error(ECT_ECLOSED, "producer is closing");
+        }
+        if (p->n_lanes >= p->o.max_lanes) {
+            pthread_mutex_unlock(&p->lane_mu);
+            return ect_set_error(ECT_EBUSY, "producer serves %u consumer sessions already",
+                                 p->o.max_lanes);
+        }
+        l = calloc(1, sizeof *l);
+        if (!l || !(l->session = strdup(j->session))) {
+            free(l);
+            pthread_mutex_unlock(&p->lane_mu);
+            return ect_set_error(ECT_ENOMEM, "producer out of memory for a lane");
+        }
+        l->p = p;
+        if (pthread_create(&l->thread, NULL, lane_main, l) != 0) {
+            free(l->session);
+            free(l);
+            pthread_mutex_unlock(&p->lane_mu);
+            return ect_set_error(ECT_ENOMEM, "producer cannot start a lane thread");
+        }
+        l->next = p->lanes;
+        p->lanes = l;
+        p->n_lanes++;
+    }
+    j->next = NULL;
+    if (l->tail)
+        l->tail->next = j;
+    else
+        l->head = j;
+    l->tail = j;
+    pthread_cond_broadcast(&p->lane_cv);
+    pthread_mutex_unlock(&p->lane_mu);
+    return 0;
+}
+
+static void reap_zombies(ect_pull_producer *p) {
+    pthread_mutex_lock(&p->lane_mu);
+    lane *z = p->zombies;
+    p->zombies = NULL;
+    pthread_mutex_unlock(&p->lane_mu);
+    while (z) {
+        lane *n = z->next;
+        pthread_join(z->thread, NULL);
+        free(z->session);
+        free(z);
+        z = n;
+    }
+}
+
+/* ---- ROUTER thread */
+
+static int reply(void *user, const pull_peer *peer, const void *msg, size_t len) {
+    ect_pull_producer *p = user;
+    if (zmq_send(p->router, peer->id, peer->id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        (peer->delim && zmq_send(p->router, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) ||
+        zmq_send(p->router, msg, len, ZMQ_DONTWAIT) < 0)
+        return ect_set_error(ECT_EIO, "ROUTER send: %s", zmq_strerror(zmq_errno()));
+    return 0;
+}
+
+static void drain_completions(ect_pull_producer *p) {
+    uint64_t v;
+    ssize_t r = read(p->efd, &v, sizeof v);
+    (void)r;
+    pthread_mutex_lock(&p->lane_mu);
+    completion *c = p->c_head;
+    p->c_head = p->c_tail = NULL;
+    pthread_mutex_unlock(&p->lane_mu);
+    while (c) {
+        completion *n = c->next;
+        pull_router_complete(&p->r, &c->peer, c->mm_hash, c->status, c->has_token, c->token,
+                             c->status ? c->reason : NULL);
+        free(c->mm_hash);
+        free(c);
+        c = n;
+    }
+    reap_zombies(p);
+}
+
+/* Reads one multipart message; frames beyond 3 are discarded. Returns the
+ * number of frames, or -1 when nothing was there. */
+static int recv_multipart(void *sock, zmq_msg_t f[3]) {
+    int n = 0, more = 1;
+    while (more) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            return n ? n : -1;
+        }
+        more = zmq_msg_more(&m);
+        if (n < 3)
+            f[n] = m;
+        else
+            zmq_msg_close(&m);
+        n++;
+    }
+    return n;
+}
+
+static void handle_frames(ect_pull_producer *p) {
+    for (int budget = 0; budget < 256; budget++) {
+        zmq_msg_t f[3];
+        int n = recv_multipart(p->router, f);
+        if (n < 0) return;
+        pull_peer peer = {0};
+        zmq_msg_t *payload = NULL;
+        if (n == 2 || (n == 3 && zmq_msg_size(&f[1]) == 0)) {
+            payload = &f[n - 1];
+            peer.delim = n == 3;
+        }
+        size_t idl = zmq_msg_size(&f[0]);
+        if (!payload || idl == 0 || idl > sizeof peer.id) {
+            p->r.st.frames++;
+            p->r.st.malformed++;
+            ECT_LOGD(MOD, "ROUTER message of %d frames dropped", n);
+        } else {
+            memcpy(peer.id, zmq_msg_data(&f[0]), idl);
+            peer.id_len = idl;
+            pull_router_handle(&p->r, &peer, zmq_msg_data(payload), zmq_msg_size(payload));
+        }
+        for (int i = 0; i < n && i < 3; i++) zmq_msg_close(&f[i]);
+        atomic_store(&p->malformed, p->r.st.malformed);
+        atomic_store(&p->requests, p->r.st.requests);
+        atomic_store(&p->refused, p->r.st.pulls_refused);
+    }
+}
+
+static void *router_main(void *arg) {
+    ect_pull_producer *p = arg;
+    while (!atomic_load(&p->router_stop)) {
+        zmq_pollitem_t it[2] = {{p->router, 0, ZMQ_POLLIN, 0}, {NULL, p->efd, ZMQ_POLLIN, 0}};
+        int rc = zmq_poll(it, 2, 100);
+        if (rc < 0 && zmq_errno() != EINTR) {
+            ECT_LOGE(MOD, "ROUTER poll: %s", zmq_strerror(zmq_errno()));
+            break;
+        }
+        if (rc <= 0) continue;
+        if (it[0].revents & ZMQ_POLLIN) handle_frames(p);
+        if (it[1].revents & ZMQ_POLLIN) drain_completions(p);
+    }
+    return NULL;
+}
+
+/* ---- open / close */
+
+static int set_linger0(void *s) {
+    int z = 0;
+    return zmq_setsockopt(s, ZMQ_LINGER, &z, sizeof z);
+}
+
+static int bind_pair(ect_pull_producer *p) {
+    char ep[320];
+    for (int attempt = 0; attempt < 64; attempt++) {
+        int port = p->o.port;
+        if (port == 0) {
+            snprintf(ep, sizeof ep, "tcp://%s:*", p->host);
+            if (zmq_bind(p->router, ep) != 0) break;
+            char last[320];
+            size_t ll = sizeof last;
+            zmq_getsockopt(p->router, ZMQ_LAST_ENDPOINT, last, &ll);
+            const char *colon = strrchr(last, ':');
+            port = colon ? atoi(colon + 1) : 0;
+            if (port <= 0 || port >= 65535) {
+                zmq_unbind(p->router, last);
+                continue;
+            }
+        } else {
+            snprintf(ep, sizeof ep, "tcp://%s:%d", p->host, port);
+            if (zmq_bind(p->router, ep) != 0)
+                return ect_set_error(ECT_EIO, "pull producer: cannot bind ROUTER %s: %s", ep,
+                                     zmq_strerror(zmq_errno()));
+        }
+        snprintf(ep, sizeof ep, "tcp://%s:%d", p->host, port + 1);
+        if (zmq_bind(p->pub, ep) == 0) {
+            p->port = port;
+            return 0;
+        }
+        int e = zmq_errno();
+        if (p->o.port != 0)
+            return ect_set_error(ECT_EIO, "pull producer: cannot bind PUB %s: %s", ep,
+                                 zmq_strerror(e));
+        char last[320];
+        snprintf(last, sizeof last, "tcp://%s:%d", p->host, port);
+        zmq_unbind(p->router, last);
+    }
+    return ect_set_error(ECT_EIO, "pull producer: cannot bind a ROUTER/PUB port pair on %s: %s",
+                         p->host, zmq_strerror(zmq_errno()));
+}
+
+static int validate(const ect_pull_producer_opts *o) {
+    if (!o->host || !o->host[0] || strlen(o->host) >= 256)
+        return ect_set_error(ECT_EINVAL, "pull producer: host must be 1..255 bytes");
+    if (o->port < 0 || o->port > 65534)
+        return ect_set_error(ECT_EINVAL, "pull producer: port %d outside 0..65534", o->port);
+    if (!o->transport || strlen(o->transport) >= 16)
+        return ect_set_error(ECT_EINVAL, "pull producer: transport missing");
+    if (o->max_lanes == 0)
+        return ect_set_error(ECT_EINVAL, "pull producer: max_lanes must be at least 1");
+    if (o->page_items == 0 || o->page_items > WIRE_PULL_MAX_ITEMS)
+        return ect_set_error(ECT_EINVAL, "pull producer: page_items must be 1..%d",
+                             WIRE_PULL_MAX_ITEMS);
+    return 0;
+}
+
+int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer **out) {
+    if (!out) return ect_set_error(ECT_EINVAL, "pull producer: out is NULL");
+    *out = NULL;
+    ect_pull_producer_opts defaults;
+    if (!opts) {
+        ect_pull_producer_opts_init(&defaults);
+        opts = &defaults;
+    }
+    int rc = validate(opts);
+    if (rc) return rc;
+    ect_pull_producer *p = calloc(1, sizeof *p);
+    if (!p) return ect_set_error(ECT_ENOMEM, "pull producer: out of memory");
+    p->o = *opts;
+    p->efd = -1;
+    snprintf(p->host, sizeof p->host, "%s", opts->host);
+    snprintf(p->transport, sizeof p->transport, "%s", opts->transport);
+    p->o.host = p->host;
+    p->o.transport = p->transport;
+    p->o.xport_listen = NULL;
+    ect_random_id(p->session_id);
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    pthread_mutex_init(&p->lane_mu, NULL);
+    pthread_cond_init(&p->lane_cv, NULL);
+    if ((rc = pull_inv_init(&p->inv)) != 0) goto fail;
+    p->inv_ok = true;
+
+    ect_pool_opts po;
+    ect_pool_opts_init(&po);
+    po.capacity = opts->pool_size;
+    po.alignment = opts->alignment;
+    po.use_memfd = 1;
+    po.on_reclaim = on_reclaim;
+    po.reclaim_user = p;
+    if ((rc = ect_pool_open(&po, &p->pool)) != 0) goto fail;
+
+    ect_xport_opts xo;
+    ect_xport_opts_init(&xo);
+    char listen[300];
+    snprintf(listen, sizeof listen, "%s:0", p->host);
+    xo.listen = opts->xport_listen ? opts->xport_listen : listen;
+    xo.connect_timeout_ms = opts->connect_timeout_ms;
+    xo.io_timeout_ms = opts->io_timeout_ms;
+    if ((rc = ect_xport_open(p->transport, &xo, &p->x)) != 0) goto fail;
+    if ((rc = ect_xport_register(p->x, ect_pool_base(p->pool), ect_pool_capacity(p->pool),
+                                 ect_pool_fd(p->pool), 0, p->key)) != 0)
+        goto fail;
+    p->registered = true;
+
+    p->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (p->efd < 0) {
+        rc = ect_set_errno(errno, "pull producer: eventfd");
+        goto fail;
+    }
+    p->zctx = zmq_ctx_new();
+    if (!p->zctx) {
+        rc = ect_set_error(ECT_ENOMEM, "pull producer: zmq_ctx_new failed");
+        goto fail;
+    }
+    p->router = zmq_socket(p->zctx, ZMQ_ROUTER);
+    p->pub = zmq_socket(p->zctx, ZMQ_PUB);
+    if (!p->router || !p->pub) {
+        rc = ect_set_error(ECT_ENOMEM, "pull producer: zmq_socket failed");
+        goto fail;
+    }
+    set_linger0(p->router);
+    set_linger0(p->pub);
+    if ((rc = bind_pair(p)) != 0) goto fail;
+
+    p->r.pool = p->pool;
+    p->r.inv = &p->inv;
+    p->r.session_id = p->session_id;
+    p->r.page_items = opts->page_items;
+    p->r.ops = (pull_router_ops){.user = p, .reply = reply, .dispatch = dispatch};
+
+    if (pthread_create(&p->save_thread, NULL, save_main, p) != 0) {
+        rc = ect_set_error(ECT_ENOMEM, "pull producer: cannot start the save thread");
+        goto fail;
+    }
+    p->save_started = true;
+    if (pthread_create(&p->router_thread, NULL, router_main, p) != 0) {
+        rc = ect_set_error(ECT_ENOMEM, "pull producer: cannot start the ROUTER thread");
+        goto fail;
+    }
+    p->router_started = true;
+    ECT_LOGI(MOD, "pull producer %s: ROUTER %s:%d, PUB %s:%d, %s session %s", p->session_id,
+             p->host, p->port, p->host, p->port + 1, p->transport, ect_xport_session(p->x));
+    *out = p;
+    return 0;
+fail:;
+    char saved[512];
+    snprintf(saved, sizeof saved, "%s", ect_last_error());
+    ect_pull_producer_close(p);
+    return ect_set_error(rc, "%s", saved);
+}
+
+static void stop_save(ect_pull_producer *p) {
+    pthread_mutex_lock(&p->mu);
+    p->save_stop = true; /* the poison pill: the thread drains, releases and exits */
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    if (!p->save_started) return;
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += SAVE_JOIN_MS / 1000;
+    if (pthread_timedjoin_np(p->save_thread, NULL, &dl) != 0) {
+        ECT_LOGE(MOD, "save thread did not stop within %d ms; waiting for it", SAVE_JOIN_MS);
+        pthread_join(p->save_thread, NULL);
+    }
+}
+
+void ect_pull_producer_close(ect_pull_producer *p) {
+    if (!p) return;
+    stop_save(p);
+    if (p->router_started) {
+        atomic_store(&p->router_stop, true);
+        pthread_join(p->router_thread, NULL);
+    }
+    pthread_mutex_lock(&p->lane_mu);
+    p->lanes_stop = true;
+    pthread_cond_broadcast(&p->lane_cv);
+    pthread_mutex_unlock(&p->lane_mu);
+    /* Lanes finish their queued jobs (each bounded by the data plane's
+     * timeouts) and move themselves to the zombie list. */
+    for (;;) {
+        pthread_mutex_lock(&p->lane_mu);
+        bool any = p->lanes != NULL;
+        pthread_mutex_unlock(&p->lane_mu);
+        reap_zombies(p);
+        if (!any) break;
+        usleep(1000);
+    }
+    while (p->c_head) {
+        completion *c = p->c_head;
+        p->c_head = c->next;
+        free(c->mm_hash);
+        free(c);
+    }
+    while (p->q_head) { /* only if the save thread never started */
+        save_item *s = p->q_head;
+        p->q_head = s->next;
+        release_item(s);
+    }
+    if (p->registered) ect_xport_unregister(p->x, p->key);
+    ect_xport_close(p->x);
+    if (p->router) zmq_close(p->router);
+    if (p->pub) zmq_close(p->pub);
+    if (p->zctx) zmq_ctx_term(p->zctx);
+    if (p->efd >= 0) close(p->efd);
+    ect_pool_close(p->pool);
+    if (p->inv_ok) pull_inv_destroy(&p->inv);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+    pthread_mutex_destroy(&p->lane_mu);
+    pthread_cond_destroy(&p->lane_cv);
+    free(p);
+}
+
+int ect_pull_producer_port(const ect_pull_producer *p) { return p ? p->port : 0; }
+const char *ect_pull_producer_session_id(const ect_pull_producer *p) {
+    return p ? p->session_id : "";
+}
+ect_pool *ect_pull_producer_pool(ect_pull_producer *p) { return p ? p->pool : NULL; }
+
+void ect_pull_producer_stats(ect_pull_producer *p, ect_pull_producer_stat *st) {
+    memset(st, 0, sizeof *st);
+    if (!p) return;
+    st->saved = atomic_load(&p->saved);
+    st->save_failed = atomic_load(&p->save_failed);
+    st->notifications = atomic_load(&p->notifications);
+    st->pulls_ok = atomic_load(&p->pulls_ok);
+    st->pulls_failed = atomic_load(&p->pulls_failed) + atomic_load(&p->refused);
+    st->malformed = atomic_load(&p->malformed);
+    st->requests = atomic_load(&p->requests);
+    st->evicted = atomic_load(&p->evicted);
+    pthread_mutex_lock(&p->lane_mu);
+    st->lanes = p->n_lanes;
+    pthread_mutex_unlock(&p->lane_mu);
+}

@@ -1,0 +1,138 @@
+/*
+ * pull_internal — pieces shared by the generation-1 role objects (producer,
+ * scheduler, consumer) and the fuzz target of the producer's request handler.
+ *
+ *  - ext: the optional extension keys ectransfer adds to ECTransferPull
+ *    (`dst_key`, `token`) and ECTransferComplete (`token`, `error`). They are
+ *    appended after the upstream fields, so msgspec peers (which ignore
+ *    unknown keys) read the messages unchanged. docs/PROTOCOL.md ("pull:
+ *    ectransfer's extensions").
+ *  - inventory: the producer's table of published items (mm_hash -> shape,
+ *    dtype, nbytes), guarded by its own mutex; kept in step with the pool's
+ *    resident cache through the pool's reclaim callback.
+ *  - router: the ROUTER request handler, free of sockets: it decodes one
+ *    request frame, answers through ops.reply and hands accepted pulls (with a
+ *    lease on the item) to ops.dispatch. Runs on the ROUTER thread only.
+ */
+#ifndef ECT_PULL_INTERNAL_H
+#define ECT_PULL_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ectransfer.h"
+#include "wire/pull_msg.h"
+
+/* ------------------------------------------------------------------ ext */
+
+/* Extension fields of one ECTransferPull / ECTransferComplete. */
+typedef struct pull_ext {
+    char *dst_key;  /* owned; NULL when absent */
+    bool has_token; /* `token` present */
+    uint64_t token; /* echoed from pull to complete */
+    char *error;    /* owned; complete only; NULL when absent */
+} pull_ext;
+
+/* Encodes m plus the present extension fields (dst_key, token). Same
+ * contract as wire_transfer_pull_encode; ECT_EINVAL for a dst_key longer
+ * than ECT_XPORT_KEY_MAX - 1 bytes. */
+int pull_ext_encode_pull(const wire_transfer_pull *m, const pull_ext *x, void **out,
+                         size_t *out_len);
+/* Encodes m plus token / error (an error longer than WIRE_PULL_MAX_STR bytes
+ * is cut at a UTF-8 boundary). */
+int pull_ext_encode_complete(const wire_transfer_complete *m, const pull_ext *x, void **out,
+                             size_t *out_len);
+/* Reads the extension keys of a message that a wire_* decoder accepted
+ * (so its structure is already bounded). A present key of the wrong type is
+ * ECT_EPROTO naming it ("ECTransferPull.dst_key: expected str"). On success
+ * the caller owns *x (pull_ext_free); on failure *x owns nothing. */
+int pull_ext_decode(const void *buf, size_t len, const char *msg, pull_ext *x);
+void pull_ext_free(pull_ext *x);
+
+/* ------------------------------------------------------------ inventory */
+
+typedef struct pull_inv_entry pull_inv_entry;
+
+typedef struct pull_inventory {
+    pthread_mutex_t mu;
+    pull_inv_entry *head; /* uthash by mm_hash */
+    uint64_t count;
+} pull_inventory;
+
+int pull_inv_init(pull_inventory *inv);
+void pull_inv_destroy(pull_inventory *inv);
+/* Adds or replaces mm_hash. ECT_ENOMEM. */
+int pull_inv_add(pull_inventory *inv, const wire_pull_item *item);
+/* Removes mm_hash if present. */
+void pull_inv_remove(pull_inventory *inv, const char *mm_hash);
+/* Copies the items matching the filter (all when n_filter is 0) into a
+ * malloc'd array the caller frees with pull_inv_items_free. */
+int pull_inv_snapshot(pull_inventory *inv, char *const *filter, size_t n_filter,
+                      wire_pull_item **items, size_t *n);
+void pull_inv_items_free(wire_pull_item *items, size_t n);
+uint64_t pull_inv_count(pull_inventory *inv);
+
+/* --------------------------------------------------------------- router */
+
+/* Who sent a request: the ROUTER identity frame, and whether the request
+ * came with an empty delimiter frame (a REQ peer) to be echoed back. */
+typedef struct pull_peer {
+    unsigned char id[256];
+    size_t id_len;
+    bool delim;
+} pull_peer;
+
+/* One accepted pull: the item is leased in the pool (the job's owner
+ * releases it after the write). */
+typedef struct pull_job {
+    pull_peer peer;
+    char *mm_hash;
+    char *session; /* consumer_session_id */
+    char *dst_key;
+    uint64_t dst_addr; /* dst_ptr + dst_offset */
+    bool has_token;
+    uint64_t token;
+    uint64_t src_offset; /* in the producer pool */
+    uint64_t nbytes;
+    struct pull_job *next;
+} pull_job;
+
+void pull_job_free(pull_job *j);
+
+typedef struct pull_router_ops {
+    void *user;
+    /* Sends one message to peer (no blocking). Returns 0 or an ECT_E* code. */
+    int (*reply)(void *user, const pull_peer *peer, const void *msg, size_t len);
+    /* Takes ownership of job on success (0); on failure the caller still
+     * owns it (and its lease). */
+    int (*dispatch)(void *user, pull_job *job);
+} pull_router_ops;
+
+typedef struct pull_router_stat {
+    uint64_t frames, malformed, pulls, pulls_refused, requests, ready_pages;
+} pull_router_stat;
+
+typedef struct pull_router {
+    ect_pool *pool;
+    pull_inventory *inv;
+    const char *session_id; /* producer_session_id */
+    size_t page_items;      /* items per ECTransferReady, 1..WIRE_PULL_MAX_ITEMS */
+    pull_router_ops ops;
+    pull_router_stat st;
+} pull_router;
+
+/* Handles one request frame from peer. Never fails on bad input: malformed
+ * frames are counted and dropped; refused pulls are answered with a non-zero
+ * status and a logged reason. */
+void pull_router_handle(pull_router *r, const pull_peer *peer, const void *buf, size_t len);
+
+/* Encodes and sends an ECTransferComplete through r->ops.reply. */
+void pull_router_complete(pull_router *r, const pull_peer *peer, const char *mm_hash, int status,
+                          bool has_token, uint64_t token, const char *reason);
+
+/* Copies a resident-info / item description into an ect_pull_meta. */
+void pull_meta_from_item(const wire_pull_item *it, const char *session, ect_pull_meta *meta);
+
+#endif

@@ -1,0 +1,295 @@
+/*
+ * router — the pull producer's request handler and its inventory of
+ * published items. No sockets: the producer's ROUTER thread feeds it one
+ * request frame at a time, and it answers through ops.reply (completions for
+ * refused pulls, ECTransferReady pages) or hands accepted pulls to
+ * ops.dispatch. A pull is accepted only while the item is resident: the
+ * handler takes a lease on it, so it cannot be evicted until the write lane
+ * that owns the job releases it.
+ *
+ * The inventory mirrors the pool's resident items with their announced
+ * shape and dtype strings (the pool keeps only what ect_pool_put was given);
+ * it answers ECTransferRequest without touching the pool's mutex for long.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uthash.h>
+
+#include "pull/pull_internal.h"
+#include "util/util.h"
+
+#define MOD "pull"
+
+struct pull_inv_entry {
+    wire_pull_item item; /* item.mm_hash owned */
+    UT_hash_handle hh;
+};
+
+int pull_inv_init(pull_inventory *inv) {
+    memset(inv, 0, sizeof *inv);
+    if (pthread_mutex_init(&inv->mu, NULL) != 0)
+        return ect_set_error(ECT_ENOMEM, "pull inventory: mutex init failed");
+    return 0;
+}
+
+void pull_inv_destroy(pull_inventory *inv) {
+    pull_inv_entry *e, *tmp;
+    HASH_ITER(hh, inv->head, e, tmp) {
+        HASH_DEL(inv->head, e);
+        free(e->item.mm_hash);
+        free(e);
+    }
+    pthread_mutex_destroy(&inv->mu);
+}
+
+int pull_inv_add(pull_inventory *inv, const wire_pull_item *item) {
+    pull_inv_entry *e = calloc(1, sizeof *e);
+    char *h = strdup(item->mm_hash);
+    if (!e || !h) {
+        free(e);
+        free(h);
+        return ect_set_error(ECT_ENOMEM, "pull inventory: out of memory");
+    }
+    e->item = *item;
+    e->item.mm_hash = h;
+    pthread_mutex_lock(&inv->mu);
+    pull_inv_entry *old = NULL;
+    HASH_FIND_STR(inv->head, h, old);
+    if (old) {
+        HASH_DEL(inv->head, old);
+        free(old->item.mm_hash);
+        free(old);
+        inv->count--;
+    }
+    HASH_ADD_KEYPTR(hh, inv->head, e->item.mm_hash, strlen(h), e);
+    inv->count++;
+    pthread_mutex_unlock(&inv->mu);
+    return 0;
+}
+
+void pull_inv_remove(pull_inventory *inv, const char *mm_hash) {
+    pthread_mutex_lock(&inv->mu);
+    pull_inv_entry *e = NULL;
+    HASH_FIND_STR(inv->head, mm_hash, e);
+    if (e) {
+        HASH_DEL(inv->head, e);
+        inv->count--;
+    }
+    pthread_mutex_unlock(&inv->mu);
+    if (e) {
+        free(e->item.mm_hash);
+        free(e);
+    }
+}
+
+uint64_t pull_inv_count(pull_inventory *inv) {
+    pthread_mutex_lock(&inv->mu);
+    uint64_t n = inv->count;
+    pthread_mutex_unlock(&inv->mu);
+    return n;
+}
+
+void pull_inv_items_free(wire_pull_item *items, size_t n) {
+    for (size_t i = 0; i < n; i++) free(items[i].mm_hash);
+    free(items);
+}
+
+static int snap_one(const pull_inv_entry *e, wire_pull_item *items, size_t *n) {
+    items[*n] = e->item;
+    items[*n].mm_hash = strdup(e->item.mm_hash);
+    if (!items[*n].mm_hash) return ECT_ENOMEM;
+    (*n)++;
+    return 0;
+}
+
+int pull_inv_snapshot(pull_inventory *inv, char *const *filter, size_t n_filter,
+                      wire_pull_item **items, size_t *n) {
+    *items = NULL;
+    *n = 0;
+    pthread_mutex_lock(&inv->mu);
+    size_t cap = n_filter ? n_filter : (size_t)inv->count;
+    wire_pull_item *arr = calloc(cap ? cap : 1, sizeof *arr);
+    int rc = arr ? 0 : ECT_ENOMEM;
+    if (rc == 0 && n_filter) {
+        for (size_t i = 0; i < n_filter && rc == 0; i++) {
+            pull_inv_entry *e = NULL;
+            HASH_FIND_STR(inv->head, filter[i], e);
+            if (e) rc = snap_one(e, arr, n);
+        }
+    } else if (rc == 0) {
+        pull_inv_entry *e, *tmp;
+        HASH_ITER(hh, inv->head, e, tmp) {
+            if (rc) break;
+            rc = snap_one(e, arr, n);
+        }
+    }
+    pthread_mutex_unlock(&inv->mu);
+    if (rc) {
+        if (arr) pull_inv_items_free(arr, *n);
+        *n = 0;
+        return ect_set_error(ECT_ENOMEM, "pull inventory: out of memory");
+    }
+    *items = arr;
+    return 0;
+}
+
+void pull_job_free(pull_job *j) {
+    if (!j) return;
+    free(j->mm_hash);
+    free(j->session);
+    free(j->dst_key);
+    free(j);
+}
+
+void pull_router_complete(pull_router *r, const pull_peer *peer, const char *mm_hash, int status,
+                          bool has_token, uint64_t token, const char *reason) {
+    wire_transfer_complete m = {.mm_hash = (char *)mm_hash, .status = status};
+    pull_ext x = {.has_token = has_token, .token = token, .error = (char *)reason};
+    void *buf = NULL;
+    size_t len = 0;
+    if (pull_ext_encode_complete(&m, &x, &buf, &len) != 0) {
+        ECT_LOGW(MOD, "cannot encode ECTransferComplete for %s: %s", mm_hash, ect_last_error());
+        return;
+    }
+    int rc = r->ops.reply(r->ops.user, peer, buf, len);
+    if (rc) ECT_LOGW(MOD, "ECTransferComplete for %s not sent: %s", mm_hash, ect_strerror(rc));
+    free(buf);
+}
+
+/* Answers a refused pull and logs why. */
+static void refuse(pull_router *r, const pull_peer *peer, const wire_transfer_pull *p,
+                   const pull_ext *x, int status, const char *reason) {
+    r->st.pulls_refused++;
+    ECT_LOGW(MOD, "pull of %s for %s refused (%s): %s", p->mm_hash, p->consumer_session_id,
+             ect_strerror(status), reason);
+    pull_router_complete(r, peer, p->mm_hash, status, x->has_token, x->token, reason);
+}
+
+static void handle_pull(pull_router *r, const pull_peer *peer, const wire_transfer_pull *p,
+                        const void *buf, size_t len) {
+    pull_ext x;
+    if (pull_ext_decode(buf, len, "ECTransferPull", &x) != 0) {
+        pull_ext zero = {0};
+        refuse(r, peer, p, &zero, ECT_EPROTO, ect_last_error());
+        return;
+    }
+    r->st.pulls++;
+    uint64_t dst;
+    char why[320];
+    if (!x.dst_key) {
+        refuse(r, peer, p, &x, ECT_EINVAL,
+               "ECTransferPull.dst_key: missing (this producer needs the region key)");
+        goto out;
+    }
+    if (!ect_add_u64(p->dst_ptr, p->dst_offset, &dst)) {
+        refuse(r, peer, p, &x, ECT_EOVERFLOW, "ECTransferPull: dst_ptr + dst_offset overflows");
+        goto out;
+    }
+    ect_resident_info info;
+    int rc = ect_pool_acquire(r->pool, p->mm_hash, &info);
+    if (rc) {
+        snprintf(why, sizeof why, "mm_hash %s is unknown or evicted", p->mm_hash);
+        refuse(r, peer, p, &x, rc == ECT_EINVAL ? ECT_EINVAL : ECT_ENOTFOUND, why);
+        goto out;
+    }
+    if (!ect_add_u64(dst, info.nbytes, &(uint64_t){0})) {
+        ect_pool_release(r->pool, p->mm_hash);
+        refuse(r, peer, p, &x, ECT_EOVERFLOW, "ECTransferPull: destination range overflows");
+        goto out;
+    }
+    pull_job *j = calloc(1, sizeof *j);
+    if (j) {
+        j->peer = *peer;
+        j->mm_hash = strdup(p->mm_hash);
+        j->session = strdup(p->consumer_session_id);
+        j->dst_key = x.dst_key;
+        x.dst_key = NULL;
+        j->dst_addr = dst;
+        j->has_token = x.has_token;
+        j->token = x.token;
+        j->src_offset = info.offset;
+        j->nbytes = info.nbytes;
+    }
+    if (!j || !j->mm_hash || !j->session) {
+        pull_job_free(j);
+        ect_pool_release(r->pool, p->mm_hash);
+        refuse(r, peer, p, &x, ECT_ENOMEM, "producer out of memory");
+        goto out;
+    }
+    rc = r->ops.dispatch(r->ops.user, j);
+    if (rc) {
+        snprintf(why, sizeof why, "%s", ect_last_error());
+        pull_job_free(j);
+        ect_pool_release(r->pool, p->mm_hash);
+        refuse(r, peer, p, &x, rc, why);
+    }
+out:
+    pull_ext_free(&x);
+}
+
+static void handle_request(pull_router *r, const pull_peer *peer, const wire_transfer_request *q) {
+    r->st.requests++;
+    wire_pull_item *items;
+    size_t n;
+    if (pull_inv_snapshot(r->inv, q->mm_hashes, q->n_mm_hashes, &items, &n) != 0) {
+        ECT_LOGW(MOD, "ECTransferRequest %s not answered: %s", q->request_id, ect_last_error());
+        return;
+    }
+    size_t page = r->page_items ? r->page_items : WIRE_PULL_MAX_ITEMS;
+    if (page > WIRE_PULL_MAX_ITEMS) page = WIRE_PULL_MAX_ITEMS;
+    size_t i = 0;
+    do {
+        size_t k = n - i < page ? n - i : page;
+        wire_transfer_ready m = {.request_id = q->request_id,
+                                 .items = items + i,
+                                 .n_items = k,
+                                 .producer_session_id = (char *)r->session_id,
+                                 .more = i + k < n};
+        void *buf;
+        size_t len;
+        if (wire_transfer_ready_encode(&m, &buf, &len) != 0) {
+            ECT_LOGW(MOD, "cannot encode ECTransferReady: %s", ect_last_error());
+            break;
+        }
+        int rc = r->ops.reply(r->ops.user, peer, buf, len);
+        free(buf);
+        if (rc) {
+            ECT_LOGW(MOD, "ECTransferReady for %s not sent: %s", q->request_id, ect_strerror(rc));
+            break;
+        }
+        r->st.ready_pages++;
+        i += k;
+    } while (i < n);
+    pull_inv_items_free(items, n);
+}
+
+void pull_router_handle(pull_router *r, const pull_peer *peer, const void *buf, size_t len) {
+    r->st.frames++;
+    wire_pull_msg m;
+    if (wire_pull_decode_any(buf, len, &m) != 0) {
+        r->st.malformed++;
+        ECT_LOGD(MOD, "malformed ROUTER frame dropped: %s", ect_last_error());
+        return;
+    }
+    switch (m.type) {
+    case WIRE_PULL_PULL: handle_pull(r, peer, &m.u.pull, buf, len); break;
+    case WIRE_PULL_REQUEST: handle_request(r, peer, &m.u.request); break;
+    default:
+        r->st.malformed++;
+        ECT_LOGD(MOD, "ROUTER frame of type %s dropped (not a request)",
+                 wire_pull_type_name(m.type));
+        break;
+    }
+    wire_pull_msg_free(&m);
+}
+
+void pull_meta_from_item(const wire_pull_item *it, const char *session, ect_pull_meta *meta) {
+    memset(meta, 0, sizeof *meta);
+    meta->nbytes = it->num_bytes;
+    meta->ndim = it->ndim;
+    for (uint32_t d = 0; d < it->ndim && d < ECT_POOL_MAX_NDIM; d++) meta->shape[d] = it->shape[d];
+    snprintf(meta->dtype, sizeof meta->dtype, "%s", it->dtype);
+    snprintf(meta->producer_session_id, sizeof meta->producer_session_id, "%s",
+             session ? session : "");
+}

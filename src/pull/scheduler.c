@@ -1,0 +1,327 @@
+/*
+ * scheduler — the consumer scheduler's view of one producer: which hashes
+ * are available, with shape, dtype and nbytes. Owns a SUB socket (producer
+ * port + 1, RCVTIMEO 0) and a DEALER (producer port) used only to ask for the
+ * inventory (ECTransferRequest) and read the ECTransferReady pages. Every
+ * call drains both sockets without blocking, so the engine's scheduler never
+ * waits on the network.
+ *
+ * The inventory is asked at open and again on every later (re)connection of
+ * the DEALER (a socket monitor reports them), so a producer that restarts
+ * while nothing is published is still asked what it holds.
+ *
+ * Producer restarts: each message carries producer_session_id. The first
+ * one seen is adopted; a different one later means the producer at this
+ * endpoint restarted: every hash learned so far is forgotten (the new start
+ * has an empty pool) and the inventory is asked again. ECTransferReady pages
+ * answering an older request id are dropped.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uthash.h>
+#include <zmq.h>
+
+#include "pull/pull_internal.h"
+#include "util/util.h"
+
+#define MOD "pull"
+
+typedef struct avail {
+    char *mm_hash;
+    ect_pull_meta meta;
+    UT_hash_handle hh;
+} avail;
+
+struct ect_pull_scheduler {
+    char producer[300];
+    int retry_ms;
+    void *zctx, *sub, *dealer;
+    void *mon;                           /* PAIR reading the DEALER's connection events */
+    uint64_t connects;                   /* DEALER connections made so far */
+    char session[WIRE_PULL_MAX_STR + 1]; /* "" until the first message */
+    char request_id[ECT_ID_LEN + 1];     /* the inventory request in flight */
+    uint64_t request_ms;
+    bool synced;
+    avail *table;
+    ect_pull_scheduler_stat st;
+};
+
+void ect_pull_scheduler_opts_init(ect_pull_scheduler_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->request_retry_ms = 2000;
+}
+
+static void forget_all(ect_pull_scheduler *s) {
+    avail *a, *t;
+    HASH_ITER(hh, s->table, a, t) {
+        HASH_DEL(s->table, a);
+        free(a->mm_hash);
+        free(a);
+    }
+}
+
+static void ask_inventory(ect_pull_scheduler *s) {
+    ect_random_id(s->request_id);
+    char consumer[ECT_ID_LEN + 1];
+    ect_random_id(consumer);
+    wire_transfer_request q = {
+        .request_id = s->request_id, .consumer_session_id = consumer, .n_mm_hashes = 0};
+    void *buf;
+    size_t len;
+    s->request_ms = ect_now_ms();
+    s->synced = false;
+    if (wire_transfer_request_encode(&q, &buf, &len) != 0) return;
+    if (zmq_send(s->dealer, buf, len, ZMQ_DONTWAIT) < 0)
+        ECT_LOGD(MOD, "ECTransferRequest not queued: %s", zmq_strerror(zmq_errno()));
+    free(buf);
+}
+
+/* Adopts session (returns false when the message must be dropped). */
+static void see_session(ect_pull_scheduler *s, const char *session) {
+    if (strcmp(s->session, session) == 0) return;
+    if (s->session[0]) {
+        s->st.session_changes++;
+        ECT_LOGI(MOD, "producer %s restarted (session %s -> %s): forgetting %u hashes", s->producer,
+                 s->session, session, HASH_COUNT(s->table));
+        forget_all(s);
+        snprintf(s->session, sizeof s->session, "%s", session);
+        ask_inventory(s);
+        return;
+    }
+    snprintf(s->session, sizeof s->session, "%s", session);
+}
+
+static void add_items(ect_pull_scheduler *s, const wire_pull_item *items, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        avail *a = NULL;
+        HASH_FIND_STR(s->table, items[i].mm_hash, a);
+        if (!a) {
+            a = calloc(1, sizeof *a);
+            if (!a || !(a->mm_hash = strdup(items[i].mm_hash))) {
+                free(a);
+                ECT_LOGE(MOD, "out of memory: %s not recorded", items[i].mm_hash);
+                continue;
+            }
+            HASH_ADD_KEYPTR(hh, s->table, a->mm_hash, strlen(a->mm_hash), a);
+        }
+        pull_meta_from_item(&items[i], s->session, &a->meta);
+    }
+}
+
+static void on_frame(ect_pull_scheduler *s, const void *buf, size_t len, bool from_dealer) {
+    wire_pull_msg m;
+    if (wire_pull_decode_any(buf, len, &m) != 0) {
+        s->st.malformed++;
+        ECT_LOGD(MOD, "malformed %s frame dropped: %s", from_dealer ? "DEALER" : "SUB",
+                 ect_last_error());
+        return;
+    }
+    if (m.type == WIRE_PULL_NOTIFICATION && !from_dealer) {
+        s->st.notifications++;
+        see_session(s, m.u.notification.producer_session_id);
+        add_items(s, m.u.notification.items, m.u.notification.n_items);
+    } else if (m.type == WIRE_PULL_READY && from_dealer) {
+        if (strcmp(m.u.ready.request_id, s->request_id) != 0) {
+            ECT_LOGD(MOD, "ECTransferReady for an older request dropped");
+        } else {
+            s->st.ready_pages++;
+            see_session(s, m.u.ready.producer_session_id);
+            if (strcmp(m.u.ready.request_id, s->request_id) == 0) {
+                add_items(s, m.u.ready.items, m.u.ready.n_items);
+                if (!m.u.ready.more) s->synced = true;
+            }
+        }
+    } else {
+        s->st.malformed++;
+        ECT_LOGD(MOD, "unexpected %s on %s dropped", wire_pull_type_name(m.type),
+                 from_dealer ? "DEALER" : "SUB");
+    }
+    wire_pull_msg_free(&m);
+}
+
+static void drain(ect_pull_scheduler *s, void *sock, bool from_dealer) {
+    for (;;) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            return;
+        }
+        bool more = zmq_msg_more(&m);
+        if (more) {
+            /* A message of several frames is not ours: drop all of it. */
+            s->st.malformed++;
+            while (more) {
+                zmq_msg_close(&m);
+                zmq_msg_init(&m);
+                if (zmq_msg_recv(&m, sock, ZMQ_DONTWAIT) < 0) break;
+                more = zmq_msg_more(&m);
+            }
+        } else {
+            on_frame(s, zmq_msg_data(&m), zmq_msg_size(&m), from_dealer);
+        }
+        zmq_msg_close(&m);
+    }
+}
+
+/* Drains the DEALER's monitor: a reconnection means perhaps a new producer. */
+static void drain_monitor(ect_pull_scheduler *s) {
+    for (;;) {
+        zmq_msg_t ev, addr;
+        zmq_msg_init(&ev);
+        if (zmq_msg_recv(&ev, s->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&ev);
+            return;
+        }
+        uint16_t id = 0;
+        if (zmq_msg_size(&ev) >= 2) memcpy(&id, zmq_msg_data(&ev), 2);
+        bool more = zmq_msg_more(&ev);
+        zmq_msg_close(&ev);
+        while (more) { /* the endpoint frame */
+            zmq_msg_init(&addr);
+            if (zmq_msg_recv(&addr, s->mon, ZMQ_DONTWAIT) < 0)
+                more = false;
+            else
+                more = zmq_msg_more(&addr);
+            zmq_msg_close(&addr);
+        }
+        if (id == ZMQ_EVENT_CONNECTED && s->connects++ > 0) {
+            ECT_LOGD(MOD, "reconnected to %s: asking its inventory", s->producer);
+            ask_inventory(s);
+        }
+    }
+}
+
+int ect_pull_scheduler_poll(ect_pull_scheduler *s) {
+    if (!s) return ect_set_error(ECT_EINVAL, "pull scheduler: NULL handle");
+    if (s->mon) drain_monitor(s);
+    drain(s, s->sub, false);
+    drain(s, s->dealer, true);
+    if (!s->synced && ect_now_ms() - s->request_ms >= (uint64_t)s->retry_ms) ask_inventory(s);
+    return 0;
+}
+
+int ect_pull_scheduler_has(ect_pull_scheduler *s, const char *mm_hash, ect_pull_meta *meta) {
+    if (!s) return ect_set_error(ECT_EINVAL, "pull scheduler: NULL handle");
+    if (!mm_hash || !mm_hash[0] || strlen(mm_hash) > WIRE_PULL_MAX_STR)
+        return ect_set_error(ECT_EINVAL, "pull scheduler: mm_hash must be 1..%d bytes",
+                             WIRE_PULL_MAX_STR);
+    ect_pull_scheduler_poll(s);
+    avail *a = NULL;
+    HASH_FIND_STR(s->table, mm_hash, a);
+    if (!a) return 0;
+    if (meta) *meta = a->meta;
+    return 1;
+}
+
+size_t ect_pull_scheduler_foreach(ect_pull_scheduler *s,
+                                  void (*fn)(void *, const char *, const ect_pull_meta *),
+                                  void *user) {
+    if (!s || !fn) return 0;
+    size_t n = 0;
+    avail *a, *t;
+    HASH_ITER(hh, s->table, a, t) {
+        fn(user, a->mm_hash, &a->meta);
+        n++;
+    }
+    return n;
+}
+
+void ect_pull_scheduler_forget(ect_pull_scheduler *s, const char *mm_hash) {
+    if (!s || !mm_hash) return;
+    avail *a = NULL;
+    HASH_FIND_STR(s->table, mm_hash, a);
+    if (!a) return;
+    HASH_DEL(s->table, a);
+    free(a->mm_hash);
+    free(a);
+}
+
+void ect_pull_scheduler_stats(ect_pull_scheduler *s, ect_pull_scheduler_stat *st) {
+    memset(st, 0, sizeof *st);
+    if (!s) return;
+    *st = s->st;
+    st->available = HASH_COUNT(s->table);
+    st->synced = s->synced;
+}
+
+int ect_pull_scheduler_open(const ect_pull_scheduler_opts *o, ect_pull_scheduler **out) {
+    if (!out) return ect_set_error(ECT_EINVAL, "pull scheduler: out is NULL");
+    *out = NULL;
+    if (!o || !o->producer)
+        return ect_set_error(ECT_EINVAL, "pull scheduler: producer (HOST:PORT) is required");
+    if (o->request_retry_ms < 1)
+        return ect_set_error(ECT_EINVAL, "pull scheduler: request_retry_ms must be >= 1");
+    const char *colon = strrchr(o->producer, ':');
+    char *end = NULL;
+    long port = colon ? strtol(colon + 1, &end, 10) : 0;
+    size_t hl = colon ? (size_t)(colon - o->producer) : 0;
+    if (!colon || hl == 0 || hl >= 256 || !end || *end || port < 1 || port > 65534)
+        return ect_set_error(ECT_EINVAL,
+                             "pull scheduler: producer '%s' is not HOST:PORT (port 1..65534)",
+                             o->producer);
+    ect_pull_scheduler *s = calloc(1, sizeof *s);
+    if (!s) return ect_set_error(ECT_ENOMEM, "pull scheduler: out of memory");
+    snprintf(s->producer, sizeof s->producer, "%s", o->producer);
+    s->retry_ms = o->request_retry_ms;
+    char ep[320];
+    int zero = 0, rc = 0;
+    s->zctx = zmq_ctx_new();
+    if (!s->zctx) {
+        free(s);
+        return ect_set_error(ECT_ENOMEM, "pull scheduler: zmq_ctx_new failed");
+    }
+    s->sub = zmq_socket(s->zctx, ZMQ_SUB);
+    s->dealer = zmq_socket(s->zctx, ZMQ_DEALER);
+    if (!s->sub || !s->dealer) {
+        rc = ect_set_error(ECT_ENOMEM, "pull scheduler: zmq_socket failed");
+        goto fail;
+    }
+    zmq_setsockopt(s->sub, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(s->dealer, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(s->sub, ZMQ_RCVTIMEO, &zero, sizeof zero);
+    zmq_setsockopt(s->sub, ZMQ_SUBSCRIBE, "", 0);
+    snprintf(ep, sizeof ep, "tcp://%.*s:%ld", (int)hl, o->producer, port + 1);
+    if (zmq_connect(s->sub, ep) != 0) {
+        rc = ect_set_error(ECT_EINVAL, "pull scheduler: cannot connect SUB to %s: %s", ep,
+                           zmq_strerror(zmq_errno()));
+        goto fail;
+    }
+    char mon_ep[64];
+    snprintf(mon_ep, sizeof mon_ep, "inproc://pull-sched-mon-%p", (void *)s);
+    if (zmq_socket_monitor(s->dealer, mon_ep, ZMQ_EVENT_CONNECTED) == 0 &&
+        (s->mon = zmq_socket(s->zctx, ZMQ_PAIR)) != NULL) {
+        zmq_setsockopt(s->mon, ZMQ_LINGER, &zero, sizeof zero);
+        if (zmq_connect(s->mon, mon_ep) != 0) {
+            zmq_close(s->mon);
+            s->mon = NULL;
+        }
+    }
+    if (!s->mon) ECT_LOGW(MOD, "no DEALER monitor: producer restarts are seen only on messages");
+    snprintf(ep, sizeof ep, "tcp://%.*s:%ld", (int)hl, o->producer, port);
+    if (zmq_connect(s->dealer, ep) != 0) {
+        rc = ect_set_error(ECT_EINVAL, "pull scheduler: cannot connect DEALER to %s: %s", ep,
+                           zmq_strerror(zmq_errno()));
+        goto fail;
+    }
+    ask_inventory(s);
+    *out = s;
+    return 0;
+fail:
+    ect_pull_scheduler_close(s);
+    return rc;
+}
+
+void ect_pull_scheduler_close(ect_pull_scheduler *s) {
+    if (!s) return;
+    forget_all(s);
+    if (s->sub) zmq_close(s->sub);
+    if (s->dealer) {
+        zmq_socket_monitor(s->dealer, NULL, 0);
+        zmq_close(s->dealer);
+    }
+    if (s->mon) zmq_close(s->mon);
+    if (s->zctx) zmq_ctx_term(s->zctx);
+    free(s);
+}

@@ -1,0 +1,703 @@
+/*
+ * test_pull — generation 1 end to end in one process over loopback: a
+ * producer, schedulers and consumers on ephemeral ports, plus raw ZMQ
+ * sockets playing a misbehaving peer (garbage frames, a ROUTER that answers
+ * late, a consumer whose data plane is unreachable).
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "testutil.h"
+
+#include "pull/pull_internal.h"
+#include "util/util.h"
+
+#define KiB 1024u
+#define MiB (1024u * 1024u)
+
+static atomic_int released;
+static void on_release(void *user, const void *data) {
+    (void)user;
+    free((void *)data);
+    atomic_fetch_add(&released, 1);
+}
+
+/* Saves item `name` of n bytes (uint8, shape [n]) filled from seed. */
+static void save_item(ect_pull_producer *p, const char *name, size_t n, uint64_t seed) {
+    void *d = malloc(n);
+    assert_non_null(d);
+    test_fill_pattern(d, n, seed);
+    uint64_t shape[1] = {n};
+    int rc = ect_pull_producer_save(p, name, d, n, shape, 1, "uint8", on_release, NULL);
+    if (rc) fail_msg("save %s: %s", name, ect_last_error());
+}
+
+static ect_pull_producer *open_producer(const char *transport, uint64_t pool, int port) {
+    ect_pull_producer_opts o;
+    ect_pull_producer_opts_init(&o);
+    o.port = port;
+    o.pool_size = pool;
+    o.transport = transport;
+    ect_pull_producer *p = NULL;
+    int rc = ect_pull_producer_open(&o, &p);
+    if (rc) fail_msg("producer open: %s", ect_last_error());
+    return p;
+}
+
+static void addr_of(int port, char *buf, size_t cap) { snprintf(buf, cap, "127.0.0.1:%d", port); }
+
+static ect_pull_consumer *open_consumer(const char *transport, int port, uint64_t pool,
+                                        int timeout_ms) {
+    char a[64];
+    addr_of(port, a, sizeof a);
+    ect_pull_consumer_opts o;
+    ect_pull_consumer_opts_init(&o);
+    o.producer = a;
+    o.transport = transport;
+    o.pool_size = pool;
+    o.timeout_ms = timeout_ms;
+    ect_pull_consumer *c = NULL;
+    int rc = ect_pull_consumer_open(&o, &c);
+    if (rc) fail_msg("consumer open: %s", ect_last_error());
+    return c;
+}
+
+static ect_pull_scheduler *open_scheduler(int port) {
+    char a[64];
+    addr_of(port, a, sizeof a);
+    ect_pull_scheduler_opts o;
+    ect_pull_scheduler_opts_init(&o);
+    o.producer = a;
+    o.request_retry_ms = 200;
+    ect_pull_scheduler *s = NULL;
+    int rc = ect_pull_scheduler_open(&o, &s);
+    if (rc) fail_msg("scheduler open: %s", ect_last_error());
+    return s;
+}
+
+/* Polls has() for up to ms; returns its last answer. */
+static int wait_has(ect_pull_scheduler *s, const char *h, ect_pull_meta *m, int ms) {
+    uint64_t end = ect_now_ms() + (uint64_t)ms;
+    int r;
+    while ((r = ect_pull_scheduler_has(s, h, m)) == 0 && ect_now_ms() < end) usleep(2000);
+    return r;
+}
+
+static uint64_t used(ect_pool *p) {
+    ect_pool_stat st;
+    ect_pool_stats(p, &st);
+    return st.used;
+}
+
+static void load_check(ect_pull_consumer *c, const char *h, const ect_pull_meta *m, size_t n,
+                       uint64_t seed) {
+    ect_pull_view v;
+    int rc = ect_pull_consumer_load(c, h, m, &v);
+    if (rc) fail_msg("load %s: %s", h, ect_last_error());
+    assert_int_equal(v.nbytes, n);
+    assert_true(test_check_pattern(v.data, n, seed));
+    assert_int_equal(ect_pull_consumer_release(c, h), 0);
+}
+
+/* ---- the happy path, cache tier, borrowing */
+
+static void run_basic(const char *transport) {
+    atomic_store(&released, 0);
+    ect_pull_producer *p = open_producer(transport, 64 * MiB, 0);
+    int port = ect_pull_producer_port(p);
+    ect_pull_scheduler *s = open_scheduler(port);
+    ect_pull_consumer *c = open_consumer(transport, port, 64 * MiB, 10000);
+    size_t sizes[3] = {64 * KiB, 4608 * KiB, 1};
+    const char *names[3] = {"h-small", "h-llava", "h-one"};
+    for (int i = 0; i < 3; i++) save_item(p, names[i], sizes[i], 100 + (uint64_t)i);
+    assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
+    assert_int_equal(atomic_load(&released), 3);
+    for (int i = 0; i < 3; i++) {
+        ect_pull_meta m;
+        assert_int_equal(wait_has(s, names[i], &m, 10000), 1);
+        assert_int_equal(m.nbytes, sizes[i]);
+        assert_int_equal(m.ndim, 1);
+        assert_int_equal(m.shape[0], sizes[i]);
+        assert_string_equal(m.dtype, "uint8");
+        assert_string_equal(m.producer_session_id, ect_pull_producer_session_id(p));
+        load_check(c, names[i], &m, sizes[i], 100 + (uint64_t)i);
+        /* second load: the consumer's resident cache, no transfer */
+        ect_pull_view v;
+        assert_int_equal(ect_pull_consumer_load(c, names[i], NULL, &v), 0);
+        assert_int_equal(v.cached, 1);
+        assert_true(test_check_pattern(v.data, sizes[i], 100 + (uint64_t)i));
+        assert_int_equal(ect_pull_consumer_release(c, names[i]), 0);
+    }
+    assert_int_equal(ect_pull_scheduler_has(s, "h-none", NULL), 0);
+    ect_pull_consumer_stat cs;
+    ect_pull_consumer_stats(c, &cs);
+    assert_int_equal(cs.remote, 3);
+    assert_int_equal(cs.local, 3);
+    ect_pull_producer_stat ps;
+    ect_pull_producer_stats(p, &ps);
+    assert_int_equal(ps.saved, 3);
+    assert_int_equal(ps.pulls_ok, 3);
+    assert_int_equal(ps.pulls_failed, 0);
+    ect_pull_consumer_close(c);
+    ect_pull_scheduler_close(s);
+    ect_pull_producer_close(p);
+}
+
+static void test_basic_tcp(void **st) {
+    (void)st;
+    run_basic("tcp");
+}
+static void test_basic_shm(void **st) {
+    (void)st;
+    run_basic("shm");
+}
+
+/* ---- several consumers at once, same and different items */
+
+typedef struct worker_arg {
+    int port, idx, ok;
+} worker_arg;
+
+#define N_ITEMS 6
+#define ITEM_SIZE (256 * KiB)
+
+static void *consumer_thread(void *arg) {
+    worker_arg *w = arg;
+    char a[64];
+    addr_of(w->port, a, sizeof a);
+    ect_pull_consumer_opts o;
+    ect_pull_consumer_opts_init(&o);
+    o.producer = a;
+    o.pool_size = 8 * MiB;
+    o.timeout_ms = 20000;
+    ect_pull_consumer *c = NULL;
+    if (ect_pull_consumer_open(&o, &c) != 0) return NULL;
+    int good = 0;
+    for (int k = 0; k < N_ITEMS; k++) {
+        int i = (k + w->idx) % N_ITEMS; /* every consumer pulls every item, in its own order */
+        char h[16];
+        snprintf(h, sizeof h, "item-%d", i);
+        ect_pull_meta m = {.nbytes = ITEM_SIZE, .ndim = 1, .shape = {ITEM_SIZE}};
+        snprintf(m.dtype, sizeof m.dtype, "uint8");
+        ect_pull_view v;
+        if (ect_pull_consumer_load(c, h, &m, &v) != 0) continue;
+        if (v.nbytes == ITEM_SIZE && test_check_pattern(v.data, ITEM_SIZE, 7000 + (uint64_t)i))
+            good++;
+        ect_pull_consumer_release(c, h);
+    }
+    w->ok = good;
+    ect_pull_consumer_close(c);
+    return NULL;
+}
+
+static void test_many_consumers(void **st) {
+    (void)st;
+    ect_pull_producer *p = open_producer("tcp", 16 * MiB, 0);
+    for (int i = 0; i < N_ITEMS; i++) {
+        char h[16];
+        snprintf(h, sizeof h, "item-%d", i);
+        save_item(p, h, ITEM_SIZE, 7000 + (uint64_t)i);
+    }
+    assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
+    enum { NC = 4 };
+    pthread_t th[NC];
+    worker_arg w[NC];
+    for (int i = 0; i < NC; i++) {
+        w[i] = (worker_arg){.port = ect_pull_producer_port(p), .idx = i};
+        assert_int_equal(pthread_create(&th[i], NULL, consumer_thread, &w[i]), 0);
+    }
+    for (int i = 0; i < NC; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(w[i].ok, N_ITEMS);
+    }
+    ect_pull_producer_stat ps;
+    ect_pull_producer_stats(p, &ps);
+    assert_int_equal(ps.pulls_ok, NC * N_ITEMS);
+    ect_pull_producer_close(p);
+}
+
+/* ---- a scheduler that joins after everything was published */
+
+static void test_late_joiner_paged(void **st) {
+    (void)st;
+    ect_pull_producer_opts o;
+    ect_pull_producer_opts_init(&o);
+    o.port = 0;
+    o.pool_size = 8 * MiB;
+    o.page_items = 2; /* 5 items -> 3 ECTransferReady pages */
+    ect_pull_producer *p = NULL;
+    assert_int_equal(ect_pull_producer_open(&o, &p), 0);
+    for (int i = 0; i < 5; i++) {
+        char h[16];
+        snprintf(h, sizeof h, "late-%d", i);
+        save_item(p, h, 1000 + (size_t)i, 50 + (uint64_t)i);
+    }
+    assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
+    usleep(50000); /* the notifications went out before anyone subscribed */
+    ect_pull_scheduler *s = open_scheduler(ect_pull_producer_port(p));
+    ect_pull_meta m;
+    assert_int_equal(wait_has(s, "late-4", &m, 10000), 1);
+    ect_pull_scheduler_stat ss;
+    uint64_t end = ect_now_ms() + 10000;
+    do {
+        ect_pull_scheduler_poll(s);
+        ect_pull_scheduler_stats(s, &ss);
+    } while (!ss.synced && ect_now_ms() < end);
+    assert_int_equal(ss.synced, 1);
+    assert_int_equal(ss.available, 5);
+    assert_true(ss.ready_pages >= 3);
+    assert_int_equal(ss.notifications, 0);
+    for (int i = 0; i < 5; i++) {
+        char h[16];
+        snprintf(h, sizeof h, "late-%d", i);
+        assert_int_equal(ect_pull_scheduler_has(s, h, &m), 1);
+        assert_int_equal(m.nbytes, 1000 + (uint64_t)i);
+    }
+    ect_pull_producer_stat ps;
+    ect_pull_producer_stats(p, &ps);
+    assert_true(ps.requests >= 1);
+    ect_pull_scheduler_close(s);
+    ect_pull_producer_close(p);
+}
+
+/* ---- a producer restarting on the same port */
+
+static void test_producer_restart(void **st) {
+    (void)st;
+    ect_pull_producer *p = open_producer("tcp", 4 * MiB, 0);
+    int port = ect_pull_producer_port(p);
+    char sess1[64];
+    snprintf(sess1, sizeof sess1, "%s", ect_pull_producer_session_id(p));
+    ect_pull_scheduler *s = open_scheduler(port);
+    save_item(p, "before", 4096, 1);
+    assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
+    assert_int_equal(wait_has(s, "before", NULL, 10000), 1);
+    ect_pull_producer_close(p);
+    p = open_producer("tcp", 4 * MiB, port);
+    assert_string_not_equal(sess1, ect_pull_producer_session_id(p));
+    save_item(p, "after", 4096, 2);
+    assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
+    ect_pull_meta m;
+    assert_int_equal(wait_has(s, "after", &m, 15000), 1);
+    assert_string_equal(m.producer_session_id, ect_pull_producer_session_id(p));
+    assert_int_equal(ect_pull_scheduler_has(s, "before", NULL), 0);
+    ect_pull_scheduler_stat ss;
+    ect_pull_scheduler_stats(s, &ss);
+    assert_int_equal(ss.session_changes, 1);
+    ect_pull_consumer *c = open_consumer("tcp", port, 1 * MiB, 10000);
+    load_check(c, "after", &m, 4096, 2);
+    ect_pull_consumer_close(c);
+    ect_pull_scheduler_close(s);
+    ect_pull_producer_close(p);
+}
+
+/* ---- unknown and evicted hashes; pool full on either side */
+
+static void test_unknown_evicted_full(void **st) {
+    (void)st;
+    ect_pull_producer *p = open_producer("tcp", 1 * MiB, 0);
+    int port = ect_pull_producer_port(p);
+    ect_pull_consumer *c = open_consumer("tcp", port, 1 * MiB, 10000);
+    ect_pull_meta m = {.nbytes = 400 * KiB, .ndim = 1, .shape = {400 * KiB}};
+    snprintf(m.dtype, sizeof m.dtype, "uint8");
+    ect_pull_view v;
+    assert_err(ect_pull_consumer_load(c, "never-saved", &m, &v), ECT_ENOTFOUND,
+               "unknown or evicted");
+    assert_int_equal(used(ect_pull_consumer_pool(c)), 0);
+    /* three 400 KiB items in a 1 MiB pool: the first one is evicted */
+    save_item(p, "e0", 400 * KiB, 10);
+    assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
+    save_item(p, "e1", 400 * KiB, 11);
+    save_item(p, "e2", 400 * KiB, 12);
+    assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
+    ect_pull_producer_stat ps;
+    ect_pull_producer_stats(p, &ps);
+    assert_int_equal(ps.evicted, 1);
+    assert_err(ect_pull_consumer_load(c, "e0", &m, &v), ECT_ENOTFOUND, "e0");
+    assert_int_equal(used(ect_pull_consumer_pool(c)), 0);
+    load_check(c, "e2", &m, 400 * KiB, 12);
+    /* producer pool full: an item larger than the pool is dropped, not published */
+    save_item(p, "huge", 2 * MiB, 13);
+    assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
+    ect_pull_producer_stats(p, &ps);
+    assert_int_equal(ps.save_failed, 1);
+    /* consumer pool full: nothing is sent, nothing stays allocated */
+    ect_pull_meta big = {.nbytes = 2 * MiB, .ndim = 1, .shape = {2 * MiB}};
+    snprintf(big.dtype, sizeof big.dtype, "uint8");
+    uint64_t before = used(ect_pull_consumer_pool(c));
+    assert_err(ect_pull_consumer_load(c, "e1", &big, &v), ECT_EFULL, "pool");
+    assert_int_equal(used(ect_pull_consumer_pool(c)), before);
+    /* a meta that does not add up is refused before anything is sent */
+    ect_pull_meta bad = m;
+    bad.nbytes = 3;
+    assert_err(ect_pull_consumer_load(c, "e1", &bad, &v), ECT_EINVAL, "nbytes");
+    ect_pull_consumer_close(c);
+    ect_pull_producer_close(p);
+    assert_true(atomic_load(&released) > 0);
+}
+
+/* ---- raw peers: garbage on ROUTER, refused writes, unreachable consumer */
+
+static void *zsock(void *ctx, int type) {
+    void *s = zmq_socket(ctx, type);
+    assert_non_null(s);
+    int zero = 0, to = 5000;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(s, ZMQ_RCVTIMEO, &to, sizeof to);
+    return s;
+}
+
+static void send_pull(void *dealer, const char *h, uint64_t ptr, uint64_t off, const char *sess,
+                      const char *key, uint64_t token) {
+    wire_transfer_pull m = {.mm_hash = (char *)h,
+                            .dst_ptr = ptr,
+                            .dst_offset = off,
+                            .consumer_session_id = (char *)sess};
+    pull_ext x = {.dst_key = (char *)key, .has_token = true, .token = token};
+    void *buf;
+    size_t len;
+    assert_int_equal(pull_ext_encode_pull(&m, &x, &buf, &len), 0);
+    assert_true(zmq_send(dealer, buf, len, 0) >= 0);
+    free(buf);
+}
+
+/* Receives one ECTransferComplete; returns its status, checks the token. */
+static int recv_complete(void *dealer, const char *h, uint64_t token, char *err, size_t cap) {
+    char buf[4096];
+    int n = zmq_recv(dealer, buf, sizeof buf, 0);
+    assert_true(n > 0);
+    wire_transfer_complete c;
+    pull_ext x;
+    assert_int_equal(wire_transfer_complete_decode(buf, (size_t)n, &c), 0);
+    assert_int_equal(pull_ext_decode(buf, (size_t)n, "ECTransferComplete", &x), 0);
+    assert_string_equal(c.mm_hash, h);
+    assert_true(x.has_token);
+    assert_int_equal(x.token, token);
+    snprintf(err, cap, "%s", x.error ? x.error : "");
+    int st = c.status;
+    wire_transfer_complete_free(&c);
+    pull_ext_free(&x);
+    return st;
+}
+
+static void test_raw_router(void **st) {
+    (void)st;
+    ect_pull_producer *p = open_producer("tcp", 4 * MiB, 0);
+    save_item(p, "raw", 8192, 77);
+    assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
+    void *ctx = zmq_ctx_new();
+    void *d = zsock(ctx, ZMQ_DEALER);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", ect_pull_producer_port(p));
+    assert_int_equal(zmq_connect(d, ep), 0);
+    /* garbage: not msgpack, a reply type, two payload frames */
+    assert_true(zmq_send(d, "\xc1", 1, 0) == 1);
+    wire_transfer_complete wc = {.mm_hash = "raw", .status = 0};
+    void *buf;
+    size_t len;
+    assert_int_equal(wire_transfer_complete_encode(&wc, &buf, &len), 0);
+    assert_true(zmq_send(d, buf, len, 0) >= 0);
+    free(buf);
+    assert_true(zmq_send(d, "a", 1, ZMQ_SNDMORE) == 1);
+    assert_true(zmq_send(d, "b", 1, 0) == 1);
+    /* a target to write into */
+    ect_xport *x = NULL;
+    assert_int_equal(ect_xport_open("tcp", NULL, &x), 0);
+    size_t rl = 64 * KiB;
+    uint8_t *r = mmap(NULL, rl, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(r != MAP_FAILED);
+    char key[ECT_XPORT_KEY_MAX];
+    assert_int_equal(ect_xport_register(x, r, rl, -1, 0, key), 0);
+    char err[300];
+    /* the loop is alive after the garbage: a good pull lands at dst_ptr + dst_offset */
+    send_pull(d, "raw", (uint64_t)(uintptr_t)r, 4096, ect_xport_session(x), key, 11);
+    assert_int_equal(recv_complete(d, "raw", 11, err, sizeof err), 0);
+    assert_true(test_check_pattern(r + 4096, 8192, 77));
+    /* write refused: wrong key; out of the region */
+    send_pull(d, "raw", (uint64_t)(uintptr_t)r, 0, ect_xport_session(x), "0000000000000000", 12);
+    assert_int_not_equal(recv_complete(d, "raw", 12, err, sizeof err), 0);
+    assert_non_null(strstr(err, "write to"));
+    send_pull(d, "raw", (uint64_t)(uintptr_t)r, rl - 100, ect_xport_session(x), key, 13);
+    assert_int_not_equal(recv_complete(d, "raw", 13, err, sizeof err), 0);
+    /* unknown hash; missing key; unreachable consumer */
+    send_pull(d, "nope", (uint64_t)(uintptr_t)r, 0, ect_xport_session(x), key, 14);
+    assert_int_equal(recv_complete(d, "nope", 14, err, sizeof err), ECT_ENOTFOUND);
+    send_pull(d, "raw", (uint64_t)(uintptr_t)r, 0, ect_xport_session(x), NULL, 15);
+    assert_int_equal(recv_complete(d, "raw", 15, err, sizeof err), ECT_EINVAL);
+    assert_non_null(strstr(err, "dst_key"));
+    send_pull(d, "raw", 4096, 0, "127.0.0.1:1", key, 16);
+    assert_int_equal(recv_complete(d, "raw", 16, err, sizeof err), ECT_ECONNREFUSED);
+    /* overflow of dst_ptr + dst_offset */
+    send_pull(d, "raw", UINT64_MAX, 1, ect_xport_session(x), key, 17);
+    assert_int_equal(recv_complete(d, "raw", 17, err, sizeof err), ECT_EOVERFLOW);
+    ect_pull_producer_stat ps;
+    ect_pull_producer_stats(p, &ps);
+    assert_int_equal(ps.malformed, 3);
+    assert_int_equal(ps.pulls_ok, 1);
+    assert_int_equal(ps.pulls_failed, 6);
+    /* leases were all given back: the item can be removed */
+    assert_int_equal(ect_pool_remove(ect_pull_producer_pool(p), "raw"), 0);
+    assert_int_equal(used(ect_pull_producer_pool(p)), 0);
+    zmq_close(d);
+    zmq_ctx_term(ctx);
+    ect_pull_producer_close(p);
+    ect_xport_close(x);
+    munmap(r, rl);
+}
+
+/* ---- a consumer whose producer answers late (or never) */
+
+typedef struct slow_router {
+    void *ctx, *sock;
+    int port;
+} slow_router;
+
+/* Serves two pulls: ignores the first; on the second, first answers the
+ * first (too late, status 0) and then the second with ECT_ENOTFOUND. */
+static void *slow_main(void *arg) {
+    slow_router *sr = arg;
+    char id[2][256], msg[2][4096];
+    int idl[2], ml[2];
+    for (int i = 0; i < 2; i++) {
+        idl[i] = zmq_recv(sr->sock, id[i], sizeof id[i], 0);
+        ml[i] = zmq_recv(sr->sock, msg[i], sizeof msg[i], 0);
+        if (idl[i] <= 0 || ml[i] <= 0) return NULL;
+    }
+    for (int i = 0; i < 2; i++) {
+        wire_transfer_pull pl;
+        pull_ext x;
+        if (wire_transfer_pull_decode(msg[i], (size_t)ml[i], &pl) != 0) return NULL;
+        if (pull_ext_decode(msg[i], (size_t)ml[i], "ECTransferPull", &x) != 0) return NULL;
+        wire_transfer_complete c = {.mm_hash = pl.mm_hash, .status = i == 0 ? 0 : ECT_ENOTFOUND};
+        pull_ext cx = {.has_token = x.has_token, .token = x.token};
+        void *buf;
+        size_t len;
+        if (pull_ext_encode_complete(&c, &cx, &buf, &len) == 0) {
+            zmq_send(sr->sock, id[i], (size_t)idl[i], ZMQ_SNDMORE);
+            zmq_send(sr->sock, buf, len, 0);
+            free(buf);
+        }
+        wire_transfer_pull_free(&pl);
+        pull_ext_free(&x);
+    }
+    return NULL;
+}
+
+static void test_consumer_timeout(void **st) {
+    (void)st;
+    slow_router sr = {.ctx = zmq_ctx_new()};
+    sr.sock = zsock(sr.ctx, ZMQ_ROUTER);
+    assert_int_equal(zmq_bind(sr.sock, "tcp://127.0.0.1:*"), 0);
+    char last[128];
+    size_t ll = sizeof last;
+    zmq_getsockopt(sr.sock, ZMQ_LAST_ENDPOINT, last, &ll);
+    sr.port = atoi(strrchr(last, ':') + 1);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, slow_main, &sr), 0);
+    ect_pull_consumer *c = open_consumer("tcp", sr.port, 1 * MiB, 300);
+    ect_pull_meta m = {.nbytes = 1000, .ndim = 1, .shape = {1000}};
+    snprintf(m.dtype, sizeof m.dtype, "uint8");
+    ect_pull_view v;
+    uint64_t t0 = ect_now_ms();
+    assert_err(ect_pull_consumer_load(c, "slow", &m, &v), ECT_ETIMEDOUT, "within 300 ms");
+    assert_true(ect_now_ms() - t0 < 3000);
+    ect_pull_consumer_stat cs;
+    ect_pull_consumer_stats(c, &cs);
+    assert_int_equal(cs.quarantined, 1);
+    assert_true(used(ect_pull_consumer_pool(c)) > 0); /* a late write could still land */
+    /* The next load of the same hash gets the late "0" of the first request
+     * first: it must not be taken for this one's, whose answer is ENOTFOUND. */
+    assert_err(ect_pull_consumer_load(c, "slow", &m, &v), ECT_ENOTFOUND, "status");
+    ect_pull_consumer_stats(c, &cs);
+    assert_int_equal(cs.stale, 1);
+    assert_int_equal(cs.quarantined, 0);
+    assert_int_equal(used(ect_pull_consumer_pool(c)), 0);
+    pthread_join(th, NULL);
+    ect_pull_consumer_close(c);
+    zmq_close(sr.sock);
+    zmq_ctx_term(sr.ctx);
+}
+
+/* A consumer and a scheduler whose producer is gone: no hang anywhere. */
+static void test_peer_gone(void **st) {
+    (void)st;
+    ect_pull_producer *p = open_producer("tcp", 1 * MiB, 0);
+    int port = ect_pull_producer_port(p);
+    ect_pull_producer_close(p);
+    ect_pull_scheduler *s = open_scheduler(port);
+    assert_int_equal(ect_pull_scheduler_has(s, "x", NULL), 0);
+    ect_pull_consumer_opts o;
+    ect_pull_consumer_opts_init(&o);
+    char a[64];
+    addr_of(port, a, sizeof a);
+    o.producer = a;
+    o.pool_size = 1 * MiB;
+    o.timeout_ms = 200;
+    o.quarantine_ms = 0;
+    ect_pull_consumer *c = NULL;
+    assert_int_equal(ect_pull_consumer_open(&o, &c), 0);
+    ect_pull_meta m = {.nbytes = 10, .ndim = 1, .shape = {10}};
+    snprintf(m.dtype, sizeof m.dtype, "uint8");
+    ect_pull_view v;
+    assert_err(ect_pull_consumer_load(c, "x", &m, &v), ECT_ETIMEDOUT, NULL);
+    /* quarantine_ms 0: the next call sweeps it */
+    assert_err(ect_pull_consumer_load(c, "y", NULL, &v), ECT_EINVAL, "meta");
+    assert_int_equal(used(ect_pull_consumer_pool(c)), 0);
+    uint64_t t0 = ect_now_ms();
+    ect_pull_consumer_close(c);
+    ect_pull_scheduler_close(s);
+    assert_true(ect_now_ms() - t0 < 2000);
+}
+
+/* ---- garbage on SUB */
+
+static void test_sub_malformed(void **st) {
+    (void)st;
+    void *ctx = zmq_ctx_new();
+    void *pub = zsock(ctx, ZMQ_PUB);
+    int pport = 0;
+    for (int i = 0; i < 50 && !pport; i++) { /* a PUB at P+1 with P free enough */
+        assert_int_equal(zmq_bind(pub, "tcp://127.0.0.1:*"), 0);
+        char last[128];
+        size_t ll = sizeof last;
+        zmq_getsockopt(pub, ZMQ_LAST_ENDPOINT, last, &ll);
+        pport = atoi(strrchr(last, ':') + 1);
+    }
+    ect_pull_scheduler *s = open_scheduler(pport - 1);
+    wire_pull_item it = {.mm_hash = "subbed", .ndim = 1, .shape = {16}, .num_bytes = 16};
+    snprintf(it.dtype, sizeof it.dtype, "uint8");
+    wire_hash_notification n = {.items = &it, .n_items = 1, .producer_session_id = "sess-A"};
+    void *buf;
+    size_t len;
+    assert_int_equal(wire_hash_notification_encode(&n, &buf, &len), 0);
+    uint64_t end = ect_now_ms() + 10000;
+    int r = 0;
+    while (r == 0 && ect_now_ms() < end) {
+        zmq_send(pub, "\x92\x01", 2, 0);      /* truncated array */
+        zmq_send(pub, "\x81\xa1x\x01", 4, 0); /* unknown message type */
+        zmq_send(pub, "x", 1, ZMQ_SNDMORE);   /* two frames */
+        zmq_send(pub, "y", 1, 0);
+        zmq_send(pub, buf, len, 0);
+        usleep(5000);
+        r = ect_pull_scheduler_has(s, "subbed", NULL);
+    }
+    free(buf);
+    assert_int_equal(r, 1);
+    ect_pull_scheduler_stat ss;
+    ect_pull_scheduler_stats(s, &ss);
+    assert_true(ss.malformed >= 3);
+    assert_true(ss.notifications >= 1);
+    ect_pull_scheduler_close(s);
+    zmq_close(pub);
+    zmq_ctx_term(ctx);
+}
+
+/* ---- the extension codec */
+
+static void test_ext_codec(void **st) {
+    (void)st;
+    wire_transfer_pull m = {.mm_hash = "abc",
+                            .dst_ptr = 0x7f0000001000,
+                            .dst_offset = 4096,
+                            .consumer_session_id = "consumer-0"};
+    void *buf;
+    size_t len;
+    /* no extension: exactly the upstream bytes */
+    assert_int_equal(pull_ext_encode_pull(&m, NULL, &buf, &len), 0);
+    void *plain;
+    size_t plen;
+    assert_int_equal(wire_transfer_pull_encode(&m, &plain, &plen), 0);
+    assert_int_equal(len, plen);
+    assert_memory_equal(buf, plain, len);
+    free(buf);
+    free(plain);
+    pull_ext x = {.dst_key = "k1", .has_token = true, .token = 42};
+    assert_int_equal(pull_ext_encode_pull(&m, &x, &buf, &len), 0);
+    assert_int_equal(((uint8_t *)buf)[0], 0x86);
+    wire_transfer_pull back;
+    assert_int_equal(wire_transfer_pull_decode(buf, len, &back), 0); /* upstream view */
+    assert_string_equal(back.mm_hash, "abc");
+    wire_transfer_pull_free(&back);
+    wire_pull_msg any;
+    assert_int_equal(wire_pull_decode_any(buf, len, &any), 0);
+    assert_int_equal(any.type, WIRE_PULL_PULL);
+    wire_pull_msg_free(&any);
+    pull_ext y;
+    assert_int_equal(pull_ext_decode(buf, len, "ECTransferPull", &y), 0);
+    assert_string_equal(y.dst_key, "k1");
+    assert_true(y.has_token);
+    assert_int_equal(y.token, 42);
+    pull_ext_free(&y);
+    free(buf);
+    /* a wrong-typed extension key is named */
+    static const uint8_t bad[] = {0x81, 0xa5, 't', 'o', 'k', 'e', 'n', 0xa1, 'x'};
+    assert_err(pull_ext_decode(bad, sizeof bad, "ECTransferComplete", &y), ECT_EPROTO,
+               "ECTransferComplete.token");
+    /* an over-long error text is cut to 256 bytes */
+    char longerr[600];
+    memset(longerr, 'e', sizeof longerr - 1);
+    longerr[sizeof longerr - 1] = '\0';
+    wire_transfer_complete c = {.mm_hash = "abc", .status = -4};
+    pull_ext cx = {.has_token = true, .token = 1, .error = longerr};
+    assert_int_equal(pull_ext_encode_complete(&c, &cx, &buf, &len), 0);
+    assert_int_equal(pull_ext_decode(buf, len, "ECTransferComplete", &y), 0);
+    assert_int_equal(strlen(y.error), 256);
+    pull_ext_free(&y);
+    free(buf);
+}
+
+/* ---- bad options and arguments */
+
+static void test_bad_args(void **st) {
+    (void)st;
+    ect_pull_producer_opts o;
+    ect_pull_producer_opts_init(&o);
+    ect_pull_producer *p = (void *)1;
+    o.port = 70000;
+    assert_err(ect_pull_producer_open(&o, &p), ECT_EINVAL, "port");
+    assert_null(p);
+    o.port = 0;
+    o.transport = "carrier-pigeon";
+    assert_true(ect_pull_producer_open(&o, &p) != 0);
+    ect_pull_scheduler_opts so;
+    ect_pull_scheduler_opts_init(&so);
+    ect_pull_scheduler *s = NULL;
+    so.producer = "nohost";
+    assert_err(ect_pull_scheduler_open(&so, &s), ECT_EINVAL, "HOST:PORT");
+    ect_pull_consumer_opts co;
+    ect_pull_consumer_opts_init(&co);
+    ect_pull_consumer *c = NULL;
+    assert_err(ect_pull_consumer_open(&co, &c), ECT_EINVAL, "producer");
+    p = open_producer("tcp", 1 * MiB, 0);
+    uint64_t shape[2] = {3, 4};
+    char d[24] = {0};
+    assert_err(ect_pull_producer_save(p, "", d, 24, shape, 2, "float16", NULL, NULL), ECT_EINVAL,
+               "mm_hash");
+    assert_err(ect_pull_producer_save(p, "h", d, 23, shape, 2, "float16", NULL, NULL), ECT_EINVAL,
+               "nbytes");
+    assert_err(ect_pull_producer_save(p, "h", d, 24, shape, 2, "float5", NULL, NULL), ECT_EINVAL,
+               "dtype");
+    assert_int_equal(ect_pull_producer_save(p, "h", d, 24, shape, 2, "torch.float16", NULL, NULL),
+                     0);
+    ect_pull_producer_close(p); /* closes with the item maybe still queued */
+    ect_pull_producer_close(NULL);
+    ect_pull_consumer_close(NULL);
+    ect_pull_scheduler_close(NULL);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ext_codec),        cmocka_unit_test(test_bad_args),
+        cmocka_unit_test(test_basic_tcp),        cmocka_unit_test(test_basic_shm),
+        cmocka_unit_test(test_many_consumers),   cmocka_unit_test(test_late_joiner_paged),
+        cmocka_unit_test(test_producer_restart), cmocka_unit_test(test_unknown_evicted_full),
+        cmocka_unit_test(test_raw_router),       cmocka_unit_test(test_consumer_timeout),
+        cmocka_unit_test(test_peer_gone),        cmocka_unit_test(test_sub_malformed),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
