@@ -320,6 +320,231 @@ ECT_API void ect_xport_close(ect_xport *x);
 
 /* @@ECT_API_PUSH@@ (generation 2: consumer side) */
 
+/*
+ * Push protocol (generation 2), consumer side. See SPEC.md "Generation 2".
+ *
+ * ect_push_consumer: one per receiving TP rank. It owns a buffer pool (memfd
+ * backed, so the shm transport can map it), a transport target with the pool
+ * registered, and a control server (REP on ec_port + dp_index x tp_size +
+ * tp_rank, PUSH on an ephemeral port) run by one background thread.
+ * Producers reserve, write and complete; the consumer's engine takes READY
+ * items as zero-copy views and releases them to the resident cache.
+ *
+ * Threading: ect_push_consumer_take, _release, _stats, _evict and the port
+ * getters are safe from any thread at once (they take the reservation
+ * table's mutex, never across I/O). _open and _close must not race with any
+ * other call on the same handle.
+ */
+typedef struct ect_push_consumer ect_push_consumer;
+
+typedef struct ect_push_consumer_opts {
+    const char *ec_ip;         /* bind address of the control sockets; default "127.0.0.1";
+                                  "0.0.0.0" / "::" only when asked. Copied at open */
+    int ec_port;               /* base port, default 14579; 0: ephemeral control port
+                                  (tests; `peers` then lists only this shard) */
+    int tp_size;               /* 1..64, default 1 */
+    int tp_rank;               /* 0..tp_size-1, default 0 */
+    int dp_index;              /* >= 0, default 0; control port = ec_port + dp_index x tp_size
+                                  + tp_rank */
+    uint64_t pool_size;        /* bytes, default 1,000,000,000 */
+    const char *transport;     /* "tcp" (default), "shm" or "ucx" */
+    const char *xport_listen;  /* tcp/ucx data-plane listen "HOST:PORT"; default ec_ip:0 */
+    uint64_t ttl_ms;           /* reservation and tombstone lifetime, default 300000 */
+    uint64_t pending_grace_ms; /* a cancelled or expired reservation whose writer never
+                                  finished is freed this long after, once the transport shows
+                                  no write landing in the pool (tcp, shm; ucx: after the grace
+                                  alone); default 300000 */
+    int reap_interval_ms;      /* default 1000 */
+    size_t max_events;         /* event backlog, default 4096 (oldest dropped) */
+    size_t max_tombstones;     /* default 65536 */
+} ect_push_consumer_opts;
+
+/** A READY item taken for reading: `data` points into the consumer's pool
+ *  and stays valid and unchanged until ect_push_consumer_release. */
+typedef struct ect_push_view {
+    const void *data;
+    uint64_t nbytes;
+    uint32_t ndim;
+    uint64_t shape[8];
+    char dtype[32];
+    char mm_hash[256];
+    char transfer_id[256];
+} ect_push_view;
+
+typedef struct ect_push_consumer_stat {
+    uint64_t pool_used;      /* bytes allocated in the pool (rounded sizes) */
+    uint64_t pool_capacity;  /* usable bytes */
+    uint64_t live;           /* reservations not in a tombstone state */
+    uint64_t tombstones;     /* CANCELLED + EXPIRED entries kept */
+    uint64_t buffers;        /* allocations the table holds */
+    uint64_t resident;       /* buffers kept resident after release */
+    uint64_t events_queued;  /* events not yet sent */
+    uint64_t events_sent;    /* events sent on the PUSH socket */
+    uint64_t events_dropped; /* dropped because the backlog was full */
+    uint64_t bad_requests;   /* frames answered "malformed" or "unknown op" */
+    uint64_t evictions;      /* resident buffers reclaimed */
+} ect_push_consumer_stat;
+
+/** Fills the defaults above. */
+ECT_API void ect_push_consumer_opts_init(ect_push_consumer_opts *opts);
+
+/** Maps the pool, opens the transport and registers the pool, binds the
+ *  control sockets and starts the control thread. Caller owns *out
+ *  (ect_push_consumer_close); *out is NULL on failure. Errors: ECT_EINVAL
+ *  naming the option; ECT_EEXIST "address in use" when the control port is
+ *  taken; ECT_ENOTSUP for a transport not compiled in; ECT_ENOMEM, ECT_EIO. */
+ECT_API int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_consumer **out);
+
+/** Stops the control thread, closes the sockets and the transport (no peer
+ *  writes after this), then frees every reservation and the pool. Views
+ *  still taken become invalid. Accepts NULL. */
+ECT_API void ect_push_consumer_close(ect_push_consumer *c);
+
+/** The bound control port and event (PUSH) port; the transport session. */
+ECT_API int ect_push_consumer_port(const ect_push_consumer *c);
+ECT_API int ect_push_consumer_event_port(const ect_push_consumer *c);
+ECT_API const char *ect_push_consumer_session(const ect_push_consumer *c);
+
+/** Takes the READY item transfer_id for zero-copy reading: fills *view and
+ *  holds a lease so no cancel, reaper or reclaim frees the bytes until
+ *  ect_push_consumer_release. Errors: ECT_ENOTFOUND unknown transfer_id;
+ *  ECT_ESTATE not READY (still being written, cancelled, expired). */
+ECT_API int ect_push_consumer_take(ect_push_consumer *c, const char *transfer_id,
+                                   ect_push_view *view);
+
+/** Ends the lease of a taken view; the bytes stay resident so a later
+ *  reserve of the same mm_hash is answered `cached` without moving bytes
+ *  (least-recently-used reclaim when the pool is full). The view must not be
+ *  read afterwards. Errors: ECT_ENOTFOUND, ECT_ESTATE (not leased). */
+ECT_API int ect_push_consumer_release(ect_push_consumer *c, const ect_push_view *view);
+
+/** Frees up to `max` unleased resident items no reservation uses, least
+ *  recently used first; returns how many were freed. */
+ECT_API size_t ect_push_consumer_evict(ect_push_consumer *c, size_t max);
+
+/** Fills *st. */
+ECT_API void ect_push_consumer_stats(ect_push_consumer *c, ect_push_consumer_stat *st);
+
+/*
+ * ect_push_scheduler: the consumer instance's scheduler. It learns readiness
+ * events from every shard (PULL connected to each shard's event port; the
+ * shards are discovered with `peers` and `event_port` on a background
+ * thread, so an unreachable consumer never blocks the caller) and counts an
+ * item as arrived only when every shard reported it. Per transfer:
+ * WAITING_EVENT -> AVAILABLE -> LOADING -> READY -> RESIDENT, or
+ * UNAVAILABLE (no event from all shards within push_wait_ms; retryable),
+ * EXPIRED (not loaded within ttl_ms), CANCELLED, FAILED (an abandoned event
+ * or shards that disagree). Leaving a live state for a tombstone sends a
+ * cancel to every shard (cancel_attempts tries, a retry only to the shards
+ * that failed) from a background thread.
+ *
+ * Threading: every function except _open and _close must be called from one
+ * thread at a time (the scheduler's); none blocks on the network.
+ */
+typedef struct ect_push_scheduler ect_push_scheduler;
+
+typedef enum ect_push_state {
+    ECT_PUSH_WAITING_EVENT = 1,
+    ECT_PUSH_AVAILABLE,
+    ECT_PUSH_LOADING,
+    ECT_PUSH_READY,
+    ECT_PUSH_RESIDENT,
+    ECT_PUSH_UNAVAILABLE,
+    ECT_PUSH_EXPIRED,
+    ECT_PUSH_CANCELLED,
+    ECT_PUSH_FAILED,
+} ect_push_state;
+
+/** "WAITING_EVENT", ...; "?" outside the enum. */
+ECT_API const char *ect_push_state_name(ect_push_state s);
+
+typedef struct ect_push_scheduler_opts {
+    const char *consumer_host; /* host of the consumer instance's shards; default "127.0.0.1" */
+    int consumer_port;         /* control port of any shard of the instance (rank 0 is
+                                  ec_port + dp_index x tp_size); default 14579 */
+    int tp_size;               /* shards expected, 1..64; 0 (default): as `peers` reports */
+    uint64_t push_wait_ms;     /* WAITING_EVENT -> UNAVAILABLE, default 60000 */
+    uint64_t ttl_ms;           /* AVAILABLE -> EXPIRED and tombstone lifetime, default 300000 */
+    size_t max_tombstones;     /* default 65536 */
+    double control_timeout_s;  /* REQ timeout, default 30; max(1, ceil(s x 1000)) ms */
+    unsigned cancel_attempts;  /* sends per shard for one cancel, default 2 */
+    uint64_t min_drain_interval_ms; /* poll() drains events at most this often, default 5 */
+    int accept_any;            /* nonzero: a transfer reported by every shard is accepted
+                                  (expected on arrival) even if never expected; default 0 */
+} ect_push_scheduler_opts;
+
+/** What the scheduler knows of one transfer. */
+typedef struct ect_push_sched_item {
+    char transfer_id[256];
+    ect_push_state state;
+    int retryable;     /* UNAVAILABLE, EXPIRED: the request may be retried */
+    uint32_t reported; /* shards that reported it ready */
+    char mm_hash[256];
+    uint64_t nbytes;
+    uint32_t ndim;
+    uint64_t shape[8];
+    char dtype[32];
+    char error[160]; /* why FAILED / UNAVAILABLE / EXPIRED */
+} ect_push_sched_item;
+
+typedef struct ect_push_scheduler_stat {
+    uint32_t shards;          /* shards discovered (0 until discovery succeeded) */
+    uint64_t events;          /* events applied */
+    uint64_t bad_frames;      /* undecodable event frames (each cost only itself) */
+    uint64_t late_events;     /* for cancelled / finished transfers, ignored */
+    uint64_t cancels_sent;    /* remote cancels answered */
+    uint64_t cancels_failed;  /* attempts that failed */
+    uint64_t live, tombstones;
+} ect_push_scheduler_stat;
+
+/** Fills the defaults above. */
+ECT_API void ect_push_scheduler_opts_init(ect_push_scheduler_opts *opts);
+
+/** Creates the table and starts discovery in the background; returns at
+ *  once. Caller owns *out (ect_push_scheduler_close). Errors: ECT_EINVAL
+ *  naming the option; ECT_ENOMEM; ECT_EIO. */
+ECT_API int ect_push_scheduler_open(const ect_push_scheduler_opts *opts,
+                                    ect_push_scheduler **out);
+
+/** Stops the background thread (an exchange in flight may take up to the
+ *  control timeout to give up) and frees everything. Accepts NULL. */
+ECT_API void ect_push_scheduler_close(ect_push_scheduler *s);
+
+/** Waits for transfer_id (mm_hash may be NULL): its push wait starts now.
+ *  Errors: ECT_EINVAL bad id; ECT_EEXIST already expected or finished. */
+ECT_API int ect_push_scheduler_expect(ect_push_scheduler *s, const char *transfer_id,
+                                      const char *mm_hash);
+
+/** Drains pending events without blocking, applies timeouts and collects
+ *  the results of background cancels. Returns the number of events applied
+ *  (>= 0), or ECT_ENOMEM. */
+ECT_API int ect_push_scheduler_poll(ect_push_scheduler *s);
+
+/** Fills *item for transfer_id. ECT_ENOTFOUND when unknown. */
+ECT_API int ect_push_scheduler_state(ect_push_scheduler *s, const char *transfer_id,
+                                     ect_push_sched_item *item);
+
+/** The next transfer that arrived on every shard (AVAILABLE), moved to
+ *  LOADING; fills *item. ECT_ENOTFOUND when none is waiting. */
+ECT_API int ect_push_scheduler_next(ect_push_scheduler *s, ect_push_sched_item *item);
+
+/** LOADING -> READY -> RESIDENT once the engine took the item (and released
+ *  it to the resident cache). ECT_ESTATE from another state. */
+ECT_API int ect_push_scheduler_loaded(ect_push_scheduler *s, const char *transfer_id);
+
+/** Marks transfer_id failed (a load that went wrong); cancels it on every
+ *  shard. */
+ECT_API int ect_push_scheduler_fail(ect_push_scheduler *s, const char *transfer_id,
+                                    const char *reason);
+
+/** Any state -> CANCELLED (request freed or finished); queues a cancel to
+ *  every shard, sent by the background thread. Idempotent on finished
+ *  transfers. ECT_ENOTFOUND when unknown. */
+ECT_API int ect_push_scheduler_cancel(ect_push_scheduler *s, const char *transfer_id);
+
+/** Fills *st. */
+ECT_API void ect_push_scheduler_stats(ect_push_scheduler *s, ect_push_scheduler_stat *st);
+
 /* @@ECT_API_PUSH_PRODUCER@@ (generation 2: producer side) */
 
 /*

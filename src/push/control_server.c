@@ -432,12 +432,19 @@ fail:
     return rc;
 }
 
-void ctl_server_close(ctl_server *s) {
+void ctl_server_stop(ctl_server *s) {
     if (!s) return;
     atomic_store(&s->stop, true);
     if (s->thr_started) pthread_join(s->thr, NULL);
+    s->thr_started = false;
     if (s->rep) zmq_close(s->rep);
     if (s->push) zmq_close(s->push);
+    s->rep = s->push = NULL;
+}
+
+void ctl_server_close(ctl_server *s) {
+    if (!s) return;
+    ctl_server_stop(s);
     rsv_close(s->tab);
     pthread_mutex_destroy(&s->mu);
     free(s->dst_key);
@@ -452,6 +459,13 @@ int ctl_server_event_port(const ctl_server *s) { return s->event_port; }
 size_t ctl_server_reap(ctl_server *s, uint64_t now_ms) {
     pthread_mutex_lock(&s->mu);
     size_t n = rsv_reap(s->tab, now_ms);
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+size_t ctl_server_evict(ctl_server *s, size_t max) {
+    pthread_mutex_lock(&s->mu);
+    size_t n = rsv_evict_resident(s->tab, max);
     pthread_mutex_unlock(&s->mu);
     return n;
 }

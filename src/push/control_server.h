@@ -63,7 +63,12 @@ typedef struct ctl_server ctl_server;
  * (ctl_server_close); *out is NULL on failure. */
 int ctl_server_open(void *zctx, const ctl_server_opts *o, ctl_server **out);
 
-/* Stops the thread, closes both sockets and frees the table (every buffer it
+/* Stops the thread and closes both sockets; the table stays (take, release
+ * and stats still work). Idempotent. The consumer calls it, then stops its
+ * transport, then ctl_server_close. */
+void ctl_server_stop(ctl_server *s);
+
+/* Stops (if not yet), then frees the table (every buffer it
  * still holds goes back through rsv.mem). The caller must stop remote writes
  * (close or unregister the transport region) before. NULL is fine. */
 void ctl_server_close(ctl_server *s);
@@ -84,6 +89,7 @@ size_t ctl_server_reap(ctl_server *s, uint64_t now_ms);
 int ctl_server_take(ctl_server *s, const char *transfer_id, rsv_status *st);
 int ctl_server_release(ctl_server *s, const char *mm_hash);
 void ctl_server_stats(ctl_server *s, rsv_stats *st);
+size_t ctl_server_evict(ctl_server *s, size_t max);
 int ctl_server_check(ctl_server *s);
 /* Events sent on the PUSH socket and frames answered "malformed". */
 uint64_t ctl_server_events_sent(ctl_server *s);

@@ -1,0 +1,243 @@
+/*
+ * consumer — ect_push_consumer: one receiving TP rank. Wires a memfd pool,
+ * a transport target with the whole pool registered as one region, and a
+ * control server whose reservation table allocates from the pool.
+ *
+ * Close order matters because producers write into the pool with one-sided
+ * writes: the control thread stops first (no new reservations), then the
+ * transport (no write can land any more), and only then are the table's
+ * buffers freed and the pool unmapped.
+ *
+ * The reservation table's optional `write_active` hook asks the transport
+ * whether a write into the pool is being received right now: the region's
+ * reference count, which the tcp target and the shm slow path hold for every
+ * accepted write. The shm fast path and ucx puts are invisible to the target,
+ * so for them the hook only sees the pending grace go by. A range is quiet
+ * when no write is being received into the pool at all; that is coarser than
+ * the range but never wrong in the unsafe direction.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <zmq.h>
+
+#include "ectransfer.h"
+#include "push/control_server.h"
+#include "util/util.h"
+#include "xport/xport.h"
+
+#define MOD "consumer"
+
+struct ect_push_consumer {
+    ect_push_consumer_opts o;
+    char ip[256];
+    ect_pool *pool;
+    ect_xport *xp;
+    char key[ECT_XPORT_KEY_MAX];
+    bool registered;
+    void *zctx;
+    ctl_server *srv;
+    rsv_mem_ops mem;
+};
+
+void ect_push_consumer_opts_init(ect_push_consumer_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->ec_ip = "127.0.0.1";
+    o->ec_port = 14579;
+    o->tp_size = 1;
+    o->pool_size = 1000000000ull;
+    o->transport = "tcp";
+    o->ttl_ms = RSV_DEFAULT_TTL_MS;
+    o->pending_grace_ms = RSV_DEFAULT_TTL_MS;
+    o->reap_interval_ms = CTL_DEFAULT_REAP_INTERVAL_MS;
+    o->max_events = RSV_DEFAULT_MAX_EVENTS;
+    o->max_tombstones = RSV_DEFAULT_MAX_TOMBSTONES;
+}
+
+static int mem_alloc(void *ctx, uint64_t nbytes, uint64_t *offset) {
+    ect_push_consumer *c = ctx;
+    return ect_pool_alloc(c->pool, nbytes, offset);
+}
+
+static void mem_free(void *ctx, uint64_t offset, uint64_t nbytes) {
+    ect_push_consumer *c = ctx;
+    int rc = ect_pool_free(c->pool, offset);
+    if (rc)
+        ECT_LOGE(MOD, "freeing %" PRIu64 " bytes at %" PRIu64 ": %s", nbytes, offset,
+                 ect_last_error());
+}
+
+static bool mem_write_active(void *ctx, uint64_t offset, uint64_t nbytes) {
+    ect_push_consumer *c = ctx;
+    (void)offset;
+    (void)nbytes;
+    if (!c->xp || !c->registered) return false;
+    bool active = false;
+    pthread_mutex_lock(&c->xp->regs.mu);
+    xp_region *r, *tmp;
+    HASH_ITER(hh, c->xp->regs.by_token, r, tmp) {
+        if (r->addr == (uint8_t *)ect_pool_base(c->pool) && r->refs > 0) active = true;
+    }
+    pthread_mutex_unlock(&c->xp->regs.mu);
+    return active;
+}
+
+static int check_opts(const ect_push_consumer_opts *o) {
+    if (!o->ec_ip || !*o->ec_ip || strlen(o->ec_ip) > 255)
+        return ect_set_error(ECT_EINVAL, "ec_ip: required, at most 255 bytes");
+    if (o->tp_size < 1 || o->tp_size > 64)
+        return ect_set_error(ECT_EINVAL, "tp_size %d: must be 1..64", o->tp_size);
+    if (o->tp_rank < 0 || o->tp_rank >= o->tp_size)
+        return ect_set_error(ECT_EINVAL, "tp_rank %d: must be 0..tp_size-1", o->tp_rank);
+    if (o->dp_index < 0 || o->dp_index > 65535)
+        return ect_set_error(ECT_EINVAL, "dp_index %d: must be >= 0", o->dp_index);
+    if (o->ec_port < 0 || o->ec_port > 65535)
+        return ect_set_error(ECT_EINVAL, "ec_port %d: must be 0..65535", o->ec_port);
+    if (o->ec_port && (int64_t)o->ec_port + (int64_t)(o->dp_index + 1) * o->tp_size - 1 > 65535)
+        return ect_set_error(ECT_EINVAL,
+                             "ec_port %d + dp_index %d x tp_size %d: control ports beyond 65535",
+                             o->ec_port, o->dp_index, o->tp_size);
+    if (o->pool_size == 0) return ect_set_error(ECT_EINVAL, "pool_size must be > 0");
+    if (!o->transport) return ect_set_error(ECT_EINVAL, "transport: tcp, shm or ucx");
+    if (o->ttl_ms == 0) return ect_set_error(ECT_EINVAL, "ttl_ms must be > 0");
+    if (o->reap_interval_ms < 1) return ect_set_error(ECT_EINVAL, "reap_interval_ms must be >= 1");
+    if (o->max_events == 0) return ect_set_error(ECT_EINVAL, "max_events must be > 0");
+    if (o->max_tombstones == 0) return ect_set_error(ECT_EINVAL, "max_tombstones must be > 0");
+    return 0;
+}
+
+int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_consumer **out) {
+    if (out) *out = NULL;
+    if (!opts || !out) return ect_set_error(ECT_EINVAL, "push consumer: opts and out required");
+    int rc = check_opts(opts);
+    if (rc) return rc;
+    ect_push_consumer *c = calloc(1, sizeof *c);
+    if (!c) return ect_set_error(ECT_ENOMEM, "push consumer: out of memory");
+    c->o = *opts;
+    snprintf(c->ip, sizeof c->ip, "%s", opts->ec_ip);
+    c->o.ec_ip = c->ip;
+    c->o.transport = NULL;
+    c->o.xport_listen = NULL;
+
+    ect_pool_opts po;
+    ect_pool_opts_init(&po);
+    po.capacity = opts->pool_size;
+    po.use_memfd = 1;
+    if ((rc = ect_pool_open(&po, &c->pool))) goto fail;
+
+    ect_xport_opts xo;
+    ect_xport_opts_init(&xo);
+    char listen[300];
+    bool v6 = strchr(c->ip, ':') != NULL;
+    snprintf(listen, sizeof listen, v6 ? "[%s]:0" : "%s:0", c->ip);
+    xo.listen = opts->xport_listen ? opts->xport_listen : listen;
+    if ((rc = ect_xport_open(opts->transport, &xo, &c->xp))) goto fail;
+    if ((rc = ect_xport_register(c->xp, ect_pool_base(c->pool), ect_pool_capacity(c->pool),
+                                 ect_pool_fd(c->pool), 0, c->key)))
+        goto fail;
+    c->registered = true;
+
+    c->mem.alloc = mem_alloc;
+    c->mem.free = mem_free;
+    c->mem.write_active = mem_write_active;
+    if (!(c->zctx = zmq_ctx_new())) {
+        rc = ect_set_error(ECT_EIO, "push consumer: zmq_ctx_new failed");
+        goto fail;
+    }
+    ctl_server_opts so;
+    ctl_server_opts_init(&so);
+    so.ip = c->ip;
+    so.tp_size = opts->tp_size;
+    so.tp_rank = opts->tp_rank;
+    if (opts->ec_port) {
+        so.base_port = opts->ec_port + opts->dp_index * opts->tp_size;
+        so.port = so.base_port + opts->tp_rank;
+    }
+    so.reap_interval_ms = opts->reap_interval_ms;
+    so.rsv.mem = &c->mem;
+    so.rsv.mem_ctx = c;
+    so.rsv.ttl_ms = opts->ttl_ms;
+    so.rsv.pending_grace_ms = opts->pending_grace_ms;
+    so.rsv.max_events = opts->max_events;
+    so.rsv.max_tombstones = opts->max_tombstones;
+    so.dst_session = ect_xport_session(c->xp);
+    so.transport = ect_xport_kind(c->xp);
+    so.dst_key = c->key;
+    so.pool_base = (uint64_t)(uintptr_t)ect_pool_base(c->pool);
+    if ((rc = ctl_server_open(c->zctx, &so, &c->srv))) goto fail;
+    *out = c;
+    return 0;
+fail:;
+    char why[1024];
+    snprintf(why, sizeof why, "%s", ect_last_error());
+    ect_push_consumer_close(c);
+    return ect_set_error(rc, "%s", why);
+}
+
+void ect_push_consumer_close(ect_push_consumer *c) {
+    if (!c) return;
+    ctl_server_stop(c->srv); /* no new reservations, events or reaping */
+    ect_xport_close(c->xp);  /* no remote write lands after this */
+    c->xp = NULL;
+    c->registered = false;
+    ctl_server_close(c->srv); /* gives every buffer back to the pool */
+    if (c->zctx) zmq_ctx_term(c->zctx);
+    ect_pool_close(c->pool);
+    free(c);
+}
+
+int ect_push_consumer_port(const ect_push_consumer *c) { return ctl_server_port(c->srv); }
+int ect_push_consumer_event_port(const ect_push_consumer *c) {
+    return ctl_server_event_port(c->srv);
+}
+const char *ect_push_consumer_session(const ect_push_consumer *c) {
+    return ect_xport_session(c->xp);
+}
+
+int ect_push_consumer_take(ect_push_consumer *c, const char *transfer_id, ect_push_view *view) {
+    if (view) memset(view, 0, sizeof *view);
+    if (!c || !transfer_id || !view)
+        return ect_set_error(ECT_EINVAL, "push consumer take: NULL argument");
+    rsv_status st;
+    int rc = ctl_server_take(c->srv, transfer_id, &st);
+    if (rc) return rc;
+    view->data = (const uint8_t *)ect_pool_base(c->pool) + st.offset;
+    view->nbytes = st.nbytes;
+    view->ndim = (uint32_t)st.ndim;
+    for (size_t i = 0; i < st.ndim && i < 8; i++) view->shape[i] = st.shape[i];
+    snprintf(view->dtype, sizeof view->dtype, "%s", st.dtype);
+    snprintf(view->mm_hash, sizeof view->mm_hash, "%s", st.mm_hash);
+    snprintf(view->transfer_id, sizeof view->transfer_id, "%s", transfer_id);
+    return 0;
+}
+
+int ect_push_consumer_release(ect_push_consumer *c, const ect_push_view *view) {
+    if (!c || !view) return ect_set_error(ECT_EINVAL, "push consumer release: NULL argument");
+    return ctl_server_release(c->srv, view->mm_hash);
+}
+
+size_t ect_push_consumer_evict(ect_push_consumer *c, size_t max) {
+    return ctl_server_evict(c->srv, max);
+}
+
+void ect_push_consumer_stats(ect_push_consumer *c, ect_push_consumer_stat *st) {
+    memset(st, 0, sizeof *st);
+    ect_pool_stat ps;
+    ect_pool_stats(c->pool, &ps);
+    rsv_stats rs;
+    ctl_server_stats(c->srv, &rs);
+    st->pool_used = ps.used;
+    st->pool_capacity = ps.capacity;
+    st->live = rs.live;
+    st->tombstones = rs.tombstones;
+    st->buffers = rs.buffers;
+    st->resident = rs.resident;
+    st->events_queued = rs.events;
+    st->events_sent = ctl_server_events_sent(c->srv);
+    st->events_dropped = rs.events_dropped;
+    st->bad_requests = ctl_server_bad_requests(c->srv);
+    st->evictions = rs.evictions;
+}

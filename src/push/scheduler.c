@@ -1,0 +1,368 @@
+/*
+ * scheduler — ect_push_scheduler: the transfers table (xfer_) fed by the
+ * event inbox, plus one background thread that sends the table's remote
+ * cancels, so no call on the scheduler's thread ever waits on the network.
+ *
+ * The cancel thread has its own ZMQ context and control client; jobs go to
+ * it through a mutex-guarded queue and come back with their outcome, which
+ * poll() hands to xfer_cancel_done (a failure is retried only to that shard,
+ * up to cancel_attempts sends). Closing shuts the thread's context down,
+ * which interrupts an exchange blocked on a dead shard at once.
+ *
+ * Arrivals: an event that makes an entry AVAILABLE (every shard reported it)
+ * appends its id to the ready queue that ect_push_scheduler_next pops; the
+ * state is checked again when popped, so a cancel in between is harmless.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <zmq.h>
+
+#include "ectransfer.h"
+#include "push/control_client.h"
+#include "push/event_inbox.h"
+#include "push/transfers.h"
+#include "util/util.h"
+
+#define MOD "sched"
+#define SCHED_DRAIN_MAX 4096
+
+typedef struct job {
+    xfer_cancel_job j;
+    int port;
+    bool ok;
+} job;
+
+typedef struct jobq {
+    job *v;
+    size_t n, cap;
+} jobq;
+
+struct ect_push_scheduler {
+    ect_push_scheduler_opts o;
+    char host[256];
+    void *zctx; /* the PULL socket's */
+    inbox *in;
+    xfer_table *t;
+    uint64_t last_drain;
+    char **ready; /* ids that became AVAILABLE, FIFO */
+    size_t nready, capready;
+    ect_push_scheduler_stat st;
+    /* cancel thread */
+    void *cctx;
+    pthread_t thr;
+    bool thr_started;
+    atomic_bool stop;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    jobq todo, done; /* guarded by mu */
+};
+
+static const char *const state_names[] = {"?",         "WAITING_EVENT", "AVAILABLE",   "LOADING",
+                                          "READY",     "RESIDENT",      "UNAVAILABLE", "EXPIRED",
+                                          "CANCELLED", "FAILED"};
+
+const char *ect_push_state_name(ect_push_state s) {
+    return (s >= ECT_PUSH_WAITING_EVENT && s <= ECT_PUSH_FAILED) ? state_names[s] : "?";
+}
+
+void ect_push_scheduler_opts_init(ect_push_scheduler_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->consumer_host = "127.0.0.1";
+    o->consumer_port = 14579;
+    o->tp_size = 1;
+    o->push_wait_ms = XFER_DEFAULT_PUSH_WAIT_MS;
+    o->ttl_ms = XFER_DEFAULT_TTL_MS;
+    o->max_tombstones = XFER_DEFAULT_MAX_TOMBSTONES;
+    o->control_timeout_s = 30.0;
+    o->cancel_attempts = XFER_DEFAULT_CANCEL_ATTEMPTS;
+    o->min_drain_interval_ms = 5;
+}
+
+static int jobq_push(jobq *q, const job *j) {
+    if (q->n == q->cap) {
+        size_t cap = q->cap ? 2 * q->cap : 16;
+        job *v = realloc(q->v, cap * sizeof *v);
+        if (!v) return ECT_ENOMEM;
+        q->v = v;
+        q->cap = cap;
+    }
+    q->v[q->n++] = *j;
+    return 0;
+}
+
+static void *cancel_main(void *arg) {
+    ect_push_scheduler *s = arg;
+    ctl_client *cli = NULL;
+    if (ctl_client_open(s->cctx, ctl_timeout_ms(s->o.control_timeout_s), &cli)) {
+        ECT_LOGE(MOD, "cancel thread: %s", ect_last_error());
+        return NULL;
+    }
+    pthread_mutex_lock(&s->mu);
+    while (!atomic_load(&s->stop)) {
+        if (s->todo.n == 0) {
+            pthread_cond_wait(&s->cv, &s->mu);
+            continue;
+        }
+        job j = s->todo.v[0];
+        memmove(s->todo.v, s->todo.v + 1, (s->todo.n - 1) * sizeof *s->todo.v);
+        s->todo.n--;
+        pthread_mutex_unlock(&s->mu);
+        wire_ctl_request q = {.op = WIRE_OP_CANCEL};
+        snprintf(q.u.cancel.transfer_id, sizeof q.u.cancel.transfer_id, "%s", j.j.transfer_id);
+        snprintf(q.u.cancel.reservation_id, sizeof q.u.cancel.reservation_id, "%s",
+                 j.j.reservation_id);
+        wire_ctl_reply r;
+        j.ok = ctl_call_ok(cli, s->host, j.port, &q, &r) == 0;
+        if (j.ok)
+            wire_ctl_reply_clear(&r);
+        else
+            ECT_LOGW(MOD, "cancel %s on shard %d (attempt %u): %s", j.j.transfer_id, j.port,
+                     j.j.attempt, ect_last_error());
+        pthread_mutex_lock(&s->mu);
+        if (jobq_push(&s->done, &j)) ECT_LOGE(MOD, "cancel thread: out of memory");
+    }
+    pthread_mutex_unlock(&s->mu);
+    ctl_client_close(cli);
+    return NULL;
+}
+
+int ect_push_scheduler_open(const ect_push_scheduler_opts *o, ect_push_scheduler **out) {
+    if (out) *out = NULL;
+    if (!o || !out) return ect_set_error(ECT_EINVAL, "push scheduler: opts and out required");
+    if (!o->consumer_host || !*o->consumer_host || strlen(o->consumer_host) > 255)
+        return ect_set_error(ECT_EINVAL, "consumer_host: required, at most 255 bytes");
+    if (o->consumer_port < 1 || o->consumer_port > 65535)
+        return ect_set_error(ECT_EINVAL, "consumer_port %d: 1..65535", o->consumer_port);
+    if (o->tp_size < 1 || o->tp_size > XFER_MAX_SHARDS)
+        return ect_set_error(ECT_EINVAL, "tp_size %d: 1..%d", o->tp_size, XFER_MAX_SHARDS);
+    if (!(o->control_timeout_s > 0))
+        return ect_set_error(ECT_EINVAL, "control_timeout_s must be > 0");
+    ect_push_scheduler *s = calloc(1, sizeof *s);
+    if (!s) return ect_set_error(ECT_ENOMEM, "push scheduler: out of memory");
+    s->o = *o;
+    snprintf(s->host, sizeof s->host, "%s", o->consumer_host);
+    s->o.consumer_host = s->host;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    int rc;
+    xfer_opts xo;
+    xfer_opts_init(&xo);
+    xo.tp_size = (size_t)o->tp_size;
+    xo.push_wait_ms = o->push_wait_ms;
+    xo.ttl_ms = o->ttl_ms;
+    xo.max_tombstones = o->max_tombstones;
+    xo.cancel_attempts = o->cancel_attempts;
+    if ((rc = xfer_open(&xo, &s->t))) goto fail;
+    s->zctx = zmq_ctx_new();
+    s->cctx = zmq_ctx_new();
+    if (!s->zctx || !s->cctx) {
+        rc = ect_set_error(ECT_EIO, "push scheduler: zmq_ctx_new failed");
+        goto fail;
+    }
+    inbox_opts io = {.host = s->host,
+                     .port = o->consumer_port,
+                     .tp_size = o->tp_size,
+                     .timeout_ms = ctl_timeout_ms(o->control_timeout_s),
+                     .retry_ms = 200};
+    if ((rc = inbox_open(s->zctx, &io, &s->in))) goto fail;
+    if (pthread_create(&s->thr, NULL, cancel_main, s) != 0) {
+        rc = ect_set_error(ECT_EIO, "push scheduler: cannot start the cancel thread");
+        goto fail;
+    }
+    s->thr_started = true;
+    *out = s;
+    return 0;
+fail:;
+    char why[512];
+    snprintf(why, sizeof why, "%s", ect_last_error());
+    ect_push_scheduler_close(s);
+    return ect_set_error(rc, "%s", why);
+}
+
+void ect_push_scheduler_close(ect_push_scheduler *s) {
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    atomic_store(&s->stop, true);
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    if (s->cctx) zmq_ctx_shutdown(s->cctx);
+    if (s->thr_started) pthread_join(s->thr, NULL);
+    if (s->cctx) zmq_ctx_term(s->cctx);
+    inbox_close(s->in);
+    if (s->zctx) zmq_ctx_term(s->zctx);
+    xfer_close(s->t);
+    for (size_t i = 0; i < s->nready; i++) free(s->ready[i]);
+    free(s->ready);
+    free(s->todo.v);
+    free(s->done.v);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+static void push_ready(ect_push_scheduler *s, const char *tid) {
+    if (s->nready == s->capready) {
+        size_t cap = s->capready ? 2 * s->capready : 16;
+        char **v = realloc(s->ready, cap * sizeof *v);
+        if (!v) goto oom;
+        s->ready = v;
+        s->capready = cap;
+    }
+    char *d = strdup(tid);
+    if (!d) goto oom;
+    s->ready[s->nready++] = d;
+    return;
+oom:
+    ECT_LOGE(MOD, "out of memory queueing %s; it stays AVAILABLE until it expires", tid);
+}
+
+static void check_available(ect_push_scheduler *s, const char *tid) {
+    xfer_info info;
+    if (xfer_get(s->t, tid, &info) == 0 && info.state == XFER_AVAILABLE) push_ready(s, tid);
+}
+
+static void on_event(void *user, const wire_event *ev, size_t shard) {
+    ect_push_scheduler *s = user;
+    xfer_event xe = {.transfer_id = ev->transfer_id,
+                     .shard = shard,
+                     .ready = ev->ready,
+                     .reservation_id = ev->reservation_id,
+                     .mm_hash = ev->mm_hash,
+                     .nbytes = ev->tensor.nbytes,
+                     .shape = ev->tensor.shape,
+                     .ndim = ev->tensor.ndim,
+                     .dtype = ev->tensor.dtype,
+                     .error = ev->error};
+    uint64_t now = ect_now_ms();
+    int rc = xfer_on_event(s->t, &xe, now);
+    if (rc < 0) {
+        ECT_LOGW(MOD, "event for %s refused: %s", ev->transfer_id, ect_last_error());
+        s->st.bad_frames++;
+        return;
+    }
+    s->st.events++;
+    if (rc == XFER_EV_ORPHAN && s->o.accept_any) {
+        if (xfer_expect(s->t, ev->transfer_id, ev->mm_hash[0] ? ev->mm_hash : NULL, now) == 0)
+            check_available(s, ev->transfer_id);
+        return;
+    }
+    if (rc == XFER_EV_APPLIED) check_available(s, ev->transfer_id);
+}
+
+/* Hands finished cancel jobs to the table and new ones to the thread. */
+static void pump_cancels(ect_push_scheduler *s) {
+    int ports[XFER_MAX_SHARDS];
+    size_t n = inbox_shards(s->in, ports, XFER_MAX_SHARDS);
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->done.n; i++) {
+        xfer_cancel_done(s->t, &s->done.v[i].j, s->done.v[i].ok);
+        if (s->done.v[i].ok)
+            s->st.cancels_sent++;
+        else
+            s->st.cancels_failed++;
+    }
+    s->done.n = 0;
+    if (n == (size_t)s->o.tp_size) { /* shard ports known: send what the table queued */
+        xfer_cancel_job jobs[64];
+        size_t k;
+        while ((k = xfer_take_cancels(s->t, jobs, 64)) > 0) {
+            for (size_t i = 0; i < k; i++) {
+                job j = {.j = jobs[i], .port = ports[jobs[i].shard]};
+                if (jobq_push(&s->todo, &j)) xfer_cancel_done(s->t, &jobs[i], false);
+            }
+            if (k < 64) break;
+        }
+        if (s->todo.n) pthread_cond_signal(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+int ect_push_scheduler_poll(ect_push_scheduler *s) {
+    uint64_t now = ect_now_ms();
+    size_t got = 0;
+    if (now - s->last_drain >= s->o.min_drain_interval_ms || s->last_drain == 0) {
+        s->last_drain = now;
+        got = inbox_drain(s->in, on_event, s, SCHED_DRAIN_MAX);
+    }
+    xfer_reap(s->t, ect_now_ms());
+    pump_cancels(s);
+    return (int)got;
+}
+
+static void fill_item(ect_push_sched_item *it, const char *tid, const xfer_info *in) {
+    memset(it, 0, sizeof *it);
+    snprintf(it->transfer_id, sizeof it->transfer_id, "%s", tid);
+    it->state = (ect_push_state)in->state;
+    it->retryable = in->retryable;
+    it->reported = (uint32_t)in->reported;
+    snprintf(it->mm_hash, sizeof it->mm_hash, "%s", in->mm_hash);
+    it->nbytes = in->nbytes;
+    it->ndim = (uint32_t)in->ndim;
+    for (size_t i = 0; i < in->ndim && i < 8; i++) it->shape[i] = in->shape[i];
+    snprintf(it->dtype, sizeof it->dtype, "%s", in->dtype);
+    snprintf(it->error, sizeof it->error, "%s", in->error);
+}
+
+int ect_push_scheduler_expect(ect_push_scheduler *s, const char *transfer_id, const char *mm_hash) {
+    int rc = xfer_expect(s->t, transfer_id, mm_hash, ect_now_ms());
+    if (rc == 0) check_available(s, transfer_id);
+    return rc;
+}
+
+int ect_push_scheduler_state(ect_push_scheduler *s, const char *transfer_id,
+                             ect_push_sched_item *item) {
+    xfer_info in;
+    int rc = xfer_get(s->t, transfer_id, &in);
+    if (rc) return rc;
+    fill_item(item, transfer_id, &in);
+    return 0;
+}
+
+int ect_push_scheduler_next(ect_push_scheduler *s, ect_push_sched_item *item) {
+    while (s->nready) {
+        char *tid = s->ready[0];
+        memmove(s->ready, s->ready + 1, (s->nready - 1) * sizeof *s->ready);
+        s->nready--;
+        xfer_info in;
+        int rc = xfer_get(s->t, tid, &in);
+        if (rc == 0 && in.state == XFER_AVAILABLE && xfer_start_load(s->t, tid) == 0) {
+            xfer_get(s->t, tid, &in);
+            fill_item(item, tid, &in);
+            free(tid);
+            return 0;
+        }
+        free(tid);
+    }
+    return ect_set_error(ECT_ENOTFOUND, "no transfer has arrived on every shard");
+}
+
+int ect_push_scheduler_loaded(ect_push_scheduler *s, const char *transfer_id) {
+    int rc = xfer_loaded(s->t, transfer_id);
+    if (rc == 0) rc = xfer_resident(s->t, transfer_id);
+    return rc;
+}
+
+int ect_push_scheduler_fail(ect_push_scheduler *s, const char *transfer_id, const char *reason) {
+    return xfer_fail(s->t, transfer_id, reason ? reason : "load failed", ect_now_ms());
+}
+
+int ect_push_scheduler_cancel(ect_push_scheduler *s, const char *transfer_id) {
+    return xfer_cancel(s->t, transfer_id, ect_now_ms());
+}
+
+void ect_push_scheduler_stats(ect_push_scheduler *s, ect_push_scheduler_stat *st) {
+    *st = s->st;
+    int ports[XFER_MAX_SHARDS];
+    st->shards = (uint32_t)inbox_shards(s->in, ports, XFER_MAX_SHARDS);
+    st->bad_frames += inbox_bad_frames(s->in);
+    xfer_stats xs;
+    xfer_get_stats(s->t, &xs);
+    st->live = xs.live;
+    st->tombstones = xs.tombstones;
+    st->late_events = xs.late_events;
+}

@@ -1,0 +1,401 @@
+/*
+ * Tests for ect_push_consumer and ect_push_scheduler together, driven by a
+ * small test-only producer built from the control client and the transport
+ * (reserve on every shard, one batched write per shard, complete): TP = 1
+ * and 2 over tcp and shm, zero-copy take, release to resident and the
+ * `cached` answer, pool full, a producer that reserves and vanishes (the
+ * reservation expires and its memory returns), an abandoned writer failing
+ * the scheduler's entry, and the pools' used bytes back at zero after every
+ * scenario.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zmq.h>
+
+#include "testutil.h"
+#include "push/control_client.h"
+#include "util/util.h"
+
+#define MAXTP 4
+
+static void nap(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+typedef struct inst {
+    ect_push_consumer *c[MAXTP];
+    int tp, base;
+} inst;
+
+/* Opens tp consumers on consecutive control ports (retrying other bases if
+ * one is taken). */
+static void inst_open(inst *in, int tp, const char *transport, uint64_t pool, uint64_t ttl_ms) {
+    memset(in, 0, sizeof *in);
+    in->tp = tp;
+    uint64_t seed = (uint64_t)getpid() * 7919u + (uint64_t)ect_now_ns();
+    for (int attempt = 0; attempt < 50; attempt++) {
+        int base = 20000 + (int)(test_rand(&seed) % 30000);
+        int ok = 1;
+        for (int r = 0; r < tp && ok; r++) {
+            ect_push_consumer_opts o;
+            ect_push_consumer_opts_init(&o);
+            o.ec_port = base;
+            o.tp_size = tp;
+            o.tp_rank = r;
+            o.pool_size = pool;
+            o.transport = transport;
+            if (ttl_ms) {
+                o.ttl_ms = ttl_ms;
+                o.pending_grace_ms = ttl_ms;
+                o.reap_interval_ms = 50;
+            }
+            int rc = ect_push_consumer_open(&o, &in->c[r]);
+            if (rc == ECT_EEXIST) {
+                ok = 0;
+                break;
+            }
+            assert_int_equal(rc, 0);
+            assert_int_equal(ect_push_consumer_port(in->c[r]), base + r);
+        }
+        if (ok) {
+            in->base = base;
+            return;
+        }
+        for (int r = 0; r < tp; r++) {
+            ect_push_consumer_close(in->c[r]);
+            in->c[r] = NULL;
+        }
+    }
+    fail_msg("no free port range");
+}
+
+static void inst_close_checked(inst *in) {
+    for (int r = 0; r < in->tp; r++) {
+        ect_push_consumer_evict(in->c[r], SIZE_MAX);
+        ect_push_consumer_stat st;
+        ect_push_consumer_stats(in->c[r], &st);
+        assert_int_equal(st.pool_used, 0);
+        assert_int_equal(st.live, 0);
+        ect_push_consumer_close(in->c[r]);
+    }
+}
+
+/* ---- the test producer */
+typedef struct prod {
+    void *zctx;
+    ctl_client *cli;
+    ect_xport *xp;
+    int ports[MAXTP];
+    size_t n;
+} prod;
+
+static void prod_open(prod *p, int base, const char *transport) {
+    memset(p, 0, sizeof *p);
+    p->zctx = zmq_ctx_new();
+    assert_int_equal(ctl_client_open(p->zctx, 5000, &p->cli), 0);
+    assert_int_equal(ect_xport_open(transport, NULL, &p->xp), 0);
+    assert_int_equal(ctl_peers(p->cli, "127.0.0.1", base, p->ports, MAXTP, &p->n), 0);
+}
+
+static void prod_close(prod *p) {
+    ctl_client_close(p->cli);
+    ect_xport_close(p->xp);
+    zmq_ctx_term(p->zctx);
+}
+
+static wire_ctl_request reserve_req(const char *tid, const char *hash, uint64_t rows) {
+    wire_ctl_request q;
+    memset(&q, 0, sizeof q);
+    q.op = WIRE_OP_RESERVE;
+    snprintf(q.u.reserve.transfer_id, sizeof q.u.reserve.transfer_id, "%s", tid);
+    snprintf(q.u.reserve.mm_hash, sizeof q.u.reserve.mm_hash, "%s", hash);
+    q.u.reserve.tensor.ndim = 2;
+    q.u.reserve.tensor.shape[0] = rows;
+    q.u.reserve.tensor.shape[1] = 256;
+    snprintf(q.u.reserve.tensor.dtype, sizeof q.u.reserve.tensor.dtype, "torch.bfloat16");
+    q.u.reserve.tensor.nbytes = rows * 256 * 2;
+    return q;
+}
+
+/* Pushes one item to every shard: reserve, write (if asked), complete.
+ * Returns how many shards answered `cached`. */
+static int push_item(prod *p, const char *tid, const char *hash, uint64_t rows, uint64_t seed) {
+    uint64_t nbytes = rows * 256 * 2;
+    uint8_t *src = malloc(nbytes);
+    test_fill_pattern(src, nbytes, seed);
+    int cached = 0;
+    for (size_t i = 0; i < p->n; i++) {
+        wire_ctl_request q = reserve_req(tid, hash, rows);
+        wire_ctl_reply r;
+        assert_int_equal(ctl_call_ok(p->cli, "127.0.0.1", p->ports[i], &q, &r), 0);
+        if (r.u.reserve.cached) {
+            cached++;
+            assert_false(r.u.reserve.write);
+        } else {
+            assert_true(r.u.reserve.write);
+            ect_write w = {src, r.u.reserve.dst_ptr, nbytes, r.u.reserve.dst_key};
+            assert_int_equal(ect_xport_write_batch(p->xp, r.u.reserve.dst_session, &w, 1, NULL), 0);
+            wire_ctl_request c = {.op = WIRE_OP_COMPLETE};
+            snprintf(c.u.complete.transfer_id, sizeof c.u.complete.transfer_id, "%s", tid);
+            snprintf(c.u.complete.reservation_id, sizeof c.u.complete.reservation_id, "%s",
+                     r.u.reserve.reservation_id);
+            wire_ctl_reply cr;
+            assert_int_equal(ctl_call_ok(p->cli, "127.0.0.1", p->ports[i], &c, &cr), 0);
+            assert_true(cr.u.complete.became_ready);
+            wire_ctl_reply_clear(&cr);
+        }
+        wire_ctl_reply_clear(&r);
+    }
+    free(src);
+    return cached;
+}
+
+static ect_push_scheduler *sched_open(int base, int tp, int accept_any, uint64_t push_wait_ms) {
+    ect_push_scheduler_opts so;
+    ect_push_scheduler_opts_init(&so);
+    so.consumer_port = base;
+    so.tp_size = tp;
+    so.accept_any = accept_any;
+    so.control_timeout_s = 2;
+    if (push_wait_ms) so.push_wait_ms = push_wait_ms;
+    ect_push_scheduler *s = NULL;
+    assert_int_equal(ect_push_scheduler_open(&so, &s), 0);
+    return s;
+}
+
+/* Polls until next() yields an item or ~5 s pass. */
+static int wait_next(ect_push_scheduler *s, ect_push_sched_item *it) {
+    for (int i = 0; i < 1000; i++) {
+        ect_push_scheduler_poll(s);
+        if (ect_push_scheduler_next(s, it) == 0) return 0;
+        nap(5);
+    }
+    return ECT_ETIMEDOUT;
+}
+
+static void wait_cancels(ect_push_scheduler *s, uint64_t want) {
+    ect_push_scheduler_stat st;
+    for (int i = 0; i < 1000; i++) {
+        ect_push_scheduler_poll(s);
+        ect_push_scheduler_stats(s, &st);
+        if (st.cancels_sent >= want) return;
+        nap(5);
+    }
+    fail_msg("cancels not answered: %llu of %llu", (unsigned long long)st.cancels_sent,
+             (unsigned long long)want);
+}
+
+static void run_roundtrip(int tp, const char *transport) {
+    inst in;
+    inst_open(&in, tp, transport, 16u << 20, 0);
+    prod p;
+    prod_open(&p, in.base, transport);
+    assert_int_equal(p.n, (size_t)tp);
+    ect_push_scheduler *s = sched_open(in.base, tp, 0, 0);
+    assert_int_equal(ect_push_scheduler_expect(s, "t1", "h1"), 0);
+    ect_push_sched_item it;
+    assert_int_equal(ect_push_scheduler_state(s, "t1", &it), 0);
+    assert_int_equal(it.state, ECT_PUSH_WAITING_EVENT);
+
+    assert_int_equal(push_item(&p, "t1", "h1", 576, 42), 0);
+    assert_int_equal(wait_next(s, &it), 0);
+    assert_string_equal(it.transfer_id, "t1");
+    assert_int_equal(it.state, ECT_PUSH_LOADING);
+    assert_int_equal(it.reported, tp);
+    assert_int_equal(it.nbytes, 576 * 256 * 2);
+    for (int r = 0; r < tp; r++) {
+        ect_push_view v;
+        assert_int_equal(ect_push_consumer_take(in.c[r], "t1", &v), 0);
+        assert_int_equal(v.nbytes, 576 * 256 * 2);
+        assert_int_equal(v.ndim, 2);
+        assert_int_equal(v.shape[0], 576);
+        assert_string_equal(v.mm_hash, "h1");
+        assert_true(test_check_pattern(v.data, v.nbytes, 42));
+        assert_int_equal(ect_push_consumer_release(in.c[r], &v), 0);
+        assert_err(ect_push_consumer_release(in.c[r], &v), ECT_ESTATE, NULL);
+    }
+    assert_int_equal(ect_push_scheduler_loaded(s, "t1"), 0);
+    assert_int_equal(ect_push_scheduler_state(s, "t1", &it), 0);
+    assert_int_equal(it.state, ECT_PUSH_RESIDENT);
+    assert_int_equal(ect_push_scheduler_cancel(s, "t1"), 0); /* finished: shards forget it */
+    wait_cancels(s, (uint64_t)tp);
+
+    /* Same hash again: every shard answers cached, no bytes move. */
+    assert_int_equal(ect_push_scheduler_expect(s, "t2", NULL), 0);
+    assert_int_equal(push_item(&p, "t2", "h1", 576, 42), tp);
+    assert_int_equal(wait_next(s, &it), 0);
+    assert_string_equal(it.transfer_id, "t2");
+    for (int r = 0; r < tp; r++) {
+        ect_push_view v;
+        assert_int_equal(ect_push_consumer_take(in.c[r], "t2", &v), 0);
+        assert_true(test_check_pattern(v.data, v.nbytes, 42));
+        assert_int_equal(ect_push_consumer_release(in.c[r], &v), 0);
+    }
+    assert_int_equal(ect_push_scheduler_loaded(s, "t2"), 0);
+    assert_int_equal(ect_push_scheduler_cancel(s, "t2"), 0);
+    wait_cancels(s, 2 * (uint64_t)tp);
+    ect_push_scheduler_stat st;
+    ect_push_scheduler_stats(s, &st);
+    assert_int_equal(st.shards, tp);
+    assert_int_equal(st.bad_frames, 0);
+    ect_push_scheduler_close(s);
+    prod_close(&p);
+    inst_close_checked(&in);
+}
+
+static void test_tp1_tcp(void **state) {
+    (void)state;
+    run_roundtrip(1, "tcp");
+}
+static void test_tp2_tcp(void **state) {
+    (void)state;
+    run_roundtrip(2, "tcp");
+}
+static void test_tp2_shm(void **state) {
+    (void)state;
+    run_roundtrip(2, "shm");
+}
+
+/* accept_any: transfers nobody expected are accepted once every shard has
+ * them; take of something not READY is refused. */
+static void test_accept_any_and_refusals(void **state) {
+    (void)state;
+    inst in;
+    inst_open(&in, 2, "tcp", 4u << 20, 0);
+    prod p;
+    prod_open(&p, in.base, "tcp");
+    ect_push_scheduler *s = sched_open(in.base, 2, 1, 0);
+    ect_push_view v;
+    assert_err(ect_push_consumer_take(in.c[0], "nope", &v), ECT_ENOTFOUND, NULL);
+    /* pool full: 8 MiB into a 4 MiB pool */
+    wire_ctl_request q = reserve_req("big", "hbig", 16384);
+    wire_ctl_reply r;
+    assert_int_equal(ctl_call(p.cli, "127.0.0.1", p.ports[0], &q, &r), 0);
+    assert_false(r.ok);
+    assert_non_null(strstr(r.error, "EC consumer buffer pool is full"));
+    wire_ctl_reply_clear(&r);
+    /* reserved but not written: not takeable */
+    q = reserve_req("w", "hw", 4);
+    assert_int_equal(ctl_call_ok(p.cli, "127.0.0.1", p.ports[0], &q, &r), 0);
+    wire_ctl_reply_clear(&r);
+    assert_err(ect_push_consumer_take(in.c[0], "w", &v), ECT_ESTATE, NULL);
+    /* The producer abandons it: the shard publishes an abandoned event. */
+    wire_ctl_request k = {.op = WIRE_OP_CANCEL};
+    snprintf(k.u.cancel.transfer_id, sizeof k.u.cancel.transfer_id, "w");
+    k.u.cancel.abandon = true;
+    assert_int_equal(ctl_call_ok(p.cli, "127.0.0.1", p.ports[0], &k, &r), 0);
+    assert_true(r.u.cancelled);
+    wire_ctl_reply_clear(&r);
+
+    for (int i = 0; i < 3; i++) {
+        char tid[16], h[16];
+        snprintf(tid, sizeof tid, "any%d", i);
+        snprintf(h, sizeof h, "ha%d", i);
+        push_item(&p, tid, h, 8, (uint64_t)i);
+    }
+    int got = 0;
+    ect_push_sched_item it;
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(wait_next(s, &it), 0);
+        for (int rr = 0; rr < 2; rr++) {
+            assert_int_equal(ect_push_consumer_take(in.c[rr], it.transfer_id, &v), 0);
+            assert_true(test_check_pattern(v.data, v.nbytes, (uint64_t)(it.transfer_id[3] - '0')));
+            assert_int_equal(ect_push_consumer_release(in.c[rr], &v), 0);
+        }
+        assert_int_equal(ect_push_scheduler_loaded(s, it.transfer_id), 0);
+        assert_int_equal(ect_push_scheduler_cancel(s, it.transfer_id), 0);
+        got++;
+    }
+    assert_int_equal(got, 3);
+    /* the abandoned one failed (accepted on arrival as an orphan) */
+    for (int i = 0; i < 200; i++) {
+        ect_push_scheduler_poll(s);
+        if (ect_push_scheduler_state(s, "w", &it) == 0 && it.state == ECT_PUSH_FAILED) break;
+        nap(5);
+    }
+    assert_int_equal(ect_push_scheduler_state(s, "w", &it), 0);
+    assert_int_equal(it.state, ECT_PUSH_FAILED);
+    wait_cancels(s, 6);
+    ect_push_scheduler_close(s);
+    prod_close(&p);
+    inst_close_checked(&in);
+}
+
+/* A producer that reserves and is killed: nothing ever completes or
+ * abandons. With a short TTL the reaper moves the writer to EXPIRE_PENDING,
+ * and after the grace, with no write landing, to EXPIRED: memory returns. */
+static void test_producer_killed_after_reserve(void **state) {
+    (void)state;
+    inst in;
+    inst_open(&in, 1, "tcp", 4u << 20, 300);
+    prod p;
+    prod_open(&p, in.base, "tcp");
+    wire_ctl_request q = reserve_req("dead", "hd", 64);
+    wire_ctl_reply r;
+    assert_int_equal(ctl_call_ok(p.cli, "127.0.0.1", p.ports[0], &q, &r), 0);
+    assert_true(r.u.reserve.write);
+    wire_ctl_reply_clear(&r);
+    prod_close(&p); /* gone */
+    ect_push_consumer_stat st;
+    ect_push_consumer_stats(in.c[0], &st);
+    assert_true(st.pool_used > 0);
+    uint64_t t0 = ect_now_ms();
+    while (ect_now_ms() - t0 < 5000) {
+        ect_push_consumer_stats(in.c[0], &st);
+        if (st.pool_used == 0) break;
+        nap(20);
+    }
+    assert_int_equal(st.pool_used, 0);
+    assert_int_equal(st.live, 0);
+    assert_true(ect_now_ms() - t0 >= 500); /* not before TTL + grace */
+    inst_close_checked(&in);
+}
+
+/* Bad options are refused by name; the control port in use is EEXIST. */
+static void test_open_errors(void **state) {
+    (void)state;
+    ect_push_consumer_opts o;
+    ect_push_consumer *c = (void *)1;
+    ect_push_consumer_opts_init(&o);
+    o.tp_rank = 1;
+    assert_err(ect_push_consumer_open(&o, &c), ECT_EINVAL, "tp_rank");
+    assert_null(c);
+    ect_push_consumer_opts_init(&o);
+    o.transport = "carrier-pigeon";
+    o.ec_port = 0;
+    assert_true(ect_push_consumer_open(&o, &c) < 0);
+    ect_push_consumer_opts_init(&o);
+    o.ec_port = 65535;
+    o.tp_size = 2;
+    assert_err(ect_push_consumer_open(&o, &c), ECT_EINVAL, "65535");
+    inst in;
+    inst_open(&in, 1, "tcp", 1u << 20, 0);
+    ect_push_consumer_opts_init(&o);
+    o.ec_port = in.base;
+    o.pool_size = 1u << 20;
+    assert_err(ect_push_consumer_open(&o, &c), ECT_EEXIST, "address in use");
+    ect_push_scheduler_opts so;
+    ect_push_scheduler_opts_init(&so);
+    so.tp_size = 0;
+    ect_push_scheduler *s = (void *)1;
+    assert_err(ect_push_scheduler_open(&so, &s), ECT_EINVAL, "tp_size");
+    assert_null(s);
+    assert_string_equal(ect_push_state_name(ECT_PUSH_RESIDENT), "RESIDENT");
+    inst_close_checked(&in);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tp1_tcp),
+        cmocka_unit_test(test_tp2_tcp),
+        cmocka_unit_test(test_tp2_shm),
+        cmocka_unit_test(test_accept_any_and_refusals),
+        cmocka_unit_test(test_producer_killed_after_reserve),
+        cmocka_unit_test(test_open_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
