@@ -100,15 +100,26 @@ static void finish_local(ect_push_producer *p, pitem *it, int status, const char
 }
 
 static void take_new(ect_push_producer *p, pitem *list) {
+    /* A consumer whose discovery failed fails the rest of this hand-over at
+     * once: k items must not cost k control timeouts. */
+    char bad[PUSH_ADDR_MAX + 1] = "", bad_err[320] = "";
+    int bad_rc = 0;
     while (list) {
         pitem *it = list;
         list = it->next;
         it->next = NULL;
         char err[320];
+        if (bad_rc && !strcmp(bad, it->consumer)) {
+            finish_local(p, it, bad_rc, bad_err);
+            continue;
+        }
         int rc = discover(p, it);
         if (rc) {
             snprintf(err, sizeof err, "discovering the shards of %s failed: %s", it->consumer,
                      ect_last_error());
+            snprintf(bad, sizeof bad, "%s", it->consumer);
+            memcpy(bad_err, err, sizeof bad_err);
+            bad_rc = rc;
             finish_local(p, it, rc, err);
             continue;
         }
