@@ -52,4 +52,14 @@ int bench_alloc(int argc, char **argv);
 /* bench_xport.c: `ect bench xport` (tcp/shm/ucx batch writes vs raw TCP, memcpy, ucx_perftest). */
 int bench_xport(int argc, char **argv);
 
+/* checksum.c: 64-bit FNV-1a over the bytes (printed as 16 hex digits). */
+#include <stddef.h>
+uint64_t cli_checksum(const void *data, size_t n);
+
+/* cmd_pull_producer.c / cmd_pull.c: generation-1 producer and consumer. */
+int cmd_pull_producer(int argc, char **argv);
+int cmd_pull(int argc, char **argv);
+/* bench_pull.c: `ect bench pull` (pull round trips vs raw transport writes). */
+int bench_pull(int argc, char **argv);
+
 #endif

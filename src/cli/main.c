@@ -10,6 +10,9 @@
 static const cli_cmd commands[] = {
     {"info", "print the version, compiled-in transports and defaults", cmd_info},
     /* @@COMMANDS@@ */
+    {"pull-producer", "generation-1 producer: save items, announce them, serve pulls",
+     cmd_pull_producer},
+    {"pull", "generation-1 consumer: learn a producer's items, pull and verify them", cmd_pull},
     {"bench", "run benchmarks and print ratios against limits measured in the same run", cmd_bench},
 };
 

@@ -1,0 +1,258 @@
+/*
+ * bench_pull — `ect bench pull`: generation-1 pulls, producer and consumer in
+ * this process over loopback. For each transport (tcp, shm), item size
+ * (64 KiB, 4.5 MiB, 16 MiB) and item count (1, 32), one measurement is the
+ * consumer loading all `count` items one after the other (ECTransferPull ->
+ * producer write lane -> data-plane write -> ECTransferComplete), then
+ * dropping them from its pool so the next round pulls again. The limit,
+ * measured in the same run: the same bytes, from the same producer pool
+ * memory, written with ect_xport_write_batch one item per call into a
+ * registered memfd region of another handle of the same transport (what a
+ * pull costs without the protocol).
+ */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "ectransfer.h"
+
+#define MiB (1024ull * 1024)
+
+static uint64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+typedef struct row {
+    double gbps, p50_ms, raw_gbps, raw_p50_ms;
+    bool ok;
+} row;
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+typedef int (*round_fn)(void *ctx);
+
+/* Runs fn for `ms` (at least 3 rounds, at most 1000); fills gbps and p50. */
+static int timed(round_fn fn, void *ctx, uint64_t bytes, int ms, double *gbps, double *p50_ms) {
+    static uint64_t lat[1000];
+    if (fn(ctx) != 0) return -1; /* warm-up: connections, page faults */
+    size_t n = 0;
+    uint64_t t0 = now_ns(), budget = (uint64_t)ms * 1000000ull;
+    while (n < 1000 && (n < 3 || now_ns() - t0 < budget)) {
+        uint64_t a = now_ns();
+        if (fn(ctx) != 0) return -1;
+        lat[n++] = now_ns() - a;
+    }
+    uint64_t total = now_ns() - t0;
+    qsort(lat, n, sizeof lat[0], cmp_u64);
+    *gbps = (double)bytes * (double)n / (double)total;
+    *p50_ms = (double)lat[n / 2] / 1e6;
+    return 0;
+}
+
+typedef struct ctx {
+    ect_pull_consumer *c;
+    ect_pull_meta meta;
+    char (*names)[64];
+    int count;
+    /* raw */
+    ect_xport *init;
+    const char *session, *key;
+    const uint8_t **src;
+    uint8_t *dst;
+    uint64_t size;
+} ctx;
+
+static int pull_round(void *arg) {
+    ctx *x = arg;
+    ect_pool *pool = ect_pull_consumer_pool(x->c);
+    for (int i = 0; i < x->count; i++) {
+        ect_pull_view v;
+        if (ect_pull_consumer_load(x->c, x->names[i], &x->meta, &v) != 0 || v.cached) {
+            fprintf(stderr, "ect bench pull: load %s: %s\n", x->names[i], ect_last_error());
+            return -1;
+        }
+        ect_pull_consumer_release(x->c, x->names[i]);
+        ect_pool_remove(pool, x->names[i]);
+    }
+    return 0;
+}
+
+static int raw_round(void *arg) {
+    ctx *x = arg;
+    for (int i = 0; i < x->count; i++) {
+        ect_write w = {.src = x->src[i],
+                       .dst_addr = (uint64_t)(uintptr_t)(x->dst + (uint64_t)i * x->size),
+                       .len = x->size,
+                       .dst_key = x->key};
+        if (ect_xport_write_batch(x->init, x->session, &w, 1, NULL) != 0) {
+            fprintf(stderr, "ect bench pull: raw write: %s\n", ect_last_error());
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static const uint64_t sizes[3] = {64 * 1024, 4718592, 16 * MiB};
+static const int counts[2] = {1, 32};
+
+static int one_kind(const char *kind, int ms, bool json, bool *first) {
+    const uint64_t pool_bytes = 32 * 16 * MiB + 64 * MiB;
+    ect_pull_producer_opts po;
+    ect_pull_producer_opts_init(&po);
+    po.port = 0;
+    po.transport = kind;
+    po.pool_size = pool_bytes;
+    ect_pull_producer *p = NULL;
+    ect_pull_consumer *c = NULL;
+    ect_xport *tgt = NULL, *init = NULL;
+    uint8_t *dst = MAP_FAILED;
+    int fd = -1, rc = 0;
+    char key[ECT_XPORT_KEY_MAX], addr[64];
+    if (ect_pull_producer_open(&po, &p) != 0) goto fail;
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", ect_pull_producer_port(p));
+    ect_pull_consumer_opts co;
+    ect_pull_consumer_opts_init(&co);
+    co.producer = addr;
+    co.transport = kind;
+    co.pool_size = pool_bytes;
+    co.timeout_ms = 30000;
+    if (ect_pull_consumer_open(&co, &c) != 0) goto fail;
+    if (ect_xport_open(kind, NULL, &tgt) != 0 || ect_xport_open(kind, NULL, &init) != 0) goto fail;
+    fd = memfd_create("ect-bench-pull", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)(32 * 16 * MiB)) != 0) goto fail;
+    dst = mmap(NULL, 32 * 16 * MiB, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (dst == MAP_FAILED) goto fail;
+    if (ect_xport_register(tgt, dst, 32 * 16 * MiB, fd, 0, key) != 0) goto fail;
+
+    static char names[32][64];
+    const uint8_t *src[32];
+    for (int si = 0; si < 3; si++) {
+        uint64_t size = sizes[si];
+        uint8_t *data = malloc(size);
+        if (!data) goto fail;
+        for (uint64_t k = 0; k < size; k++) data[k] = (uint8_t)(k * 131 + si);
+        for (int i = 0; i < 32; i++) {
+            snprintf(names[i], sizeof names[i], "bench-%" PRIu64 "-%d", size, i);
+            uint64_t shape[1] = {size};
+            if (ect_pull_producer_save(p, names[i], data, size, shape, 1, "uint8", NULL, NULL) !=
+                0) {
+                free(data);
+                goto fail;
+            }
+        }
+        free(data);
+        if (ect_pull_producer_flush(p, 60000) != 0) goto fail;
+        ect_pool *pp = ect_pull_producer_pool(p);
+        for (int i = 0; i < 32; i++) {
+            ect_resident_info info;
+            if (ect_pool_lookup(pp, names[i], &info) != 0) goto fail;
+            src[i] = (const uint8_t *)ect_pool_base(pp) + info.offset;
+        }
+        for (int ci = 0; ci < 2; ci++) {
+            ctx x = {.c = c,
+                     .names = names,
+                     .count = counts[ci],
+                     .init = init,
+                     .session = ect_xport_session(tgt),
+                     .key = key,
+                     .src = src,
+                     .dst = dst,
+                     .size = size};
+            x.meta.nbytes = size;
+            x.meta.ndim = 1;
+            x.meta.shape[0] = size;
+            snprintf(x.meta.dtype, sizeof x.meta.dtype, "uint8");
+            row r = {0};
+            uint64_t bytes = size * (uint64_t)counts[ci];
+            if (timed(pull_round, &x, bytes, ms, &r.gbps, &r.p50_ms) != 0 ||
+                timed(raw_round, &x, bytes, ms, &r.raw_gbps, &r.raw_p50_ms) != 0)
+                goto fail;
+            char sz[32];
+            cli_fmt_size(size, sz, sizeof sz);
+            double ratio = r.gbps / r.raw_gbps;
+            if (json) {
+                printf("%s\n  {\"transport\": \"%s\", \"size\": %" PRIu64
+                       ", \"items\": %d, \"gbps\": %.3f, \"p50_ms\": %.3f, \"raw_gbps\": %.3f, "
+                       "\"raw_p50_ms\": %.3f, \"ratio\": %.3f}",
+                       *first ? "" : ",", kind, size, counts[ci], r.gbps, r.p50_ms, r.raw_gbps,
+                       r.raw_p50_ms, ratio);
+                *first = false;
+            } else {
+                printf("%-5s %10s %5d %10.3f %12.3f %10.3f %12.3f %7.2f\n", kind, sz, counts[ci],
+                       r.gbps, r.p50_ms, r.raw_gbps, r.raw_p50_ms, ratio);
+            }
+            fflush(stdout);
+        }
+        for (int i = 0; i < 32; i++) ect_pool_remove(pp, names[i]);
+    }
+    goto done;
+fail:
+    fprintf(stderr, "ect bench pull: %s: %s\n", kind, ect_last_error());
+    rc = -1;
+done:
+    ect_pull_consumer_close(c);
+    ect_pull_producer_close(p);
+    ect_xport_close(init);
+    ect_xport_close(tgt);
+    if (dst != MAP_FAILED) munmap(dst, 32 * 16 * MiB);
+    if (fd >= 0) close(fd);
+    return rc;
+}
+
+static void help(void) {
+    printf("usage: ect bench pull [--json] [--ms N] [--transport tcp,shm]\n\n"
+           "Generation-1 pulls in this process over loopback: 1 and 32 items of 64 KiB, 4.5 MiB\n"
+           "and 16 MiB, loaded one after the other (pull round trip + write + completion),\n"
+           "beside the same bytes written with ect_xport_write_batch one item per call.\n\n"
+           "  --json         one JSON list of rows: transport, size, items, gbps, p50_ms (per\n"
+           "                 round of `items` loads), raw_gbps, raw_p50_ms, ratio (gbps/raw)\n"
+           "  --ms N         time per measurement (default 400)\n"
+           "  --transport L  comma-separated back ends (default tcp,shm)\n");
+}
+
+int bench_pull(int argc, char **argv) {
+    static const struct option opts[] = {{"json", no_argument, 0, 'j'},
+                                         {"ms", required_argument, 0, 'm'},
+                                         {"transport", required_argument, 0, 't'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    bool json = false;
+    uint64_t ms = 400;
+    char kinds[64] = "tcp,shm";
+    optind = 1;
+    int ch;
+    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (ch) {
+        case 'j': json = true; break;
+        case 'm':
+            if (!cli_parse_u64("--ms", optarg, 1, 60000, &ms)) return CLI_EXIT_USAGE;
+            break;
+        case 't': snprintf(kinds, sizeof kinds, "%s", optarg); break;
+        case 'h': help(); return CLI_EXIT_OK;
+        default: return cli_usage_error("bench pull", "unknown flag");
+        }
+    }
+    if (json)
+        printf("[");
+    else
+        printf("%-5s %10s %5s %10s %12s %10s %12s %7s\n", "xport", "size", "items", "pull GB/s",
+               "pull p50 ms", "raw GB/s", "raw p50 ms", "ratio");
+    bool first = true;
+    int rc = CLI_EXIT_OK;
+    char *save = NULL;
+    for (char *k = strtok_r(kinds, ",", &save); k; k = strtok_r(NULL, ",", &save))
+        if (one_kind(k, (int)ms, json, &first) != 0) rc = CLI_EXIT_FAIL;
+    if (json) printf("\n]\n");
+    return rc;
+}

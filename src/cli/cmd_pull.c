@@ -1,0 +1,235 @@
+/*
+ * cmd_pull — `ect pull`: a generation-1 consumer (scheduler + worker in one
+ * process). Learns what a producer holds, loads the chosen items, verifies
+ * each and prints one JSON line per item. Verification: when an mm_hash ends
+ * in "-" + 16 hex digits (what `ect pull-producer` publishes), the loaded
+ * bytes' cli_checksum must equal them; the size must always match the
+ * announced nbytes.
+ */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "ectransfer.h"
+
+static void help(void) {
+    printf("usage: ect pull --from HOST:PORT [--hash H ... | --all] [--transport tcp|shm|ucx]\n"
+           "                [--timeout MS] [--wait MS] [--pool-size SIZE]\n"
+           "\n"
+           "Asks the producer at HOST:PORT (its ec_port) what it holds, pulls the named items\n"
+           "(or every item with --all), verifies them and prints one JSON line per item\n"
+           "{mm_hash, nbytes, checksum, status, latency_ms}. Exit 1 if any item failed.\n"
+           "\n"
+           "  --from HOST:PORT  the producer (required)\n"
+           "  --hash H          an item to pull (repeatable)\n"
+           "  --all             every item the producer holds\n"
+           "  --transport T     data plane, as the producer's: tcp (default), shm, ucx\n"
+           "  --timeout MS      per-pull completion timeout (default 60000)\n"
+           "  --wait MS         how long to wait to learn the items (default 10000)\n"
+           "  --pool-size SIZE  consumer pool (default 1GiB)\n");
+}
+
+typedef struct item_list {
+    char **hash;
+    ect_pull_meta *meta;
+    size_t n, cap;
+} item_list;
+
+static void collect(void *user, const char *h, const ect_pull_meta *m) {
+    item_list *l = user;
+    if (l->n == l->cap) {
+        size_t nc = l->cap ? l->cap * 2 : 16;
+        char **nh = realloc(l->hash, nc * sizeof *nh);
+        if (!nh) return;
+        l->hash = nh;
+        ect_pull_meta *nm = realloc(l->meta, nc * sizeof *nm);
+        if (!nm) return;
+        l->meta = nm;
+        l->cap = nc;
+    }
+    l->hash[l->n] = strdup(h);
+    if (!l->hash[l->n]) return;
+    l->meta[l->n] = *m;
+    l->n++;
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The checksum embedded in an mm_hash ("...-<16 hex>"), if any. */
+static bool embedded_sum(const char *h, uint64_t *sum) {
+    const char *dash = strrchr(h, '-');
+    if (!dash || strlen(dash + 1) != 16) return false;
+    char *end;
+    *sum = strtoull(dash + 1, &end, 16);
+    return *end == '\0';
+}
+
+static void json_str(const char *s) {
+    putchar('"');
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            printf("\\%c", ch);
+        else if (ch < 0x20)
+            printf("\\u%04x", ch);
+        else
+            putchar(ch);
+    }
+    putchar('"');
+}
+
+int cmd_pull(int argc, char **argv) {
+    static const struct option opts[] = {{"from", required_argument, 0, 'f'},
+                                         {"hash", required_argument, 0, 'H'},
+                                         {"all", no_argument, 0, 'a'},
+                                         {"transport", required_argument, 0, 't'},
+                                         {"timeout", required_argument, 0, 'T'},
+                                         {"wait", required_argument, 0, 'w'},
+                                         {"pool-size", required_argument, 0, 'P'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    const char *from = NULL, *transport = "tcp";
+    const char *hashes[1024];
+    size_t nh = 0;
+    bool all = false;
+    uint64_t timeout = 60000, wait_ms = 10000, pool = 1ull << 30;
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'f': from = optarg; break;
+        case 'H':
+            if (nh == 1024) return cli_usage_error("pull", "at most 1024 --hash");
+            if (!optarg[0] || strlen(optarg) > ECT_MM_HASH_MAX)
+                return cli_usage_error("pull", "--hash must be 1..%d bytes", ECT_MM_HASH_MAX);
+            hashes[nh++] = optarg;
+            break;
+        case 'a': all = true; break;
+        case 't': transport = optarg; break;
+        case 'T':
+            if (!cli_parse_u64("--timeout", optarg, 1, 3600000, &timeout)) return CLI_EXIT_USAGE;
+            break;
+        case 'w':
+            if (!cli_parse_u64("--wait", optarg, 0, 3600000, &wait_ms)) return CLI_EXIT_USAGE;
+            break;
+        case 'P':
+            if (!cli_parse_size("--pool-size", optarg, &pool)) return CLI_EXIT_USAGE;
+            break;
+        case 'h': help(); return CLI_EXIT_OK;
+        default: return cli_usage_error("pull", "unknown flag");
+        }
+    }
+    if (optind < argc) return cli_usage_error("pull", "unexpected argument '%s'", argv[optind]);
+    if (!from) return cli_usage_error("pull", "--from HOST:PORT is required");
+    char host[256];
+    int port;
+    if (!cli_parse_hostport("--from", from, host, sizeof host, &port)) return CLI_EXIT_USAGE;
+    if ((nh > 0) == all) return cli_usage_error("pull", "give either --hash H ... or --all");
+
+    ect_pull_scheduler_opts so;
+    ect_pull_scheduler_opts_init(&so);
+    so.producer = from;
+    ect_pull_scheduler *s = NULL;
+    if (ect_pull_scheduler_open(&so, &s) != 0) {
+        fprintf(stderr, "ect pull: %s\n", ect_last_error());
+        return CLI_EXIT_FAIL;
+    }
+    /* Learn: for --all until the inventory answer is complete; for --hash
+     * until every named item is known. */
+    item_list l = {0};
+    for (uint64_t waited = 0;; waited += 5) {
+        ect_pull_scheduler_poll(s);
+        ect_pull_scheduler_stat st;
+        ect_pull_scheduler_stats(s, &st);
+        bool done = all ? st.synced != 0 : true;
+        for (size_t i = 0; !all && i < nh; i++)
+            if (ect_pull_scheduler_has(s, hashes[i], NULL) != 1) done = false;
+        if (done || waited >= wait_ms) break;
+        usleep(5000);
+    }
+    ect_pull_scheduler_foreach(s, collect, &l);
+    int rc = CLI_EXIT_OK;
+    if (all) {
+        ect_pull_scheduler_stat st;
+        ect_pull_scheduler_stats(s, &st);
+        if (!st.synced) {
+            fprintf(stderr,
+                    "ect pull: %s did not answer the inventory request within %" PRIu64 " ms\n",
+                    from, wait_ms);
+            rc = CLI_EXIT_FAIL;
+        }
+        qsort(l.hash, l.n, sizeof *l.hash, cmp_str); /* meta is looked up again below */
+    }
+    ect_pull_consumer_opts co;
+    ect_pull_consumer_opts_init(&co);
+    co.producer = from;
+    co.transport = transport;
+    co.timeout_ms = (int)timeout;
+    co.pool_size = pool;
+    ect_pull_consumer *cons = NULL;
+    if (ect_pull_consumer_open(&co, &cons) != 0) {
+        fprintf(stderr, "ect pull: %s\n", ect_last_error());
+        ect_pull_scheduler_close(s);
+        return CLI_EXIT_FAIL;
+    }
+    size_t total = all ? l.n : nh;
+    size_t failed = 0;
+    for (size_t i = 0; i < total; i++) {
+        const char *h = all ? l.hash[i] : hashes[i];
+        ect_pull_meta m;
+        char status[512] = "ok";
+        char sum_hex[17] = "";
+        uint64_t nbytes = 0;
+        double lat_ms = 0;
+        if (ect_pull_scheduler_has(s, h, &m) != 1) {
+            snprintf(status, sizeof status, "error: %s is not available at %s", h, from);
+        } else {
+            ect_pull_view v;
+            struct timespec t1, t2;
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            int r = ect_pull_consumer_load(cons, h, &m, &v);
+            clock_gettime(CLOCK_MONOTONIC, &t2);
+            lat_ms =
+                (double)(t2.tv_sec - t1.tv_sec) * 1e3 + (double)(t2.tv_nsec - t1.tv_nsec) / 1e6;
+            if (r != 0) {
+                snprintf(status, sizeof status, "error: %s", ect_last_error());
+            } else {
+                uint64_t sum = cli_checksum(v.data, v.nbytes), want;
+                nbytes = v.nbytes;
+                snprintf(sum_hex, sizeof sum_hex, "%016" PRIx64, sum);
+                if (v.nbytes != m.nbytes)
+                    snprintf(status, sizeof status, "error: %" PRIu64 " bytes, announced %" PRIu64,
+                             v.nbytes, m.nbytes);
+                else if (embedded_sum(h, &want) && want != sum)
+                    snprintf(status, sizeof status, "error: checksum %s, mm_hash says %016" PRIx64,
+                             sum_hex, want);
+                ect_pull_consumer_release(cons, h);
+            }
+        }
+        if (strcmp(status, "ok") != 0) failed++;
+        printf("{\"mm_hash\": ");
+        json_str(h);
+        printf(", \"nbytes\": %" PRIu64 ", \"checksum\": \"%s\", \"status\": ", nbytes, sum_hex);
+        json_str(status);
+        printf(", \"latency_ms\": %.3f}\n", lat_ms);
+        fflush(stdout);
+    }
+    if (failed) {
+        fprintf(stderr, "ect pull: %zu of %zu items failed\n", failed, total);
+        rc = CLI_EXIT_FAIL;
+    }
+    if (all && total == 0) fprintf(stderr, "ect pull: %s holds no items\n", from);
+    for (size_t i = 0; i < l.n; i++) free(l.hash[i]);
+    free(l.hash);
+    free(l.meta);
+    ect_pull_consumer_close(cons);
+    ect_pull_scheduler_close(s);
+    return rc;
+}
