@@ -62,4 +62,7 @@ int cmd_pull(int argc, char **argv);
 /* bench_pull.c: `ect bench pull` (pull round trips vs raw transport writes). */
 int bench_pull(int argc, char **argv);
 
+/* cmd_push_consumer.c: `ect push-consumer` (generation-2 consumer instance). */
+int cmd_push_consumer(int argc, char **argv);
+
 #endif

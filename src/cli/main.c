@@ -10,6 +10,8 @@
 static const cli_cmd commands[] = {
     {"info", "print the version, compiled-in transports and defaults", cmd_info},
     /* @@COMMANDS@@ */
+    {"push-consumer", "generation-2 consumer: receive pushed items, one JSON line each",
+     cmd_push_consumer},
     {"pull-producer", "generation-1 producer: save items, announce them, serve pulls",
      cmd_pull_producer},
     {"pull", "generation-1 consumer: learn a producer's items, pull and verify them", cmd_pull},

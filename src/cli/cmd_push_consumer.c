@@ -1,0 +1,263 @@
+/*
+ * cmd_push_consumer — `ect push-consumer`: one consumer instance of the push
+ * protocol (generation 2) in one process: a consumer (pool + transport +
+ * control server) per TP rank and the instance's scheduler.
+ *
+ * The producer chooses transfer ids, so this command cannot expect them in
+ * advance: its scheduler runs in "accept any" mode, where a transfer that
+ * every shard reported ready is accepted on arrival. For each one it takes
+ * the item on every rank (zero-copy), checks that each rank's bytes are
+ * readable and identical (every TP rank receives its own full copy), prints
+ * one JSON line, releases the item to the resident cache (a later push of
+ * the same mm_hash is answered `cached`) and finishes the transfer, which
+ * cancels it on every shard so the reservation tables stay small.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <jansson.h>
+
+#include "cli/cli.h"
+#include "ectransfer.h"
+
+#define MAX_TP 64
+
+static volatile sig_atomic_t stop_flag;
+
+static void on_signal(int sig) {
+    (void)sig;
+    stop_flag = 1;
+}
+
+static void help(void) {
+    printf("usage: ect push-consumer --host H --port P [--tp N] [--dp-index I] [--pool-size SIZE]\n"
+           "                         [--transport tcp|shm|ucx] [--count N] [--ttl SECONDS]\n"
+           "\n"
+           "Runs one push-protocol consumer instance: a control server per TP rank, bound on\n"
+           "H at ports P + dp_index x N + rank, plus the instance's scheduler. Every transfer\n"
+           "that all N shards report ready is accepted (the producer picks transfer ids), taken\n"
+           "on every rank, verified readable and identical across ranks, printed, released to\n"
+           "the resident cache (a later push of the same mm_hash is answered `cached`) and\n"
+           "finished. Runs until SIGINT or SIGTERM (or --count items), then closes cleanly.\n"
+           "\n"
+           "  --host H          address to bind the control sockets and transport on\n"
+           "  --port P          base control port (ec_port), e.g. 14579\n"
+           "  --tp N            tensor-parallel ranks (shards), 1..64; default 1\n"
+           "  --dp-index I      data-parallel index; default 0\n"
+           "  --pool-size SIZE  buffer pool per rank (\"1GiB\", \"64MiB\"); default 1000000000\n"
+           "  --transport T     tcp (default), shm or ucx\n"
+           "  --count N         exit 0 after N items (default: run until a signal)\n"
+           "  --ttl SECONDS     reservation TTL (default 300); the pending grace is the same\n"
+           "\n"
+           "Output: one JSON line per item on stdout:\n"
+           "  {\"transfer_id\",\"mm_hash\",\"nbytes\",\"shape\",\"dtype\",\"checksum\"}\n"
+           "checksum is the 64-bit FNV-1a of the bytes as 16 hex digits (as `ect push` prints).\n"
+           "Transfers that fail (abandoned by the producer, a rank whose bytes differ) are\n"
+           "reported on stderr. A line \"ect push-consumer: ready ...\" on stderr tells that\n"
+           "every shard is listening.\n");
+}
+
+static void print_item(const ect_push_view *v, uint64_t ck) {
+    json_t *o = json_object();
+    json_t *shape = json_array();
+    for (uint32_t i = 0; i < v->ndim; i++)
+        json_array_append_new(shape, json_integer((json_int_t)v->shape[i]));
+    char cks[17];
+    snprintf(cks, sizeof cks, "%016" PRIx64, ck);
+    json_object_set_new(o, "transfer_id", json_string(v->transfer_id));
+    json_object_set_new(o, "mm_hash", json_string(v->mm_hash));
+    json_object_set_new(o, "nbytes", json_integer((json_int_t)v->nbytes));
+    json_object_set_new(o, "shape", shape);
+    json_object_set_new(o, "dtype", json_string(v->dtype));
+    json_object_set_new(o, "checksum", json_string(cks));
+    char *txt = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    if (txt) {
+        printf("%s\n", txt);
+        fflush(stdout);
+        free(txt);
+    }
+    json_decref(o);
+}
+
+/* Takes the item on every rank, checks and prints it. Returns true when done. */
+static bool consume(ect_push_consumer **cons, int tp, ect_push_scheduler *s,
+                    const ect_push_sched_item *it) {
+    ect_push_view views[MAX_TP];
+    int taken = 0;
+    uint64_t ck0 = 0;
+    bool ok = true;
+    for (int r = 0; r < tp; r++) {
+        if (ect_push_consumer_take(cons[r], it->transfer_id, &views[r]) != 0) {
+            fprintf(stderr, "ect push-consumer: take %s on rank %d: %s\n", it->transfer_id, r,
+                    ect_last_error());
+            ok = false;
+            break;
+        }
+        taken++;
+        uint64_t ck = cli_checksum(views[r].data, views[r].nbytes);
+        if (r == 0) ck0 = ck;
+        if (ck != ck0 || views[r].nbytes != views[0].nbytes) {
+            fprintf(stderr,
+                    "ect push-consumer: %s: rank %d checksum %016" PRIx64 " differs from rank 0 "
+                    "%016" PRIx64 "\n",
+                    it->transfer_id, r, ck, ck0);
+            ok = false;
+            break;
+        }
+    }
+    if (ok) print_item(&views[0], ck0);
+    for (int r = 0; r < taken; r++)
+        if (ect_push_consumer_release(cons[r], &views[r]) != 0)
+            fprintf(stderr, "ect push-consumer: release %s: %s\n", it->transfer_id,
+                    ect_last_error());
+    if (ok) {
+        ect_push_scheduler_loaded(s, it->transfer_id);
+        ect_push_scheduler_cancel(s, it->transfer_id); /* finished: shards forget it */
+    } else {
+        ect_push_scheduler_fail(s, it->transfer_id, "consumer could not read the item");
+    }
+    return ok;
+}
+
+int cmd_push_consumer(int argc, char **argv) {
+    static const struct option opts[] = {{"host", required_argument, 0, 'H'},
+                                         {"port", required_argument, 0, 'p'},
+                                         {"tp", required_argument, 0, 't'},
+                                         {"dp-index", required_argument, 0, 'd'},
+                                         {"pool-size", required_argument, 0, 's'},
+                                         {"transport", required_argument, 0, 'x'},
+                                         {"count", required_argument, 0, 'n'},
+                                         {"ttl", required_argument, 0, 'T'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    const char *host = NULL, *transport = "tcp";
+    uint64_t port = 0, tp = 1, dp = 0, pool = 1000000000ull, count = 0, ttl = 300;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'H': host = optarg; break;
+        case 'p':
+            if (!cli_parse_u64("--port", optarg, 1, 65535, &port)) return CLI_EXIT_USAGE;
+            break;
+        case 't':
+            if (!cli_parse_u64("--tp", optarg, 1, MAX_TP, &tp)) return CLI_EXIT_USAGE;
+            break;
+        case 'd':
+            if (!cli_parse_u64("--dp-index", optarg, 0, 65535, &dp)) return CLI_EXIT_USAGE;
+            break;
+        case 's':
+            if (!cli_parse_size("--pool-size", optarg, &pool)) return CLI_EXIT_USAGE;
+            break;
+        case 'x':
+            if (strcmp(optarg, "tcp") && strcmp(optarg, "shm") && strcmp(optarg, "ucx"))
+                return cli_usage_error("push-consumer", "--transport %s: expected tcp, shm or ucx",
+                                       optarg);
+            transport = optarg;
+            break;
+        case 'n':
+            if (!cli_parse_u64("--count", optarg, 1, UINT64_MAX, &count)) return CLI_EXIT_USAGE;
+            break;
+        case 'T':
+            if (!cli_parse_u64("--ttl", optarg, 1, 86400, &ttl)) return CLI_EXIT_USAGE;
+            break;
+        case 'h': help(); return CLI_EXIT_OK;
+        default: return cli_usage_error("push-consumer", "unknown flag");
+        }
+    }
+    if (optind < argc)
+        return cli_usage_error("push-consumer", "unexpected argument '%s'", argv[optind]);
+    if (!host) return cli_usage_error("push-consumer", "--host is required");
+    if (!port) return cli_usage_error("push-consumer", "--port is required");
+    if (pool == 0) return cli_usage_error("push-consumer", "--pool-size must be > 0");
+    uint64_t last = port + (dp + 1) * tp - 1;
+    if (last > 65535)
+        return cli_usage_error("push-consumer",
+                               "--port %" PRIu64 " + --dp-index %" PRIu64 " x --tp %" PRIu64
+                               ": control ports beyond 65535",
+                               port, dp, tp);
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    ect_push_consumer *cons[MAX_TP] = {0};
+    ect_push_scheduler *s = NULL;
+    int rc = CLI_EXIT_OK;
+    for (uint64_t r = 0; r < tp; r++) {
+        ect_push_consumer_opts o;
+        ect_push_consumer_opts_init(&o);
+        o.ec_ip = host;
+        o.ec_port = (int)port;
+        o.tp_size = (int)tp;
+        o.tp_rank = (int)r;
+        o.dp_index = (int)dp;
+        o.pool_size = pool;
+        o.transport = transport;
+        o.ttl_ms = ttl * 1000;
+        o.pending_grace_ms = ttl * 1000;
+        if (ect_push_consumer_open(&o, &cons[r]) != 0) {
+            fprintf(stderr, "ect push-consumer: rank %" PRIu64 ": %s\n", r, ect_last_error());
+            rc = CLI_EXIT_FAIL;
+            goto out;
+        }
+    }
+    ect_push_scheduler_opts so;
+    ect_push_scheduler_opts_init(&so);
+    so.consumer_host = host;
+    so.consumer_port = (int)(port + dp * tp);
+    so.tp_size = (int)tp;
+    so.accept_any = 1;
+    so.ttl_ms = ttl * 1000;
+    if (ect_push_scheduler_open(&so, &s) != 0) {
+        fprintf(stderr, "ect push-consumer: scheduler: %s\n", ect_last_error());
+        rc = CLI_EXIT_FAIL;
+        goto out;
+    }
+    fprintf(stderr,
+            "ect push-consumer: ready on %s ports %" PRIu64 "..%" PRIu64 " (tp %" PRIu64
+            ", %s, pool %" PRIu64 " bytes per rank)\n",
+            host, port + dp * tp, last, tp, transport, pool);
+    uint64_t done = 0;
+    bool announced = false;
+    while (!stop_flag && (!count || done < count)) {
+        ect_push_scheduler_poll(s);
+        ect_push_sched_item it;
+        bool any = false;
+        while (ect_push_scheduler_next(s, &it) == 0) {
+            any = true;
+            if (consume(cons, (int)tp, s, &it)) done++;
+        }
+        if (!announced) {
+            ect_push_scheduler_stat st;
+            ect_push_scheduler_stats(s, &st);
+            if (st.shards == tp) {
+                fprintf(stderr, "ect push-consumer: scheduler connected to %u shard(s)\n",
+                        st.shards);
+                announced = true;
+            }
+        }
+        if (!any) {
+            struct timespec ts = {0, 2 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+    /* Let the finishing cancels go out before closing. */
+    for (int i = 0; i < 100; i++) {
+        ect_push_scheduler_poll(s);
+        struct timespec ts = {0, 2 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+out:
+    ect_push_scheduler_close(s);
+    for (uint64_t r = 0; r < tp; r++) ect_push_consumer_close(cons[r]);
+    return rc;
+}
