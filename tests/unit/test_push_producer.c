@@ -6,7 +6,8 @@
  * per op and can refuse reserves, answer slowly, or die after a given op, so
  * the tests check what crosses the wire, not only what the producer says:
  * the bytes in every shard's buffer, round trips per step, abandoned
- * reservations on the healthy shards, and that every pool drains.
+ * reservations on the healthy shards, and that every pool drains. The last
+ * tests run the same pushes into the real ect_push_consumer (TP 2 and 4).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -682,6 +683,102 @@ static void test_bad_args(void **st) {
     free(b.data);
 }
 
+/* ------------------------------------------------ against the real consumer */
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* Opens tp consumers (ranks of one instance) on consecutive ports. */
+static int open_consumers(int tp, const char *kind, ect_push_consumer **c) {
+    for (int attempt = 0; attempt < 20; attempt++) {
+        int base = free_port();
+        if (base + tp > 65535) continue;
+        int r = 0;
+        for (; r < tp; r++) {
+            ect_push_consumer_opts o;
+            ect_push_consumer_opts_init(&o);
+            o.ec_port = base;
+            o.tp_size = tp;
+            o.tp_rank = r;
+            o.pool_size = 64u << 20;
+            o.transport = kind;
+            if (ect_push_consumer_open(&o, &c[r])) break;
+        }
+        if (r == tp) return base;
+        for (int i = 0; i < r; i++) ect_push_consumer_close(c[i]);
+    }
+    fail_msg("no free consecutive ports");
+    return -1;
+}
+
+static void real_consumer(int tp, const char *kind) {
+    ect_push_consumer *c[MAX_TP] = {0};
+    int base = open_consumers(tp, kind, c);
+    ect_push_producer *p = prod_open(5000, 150000);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", base);
+    enum { K = 6 };
+    item_buf b[K];
+    for (int i = 0; i < K; i++) {
+        item_make(&b[i], kind, i, 65536u * (unsigned)(i + 1));
+        ect_push_item it = item_of(&b[i], addr);
+        if (i % 2) { /* half borrowed, half copied */
+            it.release = on_release;
+            it.release_user = b[i].data;
+        }
+        assert_int_equal(ect_push_producer_reserve(p, &it), 0);
+    }
+    atomic_store(&released, 0);
+    assert_int_equal(ect_push_producer_flush(p), K);
+    ect_push_result r[K];
+    wait_results(p, r, K, 30);
+    for (int i = 0; i < K; i++) assert_int_equal(r[i].status, 0);
+    assert_int_equal(atomic_load(&released), K / 2);
+    for (int s = 0; s < tp; s++) {
+        for (int i = 0; i < K; i++) {
+            ect_push_view v;
+            assert_int_equal(ect_push_consumer_take(c[s], b[i].tid, &v), 0);
+            assert_int_equal(v.nbytes, b[i].nbytes);
+            assert_string_equal(v.mm_hash, b[i].hash);
+            assert_true(test_check_pattern(v.data, v.nbytes, b[i].seed));
+            assert_int_equal(ect_push_consumer_release(c[s], &v), 0);
+        }
+        /* READY reservations keep their bytes until their lease ends; the
+         * consumer's own tests cover that side's draining. */
+        ect_push_consumer_stat cs;
+        ect_push_consumer_stats(c[s], &cs);
+        assert_int_equal(cs.live, K);
+        assert_int_equal(cs.bad_requests, 0);
+    }
+    ect_push_producer_stat ps;
+    ect_push_producer_stats(p, &ps);
+    assert_int_equal(ps.reserve_batches, (uint64_t)tp);
+    assert_int_equal(ps.complete_batches, (uint64_t)tp);
+    assert_int_equal(ps.staged_bytes_in_use, 0);
+    ect_push_producer_close(p);
+    for (int s = 0; s < tp; s++) ect_push_consumer_close(c[s]);
+    for (int i = 0; i < K; i++) free(b[i].data);
+}
+
+static void test_real_consumer_tcp_tp2(void **st) {
+    (void)st;
+    real_consumer(2, "tcp");
+}
+static void test_real_consumer_shm_tp4(void **st) {
+    (void)st;
+    real_consumer(4, "shm");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_args),
@@ -696,6 +793,8 @@ int main(void) {
         cmocka_unit_test(test_dedup),
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_refresh),
+        cmocka_unit_test(test_real_consumer_tcp_tp2),
+        cmocka_unit_test(test_real_consumer_shm_tp4),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
