@@ -12,6 +12,8 @@ static const cli_cmd commands[] = {
     /* @@COMMANDS@@ */
     {"push-consumer", "generation-2 consumer: receive pushed items, one JSON line each",
      cmd_push_consumer},
+    {"push", "generation-2 producer: push items into a consumer's shards, one JSON line each",
+     cmd_push},
     {"pull-producer", "generation-1 producer: save items, announce them, serve pulls",
      cmd_pull_producer},
     {"pull", "generation-1 consumer: learn a producer's items, pull and verify them", cmd_pull},

@@ -1,0 +1,403 @@
+/*
+ * cmd_push — `ect push`: a generation-2 producer on the command line. Pushes
+ * deterministic synthetic items (or a file's bytes) into a consumer instance
+ * (`ect push-consumer`) through ect_push_producer, in steps of --step items
+ * (one flush each), and prints one JSON line per item as it finishes. The
+ * content of item i depends only on (--seed, i, size), so a re-run prints
+ * the same checksums and a consumer can verify them.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "cli/cli.h"
+#include "ectransfer.h"
+#include "util/util.h"
+#include "wire/dtype.h"
+
+#define CMD "push"
+#define MAX_STEP 4096
+
+static void help(void) {
+    printf(
+        "usage: ect push --to HOST:PORT [--count N] [--size SIZE | --shape AxB...] [--dtype D]\n"
+        "                [--file F] [--step K] [--seed S] [--id-prefix P] [--timeout S]\n"
+        "                [--control-timeout S]\n\n"
+        "Pushes items into the consumer instance whose TP rank 0 serves control requests at\n"
+        "HOST:PORT (`ect push-consumer`): reserve on every shard (found through `peers`), one\n"
+        "batched write per destination session, complete on every shard. The data plane\n"
+        "(tcp, shm, ucx) and the TP size are the consumer's: it names them in its replies.\n\n"
+        "  --to HOST:PORT        the consumer's control address (required)\n"
+        "  --count N             items to push, 1..1000000 (default 1)\n"
+        "  --size SIZE           bytes per item (\"64KiB\", \"4.5MiB\"); shape becomes [SIZE / "
+        "dtype size]\n"
+        "  --shape AxB...        tensor shape, up to 8 dims (default 576x4096)\n"
+        "  --dtype D             torch dtype name (default bfloat16)\n"
+        "  --file F              push F's bytes instead of synthetic ones (every item the same;\n"
+        "                        shape [len / dtype size] unless --shape is given)\n"
+        "  --step K              items per step (one flush: one reserve_batch and one\n"
+        "                        complete_batch per shard), 1..4096 (default: all, at most 4096)\n"
+        "  --seed S              synthetic content seed (default 1)\n"
+        "  --id-prefix P         transfer_id prefix (default push-<pid>-<random>)\n"
+        "  --timeout S           give up on a step after S seconds (default 120)\n"
+        "  --control-timeout S   each control exchange (default 30, as the spec says)\n\n"
+        "Item i: bytes = a splitmix64 stream seeded with (seed, i), or the file's bytes.\n"
+        "  transfer_id = <prefix>-<i>   (unique per run, so a re-run is not refused)\n"
+        "  mm_hash     = fnv-<checksum>-<dtype>-<shape>   (a hash of the content: repeated\n"
+        "                content dedups at the consumer, which answers it `cached`)\n"
+        "  checksum    = 64-bit FNV-1a of the bytes, 16 hex digits (as ect push-consumer prints)\n"
+        "Output: one JSON line per item: transfer_id, mm_hash, nbytes, checksum, status\n"
+        "(done | failed | cancelled), error (when not done), latency_ms (reserve to outcome).\n"
+        "Exit status: 0 if every item was done, 1 if any failed, 2 for bad flags.\n");
+}
+
+static bool parse_shape(const char *s, uint64_t *shape, size_t *ndim) {
+    *ndim = 0;
+    const char *p = s;
+    while (*p) {
+        if (*ndim == WIRE_MAX_NDIM) return false;
+        char *end = NULL;
+        errno = 0;
+        if (*p < '0' || *p > '9') return false;
+        unsigned long long v = strtoull(p, &end, 10);
+        if (errno || end == p || v == 0) return false;
+        shape[(*ndim)++] = v;
+        if (*end == 'x' || *end == 'X' || *end == ',')
+            p = end + 1;
+        else if (*end == '\0')
+            p = end;
+        else
+            return false;
+        if (p != end && *p == '\0') return false; /* trailing separator */
+    }
+    return *ndim > 0;
+}
+
+/* Synthetic item i: a splitmix64 stream seeded with (seed, i). */
+static void fill(void *buf, uint64_t n, uint64_t seed, uint64_t i) {
+    uint64_t st = seed * 0x9e3779b97f4a7c15ull ^ (i + 1) * 0xbf58476d1ce4e5b9ull;
+    unsigned char *b = buf;
+    for (uint64_t k = 0; k < n; k += 8) {
+        uint64_t z = (st += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        size_t m = n - k < 8 ? (size_t)(n - k) : 8;
+        memcpy(b + k, &z, m);
+    }
+}
+
+static void on_release(void *user, const void *data, uint64_t nbytes) {
+    (void)user;
+    (void)data;
+    (void)nbytes;
+}
+
+typedef struct slot {
+    char tid[300];
+    char hash[320];
+    uint64_t checksum;
+    void *data;
+    bool reported;
+} slot;
+
+static void print_line(const slot *s, uint64_t nbytes, const ect_push_result *r) {
+    json_t *o = json_object();
+    char ck[17];
+    snprintf(ck, sizeof ck, "%016" PRIx64, s->checksum);
+    json_object_set_new(o, "transfer_id", json_string(s->tid));
+    json_object_set_new(o, "mm_hash", json_string(s->hash));
+    json_object_set_new(o, "nbytes", json_integer((json_int_t)nbytes));
+    json_object_set_new(o, "checksum", json_string(ck));
+    const char *st = r->status == 0 ? "done" : r->status == ECT_ECANCELED ? "cancelled" : "failed";
+    json_object_set_new(o, "status", json_string(st));
+    if (r->status) json_object_set_new(o, "error", json_string(r->error));
+    json_object_set_new(o, "latency_ms", json_real((double)r->latency_ns / 1e6));
+    char *txt = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    if (txt) puts(txt);
+    fflush(stdout);
+    free(txt);
+    json_decref(o);
+}
+
+static int read_file(const char *path, void **data, uint64_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "ect push: --file %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    size_t cap = 1 << 20, len = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (!buf) break;
+        size_t got = fread(buf + len, 1, cap - len, f);
+        len += got;
+        if (got == 0) break;
+        if (len == cap) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    bool err = ferror(f);
+    fclose(f);
+    if (!buf || err) {
+        fprintf(stderr, "ect push: --file %s: %s\n", path, buf ? "read error" : "out of memory");
+        free(buf);
+        return -1;
+    }
+    if (len == 0) {
+        fprintf(stderr, "ect push: --file %s is empty\n", path);
+        free(buf);
+        return -1;
+    }
+    *data = buf;
+    *n = len;
+    return 0;
+}
+
+int cmd_push(int argc, char **argv) {
+    static const struct option opts[] = {{"to", required_argument, 0, 't'},
+                                         {"count", required_argument, 0, 'n'},
+                                         {"size", required_argument, 0, 's'},
+                                         {"shape", required_argument, 0, 'S'},
+                                         {"dtype", required_argument, 0, 'd'},
+                                         {"file", required_argument, 0, 'f'},
+                                         {"step", required_argument, 0, 'k'},
+                                         {"seed", required_argument, 0, 'r'},
+                                         {"id-prefix", required_argument, 0, 'p'},
+                                         {"timeout", required_argument, 0, 'T'},
+                                         {"control-timeout", required_argument, 0, 'C'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    const char *to = NULL, *file = NULL, *dtype = "bfloat16", *prefix = NULL;
+    uint64_t count = 1, size = 0, step = 0, seed = 1, timeout_s = 120, ctl_s = 30;
+    uint64_t shape[WIRE_MAX_NDIM] = {576, 4096};
+    size_t ndim = 2;
+    bool have_size = false, have_shape = false;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "t:n:s:S:d:f:k:r:p:T:C:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 't': to = optarg; break;
+        case 'n':
+            if (!cli_parse_u64("--count", optarg, 1, 1000000, &count)) return CLI_EXIT_USAGE;
+            break;
+        case 's':
+            if (!cli_parse_size("--size", optarg, &size)) return CLI_EXIT_USAGE;
+            have_size = true;
+            break;
+        case 'S':
+            if (!parse_shape(optarg, shape, &ndim))
+                return cli_usage_error(CMD,
+                                       "--shape must be 1..8 positive integers joined by 'x' "
+                                       "(e.g. 576x4096), got '%s'",
+                                       optarg);
+            have_shape = true;
+            break;
+        case 'd': dtype = optarg; break;
+        case 'f': file = optarg; break;
+        case 'k':
+            if (!cli_parse_u64("--step", optarg, 1, MAX_STEP, &step)) return CLI_EXIT_USAGE;
+            break;
+        case 'r':
+            if (!cli_parse_u64("--seed", optarg, 0, UINT64_MAX, &seed)) return CLI_EXIT_USAGE;
+            break;
+        case 'p': prefix = optarg; break;
+        case 'T':
+            if (!cli_parse_u64("--timeout", optarg, 1, 86400, &timeout_s)) return CLI_EXIT_USAGE;
+            break;
+        case 'C':
+            if (!cli_parse_u64("--control-timeout", optarg, 1, 3600, &ctl_s)) return CLI_EXIT_USAGE;
+            break;
+        case 'h': help(); return CLI_EXIT_OK;
+        default: return cli_usage_error(CMD, "unknown flag");
+        }
+    }
+    if (optind < argc) return cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
+    if (!to) return cli_usage_error(CMD, "--to HOST:PORT is required");
+    char host[256];
+    int port = 0;
+    if (!cli_parse_hostport("--to", to, host, sizeof host, &port)) return CLI_EXIT_USAGE;
+    size_t esz = ect_dtype_size(dtype);
+    if (!esz) return cli_usage_error(CMD, "--dtype: unsupported torch dtype '%s'", dtype);
+    if (have_size && have_shape) return cli_usage_error(CMD, "give --size or --shape, not both");
+    if (prefix && (!*prefix || strlen(prefix) > 200))
+        return cli_usage_error(CMD, "--id-prefix must be 1..200 characters");
+
+    void *fdata = NULL;
+    uint64_t nbytes = 0;
+    if (file) {
+        if (have_size) return cli_usage_error(CMD, "--size does not apply to --file");
+        if (read_file(file, &fdata, &nbytes)) return CLI_EXIT_FAIL;
+        if (!have_shape) {
+            if (nbytes % esz) {
+                free(fdata);
+                return cli_usage_error(CMD,
+                                       "--file: %" PRIu64 " bytes is not a multiple of %s (%zu)",
+                                       nbytes, dtype, esz);
+            }
+            shape[0] = nbytes / esz;
+            ndim = 1;
+        }
+    } else if (have_size) {
+        if (size == 0 || size % esz)
+            return cli_usage_error(
+                CMD, "--size %" PRIu64 " is not a positive multiple of %s (%zu bytes)", size, dtype,
+                esz);
+        shape[0] = size / esz;
+        ndim = 1;
+    }
+    uint64_t want = esz;
+    for (size_t i = 0; i < ndim; i++)
+        if (!ect_mul_u64(want, shape[i], &want)) {
+            free(fdata);
+            return cli_usage_error(CMD, "--shape: the size overflows");
+        }
+    if (file && want != nbytes) {
+        free(fdata);
+        return cli_usage_error(
+            CMD, "--shape x --dtype is %" PRIu64 " bytes but --file has %" PRIu64, want, nbytes);
+    }
+    nbytes = want;
+    if (!step) step = count < MAX_STEP ? count : MAX_STEP;
+    if (step > count) step = count;
+    if (nbytes * step > (16ull << 30)) {
+        free(fdata);
+        return cli_usage_error(CMD, "--step x item size exceeds 16 GiB; use a smaller --step");
+    }
+
+    char pfx[256];
+    if (prefix)
+        snprintf(pfx, sizeof pfx, "%s", prefix);
+    else {
+        char rid[ECT_ID_LEN + 1];
+        ect_random_id(rid);
+        snprintf(pfx, sizeof pfx, "push-%d-%.8s", (int)getpid(), rid);
+    }
+    char shape_txt[256] = "";
+    for (size_t i = 0; i < ndim; i++)
+        snprintf(shape_txt + strlen(shape_txt), sizeof shape_txt - strlen(shape_txt), "%s%" PRIu64,
+                 i ? "x" : "", shape[i]);
+
+    ect_push_producer_opts po;
+    ect_push_producer_opts_init(&po);
+    po.staging_size = 0; /* sources are borrowed: each step's buffers outlive the step */
+    po.control_timeout_ms = (int)(ctl_s * 1000);
+    ect_push_producer *p = NULL;
+    if (ect_push_producer_open(&po, &p)) {
+        fprintf(stderr, "ect push: %s\n", ect_last_error());
+        free(fdata);
+        return CLI_EXIT_FAIL;
+    }
+    slot *slots = calloc(step, sizeof *slots);
+    ect_push_result *res = calloc(step, sizeof *res);
+    if (!slots || !res) {
+        fprintf(stderr, "ect push: out of memory\n");
+        ect_push_producer_close(p);
+        free(fdata);
+        free(slots);
+        free(res);
+        return CLI_EXIT_FAIL;
+    }
+    uint64_t n_done = 0, n_failed = 0;
+    uint64_t fck = file ? cli_checksum(fdata, nbytes) : 0;
+    int rc = CLI_EXIT_OK;
+    for (uint64_t base = 0; base < count; base += step) {
+        size_t k = (size_t)(count - base < step ? count - base : step);
+        size_t queued = 0;
+        for (size_t j = 0; j < k; j++) {
+            slot *s = &slots[j];
+            s->reported = false;
+            if (!file) {
+                if (!s->data && !(s->data = malloc(nbytes))) {
+                    fprintf(stderr, "ect push: out of memory for %" PRIu64 " bytes\n", nbytes);
+                    rc = CLI_EXIT_FAIL;
+                    break;
+                }
+                fill(s->data, nbytes, seed, base + j);
+            }
+            const void *src = file ? fdata : s->data;
+            s->checksum = file ? fck : cli_checksum(src, nbytes);
+            snprintf(s->tid, sizeof s->tid, "%s-%" PRIu64, pfx, base + j);
+            snprintf(s->hash, sizeof s->hash, "fnv-%016" PRIx64 "-%s-%s", s->checksum,
+                     wire_dtype_canonical(dtype), shape_txt);
+            ect_push_item it = {.transfer_id = s->tid,
+                                .consumer = to,
+                                .mm_hash = s->hash,
+                                .shape = shape,
+                                .ndim = ndim,
+                                .dtype = dtype,
+                                .nbytes = nbytes,
+                                .data = src,
+                                .release = on_release};
+            if (ect_push_producer_reserve(p, &it)) {
+                ect_push_result r = {.status = ECT_EINVAL};
+                snprintf(r.error, sizeof r.error, "%s", ect_last_error());
+                print_line(s, nbytes, &r);
+                s->reported = true;
+                n_failed++;
+                continue;
+            }
+            queued++;
+        }
+        if (rc == CLI_EXIT_FAIL) break;
+        ect_push_producer_flush(p);
+        uint64_t end = ect_now_ms() + timeout_s * 1000;
+        size_t got = 0;
+        bool cancelled = false;
+        while (got < queued) {
+            int left = (int)(end > ect_now_ms() ? end - ect_now_ms() : 0);
+            if (left == 0 && !cancelled) { /* give up: cancel what is left */
+                for (size_t j = 0; j < k; j++)
+                    if (!slots[j].reported) ect_push_producer_cancel(p, slots[j].tid);
+                cancelled = true;
+                end = ect_now_ms() + 2 * ctl_s * 1000 + 1000;
+                continue;
+            }
+            if (left == 0) break;
+            size_t n = ect_push_producer_poll(p, res, step, left < 200 ? left : 200);
+            for (size_t i = 0; i < n; i++) {
+                for (size_t j = 0; j < k; j++) {
+                    if (slots[j].reported || strcmp(slots[j].tid, res[i].transfer_id)) continue;
+                    if (cancelled && res[i].status == ECT_ECANCELED)
+                        snprintf(res[i].error, sizeof res[i].error,
+                                 "timed out after %" PRIu64 " s (--timeout)", timeout_s);
+                    print_line(&slots[j], nbytes, &res[i]);
+                    slots[j].reported = true;
+                    if (res[i].status == 0)
+                        n_done++;
+                    else
+                        n_failed++;
+                    got++;
+                }
+            }
+        }
+        if (got < queued) {
+            fprintf(stderr, "ect push: %zu items of the step did not finish; giving up\n",
+                    queued - got);
+            n_failed += queued - got;
+            break; /* their sources may still be in use: do not reuse the buffers */
+        }
+    }
+    ect_push_producer_close(p);
+    for (size_t j = 0; j < step; j++) free(slots[j].data);
+    free(slots);
+    free(res);
+    free(fdata);
+    fprintf(stderr, "ect push: %" PRIu64 " done, %" PRIu64 " failed of %" PRIu64 " items\n", n_done,
+            n_failed, count);
+    if (rc == CLI_EXIT_OK && (n_failed || n_done < count)) rc = CLI_EXIT_FAIL;
+    return rc;
+}
