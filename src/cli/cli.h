@@ -62,6 +62,10 @@ int cmd_pull(int argc, char **argv);
 /* bench_pull.c: `ect bench pull` (pull round trips vs raw transport writes). */
 int bench_pull(int argc, char **argv);
 
+/* cmd_push.c: `ect push` (generation-2 producer). bench_push.c: `ect bench push`. */
+int cmd_push(int argc, char **argv);
+int bench_push(int argc, char **argv);
+
 /* cmd_push_consumer.c: `ect push-consumer` (generation-2 consumer instance). */
 int cmd_push_consumer(int argc, char **argv);
 
