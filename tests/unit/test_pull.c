@@ -599,6 +599,13 @@ static void test_sub_malformed(void **st) {
 
 /* ---- the extension codec */
 
+static void assert_hex(const void *buf, size_t len, const char *hex) {
+    char got[1024];
+    assert_true(len * 2 < sizeof got);
+    for (size_t i = 0; i < len; i++) snprintf(got + 2 * i, 3, "%02x", ((const uint8_t *)buf)[i]);
+    assert_string_equal(got, hex);
+}
+
 static void test_ext_codec(void **st) {
     (void)st;
     wire_transfer_pull m = {.mm_hash = "abc",
@@ -618,7 +625,12 @@ static void test_ext_codec(void **st) {
     free(plain);
     pull_ext x = {.dst_key = "k1", .has_token = true, .token = 42};
     assert_int_equal(pull_ext_encode_pull(&m, &x, &buf, &len), 0);
-    assert_int_equal(((uint8_t *)buf)[0], 0x86);
+    /* the golden bytes of docs/PROTOCOL.md */
+    static const char golden_pull[] =
+        "86a76d6d5f68617368a3616263a76473745f707472cf00007f0000001000aa6473745f6f6666736574cd1000"
+        "b3636f6e73756d65725f73657373696f6e5f6964aa636f6e73756d65722d30a76473745f6b6579a26b31a574"
+        "6f6b656e2a";
+    assert_hex(buf, len, golden_pull);
     wire_transfer_pull back;
     assert_int_equal(wire_transfer_pull_decode(buf, len, &back), 0); /* upstream view */
     assert_string_equal(back.mm_hash, "abc");
@@ -648,6 +660,13 @@ static void test_ext_codec(void **st) {
     assert_int_equal(pull_ext_decode(buf, len, "ECTransferComplete", &y), 0);
     assert_int_equal(strlen(y.error), 256);
     pull_ext_free(&y);
+    free(buf);
+    wire_transfer_complete c2 = {.mm_hash = "abc", .status = ECT_ENOTFOUND};
+    pull_ext cx2 = {.has_token = true, .token = 42, .error = "mm_hash abc is unknown or evicted"};
+    assert_int_equal(pull_ext_encode_complete(&c2, &cx2, &buf, &len), 0);
+    assert_hex(buf, len,
+               "84a76d6d5f68617368a3616263a6737461747573fca5746f6b656e2aa56572726f72d9216d6d5f68"
+               "6173682061626320697320756e6b6e6f776e206f722065766963746564");
     free(buf);
 }
 
