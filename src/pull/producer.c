@@ -77,7 +77,8 @@ struct ect_pull_producer {
     int efd;
     pull_inventory inv;
     bool inv_ok;
-    pull_router r; /* ROUTER thread only */
+    pull_router r;           /* ROUTER thread only, except r.st under stat_mu */
+    pthread_mutex_t stat_mu; /* held while the ROUTER thread handles a frame */
 
     pthread_mutex_t mu; /* save queue, flush, stats */
     pthread_cond_t cv;
@@ -96,7 +97,6 @@ struct ect_pull_producer {
     completion *c_head, *c_tail;
 
     atomic_uint_fast64_t saved, save_failed, notifications, pulls_ok, pulls_failed, evicted;
-    atomic_uint_fast64_t malformed, requests, refused;
 };
 
 void ect_pull_producer_opts_init(ect_pull_producer_opts *o) {
@@ -504,6 +504,9 @@ static void handle_frames(ect_pull_producer *p) {
             peer.delim = n == 3;
         }
         size_t idl = zmq_msg_size(&f[0]);
+        /* The counters change before the reply leaves, so a peer that has
+         * its answer and then reads the stats sees them counted. */
+        pthread_mutex_lock(&p->stat_mu);
         if (!payload || idl == 0 || idl > sizeof peer.id) {
             p->r.st.frames++;
             p->r.st.malformed++;
@@ -513,10 +516,8 @@ static void handle_frames(ect_pull_producer *p) {
             peer.id_len = idl;
             pull_router_handle(&p->r, &peer, zmq_msg_data(payload), zmq_msg_size(payload));
         }
+        pthread_mutex_unlock(&p->stat_mu);
         for (int i = 0; i < n && i < 3; i++) zmq_msg_close(&f[i]);
-        atomic_store(&p->malformed, p->r.st.malformed);
-        atomic_store(&p->requests, p->r.st.requests);
-        atomic_store(&p->refused, p->r.st.pulls_refused);
     }
 }
 
@@ -621,6 +622,7 @@ int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer
     pthread_cond_init(&p->cv, NULL);
     pthread_mutex_init(&p->lane_mu, NULL);
     pthread_cond_init(&p->lane_cv, NULL);
+    pthread_mutex_init(&p->stat_mu, NULL);
     if ((rc = pull_inv_init(&p->inv)) != 0) goto fail;
     p->inv_ok = true;
 
@@ -752,6 +754,7 @@ void ect_pull_producer_close(ect_pull_producer *p) {
     pthread_cond_destroy(&p->cv);
     pthread_mutex_destroy(&p->lane_mu);
     pthread_cond_destroy(&p->lane_cv);
+    pthread_mutex_destroy(&p->stat_mu);
     free(p);
 }
 
@@ -768,9 +771,11 @@ void ect_pull_producer_stats(ect_pull_producer *p, ect_pull_producer_stat *st) {
     st->save_failed = atomic_load(&p->save_failed);
     st->notifications = atomic_load(&p->notifications);
     st->pulls_ok = atomic_load(&p->pulls_ok);
-    st->pulls_failed = atomic_load(&p->pulls_failed) + atomic_load(&p->refused);
-    st->malformed = atomic_load(&p->malformed);
-    st->requests = atomic_load(&p->requests);
+    pthread_mutex_lock(&p->stat_mu);
+    st->pulls_failed = atomic_load(&p->pulls_failed) + p->r.st.pulls_refused;
+    st->malformed = p->r.st.malformed;
+    st->requests = p->r.st.requests;
+    pthread_mutex_unlock(&p->stat_mu);
     st->evicted = atomic_load(&p->evicted);
     pthread_mutex_lock(&p->lane_mu);
     st->lanes = p->n_lanes;
