@@ -9,6 +9,8 @@
 
 static const cli_bench benches[] = {
     /* @@BENCH_TABLE@@ */
+    {"push", "generation-2 pushes, steps of 1/8/32 items (64 KiB..16 MiB) vs raw write_batch",
+     bench_push},
     {"pull", "generation-1 pulls of 1 and 32 items (64 KiB..16 MiB) vs raw transport writes",
      bench_pull},
     {"xport", "transport batch writes 64 KiB..64 MiB vs raw TCP, memcpy and ucx_perftest",
