@@ -192,6 +192,7 @@ int cmd_push_consumer(int argc, char **argv) {
     ect_push_consumer *cons[MAX_TP] = {0};
     ect_push_scheduler *s = NULL;
     int rc = CLI_EXIT_OK;
+    uint64_t done = 0;
     for (uint64_t r = 0; r < tp; r++) {
         ect_push_consumer_opts o;
         ect_push_consumer_opts_init(&o);
@@ -226,7 +227,6 @@ int cmd_push_consumer(int argc, char **argv) {
             "ect push-consumer: ready on %s ports %" PRIu64 "..%" PRIu64 " (tp %" PRIu64
             ", %s, pool %" PRIu64 " bytes per rank)\n",
             host, port + dp * tp, last, tp, transport, pool);
-    uint64_t done = 0;
     bool announced = false;
     while (!stop_flag && (!count || done < count)) {
         ect_push_scheduler_poll(s);
@@ -250,12 +250,29 @@ int cmd_push_consumer(int argc, char **argv) {
             nanosleep(&ts, NULL);
         }
     }
-    /* Let the finishing cancels go out before closing. */
-    for (int i = 0; i < 100; i++) {
+    /* Let the finishing cancels (one per item and rank) be answered before
+     * closing, for at most 2 s. */
+    for (int i = 0; i < 1000; i++) {
         ect_push_scheduler_poll(s);
+        ect_push_scheduler_stat st;
+        ect_push_scheduler_stats(s, &st);
+        if (st.cancels_sent + st.cancels_failed >= done * tp) break;
         struct timespec ts = {0, 2 * 1000000L};
         nanosleep(&ts, NULL);
     }
+    /* What is left per rank once the resident copies are dropped: after a
+     * clean run (and after a killed producer's reservations expired) both
+     * numbers are 0, which the script tests check. */
+    for (uint64_t r = 0; r < tp; r++) {
+        ect_push_consumer_evict(cons[r], SIZE_MAX);
+        ect_push_consumer_stat st;
+        ect_push_consumer_stats(cons[r], &st);
+        fprintf(stderr,
+                "ect push-consumer: rank %" PRIu64 ": %" PRIu64 " live reservations, %" PRIu64
+                " bytes in use, %" PRIu64 " events dropped, %" PRIu64 " bad requests\n",
+                r, st.live, st.pool_used, st.events_dropped, st.bad_requests);
+    }
+    fprintf(stderr, "ect push-consumer: %" PRIu64 " items\n", done);
 out:
     ect_push_scheduler_close(s);
     for (uint64_t r = 0; r < tp; r++) ect_push_consumer_close(cons[r]);

@@ -227,6 +227,11 @@ int ctl_server_handle(ctl_server *s, const void *buf, size_t len, uint64_t now_m
         ECT_LOGD(MOD, "refused request: %s", ect_last_error());
         return wire_ctl_encode_decode_failure(rc, reply);
     }
+    if (q.op == WIRE_OP_RESERVE_BATCH || q.op == WIRE_OP_COMPLETE_BATCH)
+        ECT_LOGD(MOD, "shard %d: %s of %zu item(s)", s->port, wire_ctl_op_name(q.op),
+                 q.op == WIRE_OP_RESERVE_BATCH ? q.u.reserve_batch.n : q.u.complete_batch.n);
+    else
+        ECT_LOGD(MOD, "shard %d: %s", s->port, wire_ctl_op_name(q.op));
     rc = handle_decoded(s, &q, now_ms, reply);
     wire_ctl_request_clear(&q);
     return rc;

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Generation 2 fault cases across processes:
+#  - consumer killed mid-push (SIGKILL): `ect push` reports failed items and
+#    exits non-zero within its timeouts instead of hanging;
+#  - producer killed mid-push (SIGKILL, reservations outstanding): with a
+#    1 s TTL the consumer's reaper expires them and, the writer being gone,
+#    returns their memory: after SIGTERM every rank reports 0 live
+#    reservations and 0 bytes in use;
+#  - consumer pool full: an item larger than the pool fails with the spec's
+#    text and the consumer keeps serving.
+# Every background process is killed on exit; waits are bounded.
+set -euo pipefail
+ect=${ECT_BIN:?}
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  if [ -n "${KEEP:-}" ]; then echo "kept $tmp" >&2; else rm -rf "$tmp"; fi
+}
+trap cleanup EXIT
+
+start_consumer() {
+  local out=$1 tp=$2; shift 2
+  for _ in 1 2 3 4 5 6 7 8; do
+    port=$((20000 + RANDOM % 30000))
+    "$ect" push-consumer --host 127.0.0.1 --port "$port" --tp "$tp" "$@" >"$out" 2>"$out.err" &
+    cpid=$!
+    pids+=("$cpid")
+    for _ in $(seq 200); do
+      grep -q 'scheduler connected' "$out.err" 2>/dev/null && return 0
+      kill -0 "$cpid" 2>/dev/null || break
+      sleep 0.05
+    done
+    if grep -q 'address in use' "$out.err"; then continue; fi
+    cat "$out.err"
+    echo "consumer did not start"
+    exit 1
+  done
+  echo "no free port range"
+  exit 1
+}
+
+wait_exit() { # PID SECONDS: waits for PID to end; fails when it does not
+  for _ in $(seq $(($2 * 20))); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.05; done
+  echo "process $1 still running after $2 s"
+  exit 1
+}
+
+wait_line() { # FILE: until FILE has a line (30 s at most)
+  for _ in $(seq 600); do [ -s "$1" ] && return 0; sleep 0.05; done
+  echo "nothing arrived in $1"
+  exit 1
+}
+
+# 1. consumer killed mid-push
+start_consumer "$tmp/c1" 2 --pool-size 64MiB
+"$ect" push --to "127.0.0.1:$port" --count 24 --size 4MiB --step 4 --timeout 20 \
+  --control-timeout 1 >"$tmp/p1" 2>"$tmp/p1.err" &
+ppid=$!
+pids+=("$ppid")
+wait_line "$tmp/c1"
+kill -KILL "$cpid"
+wait_exit "$ppid" 60
+if wait "$ppid"; then echo "push succeeded although the consumer died"; exit 1; fi
+grep -q '"status":"failed"' "$tmp/p1" || { cat "$tmp/p1" "$tmp/p1.err"; echo "no failed item reported"; exit 1; }
+echo "consumer killed mid-push: producer failed the rest and exited"
+
+# 2. producer killed mid-push, between reserve and complete; the consumer
+# logs each control op (ECT_LOG=debug), so the kill follows the second step's
+# reserve_batch
+export ECT_LOG=debug
+start_consumer "$tmp/c2" 2 --pool-size 160MiB --ttl 1
+unset ECT_LOG
+"$ect" push --to "127.0.0.1:$port" --count 400 --size 8MiB --step 8 >"$tmp/p2" 2>"$tmp/p2.err" &
+ppid=$!
+pids+=("$ppid")
+for _ in $(seq 3000); do
+  [ "$(grep -c 'reserve_batch of' "$tmp/c2.err")" -ge 3 ] && break
+  sleep 0.01
+done
+kill -KILL "$ppid"
+sleep 3.5 # TTL 1 s, then the pending grace (1 s), reaper every 1 s
+kill -TERM "$cpid"
+wait_exit "$cpid" 10
+wait "$cpid"
+if grep 'live reservations' "$tmp/c2.err" | grep -v ': 0 live reservations, 0 bytes in use'; then
+  echo "the killed producer's reservations kept memory"
+  exit 1
+fi
+grep -q 'silent past its grace' "$tmp/c2.err" || { echo "no reservation was left to expire"; exit 1; }
+echo "producer killed mid-push: reservations expired, memory returned"
+
+# 3. pool full
+start_consumer "$tmp/c3" 1 --pool-size 1MiB
+if "$ect" push --to "127.0.0.1:$port" --size 2MiB --timeout 10 >"$tmp/p3" 2>"$tmp/p3.err"; then
+  echo "an item larger than the pool was accepted"
+  exit 1
+fi
+grep -q 'EC consumer buffer pool is full' "$tmp/p3" || { cat "$tmp/p3"; echo "no pool-full text"; exit 1; }
+"$ect" push --to "127.0.0.1:$port" --size 256KiB --timeout 10 >"$tmp/p3b" 2>&1
+wait_line "$tmp/c3"
+kill -TERM "$cpid"
+wait_exit "$cpid" 10
+wait "$cpid"
+if grep 'live reservations' "$tmp/c3.err" | grep -v ': 0 live reservations, 0 bytes in use'; then
+  exit 1
+fi
+echo "pool full: refused with the spec's text, the consumer kept serving"
