@@ -686,9 +686,11 @@ ECT_API int ect_push_producer_cancel(ect_push_producer *p, const char *transfer_
 ECT_API size_t ect_push_producer_poll(ect_push_producer *p, ect_push_result *out, size_t max,
                                       int timeout_ms);
 
-/** Items queued, staged or in flight and not yet reported by poll. */
+/** Items queued or in flight that have not finished yet (finished ones wait in
+ *  poll's queue and no longer count). Any thread. */
 ECT_API size_t ect_push_producer_pending(ect_push_producer *p);
 
+/** Fills *st. Any thread. */
 ECT_API void ect_push_producer_stats(ect_push_producer *p, ect_push_producer_stat *st);
 
 /** Stops the dispatcher (a control exchange in progress may take up to its

@@ -553,6 +553,10 @@ static void do_local(ect_push_producer *p, const push_action *a, size_t n) {
 /* Runs the table until it has nothing more to do now. */
 static void run_rounds(ect_push_producer *p) {
     for (;;) {
+        pthread_mutex_lock(&p->mu);
+        bool stop = p->stop; /* closing: no new round (see the end of pp_dispatch_main) */
+        pthread_mutex_unlock(&p->mu);
+        if (stop) return;
         size_t n = push_next_actions(p->table, ect_now_ms(), p->acts, p->acts_cap);
         if (!n) return;
         do_reserves(p, p->acts, n);

@@ -651,6 +651,43 @@ static void test_refresh(void **st) {
     free(b.data);
 }
 
+/* Closing with a push in flight (the shard answers slowly) returns once the
+ * exchange in progress ends, fires the borrowed source's release exactly
+ * once, and frees everything (ASan checks the rest). */
+static void test_close_in_flight(void **st) {
+    (void)st;
+    fake *f = fake_open(1, "tcp");
+    atomic_store(&f->sh[0].delay_ms, 300);
+    ect_push_producer *p = prod_open(2000, 150000);
+    char addr[64];
+    consumer_addr(f, addr, sizeof addr);
+    item_buf b;
+    item_make(&b, "cl", 0, 4096);
+    ect_push_item it = item_of(&b, addr);
+    it.release = on_release;
+    it.release_user = b.data;
+    atomic_store(&released, 0);
+    assert_int_equal(ect_push_producer_reserve(p, &it), 0);
+    assert_int_equal(ect_push_producer_flush(p), 1);
+    uint64_t end = ect_now_ms() + 5000;
+    while (atomic_load(&f->sh[0].n_op[WIRE_OP_RESERVE_BATCH]) == 0) {
+        assert_true(ect_now_ms() < end);
+        usleep(2000);
+    }
+    uint64_t t0 = ect_now_ms();
+    ect_push_producer_close(p);
+    assert_true(ect_now_ms() - t0 < 3000);
+    assert_int_equal(atomic_load(&released), 1);
+    /* the shard's reservation was never completed; end it as its TTL would */
+    bool cancelled = false;
+    pthread_mutex_lock(&f->sh[0].mu);
+    assert_int_equal(rsv_cancel(f->sh[0].t, "cl-0", NULL, true, false, ect_now_ms(), &cancelled),
+                     0);
+    pthread_mutex_unlock(&f->sh[0].mu);
+    fake_close(f);
+    free(b.data);
+}
+
 static void test_bad_args(void **st) {
     (void)st;
     ect_push_producer_opts o;
@@ -793,6 +830,7 @@ int main(void) {
         cmocka_unit_test(test_dedup),
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_refresh),
+        cmocka_unit_test(test_close_in_flight),
         cmocka_unit_test(test_real_consumer_tcp_tp2),
         cmocka_unit_test(test_real_consumer_shm_tp4),
     };
