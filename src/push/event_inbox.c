@@ -86,6 +86,7 @@ static void *discovery_main(void *arg) {
             ECT_LOGI(MOD, "discovered %zu shard(s) of %s:%d", n, b->host, b->o.port);
             break;
         }
+        if (atomic_load(&b->stop)) break; /* interrupted by inbox_close */
         if (!warned) {
             ECT_LOGW(MOD, "discovery of %s:%d: %s (retrying)", b->host, b->o.port,
                      ect_last_error());

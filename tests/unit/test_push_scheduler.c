@@ -1,0 +1,254 @@
+/*
+ * Tests for ect_push_scheduler and the event inbox against a fake consumer
+ * shard (a REP thread answering peers / event_port / cancel, and a PUSH
+ * socket the test writes event frames into): undecodable frames and frames
+ * from unknown shards cost one frame each, late events are ignored, the
+ * push wait makes an entry UNAVAILABLE, cancels reach the shard and a
+ * failing shard gets exactly cancel_attempts tries, and an unreachable
+ * consumer never blocks poll() nor close().
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include <zmq.h>
+
+#include "testutil.h"
+#include "util/util.h"
+
+static void nap(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+typedef struct fake {
+    void *zctx, *rep, *push;
+    int port, event_port;
+    pthread_t thr;
+    atomic_bool stop;
+    atomic_int cancels;
+    atomic_bool refuse_cancels;
+    char last_cancel[1024];
+} fake;
+
+static int bound_port(void *s) {
+    char ep[128];
+    size_t sz = sizeof ep;
+    zmq_getsockopt(s, ZMQ_LAST_ENDPOINT, ep, &sz);
+    return atoi(strrchr(ep, ':') + 1);
+}
+
+static void *fake_main(void *arg) {
+    fake *f = arg;
+    int to = 50;
+    zmq_setsockopt(f->rep, ZMQ_RCVTIMEO, &to, sizeof to);
+    while (!atomic_load(&f->stop)) {
+        char buf[1024];
+        int n = zmq_recv(f->rep, buf, sizeof buf - 1, 0);
+        if (n < 0) continue;
+        buf[n] = 0;
+        char out[256];
+        if (strstr(buf, "\"peers\""))
+            snprintf(out, sizeof out, "{\"ok\":true,\"result\":{\"ports\":[%d]}}", f->port);
+        else if (strstr(buf, "\"event_port\""))
+            snprintf(out, sizeof out, "{\"ok\":true,\"result\":%d}", f->event_port);
+        else if (strstr(buf, "\"cancel\"")) {
+            atomic_fetch_add(&f->cancels, 1);
+            snprintf(f->last_cancel, sizeof f->last_cancel, "%s", buf);
+            if (atomic_load(&f->refuse_cancels))
+                snprintf(out, sizeof out, "{\"ok\":false,\"error\":\"no\"}");
+            else
+                snprintf(out, sizeof out, "{\"ok\":true,\"result\":{\"cancelled\":true}}");
+        } else
+            snprintf(out, sizeof out, "{\"ok\":false,\"error\":\"unexpected\"}");
+        zmq_send(f->rep, out, strlen(out), 0);
+    }
+    return NULL;
+}
+
+static void fake_open(fake *f) {
+    memset(f, 0, sizeof *f);
+    f->zctx = zmq_ctx_new();
+    f->rep = zmq_socket(f->zctx, ZMQ_REP);
+    f->push = zmq_socket(f->zctx, ZMQ_PUSH);
+    int zero = 0;
+    zmq_setsockopt(f->rep, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(f->push, ZMQ_LINGER, &zero, sizeof zero);
+    assert_int_equal(zmq_bind(f->rep, "tcp://127.0.0.1:*"), 0);
+    assert_int_equal(zmq_bind(f->push, "tcp://127.0.0.1:*"), 0);
+    f->port = bound_port(f->rep);
+    f->event_port = bound_port(f->push);
+    assert_int_equal(pthread_create(&f->thr, NULL, fake_main, f), 0);
+}
+
+static void fake_close(fake *f) {
+    atomic_store(&f->stop, true);
+    pthread_join(f->thr, NULL);
+    zmq_close(f->rep);
+    zmq_close(f->push);
+    zmq_ctx_term(f->zctx);
+}
+
+static void fake_event(fake *f, const char *tid, int shard_port) {
+    char ev[512];
+    snprintf(ev, sizeof ev,
+             "{\"transfer_id\":\"%s\",\"mm_hash\":\"h-%s\",\"ready\":true,\"reservation_id\":\"r\","
+             "\"nbytes\":8,\"shape\":[4],\"dtype\":\"bfloat16\",\"shard\":%d}",
+             tid, tid, shard_port);
+    assert_true(zmq_send(f->push, ev, strlen(ev), 0) >= 0);
+}
+
+static ect_push_scheduler *sched(int port, uint64_t push_wait_ms, double timeout_s) {
+    ect_push_scheduler_opts o;
+    ect_push_scheduler_opts_init(&o);
+    o.consumer_port = port;
+    o.push_wait_ms = push_wait_ms;
+    o.control_timeout_s = timeout_s;
+    o.min_drain_interval_ms = 0;
+    ect_push_scheduler *s = NULL;
+    assert_int_equal(ect_push_scheduler_open(&o, &s), 0);
+    return s;
+}
+
+static void wait_shards(ect_push_scheduler *s) {
+    ect_push_scheduler_stat st;
+    for (int i = 0; i < 500; i++) {
+        ect_push_scheduler_poll(s);
+        ect_push_scheduler_stats(s, &st);
+        if (st.shards == 1) return;
+        nap(5);
+    }
+    fail_msg("discovery did not finish");
+}
+
+static ect_push_state poll_until(ect_push_scheduler *s, const char *tid, ect_push_state want) {
+    ect_push_sched_item it = {0};
+    for (int i = 0; i < 500; i++) {
+        ect_push_scheduler_poll(s);
+        if (ect_push_scheduler_state(s, tid, &it) == 0 && it.state == want) return want;
+        nap(5);
+    }
+    return it.state;
+}
+
+static void test_bad_frames_and_late_events(void **state) {
+    (void)state;
+    fake f;
+    fake_open(&f);
+    ect_push_scheduler *s = sched(f.port, 60000, 2);
+    assert_int_equal(ect_push_scheduler_expect(s, "t", NULL), 0);
+    assert_err(ect_push_scheduler_expect(s, "t", NULL), ECT_EEXIST, NULL);
+    wait_shards(s);
+    nap(50); /* the PULL connects */
+    assert_true(zmq_send(f.push, "garbage{", 8, 0) >= 0);
+    fake_event(&f, "t", f.port + 1); /* not a shard of this instance */
+    fake_event(&f, "t", f.port);
+    assert_int_equal(poll_until(s, "t", ECT_PUSH_AVAILABLE), ECT_PUSH_AVAILABLE);
+    ect_push_scheduler_stat st;
+    ect_push_scheduler_stats(s, &st);
+    assert_int_equal(st.bad_frames, 2);
+    assert_int_equal(st.events, 1);
+    ect_push_sched_item it;
+    assert_int_equal(ect_push_scheduler_next(s, &it), 0);
+    assert_string_equal(it.transfer_id, "t");
+    assert_string_equal(it.mm_hash, "h-t");
+    assert_int_equal(it.state, ECT_PUSH_LOADING);
+    assert_err(ect_push_scheduler_next(s, &it), ECT_ENOTFOUND, NULL);
+    /* cancel reaches the shard once; a late event is ignored */
+    assert_int_equal(ect_push_scheduler_cancel(s, "t"), 0);
+    for (int i = 0; i < 400 && atomic_load(&f.cancels) < 1; i++) {
+        ect_push_scheduler_poll(s);
+        nap(5);
+    }
+    assert_int_equal(atomic_load(&f.cancels), 1);
+    assert_non_null(strstr(f.last_cancel, "\"transfer_id\":\"t\""));
+    fake_event(&f, "t", f.port);
+    for (int i = 0; i < 40; i++) {
+        ect_push_scheduler_poll(s);
+        nap(5);
+    }
+    ect_push_scheduler_stats(s, &st);
+    assert_int_equal(st.late_events, 1);
+    assert_int_equal(st.cancels_sent, 1);
+    assert_int_equal(ect_push_scheduler_state(s, "t", &it), 0);
+    assert_int_equal(it.state, ECT_PUSH_CANCELLED);
+    ect_push_scheduler_close(s);
+    fake_close(&f);
+}
+
+/* No event within the push wait: UNAVAILABLE (retryable), and the shard is
+ * told to cancel; a shard that refuses gets exactly 2 attempts. */
+static void test_push_wait_and_cancel_attempts(void **state) {
+    (void)state;
+    fake f;
+    fake_open(&f);
+    atomic_store(&f.refuse_cancels, true);
+    ect_push_scheduler *s = sched(f.port, 100, 2);
+    wait_shards(s);
+    assert_int_equal(ect_push_scheduler_expect(s, "w", "hw"), 0);
+    assert_int_equal(poll_until(s, "w", ECT_PUSH_UNAVAILABLE), ECT_PUSH_UNAVAILABLE);
+    ect_push_sched_item it;
+    assert_int_equal(ect_push_scheduler_state(s, "w", &it), 0);
+    assert_true(it.retryable);
+    ect_push_scheduler_stat st;
+    for (int i = 0; i < 400; i++) {
+        ect_push_scheduler_poll(s);
+        ect_push_scheduler_stats(s, &st);
+        if (st.cancels_failed >= 2) break;
+        nap(5);
+    }
+    for (int i = 0; i < 40; i++) { /* no third attempt */
+        ect_push_scheduler_poll(s);
+        nap(5);
+    }
+    assert_int_equal(atomic_load(&f.cancels), 2);
+    ect_push_scheduler_stats(s, &st);
+    assert_int_equal(st.cancels_failed, 2);
+    assert_int_equal(st.cancels_sent, 0);
+    ect_push_scheduler_close(s);
+    fake_close(&f);
+}
+
+/* Nobody listens at the consumer's address: discovery retries in the
+ * background with a 30 s control timeout, poll() stays instant, the push
+ * wait still works, and close() does not wait out the timeout. */
+static void test_unreachable_consumer(void **state) {
+    (void)state;
+    void *z = zmq_ctx_new();
+    void *tmp = zmq_socket(z, ZMQ_REP);
+    assert_int_equal(zmq_bind(tmp, "tcp://127.0.0.1:*"), 0);
+    int port = bound_port(tmp);
+    zmq_close(tmp); /* the port is now closed */
+    zmq_ctx_term(z);
+    ect_push_scheduler *s = sched(port, 100, 30);
+    assert_int_equal(ect_push_scheduler_expect(s, "u", NULL), 0);
+    uint64_t worst = 0;
+    for (int i = 0; i < 60; i++) {
+        uint64_t t0 = ect_now_ns();
+        assert_true(ect_push_scheduler_poll(s) >= 0);
+        uint64_t dt = ect_now_ns() - t0;
+        if (dt > worst) worst = dt;
+        nap(5);
+    }
+    assert_true(worst < 50 * 1000000ull); /* never waits on the network */
+    ect_push_sched_item it;
+    assert_int_equal(ect_push_scheduler_state(s, "u", &it), 0);
+    assert_int_equal(it.state, ECT_PUSH_UNAVAILABLE);
+    ect_push_scheduler_stat st;
+    ect_push_scheduler_stats(s, &st);
+    assert_int_equal(st.shards, 0);
+    uint64_t t0 = ect_now_ms();
+    ect_push_scheduler_close(s);
+    assert_true(ect_now_ms() - t0 < 2000);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_frames_and_late_events),
+        cmocka_unit_test(test_push_wait_and_cancel_attempts),
+        cmocka_unit_test(test_unreachable_consumer),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
