@@ -95,4 +95,38 @@ run_e2e 2 shm 6 64KiB
 run_e2e 4 tcp 5 64KiB
 # deterministic content: the same seed gives the same checksums whatever the TP
 cmp "$tmp/sums.1" "$tmp/sums.2"
+# --file: the file's bytes, twice (the second is answered `cached` by the consumer);
+# both sides print the file's FNV-1a
+head -c 8192 /dev/urandom >"$tmp/item.bin"
+port=$(free_port 1)
+rm -f "$tmp/cons.out" "$tmp/cons.err"
+"$ect" push-consumer --host 127.0.0.1 --port "$port" --pool-size 16MiB --count 2 \
+  >"$tmp/cons.out" 2>"$tmp/cons.err" &
+pids+=("$!")
+for _ in $(seq 100); do grep -q 'ready' "$tmp/cons.err" 2>/dev/null && break; sleep 0.1; done
+timeout 60 "$ect" push --to "127.0.0.1:$port" --file "$tmp/item.bin" --count 2 --step 1 \
+  --control-timeout 5 >"$tmp/prod.out"
+for _ in $(seq 100); do [ "$(wc -l <"$tmp/cons.out")" -ge 2 ] && break; sleep 0.1; done
+python3 - "$tmp/item.bin" "$tmp/prod.out" "$tmp/cons.out" <<'EOF'
+import json, sys
+h = 0xcbf29ce484222325
+for b in open(sys.argv[1], "rb").read():
+    h = ((h ^ b) * 0x100000001b3) & (2**64 - 1)
+for f in sys.argv[2:]:
+    rows = [json.loads(l) for l in open(f)]
+    assert len(rows) == 2 and all(r["checksum"] == "%016x" % h for r in rows), (f, rows)
+    assert rows[0]["mm_hash"] == rows[1]["mm_hash"], rows
+EOF
+
+# bench: a short run; a 4-item step costs the same round trips as a 1-item step
+"$ect" bench push --help | grep -q '^usage: ect bench push'
+timeout 60 "$ect" bench push --json --seconds 0.05 --transport tcp --sizes 64KiB --steps 1,4 \
+  >"$tmp/bench.json"
+python3 - "$tmp/bench.json" <<'EOF'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+assert [r["step"] for r in rows] == [1, 4], rows
+assert all(r["gbps"] > 0 and r["raw_gbps"] > 0 for r in rows), rows
+assert rows[0]["round_trips_per_step"] == rows[1]["round_trips_per_step"] == 2, rows
+EOF
 echo "push_cli: ok"
