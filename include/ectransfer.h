@@ -604,6 +604,10 @@ typedef struct ect_push_producer_opts {
                                   default 30000 */
     const char *listen_host;   /* where the producer's own transports listen (they must
                                   open a target): default "127.0.0.1"; copied */
+    const char *transport;     /* NULL or "" (default): use whatever data plane each shard
+                                  names in its reserve reply; else "tcp", "shm" or "ucx":
+                                  an item whose shard names another fails (its reservations
+                                  abandoned) without writing; copied */
 } ect_push_producer_opts;
 
 /** One item to push. Every pointer is read during the call only, except
@@ -629,12 +633,17 @@ typedef struct ect_push_item {
 
 /** Outcome of one transfer. status: 0 done on every shard, ECT_ECANCELED
  *  cancelled (by _cancel or by the consumer), else the error (text in
- *  `error`). latency_ns: from _reserve to the outcome. */
+ *  `error`). latency_ns: from _reserve to the outcome. shards: the
+ *  consumer's shards (TP ranks) the item went to, 0 when discovery failed.
+ *  transport: the data plane the bytes went over, "" when nothing was
+ *  written (every shard answered `cached`, or it failed before writing). */
 typedef struct ect_push_result {
     char transfer_id[256];
     int status;
     char error[192];
     uint64_t latency_ns;
+    uint32_t shards;
+    char transport[16];
 } ect_push_result;
 
 /** Counters since open (for benchmarks and tests). */

@@ -28,7 +28,7 @@ static void help(void) {
     printf(
         "usage: ect push --to HOST:PORT [--count N] [--size SIZE | --shape AxB...] [--dtype D]\n"
         "                [--file F] [--step K] [--seed S] [--id-prefix P] [--timeout S]\n"
-        "                [--control-timeout S]\n\n"
+        "                [--control-timeout S] [--transport tcp|shm|ucx] [--tp N]\n\n"
         "Pushes items into the consumer instance whose TP rank 0 serves control requests at\n"
         "HOST:PORT (`ect push-consumer`): reserve on every shard (found through `peers`), one\n"
         "batched write per destination session, complete on every shard. The data plane\n"
@@ -46,14 +46,19 @@ static void help(void) {
         "  --seed S              synthetic content seed (default 1)\n"
         "  --id-prefix P         transfer_id prefix (default push-<pid>-<random>)\n"
         "  --timeout S           give up on a step after S seconds (default 120)\n"
-        "  --control-timeout S   each control exchange (default 30, as the spec says)\n\n"
+        "  --control-timeout S   each control exchange (default 30, as the spec says)\n"
+        "  --transport T         require data plane T: an item whose shard offers another\n"
+        "                        fails without writing (default: whatever the consumer offers)\n"
+        "  --tp N                require the consumer to have N shards (TP ranks): an item\n"
+        "                        pushed to another number is reported failed\n\n"
         "Item i: bytes = a splitmix64 stream seeded with (seed, i), or the file's bytes.\n"
         "  transfer_id = <prefix>-<i>   (unique per run, so a re-run is not refused)\n"
         "  mm_hash     = fnv-<checksum>-<dtype>-<shape>   (a hash of the content: repeated\n"
         "                content dedups at the consumer, which answers it `cached`)\n"
         "  checksum    = 64-bit FNV-1a of the bytes, 16 hex digits (as ect push-consumer prints)\n"
         "Output: one JSON line per item: transfer_id, mm_hash, nbytes, checksum, status\n"
-        "(done | failed | cancelled), error (when not done), latency_ms (reserve to outcome).\n"
+        "(done | failed | cancelled), error (when not done), latency_ms (reserve to outcome),\n"
+        "shards (TP ranks it went to), transport (\"\" when nothing moved: answered cached).\n"
         "Exit status: 0 if every item was done, 1 if any failed, 2 for bad flags.\n");
 }
 
@@ -119,6 +124,8 @@ static void print_line(const slot *s, uint64_t nbytes, const ect_push_result *r)
     json_object_set_new(o, "status", json_string(st));
     if (r->status) json_object_set_new(o, "error", json_string(r->error));
     json_object_set_new(o, "latency_ms", json_real((double)r->latency_ns / 1e6));
+    json_object_set_new(o, "shards", json_integer((json_int_t)r->shards));
+    json_object_set_new(o, "transport", json_string(r->transport));
     char *txt = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     if (txt) puts(txt);
     fflush(stdout);
@@ -179,16 +186,19 @@ int cmd_push(int argc, char **argv) {
                                          {"id-prefix", required_argument, 0, 'p'},
                                          {"timeout", required_argument, 0, 'T'},
                                          {"control-timeout", required_argument, 0, 'C'},
+                                         {"transport", required_argument, 0, 'x'},
+                                         {"tp", required_argument, 0, 'P'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *to = NULL, *file = NULL, *dtype = "bfloat16", *prefix = NULL;
-    uint64_t count = 1, size = 0, step = 0, seed = 1, timeout_s = 120, ctl_s = 30;
+    uint64_t count = 1, size = 0, step = 0, seed = 1, timeout_s = 120, ctl_s = 30, tp = 0;
+    const char *transport = NULL;
     uint64_t shape[WIRE_MAX_NDIM] = {576, 4096};
     size_t ndim = 2;
     bool have_size = false, have_shape = false;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "t:n:s:S:d:f:k:r:p:T:C:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "t:n:s:S:d:f:k:r:p:T:C:x:P:h", opts, NULL)) != -1) {
         switch (c) {
         case 't': to = optarg; break;
         case 'n':
@@ -220,6 +230,15 @@ int cmd_push(int argc, char **argv) {
             break;
         case 'C':
             if (!cli_parse_u64("--control-timeout", optarg, 1, 3600, &ctl_s)) return CLI_EXIT_USAGE;
+            break;
+        case 'x':
+            if (strcmp(optarg, "tcp") && strcmp(optarg, "shm") && strcmp(optarg, "ucx"))
+                return cli_usage_error(CMD, "--transport must be tcp, shm or ucx, not '%s'",
+                                       optarg);
+            transport = optarg;
+            break;
+        case 'P':
+            if (!cli_parse_u64("--tp", optarg, 1, 64, &tp)) return CLI_EXIT_USAGE;
             break;
         case 'h': help(); return CLI_EXIT_OK;
         default: return cli_usage_error(CMD, "unknown flag");
@@ -295,6 +314,7 @@ int cmd_push(int argc, char **argv) {
     ect_push_producer_opts_init(&po);
     po.staging_size = 0; /* sources are borrowed: each step's buffers outlive the step */
     po.control_timeout_ms = (int)(ctl_s * 1000);
+    po.transport = transport;
     ect_push_producer *p = NULL;
     if (ect_push_producer_open(&po, &p)) {
         fprintf(stderr, "ect push: %s\n", ect_last_error());
@@ -371,6 +391,12 @@ int cmd_push(int argc, char **argv) {
             for (size_t i = 0; i < n; i++) {
                 for (size_t j = 0; j < k; j++) {
                     if (slots[j].reported || strcmp(slots[j].tid, res[i].transfer_id)) continue;
+                    if (tp && res[i].status == 0 && res[i].shards != tp) {
+                        res[i].status = ECT_EPROTO;
+                        snprintf(res[i].error, sizeof res[i].error,
+                                 "the consumer has %u shards, --tp expects %" PRIu64, res[i].shards,
+                                 tp);
+                    }
                     if (cancelled && res[i].status == ECT_ECANCELED)
                         snprintf(res[i].error, sizeof res[i].error,
                                  "timed out after %" PRIu64 " s (--timeout)", timeout_s);

@@ -63,6 +63,10 @@ static int check_opts(const ect_push_producer_opts *o) {
                              o->io_timeout_ms);
     if (!o->listen_host || !*o->listen_host || strlen(o->listen_host) > PP_HOST_MAX)
         return ect_set_error(ECT_EINVAL, "listen_host must be a non-empty host name");
+    if (o->transport && *o->transport && strcmp(o->transport, "tcp") &&
+        strcmp(o->transport, "shm") && strcmp(o->transport, "ucx"))
+        return ect_set_error(ECT_EINVAL, "transport must be tcp, shm or ucx, not '%.32s'",
+                             o->transport);
     return 0;
 }
 
@@ -81,6 +85,8 @@ int ect_push_producer_open(const ect_push_producer_opts *opts, ect_push_producer
     p->o = *opts;
     snprintf(p->listen_host, sizeof p->listen_host, "%s", opts->listen_host);
     p->o.listen_host = p->listen_host;
+    snprintf(p->transport, sizeof p->transport, "%s", opts->transport ? opts->transport : "");
+    p->o.transport = p->transport;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
     pthread_cond_init(&p->results, NULL);
@@ -351,6 +357,8 @@ void pp_finish_locked(ect_push_producer *p, pitem *it, int status, const char *e
     r.status = status;
     snprintf(r.error, sizeof r.error, "%s", error ? error : "");
     r.latency_ns = ect_now_ns() - it->t0_ns;
+    r.shards = (uint32_t)it->n_shards;
+    snprintf(r.transport, sizeof r.transport, "%s", it->used_kind);
     push_result(p, &r);
     if (status == 0)
         p->st.done++;

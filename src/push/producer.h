@@ -54,6 +54,8 @@ typedef struct pitem {
     char **keys;                           /* per shard: dst_key from the reserve reply, or NULL */
     char (*kinds)[WIRE_TRANSPORT_MAX + 1]; /* per shard: transport kind */
     bool in_table;
+    char why[192];               /* a cause the push_ table's text would blur, or "" */
+    char used_kind[16];          /* transport of the first write that landed */
     UT_hash_handle hh;           /* p->items [mu] */
     UT_hash_handle dh;           /* p->disp_items [disp] */
     struct pitem *next;          /* queued / handed list [mu] */
@@ -77,7 +79,8 @@ typedef struct pp_xport {
 struct ect_push_producer {
     ect_push_producer_opts o;
     char listen_host[PP_HOST_MAX + 1];
-    ect_pool *pool; /* staging; NULL when staging_size == 0 */
+    char transport[16]; /* required data plane, "" for any */
+    ect_pool *pool;     /* staging; NULL when staging_size == 0 */
     pthread_mutex_t mu;
     pthread_cond_t wake;    /* the dispatcher waits on it */
     pthread_cond_t results; /* poll waits on it */

@@ -464,6 +464,19 @@ static void do_writes(ect_push_producer *p, const push_action *a, size_t n) {
         }
         const pitem *it0 = dfind(p, a[g->idx[0]].transfer_id);
         g->x = it0 ? xport_for(p, it0->kinds[a[g->idx[0]].shard]) : NULL;
+        if (it0 && p->transport[0] && strcmp(p->transport, it0->kinds[a[g->idx[0]].shard])) {
+            for (size_t k = 0; k < g->n; k++) {
+                pitem *it = dfind(p, a[g->idx[k]].transfer_id);
+                if (it && !it->why[0])
+                    snprintf(it->why, sizeof it->why,
+                             "shard %zu offers transport '%s' but this producer requires '%s'",
+                             a[g->idx[k]].shard, it0->kinds[a[g->idx[0]].shard], p->transport);
+                g->status[k] = ECT_ENOTSUP;
+            }
+            g->rc = ECT_ENOTSUP;
+            g->session = NULL;
+            continue;
+        }
         if (!g->x) {
             ECT_LOGW(MOD, "no transport for %s: %s", g->addr, ect_last_error());
             g->rc = ECT_ENOTSUP;
@@ -504,6 +517,13 @@ static void do_writes(ect_push_producer *p, const push_action *a, size_t n) {
         for (size_t k = 0; k < g->n; k++) {
             const push_action *x = &a[g->idx[k]];
             bool ok = !oom && g->status && g->status[k] == 0;
+            pitem *it = dfind(p, x->transfer_id);
+            if (ok && it && !it->used_kind[0] && it->kinds)
+                snprintf(it->used_kind, sizeof it->used_kind, "%s", it->kinds[x->shard]);
+            if (!ok && it && !it->why[0])
+                snprintf(it->why, sizeof it->why, "writing to %.100s (shard %zu) failed: %s",
+                         g->addr, x->shard,
+                         g->status ? ect_strerror(g->status[k]) : "out of memory");
             if (!ok)
                 ECT_LOGW(MOD, "write of %s to %s failed: %s", x->transfer_id, g->addr,
                          g->status ? ect_strerror(g->status[k]) : "out of memory");
@@ -544,7 +564,7 @@ static void do_local(ect_push_producer *p, const push_action *a, size_t n) {
         it->in_table = false;
         pthread_mutex_lock(&p->mu);
         bool staging = it->stage_queued;
-        pp_finish_locked(p, it, status, x->error);
+        pp_finish_locked(p, it, status, status == ECT_EIO && it->why[0] ? it->why : x->error);
         pthread_mutex_unlock(&p->mu);
         if (!staging) pp_release_src(p, it); /* a source the table never saw */
     }

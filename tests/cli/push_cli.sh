@@ -34,6 +34,8 @@ expect_usage 'dtype' --to 127.0.0.1:1 --dtype complex1024
 expect_usage 'not both' --to 127.0.0.1:1 --size 64KiB --shape 8x8
 expect_usage 'multiple' --to 127.0.0.1:1 --size 3 --dtype bfloat16
 expect_usage '--to' --to nohostport
+expect_usage '--transport must be tcp, shm or ucx' --to 127.0.0.1:1 --transport rdma
+expect_usage '--tp' --to 127.0.0.1:1 --tp 0
 
 # Nothing listening: fails within the control timeout, names the address.
 set +e
@@ -74,12 +76,13 @@ run_e2e() { # run_e2e TP TRANSPORT COUNT SIZE
   for _ in $(seq 100); do grep -q 'ready' "$tmp/cons.err" && break; sleep 0.1; done
   grep -q 'ready' "$tmp/cons.err" || { echo "push-consumer did not start"; cat "$tmp/cons.err"; exit 1; }
   timeout 60 "$ect" push --to "127.0.0.1:$port" --count "$count" --size "$size" --step 4 \
-    --seed 7 --control-timeout 5 >"$tmp/prod.out" 2>"$tmp/prod.err" \
+    --seed 7 --control-timeout 5 --tp "$tp" --transport "$xp" >"$tmp/prod.out" 2>"$tmp/prod.err" \
     || { echo "ect push failed (tp $tp $xp)"; cat "$tmp/prod.out" "$tmp/prod.err"; exit 1; }
   for _ in $(seq 100); do kill -0 "$cpid" 2>/dev/null || break; sleep 0.1; done
   kill "$cpid" 2>/dev/null || true
   wait "$cpid" || true
   [ "$(grep -c '"status":"done"' "$tmp/prod.out")" -eq "$count" ]
+  [ "$(grep -c "\"shards\":$tp,\"transport\":\"$xp\"" "$tmp/prod.out")" -eq "$count" ]
   # the same (transfer_id, checksum) pairs on both sides
   python3 - "$tmp/prod.out" "$tmp/cons.out" <<'EOF'
 import json, sys
@@ -105,7 +108,7 @@ rm -f "$tmp/cons.out" "$tmp/cons.err"
 pids+=("$!")
 for _ in $(seq 100); do grep -q 'ready' "$tmp/cons.err" 2>/dev/null && break; sleep 0.1; done
 timeout 60 "$ect" push --to "127.0.0.1:$port" --file "$tmp/item.bin" --count 2 --step 1 \
-  --control-timeout 5 >"$tmp/prod.out"
+  --control-timeout 5 >"$tmp/prod.out" 2>"$tmp/prod.err"
 for _ in $(seq 100); do [ "$(wc -l <"$tmp/cons.out")" -ge 2 ] && break; sleep 0.1; done
 python3 - "$tmp/item.bin" "$tmp/prod.out" "$tmp/cons.out" <<'EOF'
 import json, sys
@@ -117,6 +120,25 @@ for f in sys.argv[2:]:
     assert len(rows) == 2 and all(r["checksum"] == "%016x" % h for r in rows), (f, rows)
     assert rows[0]["mm_hash"] == rows[1]["mm_hash"], rows
 EOF
+
+# a consumer offering tcp to a producer that requires shm, and a wrong --tp:
+# every item fails with the cause, exit 1
+port=$(free_port 1)
+rm -f "$tmp/cons.err"
+"$ect" push-consumer --host 127.0.0.1 --port "$port" --pool-size 16MiB >/dev/null \
+  2>"$tmp/cons.err" &
+pids+=("$!")
+for _ in $(seq 100); do grep -q 'ready' "$tmp/cons.err" 2>/dev/null && break; sleep 0.1; done
+set +e
+out=$(timeout 60 "$ect" push --to "127.0.0.1:$port" --count 2 --size 4KiB --transport shm \
+  --control-timeout 5 2>/dev/null); rc=$?
+set -e
+[ $rc -eq 1 ] && [ "$(grep -c "offers transport 'tcp' but this producer requires 'shm'" <<<"$out")" -eq 2 ]
+set +e
+out=$(timeout 60 "$ect" push --to "127.0.0.1:$port" --count 1 --size 4KiB --tp 2 \
+  --control-timeout 5 2>/dev/null); rc=$?
+set -e
+[ $rc -eq 1 ] && grep -q 'the consumer has 1 shards, --tp expects 2' <<<"$out"
 
 # bench: a short run; a 4-item step costs the same round trips as a 1-item step
 "$ect" bench push --help | grep -q '^usage: ect bench push'

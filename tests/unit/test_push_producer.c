@@ -338,6 +338,8 @@ static void happy(int tp, const char *kind, int k) {
     for (int i = 0; i < k; i++) {
         assert_int_equal(r[i].status, 0);
         assert_string_equal(r[i].error, "");
+        assert_int_equal(r[i].shards, (uint32_t)tp);
+        assert_string_equal(r[i].transport, kind);
     }
     for (int s = 0; s < tp; s++) {
         for (int i = 0; i < k; i++) expect_bytes(&f->sh[s], b[i].tid, b[i].seed, b[i].nbytes);
@@ -554,6 +556,7 @@ static void test_dedup(void **st) {
     wait_results(p, &r, 1, 20);
     assert_int_equal(r.status, 0);
     assert_string_equal(r.transfer_id, "dd-1");
+    assert_string_equal(r.transport, ""); /* cached: nothing written */
     ect_push_producer_stats(p, &after);
     assert_int_equal(after.write_batches, before.write_batches);
     assert_int_equal(after.staged_bytes_in_use, 0);
@@ -684,6 +687,45 @@ static void test_close_in_flight(void **st) {
     assert_int_equal(rsv_cancel(f->sh[0].t, "cl-0", NULL, true, false, ect_now_ms(), &cancelled),
                      0);
     pthread_mutex_unlock(&f->sh[0].mu);
+    fake_close(f);
+    free(b.data);
+}
+
+/* A producer that requires shm refuses a shard offering tcp: the item fails
+ * naming both, nothing is written, the reservations are abandoned. */
+static void test_transport_mismatch(void **st) {
+    (void)st;
+    fake *f = fake_open(2, "tcp");
+    ect_push_producer_opts o;
+    ect_push_producer_opts_init(&o);
+    o.transport = "ucx-or-so";
+    ect_push_producer *p = NULL;
+    assert_err(ect_push_producer_open(&o, &p), ECT_EINVAL, "transport");
+    o.transport = "shm";
+    o.control_timeout_ms = 5000;
+    assert_int_equal(ect_push_producer_open(&o, &p), 0);
+    char addr[64];
+    consumer_addr(f, addr, sizeof addr);
+    item_buf b;
+    item_make(&b, "tm", 0, 4096);
+    ect_push_item it = item_of(&b, addr);
+    assert_int_equal(ect_push_producer_reserve(p, &it), 0);
+    assert_int_equal(ect_push_producer_flush(p), 1);
+    ect_push_result r;
+    wait_results(p, &r, 1, 20);
+    assert_int_equal(r.status, ECT_EIO);
+    assert_non_null(strstr(r.error, "offers transport 'tcp'"));
+    assert_non_null(strstr(r.error, "requires 'shm'"));
+    assert_string_equal(r.transport, "");
+    assert_int_equal(r.shards, 2);
+    ect_push_producer_stat ps;
+    ect_push_producer_stats(p, &ps);
+    assert_int_equal(ps.write_batches, 0);
+    for (int s = 0; s < 2; s++) {
+        assert_int_equal(shard_stats(&f->sh[s]).live, 0);
+        assert_int_equal(atomic_load(&f->sh[s].n_op[WIRE_OP_COMPLETE_BATCH]), 0);
+    }
+    ect_push_producer_close(p);
     fake_close(f);
     free(b.data);
 }
@@ -830,6 +872,7 @@ int main(void) {
         cmocka_unit_test(test_dedup),
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_refresh),
+        cmocka_unit_test(test_transport_mismatch),
         cmocka_unit_test(test_close_in_flight),
         cmocka_unit_test(test_real_consumer_tcp_tp2),
         cmocka_unit_test(test_real_consumer_shm_tp4),
