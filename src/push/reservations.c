@@ -718,13 +718,15 @@ void rsv_get_stats(const rsv_table *t, rsv_stats *st) { *st = t->st; }
 
 void rsv_close(rsv_table *t) {
     if (!t) return;
+    /* The index tables live inside their first element: clear them while the
+     * entries and buffers still exist. */
+    HASH_CLEAR(hh_inflight, t->inflight);
+    HASH_CLEAR(hh, t->published);
     rsv_entry *e, *tmp;
     HASH_ITER(hh, t->by_id, e, tmp) {
         HASH_DELETE(hh, t->by_id, e);
         free_entry_mem(e);
     }
-    HASH_CLEAR(hh_inflight, t->inflight);
-    HASH_CLEAR(hh, t->published);
     rsv_buf *b, *btmp;
     DL_FOREACH_SAFE2(t->all, b, btmp, all_next) {
         t->o.mem->free(t->o.mem_ctx, b->offset, b->size);
