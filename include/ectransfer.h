@@ -576,7 +576,8 @@ ECT_API void ect_push_scheduler_stats(ect_push_scheduler *s, ect_push_scheduler_
  * race with any other call.
  *
  * Finished transfers (done, failed, cancelled) are reported once each by
- * ect_push_producer_poll. A transfer_id is accepted once: again while in
+ * ect_push_producer_poll; until polled, results wait in a queue that grows
+ * with them (poll regularly). A transfer_id is accepted once: again while in
  * flight or within ttl_ms after it finished, reserve answers ECT_EEXIST.
  */
 typedef struct ect_push_producer ect_push_producer;

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # `ect push`: --help, bad flags (exit 2 naming the flag), a run with nothing
 # listening (exit 1, the address in the error), and end to end against
-# `ect push-consumer` with TP 1 (tcp), 2 (shm) and 4 (tcp): every item the
-# producer reports done arrives on the consumer with the same checksum, and a
-# re-run with the same seed prints the same checksums (deterministic content).
+# `ect push-consumer` with TP 1 (tcp), 2 (shm), 4 (tcp) and 2 (ucx, when it works
+# here): every item the producer reports done arrives on the consumer with the
+# same checksum, and a re-run with the same seed prints the same checksums
+# (deterministic content); then --file, --transport / --tp mismatches and a
+# short `ect bench push`.
 set -euo pipefail
 ect=${ECT_BIN:?}
 tmp=$(mktemp -d)
@@ -90,14 +92,15 @@ prod = {d["transfer_id"]: d["checksum"] for d in map(json.loads, open(sys.argv[1
 cons = {d["transfer_id"]: d["checksum"] for d in map(json.loads, open(sys.argv[2]))}
 assert prod == cons, (prod, cons)
 EOF
-  grep -o '"checksum":"[0-9a-f]*"' "$tmp/prod.out" >"$tmp/sums.$tp"
+  grep -o '"checksum":"[0-9a-f]*"' "$tmp/prod.out" >"$tmp/sums.$tp.$xp"
 }
 
 run_e2e 1 tcp 6 64KiB
 run_e2e 2 shm 6 64KiB
 run_e2e 4 tcp 5 64KiB
+if "$ect" info | grep -q '^  ucx  works'; then run_e2e 2 ucx 3 64KiB; fi
 # deterministic content: the same seed gives the same checksums whatever the TP
-cmp "$tmp/sums.1" "$tmp/sums.2"
+cmp "$tmp/sums.1.tcp" "$tmp/sums.2.shm"
 # --file: the file's bytes, twice (the second is answered `cached` by the consumer);
 # both sides print the file's FNV-1a
 head -c 8192 /dev/urandom >"$tmp/item.bin"
