@@ -75,7 +75,7 @@ run_e2e() { # run_e2e TP TRANSPORT COUNT SIZE
     --pool-size 64MiB --count "$count" >"$tmp/cons.out" 2>"$tmp/cons.err" &
   local cpid=$!
   pids+=("$cpid")
-  for _ in $(seq 100); do grep -q 'ready' "$tmp/cons.err" && break; sleep 0.1; done
+  for _ in $(seq 100); do grep -q 'ready' "$tmp/cons.err" 2>/dev/null && break; sleep 0.1; done
   grep -q 'ready' "$tmp/cons.err" || { echo "push-consumer did not start"; cat "$tmp/cons.err"; exit 1; }
   timeout 60 "$ect" push --to "127.0.0.1:$port" --count "$count" --size "$size" --step 4 \
     --seed 7 --control-timeout 5 --tp "$tp" --transport "$xp" >"$tmp/prod.out" 2>"$tmp/prod.err" \
