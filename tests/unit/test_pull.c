@@ -8,7 +8,10 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -450,6 +453,93 @@ static void test_raw_router(void **st) {
     munmap(r, rl);
 }
 
+/* A consumer whose data plane swallows the connection (a listener that never
+ * accepts) stalls only its own lane: another consumer's pull goes through
+ * meanwhile, and the stalled one gets a non-zero status in the end. */
+static void test_no_head_of_line(void **st) {
+    (void)st;
+    ect_pull_producer_opts o;
+    ect_pull_producer_opts_init(&o);
+    o.port = 0;
+    o.pool_size = 8 * MiB;
+    o.connect_timeout_ms = 2000;
+    o.io_timeout_ms = 2000;
+    ect_pull_producer *p = NULL;
+    assert_int_equal(ect_pull_producer_open(&o, &p), 0);
+    int port = ect_pull_producer_port(p);
+    save_item(p, "hol", 1 * MiB, 31);
+    assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(lfd, 8), 0);
+    socklen_t sl = sizeof sa;
+    getsockname(lfd, (struct sockaddr *)&sa, &sl);
+    char black_hole[64];
+    snprintf(black_hole, sizeof black_hole, "127.0.0.1:%d", ntohs(sa.sin_port));
+    void *ctx = zmq_ctx_new();
+    void *d = zsock(ctx, ZMQ_DEALER);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+    assert_int_equal(zmq_connect(d, ep), 0);
+    send_pull(d, "hol", 4096, 0, black_hole, "0000000000000001", 99);
+    usleep(100000); /* the stalled write is under way */
+    ect_pull_consumer *c = open_consumer("tcp", port, 4 * MiB, 10000);
+    ect_pull_meta m = {.nbytes = 1 * MiB, .ndim = 1, .shape = {1 * MiB}};
+    snprintf(m.dtype, sizeof m.dtype, "uint8");
+    uint64_t t0 = ect_now_ms();
+    load_check(c, "hol", &m, 1 * MiB, 31);
+    uint64_t took = ect_now_ms() - t0;
+    char buf[64];
+    assert_int_equal(zmq_recv(d, buf, sizeof buf, ZMQ_DONTWAIT), -1); /* still stalled */
+    assert_true(took < 1500);
+    char err[300];
+    assert_int_not_equal(recv_complete(d, "hol", 99, err, sizeof err), 0);
+    assert_non_null(strstr(err, black_hole));
+    ect_pull_consumer_close(c);
+    zmq_close(d);
+    zmq_ctx_term(ctx);
+    close(lfd);
+    ect_pull_producer_close(p);
+}
+
+/* A REQ peer (empty delimiter frame) asking the inventory gets its answer. */
+static void test_req_envelope(void **st) {
+    (void)st;
+    ect_pull_producer *p = open_producer("tcp", 1 * MiB, 0);
+    save_item(p, "inv-a", 100, 1);
+    save_item(p, "inv-b", 200, 2);
+    assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
+    void *ctx = zmq_ctx_new();
+    void *q = zsock(ctx, ZMQ_REQ);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", ect_pull_producer_port(p));
+    assert_int_equal(zmq_connect(q, ep), 0);
+    char *filter[2] = {"inv-b", "not-there"};
+    wire_transfer_request r = {
+        .request_id = "req-1", .consumer_session_id = "c", .mm_hashes = filter, .n_mm_hashes = 2};
+    void *buf;
+    size_t len;
+    assert_int_equal(wire_transfer_request_encode(&r, &buf, &len), 0);
+    assert_true(zmq_send(q, buf, len, 0) >= 0);
+    free(buf);
+    char in[4096];
+    int n = zmq_recv(q, in, sizeof in, 0);
+    assert_true(n > 0);
+    wire_transfer_ready rd;
+    assert_int_equal(wire_transfer_ready_decode(in, (size_t)n, &rd), 0);
+    assert_string_equal(rd.request_id, "req-1");
+    assert_string_equal(rd.producer_session_id, ect_pull_producer_session_id(p));
+    assert_int_equal(rd.n_items, 1);
+    assert_string_equal(rd.items[0].mm_hash, "inv-b");
+    assert_int_equal(rd.items[0].num_bytes, 200);
+    assert_false(rd.more);
+    wire_transfer_ready_free(&rd);
+    zmq_close(q);
+    zmq_ctx_term(ctx);
+    ect_pull_producer_close(p);
+}
+
 /* ---- a consumer whose producer answers late (or never) */
 
 typedef struct slow_router {
@@ -715,7 +805,8 @@ int main(void) {
         cmocka_unit_test(test_basic_tcp),        cmocka_unit_test(test_basic_shm),
         cmocka_unit_test(test_many_consumers),   cmocka_unit_test(test_late_joiner_paged),
         cmocka_unit_test(test_producer_restart), cmocka_unit_test(test_unknown_evicted_full),
-        cmocka_unit_test(test_raw_router),       cmocka_unit_test(test_consumer_timeout),
+        cmocka_unit_test(test_raw_router),       cmocka_unit_test(test_no_head_of_line),
+        cmocka_unit_test(test_req_envelope),     cmocka_unit_test(test_consumer_timeout),
         cmocka_unit_test(test_peer_gone),        cmocka_unit_test(test_sub_malformed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
