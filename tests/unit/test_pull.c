@@ -224,6 +224,44 @@ static void test_many_consumers(void **st) {
     ect_pull_producer_close(p);
 }
 
+/* ---- items ready together share one notification */
+
+static atomic_int gate_open, in_gate;
+static void gated_release(void *user, const void *data) {
+    (void)user;
+    atomic_store(&in_gate, 1);
+    while (!atomic_load(&gate_open)) usleep(1000); /* holds the save thread */
+    free((void *)data);
+}
+
+static void test_notification_batching(void **st) {
+    (void)st;
+    atomic_store(&gate_open, 0);
+    atomic_store(&in_gate, 0);
+    ect_pull_producer *p = open_producer("tcp", 4 * MiB, 0);
+    void *d = malloc(64);
+    assert_non_null(d);
+    uint64_t shape[1] = {64};
+    assert_int_equal(
+        ect_pull_producer_save(p, "first", d, 64, shape, 1, "uint8", gated_release, NULL), 0);
+    /* while the save thread sits in the first item's release, five more queue up */
+    uint64_t end = ect_now_ms() + 10000;
+    while (!atomic_load(&in_gate) && ect_now_ms() < end) usleep(1000);
+    assert_int_equal(atomic_load(&in_gate), 1);
+    for (int i = 0; i < 5; i++) {
+        char h[16];
+        snprintf(h, sizeof h, "batch-%d", i);
+        save_item(p, h, 64, (uint64_t)i);
+    }
+    atomic_store(&gate_open, 1);
+    assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
+    ect_pull_producer_stat ps;
+    ect_pull_producer_stats(p, &ps);
+    assert_int_equal(ps.saved, 6);
+    assert_int_equal(ps.notifications, 2);
+    ect_pull_producer_close(p);
+}
+
 /* ---- a scheduler that joins after everything was published */
 
 static void test_late_joiner_paged(void **st) {
@@ -801,13 +839,21 @@ static void test_bad_args(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ext_codec),        cmocka_unit_test(test_bad_args),
-        cmocka_unit_test(test_basic_tcp),        cmocka_unit_test(test_basic_shm),
-        cmocka_unit_test(test_many_consumers),   cmocka_unit_test(test_late_joiner_paged),
-        cmocka_unit_test(test_producer_restart), cmocka_unit_test(test_unknown_evicted_full),
-        cmocka_unit_test(test_raw_router),       cmocka_unit_test(test_no_head_of_line),
-        cmocka_unit_test(test_req_envelope),     cmocka_unit_test(test_consumer_timeout),
-        cmocka_unit_test(test_peer_gone),        cmocka_unit_test(test_sub_malformed),
+        cmocka_unit_test(test_ext_codec),
+        cmocka_unit_test(test_bad_args),
+        cmocka_unit_test(test_basic_tcp),
+        cmocka_unit_test(test_basic_shm),
+        cmocka_unit_test(test_many_consumers),
+        cmocka_unit_test(test_notification_batching),
+        cmocka_unit_test(test_late_joiner_paged),
+        cmocka_unit_test(test_producer_restart),
+        cmocka_unit_test(test_unknown_evicted_full),
+        cmocka_unit_test(test_raw_router),
+        cmocka_unit_test(test_no_head_of_line),
+        cmocka_unit_test(test_req_envelope),
+        cmocka_unit_test(test_consumer_timeout),
+        cmocka_unit_test(test_peer_gone),
+        cmocka_unit_test(test_sub_malformed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
