@@ -651,6 +651,54 @@ static void test_consumer_timeout(void **st) {
     zmq_ctx_term(sr.ctx);
 }
 
+/* An upstream-style producer: answers with the two upstream fields only (no
+ * token echo); the consumer matches by mm_hash. */
+static void *plain_main(void *arg) {
+    slow_router *sr = arg;
+    char id[256], msg[4096];
+    int idl = zmq_recv(sr->sock, id, sizeof id, 0);
+    int ml = zmq_recv(sr->sock, msg, sizeof msg, 0);
+    if (idl <= 0 || ml <= 0) return NULL;
+    wire_transfer_pull pl;
+    if (wire_transfer_pull_decode(msg, (size_t)ml, &pl) != 0) return NULL;
+    wire_transfer_complete c = {.mm_hash = pl.mm_hash, .status = 0};
+    void *buf;
+    size_t len;
+    if (wire_transfer_complete_encode(&c, &buf, &len) == 0) {
+        zmq_send(sr->sock, id, (size_t)idl, ZMQ_SNDMORE);
+        zmq_send(sr->sock, buf, len, 0);
+        free(buf);
+    }
+    wire_transfer_pull_free(&pl);
+    return NULL;
+}
+
+static void test_upstream_complete(void **st) {
+    (void)st;
+    slow_router sr = {.ctx = zmq_ctx_new()};
+    sr.sock = zsock(sr.ctx, ZMQ_ROUTER);
+    assert_int_equal(zmq_bind(sr.sock, "tcp://127.0.0.1:*"), 0);
+    char last[128];
+    size_t ll = sizeof last;
+    zmq_getsockopt(sr.sock, ZMQ_LAST_ENDPOINT, last, &ll);
+    sr.port = atoi(strrchr(last, ':') + 1);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, plain_main, &sr), 0);
+    ect_pull_consumer *c = open_consumer("tcp", sr.port, 1 * MiB, 5000);
+    ect_pull_meta m = {.nbytes = 256, .ndim = 2, .shape = {8, 16}};
+    snprintf(m.dtype, sizeof m.dtype, "torch.bfloat16");
+    ect_pull_view v;
+    assert_int_equal(ect_pull_consumer_load(c, "upstream", &m, &v), 0);
+    assert_int_equal(v.nbytes, 256);
+    assert_int_equal(v.cached, 0);
+    assert_int_equal(v.shape[1], 16);
+    assert_int_equal(ect_pull_consumer_release(c, "upstream"), 0);
+    pthread_join(th, NULL);
+    ect_pull_consumer_close(c);
+    zmq_close(sr.sock);
+    zmq_ctx_term(sr.ctx);
+}
+
 /* A consumer and a scheduler whose producer is gone: no hang anywhere. */
 static void test_peer_gone(void **st) {
     (void)st;
@@ -852,6 +900,7 @@ int main(void) {
         cmocka_unit_test(test_no_head_of_line),
         cmocka_unit_test(test_req_envelope),
         cmocka_unit_test(test_consumer_timeout),
+        cmocka_unit_test(test_upstream_complete),
         cmocka_unit_test(test_peer_gone),
         cmocka_unit_test(test_sub_malformed),
     };
