@@ -69,4 +69,7 @@ int bench_push(int argc, char **argv);
 /* cmd_push_consumer.c: `ect push-consumer` (generation-2 consumer instance). */
 int cmd_push_consumer(int argc, char **argv);
 
+/* cmd_demo.c: `ect demo` (push or pull end to end in separate processes, verified). */
+int cmd_demo(int argc, char **argv);
+
 #endif

@@ -1,0 +1,752 @@
+/*
+ * cmd_demo — `ect demo`: the whole system end to end on loopback, in
+ * separate processes. Push (default): an `ect push-consumer` instance (its
+ * scheduler and one shard per TP rank) receives what rounds of `ect push`
+ * send. Pull: `ect pull` loads what an `ect pull-producer` holds. Every item's
+ * checksum (64-bit FNV-1a) printed by the producing side must equal the one
+ * the consuming side computed over the bytes it received. Workload: batches
+ * of 32 new items followed by 8 repeats of that batch's first items (the same
+ * content, so the same mm_hash: the consumer answers them from its resident
+ * copy — the dedup hits of the report).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <uthash.h>
+
+#include "cli/cli.h"
+#include "cli/demo_proc.h"
+#include "ect_config.h"
+#include "ectransfer.h"
+#include "util/util.h"
+
+#define BATCH_NEW 32
+#define BATCH_REP 8
+#define SLOT_CONSUMER 0
+#define SLOT_PRODUCER 1
+
+typedef struct entry {
+    char key[256]; /* push: transfer_id; pull: mm_hash */
+    char want[17]; /* checksum the producing side printed */
+    char got[17];  /* checksum the consuming side computed */
+    uint64_t nbytes;
+    bool have_want, have_got, settled;
+    UT_hash_handle hh;
+} entry;
+
+typedef struct seen_hash {
+    char *hash;
+    UT_hash_handle hh;
+} seen_hash;
+
+typedef struct demo {
+    /* flags */
+    const char *protocol, *transport, *shape, *dtype;
+    uint64_t items, tp, timeout_s, item_bytes;
+    /* run */
+    demo_procs procs;
+    entry *entries;
+    seen_hash *seen;
+    char **pull_hashes; /* pull: the producer's hashes in save order */
+    size_t n_pull_hashes;
+    double *lat_ms;
+    size_t n_lat;
+    uint64_t sent, verified, failed, mismatched, dedup, bytes;
+    bool consumer_ready;
+    int pull_port;
+    bool tty;
+    long long t_start, t_last_progress;
+    uint64_t next_plain;
+} demo;
+
+static volatile sig_atomic_t stop_flag;
+static void on_signal(int sig) {
+    (void)sig;
+    stop_flag = 1;
+}
+
+static long long now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void help(void) {
+    printf("usage: ect demo [--protocol push|pull] [--transport tcp|shm|ucx] [--items N]\n"
+           "                [--shape 576x4096] [--dtype bfloat16] [--tp N] [--timeout S]\n"
+           "\n"
+           "Runs ectransfer end to end on loopback, in separate processes of this binary, and\n"
+           "checks every byte. push (default): an `ect push-consumer` instance (scheduler + one\n"
+           "shard per TP rank) receives what rounds of `ect push` send. pull: `ect pull` loads\n"
+           "what an `ect pull-producer` holds. The workload comes in batches of 32 new items\n"
+           "followed by 8 repeats of the batch's first items (same content, same mm_hash: the\n"
+           "consumer answers them from its resident copy). The checksum each producer printed\n"
+           "must equal the one the consumer computed over the bytes it received.\n"
+           "\n"
+           "  --protocol P    push (default) or pull\n"
+           "  --transport T   data plane: tcp (default), shm or ucx\n"
+           "  --items N       items to move, 1..100000 (default 300)\n"
+           "  --shape AxB...  tensor shape, up to 8 dims (default 576x4096: LLaVA, 4.5 MiB bf16)\n"
+           "  --dtype D       torch dtype name (default bfloat16); pull announces the bytes as\n"
+           "                  uint8 [nbytes]\n"
+           "  --tp N          consumer TP ranks (push only), 1..64 (default 1)\n"
+           "  --timeout S     give up after S seconds, 1..86400 (default 300)\n"
+           "\n"
+           "Prints a live progress line on a terminal (plain lines otherwise), then a report:\n"
+           "items, bytes, throughput, per-item latency p50/p99, dedup hits, failures.\n"
+           "Exit status: 0 when every item arrived with equal checksums, 1 otherwise (or on\n"
+           "SIGINT; the children are always stopped), 2 for bad flags.\n");
+}
+
+/* ------------------------------------------------------------ bookkeeping */
+
+static entry *get_entry(demo *d, const char *key) {
+    entry *e;
+    HASH_FIND_STR(d->entries, key, e);
+    if (e) return e;
+    e = calloc(1, sizeof *e);
+    if (!e) return NULL;
+    snprintf(e->key, sizeof e->key, "%s", key);
+    HASH_ADD_STR(d->entries, key, e);
+    return e;
+}
+
+static void settle(demo *d, entry *e) {
+    if (e->settled || !e->have_want || !e->have_got) return;
+    e->settled = true;
+    if (strcmp(e->want, e->got) == 0) {
+        d->verified++;
+        d->bytes += e->nbytes;
+    } else {
+        d->mismatched++;
+        fprintf(stderr, "%sect demo: %s: consumer checksum %s, producer %s\n", d->tty ? "\n" : "",
+                e->key, e->got, e->want);
+    }
+}
+
+/* Counts a dedup hit when mm_hash was moved before in this run. */
+static void note_hash(demo *d, const char *mm_hash) {
+    seen_hash *s;
+    HASH_FIND_STR(d->seen, mm_hash, s);
+    if (s) {
+        d->dedup++;
+        return;
+    }
+    s = calloc(1, sizeof *s);
+    if (!s || !(s->hash = strdup(mm_hash))) {
+        free(s);
+        return;
+    }
+    HASH_ADD_KEYPTR(hh, d->seen, s->hash, strlen(s->hash), s);
+}
+
+static void add_latency(demo *d, double ms) {
+    if (d->n_lat < d->items) d->lat_ms[d->n_lat++] = ms;
+}
+
+static const char *jstr(json_t *o, const char *k) {
+    const char *s = json_string_value(json_object_get(o, k));
+    return s ? s : "";
+}
+
+static void item_failed(demo *d, const char *what, const char *why) {
+    d->failed++;
+    fprintf(stderr, "%sect demo: %s failed: %s\n", d->tty ? "\n" : "", what, why);
+}
+
+/* Push: lines of `ect push-consumer` (slot 0) and `ect push` (slot 1). */
+static void push_line(demo *d, int child, bool is_stderr, json_t *o, const char *line) {
+    if (is_stderr) {
+        if (child == SLOT_CONSUMER && strstr(line, "scheduler connected")) d->consumer_ready = true;
+        return;
+    }
+    if (!o) return;
+    const char *id = jstr(o, "transfer_id");
+    entry *e = *id ? get_entry(d, id) : NULL;
+    if (!e) return;
+    if (child == SLOT_CONSUMER) {
+        snprintf(e->got, sizeof e->got, "%s", jstr(o, "checksum"));
+        e->have_got = true;
+    } else {
+        d->sent++;
+        add_latency(d, json_number_value(json_object_get(o, "latency_ms")));
+        if (strcmp(jstr(o, "status"), "done") != 0) {
+            e->settled = true;
+            item_failed(d, id, *jstr(o, "error") ? jstr(o, "error") : jstr(o, "status"));
+            return;
+        }
+        note_hash(d, jstr(o, "mm_hash"));
+        snprintf(e->want, sizeof e->want, "%s", jstr(o, "checksum"));
+        e->nbytes = (uint64_t)json_integer_value(json_object_get(o, "nbytes"));
+        e->have_want = true;
+    }
+    settle(d, e);
+}
+
+/* Pull: lines of `ect pull-producer` (slot 0) and `ect pull` (slot 1). */
+static void pull_line(demo *d, int child, bool is_stderr, json_t *o) {
+    if (is_stderr || !o) return;
+    if (child == SLOT_CONSUMER) {
+        if (json_is_true(json_object_get(o, "serving"))) {
+            d->pull_port = (int)json_integer_value(json_object_get(o, "port"));
+            return;
+        }
+        const char *h = jstr(o, "mm_hash");
+        if (!*h) return;
+        entry *e = get_entry(d, h);
+        if (!e) return;
+        snprintf(e->want, sizeof e->want, "%s", jstr(o, "checksum"));
+        e->nbytes = (uint64_t)json_integer_value(json_object_get(o, "nbytes"));
+        e->have_want = true;
+        char **nh = realloc(d->pull_hashes, (d->n_pull_hashes + 1) * sizeof *nh);
+        if (nh && (nh[d->n_pull_hashes] = strdup(h)) != NULL) {
+            d->pull_hashes = nh;
+            d->n_pull_hashes++;
+        } else if (nh) {
+            d->pull_hashes = nh;
+        }
+        return;
+    }
+    const char *h = jstr(o, "mm_hash");
+    entry *e;
+    HASH_FIND_STR(d->entries, h, e);
+    d->sent++;
+    add_latency(d, json_number_value(json_object_get(o, "latency_ms")));
+    if (!e) {
+        item_failed(d, h, "the consumer loaded a hash the producer never announced");
+        return;
+    }
+    if (strcmp(jstr(o, "status"), "ok") != 0) {
+        item_failed(d, h, jstr(o, "status"));
+        return;
+    }
+    note_hash(d, h);
+    /* every load of a hash is checked, repeats included */
+    if (strcmp(jstr(o, "checksum"), e->want) == 0 &&
+        (uint64_t)json_integer_value(json_object_get(o, "nbytes")) == e->nbytes) {
+        d->verified++;
+        d->bytes += e->nbytes;
+    } else {
+        d->mismatched++;
+        fprintf(stderr, "%sect demo: %s: consumer checksum %s, producer %s\n", d->tty ? "\n" : "",
+                h, jstr(o, "checksum"), e->want);
+    }
+}
+
+static void on_line(void *user, int child, bool is_stderr, char *line) {
+    demo *d = user;
+    json_t *o = NULL;
+    if (!is_stderr && line[0] == '{') o = json_loads(line, 0, NULL);
+    if (!is_stderr && !o && line[0])
+        fprintf(stderr, "%sect demo: unexpected output of %s: %.200s\n", d->tty ? "\n" : "",
+                d->procs.c[child].name, line);
+    if (strcmp(d->protocol, "push") == 0)
+        push_line(d, child, is_stderr, o, line);
+    else
+        pull_line(d, child, is_stderr, o);
+    json_decref(o);
+}
+
+/* ------------------------------------------------------------- progress */
+
+static void progress(demo *d, bool final) {
+    long long t = now_ms();
+    double secs = (double)(t - d->t_start) / 1000.0;
+    double gbps = secs > 0 ? (double)d->bytes / secs / 1e9 : 0;
+    char b[32];
+    cli_fmt_size(d->bytes, b, sizeof b);
+    if (d->tty) {
+        if (!final && t - d->t_last_progress < 100) return;
+        d->t_last_progress = t;
+        printf("\r  %" PRIu64 "/%" PRIu64 " items verified, %s, %.2f GB/s, %" PRIu64
+               " dedup hits, %" PRIu64 " failures   ",
+               d->verified, d->items, b, gbps, d->dedup, d->failed + d->mismatched);
+        if (final) printf("\n");
+        fflush(stdout);
+        return;
+    }
+    if (d->verified >= d->next_plain || (final && d->verified < d->items)) {
+        printf("  %" PRIu64 "/%" PRIu64 " items verified, %s, %.2f GB/s\n", d->verified, d->items,
+               b, gbps);
+        fflush(stdout);
+        uint64_t step = d->items / 4 ? d->items / 4 : 1;
+        while (d->next_plain <= d->verified) d->next_plain += step;
+    }
+}
+
+/* Pumps output for up to ms; false when interrupted or past the deadline. */
+static bool pump(demo *d, int ms, long long deadline, const char **why) {
+    demo_pump(&d->procs, ms);
+    progress(d, false);
+    if (stop_flag) {
+        *why = "interrupted";
+        return false;
+    }
+    if (now_ms() > deadline) {
+        *why = "timed out (--timeout)";
+        return false;
+    }
+    return true;
+}
+
+/* ------------------------------------------------------------------ push */
+
+/* A base port with tp consecutive ports free on 127.0.0.1 (the consumer binds
+ * them; a race with another process is retried by the caller). */
+static int free_port_range(int n) {
+    for (int attempt = 0; attempt < 64; attempt++) {
+        int base = 20000 + (int)(ect_random_u64() % 40000);
+        bool ok = true;
+        for (int i = 0; i < n && ok; i++) {
+            int fd = socket(AF_INET, SOCK_STREAM, 0);
+            struct sockaddr_in a = {.sin_family = AF_INET,
+                                    .sin_port = htons((uint16_t)(base + i)),
+                                    .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+            ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+            if (fd >= 0) close(fd);
+        }
+        if (ok) return base;
+    }
+    return -1;
+}
+
+static bool start_push_consumer(demo *d, int *port, long long deadline, const char **why) {
+    char tp[16], pool[32], portbuf[16];
+    /* each rank holds one batch resident, so the repeats are answered cached */
+    uint64_t per_item = (d->item_bytes + 4095) & ~(uint64_t)4095;
+    snprintf(pool, sizeof pool, "%" PRIu64, per_item * (BATCH_NEW + 8) + (64u << 20));
+    snprintf(tp, sizeof tp, "%" PRIu64, d->tp);
+    for (int attempt = 0; attempt < 8; attempt++) {
+        *port = free_port_range((int)d->tp);
+        if (*port < 0) {
+            *why = "no free port range on 127.0.0.1";
+            return false;
+        }
+        snprintf(portbuf, sizeof portbuf, "%d", *port);
+        char *argv[] = {"push-consumer",
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        portbuf,
+                        "--tp",
+                        tp,
+                        "--transport",
+                        (char *)d->transport,
+                        "--pool-size",
+                        pool,
+                        NULL};
+        if (!demo_spawn(&d->procs, SLOT_CONSUMER, "ect push-consumer", argv)) {
+            *why = "cannot start ect push-consumer";
+            return false;
+        }
+        d->consumer_ready = false;
+        long long until = now_ms() + 20000;
+        while (!d->consumer_ready && d->procs.c[SLOT_CONSUMER].pid > 0 && now_ms() < until)
+            if (!pump(d, 50, deadline, why)) return false;
+        if (d->consumer_ready) return true;
+        demo_stop(&d->procs, SLOT_CONSUMER, SIGTERM, 2000);
+        if (!strstr(d->procs.c[SLOT_CONSUMER].errtail, "address in use")) {
+            fprintf(stderr, "%s", d->procs.c[SLOT_CONSUMER].errtail);
+            *why = "ect push-consumer did not start";
+            return false;
+        }
+    }
+    *why = "every port range tried was taken";
+    return false;
+}
+
+/* Runs one `ect push` round and waits for it to exit. */
+static bool push_round(demo *d, int port, uint64_t seed, uint64_t count, long long deadline,
+                       const char **why) {
+    char to[32], cnt[24], sd[24], tmo[24];
+    snprintf(to, sizeof to, "127.0.0.1:%d", port);
+    snprintf(cnt, sizeof cnt, "%" PRIu64, count);
+    snprintf(sd, sizeof sd, "%" PRIu64, seed);
+    snprintf(tmo, sizeof tmo, "%" PRIu64, d->timeout_s);
+    char *argv[] = {"push",
+                    "--to",
+                    to,
+                    "--count",
+                    cnt,
+                    "--seed",
+                    sd,
+                    "--shape",
+                    (char *)d->shape,
+                    "--dtype",
+                    (char *)d->dtype,
+                    "--step",
+                    "8",
+                    "--timeout",
+                    tmo,
+                    NULL};
+    uint64_t before = d->sent;
+    if (!demo_spawn(&d->procs, SLOT_PRODUCER, "ect push", argv)) {
+        *why = "cannot start ect push";
+        return false;
+    }
+    while (!demo_exited(&d->procs, SLOT_PRODUCER)) {
+        if (!pump(d, 50, deadline, why)) return false;
+        if (demo_exited(&d->procs, SLOT_CONSUMER)) {
+            *why = "ect push-consumer exited during the run";
+            return false;
+        }
+    }
+    int st = d->procs.c[SLOT_PRODUCER].status;
+    if (d->sent - before != count) {
+        fprintf(stderr, "%s", d->procs.c[SLOT_PRODUCER].errtail);
+        uint64_t missing = count - (d->sent - before);
+        d->failed += missing;
+        fprintf(stderr, "ect demo: ect push reported %" PRIu64 " of %" PRIu64 " items (%s %d)\n",
+                d->sent - before, count, WIFEXITED(st) ? "exit" : "signal",
+                WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+    }
+    return true;
+}
+
+static bool run_push(demo *d, const char **why) {
+    long long deadline = now_ms() + (long long)d->timeout_s * 1000;
+    int port;
+    if (!start_push_consumer(d, &port, deadline, why)) return false;
+    d->t_start = now_ms();
+    uint64_t left = d->items;
+    for (uint64_t batch = 0; left > 0; batch++) {
+        uint64_t fresh = left < BATCH_NEW ? left : BATCH_NEW;
+        left -= fresh;
+        if (!push_round(d, port, batch + 1, fresh, deadline, why)) return false;
+        uint64_t rep = fresh < BATCH_REP ? fresh : BATCH_REP;
+        if (rep > left) rep = left;
+        left -= rep;
+        if (rep && !push_round(d, port, batch + 1, rep, deadline, why)) return false;
+    }
+    /* the consumer prints an item once every rank took it: wait for the rest */
+    long long until = now_ms() + 15000;
+    for (;;) {
+        uint64_t pending = 0;
+        for (entry *e = d->entries; e; e = e->hh.next) pending += !e->settled;
+        if (!pending) break;
+        if (now_ms() > until) {
+            for (entry *e = d->entries; e; e = e->hh.next)
+                if (!e->settled) {
+                    e->settled = true;
+                    item_failed(d, e->key,
+                                e->have_want ? "never reached the consumer's engine"
+                                             : "the producer never reported it");
+                }
+            break;
+        }
+        if (!pump(d, 50, deadline, why)) return false;
+    }
+    int st = demo_stop(&d->procs, SLOT_CONSUMER, SIGTERM, 10000);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        fprintf(stderr, "%s", d->procs.c[SLOT_CONSUMER].errtail);
+        *why = "ect push-consumer did not exit cleanly";
+        return false;
+    }
+    return true;
+}
+
+/* ------------------------------------------------------------------ pull */
+
+static bool run_pull(demo *d, const char **why) {
+    long long deadline = now_ms() + (long long)d->timeout_s * 1000;
+    /* the items the producer saves: BATCH_NEW of every batch */
+    uint64_t uniq = 0, left = d->items;
+    while (left > 0) {
+        uint64_t fresh = left < BATCH_NEW ? left : BATCH_NEW;
+        left -= fresh;
+        uniq += fresh;
+        uint64_t rep = fresh < BATCH_REP ? fresh : BATCH_REP;
+        left -= rep > left ? left : rep;
+    }
+    uint64_t per_item = (d->item_bytes + 4095) & ~(uint64_t)4095;
+    char cnt[24], size[24], ppool[32], cpool[32];
+    snprintf(cnt, sizeof cnt, "%" PRIu64, uniq);
+    snprintf(size, sizeof size, "%" PRIu64, d->item_bytes);
+    snprintf(ppool, sizeof ppool, "%" PRIu64, per_item * uniq + (64u << 20));
+    snprintf(cpool, sizeof cpool, "%" PRIu64, per_item * (BATCH_NEW + 8) + (64u << 20));
+    char *pargv[] = {"pull-producer", "--port", "0",      "--transport", (char *)d->transport,
+                     "--count",       cnt,      "--size", size,          "--pool-size",
+                     ppool,           NULL};
+    if (!demo_spawn(&d->procs, SLOT_CONSUMER, "ect pull-producer", pargv)) {
+        *why = "cannot start ect pull-producer";
+        return false;
+    }
+    /* slot 0 is the producer here: it prints its items, then "serving" */
+    while (d->pull_port == 0) {
+        if (!pump(d, 50, deadline, why)) return false;
+        if (d->procs.c[SLOT_CONSUMER].pid <= 0) {
+            fprintf(stderr, "%s", d->procs.c[SLOT_CONSUMER].errtail);
+            *why = "ect pull-producer exited before serving";
+            return false;
+        }
+    }
+    if (d->n_pull_hashes != uniq) {
+        *why = "ect pull-producer did not list every item";
+        return false;
+    }
+    /* argv: pull, --from, X, --transport, T, --pool-size, P, --timeout, MS, (--hash H) x items */
+    size_t na = 9 + 2 * d->items + 1;
+    char **argv = calloc(na, sizeof *argv);
+    if (!argv) {
+        *why = "out of memory";
+        return false;
+    }
+    char from[32];
+    snprintf(from, sizeof from, "127.0.0.1:%d", d->pull_port);
+    size_t k = 0;
+    argv[k++] = "pull";
+    argv[k++] = "--from";
+    argv[k++] = from;
+    argv[k++] = "--transport";
+    argv[k++] = (char *)d->transport;
+    argv[k++] = "--pool-size";
+    argv[k++] = cpool;
+    argv[k++] = "--timeout";
+    argv[k++] = "60000";
+    left = d->items;
+    for (uint64_t batch = 0; left > 0; batch++) {
+        uint64_t fresh = left < BATCH_NEW ? left : BATCH_NEW;
+        left -= fresh;
+        for (uint64_t i = 0; i < fresh; i++) {
+            argv[k++] = "--hash";
+            argv[k++] = d->pull_hashes[batch * BATCH_NEW + i];
+        }
+        uint64_t rep = fresh < BATCH_REP ? fresh : BATCH_REP;
+        if (rep > left) rep = left;
+        left -= rep;
+        for (uint64_t i = 0; i < rep; i++) {
+            argv[k++] = "--hash";
+            argv[k++] = d->pull_hashes[batch * BATCH_NEW + i];
+        }
+    }
+    argv[k] = NULL;
+    d->t_start = now_ms();
+    bool ok = demo_spawn(&d->procs, SLOT_PRODUCER, "ect pull", argv);
+    free(argv);
+    if (!ok) {
+        *why = "cannot start ect pull";
+        return false;
+    }
+    while (!demo_exited(&d->procs, SLOT_PRODUCER))
+        if (!pump(d, 50, deadline, why)) return false;
+    if (d->sent != d->items) {
+        fprintf(stderr, "%s", d->procs.c[SLOT_PRODUCER].errtail);
+        d->failed += d->items - d->sent;
+        fprintf(stderr, "ect demo: ect pull reported %" PRIu64 " of %" PRIu64 " items\n", d->sent,
+                d->items);
+    }
+    int st = demo_stop(&d->procs, SLOT_CONSUMER, SIGTERM, 10000);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        fprintf(stderr, "%s", d->procs.c[SLOT_CONSUMER].errtail);
+        *why = "ect pull-producer did not exit cleanly";
+        return false;
+    }
+    return true;
+}
+
+/* ---------------------------------------------------------------- report */
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double pct(const double *v, size_t n, double p) {
+    if (n == 0) return 0;
+    size_t i = (size_t)ceil(p / 100.0 * (double)n);
+    return v[i ? i - 1 : 0];
+}
+
+static void report(demo *d, double secs) {
+    char b[32], isz[32];
+    cli_fmt_size(d->bytes, b, sizeof b);
+    cli_fmt_size(d->item_bytes, isz, sizeof isz);
+    qsort(d->lat_ms, d->n_lat, sizeof *d->lat_ms, cmp_double);
+    uint64_t failures = d->failed + d->mismatched;
+    char tp[32] = "";
+    if (strcmp(d->protocol, "push") == 0) snprintf(tp, sizeof tp, "TP %" PRIu64 ", ", d->tp);
+    printf("ect demo: %s protocol, %s, %s%" PRIu64 " items of %s %s (%s each)\n", d->protocol,
+           d->transport, tp, d->items, d->shape, d->dtype, isz);
+    printf("  items       %" PRIu64 " moved, %" PRIu64 " verified (checksums equal end to end)\n",
+           d->sent, d->verified);
+    printf("  bytes       %s\n", b);
+    printf("  time        %.2f s\n", secs);
+    printf("  throughput  %.2f GB/s (%.1f items/s)\n",
+           secs > 0 ? (double)d->bytes / secs / 1e9 : 0.0,
+           secs > 0 ? (double)d->verified / secs : 0.0);
+    printf("  latency     p50 %.2f ms, p99 %.2f ms per item (%s)\n", pct(d->lat_ms, d->n_lat, 50),
+           pct(d->lat_ms, d->n_lat, 99),
+           strcmp(d->protocol, "push") == 0 ? "reserve to done, at the producer"
+                                            : "load call to completion, at the consumer");
+    printf("  dedup hits  %" PRIu64 " (repeated mm_hash, answered from the resident copy)\n",
+           d->dedup);
+    printf("  failures    %" PRIu64 "\n", failures);
+}
+
+/* ------------------------------------------------------------------ main */
+
+static bool parse_shape(const char *s, uint64_t *elems) {
+    uint64_t n = 1;
+    int dims = 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        if (*p < '0' || *p > '9') return false;
+        unsigned long long v = strtoull(p, &end, 10);
+        if (errno || v == 0 || end == p || ++dims > 8) return false;
+        if (!ect_mul_u64(n, v, &n)) return false;
+        p = end;
+        if (*p == 'x') {
+            p++;
+            if (!*p) return false;
+        } else if (*p) {
+            return false;
+        }
+    }
+    *elems = n;
+    return dims > 0;
+}
+
+int cmd_demo(int argc, char **argv) {
+    static const struct option opts[] = {{"protocol", required_argument, 0, 'P'},
+                                         {"transport", required_argument, 0, 't'},
+                                         {"items", required_argument, 0, 'n'},
+                                         {"shape", required_argument, 0, 's'},
+                                         {"dtype", required_argument, 0, 'd'},
+                                         {"tp", required_argument, 0, 'T'},
+                                         {"timeout", required_argument, 0, 'o'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    demo d = {.protocol = "push",
+              .transport = "tcp",
+              .shape = "576x4096",
+              .dtype = "bfloat16",
+              .items = 300,
+              .tp = 1,
+              .timeout_s = 300};
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'P':
+            if (strcmp(optarg, "push") != 0 && strcmp(optarg, "pull") != 0)
+                return cli_usage_error("demo", "--protocol '%s': accepted: push, pull", optarg);
+            d.protocol = optarg;
+            break;
+        case 't':
+            if (strcmp(optarg, "tcp") != 0 && strcmp(optarg, "shm") != 0 &&
+                strcmp(optarg, "ucx") != 0)
+                return cli_usage_error("demo", "--transport '%s': accepted: tcp, shm, ucx", optarg);
+            if (strcmp(optarg, "ucx") == 0 && !ECT_HAVE_UCX)
+                return cli_usage_error("demo", "--transport ucx: this build has no UCX");
+            d.transport = optarg;
+            break;
+        case 'n':
+            if (!cli_parse_u64("--items", optarg, 1, 100000, &d.items)) return CLI_EXIT_USAGE;
+            break;
+        case 's': d.shape = optarg; break;
+        case 'd': d.dtype = optarg; break;
+        case 'T':
+            if (!cli_parse_u64("--tp", optarg, 1, 64, &d.tp)) return CLI_EXIT_USAGE;
+            break;
+        case 'o':
+            if (!cli_parse_u64("--timeout", optarg, 1, 86400, &d.timeout_s)) return CLI_EXIT_USAGE;
+            break;
+        case 'h': help(); return CLI_EXIT_OK;
+        default:
+            return cli_usage_error(
+                "demo",
+                "unknown flag or missing value '%s'; accepted: --protocol, "
+                "--transport, --items, --shape, --dtype, --tp, --timeout, --help",
+                argv[optind - 1]);
+        }
+    }
+    if (optind < argc) return cli_usage_error("demo", "unexpected argument '%s'", argv[optind]);
+    uint64_t elems;
+    if (!parse_shape(d.shape, &elems))
+        return cli_usage_error("demo",
+                               "--shape '%s': expected up to 8 positive sizes joined by 'x', "
+                               "e.g. 576x4096",
+                               d.shape);
+    size_t esz = ect_dtype_size(d.dtype);
+    if (esz == 0)
+        return cli_usage_error("demo",
+                               "--dtype '%s' is not a torch dtype name (e.g. bfloat16, "
+                               "float16, float32, uint8)",
+                               d.dtype);
+    if (!ect_mul_u64(elems, esz, &d.item_bytes) || d.item_bytes > (1ull << 34))
+        return cli_usage_error("demo", "--shape %s x %s is over 16 GiB per item", d.shape, d.dtype);
+    if (strcmp(d.protocol, "pull") == 0 && d.tp != 1)
+        return cli_usage_error("demo", "--tp: generation 1 (pull) has no TP shards; use --tp 1");
+
+    d.lat_ms = calloc(d.items, sizeof *d.lat_ms);
+    if (!d.lat_ms) {
+        fprintf(stderr, "ect demo: out of memory\n");
+        return CLI_EXIT_FAIL;
+    }
+    d.tty = isatty(STDOUT_FILENO);
+    d.next_plain = d.items / 4 ? d.items / 4 : 1;
+    d.procs.on_line = on_line;
+    d.procs.user = &d;
+    for (int i = 0; i < DEMO_MAX_CHILDREN; i++) d.procs.c[i].fd[0] = d.procs.c[i].fd[1] = -1;
+    struct sigaction sa, old_int, old_term;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal; /* no SA_RESTART: poll returns at once */
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+
+    char isz[32];
+    cli_fmt_size(d.item_bytes, isz, sizeof isz);
+    if (strcmp(d.protocol, "push") == 0)
+        printf("ect demo: starting ect push-consumer (scheduler + %" PRIu64
+               " shard(s), %s) and pushing %" PRIu64 " items of %s %s (%s) with ect push\n",
+               d.tp, d.transport, d.items, d.shape, d.dtype, isz);
+    else
+        printf("ect demo: starting ect pull-producer (%s), saving the items, then pulling %" PRIu64
+               " items of %s (%s %s) with ect pull\n",
+               d.transport, d.items, isz, d.shape, d.dtype);
+    fflush(stdout);
+    long long t0 = now_ms();
+    d.t_start = t0;
+    const char *why = NULL;
+    bool ok = strcmp(d.protocol, "push") == 0 ? run_push(&d, &why) : run_pull(&d, &why);
+    double secs = (double)(now_ms() - d.t_start) / 1000.0;
+    demo_stop_all(&d.procs);
+    progress(&d, true);
+    report(&d, secs);
+    if (!ok) fprintf(stderr, "ect demo: %s\n", why);
+    bool pass = ok && d.verified == d.items && d.failed == 0 && d.mismatched == 0;
+    if (ok && !pass)
+        fprintf(stderr, "ect demo: %" PRIu64 " of %" PRIu64 " items verified\n", d.verified,
+                d.items);
+
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    entry *e, *tmp;
+    HASH_ITER(hh, d.entries, e, tmp) {
+        HASH_DEL(d.entries, e);
+        free(e);
+    }
+    seen_hash *s, *stmp;
+    HASH_ITER(hh, d.seen, s, stmp) {
+        HASH_DEL(d.seen, s);
+        free(s->hash);
+        free(s);
+    }
+    for (size_t i = 0; i < d.n_pull_hashes; i++) free(d.pull_hashes[i]);
+    free(d.pull_hashes);
+    free(d.lat_ms);
+    return pass ? CLI_EXIT_OK : CLI_EXIT_FAIL;
+}

@@ -1,0 +1,195 @@
+/*
+ * demo_proc — spawning, reading and stopping the children of `ect demo`.
+ * Every wait here is bounded; a child that ignores SIGTERM gets SIGKILL.
+ */
+#include "cli/demo_proc.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define LINE_MAX_BYTES (1u << 20)
+
+static long long now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+bool demo_spawn(demo_procs *p, int slot, const char *name, char *const argv[]) {
+    demo_child *c = &p->c[slot];
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) != 0) {
+        fprintf(stderr, "ect demo: pipe: %s\n", strerror(errno));
+        return false;
+    }
+    if (pipe2(err, O_CLOEXEC) != 0) {
+        fprintf(stderr, "ect demo: pipe: %s\n", strerror(errno));
+        close(out[0]);
+        close(out[1]);
+        return false;
+    }
+    pid_t parent = getpid();
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) {
+        fprintf(stderr, "ect demo: fork: %s\n", strerror(errno));
+        close(out[0]);
+        close(out[1]);
+        close(err[0]);
+        close(err[1]);
+        return false;
+    }
+    if (pid == 0) {
+        /* Own process group: a terminal's SIGINT reaches only the parent. */
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(127); /* the parent died before prctl */
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        signal(SIGPIPE, SIG_DFL);
+        dup2(out[1], STDOUT_FILENO);
+        dup2(err[1], STDERR_FILENO);
+        size_t n = 0;
+        while (argv[n]) n++;
+        char **full = calloc(n + 2, sizeof *full);
+        if (!full) _exit(127);
+        full[0] = "ect";
+        memcpy(full + 1, argv, n * sizeof *argv);
+        execv("/proc/self/exe", full);
+        fprintf(stderr, "ect demo: exec /proc/self/exe: %s\n", strerror(errno));
+        _exit(127);
+    }
+    close(out[1]);
+    close(err[1]);
+    memset(c, 0, sizeof *c);
+    c->pid = pid;
+    c->fd[0] = out[0];
+    c->fd[1] = err[0];
+    snprintf(c->name, sizeof c->name, "%s", name);
+    return true;
+}
+
+static void keep_tail(demo_child *c, const char *line) {
+    size_t have = strlen(c->errtail), add = strlen(line) + 1;
+    if (add >= sizeof c->errtail) {
+        snprintf(c->errtail, sizeof c->errtail, "%s\n", line + add - sizeof c->errtail + 2);
+        return;
+    }
+    if (have + add >= sizeof c->errtail) {
+        size_t drop = have + add - sizeof c->errtail + 1;
+        memmove(c->errtail, c->errtail + drop, have - drop + 1);
+        have -= drop;
+    }
+    snprintf(c->errtail + have, sizeof c->errtail - have, "%s\n", line);
+}
+
+/* Reads what is there on stream s of child i; delivers complete lines. */
+static void read_stream(demo_procs *p, int i, int s) {
+    demo_child *c = &p->c[i];
+    char chunk[65536];
+    ssize_t n = read(c->fd[s], chunk, sizeof chunk);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+    if (n <= 0) {
+        if (c->len[s] > 0) { /* last line without a newline */
+            c->buf[s][c->len[s]] = '\0';
+            if (s == 1) keep_tail(c, c->buf[s]);
+            p->on_line(p->user, i, s == 1, c->buf[s]);
+        }
+        close(c->fd[s]);
+        c->fd[s] = -1;
+        free(c->buf[s]);
+        c->buf[s] = NULL;
+        c->len[s] = 0;
+        return;
+    }
+    for (ssize_t k = 0; k < n; k++) {
+        if (!c->buf[s]) c->buf[s] = malloc(LINE_MAX_BYTES + 1);
+        if (!c->buf[s]) return;
+        if (chunk[k] == '\n' || c->len[s] == LINE_MAX_BYTES) {
+            c->buf[s][c->len[s]] = '\0';
+            c->len[s] = 0;
+            if (s == 1) keep_tail(c, c->buf[s]);
+            p->on_line(p->user, i, s == 1, c->buf[s]);
+            if (chunk[k] == '\n') continue;
+        }
+        c->buf[s][c->len[s]++] = chunk[k];
+    }
+}
+
+static void reap(demo_procs *p) {
+    for (int i = 0; i < DEMO_MAX_CHILDREN; i++) {
+        demo_child *c = &p->c[i];
+        if (c->pid <= 0) continue;
+        int st;
+        if (waitpid(c->pid, &st, WNOHANG) == c->pid) {
+            c->status = st;
+            c->pid = -1;
+        }
+    }
+}
+
+bool demo_pump(demo_procs *p, int timeout_ms) {
+    struct pollfd pf[DEMO_MAX_CHILDREN * 2];
+    int who[DEMO_MAX_CHILDREN * 2], n = 0;
+    for (int i = 0; i < DEMO_MAX_CHILDREN; i++)
+        for (int s = 0; s < 2; s++)
+            if (p->c[i].pid != 0 && p->c[i].fd[s] >= 0) {
+                pf[n].fd = p->c[i].fd[s];
+                pf[n].events = POLLIN;
+                who[n++] = i * 2 + s;
+            }
+    int r = poll(pf, (nfds_t)n, timeout_ms);
+    if (r < 0 && errno != EINTR) return false;
+    for (int k = 0; r > 0 && k < n; k++)
+        if (pf[k].revents) read_stream(p, who[k] / 2, who[k] % 2);
+    reap(p);
+    return true;
+}
+
+bool demo_exited(const demo_procs *p, int slot) {
+    const demo_child *c = &p->c[slot];
+    /* exited, and its output read to the end */
+    return c->pid == -1 && c->fd[0] < 0 && c->fd[1] < 0;
+}
+
+int demo_stop(demo_procs *p, int slot, int sig, int grace_ms) {
+    demo_child *c = &p->c[slot];
+    if (c->pid > 0) kill(c->pid, sig);
+    long long end = now_ms() + grace_ms;
+    while (c->pid > 0 && now_ms() < end) demo_pump(p, 20);
+    if (c->pid > 0) {
+        kill(c->pid, SIGKILL);
+        int st = 0;
+        while (waitpid(c->pid, &st, 0) < 0 && errno == EINTR) {
+        }
+        c->status = st;
+        c->pid = -1;
+    }
+    /* drain what the child left in its pipes (bounded: the writer is gone) */
+    end = now_ms() + 1000;
+    while ((c->fd[0] >= 0 || c->fd[1] >= 0) && now_ms() < end) demo_pump(p, 20);
+    for (int s = 0; s < 2; s++) {
+        if (c->fd[s] >= 0) close(c->fd[s]);
+        c->fd[s] = -1;
+        free(c->buf[s]);
+        c->buf[s] = NULL;
+    }
+    return c->status;
+}
+
+void demo_stop_all(demo_procs *p) {
+    for (int i = 0; i < DEMO_MAX_CHILDREN; i++)
+        if (p->c[i].pid > 0) kill(p->c[i].pid, SIGTERM);
+    for (int i = 0; i < DEMO_MAX_CHILDREN; i++)
+        if (p->c[i].pid != 0) demo_stop(p, i, SIGTERM, 3000);
+}
