@@ -177,6 +177,11 @@ static void push_line(demo *d, int child, bool is_stderr, json_t *o, const char 
     if (child == SLOT_CONSUMER) {
         snprintf(e->got, sizeof e->got, "%s", jstr(o, "checksum"));
         e->have_got = true;
+        /* Fault injection for tests/cli/demo.sh: the first item's bytes
+         * "arrive" different, which must fail the run. */
+        const char *fault = getenv("ECT_DEMO_FAULT");
+        if (fault && strcmp(fault, "checksum") == 0 && d->mismatched == 0 && d->verified == 0)
+            e->got[0] = e->got[0] == '0' ? '1' : '0';
     } else {
         d->sent++;
         add_latency(d, json_number_value(json_object_get(o, "latency_ms")));

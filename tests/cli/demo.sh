@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# `ect demo` end to end (small items so it stays quick on 2 cores): push over
+# tcp with TP 2 and over shm, pull over tcp; every run must verify every item,
+# show dedup hits and report 0 failures. A corrupted checksum (fault
+# injection ECT_DEMO_FAULT=checksum) must fail the run; SIGINT and a consumer
+# killed mid-run must end the demo with exit 1 within bounds, leaving no child
+# process behind. Bad flags exit 2 naming what is accepted.
+set -euo pipefail
+ect=${ECT_BIN:?}
+tmp=$(mktemp -d)
+bg=
+cleanup() {
+  [ -n "$bg" ] && kill -KILL "$bg" 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+# ok_run NAME ARGS...: the demo exits 0, verifies N of N, 0 failures, dedup > 0.
+ok_run() {
+  local name=$1; shift
+  if ! timeout 120 "$ect" demo "$@" >"$tmp/$name" 2>"$tmp/$name.err"; then
+    cat "$tmp/$name" "$tmp/$name.err"; echo "demo $name failed"; exit 1
+  fi
+  local n
+  n=$(sed -n 's/.* \([0-9]*\) items of .*/\1/p' "$tmp/$name" | head -1)
+  grep -q "^  items       $n moved, $n verified (checksums equal end to end)$" "$tmp/$name" ||
+    { cat "$tmp/$name"; echo "$name: not every item verified"; exit 1; }
+  grep -q '^  failures    0$' "$tmp/$name" || { cat "$tmp/$name"; exit 1; }
+  grep -Eq '^  dedup hits  [1-9][0-9]* ' "$tmp/$name" || { cat "$tmp/$name"; echo "no dedup"; exit 1; }
+  grep -Eq '^  latency     p50 [0-9.]+ ms, p99 [0-9.]+ ms' "$tmp/$name" || { cat "$tmp/$name"; exit 1; }
+  # not a terminal: plain progress lines, no carriage returns
+  if grep -q $'\r' "$tmp/$name"; then echo "$name: \\r on a pipe"; exit 1; fi
+  echo "$name: $(grep throughput "$tmp/$name")"
+}
+
+ok_run push_tcp_tp2 --items 45 --shape 64x1024 --tp 2
+ok_run push_shm --items 45 --shape 64x1024 --transport shm
+ok_run pull_tcp --protocol pull --items 45 --shape 64x1024 --dtype float32
+
+# a verification failure fails the run
+if ECT_DEMO_FAULT=checksum timeout 60 "$ect" demo --items 5 --shape 16x1024 >"$tmp/f" 2>"$tmp/f.err"; then
+  cat "$tmp/f"; echo "a checksum mismatch did not fail the demo"; exit 1
+fi
+grep -q 'consumer checksum' "$tmp/f.err" || { cat "$tmp/f.err"; exit 1; }
+grep -q '^  failures    1$' "$tmp/f" || { cat "$tmp/f"; exit 1; }
+
+# children of a running demo (their pids)
+children() { pgrep -P "$1" || true; }
+
+# interrupted: SIGINT ends the demo with 1 and stops its children
+interrupted() {
+  local what=$1 sig=$2
+  "$ect" demo --items 100000 --shape 64x1024 >"$tmp/i" 2>"$tmp/i.err" &
+  bg=$!
+  local kids=""
+  for _ in $(seq 200); do
+    kids=$(children "$bg")
+    [ "$(echo "$kids" | wc -w)" -ge 2 ] && break
+    sleep 0.05
+  done
+  [ "$(echo "$kids" | wc -w)" -ge 2 ] || { cat "$tmp/i.err"; echo "demo started no children"; exit 1; }
+  sleep 0.5
+  if [ "$what" = demo ]; then
+    kill "-$sig" "$bg"
+  else # kill the consumer (the demo's first child)
+    kill "-$sig" "$(echo "$kids" | head -1)"
+  fi
+  local rc=0
+  for _ in $(seq 400); do kill -0 "$bg" 2>/dev/null || break; sleep 0.05; done
+  if kill -0 "$bg" 2>/dev/null; then echo "demo did not end after $what got SIG$sig"; exit 1; fi
+  wait "$bg" || rc=$?
+  bg=
+  [ "$rc" -eq 1 ] || { cat "$tmp/i.err"; echo "exit $rc after $what got SIG$sig, want 1"; exit 1; }
+  for k in $kids; do
+    if kill -0 "$k" 2>/dev/null; then echo "child $k outlived the demo"; exit 1; fi
+  done
+  echo "SIG$sig to $what: exit 1, children gone ($(tail -1 "$tmp/i.err"))"
+}
+interrupted demo INT
+interrupted consumer KILL
+
+# bad flags: exit 2 and say what is accepted
+bad() {
+  local want=$1; shift
+  local rc=0
+  "$ect" demo "$@" >/dev/null 2>"$tmp/bad" || rc=$?
+  [ "$rc" -eq 2 ] || { echo "demo $*: exit $rc, want 2"; exit 1; }
+  grep -q -- "$want" "$tmp/bad" || { cat "$tmp/bad"; echo "demo $*: no '$want'"; exit 1; }
+}
+bad 'accepted: push, pull' --protocol carrier-pigeon
+bad 'accepted: tcp, shm, ucx' --transport rdma
+bad 'positive sizes' --shape 576x0
+bad 'torch dtype' --dtype bfloat17
+bad 'no TP shards' --protocol pull --tp 2
+bad 'integer in' --items 0
+bad 'accepted: --protocol' --bogus
+echo "demo: all checks passed"
