@@ -40,9 +40,10 @@ start_consumer() {
   exit 1
 }
 
-# stop_consumer OUT: SIGTERM, exit 0 within 10 s, nothing left on any rank.
+# stop_consumer OUT [SIGNAL]: SIGTERM (or SIGNAL), exit 0 within 10 s,
+# nothing left on any rank.
 stop_consumer() {
-  kill -TERM "$cpid"
+  kill -"${2:-TERM}" "$cpid"
   for _ in $(seq 200); do kill -0 "$cpid" 2>/dev/null || break; sleep 0.05; done
   if kill -0 "$cpid" 2>/dev/null; then echo "consumer ignored SIGTERM"; exit 1; fi
   wait "$cpid"
@@ -67,7 +68,7 @@ sent() { sed -n 's/^{"transfer_id":"\([^"]*\)","mm_hash":"[^"]*","nbytes":[0-9]*
 received() { sed -n 's/^{"transfer_id":"\([^"]*\)","mm_hash":"[^"]*","nbytes":[0-9]*,"shape":\[[0-9,]*\],"dtype":"[a-z0-9_.]*","checksum":"\([0-9a-f]*\)"}$/\1 \2/p' "$1" | sort; }
 
 run() {
-  local tp=$1 transport=$2 n=6
+  local tp=$1 transport=$2 sig=${3:-TERM} n=6
   local tag="tp$tp.$transport"
   start_consumer "$tmp/cons.$tag" "$tp" --transport "$transport"
   timeout 60 "$ect" push --to "127.0.0.1:$port" --count "$n" --shape 128x1024 --step 3 \
@@ -76,7 +77,7 @@ run() {
   timeout 60 "$ect" push --to "127.0.0.1:$port" --count 2 --shape 128x1024 --seed "$tp" \
     >>"$tmp/push.$tag" 2>>"$tmp/push.$tag.err" || { cat "$tmp/push.$tag.err"; exit 1; }
   wait_lines "$tmp/cons.$tag" $((n + 2))
-  stop_consumer "$tmp/cons.$tag"
+  stop_consumer "$tmp/cons.$tag" "$sig"
   sent "$tmp/push.$tag" >"$tmp/want.$tag"
   received "$tmp/cons.$tag" >"$tmp/got.$tag"
   [ "$(wc -l <"$tmp/want.$tag")" -eq $((n + 2)) ] || { cat "$tmp/push.$tag"; echo "push lines"; exit 1; }
@@ -89,7 +90,19 @@ run() {
   echo "tp $tp $transport: $((n + 2)) items, checksums equal"
 }
 
+# usage errors exit 2 and name the flag
+set +e
+"$ect" push-consumer --port 14579 2>"$tmp/usage"; rc1=$?
+"$ect" push-consumer --host 127.0.0.1 --port 14579 --transport carrier-pigeon 2>>"$tmp/usage"; rc2=$?
+"$ect" push-consumer --host 127.0.0.1 --port 65535 --tp 2 2>>"$tmp/usage"; rc3=$?
+set -e
+[ "$rc1" -eq 2 ] && [ "$rc2" -eq 2 ] && [ "$rc3" -eq 2 ] || { cat "$tmp/usage"; exit 1; }
+grep -q -- '--host is required' "$tmp/usage"
+grep -q -- '--transport carrier-pigeon' "$tmp/usage"
+grep -q 'beyond 65535' "$tmp/usage"
+
 run 1 tcp
 run 2 tcp
-run 4 tcp
+run 4 tcp INT
 run 2 shm
+if "$ect" info | grep -q '^  ucx  works'; then run 2 ucx; fi
