@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# `ect bench --json --quick`: every benchmark runs and contributes rows to ONE
+# list, each row with a positive value and limit and the ratio between them;
+# the table form has a header and the same rows; a bad flag exits 2 and says
+# what is accepted.
+set -euo pipefail
+ect=${ECT_BIN:?}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+timeout 240 "$ect" bench --json --quick >"$tmp/rows.json" 2>"$tmp/err" || { cat "$tmp/err"; exit 1; }
+python3 - "$tmp/rows.json" <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+assert isinstance(rows, list) and rows, "no rows"
+benches = {r["bench"] for r in rows}
+assert benches == {"push", "pull", "xport", "alloc"}, benches
+for r in rows:
+    for k in ("bench", "case", "value", "unit", "limit", "limit_value", "ratio", "p50_ms"):
+        assert k in r, (k, r)
+    assert r["value"] > 0 and r["limit_value"] > 0, r
+    # the ratio is value / limit as the benchmark measured them (rounded)
+    assert abs(r["ratio"] - r["value"] / r["limit_value"]) <= 0.02 * r["ratio"] + 0.002, r
+    assert (r["p50_ms"] is None) == (r["bench"] == "alloc"), r
+print(len(rows), "rows from", sorted(benches))
+PY
+rc=0
+"$ect" bench --fast >/dev/null 2>"$tmp/bad" || rc=$?
+[ "$rc" -eq 2 ] && grep -q 'accepted: --json, --quick' "$tmp/bad" || { cat "$tmp/bad"; exit 1; }
+rc=0
+"$ect" bench nosuch >/dev/null 2>"$tmp/bad" || rc=$?
+[ "$rc" -eq 2 ] && grep -q 'accepted: push, pull, xport, alloc' "$tmp/bad" || { cat "$tmp/bad"; exit 1; }
+"$ect" bench --help | grep -q -- '--quick'
+echo "bench: one list, every benchmark, ratios consistent"
