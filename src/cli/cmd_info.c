@@ -1,5 +1,7 @@
 /* cmd_info — `ect info`: version, what was compiled in, the defaults. */
 #include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
 #include <getopt.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -44,6 +46,68 @@ static bool probe_transport(const char *kind, char *why, size_t cap) {
     return why[0] == '\0';
 }
 
+/* Prints the defaults as each options struct's _init fills them (so they
+ * cannot drift from the library), grouped by role. */
+static void print_defaults(void) {
+    char b[32];
+    ect_pool_opts po;
+    ect_pool_opts_init(&po);
+    ect_xport_opts xo;
+    ect_xport_opts_init(&xo);
+    ect_push_consumer_opts co;
+    ect_push_consumer_opts_init(&co);
+    ect_push_scheduler_opts so;
+    ect_push_scheduler_opts_init(&so);
+    ect_push_producer_opts pp;
+    ect_push_producer_opts_init(&pp);
+    ect_pull_producer_opts lp;
+    ect_pull_producer_opts_init(&lp);
+    ect_pull_consumer_opts lc;
+    ect_pull_consumer_opts_init(&lc);
+    ect_pull_scheduler_opts ls;
+    ect_pull_scheduler_opts_init(&ls);
+    printf("defaults (from the library's _opts_init):\n");
+    printf("  pool (ect_pool_opts)          capacity %" PRIu64 " B (%s), alignment %" PRIu64
+           " B, memfd %d, huge_pages %d, mlock %d\n",
+           po.capacity, cli_fmt_size(po.capacity, b, sizeof b), po.alignment, po.use_memfd,
+           po.huge_pages, po.mlock);
+    printf("  data plane (ect_xport_opts)   listen %s, conns_per_peer %d, stripe_min %" PRIu64
+           " B, connect %d ms, io %d ms\n",
+           xo.listen ? xo.listen : "(none)", xo.conns_per_peer, xo.stripe_min,
+           xo.connect_timeout_ms, xo.io_timeout_ms);
+    printf("  push consumer                 ec_ip %s, ec_port %d (+ dp_index x tp_size + tp_rank),"
+           " tp_size %d, pool %" PRIu64 " B, transport %s,\n"
+           "                                ttl %" PRIu64 " ms, pending grace %" PRIu64
+           " ms, reaper %d ms, events %zu, tombstones %zu\n",
+           co.ec_ip ? co.ec_ip : "(none)", co.ec_port, co.tp_size, co.pool_size,
+           co.transport ? co.transport : "tcp", co.ttl_ms, co.pending_grace_ms, co.reap_interval_ms,
+           co.max_events, co.max_tombstones);
+    printf("  push scheduler                consumer %s:%d, push wait %" PRIu64 " ms, ttl %" PRIu64
+           " ms, control timeout %.0f s, cancel attempts %u, drain %" PRIu64 " ms\n",
+           so.consumer_host ? so.consumer_host : "(none)", so.consumer_port, so.push_wait_ms,
+           so.ttl_ms, so.control_timeout_s, so.cancel_attempts, so.min_drain_interval_ms);
+    printf("  push producer                 staging %" PRIu64
+           " B (%s), control %d ms, refresh after %" PRIu64 " ms, input wait %" PRIu64
+           " ms, ttl %" PRIu64 " ms,\n"
+           "                                connect %d ms, io %d ms, listen host %s\n",
+           pp.staging_size, cli_fmt_size(pp.staging_size, b, sizeof b), pp.control_timeout_ms,
+           pp.refresh_after_ms, pp.input_wait_ms, pp.ttl_ms, pp.connect_timeout_ms,
+           pp.io_timeout_ms, pp.listen_host ? pp.listen_host : "(none)");
+    printf("  pull producer                 host %s, port %d (ROUTER; PUB +1), transport %s, pool "
+           "%" PRIu64 " B, alignment %" PRIu64 " B,\n"
+           "                                connect %d ms, io %d ms, lanes %u, page %u items\n",
+           lp.host ? lp.host : "(none)", lp.port, lp.transport ? lp.transport : "tcp", lp.pool_size,
+           lp.alignment, lp.connect_timeout_ms, lp.io_timeout_ms, lp.max_lanes, lp.page_items);
+    printf("  pull consumer                 transport %s, pool %" PRIu64 " B, alignment %" PRIu64
+           " B, timeout %d ms, quarantine %d ms\n",
+           lc.transport ? lc.transport : "tcp", lc.pool_size, lc.alignment, lc.timeout_ms,
+           lc.quarantine_ms);
+    printf("  pull scheduler                request retry %d ms\n", ls.request_retry_ms);
+    const char *lvl = getenv("ECT_LOG"), *tls = getenv("UCX_TLS");
+    printf("environment: ECT_LOG=%s (error|warn|info|debug), UCX_TLS=%s\n",
+           lvl ? lvl : "(unset: warn)", tls ? tls : "(unset: UCX picks)");
+}
+
 static void help(void) {
     printf("usage: ect info\n\n"
            "Prints the library version, the build, the transports compiled in (each tried\n"
@@ -73,14 +137,6 @@ int cmd_info(int argc, char **argv) {
         char why[200];
         printf("  %-4s %s\n", kinds[k], probe_transport(kinds[k], why, sizeof why) ? "works" : why);
     }
-    printf("defaults:\n");
-    printf("  ec_ip                127.0.0.1\n");
-    printf("  ec_port              14579 (pull: ROUTER +0, PUB +1; push: + dp_index*tp_size + "
-           "tp_rank)\n");
-    printf("  ec_buffer_size       1000000000 bytes\n");
-    printf("  alignment            256 B\n");
-    printf("  reservation ttl      300 s (refresh after 150 s, reaper every 1 s)\n");
-    printf("  control timeout      30 s; push wait 60 s; pull receive timeout 60 s\n");
-    printf("  event backlog        4096; tombstones 65536\n");
+    print_defaults();
     return CLI_EXIT_OK;
 }

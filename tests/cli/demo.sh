@@ -94,4 +94,10 @@ bad 'torch dtype' --dtype bfloat17
 bad 'no TP shards' --protocol pull --tp 2
 bad 'integer in' --items 0
 bad 'accepted: --protocol' --bogus
+# ect info: version, every transport tried on this machine, the defaults
+"$ect" info >"$tmp/info"
+grep -q '^ectransfer [0-9]*\.[0-9]*\.[0-9]*$' "$tmp/info"
+grep -q '^  tcp  works$' "$tmp/info" && grep -q '^  shm  works$' "$tmp/info" || { cat "$tmp/info"; exit 1; }
+grep -q 'ec_port 14579' "$tmp/info" && grep -q 'staging 268435456 B' "$tmp/info" || { cat "$tmp/info"; exit 1; }
+grep -q '^environment: ECT_LOG=debug' < <(ECT_LOG=debug "$ect" info) || { echo "info ignores ECT_LOG"; exit 1; }
 echo "demo: all checks passed"
