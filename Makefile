@@ -9,6 +9,8 @@ WERROR ?= $(if $(CI),ON,OFF)
 FUZZ_SECONDS ?= 60
 PREFIX ?= /usr/local
 CMAKE_FLAGS ?=
+# Extra ctest arguments for `make test`, e.g. CTEST_ARGS='-E cli_readme'.
+CTEST_ARGS ?=
 
 define configure
 	cmake -S . -B $(1) -DECT_WERROR=$(WERROR) $(CMAKE_FLAGS) $(2) >/dev/null
@@ -26,10 +28,10 @@ build: deps
 	$(call configure,build,)
 
 demo: build
-	./build/ect info
+	./build/ect demo
 
 test: build
-	ctest --test-dir build --output-on-failure -j $(JOBS)
+	ctest --test-dir build --output-on-failure -j $(JOBS) $(CTEST_ARGS)
 
 test-asan: deps
 	$(call configure,build-asan,-DCMAKE_BUILD_TYPE=Debug -DECT_SANITIZE=address)

@@ -119,12 +119,13 @@ int cmd_info(int argc, char **argv) {
     static const struct option opts[] = {{"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     optind = 1;
+    opterr = 0;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         if (c == 'h') {
             help();
             return CLI_EXIT_OK;
         }
-        return cli_usage_error("info", "unknown flag");
+        return cli_usage_error("info", "unknown flag '%s'; accepted: --help", argv[optind - 1]);
     }
     if (optind < argc) return cli_usage_error("info", "unexpected argument '%s'", argv[optind]);
     printf("ectransfer %s\n", ect_version());
