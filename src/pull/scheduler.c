@@ -77,7 +77,8 @@ static void ask_inventory(ect_pull_scheduler *s) {
     free(buf);
 }
 
-/* Adopts session (returns false when the message must be dropped). */
+/* Adopts session; a different one than before means the producer restarted:
+ * forget everything learned from the old start and ask the new one. */
 static void see_session(ect_pull_scheduler *s, const char *session) {
     if (strcmp(s->session, session) == 0) return;
     if (s->session[0]) {
@@ -127,10 +128,12 @@ static void on_frame(ect_pull_scheduler *s, const void *buf, size_t len, bool fr
         } else {
             s->st.ready_pages++;
             see_session(s, m.u.ready.producer_session_id);
-            if (strcmp(m.u.ready.request_id, s->request_id) == 0) {
-                add_items(s, m.u.ready.items, m.u.ready.n_items);
-                if (!m.u.ready.more) s->synced = true;
-            }
+            /* see_session may have asked again (new request id): this page
+             * still describes the new start, so it is kept, but only the
+             * new request's last page marks the scheduler synced. */
+            add_items(s, m.u.ready.items, m.u.ready.n_items);
+            if (!m.u.ready.more && strcmp(m.u.ready.request_id, s->request_id) == 0)
+                s->synced = true;
         }
     } else {
         s->st.malformed++;
