@@ -567,10 +567,12 @@ ECT_API void ect_push_scheduler_stats(ect_push_scheduler *s, ect_push_scheduler_
  * consumer the first time), so k items cost the same number of control round
  * trips per shard as one.
  *
- * Threading: one dispatcher thread per producer owns every network resource
- * (the REQ sockets through its control client, the transports) and runs the
- * push records; write batches to different sessions run on short-lived
- * helper threads. Every ect_push_producer_* call except _open and _close is
+ * Threading: one dispatcher thread per producer owns the push records, the
+ * transports and a control client; when a round has batches for several
+ * shards, each shard address's batch runs on that address's lane thread
+ * (started on first use, owning its own REQ socket), so the shards are asked
+ * in parallel; write batches to different sessions run on short-lived helper
+ * threads. Every ect_push_producer_* call except _open and _close is
  * safe from any thread at once and never waits on the network (the only wait
  * is ect_push_producer_poll's timeout, chosen by the caller). _close must not
  * race with any other call.

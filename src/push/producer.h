@@ -107,12 +107,16 @@ struct ect_push_producer {
     pitem *disp_items;
     pp_consumer *consumers;
     pp_xport *xports;
+    struct pp_lane *lanes; /* control exchanges in parallel, one thread per shard address */
     push_action *acts;
     size_t acts_cap;
 };
 
 /* Dispatcher thread body (producer_run.c). */
 void *pp_dispatch_main(void *arg);
+
+/* Stops and joins the control lanes (producer_run.c). Dispatcher thread. */
+void pp_lanes_close(ect_push_producer *p);
 
 /* Releases the item's source if still held (pool free or callback). Takes mu
  * itself; call without it. */

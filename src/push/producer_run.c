@@ -3,11 +3,13 @@
  * sockets (through one ctl_client), the transports and the push_ table, and
  * turns the table's actions into batched exchanges, one round per kind:
  *
- *   RESERVE   grouped by shard address  -> one reserve_batch per shard
+ *   RESERVE   grouped by shard address  -> one reserve_batch per shard,
+ *                                           shards in parallel (lanes)
  *   REFRESH / ABANDON                    -> one cancel each (rare)
  *   WRITE     grouped by (kind, session) -> one ect_xport_write_batch each,
  *                                           sessions on parallel threads
- *   COMPLETE  grouped by shard address  -> one complete_batch per shard
+ *   COMPLETE  grouped by shard address  -> one complete_batch per shard,
+ *                                           shards in parallel (lanes)
  *   RELEASE_SOURCE / FINISHED            -> local
  *
  * A step (a flush) of k items therefore costs one reserve_batch and one
@@ -234,9 +236,147 @@ static const pitem *group_item(ect_push_producer *p, const push_action *a, const
     return dfind(p, a[g->idx[0]].transfer_id);
 }
 
+/* ------------------------------------------------- parallel exchanges
+ *
+ * The batches of one round go to different shards; sent one after another
+ * they would cost TP round trips. Each shard address gets a lane: a thread
+ * with its own control client (REQ sockets belong to one thread), started on
+ * first use, which runs one exchange at a time. A round with a single batch
+ * runs on the dispatcher's own client. */
+
+typedef struct xchg {
+    const char *host;
+    int port;
+    bool want_ok; /* ctl_call_ok: an {"ok": false} reply is a failure */
+    wire_ctl_request req;
+    wire_ctl_reply rep;
+    int rc;
+    char err[320];
+} xchg;
+
+typedef struct pp_lane {
+    char addr[PUSH_ADDR_MAX + 16];
+    ect_push_producer *p;
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    xchg *job;
+    bool busy, stop, started;
+    UT_hash_handle hh;
+} pp_lane;
+
+static void exchange(ctl_client *c, xchg *x) {
+    if (x->port <= 0) {
+        x->rc = ECT_ENOTFOUND;
+        snprintf(x->err, sizeof x->err, "shard address unknown");
+        return;
+    }
+    x->rc = x->want_ok ? ctl_call_ok(c, x->host, x->port, &x->req, &x->rep)
+                       : ctl_call(c, x->host, x->port, &x->req, &x->rep);
+    if (x->rc) snprintf(x->err, sizeof x->err, "%.300s", ect_last_error());
+}
+
+static void *lane_main(void *arg) {
+    pp_lane *l = arg;
+    ctl_client *c = NULL;
+    int orc = ctl_client_open(l->p->zctx, l->p->o.control_timeout_ms, &c);
+    char oerr[160];
+    snprintf(oerr, sizeof oerr, "%s", orc ? ect_last_error() : "");
+    pthread_mutex_lock(&l->mu);
+    for (;;) {
+        while (!l->stop && !l->job) pthread_cond_wait(&l->cv, &l->mu);
+        if (l->stop) break;
+        xchg *x = l->job;
+        pthread_mutex_unlock(&l->mu);
+        if (orc) {
+            x->rc = orc;
+            snprintf(x->err, sizeof x->err, "control client: %s", oerr);
+        } else {
+            exchange(c, x);
+        }
+        pthread_mutex_lock(&l->mu);
+        l->job = NULL;
+        l->busy = false;
+        pthread_cond_broadcast(&l->cv);
+    }
+    pthread_mutex_unlock(&l->mu);
+    ctl_client_close(c);
+    return NULL;
+}
+
+static pp_lane *lane_for(ect_push_producer *p, const xchg *x) {
+    char addr[PUSH_ADDR_MAX + 16];
+    snprintf(addr, sizeof addr, "%s:%d", x->host, x->port);
+    pp_lane *l = NULL;
+    HASH_FIND_STR(p->lanes, addr, l);
+    if (l) return l;
+    if (!(l = calloc(1, sizeof *l))) return NULL;
+    snprintf(l->addr, sizeof l->addr, "%s", addr);
+    l->p = p;
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_cond_init(&l->cv, NULL);
+    if (pthread_create(&l->th, NULL, lane_main, l)) {
+        pthread_cond_destroy(&l->cv);
+        pthread_mutex_destroy(&l->mu);
+        free(l);
+        return NULL;
+    }
+    l->started = true;
+    HASH_ADD_STR(p->lanes, addr, l);
+    return l;
+}
+
+void pp_lanes_close(ect_push_producer *p) {
+    pp_lane *l, *tmp;
+    HASH_ITER(hh, p->lanes, l, tmp) {
+        pthread_mutex_lock(&l->mu);
+        l->stop = true;
+        pthread_cond_broadcast(&l->cv);
+        pthread_mutex_unlock(&l->mu);
+        pthread_join(l->th, NULL);
+        HASH_DEL(p->lanes, l);
+        pthread_cond_destroy(&l->cv);
+        pthread_mutex_destroy(&l->mu);
+        free(l);
+    }
+}
+
+/* Runs the exchanges of xs[0..n) that have no rc yet (one that could not be
+ * built keeps its error), in parallel when there are several. */
+static void run_exchanges(ect_push_producer *p, xchg *xs, size_t n) {
+    size_t todo = 0;
+    for (size_t i = 0; i < n; i++) todo += xs[i].rc == 0;
+    pp_lane **lanes = todo > 1 ? calloc(n, sizeof *lanes) : NULL;
+    for (size_t i = 0; i < n; i++) {
+        xchg *x = &xs[i];
+        if (x->rc) continue;
+        pp_lane *l = lanes ? lane_for(p, x) : NULL;
+        if (!l) { /* a single exchange, or no thread: run it here */
+            exchange(p->ctl, x);
+            continue;
+        }
+        pthread_mutex_lock(&l->mu);
+        l->job = x;
+        l->busy = true;
+        pthread_cond_broadcast(&l->cv);
+        pthread_mutex_unlock(&l->mu);
+        lanes[i] = l;
+    }
+    for (size_t i = 0; lanes && i < n; i++) {
+        pp_lane *l = lanes[i];
+        if (!l) continue;
+        pthread_mutex_lock(&l->mu);
+        while (l->busy) pthread_cond_wait(&l->cv, &l->mu);
+        pthread_mutex_unlock(&l->mu);
+    }
+    free(lanes);
+}
+
 static void do_reserves(ect_push_producer *p, const push_action *a, size_t n) {
     groups gs = {0};
-    if (group_by_shard(p, a, n, PUSH_ACT_RESERVE, &gs)) {
+    xchg *xs = NULL;
+    if (group_by_shard(p, a, n, PUSH_ACT_RESERVE, &gs) ||
+        (gs.n && !(xs = calloc(gs.n, sizeof *xs)))) {
         /* out of memory: fail them all, the table abandons what it holds */
         for (size_t i = 0; i < n; i++)
             if (a[i].kind == PUSH_ACT_RESERVE)
@@ -248,57 +388,62 @@ static void do_reserves(ect_push_producer *p, const push_action *a, size_t n) {
     for (size_t gi = 0; gi < gs.n; gi++) {
         group *g = &gs.g[gi];
         const pitem *it0 = group_item(p, a, g);
-        int port = shard_port(p, it0, a[g->idx[0]].shard);
-        wire_ctl_request req;
-        memset(&req, 0, sizeof req);
-        req.op = WIRE_OP_RESERVE_BATCH;
+        xchg *x = &xs[gi];
+        x->host = it0->host;
+        x->port = shard_port(p, it0, a[g->idx[0]].shard);
+        x->req.op = WIRE_OP_RESERVE_BATCH;
         wire_reserve_item *items = calloc(g->n, sizeof *items);
-        wire_ctl_reply rep;
-        memset(&rep, 0, sizeof rep);
-        int rc = items ? 0 : ect_set_error(ECT_ENOMEM, "out of memory");
-        for (size_t k = 0; !rc && k < g->n; k++) {
-            const push_action *x = &a[g->idx[k]];
+        if (!items) {
+            x->rc = ECT_ENOMEM;
+            snprintf(x->err, sizeof x->err, "out of memory");
+            continue;
+        }
+        for (size_t k = 0; k < g->n; k++) {
+            const push_action *ac = &a[g->idx[k]];
             wire_reserve_req *r = &items[k].req;
-            snprintf(r->transfer_id, sizeof r->transfer_id, "%s", x->transfer_id);
-            snprintf(r->mm_hash, sizeof r->mm_hash, "%s", x->mm_hash);
-            r->tensor.nbytes = x->nbytes;
-            r->tensor.ndim = (uint32_t)x->ndim;
-            memcpy(r->tensor.shape, x->shape, sizeof r->tensor.shape);
-            snprintf(r->tensor.dtype, sizeof r->tensor.dtype, "%s", x->dtype);
+            snprintf(r->transfer_id, sizeof r->transfer_id, "%s", ac->transfer_id);
+            snprintf(r->mm_hash, sizeof r->mm_hash, "%s", ac->mm_hash);
+            r->tensor.nbytes = ac->nbytes;
+            r->tensor.ndim = (uint32_t)ac->ndim;
+            memcpy(r->tensor.shape, ac->shape, sizeof r->tensor.shape);
+            snprintf(r->tensor.dtype, sizeof r->tensor.dtype, "%s", ac->dtype);
         }
-        if (!rc) {
-            req.u.reserve_batch.n = g->n;
-            req.u.reserve_batch.items = items;
-            count(p, &p->st.reserve_batches);
-            rc = port > 0 ? ctl_call(p->ctl, it0->host, port, &req, &rep)
-                          : ect_set_error(ECT_ENOTFOUND, "shard address unknown");
-        }
+        x->req.u.reserve_batch.n = g->n;
+        x->req.u.reserve_batch.items = items;
+        count(p, &p->st.reserve_batches);
+    }
+    run_exchanges(p, xs, gs.n);
+    for (size_t gi = 0; gi < gs.n; gi++) {
+        group *g = &gs.g[gi];
+        xchg *x = &xs[gi];
+        const pitem *it0 = group_item(p, a, g);
+        int rc = x->rc;
         char err[320];
         if (rc) {
-            snprintf(err, sizeof err, "%.200s", ect_last_error());
+            snprintf(err, sizeof err, "%.300s", x->err);
             forget_consumer(p, it0);
-        } else if (!rep.ok) {
-            snprintf(err, sizeof err, "refused: %.200s", rep.error ? rep.error : "");
+        } else if (!x->rep.ok) {
+            snprintf(err, sizeof err, "refused: %.200s", x->rep.error ? x->rep.error : "");
             rc = ECT_EPROTO;
         }
         for (size_t k = 0; k < g->n; k++) {
-            const push_action *x = &a[g->idx[k]];
-            pitem *it = dfind(p, x->transfer_id);
+            const push_action *ac = &a[g->idx[k]];
+            pitem *it = dfind(p, ac->transfer_id);
             if (rc) {
-                push_reserve_done(p->table, x->transfer_id, x->shard, NULL, err, ect_now_ms());
+                push_reserve_done(p->table, ac->transfer_id, ac->shard, NULL, err, ect_now_ms());
                 continue;
             }
-            const wire_reserve_outcome *o = &rep.u.reserve_batch.items[k];
+            const wire_reserve_outcome *o = &x->rep.u.reserve_batch.items[k];
             if (!o->ok) {
-                push_reserve_done(p->table, x->transfer_id, x->shard, NULL,
+                push_reserve_done(p->table, ac->transfer_id, ac->shard, NULL,
                                   o->error ? o->error : "refused", ect_now_ms());
                 continue;
             }
             const wire_reserve_result *r = &o->result;
-            if (it && x->shard < it->n_shards) {
-                free(it->keys[x->shard]);
-                it->keys[x->shard] = r->dst_key ? strdup(r->dst_key) : NULL;
-                snprintf(it->kinds[x->shard], sizeof it->kinds[x->shard], "%s",
+            if (it && ac->shard < it->n_shards) {
+                free(it->keys[ac->shard]);
+                it->keys[ac->shard] = r->dst_key ? strdup(r->dst_key) : NULL;
+                snprintf(it->kinds[ac->shard], sizeof it->kinds[ac->shard], "%s",
                          r->transport[0] ? r->transport : "tcp");
             }
             push_reservation pr = {.reservation_id = r->reservation_id,
@@ -308,17 +453,20 @@ static void do_reserves(ect_push_producer *p, const push_action *a, size_t n) {
                                    .ready = r->ready,
                                    .cached = r->cached,
                                    .cancelled = r->cancelled};
-            push_reserve_done(p->table, x->transfer_id, x->shard, &pr, NULL, ect_now_ms());
+            push_reserve_done(p->table, ac->transfer_id, ac->shard, &pr, NULL, ect_now_ms());
         }
-        wire_ctl_reply_clear(&rep);
-        free(items);
+        wire_ctl_reply_clear(&x->rep);
+        free(x->req.u.reserve_batch.items);
     }
+    free(xs);
     groups_free(&gs);
 }
 
 static void do_completes(ect_push_producer *p, const push_action *a, size_t n) {
     groups gs = {0};
-    if (group_by_shard(p, a, n, PUSH_ACT_COMPLETE, &gs)) {
+    xchg *xs = NULL;
+    if (group_by_shard(p, a, n, PUSH_ACT_COMPLETE, &gs) ||
+        (gs.n && !(xs = calloc(gs.n, sizeof *xs)))) {
         for (size_t i = 0; i < n; i++)
             if (a[i].kind == PUSH_ACT_COMPLETE)
                 push_complete_done(p->table, a[i].transfer_id, a[i].shard, false, false);
@@ -328,39 +476,44 @@ static void do_completes(ect_push_producer *p, const push_action *a, size_t n) {
     for (size_t gi = 0; gi < gs.n; gi++) {
         group *g = &gs.g[gi];
         const pitem *it0 = group_item(p, a, g);
-        int port = shard_port(p, it0, a[g->idx[0]].shard);
+        xchg *x = &xs[gi];
+        x->host = it0->host;
+        x->port = shard_port(p, it0, a[g->idx[0]].shard);
+        x->want_ok = true;
+        x->req.op = WIRE_OP_COMPLETE_BATCH;
         wire_complete_req *items = calloc(g->n, sizeof *items);
-        wire_ctl_request req;
-        memset(&req, 0, sizeof req);
-        req.op = WIRE_OP_COMPLETE_BATCH;
-        wire_ctl_reply rep;
-        memset(&rep, 0, sizeof rep);
-        int rc = items ? 0 : ect_set_error(ECT_ENOMEM, "out of memory");
-        for (size_t k = 0; !rc && k < g->n; k++) {
-            snprintf(items[k].transfer_id, sizeof items[k].transfer_id, "%s",
-                     a[g->idx[k]].transfer_id);
-            snprintf(items[k].reservation_id, sizeof items[k].reservation_id, "%s",
-                     a[g->idx[k]].reservation_id);
-        }
-        if (!rc) {
-            req.u.complete_batch.n = g->n;
-            req.u.complete_batch.items = items;
+        if (!items) {
+            x->rc = ECT_ENOMEM;
+            snprintf(x->err, sizeof x->err, "out of memory");
+        } else {
+            for (size_t k = 0; k < g->n; k++) {
+                snprintf(items[k].transfer_id, sizeof items[k].transfer_id, "%s",
+                         a[g->idx[k]].transfer_id);
+                snprintf(items[k].reservation_id, sizeof items[k].reservation_id, "%s",
+                         a[g->idx[k]].reservation_id);
+            }
+            x->req.u.complete_batch.n = g->n;
+            x->req.u.complete_batch.items = items;
             count(p, &p->st.complete_batches);
-            rc = port > 0 ? ctl_call_ok(p->ctl, it0->host, port, &req, &rep)
-                          : ect_set_error(ECT_ENOTFOUND, "shard address unknown");
         }
-        if (rc) {
-            ECT_LOGW(MOD, "complete_batch to %s failed: %s", g->addr, ect_last_error());
-            forget_consumer(p, it0);
+    }
+    run_exchanges(p, xs, gs.n);
+    for (size_t gi = 0; gi < gs.n; gi++) {
+        group *g = &gs.g[gi];
+        xchg *x = &xs[gi];
+        if (x->rc) {
+            ECT_LOGW(MOD, "complete_batch to %s failed: %s", g->addr, x->err);
+            forget_consumer(p, group_item(p, a, g));
         }
         for (size_t k = 0; k < g->n; k++) {
-            const push_action *x = &a[g->idx[k]];
-            bool done = !rc && rep.u.complete_batch.items[k].completed;
-            push_complete_done(p->table, x->transfer_id, x->shard, rc == 0, done);
+            const push_action *ac = &a[g->idx[k]];
+            bool done = !x->rc && x->rep.u.complete_batch.items[k].completed;
+            push_complete_done(p->table, ac->transfer_id, ac->shard, x->rc == 0, done);
         }
-        wire_ctl_reply_clear(&rep);
-        free(items);
+        wire_ctl_reply_clear(&x->rep);
+        free(x->req.u.complete_batch.items);
     }
+    free(xs);
     groups_free(&gs);
 }
 
@@ -637,6 +790,7 @@ void *pp_dispatch_main(void *arg) {
     for (pitem *h = p->handed; h; h = h->next) pp_finish_locked(p, h, ECT_ECLOSED, "closed");
     p->handed = p->handed_tail = NULL;
     pthread_mutex_unlock(&p->mu);
+    pp_lanes_close(p);
     ctl_client_close(p->ctl);
     p->ctl = NULL;
     while (p->xports) {
