@@ -232,7 +232,7 @@ static void test_unreachable_consumer(void **state) {
         if (dt > worst) worst = dt;
         nap(5);
     }
-    assert_true(worst < 50 * 1000000ull); /* never waits on the network */
+    assert_true(worst < 200 * 1000000ull); /* never waits on the network (30 s) */
     ect_push_sched_item it;
     assert_int_equal(ect_push_scheduler_state(s, "u", &it), 0);
     assert_int_equal(it.state, ECT_PUSH_UNAVAILABLE);
