@@ -40,7 +40,7 @@ test-asan: deps
 
 test-tsan: deps
 	$(call configure,build-tsan,-DCMAKE_BUILD_TYPE=Debug -DECT_SANITIZE=thread)
-	UCX_ERROR_SIGNALS= TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -j $(JOBS)
+	UCX_ERROR_SIGNALS= UCX_MEM_EVENTS=no TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -j $(JOBS)
 
 fuzz: deps
 	CC=clang $(call configure,build-fuzz,-DECT_FUZZ=ON -DECT_BUILD_TESTS=OFF)
