@@ -25,6 +25,22 @@
 
 #define MiB (1024u * 1024u)
 
+/* Under ThreadSanitizer the ucx rows are left out: UCX is not instrumented,
+ * so the ordering its shared-memory protocol gives between the target's
+ * progress thread writing a region and the initiator's flush completing is
+ * invisible to TSan (false data races), and its active-message path runs
+ * too slowly there to finish in the test timeout. ASan runs them. */
+#if defined(__SANITIZE_THREAD__)
+#define XP_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define XP_TSAN 1
+#endif
+#endif
+#ifndef XP_TSAN
+#define XP_TSAN 0
+#endif
+
 typedef struct region {
     uint8_t *addr;
     size_t len;
@@ -733,7 +749,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_stall),
         KIND_TESTS("tcp"),
         KIND_TESTS("shm"),
-#if ECT_HAVE_UCX
+#if ECT_HAVE_UCX && !XP_TSAN
         KIND_TESTS("ucx/tcp"),
         KIND_TESTS("ucx/sm"),
 #endif
