@@ -14,6 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Out of memory inside uthash is reported, not fatal (conn_get checks). */
+static _Thread_local int hash_oom; /* per thread: each client belongs to one */
+#define HASH_NONFATAL_OOM 1
+#define uthash_nonfatal_oom(obj) (hash_oom = 1)
 #include <uthash.h>
 #include <zmq.h>
 
@@ -72,7 +76,12 @@ static ctl_conn *conn_get(ctl_client *c, const char *addr, bool create) {
     k = calloc(1, sizeof *k);
     if (!k) return NULL;
     snprintf(k->addr, sizeof k->addr, "%s", addr);
+    hash_oom = 0;
     HASH_ADD_STR(c->conns, addr, k);
+    if (hash_oom) {
+        free(k);
+        return NULL;
+    }
     return k;
 }
 

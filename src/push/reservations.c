@@ -29,6 +29,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* uthash reports running out of memory instead of exiting the process; every
+ * insert checks the flag (per thread: tables in different threads are
+ * independent). */
+static _Thread_local int hash_oom;
+#define HASH_NONFATAL_OOM 1
+#define uthash_nonfatal_oom(obj) (hash_oom = 1)
 #include <uthash.h>
 #include <utlist.h>
 
@@ -416,15 +422,20 @@ static rsv_entry *new_entry(const rsv_request *r, const tensor *tn) {
     return e;
 }
 
-static void add_entry(rsv_table *t, rsv_entry *e, rsv_state s, uint64_t deadline) {
+/* Indexes e by transfer_id and files it in state s. ECT_ENOMEM (nothing
+ * changed) when the index cannot grow. */
+static int add_entry(rsv_table *t, rsv_entry *e, rsv_state s, uint64_t deadline) {
+    hash_oom = 0;
+    HASH_ADD_KEYPTR(hh, t->by_id, e->transfer_id, strlen(e->transfer_id), e);
+    if (hash_oom) return ect_set_error(ECT_ENOMEM, "reservation index: out of memory");
     e->state = s;
     e->deadline = deadline;
-    HASH_ADD_KEYPTR(hh, t->by_id, e->transfer_id, strlen(e->transfer_id), e);
     DL_APPEND(*list_of(t, s), e);
     if (is_tomb(s))
         t->st.tombstones++;
     else
         t->st.live++;
+    return 0;
 }
 
 static int reserve_new(rsv_table *t, const rsv_request *r, const tensor *tn, rsv_reply *reply) {
@@ -441,17 +452,23 @@ static int reserve_new(rsv_table *t, const rsv_request *r, const tensor *tn, rsv
     if (pub) { /* (1) dedup against the published copy: no bytes move */
         e->role = ROLE_CACHED;
         e->buf = pub;
+        if (add_entry(t, e, RSV_READY, expiry)) {
+            free_entry_mem(e);
+            return ECT_ENOMEM;
+        }
         pub->refs++;
         touch(t, pub);
-        add_entry(t, e, RSV_READY, expiry);
         queue_event(t, e, RSV_EV_READY);
     } else if (w) { /* (2) follow the writer already writing this hash */
         e->role = ROLE_FOLLOWER;
         e->buf = w->buf;
         e->lead = w;
+        if (add_entry(t, e, RSV_WRITING, expiry)) {
+            free_entry_mem(e);
+            return ECT_ENOMEM;
+        }
         w->buf->refs++;
         DL_APPEND2(w->followers, e, fol_prev, fol_next);
-        add_entry(t, e, RSV_WRITING, expiry);
     } else { /* (3) allocate */
         rsv_buf *b = calloc(1, sizeof *b);
         char *h = strdup(r->mm_hash);
@@ -469,6 +486,18 @@ static int reserve_new(rsv_table *t, const rsv_request *r, const tensor *tn, rsv
             if (rc == ECT_ENOMEM) return ect_set_error(rc, "reserve: out of memory");
             return rc;
         }
+        e->role = ROLE_WRITER;
+        hash_oom = 0;
+        HASH_ADD_KEYPTR(hh_inflight, t->inflight, e->mm_hash, strlen(e->mm_hash), e);
+        bool indexed = !hash_oom;
+        if (!indexed || add_entry(t, e, RSV_WRITING, expiry)) {
+            if (indexed) HASH_DELETE(hh_inflight, t->inflight, e);
+            t->o.mem->free(t->o.mem_ctx, off, size); /* nobody was told about it */
+            free(b);
+            free(h);
+            free_entry_mem(e);
+            return ect_set_error(ECT_ENOMEM, "reserve: out of memory");
+        }
         b->offset = off;
         b->size = size;
         b->mm_hash = h;
@@ -477,10 +506,7 @@ static int reserve_new(rsv_table *t, const rsv_request *r, const tensor *tn, rsv
         DL_APPEND2(t->all, b, all_prev, all_next);
         t->st.buffers++;
         t->st.bytes_held += size;
-        e->role = ROLE_WRITER;
         e->buf = b;
-        add_entry(t, e, RSV_WRITING, expiry);
-        HASH_ADD_KEYPTR(hh_inflight, t->inflight, e->mm_hash, strlen(e->mm_hash), e);
     }
     reply_for(e, reply);
     reply->write = e->role == ROLE_WRITER;
@@ -538,14 +564,21 @@ static rsv_entry *find_entry(const rsv_table *t, const char *id) {
     return e;
 }
 
-static void publish(rsv_table *t, rsv_entry *w) {
+/* False (nothing changed) when the published index cannot grow: the writer
+ * stays WRITING and may complete again or abandon. */
+static bool publish(rsv_table *t, rsv_entry *w) {
     uint64_t expiry = t->now + t->o.ttl_ms;
     rsv_buf *b = w->buf;
     assert(!find_published(t, b->mm_hash));
+    hash_oom = 0;
+    HASH_ADD_KEYPTR(hh, t->published, b->mm_hash, strlen(b->mm_hash), b);
+    if (hash_oom) {
+        ECT_LOGE(MOD, "out of memory publishing transfer_id=%s; not completed", w->transfer_id);
+        return false;
+    }
     HASH_DELETE(hh_inflight, t->inflight, w);
     b->published = true;
     b->last_used = t->now;
-    HASH_ADD_KEYPTR(hh, t->published, b->mm_hash, strlen(b->mm_hash), b);
     set_state(t, w, RSV_READY, expiry);
     queue_event(t, w, RSV_EV_READY);
     rsv_entry *f, *tmp;
@@ -555,6 +588,7 @@ static void publish(rsv_table *t, rsv_entry *w) {
         set_state(t, f, RSV_READY, expiry);
         queue_event(t, f, RSV_EV_READY);
     }
+    return true;
 }
 
 void rsv_complete(rsv_table *t, const char *transfer_id, const char *reservation_id,
@@ -571,8 +605,8 @@ void rsv_complete(rsv_table *t, const char *transfer_id, const char *reservation
     case RSV_WRITING:
         *completed = true;
         if (e->role == ROLE_WRITER) {
-            publish(t, e);
-            *became_ready = true;
+            *completed = publish(t, e);
+            *became_ready = *completed;
         }
         return;
     case RSV_CANCEL_PENDING: entomb(t, e, RSV_CANCELLED); return;
@@ -591,7 +625,10 @@ static int add_tombstone(rsv_table *t, const char *transfer_id) {
         free(e);
         return ect_set_error(ECT_ENOMEM, "cancel: out of memory");
     }
-    add_entry(t, e, RSV_CANCELLED, t->now + t->o.ttl_ms);
+    if (add_entry(t, e, RSV_CANCELLED, t->now + t->o.ttl_ms)) {
+        free_entry_mem(e);
+        return ECT_ENOMEM;
+    }
     if (t->st.tombstones > t->o.max_tombstones) {
         t->st.tombstones_dropped++;
         entry_free(t, t->tombs);
