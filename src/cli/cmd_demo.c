@@ -500,57 +500,71 @@ static bool run_pull(demo *d, const char **why) {
         *why = "ect pull-producer did not list every item";
         return false;
     }
-    /* argv: pull, --from, X, --transport, T, --pool-size, P, --timeout, MS, (--hash H) x items */
-    size_t na = 9 + 2 * d->items + 1;
-    char **argv = calloc(na, sizeof *argv);
+    /* One `ect pull` per round of whole batches (it takes at most 1024 --hash;
+     * a batch's repeats stay in the process that loaded its first items). */
+    enum { ROUND_BATCHES = 1000 / (BATCH_NEW + BATCH_REP) };
+    char **argv = calloc(9 + 2 * ROUND_BATCHES * (BATCH_NEW + BATCH_REP) + 1, sizeof *argv);
     if (!argv) {
         *why = "out of memory";
         return false;
     }
     char from[32];
     snprintf(from, sizeof from, "127.0.0.1:%d", d->pull_port);
-    size_t k = 0;
-    argv[k++] = "pull";
-    argv[k++] = "--from";
-    argv[k++] = from;
-    argv[k++] = "--transport";
-    argv[k++] = (char *)d->transport;
-    argv[k++] = "--pool-size";
-    argv[k++] = cpool;
-    argv[k++] = "--timeout";
-    argv[k++] = "60000";
-    left = d->items;
-    for (uint64_t batch = 0; left > 0; batch++) {
-        uint64_t fresh = left < BATCH_NEW ? left : BATCH_NEW;
-        left -= fresh;
-        for (uint64_t i = 0; i < fresh; i++) {
-            argv[k++] = "--hash";
-            argv[k++] = d->pull_hashes[batch * BATCH_NEW + i];
-        }
-        uint64_t rep = fresh < BATCH_REP ? fresh : BATCH_REP;
-        if (rep > left) rep = left;
-        left -= rep;
-        for (uint64_t i = 0; i < rep; i++) {
-            argv[k++] = "--hash";
-            argv[k++] = d->pull_hashes[batch * BATCH_NEW + i];
-        }
-    }
-    argv[k] = NULL;
     d->t_start = now_ms();
-    bool ok = demo_spawn(&d->procs, SLOT_PRODUCER, "ect pull", argv);
+    left = d->items;
+    for (uint64_t batch = 0; left > 0;) {
+        size_t k = 0;
+        argv[k++] = "pull";
+        argv[k++] = "--from";
+        argv[k++] = from;
+        argv[k++] = "--transport";
+        argv[k++] = (char *)d->transport;
+        argv[k++] = "--pool-size";
+        argv[k++] = cpool;
+        argv[k++] = "--timeout";
+        argv[k++] = "60000";
+        uint64_t before = d->sent, round = 0;
+        for (int nb = 0; nb < ROUND_BATCHES && left > 0; nb++, batch++) {
+            uint64_t fresh = left < BATCH_NEW ? left : BATCH_NEW;
+            left -= fresh;
+            for (uint64_t i = 0; i < fresh; i++) {
+                argv[k++] = "--hash";
+                argv[k++] = d->pull_hashes[batch * BATCH_NEW + i];
+            }
+            uint64_t rep = fresh < BATCH_REP ? fresh : BATCH_REP;
+            if (rep > left) rep = left;
+            left -= rep;
+            for (uint64_t i = 0; i < rep; i++) {
+                argv[k++] = "--hash";
+                argv[k++] = d->pull_hashes[batch * BATCH_NEW + i];
+            }
+            round += fresh + rep;
+        }
+        argv[k] = NULL;
+        if (!demo_spawn(&d->procs, SLOT_PRODUCER, "ect pull", argv)) {
+            free(argv);
+            *why = "cannot start ect pull";
+            return false;
+        }
+        while (!demo_exited(&d->procs, SLOT_PRODUCER)) {
+            if (!pump(d, 50, deadline, why)) {
+                free(argv);
+                return false;
+            }
+            if (demo_exited(&d->procs, SLOT_CONSUMER)) { /* loads would only time out */
+                free(argv);
+                *why = "ect pull-producer exited during the run";
+                return false;
+            }
+        }
+        if (d->sent - before != round) {
+            fprintf(stderr, "%s", d->procs.c[SLOT_PRODUCER].errtail);
+            fprintf(stderr, "ect demo: ect pull reported %" PRIu64 " of %" PRIu64 " items\n",
+                    d->sent - before, round);
+            d->failed += round - (d->sent - before);
+        }
+    }
     free(argv);
-    if (!ok) {
-        *why = "cannot start ect pull";
-        return false;
-    }
-    while (!demo_exited(&d->procs, SLOT_PRODUCER))
-        if (!pump(d, 50, deadline, why)) return false;
-    if (d->sent != d->items) {
-        fprintf(stderr, "%s", d->procs.c[SLOT_PRODUCER].errtail);
-        d->failed += d->items - d->sent;
-        fprintf(stderr, "ect demo: ect pull reported %" PRIu64 " of %" PRIu64 " items\n", d->sent,
-                d->items);
-    }
     int st = demo_stop(&d->procs, SLOT_CONSUMER, SIGTERM, 10000);
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
         fprintf(stderr, "%s", d->procs.c[SLOT_CONSUMER].errtail);
