@@ -462,7 +462,8 @@ typedef struct ect_push_scheduler_opts {
     const char *consumer_host; /* host of the consumer instance's shards; default "127.0.0.1" */
     int consumer_port;         /* control port of any shard of the instance (rank 0 is
                                   ec_port + dp_index x tp_size); default 14579 */
-    int tp_size;               /* shards expected, 1..64; 0 (default): as `peers` reports */
+    int tp_size;               /* shards of the instance, 1..64, default 1; discovery
+                                  waits until `peers` reports exactly this many */
     uint64_t push_wait_ms;     /* WAITING_EVENT -> UNAVAILABLE, default 60000 */
     uint64_t ttl_ms;           /* AVAILABLE -> EXPIRED and tombstone lifetime, default 300000 */
     size_t max_tombstones;     /* default 65536 */
