@@ -17,6 +17,13 @@ if [ "${ECT_README_TEST:-}" = 1 ]; then
   exit 0
 fi
 src=${ECT_SOURCE_DIR:?}
+# The README's commands build and test the plain build (build/), whatever
+# suite this is; under a sanitizer suite (make test-asan) that repeats the
+# plain suite's run for minutes, so only the plain suite runs it.
+if "${ECT_BIN:?}" info | grep -q 'sanitize='; then
+  echo "readme: sanitizer build: skipped (the plain suite runs the README's commands)"
+  exit 0
+fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
