@@ -470,8 +470,8 @@ typedef struct ect_push_scheduler_opts {
     double control_timeout_s;  /* REQ timeout, default 30; max(1, ceil(s x 1000)) ms */
     unsigned cancel_attempts;  /* sends per shard for one cancel, default 2 */
     uint64_t min_drain_interval_ms; /* poll() drains events at most this often, default 5 */
-    int accept_any;            /* nonzero: a transfer reported by every shard is accepted
-                                  (expected on arrival) even if never expected; default 0 */
+    int accept_any;                 /* nonzero: a transfer reported by every shard is accepted
+                                       (expected on arrival) even if never expected; default 0 */
 } ect_push_scheduler_opts;
 
 /** What the scheduler knows of one transfer. */
@@ -489,12 +489,12 @@ typedef struct ect_push_sched_item {
 } ect_push_sched_item;
 
 typedef struct ect_push_scheduler_stat {
-    uint32_t shards;          /* shards discovered (0 until discovery succeeded) */
-    uint64_t events;          /* events applied */
-    uint64_t bad_frames;      /* undecodable event frames (each cost only itself) */
-    uint64_t late_events;     /* for cancelled / finished transfers, ignored */
-    uint64_t cancels_sent;    /* remote cancels answered */
-    uint64_t cancels_failed;  /* attempts that failed */
+    uint32_t shards;         /* shards discovered (0 until discovery succeeded) */
+    uint64_t events;         /* events applied */
+    uint64_t bad_frames;     /* undecodable event frames (each cost only itself) */
+    uint64_t late_events;    /* for cancelled / finished transfers, ignored */
+    uint64_t cancels_sent;   /* remote cancels answered */
+    uint64_t cancels_failed; /* attempts that failed */
     uint64_t live, tombstones;
 } ect_push_scheduler_stat;
 
@@ -504,8 +504,7 @@ ECT_API void ect_push_scheduler_opts_init(ect_push_scheduler_opts *opts);
 /** Creates the table and starts discovery in the background; returns at
  *  once. Caller owns *out (ect_push_scheduler_close). Errors: ECT_EINVAL
  *  naming the option; ECT_ENOMEM; ECT_EIO. */
-ECT_API int ect_push_scheduler_open(const ect_push_scheduler_opts *opts,
-                                    ect_push_scheduler **out);
+ECT_API int ect_push_scheduler_open(const ect_push_scheduler_opts *opts, ect_push_scheduler **out);
 
 /** Stops the background thread (an exchange in flight may take up to the
  *  control timeout to give up) and frees everything. Accepts NULL. */
