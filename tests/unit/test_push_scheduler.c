@@ -100,9 +100,12 @@ static void fake_event(fake *f, const char *tid, int shard_port) {
     assert_true(zmq_send(f->push, ev, strlen(ev), 0) >= 0);
 }
 
+static uint64_t ttl_override;
+
 static ect_push_scheduler *sched(int port, uint64_t push_wait_ms, double timeout_s) {
     ect_push_scheduler_opts o;
     ect_push_scheduler_opts_init(&o);
+    if (ttl_override) o.ttl_ms = ttl_override;
     o.consumer_port = port;
     o.push_wait_ms = push_wait_ms;
     o.control_timeout_s = timeout_s;
@@ -244,11 +247,41 @@ static void test_unreachable_consumer(void **state) {
     assert_true(ect_now_ms() - t0 < 2000);
 }
 
+/* Arrived on every shard but never loaded: EXPIRED after the TTL, retryable,
+ * and the shard is told to cancel. */
+static void test_available_expires(void **state) {
+    (void)state;
+    fake f;
+    fake_open(&f);
+    ttl_override = 150;
+    ect_push_scheduler *s = sched(f.port, 60000, 2);
+    ttl_override = 0;
+    wait_shards(s);
+    nap(50);
+    assert_int_equal(ect_push_scheduler_expect(s, "x", NULL), 0);
+    fake_event(&f, "x", f.port);
+    assert_int_equal(poll_until(s, "x", ECT_PUSH_AVAILABLE), ECT_PUSH_AVAILABLE);
+    assert_int_equal(poll_until(s, "x", ECT_PUSH_EXPIRED), ECT_PUSH_EXPIRED);
+    ect_push_sched_item it;
+    assert_int_equal(ect_push_scheduler_state(s, "x", &it), 0);
+    assert_true(it.retryable);
+    assert_err(ect_push_scheduler_next(s, &it), ECT_ENOTFOUND, NULL); /* not handed out */
+    for (int i = 0; i < 400 && atomic_load(&f.cancels) < 1; i++) {
+        ect_push_scheduler_poll(s);
+        nap(5);
+    }
+    assert_int_equal(atomic_load(&f.cancels), 1);
+    assert_non_null(strstr(f.last_cancel, "\"reservation_id\":\"r\""));
+    ect_push_scheduler_close(s);
+    fake_close(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_frames_and_late_events),
         cmocka_unit_test(test_push_wait_and_cancel_attempts),
         cmocka_unit_test(test_unreachable_consumer),
+        cmocka_unit_test(test_available_expires),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
