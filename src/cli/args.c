@@ -1,5 +1,6 @@
 /* args — flag value parsing shared by every command. */
 #include <ctype.h>
+#include <getopt.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -17,6 +18,16 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) {
     vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\ntry 'ect %s --help'\n", cmd);
     va_end(ap);
+    return CLI_EXIT_USAGE;
+}
+
+int cli_bad_flag(const char *cmd, const struct option *opts) {
+    /* getopt_long has already said which flag was wrong (unknown, or missing
+     * its value); add what is accepted. */
+    fprintf(stderr, "ect %s: accepted flags:", cmd);
+    for (const struct option *o = opts; o->name; o++)
+        fprintf(stderr, " --%s%s", o->name, o->has_arg == required_argument ? " VALUE" : "");
+    fprintf(stderr, "\ntry 'ect %s --help'\n", cmd);
     return CLI_EXIT_USAGE;
 }
 

@@ -250,7 +250,7 @@ int bench_pull(int argc, char **argv) {
             break;
         case 't': snprintf(kinds, sizeof kinds, "%s", optarg); break;
         case 'h': help(); return CLI_EXIT_OK;
-        default: return cli_usage_error("bench pull", "unknown flag");
+        default: return cli_bad_flag("bench pull", opts);
         }
     }
     if (json)

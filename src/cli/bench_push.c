@@ -428,7 +428,7 @@ int bench_push(int argc, char **argv) {
             if (!parse_list("--sizes", optarg, sizes, &nsizes, true)) return CLI_EXIT_USAGE;
             break;
         case 'h': help(); return CLI_EXIT_OK;
-        default: return cli_usage_error("bench push", "unknown flag");
+        default: return cli_bad_flag("bench push", opts);
         }
     }
     if (optind < argc)

@@ -370,7 +370,7 @@ int bench_xport(int argc, char **argv) {
             break;
         }
         case 'h': help(); return CLI_EXIT_OK;
-        default: return cli_usage_error("bench xport", "unknown flag");
+        default: return cli_bad_flag("bench xport", opts);
         }
     }
     if (optind < argc)

@@ -32,6 +32,10 @@ bool cli_parse_u64(const char *flag, const char *s, uint64_t min, uint64_t max, 
 bool cli_parse_hostport(const char *flag, const char *s, char *host, size_t hostcap, int *port);
 /* Prints "ect CMD: MSG" and "try 'ect CMD --help'" to stderr; returns CLI_EXIT_USAGE. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* For getopt_long's '?': lists the accepted flags of `opts` and the --help
+ * hint on stderr; returns CLI_EXIT_USAGE. */
+struct option;
+int cli_bad_flag(const char *cmd, const struct option *opts);
 /* Formats a byte count as "4.5 MiB" into buf. */
 const char *cli_fmt_size(uint64_t bytes, char *buf, size_t cap);
 

@@ -123,7 +123,7 @@ int cmd_pull(int argc, char **argv) {
             if (!cli_parse_size("--pool-size", optarg, &pool)) return CLI_EXIT_USAGE;
             break;
         case 'h': help(); return CLI_EXIT_OK;
-        default: return cli_usage_error("pull", "unknown flag");
+        default: return cli_bad_flag("pull", opts);
         }
     }
     if (optind < argc) return cli_usage_error("pull", "unexpected argument '%s'", argv[optind]);

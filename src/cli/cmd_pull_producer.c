@@ -135,7 +135,7 @@ int cmd_pull_producer(int argc, char **argv) {
             files[nfiles++] = optarg;
             break;
         case 'h': help(); return CLI_EXIT_OK;
-        default: return cli_usage_error("pull-producer", "unknown flag");
+        default: return cli_bad_flag("pull-producer", opts);
         }
     }
     if (optind < argc)

@@ -241,7 +241,7 @@ int cmd_push(int argc, char **argv) {
             if (!cli_parse_u64("--tp", optarg, 1, 64, &tp)) return CLI_EXIT_USAGE;
             break;
         case 'h': help(); return CLI_EXIT_OK;
-        default: return cli_usage_error(CMD, "unknown flag");
+        default: return cli_bad_flag(CMD, opts);
         }
     }
     if (optind < argc) return cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);

@@ -168,7 +168,7 @@ int cmd_push_consumer(int argc, char **argv) {
             if (!cli_parse_u64("--ttl", optarg, 1, 86400, &ttl)) return CLI_EXIT_USAGE;
             break;
         case 'h': help(); return CLI_EXIT_OK;
-        default: return cli_usage_error("push-consumer", "unknown flag");
+        default: return cli_bad_flag("push-consumer", opts);
         }
     }
     if (optind < argc)

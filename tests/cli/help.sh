@@ -9,6 +9,14 @@ cmds=$(awk '/^commands:/{f=1;next} f&&/^  [a-z]/{print $1}' <<<"$out")
 for c in $cmds; do
   "$ect" "$c" --help | grep -q "^usage: ect $c" || { echo "ect $c --help is wrong"; exit 1; }
 done
+# A bad flag to any command: exit 2, and the message says what is accepted.
+for c in $cmds; do
+  set +e
+  err=$("$ect" "$c" --definitely-bogus 2>&1 >/dev/null); rc=$?
+  set -e
+  [ $rc -eq 2 ] || { echo "ect $c --definitely-bogus exited $rc, not 2"; exit 1; }
+  grep -q "accepted" <<<"$err" || { echo "ect $c: bad-flag message lists nothing accepted: $err"; exit 1; }
+done
 set +e
 err=$("$ect" nosuchcommand 2>&1 >/dev/null); rc=$?
 set -e
