@@ -15,56 +15,7 @@
 /* Out-of-memory countdown over this program's malloc/calloc/realloc (jansson's
  * included), as in test_mem_oom.c. Interposing malloc conflicts with the
  * sanitizers' own, so the OOM test is skipped under ASan and TSan. */
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define OOM_SKIP 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define OOM_SKIP 1
-#endif
-#endif
-
-static int countdown = -1; /* -1: off; else allocations left before every one fails */
-static long live;          /* blocks handed out minus blocks freed */
-
-#ifndef OOM_SKIP
-extern void *__libc_malloc(size_t n);
-extern void *__libc_calloc(size_t n, size_t m);
-extern void *__libc_realloc(void *p, size_t n);
-extern void __libc_free(void *p);
-
-static int fail_now(void) {
-    if (countdown < 0) return 0;
-    if (countdown == 0) return 1;
-    countdown--;
-    return 0;
-}
-
-void *malloc(size_t n) {
-    if (fail_now()) return NULL;
-    void *p = __libc_malloc(n);
-    if (p) live++;
-    return p;
-}
-
-void *calloc(size_t n, size_t m) {
-    if (fail_now()) return NULL;
-    void *p = __libc_calloc(n, m);
-    if (p) live++;
-    return p;
-}
-
-void *realloc(void *old, size_t n) {
-    if (fail_now()) return NULL;
-    void *p = __libc_realloc(old, n);
-    if (p && !old) live++;
-    return p;
-}
-
-void free(void *p) {
-    if (p) live--;
-    __libc_free(p);
-}
-#endif
+#include "oom_inject.h"
 
 /* ------------------------------------------------------------ helpers */
 
