@@ -611,6 +611,14 @@ typedef struct ect_push_producer_opts {
                                   names in its reserve reply; else "tcp", "shm" or "ucx":
                                   an item whose shard names another fails (its reservations
                                   abandoned) without writing; copied */
+    int down_backoff_ms;       /* a consumer whose control exchange failed (timeout,
+                                  connection refused or closed) is held down this long:
+                                  its pushes fail at once with "consumer HOST:PORT
+                                  unreachable: <last failure>"; then one probe goes out,
+                                  and each further failure doubles the period; success
+                                  ends it. 1..3600000; default 1000 */
+    int down_backoff_max_ms;   /* the doubling stops here; down_backoff_ms..3600000;
+                                  default 30000 */
 } ect_push_producer_opts;
 
 /** One item to push. Every pointer is read during the call only, except

@@ -10,6 +10,9 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +32,9 @@ static _Thread_local int hash_oom; /* per thread: each client belongs to one */
 typedef struct ctl_conn {
     char addr[CTL_ADDR_MAX]; /* "host:port" */
     void *sock;              /* REQ or NULL */
+    void *mon;               /* PAIR reading sock's monitor events, or NULL */
+    bool up;                 /* TCP connected, no disconnect seen since */
+    bool lost;               /* was up, then disconnected */
     int *peers;              /* cached peers result, or NULL */
     size_t npeers;
     UT_hash_handle hh;
@@ -37,6 +43,7 @@ typedef struct ctl_conn {
 struct ctl_client {
     void *zctx;
     int timeout_ms;
+    bool fail_fast; /* watch each socket's monitor (ctl_client_fail_fast) */
     ctl_conn *conns;
 };
 
@@ -86,8 +93,90 @@ static ctl_conn *conn_get(ctl_client *c, const char *addr, bool create) {
 }
 
 static void conn_drop_socket(ctl_conn *k) {
-    if (k->sock) zmq_close(k->sock);
-    k->sock = NULL;
+    if (k->mon) zmq_close(k->mon);
+    if (k->sock) {
+        zmq_socket_monitor(k->sock, NULL, 0);
+        zmq_close(k->sock);
+    }
+    k->sock = k->mon = NULL;
+    k->up = k->lost = false;
+}
+
+/* Why the monitor: ZMQ REQ never reports a refused connect or a peer that went
+ * away; it queues the request and waits for a reconnect that may never come,
+ * so a dead consumer would cost one full control timeout per exchange. The
+ * socket's monitor tells us: CONNECT_RETRIED while not connected means the
+ * connect failed (refused, unreachable), DISCONNECTED means the peer closed
+ * the connection, and with it any request in flight is lost. A peer that is
+ * connected but slow produces no event and is waited for up to the timeout.
+ *
+ * Reads every pending monitor event; returns the last "gone" event seen
+ * (ZMQ_EVENT_CONNECT_RETRIED while not up, or ZMQ_EVENT_DISCONNECTED), else 0. */
+static int conn_read_events(ctl_conn *k) {
+    int gone = 0;
+    for (;;) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, k->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            return gone;
+        }
+        uint16_t ev = 0;
+        bool first = zmq_msg_size(&m) >= 6;
+        if (first) memcpy(&ev, zmq_msg_data(&m), sizeof ev);
+        bool more = zmq_msg_more(&m);
+        zmq_msg_close(&m);
+        while (more) { /* the endpoint frame */
+            zmq_msg_init(&m);
+            if (zmq_msg_recv(&m, k->mon, ZMQ_DONTWAIT) < 0)
+                more = false;
+            else
+                more = zmq_msg_more(&m);
+            zmq_msg_close(&m);
+        }
+        if (!first) continue;
+        if (ev == ZMQ_EVENT_CONNECTED) {
+            k->up = true;
+        } else if (ev == ZMQ_EVENT_DISCONNECTED) {
+            k->lost = k->lost || k->up;
+            k->up = false;
+            gone = ZMQ_EVENT_DISCONNECTED;
+        } else if (ev == ZMQ_EVENT_CONNECT_RETRIED && !k->up) {
+            gone = ZMQ_EVENT_CONNECT_RETRIED;
+        }
+    }
+}
+
+/* Attaches a monitor to the fresh socket s (before it connects, so no event is
+ * missed). Without one the socket still works, with plain timeouts. */
+static void conn_monitor(ctl_client *c, ctl_conn *k, void *s, const char *host, int port) {
+    int zero = 0;
+    /* An idle socket to a dead peer keeps reconnecting; back off so its
+     * unread monitor events stay few (a call drops such a socket anyway). */
+    int ivl_max = 10000;
+    zmq_setsockopt(s, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof ivl_max);
+    static _Atomic unsigned mon_seq;
+    char mep[96];
+    snprintf(mep, sizeof mep, "inproc://ect-ctl-mon-%p-%u", (void *)s, mon_seq++);
+    void *m = NULL;
+    if (zmq_socket_monitor(s, mep,
+                           ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED |
+                               ZMQ_EVENT_CONNECT_RETRIED) == 0 &&
+        (m = zmq_socket(c->zctx, ZMQ_PAIR)) != NULL) {
+        /* unbounded: the library's monitor must never block on a full pipe */
+        zmq_setsockopt(m, ZMQ_LINGER, &zero, sizeof zero);
+        zmq_setsockopt(m, ZMQ_RCVHWM, &zero, sizeof zero);
+        if (zmq_connect(m, mep) != 0) {
+            zmq_close(m);
+            m = NULL;
+        }
+    }
+    if (!m) { /* degrade to plain timeouts rather than fail the call */
+        ECT_LOGW(MOD, "no socket monitor for %s:%d: %s; a dead peer costs the full timeout", host,
+                 port, zmq_strerror(errno));
+        zmq_socket_monitor(s, NULL, 0);
+    }
+    k->mon = m;
 }
 
 static int conn_socket(ctl_client *c, ctl_conn *k, const char *host, int port) {
@@ -99,16 +188,58 @@ static int conn_socket(ctl_client *c, ctl_conn *k, const char *host, int port) {
     zmq_setsockopt(s, ZMQ_IPV6, &one, sizeof one);
     zmq_setsockopt(s, ZMQ_RCVTIMEO, &c->timeout_ms, sizeof c->timeout_ms);
     zmq_setsockopt(s, ZMQ_SNDTIMEO, &c->timeout_ms, sizeof c->timeout_ms);
+    k->mon = NULL;
+    k->up = k->lost = false;
+    if (c->fail_fast) conn_monitor(c, k, s, host, port);
     char ep[CTL_ADDR_MAX + 16];
     bool v6 = strchr(host, ':') != NULL && host[0] != '[';
     snprintf(ep, sizeof ep, v6 ? "tcp://[%s]:%d" : "tcp://%s:%d", host, port);
     if (zmq_connect(s, ep) != 0) {
         int e = errno;
-        zmq_close(s);
+        k->sock = s;
+        conn_drop_socket(k);
         return ect_set_error(ECT_EINVAL, "control client: connect %s: %s", ep, zmq_strerror(e));
     }
     k->sock = s;
     return 0;
+}
+
+/* Waits up to the timeout for the reply to the request just sent, watching
+ * the monitor: a refused connect or a closed connection ends the wait at once.
+ * On success the reply is in *msg. */
+static int wait_reply(ctl_client *c, ctl_conn *k, const char *addr, wire_ctl_op op,
+                      zmq_msg_t *msg) {
+    uint64_t deadline = ect_now_ms() + (uint64_t)c->timeout_ms;
+    for (;;) {
+        uint64_t now = ect_now_ms();
+        long left = now >= deadline ? 0 : (long)(deadline - now);
+        zmq_pollitem_t items[2] = {{.socket = k->sock, .events = ZMQ_POLLIN},
+                                   {.socket = k->mon, .events = ZMQ_POLLIN}};
+        int pr = zmq_poll(items, k->mon ? 2 : 1, left);
+        if (pr < 0 && errno != EINTR)
+            return ect_set_error(ECT_EIO, "control %s: poll: %s", addr, zmq_strerror(errno));
+        if (pr > 0 && (items[0].revents & ZMQ_POLLIN)) {
+            if (zmq_msg_recv(msg, k->sock, ZMQ_DONTWAIT) >= 0) return 0;
+            if (errno != EAGAIN)
+                return ect_set_error(ECT_EIO, "control %s: receive: %s", addr, zmq_strerror(errno));
+        }
+        if (pr > 0 && k->mon && (items[1].revents & ZMQ_POLLIN)) {
+            int gone = conn_read_events(k);
+            if (gone == ZMQ_EVENT_CONNECT_RETRIED)
+                return ect_set_error(ECT_ECONNREFUSED,
+                                     "control %s: connection refused (no one listens there) "
+                                     "sending %s",
+                                     addr, wire_ctl_op_name(op));
+            if (gone == ZMQ_EVENT_DISCONNECTED)
+                return ect_set_error(ECT_ECONNREFUSED,
+                                     "control %s: the peer closed the connection before "
+                                     "replying to %s",
+                                     addr, wire_ctl_op_name(op));
+        }
+        if (ect_now_ms() >= deadline)
+            return ect_set_error(ECT_ETIMEDOUT, "control %s: no reply to %s within %d ms", addr,
+                                 wire_ctl_op_name(op), c->timeout_ms);
+    }
 }
 
 int ctl_call(ctl_client *c, const char *host, int port, const wire_ctl_request *req,
@@ -125,6 +256,12 @@ int ctl_call(ctl_client *c, const char *host, int port, const wire_ctl_request *
     if (!k) {
         free(frame);
         return ect_set_error(ECT_ENOMEM, "control client: out of memory");
+    }
+    /* A socket whose peer went away while idle would queue the request for a
+     * reconnect: start afresh instead, so a refused connect shows at once. */
+    if (k->sock && k->mon) {
+        conn_read_events(k);
+        if (k->lost && !k->up) conn_drop_socket(k);
     }
     rc = conn_socket(c, k, host, port);
     if (rc) {
@@ -144,14 +281,11 @@ int ctl_call(ctl_client *c, const char *host, int port, const wire_ctl_request *
     free(frame);
     zmq_msg_t msg;
     zmq_msg_init(&msg);
-    if (zmq_msg_recv(&msg, k->sock, 0) < 0) {
-        int e = errno;
+    rc = wait_reply(c, k, addr, req->op, &msg);
+    if (rc) {
         zmq_msg_close(&msg);
         conn_drop_socket(k);
-        if (e == EAGAIN)
-            return ect_set_error(ECT_ETIMEDOUT, "control %s: no reply to %s within %d ms", addr,
-                                 wire_ctl_op_name(req->op), c->timeout_ms);
-        return ect_set_error(ECT_EIO, "control %s: receive: %s", addr, zmq_strerror(e));
+        return rc;
     }
     size_t expect = SIZE_MAX;
     if (req->op == WIRE_OP_RESERVE_BATCH) expect = req->u.reserve_batch.n;
@@ -166,6 +300,10 @@ int ctl_call(ctl_client *c, const char *host, int port, const wire_ctl_request *
                              detail);
     }
     return 0;
+}
+
+void ctl_client_fail_fast(ctl_client *c, bool on) {
+    if (c) c->fail_fast = on;
 }
 
 int ctl_call_ok(ctl_client *c, const char *host, int port, const wire_ctl_request *req,

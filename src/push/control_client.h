@@ -5,7 +5,13 @@
  * scheduler to send ops to consumer shards.
  *
  * Sockets are created lazily on the first call to an address with
- * RCVTIMEO = SNDTIMEO = the control timeout, LINGER 0 and IPV6 1. After any
+ * RCVTIMEO = SNDTIMEO = the control timeout, LINGER 0 and IPV6 1. In
+ * fail-fast mode (ctl_client_fail_fast) each also gets a socket monitor so
+ * that a dead peer fails fast: a connect that is refused
+ * (nobody listens) or a connection the peer closes while a request waits ends
+ * the call at once with ECT_ECONNREFUSED, while a peer that is connected but
+ * slow is waited for up to the control timeout (ECT_ETIMEDOUT). An idle
+ * socket whose peer went away is replaced before the next request. After any
  * failed exchange (send or receive error, timeout, undecodable reply) the
  * socket is discarded and the next call reconnects, which resets REQ's strict
  * send/receive alternation. An {"ok": false} reply is a successful exchange:
@@ -20,6 +26,7 @@
 #ifndef ECT_PUSH_CONTROL_CLIENT_H
 #define ECT_PUSH_CONTROL_CLIENT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "wire/control_msg.h"
@@ -38,12 +45,20 @@ int ctl_timeout_ms(double seconds);
  * failure. Errors: ECT_EINVAL (NULL zctx, timeout < 1); ECT_ENOMEM. */
 int ctl_client_open(void *zctx, int timeout_ms, ctl_client **out);
 
+/* Fail-fast mode for the sockets opened from now on (call it right after
+ * open): a refused connect or a peer that closed the connection ends a call at
+ * once with ECT_ECONNREFUSED instead of after the control timeout. Off by
+ * default. */
+void ctl_client_fail_fast(ctl_client *c, bool on);
+
 /* Sends `req` to host:port and decodes the reply into *out (the caller
  * clears it with wire_ctl_reply_clear; it is cleared on failure). Blocks up
  * to 2 x timeout. Returns 0 when a well-formed reply arrived (check out->ok),
- * else ECT_ETIMEDOUT (no reply in time), ECT_ECONNREFUSED / ECT_EIO (socket
- * errors), ECT_EPROTO (undecodable reply), ECT_EINVAL (bad request or host),
- * ECT_ENOMEM; the socket to that address is then discarded. */
+ * else ECT_ETIMEDOUT (connected, or connecting, but no reply in time),
+ * ECT_ECONNREFUSED (fail-fast mode: connect refused, or the peer closed the
+ * connection before replying, returned as soon as seen; otherwise such a peer
+ * costs ECT_ETIMEDOUT after the timeout), ECT_EIO (socket errors), ECT_EPROTO (undecodable reply),
+ * ECT_EINVAL (bad request or host), ECT_ENOMEM; the socket to that address is then discarded. */
 int ctl_call(ctl_client *c, const char *host, int port, const wire_ctl_request *req,
              wire_ctl_reply *out);
 

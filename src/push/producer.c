@@ -45,6 +45,8 @@ void ect_push_producer_opts_init(ect_push_producer_opts *o) {
     o->connect_timeout_ms = 5000;
     o->io_timeout_ms = 30000;
     o->listen_host = "127.0.0.1";
+    o->down_backoff_ms = 1000;
+    o->down_backoff_max_ms = 30000;
 }
 
 static int check_opts(const ect_push_producer_opts *o) {
@@ -61,6 +63,13 @@ static int check_opts(const ect_push_producer_opts *o) {
     if (o->io_timeout_ms < 1 || o->io_timeout_ms > 3600000)
         return ect_set_error(ECT_EINVAL, "io_timeout_ms must be 1..3600000, not %d",
                              o->io_timeout_ms);
+    if (o->down_backoff_ms < 1 || o->down_backoff_ms > 3600000)
+        return ect_set_error(ECT_EINVAL, "down_backoff_ms must be 1..3600000, not %d",
+                             o->down_backoff_ms);
+    if (o->down_backoff_max_ms < o->down_backoff_ms || o->down_backoff_max_ms > 3600000)
+        return ect_set_error(ECT_EINVAL,
+                             "down_backoff_max_ms must be down_backoff_ms (%d)..3600000, not %d",
+                             o->down_backoff_ms, o->down_backoff_max_ms);
     if (!o->listen_host || !*o->listen_host || strlen(o->listen_host) > PP_HOST_MAX)
         return ect_set_error(ECT_EINVAL, "listen_host must be a non-empty host name");
     if (o->transport && *o->transport && strcmp(o->transport, "tcp") &&
@@ -110,6 +119,10 @@ int ect_push_producer_open(const ect_push_producer_opts *opts, ect_push_producer
         goto fail;
     }
     if ((rc = ctl_client_open(p->zctx, opts->control_timeout_ms, &p->ctl))) goto fail;
+    ctl_client_fail_fast(p->ctl, true);
+    if ((rc = down_open((uint64_t)opts->down_backoff_ms, (uint64_t)opts->down_backoff_max_ms,
+                        &p->downs)))
+        goto fail;
     if (pthread_create(&p->thread, NULL, pp_dispatch_main, p)) {
         rc = ect_set_error(ECT_ENOMEM, "push producer: cannot start the dispatcher thread");
         goto fail;
@@ -499,6 +512,7 @@ void ect_push_producer_close(ect_push_producer *p) {
     free(p->res);
     free(p->acts);
     push_close(p->table);
+    down_close(p->downs);
     if (p->zctx) zmq_ctx_term(p->zctx);
     ect_pool_close(p->pool);
     pthread_cond_destroy(&p->wake);

@@ -20,6 +20,7 @@
 
 #include "ectransfer.h"
 #include "push/control_client.h"
+#include "push/downs.h"
 #include "push/pushes.h"
 
 #define PP_HOST_MAX 255
@@ -103,6 +104,7 @@ struct ect_push_producer {
     /* [disp] */
     void *zctx;
     ctl_client *ctl;
+    down_table *downs; /* consumers held down after a failed exchange (backoff) */
     push_table *table;
     pitem *disp_items;
     pp_consumer *consumers;

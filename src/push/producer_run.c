@@ -63,6 +63,45 @@ static void forget_consumer(ect_push_producer *p, const pitem *it) {
     ctl_forget_peers(p->ctl, it->host, it->port);
 }
 
+/* A timeout or a transport failure says the consumer may be gone; an answer,
+ * even {"ok": false} or an undecodable one, says it is alive. */
+static bool unreachable_rc(int rc) {
+    return rc == ECT_ETIMEDOUT || rc == ECT_ECONNREFUSED || rc == ECT_EIO;
+}
+
+/* The down table's key for a control address: "host:port", "[v6]:port". */
+static void addr_key(const char *host, int port, char *buf, size_t cap) {
+    bool v6 = strchr(host, ':') != NULL;
+    snprintf(buf, cap, v6 ? "[%s]:%d" : "%s:%d", host, port);
+}
+
+static bool held_down(ect_push_producer *p, const char *host, int port, char *why, size_t cap) {
+    char key[PUSH_ADDR_MAX + 16];
+    addr_key(host, port, key, sizeof key);
+    return down_blocked(p->downs, key, ect_now_ms(), why, cap);
+}
+
+/* After an exchange with the control address host:port: success forgets any
+ * backoff; a transport failure holds the address down and rewrites `err`
+ * (room for `cap`) as "consumer HOST:PORT unreachable: ...". Keyed per shard
+ * address, so a dead rank does not hold back the abandons to its live peers. */
+static void note_exchange(ect_push_producer *p, const char *host, int port, int rc, char *err,
+                          size_t cap) {
+    char key[PUSH_ADDR_MAX + 16];
+    addr_key(host, port, key, sizeof key);
+    if (!rc) {
+        down_ok(p->downs, key);
+        return;
+    }
+    if (!unreachable_rc(rc)) return;
+    char cause[320];
+    snprintf(cause, sizeof cause, "%s", err);
+    uint64_t ms = down_fail(p->downs, key, cause, ect_now_ms());
+    snprintf(err, cap, "consumer %.100s unreachable: %.190s", key, cause);
+    ECT_LOGW(MOD, "consumer %s unreachable (%s); failing its pushes at once for %" PRIu64 " ms",
+             key, cause, ms);
+}
+
 static int discover(ect_push_producer *p, pitem *it) {
     pp_consumer *c = NULL;
     HASH_FIND_STR(p->consumers, it->consumer, c);
@@ -115,10 +154,31 @@ static void take_new(ect_push_producer *p, pitem *list) {
             finish_local(p, it, bad_rc, bad_err);
             continue;
         }
+        if (held_down(p, it->host, it->port, err, sizeof err)) {
+            finish_local(p, it, ECT_ECONNREFUSED, err);
+            continue;
+        }
+        bool cached = false;
+        {
+            pp_consumer *c = NULL;
+            HASH_FIND_STR(p->consumers, it->consumer, c);
+            cached = c != NULL;
+        }
         int rc = discover(p, it);
-        if (rc) {
-            snprintf(err, sizeof err, "discovering the shards of %s failed: %s", it->consumer,
+        if (!cached) {
+            snprintf(err, sizeof err, "%.300s", rc ? ect_last_error() : "");
+            note_exchange(p, it->host, it->port, rc, err, sizeof err);
+            /* it answered: its ranks are back too (a restart may reuse ports) */
+            for (size_t i = 0; !rc && i < it->n_shards; i++) {
+                char key[PUSH_ADDR_MAX + 16];
+                addr_key(it->host, it->ports[i], key, sizeof key);
+                down_ok(p->downs, key);
+            }
+        }
+        if (rc && !(!cached && unreachable_rc(rc)))
+            snprintf(err, sizeof err, "discovering the shards of %s failed: %.250s", it->consumer,
                      ect_last_error());
+        if (rc) {
             snprintf(bad, sizeof bad, "%s", it->consumer);
             memcpy(bad_err, err, sizeof bad_err);
             bad_rc = rc;
@@ -248,6 +308,7 @@ typedef struct xchg {
     const char *host;
     int port;
     bool want_ok; /* ctl_call_ok: an {"ok": false} reply is a failure */
+    bool held;    /* not sent: the consumer is held down (err says so) */
     wire_ctl_request req;
     wire_ctl_reply rep;
     int rc;
@@ -280,6 +341,7 @@ static void *lane_main(void *arg) {
     pp_lane *l = arg;
     ctl_client *c = NULL;
     int orc = ctl_client_open(l->p->zctx, l->p->o.control_timeout_ms, &c);
+    if (!orc) ctl_client_fail_fast(c, true);
     char oerr[160];
     snprintf(oerr, sizeof oerr, "%s", orc ? ect_last_error() : "");
     pthread_mutex_lock(&l->mu);
@@ -392,6 +454,11 @@ static void do_reserves(ect_push_producer *p, const push_action *a, size_t n) {
         x->host = it0->host;
         x->port = shard_port(p, it0, a[g->idx[0]].shard);
         x->req.op = WIRE_OP_RESERVE_BATCH;
+        if (x->port > 0 && held_down(p, x->host, x->port, x->err, sizeof x->err)) {
+            x->rc = ECT_ECONNREFUSED;
+            x->held = true;
+            continue;
+        }
         wire_reserve_item *items = calloc(g->n, sizeof *items);
         if (!items) {
             x->rc = ECT_ENOMEM;
@@ -419,8 +486,9 @@ static void do_reserves(ect_push_producer *p, const push_action *a, size_t n) {
         const pitem *it0 = group_item(p, a, g);
         int rc = x->rc;
         char err[320];
+        snprintf(err, sizeof err, "%.300s", x->err);
+        if (!x->held && x->port > 0) note_exchange(p, x->host, x->port, rc, err, sizeof err);
         if (rc) {
-            snprintf(err, sizeof err, "%.300s", x->err);
             forget_consumer(p, it0);
         } else if (!x->rep.ok) {
             snprintf(err, sizeof err, "refused: %.200s", x->rep.error ? x->rep.error : "");
@@ -430,6 +498,8 @@ static void do_reserves(ect_push_producer *p, const push_action *a, size_t n) {
             const push_action *ac = &a[g->idx[k]];
             pitem *it = dfind(p, ac->transfer_id);
             if (rc) {
+                if (it && !it->why[0] && unreachable_rc(rc))
+                    snprintf(it->why, sizeof it->why, "shard %zu: %.170s", ac->shard, err);
                 push_reserve_done(p->table, ac->transfer_id, ac->shard, NULL, err, ect_now_ms());
                 continue;
             }
@@ -481,6 +551,11 @@ static void do_completes(ect_push_producer *p, const push_action *a, size_t n) {
         x->port = shard_port(p, it0, a[g->idx[0]].shard);
         x->want_ok = true;
         x->req.op = WIRE_OP_COMPLETE_BATCH;
+        if (x->port > 0 && held_down(p, x->host, x->port, x->err, sizeof x->err)) {
+            x->rc = ECT_ECONNREFUSED;
+            x->held = true;
+            continue;
+        }
         wire_complete_req *items = calloc(g->n, sizeof *items);
         if (!items) {
             x->rc = ECT_ENOMEM;
@@ -501,12 +576,18 @@ static void do_completes(ect_push_producer *p, const push_action *a, size_t n) {
     for (size_t gi = 0; gi < gs.n; gi++) {
         group *g = &gs.g[gi];
         xchg *x = &xs[gi];
+        const pitem *it0 = group_item(p, a, g);
+        if (!x->held && x->port > 0)
+            note_exchange(p, x->host, x->port, x->rc, x->err, sizeof x->err);
         if (x->rc) {
             ECT_LOGW(MOD, "complete_batch to %s failed: %s", g->addr, x->err);
-            forget_consumer(p, group_item(p, a, g));
+            forget_consumer(p, it0);
         }
         for (size_t k = 0; k < g->n; k++) {
             const push_action *ac = &a[g->idx[k]];
+            pitem *it = dfind(p, ac->transfer_id);
+            if (x->rc && it && !it->why[0] && unreachable_rc(x->rc))
+                snprintf(it->why, sizeof it->why, "shard %zu: %.170s", ac->shard, x->err);
             bool done = !x->rc && x->rep.u.complete_batch.items[k].completed;
             push_complete_done(p->table, ac->transfer_id, ac->shard, x->rc == 0, done);
         }
@@ -534,12 +615,19 @@ static void do_cancels(ect_push_producer *p, const push_action *a, size_t n) {
         req.u.cancel.refresh = x->kind == PUSH_ACT_REFRESH;
         wire_ctl_reply rep;
         memset(&rep, 0, sizeof rep);
-        count(p, &p->st.cancels);
-        int rc = port > 0 ? ctl_call_ok(p->ctl, it->host, port, &req, &rep)
+        char err[320];
+        int rc;
+        if (port > 0 && held_down(p, it->host, port, err, sizeof err)) {
+            rc = ECT_ECONNREFUSED; /* its TTL ends the reservation */
+        } else {
+            count(p, &p->st.cancels);
+            rc = port > 0 ? ctl_call_ok(p->ctl, it->host, port, &req, &rep)
                           : ect_set_error(ECT_ENOTFOUND, "shard address unknown");
+            snprintf(err, sizeof err, "%.300s", rc ? ect_last_error() : "");
+            if (port > 0) note_exchange(p, it->host, port, rc, err, sizeof err);
+        }
         if (rc) {
-            ECT_LOGW(MOD, "cancel of %s on shard %zu failed: %s", x->transfer_id, x->shard,
-                     ect_last_error());
+            ECT_LOGW(MOD, "cancel of %s on shard %zu failed: %s", x->transfer_id, x->shard, err);
             if (it) forget_consumer(p, it);
         }
         wire_ctl_reply_clear(&rep);
