@@ -56,9 +56,14 @@ int bench_alloc(int argc, char **argv);
 /* bench_xport.c: `ect bench xport` (tcp/shm/ucx batch writes vs raw TCP, memcpy, ucx_perftest). */
 int bench_xport(int argc, char **argv);
 
-/* checksum.c: 64-bit FNV-1a over the bytes (printed as 16 hex digits). */
+/* checksum.c: XXH64 (seed 0) over every byte (printed as 16 hex digits);
+ * the one checksum every command prints and compares. */
 #include <stddef.h>
 uint64_t cli_checksum(const void *data, size_t n);
+/* checksum.c: n deterministic bytes: the splitmix64 stream that starts at
+ * `state` (word k = splitmix64 finalizer of state + (k + 1) x golden ratio,
+ * little-endian; the last word cut to n). Same state, same bytes. */
+void cli_fill_synthetic(void *buf, uint64_t n, uint64_t state);
 
 /* cmd_pull_producer.c / cmd_pull.c: generation-1 producer and consumer. */
 int cmd_pull_producer(int argc, char **argv);

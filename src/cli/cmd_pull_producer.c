@@ -46,15 +46,7 @@ static void help(void) {
 
 /* Deterministic synthetic bytes of item i (splitmix64 stream). */
 static void fill_synthetic(uint8_t *d, uint64_t n, uint64_t i) {
-    uint64_t x = 0x9e3779b97f4a7c15ull * (i + 1);
-    for (uint64_t k = 0; k < n; k += 8) {
-        uint64_t z = (x += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        z ^= z >> 31;
-        uint64_t m = n - k < 8 ? n - k : 8;
-        memcpy(d + k, &z, m);
-    }
+    cli_fill_synthetic(d, n, 0x9e3779b97f4a7c15ull * (i + 1));
 }
 
 static void free_data(void *user, const void *data) {

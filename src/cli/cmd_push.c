@@ -53,9 +53,9 @@ static void help(void) {
         "                        pushed to another number is reported failed\n\n"
         "Item i: bytes = a splitmix64 stream seeded with (seed, i), or the file's bytes.\n"
         "  transfer_id = <prefix>-<i>   (unique per run, so a re-run is not refused)\n"
-        "  mm_hash     = fnv-<checksum>-<dtype>-<shape>   (a hash of the content: repeated\n"
+        "  mm_hash     = xxh64-<checksum>-<dtype>-<shape>   (a hash of the content: repeated\n"
         "                content dedups at the consumer, which answers it `cached`)\n"
-        "  checksum    = 64-bit FNV-1a of the bytes, 16 hex digits (as ect push-consumer prints)\n"
+        "  checksum    = XXH64 (seed 0) of the bytes, 16 hex digits (as ect push-consumer prints)\n"
         "Output: one JSON line per item: transfer_id, mm_hash, nbytes, checksum, status\n"
         "(done | failed | cancelled), error (when not done), latency_ms (reserve to outcome),\n"
         "shards (TP ranks it went to), transport (\"\" when nothing moved: answered cached).\n"
@@ -84,18 +84,9 @@ static bool parse_shape(const char *s, uint64_t *shape, size_t *ndim) {
     return *ndim > 0;
 }
 
-/* Synthetic item i: a splitmix64 stream seeded with (seed, i). */
+/* Synthetic item i: the splitmix64 stream seeded with (seed, i). */
 static void fill(void *buf, uint64_t n, uint64_t seed, uint64_t i) {
-    uint64_t st = seed * 0x9e3779b97f4a7c15ull ^ (i + 1) * 0xbf58476d1ce4e5b9ull;
-    unsigned char *b = buf;
-    for (uint64_t k = 0; k < n; k += 8) {
-        uint64_t z = (st += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        z ^= z >> 31;
-        size_t m = n - k < 8 ? (size_t)(n - k) : 8;
-        memcpy(b + k, &z, m);
-    }
+    cli_fill_synthetic(buf, n, seed * 0x9e3779b97f4a7c15ull ^ (i + 1) * 0xbf58476d1ce4e5b9ull);
 }
 
 static void on_release(void *user, const void *data, uint64_t nbytes) {
@@ -131,6 +122,30 @@ static void print_line(const slot *s, uint64_t nbytes, const ect_push_result *r)
     fflush(stdout);
     free(txt);
     json_decref(o);
+}
+
+/* Generates and checksums items base..base+k-1 into bank (a step's slots):
+ * the synthetic bytes (or the file's), checksum, transfer_id and mm_hash.
+ * False when a buffer cannot be allocated. */
+static bool prepare_step(slot *bank, size_t k, uint64_t base, uint64_t nbytes, uint64_t seed,
+                         const void *fdata, uint64_t fck, const char *pfx, const char *dtype,
+                         const char *shape_txt) {
+    for (size_t j = 0; j < k; j++) {
+        slot *s = &bank[j];
+        s->reported = false;
+        if (!fdata) {
+            if (!s->data && !(s->data = malloc(nbytes))) {
+                fprintf(stderr, "ect push: out of memory for %" PRIu64 " bytes\n", nbytes);
+                return false;
+            }
+            fill(s->data, nbytes, seed, base + j);
+        }
+        s->checksum = fdata ? fck : cli_checksum(s->data, nbytes);
+        snprintf(s->tid, sizeof s->tid, "%s-%" PRIu64, pfx, base + j);
+        snprintf(s->hash, sizeof s->hash, "xxh64-%016" PRIx64 "-%s-%s", s->checksum,
+                 wire_dtype_canonical(dtype), shape_txt);
+    }
+    return true;
 }
 
 static int read_file(const char *path, void **data, uint64_t *n) {
@@ -292,9 +307,14 @@ int cmd_push(int argc, char **argv) {
     nbytes = want;
     if (!step) step = count < MAX_STEP ? count : MAX_STEP;
     if (step > count) step = count;
-    if (nbytes * step > (16ull << 30)) {
+    /* The next step is prepared (synthetic bytes generated) while a step
+     * moves: two banks of step slots when there is more than one step. */
+    size_t nbank = count > step ? 2 : 1;
+    if (nbytes * step * (file ? 1 : nbank) > (16ull << 30)) {
         free(fdata);
-        return cli_usage_error(CMD, "--step x item size exceeds 16 GiB; use a smaller --step");
+        return cli_usage_error(CMD, "--step x item size exceeds 16 GiB%s; use a smaller --step",
+                               !file && nbank > 1 ? " (x 2: the next step is generated meanwhile)"
+                                                  : "");
     }
 
     char pfx[256];
@@ -321,7 +341,7 @@ int cmd_push(int argc, char **argv) {
         free(fdata);
         return CLI_EXIT_FAIL;
     }
-    slot *slots = calloc(step, sizeof *slots);
+    slot *slots = calloc(nbank * step, sizeof *slots);
     ect_push_result *res = calloc(step, sizeof *res);
     if (!slots || !res) {
         fprintf(stderr, "ect push: out of memory\n");
@@ -334,25 +354,15 @@ int cmd_push(int argc, char **argv) {
     uint64_t n_done = 0, n_failed = 0;
     uint64_t fck = file ? cli_checksum(fdata, nbytes) : 0;
     int rc = CLI_EXIT_OK;
-    for (uint64_t base = 0; base < count; base += step) {
+    if (!prepare_step(slots, (size_t)step, 0, nbytes, seed, fdata, fck, pfx, dtype, shape_txt))
+        rc = CLI_EXIT_FAIL;
+    for (uint64_t base = 0; rc == CLI_EXIT_OK && base < count; base += step) {
         size_t k = (size_t)(count - base < step ? count - base : step);
+        slot *bank = slots + (base / step % nbank) * step;
         size_t queued = 0;
         for (size_t j = 0; j < k; j++) {
-            slot *s = &slots[j];
-            s->reported = false;
-            if (!file) {
-                if (!s->data && !(s->data = malloc(nbytes))) {
-                    fprintf(stderr, "ect push: out of memory for %" PRIu64 " bytes\n", nbytes);
-                    rc = CLI_EXIT_FAIL;
-                    break;
-                }
-                fill(s->data, nbytes, seed, base + j);
-            }
+            slot *s = &bank[j];
             const void *src = file ? fdata : s->data;
-            s->checksum = file ? fck : cli_checksum(src, nbytes);
-            snprintf(s->tid, sizeof s->tid, "%s-%" PRIu64, pfx, base + j);
-            snprintf(s->hash, sizeof s->hash, "fnv-%016" PRIx64 "-%s-%s", s->checksum,
-                     wire_dtype_canonical(dtype), shape_txt);
             ect_push_item it = {.transfer_id = s->tid,
                                 .consumer = to,
                                 .mm_hash = s->hash,
@@ -372,8 +382,15 @@ int cmd_push(int argc, char **argv) {
             }
             queued++;
         }
-        if (rc == CLI_EXIT_FAIL) break;
         ect_push_producer_flush(p);
+        /* while this step moves, generate the next one into the other bank */
+        uint64_t next = base + step;
+        if (next < count) {
+            size_t nk = (size_t)(count - next < step ? count - next : step);
+            if (!prepare_step(slots + (next / step % nbank) * step, nk, next, nbytes, seed, fdata,
+                              fck, pfx, dtype, shape_txt))
+                rc = CLI_EXIT_FAIL; /* after this step's results */
+        }
         uint64_t end = ect_now_ms() + timeout_s * 1000;
         size_t got = 0;
         bool cancelled = false;
@@ -381,7 +398,7 @@ int cmd_push(int argc, char **argv) {
             int left = (int)(end > ect_now_ms() ? end - ect_now_ms() : 0);
             if (left == 0 && !cancelled) { /* give up: cancel what is left */
                 for (size_t j = 0; j < k; j++)
-                    if (!slots[j].reported) ect_push_producer_cancel(p, slots[j].tid);
+                    if (!bank[j].reported) ect_push_producer_cancel(p, bank[j].tid);
                 cancelled = true;
                 end = ect_now_ms() + 2 * ctl_s * 1000 + 1000;
                 continue;
@@ -390,7 +407,7 @@ int cmd_push(int argc, char **argv) {
             size_t n = ect_push_producer_poll(p, res, step, left < 200 ? left : 200);
             for (size_t i = 0; i < n; i++) {
                 for (size_t j = 0; j < k; j++) {
-                    if (slots[j].reported || strcmp(slots[j].tid, res[i].transfer_id)) continue;
+                    if (bank[j].reported || strcmp(bank[j].tid, res[i].transfer_id)) continue;
                     if (tp && res[i].status == 0 && res[i].shards != tp) {
                         res[i].status = ECT_EPROTO;
                         snprintf(res[i].error, sizeof res[i].error,
@@ -400,8 +417,8 @@ int cmd_push(int argc, char **argv) {
                     if (cancelled && res[i].status == ECT_ECANCELED)
                         snprintf(res[i].error, sizeof res[i].error,
                                  "timed out after %" PRIu64 " s (--timeout)", timeout_s);
-                    print_line(&slots[j], nbytes, &res[i]);
-                    slots[j].reported = true;
+                    print_line(&bank[j], nbytes, &res[i]);
+                    bank[j].reported = true;
                     if (res[i].status == 0)
                         n_done++;
                     else
@@ -418,7 +435,7 @@ int cmd_push(int argc, char **argv) {
         }
     }
     ect_push_producer_close(p);
-    for (size_t j = 0; j < step; j++) free(slots[j].data);
+    for (size_t j = 0; j < nbank * step; j++) free(slots[j].data);
     free(slots);
     free(res);
     free(fdata);

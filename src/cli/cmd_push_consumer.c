@@ -57,7 +57,7 @@ static void help(void) {
            "\n"
            "Output: one JSON line per item on stdout:\n"
            "  {\"transfer_id\",\"mm_hash\",\"nbytes\",\"shape\",\"dtype\",\"checksum\"}\n"
-           "checksum is the 64-bit FNV-1a of the bytes as 16 hex digits (as `ect push` prints).\n"
+           "checksum is XXH64 (seed 0) of the bytes as 16 hex digits (as `ect push` prints).\n"
            "Transfers that fail (abandoned by the producer, a rank whose bytes differ) are\n"
            "reported on stderr. A line \"ect push-consumer: ready ...\" on stderr tells that\n"
            "every shard is listening.\n");

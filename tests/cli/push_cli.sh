@@ -18,7 +18,7 @@ cleanup() {
 trap cleanup EXIT
 
 "$ect" push --help | grep -q '^usage: ect push --to HOST:PORT'
-"$ect" push --help | grep -q 'mm_hash     = fnv-'
+"$ect" push --help | grep -q 'mm_hash     = xxh64-'
 
 expect_usage() { # expect_usage TEXT ARGS...
   local text=$1; shift
@@ -102,7 +102,7 @@ if "$ect" info | grep -q '^  ucx  works'; then run_e2e 2 ucx 3 64KiB; fi
 # deterministic content: the same seed gives the same checksums whatever the TP
 cmp "$tmp/sums.1.tcp" "$tmp/sums.2.shm"
 # --file: the file's bytes, twice (the second is answered `cached` by the consumer);
-# both sides print the file's FNV-1a
+# both sides print the file's XXH64 (seed 0), recomputed here from the spec
 head -c 8192 /dev/urandom >"$tmp/item.bin"
 port=$(free_port 1)
 rm -f "$tmp/cons.out" "$tmp/cons.err"
@@ -115,9 +115,38 @@ timeout 60 "$ect" push --to "127.0.0.1:$port" --file "$tmp/item.bin" --count 2 -
 for _ in $(seq 100); do [ "$(wc -l <"$tmp/cons.out")" -ge 2 ] && break; sleep 0.1; done
 python3 - "$tmp/item.bin" "$tmp/prod.out" "$tmp/cons.out" <<'EOF'
 import json, sys
-h = 0xcbf29ce484222325
-for b in open(sys.argv[1], "rb").read():
-    h = ((h ^ b) * 0x100000001b3) & (2**64 - 1)
+M = 2**64 - 1
+P1, P2, P3, P4, P5 = 0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x85EBCA77C2B2AE63, 0x27D4EB2F165667C5
+rotl = lambda x, r: ((x << r) | (x >> (64 - r))) & M
+rnd = lambda acc, lane: (rotl((acc + lane * P2) & M, 31) * P1) & M
+def xxh64(b):  # seed 0, as the XXH64 spec says
+    le = lambda j, k: int.from_bytes(b[j:j + k], "little")
+    n, i = len(b), 0
+    if n >= 32:
+        v = [(P1 + P2) & M, P2, 0, (-P1) & M]
+        while i + 32 <= n:
+            v = [rnd(v[j], le(i + 8 * j, 8)) for j in range(4)]
+            i += 32
+        h = (rotl(v[0], 1) + rotl(v[1], 7) + rotl(v[2], 12) + rotl(v[3], 18)) & M
+        for x in v:
+            h = ((h ^ rnd(0, x)) * P1 + P4) & M
+    else:
+        h = P5
+    h = (h + n) & M
+    while i + 8 <= n:
+        h = (rotl(h ^ rnd(0, le(i, 8)), 27) * P1 + P4) & M
+        i += 8
+    if i + 4 <= n:
+        h = (rotl(h ^ (le(i, 4) * P1 & M), 23) * P2 + P3) & M
+        i += 4
+    while i < n:
+        h = (rotl(h ^ (b[i] * P5 & M), 11) * P1) & M
+        i += 1
+    h ^= h >> 33; h = h * P2 & M; h ^= h >> 29; h = h * P3 & M; h ^= h >> 32
+    return h
+# the spec's known answers
+assert xxh64(b"") == 0xEF46DB3751D8E999 and xxh64(b"abc") == 0x44BC2CF5AD770999
+h = xxh64(open(sys.argv[1], "rb").read())
 for f in sys.argv[2:]:
     rows = [json.loads(l) for l in open(f)]
     assert len(rows) == 2 and all(r["checksum"] == "%016x" % h for r in rows), (f, rows)
