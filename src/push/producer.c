@@ -118,8 +118,6 @@ int ect_push_producer_open(const ect_push_producer_opts *opts, ect_push_producer
         rc = ect_set_error(ECT_ENOMEM, "push producer: out of memory");
         goto fail;
     }
-    if ((rc = ctl_client_open(p->zctx, opts->control_timeout_ms, &p->ctl))) goto fail;
-    ctl_client_fail_fast(p->ctl, true);
     if ((rc = down_open((uint64_t)opts->down_backoff_ms, (uint64_t)opts->down_backoff_max_ms,
                         &p->downs)))
         goto fail;
@@ -494,9 +492,8 @@ void ect_push_producer_close(ect_push_producer *p) {
         pthread_mutex_unlock(&p->mu);
         pthread_join(p->thread, NULL);
     }
-    /* Single-threaded from here. The dispatcher closed the control client and
+    /* Single-threaded from here. The dispatcher closed the control lanes and
      * the transports on its way out (or never started). */
-    if (!p->thread_started) ctl_client_close(p->ctl);
     pitem *it, *tmp;
     HASH_ITER(hh, p->items, it, tmp) {
         pp_release_src(p, it);

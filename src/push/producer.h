@@ -1,8 +1,9 @@
 /*
  * producer — internals shared by the push producer's two halves:
  * producer.c (the public calls, run on the caller's threads: queueing,
- * staging, dedup, results) and producer_run.c (the dispatcher thread: shard
- * discovery, the push_ table, batched control exchanges and writes).
+ * staging, dedup, results), producer_run.c (the dispatcher thread: the push_
+ * table, batching, writes) and producer_lanes.c (one thread per control
+ * address running its exchanges, discovery included).
  *
  * Locking: `mu` guards every field marked [mu]; fields marked [disp] belong
  * to the dispatcher thread alone; fields written before an item is handed
@@ -55,6 +56,8 @@ typedef struct pitem {
     char **keys;                           /* per shard: dst_key from the reserve reply, or NULL */
     char (*kinds)[WIRE_TRANSPORT_MAX + 1]; /* per shard: transport kind */
     bool in_table;
+    bool awaiting_peers;         /* waits in a pp_disc for its consumer's shards */
+    bool cancel_early;           /* cancelled while awaiting_peers */
     char why[192];               /* a cause the push_ table's text would blur, or "" */
     char used_kind[16];          /* transport of the first write that landed */
     UT_hash_handle hh;           /* p->items [mu] */
@@ -76,6 +79,34 @@ typedef struct pp_xport {
     ect_xport *x;
     struct pp_xport *next;
 } pp_xport;
+
+/* One control exchange for a lane (producer_lanes.c). */
+typedef enum { PJ_PEERS = 1, PJ_RESERVE, PJ_COMPLETE, PJ_CANCEL } pp_job_kind;
+
+typedef struct pp_job {
+    pp_job_kind kind;
+    char host[PP_HOST_MAX + 1];
+    int port;
+    bool want_ok; /* ctl_call_ok: an {"ok": false} reply is a failure */
+    wire_ctl_request req;
+    wire_ctl_reply rep;
+    int ports[PUSH_MAX_SHARDS]; /* PJ_PEERS: the answer */
+    size_t nports;
+    int rc;
+    bool held;         /* never sent (err says why) */
+    char err[320];     /* rc's text */
+    push_action *acts; /* the table's actions it carries (copies), n of them */
+    size_t n;
+    struct pp_disc *disc; /* PJ_PEERS: who waits for it */
+    struct pp_job *next;
+} pp_job;
+
+/* Items waiting for the discovery (peers) of their consumer. [disp] */
+typedef struct pp_disc {
+    char consumer[PUSH_ADDR_MAX + 1];
+    pitem *waiting, *waiting_tail;
+    UT_hash_handle hh;
+} pp_disc;
 
 struct ect_push_producer {
     ect_push_producer_opts o;
@@ -99,17 +130,18 @@ struct ect_push_producer {
     size_t n_tombs;
     ect_push_result *res;
     size_t res_head, res_n, res_cap;
-    size_t n_live; /* not yet reported */
+    size_t n_live;            /* not yet reported */
+    pp_job *done, *done_tail; /* exchanges the lanes finished, to apply */
     ect_push_producer_stat st;
     /* [disp] */
     void *zctx;
-    ctl_client *ctl;
     down_table *downs; /* consumers held down after a failed exchange (backoff) */
     push_table *table;
     pitem *disp_items;
     pp_consumer *consumers;
     pp_xport *xports;
-    struct pp_lane *lanes; /* control exchanges in parallel, one thread per shard address */
+    struct pp_lane *lanes; /* control exchanges, one thread per shard address */
+    pp_disc *discs;        /* consumers whose discovery is in flight */
     push_action *acts;
     size_t acts_cap;
 };
@@ -117,8 +149,28 @@ struct ect_push_producer {
 /* Dispatcher thread body (producer_run.c). */
 void *pp_dispatch_main(void *arg);
 
-/* Stops and joins the control lanes (producer_run.c). Dispatcher thread. */
+/* Queues job j on the lane of j->host:j->port (a thread started on first
+ * use). The lane runs its jobs one at a time, in order, and appends each
+ * finished one to p->done (under mu), signalling p->wake; a job failed for
+ * want of the peer also fails the jobs queued behind it (held, same cause).
+ * Takes ownership of j on success; ECT_ENOMEM leaves it with the caller.
+ * Dispatcher thread. (producer_lanes.c) */
+int pp_lane_submit(ect_push_producer *p, pp_job *j);
+
+/* Stops and joins the lanes; each first ends the exchange it is in (up to
+ * the control timeout); jobs never run arrive on p->done with ECT_ECLOSED.
+ * Dispatcher thread. */
 void pp_lanes_close(ect_push_producer *p);
+
+/* Frees a job, its request items, reply and actions. NULL is fine. */
+void pp_job_free(pp_job *j);
+
+/* A timeout or a transport failure: the consumer may be gone (an answer, even
+ * {"ok": false}, says it is alive). */
+bool pp_unreachable_rc(int rc);
+
+/* The key of a control address: "host:port", "[v6]:port". */
+void pp_addr_key(const char *host, int port, char *buf, size_t cap);
 
 /* Releases the item's source if still held (pool free or callback). Takes mu
  * itself; call without it. */

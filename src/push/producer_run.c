@@ -1,24 +1,29 @@
 /*
- * producer_run — the push producer's dispatcher thread. It owns the REQ
- * sockets (through one ctl_client), the transports and the push_ table, and
- * turns the table's actions into batched exchanges, one round per kind:
+ * producer_run — the push producer's dispatcher thread. It owns the
+ * transports and the push_ table, and turns the table's actions into batched
+ * exchanges, one round per kind:
  *
- *   RESERVE   grouped by shard address  -> one reserve_batch per shard,
- *                                           shards in parallel (lanes)
+ *   RESERVE   grouped by shard address  -> one reserve_batch per shard
  *   REFRESH / ABANDON                    -> one cancel each (rare)
  *   WRITE     grouped by (kind, session) -> one ect_xport_write_batch each,
  *                                           sessions on parallel threads
- *   COMPLETE  grouped by shard address  -> one complete_batch per shard,
- *                                           shards in parallel (lanes)
+ *   COMPLETE  grouped by shard address  -> one complete_batch per shard
  *   RELEASE_SOURCE / FINISHED            -> local
  *
  * A step (a flush) of k items therefore costs one reserve_batch and one
- * complete_batch per shard whatever k is; the table's next actions after each
- * round are computed at once, so the three rounds run back to back.
+ * complete_batch per shard whatever k is.
+ *
+ * Control exchanges (and shard discovery) never run on this thread: each goes
+ * to the lane of its address (producer_lanes.c) and its outcome comes back on
+ * p->done, so a consumer that is slow or hung holds up only its own work,
+ * never another consumer's pushes. The table hands out no action twice while
+ * one is in flight, which is what lets rounds overlap.
  *
  * Failure of an exchange fails the items it carried on that shard (the table
  * then abandons their other shards) and forgets the consumer's cached peers,
- * so a restarted consumer is rediscovered.
+ * so a restarted consumer is rediscovered. A timeout or transport failure
+ * also holds the address down (downs.h): work for it fails at once, naming it
+ * and the last failure, until the backoff runs out and a probe goes out.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -60,24 +65,11 @@ static void forget_consumer(ect_push_producer *p, const pitem *it) {
         HASH_DEL(p->consumers, c);
         free(c);
     }
-    ctl_forget_peers(p->ctl, it->host, it->port);
-}
-
-/* A timeout or a transport failure says the consumer may be gone; an answer,
- * even {"ok": false} or an undecodable one, says it is alive. */
-static bool unreachable_rc(int rc) {
-    return rc == ECT_ETIMEDOUT || rc == ECT_ECONNREFUSED || rc == ECT_EIO;
-}
-
-/* The down table's key for a control address: "host:port", "[v6]:port". */
-static void addr_key(const char *host, int port, char *buf, size_t cap) {
-    bool v6 = strchr(host, ':') != NULL;
-    snprintf(buf, cap, v6 ? "[%s]:%d" : "%s:%d", host, port);
 }
 
 static bool held_down(ect_push_producer *p, const char *host, int port, char *why, size_t cap) {
     char key[PUSH_ADDR_MAX + 16];
-    addr_key(host, port, key, sizeof key);
+    pp_addr_key(host, port, key, sizeof key);
     return down_blocked(p->downs, key, ect_now_ms(), why, cap);
 }
 
@@ -88,47 +80,18 @@ static bool held_down(ect_push_producer *p, const char *host, int port, char *wh
 static void note_exchange(ect_push_producer *p, const char *host, int port, int rc, char *err,
                           size_t cap) {
     char key[PUSH_ADDR_MAX + 16];
-    addr_key(host, port, key, sizeof key);
+    pp_addr_key(host, port, key, sizeof key);
     if (!rc) {
         down_ok(p->downs, key);
         return;
     }
-    if (!unreachable_rc(rc)) return;
+    if (!pp_unreachable_rc(rc)) return;
     char cause[320];
     snprintf(cause, sizeof cause, "%s", err);
     uint64_t ms = down_fail(p->downs, key, cause, ect_now_ms());
     snprintf(err, cap, "consumer %.100s unreachable: %.190s", key, cause);
     ECT_LOGW(MOD, "consumer %s unreachable (%s); failing its pushes at once for %" PRIu64 " ms",
              key, cause, ms);
-}
-
-static int discover(ect_push_producer *p, pitem *it) {
-    pp_consumer *c = NULL;
-    HASH_FIND_STR(p->consumers, it->consumer, c);
-    if (c) {
-        it->n_shards = c->n;
-        if (!(it->ports = malloc(c->n * sizeof *it->ports)))
-            return ect_set_error(ECT_ENOMEM, "out of memory");
-        memcpy(it->ports, c->ports, c->n * sizeof *c->ports);
-        return 0;
-    }
-    int ports[PUSH_MAX_SHARDS];
-    size_t n = 0;
-    ctl_forget_peers(p->ctl, it->host, it->port); /* count a real exchange */
-    count(p, &p->st.peers_requests);
-    int rc = ctl_peers(p->ctl, it->host, it->port, ports, PUSH_MAX_SHARDS, &n);
-    if (rc) return rc;
-    if (n < 1) return ect_set_error(ECT_EPROTO, "peers: the consumer reported no shards");
-    if (!(c = calloc(1, sizeof *c))) return ect_set_error(ECT_ENOMEM, "out of memory");
-    snprintf(c->consumer, sizeof c->consumer, "%s", it->consumer);
-    c->n = n;
-    memcpy(c->ports, ports, n * sizeof *ports);
-    HASH_ADD_STR(p->consumers, consumer, c);
-    it->n_shards = n;
-    if (!(it->ports = malloc(n * sizeof *it->ports)))
-        return ect_set_error(ECT_ENOMEM, "out of memory");
-    memcpy(it->ports, ports, n * sizeof *ports);
-    return 0;
 }
 
 /* Ends an item the table does not know (discovery or push_add failed). */
@@ -140,53 +103,17 @@ static void finish_local(ect_push_producer *p, pitem *it, int status, const char
     if (!staging) pp_release_src(p, it);
 }
 
-static void take_new(ect_push_producer *p, pitem *list) {
-    /* A consumer whose discovery failed fails the rest of this hand-over at
-     * once: k items must not cost k control timeouts. */
-    char bad[PUSH_ADDR_MAX + 1] = "", bad_err[320] = "";
-    int bad_rc = 0;
-    while (list) {
-        pitem *it = list;
-        list = it->next;
-        it->next = NULL;
-        char err[320];
-        if (bad_rc && !strcmp(bad, it->consumer)) {
-            finish_local(p, it, bad_rc, bad_err);
-            continue;
-        }
-        if (held_down(p, it->host, it->port, err, sizeof err)) {
-            finish_local(p, it, ECT_ECONNREFUSED, err);
-            continue;
-        }
-        bool cached = false;
-        {
-            pp_consumer *c = NULL;
-            HASH_FIND_STR(p->consumers, it->consumer, c);
-            cached = c != NULL;
-        }
-        int rc = discover(p, it);
-        if (!cached) {
-            snprintf(err, sizeof err, "%.300s", rc ? ect_last_error() : "");
-            note_exchange(p, it->host, it->port, rc, err, sizeof err);
-            /* it answered: its ranks are back too (a restart may reuse ports) */
-            for (size_t i = 0; !rc && i < it->n_shards; i++) {
-                char key[PUSH_ADDR_MAX + 16];
-                addr_key(it->host, it->ports[i], key, sizeof key);
-                down_ok(p->downs, key);
-            }
-        }
-        if (rc && !(!cached && unreachable_rc(rc)))
-            snprintf(err, sizeof err, "discovering the shards of %s failed: %.250s", it->consumer,
-                     ect_last_error());
-        if (rc) {
-            snprintf(bad, sizeof bad, "%s", it->consumer);
-            memcpy(bad_err, err, sizeof bad_err);
-            bad_rc = rc;
-            finish_local(p, it, rc, err);
-            continue;
-        }
-        it->keys = calloc(it->n_shards, sizeof *it->keys);
-        it->kinds = calloc(it->n_shards, sizeof *it->kinds);
+/* Puts an item whose shards are known (c) into the table. */
+static void add_item(ect_push_producer *p, pitem *it, const pp_consumer *c) {
+    int rc = 0;
+    it->n_shards = c->n;
+    it->ports = malloc(c->n * sizeof *it->ports);
+    it->keys = calloc(c->n, sizeof *it->keys);
+    it->kinds = calloc(c->n, sizeof *it->kinds);
+    if (!it->ports || !it->keys || !it->kinds) {
+        rc = ect_set_error(ECT_ENOMEM, "out of memory");
+    } else {
+        memcpy(it->ports, c->ports, c->n * sizeof *c->ports);
         push_item pi = {.transfer_id = it->transfer_id,
                         .consumer = it->consumer,
                         .mm_hash = it->mm_hash,
@@ -195,21 +122,146 @@ static void take_new(ect_push_producer *p, pitem *list) {
                         .ndim = it->ndim,
                         .dtype = it->dtype,
                         .n_shards = it->n_shards};
-        if (!it->keys || !it->kinds)
-            rc = ect_set_error(ECT_ENOMEM, "out of memory");
-        else
-            rc = push_add(p->table, &pi, ect_now_ms());
-        if (rc) {
-            snprintf(err, sizeof err, "%s", ect_last_error());
-            finish_local(p, it, rc, err);
+        rc = push_add(p->table, &pi, ect_now_ms());
+    }
+    if (rc) {
+        char err[320];
+        snprintf(err, sizeof err, "%s", ect_last_error());
+        finish_local(p, it, rc, err);
+        return;
+    }
+    it->in_table = true;
+    HASH_ADD(dh, p->disp_items, transfer_id, strlen(it->transfer_id), it);
+    pthread_mutex_lock(&p->mu);
+    bool staged = it->src_held && !it->stage_queued;
+    pthread_mutex_unlock(&p->mu);
+    if (staged) push_source_ready(p->table, it->transfer_id, ect_now_ms());
+}
+
+/* Fails every item waiting for a discovery. */
+static void fail_waiting(ect_push_producer *p, pitem *list, int rc, const char *err) {
+    while (list) {
+        pitem *it = list;
+        list = it->next;
+        it->next = NULL;
+        it->awaiting_peers = false;
+        finish_local(p, it, it->cancel_early ? ECT_ECANCELED : rc,
+                     it->cancel_early ? "cancelled" : err);
+    }
+}
+
+/* Items of a consumer whose shards are not known wait for one peers exchange
+ * on its lane (the dispatcher goes on meanwhile); a consumer held down fails
+ * them at once. */
+static void take_new(ect_push_producer *p, pitem *list) {
+    while (list) {
+        pitem *it = list;
+        list = it->next;
+        it->next = NULL;
+        pp_disc *d = NULL;
+        HASH_FIND_STR(p->discs, it->consumer, d);
+        if (d) { /* a discovery is on its way: wait for it */
+            it->awaiting_peers = true;
+            if (d->waiting_tail)
+                d->waiting_tail->next = it;
+            else
+                d->waiting = it;
+            d->waiting_tail = it;
             continue;
         }
-        it->in_table = true;
-        HASH_ADD(dh, p->disp_items, transfer_id, strlen(it->transfer_id), it);
-        pthread_mutex_lock(&p->mu);
-        bool staged = it->src_held && !it->stage_queued;
-        pthread_mutex_unlock(&p->mu);
-        if (staged) push_source_ready(p->table, it->transfer_id, ect_now_ms());
+        pp_consumer *c = NULL;
+        HASH_FIND_STR(p->consumers, it->consumer, c);
+        if (c) {
+            add_item(p, it, c);
+            continue;
+        }
+        char err[320];
+        if (held_down(p, it->host, it->port, err, sizeof err)) {
+            finish_local(p, it, ECT_ECONNREFUSED, err);
+            continue;
+        }
+        pp_job *j = calloc(1, sizeof *j);
+        d = calloc(1, sizeof *d);
+        if (j && d) {
+            j->kind = PJ_PEERS;
+            snprintf(j->host, sizeof j->host, "%s", it->host);
+            j->port = it->port;
+            j->disc = d;
+            snprintf(d->consumer, sizeof d->consumer, "%s", it->consumer);
+            d->waiting = d->waiting_tail = it;
+        }
+        if (!j || !d || pp_lane_submit(p, j)) {
+            free(j);
+            free(d);
+            finish_local(p, it, ECT_ENOMEM, "out of memory starting the discovery");
+            continue;
+        }
+        count(p, &p->st.peers_requests);
+        it->awaiting_peers = true;
+        HASH_ADD_STR(p->discs, consumer, d);
+    }
+}
+
+/* A discovery came back: its waiting items go into the table, or fail. */
+static void apply_peers(ect_push_producer *p, pp_job *j) {
+    pp_disc *d = j->disc;
+    HASH_DEL(p->discs, d);
+    pitem *list = d->waiting;
+    const char *consumer = d->consumer;
+    int rc = j->rc;
+    if (!rc && j->nports < 1) {
+        rc = ECT_EPROTO;
+        snprintf(j->err, sizeof j->err, "peers: the consumer reported no shards");
+    }
+    char err[320];
+    snprintf(err, sizeof err, "%s", j->err);
+    if (!j->held) note_exchange(p, j->host, j->port, rc, err, sizeof err);
+    pp_consumer *c = NULL;
+    if (!rc && !(c = calloc(1, sizeof *c))) {
+        rc = ECT_ENOMEM;
+        snprintf(err, sizeof err, "out of memory");
+    }
+    if (rc) {
+        char text[400];
+        if (pp_unreachable_rc(rc))
+            snprintf(text, sizeof text, "%s", err);
+        else
+            snprintf(text, sizeof text, "discovering the shards of %.100s failed: %.250s", consumer,
+                     err);
+        fail_waiting(p, list, rc, text);
+        free(d);
+        return;
+    }
+    snprintf(c->consumer, sizeof c->consumer, "%s", consumer);
+    c->n = j->nports;
+    memcpy(c->ports, j->ports, j->nports * sizeof *j->ports);
+    HASH_ADD_STR(p->consumers, consumer, c);
+    /* it answered: its ranks are back too (a restart may reuse their ports) */
+    for (size_t i = 0; i < c->n; i++) {
+        char key[PUSH_ADDR_MAX + 16];
+        pp_addr_key(j->host, c->ports[i], key, sizeof key);
+        down_ok(p->downs, key);
+    }
+    free(d);
+    while (list) {
+        pitem *it = list;
+        list = it->next;
+        it->next = NULL;
+        it->awaiting_peers = false;
+        if (it->cancel_early)
+            finish_local(p, it, ECT_ECANCELED, "cancelled");
+        else
+            add_item(p, it, c);
+    }
+}
+
+/* A cancel for an item still waiting for its consumer's discovery: it ends
+ * when the discovery does. */
+static void cancel_waiting(ect_push_producer *p, const char *id) {
+    pp_disc *d, *tmp;
+    HASH_ITER(hh, p->discs, d, tmp) {
+        for (pitem *it = d->waiting; it; it = it->next)
+            if (!strcmp(it->transfer_id, id)) it->cancel_early = true;
     }
 }
 
@@ -222,6 +274,7 @@ static void take_stages(ect_push_producer *p, pitem *list) {
         it->stage_queued = false;
         bool done = it->phase == PI_DONE;
         pthread_mutex_unlock(&p->mu);
+        if (!done && it->awaiting_peers) continue; /* add_item hands it over */
         /* A record that ended meanwhile no longer wants it: we own it again. */
         if (done || !it->in_table ||
             push_source_ready(p->table, it->transfer_id, ect_now_ms()) != 0)
@@ -292,177 +345,175 @@ static int group_by_shard(ect_push_producer *p, const push_action *a, size_t n,
     return 0;
 }
 
-static const pitem *group_item(ect_push_producer *p, const push_action *a, const group *g) {
-    return dfind(p, a[g->idx[0]].transfer_id);
-}
-
-/* ------------------------------------------------- parallel exchanges
+/* --------------------------------------------------- control exchanges
  *
- * The batches of one round go to different shards; sent one after another
- * they would cost TP round trips. Each shard address gets a lane: a thread
- * with its own control client (REQ sockets belong to one thread), started on
- * first use, which runs one exchange at a time. A round with a single batch
- * runs on the dispatcher's own client. */
+ * Each batch becomes a job on the lane of its shard address; its outcome is
+ * applied (settle) when the lane hands it back, or at once when it never goes
+ * out (the address is held down, no memory). */
 
-typedef struct xchg {
-    const char *host;
-    int port;
-    bool want_ok; /* ctl_call_ok: an {"ok": false} reply is a failure */
-    bool held;    /* not sent: the consumer is held down (err says so) */
-    wire_ctl_request req;
-    wire_ctl_reply rep;
-    int rc;
+static void apply_reserve(ect_push_producer *p, pp_job *j) {
+    pitem *it0 = dfind(p, j->acts[0].transfer_id);
+    int rc = j->rc;
     char err[320];
-} xchg;
-
-typedef struct pp_lane {
-    char addr[PUSH_ADDR_MAX + 16];
-    ect_push_producer *p;
-    pthread_t th;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    xchg *job;
-    bool busy, stop, started;
-    UT_hash_handle hh;
-} pp_lane;
-
-static void exchange(ctl_client *c, xchg *x) {
-    if (x->port <= 0) {
-        x->rc = ECT_ENOTFOUND;
-        snprintf(x->err, sizeof x->err, "shard address unknown");
-        return;
+    snprintf(err, sizeof err, "%.300s", j->err);
+    if (!j->held) note_exchange(p, j->host, j->port, rc, err, sizeof err);
+    if (rc) {
+        if (it0) forget_consumer(p, it0);
+    } else if (!j->rep.ok) {
+        snprintf(err, sizeof err, "refused: %.200s", j->rep.error ? j->rep.error : "");
+        rc = ECT_EPROTO;
     }
-    x->rc = x->want_ok ? ctl_call_ok(c, x->host, x->port, &x->req, &x->rep)
-                       : ctl_call(c, x->host, x->port, &x->req, &x->rep);
-    if (x->rc) snprintf(x->err, sizeof x->err, "%.300s", ect_last_error());
-}
-
-static void *lane_main(void *arg) {
-    pp_lane *l = arg;
-    ctl_client *c = NULL;
-    int orc = ctl_client_open(l->p->zctx, l->p->o.control_timeout_ms, &c);
-    if (!orc) ctl_client_fail_fast(c, true);
-    char oerr[160];
-    snprintf(oerr, sizeof oerr, "%s", orc ? ect_last_error() : "");
-    pthread_mutex_lock(&l->mu);
-    for (;;) {
-        while (!l->stop && !l->job) pthread_cond_wait(&l->cv, &l->mu);
-        if (l->stop) break;
-        xchg *x = l->job;
-        pthread_mutex_unlock(&l->mu);
-        if (orc) {
-            x->rc = orc;
-            snprintf(x->err, sizeof x->err, "control client: %s", oerr);
-        } else {
-            exchange(c, x);
-        }
-        pthread_mutex_lock(&l->mu);
-        l->job = NULL;
-        l->busy = false;
-        pthread_cond_broadcast(&l->cv);
-    }
-    pthread_mutex_unlock(&l->mu);
-    ctl_client_close(c);
-    return NULL;
-}
-
-static pp_lane *lane_for(ect_push_producer *p, const xchg *x) {
-    char addr[PUSH_ADDR_MAX + 16];
-    snprintf(addr, sizeof addr, "%s:%d", x->host, x->port);
-    pp_lane *l = NULL;
-    HASH_FIND_STR(p->lanes, addr, l);
-    if (l) return l;
-    if (!(l = calloc(1, sizeof *l))) return NULL;
-    snprintf(l->addr, sizeof l->addr, "%s", addr);
-    l->p = p;
-    pthread_mutex_init(&l->mu, NULL);
-    pthread_cond_init(&l->cv, NULL);
-    if (pthread_create(&l->th, NULL, lane_main, l)) {
-        pthread_cond_destroy(&l->cv);
-        pthread_mutex_destroy(&l->mu);
-        free(l);
-        return NULL;
-    }
-    l->started = true;
-    HASH_ADD_STR(p->lanes, addr, l);
-    return l;
-}
-
-void pp_lanes_close(ect_push_producer *p) {
-    pp_lane *l, *tmp;
-    HASH_ITER(hh, p->lanes, l, tmp) {
-        pthread_mutex_lock(&l->mu);
-        l->stop = true;
-        pthread_cond_broadcast(&l->cv);
-        pthread_mutex_unlock(&l->mu);
-        pthread_join(l->th, NULL);
-        HASH_DEL(p->lanes, l);
-        pthread_cond_destroy(&l->cv);
-        pthread_mutex_destroy(&l->mu);
-        free(l);
-    }
-}
-
-/* Runs the exchanges of xs[0..n) that have no rc yet (one that could not be
- * built keeps its error), in parallel when there are several. */
-static void run_exchanges(ect_push_producer *p, xchg *xs, size_t n) {
-    size_t todo = 0;
-    for (size_t i = 0; i < n; i++) todo += xs[i].rc == 0;
-    pp_lane **lanes = todo > 1 ? calloc(n, sizeof *lanes) : NULL;
-    for (size_t i = 0; i < n; i++) {
-        xchg *x = &xs[i];
-        if (x->rc) continue;
-        pp_lane *l = lanes ? lane_for(p, x) : NULL;
-        if (!l) { /* a single exchange, or no thread: run it here */
-            exchange(p->ctl, x);
+    for (size_t k = 0; k < j->n; k++) {
+        const push_action *ac = &j->acts[k];
+        pitem *it = dfind(p, ac->transfer_id);
+        if (rc) {
+            if (it && !it->why[0] && pp_unreachable_rc(rc))
+                snprintf(it->why, sizeof it->why, "shard %zu: %.170s", ac->shard, err);
+            push_reserve_done(p->table, ac->transfer_id, ac->shard, NULL, err, ect_now_ms());
             continue;
         }
-        pthread_mutex_lock(&l->mu);
-        l->job = x;
-        l->busy = true;
-        pthread_cond_broadcast(&l->cv);
-        pthread_mutex_unlock(&l->mu);
-        lanes[i] = l;
+        const wire_reserve_outcome *o = &j->rep.u.reserve_batch.items[k];
+        if (!o->ok) {
+            push_reserve_done(p->table, ac->transfer_id, ac->shard, NULL,
+                              o->error ? o->error : "refused", ect_now_ms());
+            continue;
+        }
+        const wire_reserve_result *r = &o->result;
+        if (it && ac->shard < it->n_shards) {
+            free(it->keys[ac->shard]);
+            it->keys[ac->shard] = r->dst_key ? strdup(r->dst_key) : NULL;
+            snprintf(it->kinds[ac->shard], sizeof it->kinds[ac->shard], "%s",
+                     r->transport[0] ? r->transport : "tcp");
+        }
+        push_reservation pr = {.reservation_id = r->reservation_id,
+                               .dst_session = r->dst_session,
+                               .dst_ptr = r->dst_ptr,
+                               .write = r->write,
+                               .ready = r->ready,
+                               .cached = r->cached,
+                               .cancelled = r->cancelled};
+        push_reserve_done(p->table, ac->transfer_id, ac->shard, &pr, NULL, ect_now_ms());
     }
-    for (size_t i = 0; lanes && i < n; i++) {
-        pp_lane *l = lanes[i];
-        if (!l) continue;
-        pthread_mutex_lock(&l->mu);
-        while (l->busy) pthread_cond_wait(&l->cv, &l->mu);
-        pthread_mutex_unlock(&l->mu);
+}
+
+static void apply_complete(ect_push_producer *p, pp_job *j) {
+    pitem *it0 = dfind(p, j->acts[0].transfer_id);
+    if (!j->held) note_exchange(p, j->host, j->port, j->rc, j->err, sizeof j->err);
+    if (j->rc) {
+        ECT_LOGW(MOD, "complete_batch to %s:%d failed: %s", j->host, j->port, j->err);
+        if (it0) forget_consumer(p, it0);
     }
-    free(lanes);
+    for (size_t k = 0; k < j->n; k++) {
+        const push_action *ac = &j->acts[k];
+        pitem *it = dfind(p, ac->transfer_id);
+        if (j->rc && it && !it->why[0] && pp_unreachable_rc(j->rc))
+            snprintf(it->why, sizeof it->why, "shard %zu: %.170s", ac->shard, j->err);
+        bool done = !j->rc && j->rep.u.complete_batch.items[k].completed;
+        push_complete_done(p->table, ac->transfer_id, ac->shard, j->rc == 0, done);
+    }
+}
+
+static void apply_cancel(ect_push_producer *p, pp_job *j) {
+    const push_action *x = &j->acts[0];
+    pitem *it = dfind(p, x->transfer_id);
+    if (!j->held) note_exchange(p, j->host, j->port, j->rc, j->err, sizeof j->err);
+    if (j->rc) {
+        ECT_LOGW(MOD, "cancel of %s on shard %zu failed: %s", x->transfer_id, x->shard, j->err);
+        if (it) forget_consumer(p, it);
+    }
+    if (x->kind == PUSH_ACT_REFRESH) {
+        if (!j->rc) {
+            pthread_mutex_lock(&p->mu);
+            p->st.refreshes++;
+            pthread_mutex_unlock(&p->mu);
+        }
+        push_refresh_done(p->table, x->transfer_id, x->shard, j->rc == 0);
+    } else {
+        push_abandon_done(p->table, x->transfer_id, x->shard, j->rc == 0);
+    }
+}
+
+/* Applies a finished job to the table and frees it. */
+static void settle(ect_push_producer *p, pp_job *j) {
+    switch (j->kind) {
+    case PJ_PEERS: apply_peers(p, j); break;
+    case PJ_RESERVE: apply_reserve(p, j); break;
+    case PJ_COMPLETE: apply_complete(p, j); break;
+    case PJ_CANCEL: apply_cancel(p, j); break;
+    }
+    pp_job_free(j);
+}
+
+/* A job for the actions a[idx[0..m)] (all on one shard address). NULL when
+ * out of memory. */
+static pp_job *job_new(ect_push_producer *p, pp_job_kind kind, const push_action *a,
+                       const size_t *idx, size_t m) {
+    pp_job *j = calloc(1, sizeof *j);
+    if (!j || !(j->acts = calloc(m, sizeof *j->acts))) {
+        free(j);
+        return NULL;
+    }
+    j->kind = kind;
+    j->n = m;
+    for (size_t k = 0; k < m; k++) j->acts[k] = a[idx[k]];
+    const pitem *it0 = dfind(p, a[idx[0]].transfer_id);
+    j->port = it0 ? shard_port(p, it0, a[idx[0]].shard) : -1;
+    snprintf(j->host, sizeof j->host, "%s", it0 ? it0->host : "?");
+    return j;
+}
+
+/* Sends j on its lane, or settles it at once when it cannot go out. */
+static void launch(ect_push_producer *p, pp_job *j) {
+    if (!j->rc && j->port <= 0) {
+        j->rc = ECT_ENOTFOUND;
+        snprintf(j->err, sizeof j->err, "shard address unknown");
+    }
+    if (!j->rc && held_down(p, j->host, j->port, j->err, sizeof j->err)) {
+        j->rc = ECT_ECONNREFUSED;
+        j->held = true;
+    }
+    if (!j->rc && pp_lane_submit(p, j)) {
+        j->rc = ECT_ENOMEM;
+        snprintf(j->err, sizeof j->err, "%.300s", ect_last_error());
+    }
+    if (j->rc) {
+        j->held = true;
+        settle(p, j);
+    }
+}
+
+/* Fails the actions of `kind` at once (out of memory before any job). */
+static void fail_all(ect_push_producer *p, const push_action *a, size_t n, push_action_kind kind) {
+    for (size_t i = 0; i < n; i++) {
+        if (a[i].kind != kind) continue;
+        if (kind == PUSH_ACT_RESERVE)
+            push_reserve_done(p->table, a[i].transfer_id, a[i].shard, NULL, "out of memory",
+                              ect_now_ms());
+        else if (kind == PUSH_ACT_COMPLETE)
+            push_complete_done(p->table, a[i].transfer_id, a[i].shard, false, false);
+        else if (kind == PUSH_ACT_REFRESH)
+            push_refresh_done(p->table, a[i].transfer_id, a[i].shard, false);
+        else if (kind == PUSH_ACT_ABANDON)
+            push_abandon_done(p->table, a[i].transfer_id, a[i].shard, false);
+    }
 }
 
 static void do_reserves(ect_push_producer *p, const push_action *a, size_t n) {
     groups gs = {0};
-    xchg *xs = NULL;
-    if (group_by_shard(p, a, n, PUSH_ACT_RESERVE, &gs) ||
-        (gs.n && !(xs = calloc(gs.n, sizeof *xs)))) {
-        /* out of memory: fail them all, the table abandons what it holds */
-        for (size_t i = 0; i < n; i++)
-            if (a[i].kind == PUSH_ACT_RESERVE)
-                push_reserve_done(p->table, a[i].transfer_id, a[i].shard, NULL, "out of memory",
-                                  ect_now_ms());
+    if (group_by_shard(p, a, n, PUSH_ACT_RESERVE, &gs)) {
         groups_free(&gs);
+        fail_all(p, a, n, PUSH_ACT_RESERVE);
         return;
     }
     for (size_t gi = 0; gi < gs.n; gi++) {
         group *g = &gs.g[gi];
-        const pitem *it0 = group_item(p, a, g);
-        xchg *x = &xs[gi];
-        x->host = it0->host;
-        x->port = shard_port(p, it0, a[g->idx[0]].shard);
-        x->req.op = WIRE_OP_RESERVE_BATCH;
-        if (x->port > 0 && held_down(p, x->host, x->port, x->err, sizeof x->err)) {
-            x->rc = ECT_ECONNREFUSED;
-            x->held = true;
-            continue;
-        }
-        wire_reserve_item *items = calloc(g->n, sizeof *items);
+        pp_job *j = job_new(p, PJ_RESERVE, a, g->idx, g->n);
+        wire_reserve_item *items = j ? calloc(g->n, sizeof *items) : NULL;
         if (!items) {
-            x->rc = ECT_ENOMEM;
-            snprintf(x->err, sizeof x->err, "out of memory");
+            pp_job_free(j);
+            for (size_t k = 0; k < g->n; k++)
+                push_reserve_done(p->table, a[g->idx[k]].transfer_id, a[g->idx[k]].shard, NULL,
+                                  "out of memory", ect_now_ms());
             continue;
         }
         for (size_t k = 0; k < g->n; k++) {
@@ -475,172 +526,73 @@ static void do_reserves(ect_push_producer *p, const push_action *a, size_t n) {
             memcpy(r->tensor.shape, ac->shape, sizeof r->tensor.shape);
             snprintf(r->tensor.dtype, sizeof r->tensor.dtype, "%s", ac->dtype);
         }
-        x->req.u.reserve_batch.n = g->n;
-        x->req.u.reserve_batch.items = items;
+        j->req.op = WIRE_OP_RESERVE_BATCH;
+        j->req.u.reserve_batch.n = g->n;
+        j->req.u.reserve_batch.items = items;
         count(p, &p->st.reserve_batches);
+        launch(p, j);
     }
-    run_exchanges(p, xs, gs.n);
-    for (size_t gi = 0; gi < gs.n; gi++) {
-        group *g = &gs.g[gi];
-        xchg *x = &xs[gi];
-        const pitem *it0 = group_item(p, a, g);
-        int rc = x->rc;
-        char err[320];
-        snprintf(err, sizeof err, "%.300s", x->err);
-        if (!x->held && x->port > 0) note_exchange(p, x->host, x->port, rc, err, sizeof err);
-        if (rc) {
-            forget_consumer(p, it0);
-        } else if (!x->rep.ok) {
-            snprintf(err, sizeof err, "refused: %.200s", x->rep.error ? x->rep.error : "");
-            rc = ECT_EPROTO;
-        }
-        for (size_t k = 0; k < g->n; k++) {
-            const push_action *ac = &a[g->idx[k]];
-            pitem *it = dfind(p, ac->transfer_id);
-            if (rc) {
-                if (it && !it->why[0] && unreachable_rc(rc))
-                    snprintf(it->why, sizeof it->why, "shard %zu: %.170s", ac->shard, err);
-                push_reserve_done(p->table, ac->transfer_id, ac->shard, NULL, err, ect_now_ms());
-                continue;
-            }
-            const wire_reserve_outcome *o = &x->rep.u.reserve_batch.items[k];
-            if (!o->ok) {
-                push_reserve_done(p->table, ac->transfer_id, ac->shard, NULL,
-                                  o->error ? o->error : "refused", ect_now_ms());
-                continue;
-            }
-            const wire_reserve_result *r = &o->result;
-            if (it && ac->shard < it->n_shards) {
-                free(it->keys[ac->shard]);
-                it->keys[ac->shard] = r->dst_key ? strdup(r->dst_key) : NULL;
-                snprintf(it->kinds[ac->shard], sizeof it->kinds[ac->shard], "%s",
-                         r->transport[0] ? r->transport : "tcp");
-            }
-            push_reservation pr = {.reservation_id = r->reservation_id,
-                                   .dst_session = r->dst_session,
-                                   .dst_ptr = r->dst_ptr,
-                                   .write = r->write,
-                                   .ready = r->ready,
-                                   .cached = r->cached,
-                                   .cancelled = r->cancelled};
-            push_reserve_done(p->table, ac->transfer_id, ac->shard, &pr, NULL, ect_now_ms());
-        }
-        wire_ctl_reply_clear(&x->rep);
-        free(x->req.u.reserve_batch.items);
-    }
-    free(xs);
     groups_free(&gs);
 }
 
 static void do_completes(ect_push_producer *p, const push_action *a, size_t n) {
     groups gs = {0};
-    xchg *xs = NULL;
-    if (group_by_shard(p, a, n, PUSH_ACT_COMPLETE, &gs) ||
-        (gs.n && !(xs = calloc(gs.n, sizeof *xs)))) {
-        for (size_t i = 0; i < n; i++)
-            if (a[i].kind == PUSH_ACT_COMPLETE)
-                push_complete_done(p->table, a[i].transfer_id, a[i].shard, false, false);
+    if (group_by_shard(p, a, n, PUSH_ACT_COMPLETE, &gs)) {
         groups_free(&gs);
+        fail_all(p, a, n, PUSH_ACT_COMPLETE);
         return;
     }
     for (size_t gi = 0; gi < gs.n; gi++) {
         group *g = &gs.g[gi];
-        const pitem *it0 = group_item(p, a, g);
-        xchg *x = &xs[gi];
-        x->host = it0->host;
-        x->port = shard_port(p, it0, a[g->idx[0]].shard);
-        x->want_ok = true;
-        x->req.op = WIRE_OP_COMPLETE_BATCH;
-        if (x->port > 0 && held_down(p, x->host, x->port, x->err, sizeof x->err)) {
-            x->rc = ECT_ECONNREFUSED;
-            x->held = true;
+        pp_job *j = job_new(p, PJ_COMPLETE, a, g->idx, g->n);
+        wire_complete_req *items = j ? calloc(g->n, sizeof *items) : NULL;
+        if (!items) {
+            pp_job_free(j);
+            for (size_t k = 0; k < g->n; k++)
+                push_complete_done(p->table, a[g->idx[k]].transfer_id, a[g->idx[k]].shard, false,
+                                   false);
             continue;
         }
-        wire_complete_req *items = calloc(g->n, sizeof *items);
-        if (!items) {
-            x->rc = ECT_ENOMEM;
-            snprintf(x->err, sizeof x->err, "out of memory");
-        } else {
-            for (size_t k = 0; k < g->n; k++) {
-                snprintf(items[k].transfer_id, sizeof items[k].transfer_id, "%s",
-                         a[g->idx[k]].transfer_id);
-                snprintf(items[k].reservation_id, sizeof items[k].reservation_id, "%s",
-                         a[g->idx[k]].reservation_id);
-            }
-            x->req.u.complete_batch.n = g->n;
-            x->req.u.complete_batch.items = items;
-            count(p, &p->st.complete_batches);
-        }
-    }
-    run_exchanges(p, xs, gs.n);
-    for (size_t gi = 0; gi < gs.n; gi++) {
-        group *g = &gs.g[gi];
-        xchg *x = &xs[gi];
-        const pitem *it0 = group_item(p, a, g);
-        if (!x->held && x->port > 0)
-            note_exchange(p, x->host, x->port, x->rc, x->err, sizeof x->err);
-        if (x->rc) {
-            ECT_LOGW(MOD, "complete_batch to %s failed: %s", g->addr, x->err);
-            forget_consumer(p, it0);
-        }
         for (size_t k = 0; k < g->n; k++) {
-            const push_action *ac = &a[g->idx[k]];
-            pitem *it = dfind(p, ac->transfer_id);
-            if (x->rc && it && !it->why[0] && unreachable_rc(x->rc))
-                snprintf(it->why, sizeof it->why, "shard %zu: %.170s", ac->shard, x->err);
-            bool done = !x->rc && x->rep.u.complete_batch.items[k].completed;
-            push_complete_done(p->table, ac->transfer_id, ac->shard, x->rc == 0, done);
+            snprintf(items[k].transfer_id, sizeof items[k].transfer_id, "%s",
+                     a[g->idx[k]].transfer_id);
+            snprintf(items[k].reservation_id, sizeof items[k].reservation_id, "%s",
+                     a[g->idx[k]].reservation_id);
         }
-        wire_ctl_reply_clear(&x->rep);
-        free(x->req.u.complete_batch.items);
+        j->want_ok = true;
+        j->req.op = WIRE_OP_COMPLETE_BATCH;
+        j->req.u.complete_batch.n = g->n;
+        j->req.u.complete_batch.items = items;
+        count(p, &p->st.complete_batches);
+        launch(p, j);
     }
-    free(xs);
     groups_free(&gs);
 }
 
-/* REFRESH and ABANDON: a cancel each. */
+/* REFRESH and ABANDON: a cancel each. An abandon to an address held down is
+ * not sent: the shard's TTL ends that reservation. */
 static void do_cancels(ect_push_producer *p, const push_action *a, size_t n) {
     for (size_t i = 0; i < n; i++) {
         const push_action *x = &a[i];
         if (x->kind != PUSH_ACT_REFRESH && x->kind != PUSH_ACT_ABANDON) continue;
-        pitem *it = dfind(p, x->transfer_id);
-        int port = it ? shard_port(p, it, x->shard) : -1;
-        wire_ctl_request req;
-        memset(&req, 0, sizeof req);
-        req.op = WIRE_OP_CANCEL;
-        snprintf(req.u.cancel.transfer_id, sizeof req.u.cancel.transfer_id, "%s", x->transfer_id);
-        snprintf(req.u.cancel.reservation_id, sizeof req.u.cancel.reservation_id, "%s",
+        pp_job *j = job_new(p, PJ_CANCEL, a, &i, 1);
+        if (!j) {
+            if (x->kind == PUSH_ACT_REFRESH)
+                push_refresh_done(p->table, x->transfer_id, x->shard, false);
+            else
+                push_abandon_done(p->table, x->transfer_id, x->shard, false);
+            continue;
+        }
+        j->want_ok = true;
+        j->req.op = WIRE_OP_CANCEL;
+        snprintf(j->req.u.cancel.transfer_id, sizeof j->req.u.cancel.transfer_id, "%s",
+                 x->transfer_id);
+        snprintf(j->req.u.cancel.reservation_id, sizeof j->req.u.cancel.reservation_id, "%s",
                  x->reservation_id);
-        req.u.cancel.abandon = true;
-        req.u.cancel.refresh = x->kind == PUSH_ACT_REFRESH;
-        wire_ctl_reply rep;
-        memset(&rep, 0, sizeof rep);
-        char err[320];
-        int rc;
-        if (port > 0 && held_down(p, it->host, port, err, sizeof err)) {
-            rc = ECT_ECONNREFUSED; /* its TTL ends the reservation */
-        } else {
-            count(p, &p->st.cancels);
-            rc = port > 0 ? ctl_call_ok(p->ctl, it->host, port, &req, &rep)
-                          : ect_set_error(ECT_ENOTFOUND, "shard address unknown");
-            snprintf(err, sizeof err, "%.300s", rc ? ect_last_error() : "");
-            if (port > 0) note_exchange(p, it->host, port, rc, err, sizeof err);
-        }
-        if (rc) {
-            ECT_LOGW(MOD, "cancel of %s on shard %zu failed: %s", x->transfer_id, x->shard, err);
-            if (it) forget_consumer(p, it);
-        }
-        wire_ctl_reply_clear(&rep);
-        if (x->kind == PUSH_ACT_REFRESH) {
-            if (!rc) {
-                pthread_mutex_lock(&p->mu);
-                p->st.refreshes++;
-                pthread_mutex_unlock(&p->mu);
-            }
-            push_refresh_done(p->table, x->transfer_id, x->shard, rc == 0);
-        } else {
-            push_abandon_done(p->table, x->transfer_id, x->shard, rc == 0);
-        }
+        j->req.u.cancel.abandon = true;
+        j->req.u.cancel.refresh = x->kind == PUSH_ACT_REFRESH;
+        count(p, &p->st.cancels);
+        launch(p, j);
     }
 }
 
@@ -832,7 +784,7 @@ void *pp_dispatch_main(void *arg) {
     ect_push_producer *p = arg;
     for (;;) {
         pthread_mutex_lock(&p->mu);
-        if (!p->stop && !p->handed && !p->stage_h && !p->n_cancels) {
+        if (!p->stop && !p->handed && !p->stage_h && !p->n_cancels && !p->done) {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             uint64_t ns = (uint64_t)ts.tv_nsec + WAKE_MS * 1000000ull;
@@ -844,6 +796,8 @@ void *pp_dispatch_main(void *arg) {
             pthread_mutex_unlock(&p->mu);
             break;
         }
+        pp_job *done = p->done;
+        p->done = p->done_tail = NULL;
         pitem *handed = p->handed, *stages = p->stage_h;
         p->handed = p->handed_tail = NULL;
         p->stage_h = NULL;
@@ -854,10 +808,18 @@ void *pp_dispatch_main(void *arg) {
         pp_expire_locked(p, ect_now_ms());
         pthread_mutex_unlock(&p->mu);
 
+        while (done) {
+            pp_job *j = done;
+            done = j->next;
+            settle(p, j);
+        }
         take_new(p, handed);
         take_stages(p, stages);
         for (size_t i = 0; i < n_cancels; i++) {
-            if (dfind(p, cancels[i])) push_cancel(p->table, cancels[i], ect_now_ms());
+            if (dfind(p, cancels[i]))
+                push_cancel(p->table, cancels[i], ect_now_ms());
+            else
+                cancel_waiting(p, cancels[i]);
             free(cancels[i]);
         }
         free(cancels);
@@ -879,8 +841,22 @@ void *pp_dispatch_main(void *arg) {
     p->handed = p->handed_tail = NULL;
     pthread_mutex_unlock(&p->mu);
     pp_lanes_close(p);
-    ctl_client_close(p->ctl);
-    p->ctl = NULL;
+    /* the lanes are gone: what they handed back is only freed */
+    pthread_mutex_lock(&p->mu);
+    pp_job *done = p->done;
+    p->done = p->done_tail = NULL;
+    pthread_mutex_unlock(&p->mu);
+    while (done) {
+        pp_job *j = done;
+        done = j->next;
+        pp_job_free(j);
+    }
+    pp_disc *d, *dtmp;
+    HASH_ITER(hh, p->discs, d, dtmp) {
+        HASH_DEL(p->discs, d);
+        fail_waiting(p, d->waiting, ECT_ECLOSED, "push producer closed");
+        free(d);
+    }
     while (p->xports) {
         pp_xport *e = p->xports;
         LL_DELETE(p->xports, e);

@@ -52,18 +52,23 @@ wait_line() { # FILE: until FILE has a line (30 s at most)
   exit 1
 }
 
-# 1. consumer killed mid-push
+# 1. consumer killed mid-push: 200 items in 25 steps with the default 30 s
+# control timeout. A dead consumer fails fast (refused connect / closed
+# connection, then held down), so the rest fail within seconds; one control
+# timeout per step would take over 12 minutes.
 start_consumer "$tmp/c1" 2 --pool-size 64MiB
-"$ect" push --to "127.0.0.1:$port" --count 24 --size 4MiB --step 4 --timeout 20 \
-  --control-timeout 1 >"$tmp/p1" 2>"$tmp/p1.err" &
+t0=$(date +%s)
+"$ect" push --to "127.0.0.1:$port" --count 200 --size 4MiB --step 8 >"$tmp/p1" 2>"$tmp/p1.err" &
 ppid=$!
 pids+=("$ppid")
 wait_line "$tmp/c1"
 kill -KILL "$cpid"
-wait_exit "$ppid" 60
+wait_exit "$ppid" 20
 if wait "$ppid"; then echo "push succeeded although the consumer died"; exit 1; fi
-grep -q '"status":"failed"' "$tmp/p1" || { cat "$tmp/p1" "$tmp/p1.err"; echo "no failed item reported"; exit 1; }
-echo "consumer killed mid-push: producer failed the rest and exited"
+[ "$(wc -l <"$tmp/p1")" -eq 200 ] || { cat "$tmp/p1.err"; echo "not every item reported"; exit 1; }
+grep -q '"status":"failed".*unreachable.*127.0.0.1:' "$tmp/p1" ||
+  { cat "$tmp/p1" "$tmp/p1.err"; echo "no failed item naming the unreachable consumer"; exit 1; }
+echo "consumer killed mid-push: producer failed the rest in $(($(date +%s) - t0)) s and exited"
 
 # 2. producer killed mid-push, between reserve and complete; the consumer
 # logs each control op (ECT_LOG=debug), so the kill follows the second step's

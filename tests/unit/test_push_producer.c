@@ -767,6 +767,14 @@ static void test_bad_args(void **st) {
     ect_push_producer_opts_init(&o);
     o.refresh_after_ms = 0;
     assert_err(ect_push_producer_open(&o, &p), ECT_EINVAL, "refresh_after_ms");
+    ect_push_producer_opts_init(&o);
+    assert_int_equal(o.down_backoff_ms, 1000);
+    assert_int_equal(o.down_backoff_max_ms, 30000);
+    o.down_backoff_ms = 0;
+    assert_err(ect_push_producer_open(&o, &p), ECT_EINVAL, "down_backoff_ms");
+    ect_push_producer_opts_init(&o);
+    o.down_backoff_max_ms = 999;
+    assert_err(ect_push_producer_open(&o, &p), ECT_EINVAL, "down_backoff_max_ms");
     p = prod_open(1000, 1000);
     item_buf b;
     item_make(&b, "bad", 0, 4096);
@@ -884,6 +892,200 @@ static void test_real_consumer_shm_tp4(void **st) {
     real_consumer(4, "shm");
 }
 
+/* ------------------------------------------------ dead and hung consumers */
+
+/* Binds shard s again on its old port after fake_kill (a restart). */
+static void fake_revive(fake *f, shard *s) {
+    s->rep = zmq_socket(f->zctx, ZMQ_REP);
+    int zero = 0;
+    zmq_setsockopt(s->rep, ZMQ_LINGER, &zero, sizeof zero);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", s->port);
+    int rc = -1;
+    for (int i = 0; i < 100 && rc != 0; i++) /* the old listener may linger a moment */
+        if ((rc = zmq_bind(s->rep, ep)) != 0) usleep(20000);
+    assert_int_equal(rc, 0);
+    atomic_store(&s->die_after_op, 0);
+    atomic_store(&s->stop, false);
+    pthread_create(&s->th, NULL, serve, s);
+}
+
+static ect_push_producer *prod_open_backoff(int control_timeout_ms, int backoff_ms,
+                                            int backoff_max_ms) {
+    ect_push_producer_opts o;
+    ect_push_producer_opts_init(&o);
+    o.staging_size = 32u << 20;
+    o.control_timeout_ms = control_timeout_ms;
+    o.connect_timeout_ms = 1000;
+    o.io_timeout_ms = 2000;
+    o.down_backoff_ms = backoff_ms;
+    o.down_backoff_max_ms = backoff_max_ms;
+    ect_push_producer *p = NULL;
+    assert_int_equal(ect_push_producer_open(&o, &p), 0);
+    return p;
+}
+
+#define DEAD_N 200
+#define DEAD_STEPS 10
+#define LIVE_PER_STEP 2
+
+/* The consumer dies (both ranks) after a good step; 200 items in 10 steps
+ * then all fail, together far faster than one control timeout per step
+ * (1 s each: the old behaviour took >= 10 s), each naming the address, while
+ * a second, healthy consumer's items pushed in the same steps all land. After
+ * a restart on the same ports and one backoff period, pushes work again. */
+static void test_dead_consumer_fails_fast(void **st) {
+    (void)st;
+    const int ctl_ms = 1000;
+    fake *dead = fake_open(2, "tcp"), *live = fake_open(1, "tcp");
+    ect_push_producer *p = prod_open_backoff(ctl_ms, 300, 1200);
+    char daddr[64], laddr[64];
+    consumer_addr(dead, daddr, sizeof daddr);
+    consumer_addr(live, laddr, sizeof laddr);
+    item_buf warm;
+    item_make(&warm, "warm", 0, 4096);
+    ect_push_item wi = item_of(&warm, daddr);
+    assert_int_equal(ect_push_producer_reserve(p, &wi), 0);
+    assert_int_equal(ect_push_producer_flush(p), 1);
+    ect_push_result wr;
+    wait_results(p, &wr, 1, 20);
+    assert_int_equal(wr.status, 0); /* discovered, sockets connected */
+    fake_kill(&dead->sh[0]);
+    fake_kill(&dead->sh[1]);
+
+    item_buf *bd = calloc(DEAD_N, sizeof *bd);
+    item_buf bl[DEAD_STEPS * LIVE_PER_STEP];
+    ect_push_result *r = calloc(DEAD_N + DEAD_STEPS * LIVE_PER_STEP, sizeof *r);
+    uint64_t t0 = ect_now_ms();
+    for (int s = 0, d = 0; s < DEAD_STEPS; s++) {
+        for (int k = 0; k < DEAD_N / DEAD_STEPS; k++, d++) {
+            item_make(&bd[d], "dead", d, 1024);
+            ect_push_item it = item_of(&bd[d], daddr);
+            assert_int_equal(ect_push_producer_reserve(p, &it), 0);
+        }
+        for (int k = 0; k < LIVE_PER_STEP; k++) {
+            int i = s * LIVE_PER_STEP + k;
+            item_make(&bl[i], "live", i, 8192);
+            ect_push_item it = item_of(&bl[i], laddr);
+            assert_int_equal(ect_push_producer_reserve(p, &it), 0);
+        }
+        assert_int_equal(ect_push_producer_flush(p), DEAD_N / DEAD_STEPS + LIVE_PER_STEP);
+        usleep(20000); /* separate steps, as an engine's would be */
+    }
+    size_t total = DEAD_N + DEAD_STEPS * LIVE_PER_STEP;
+    wait_results(p, r, total, 30);
+    uint64_t took = ect_now_ms() - t0;
+    /* one timeout per step would be >= 10 s; 3 timeouts leave room for a
+     * loaded machine yet catch any per-step or per-item wait */
+    assert_true(took < 3u * (uint64_t)ctl_ms);
+    char port[16];
+    snprintf(port, sizeof port, ":%d", dead->sh[0].port);
+    char port1[16];
+    snprintf(port1, sizeof port1, ":%d", dead->sh[1].port);
+    size_t n_dead = 0, n_live = 0;
+    for (size_t i = 0; i < total; i++) {
+        if (!strncmp(r[i].transfer_id, "live-", 5)) {
+            assert_int_equal(r[i].status, 0);
+            n_live++;
+            continue;
+        }
+        n_dead++;
+        assert_int_not_equal(r[i].status, 0);
+        assert_non_null(strstr(r[i].error, "unreachable"));
+        assert_true(strstr(r[i].error, port) || strstr(r[i].error, port1));
+        assert_non_null(strstr(r[i].error, "127.0.0.1"));
+    }
+    assert_int_equal(n_dead, DEAD_N);
+    assert_int_equal(n_live, DEAD_STEPS * LIVE_PER_STEP);
+    for (int i = 0; i < DEAD_STEPS * LIVE_PER_STEP; i++)
+        expect_bytes(&live->sh[0], bl[i].tid, bl[i].seed, bl[i].nbytes);
+
+    /* restart on the same ports: after the backoff (at most 1.2 s) the next
+     * push probes, finds it and goes through */
+    fake_revive(dead, &dead->sh[0]);
+    fake_revive(dead, &dead->sh[1]);
+    usleep(1300 * 1000);
+    item_buf again;
+    item_make(&again, "again", 0, 4096);
+    ect_push_item ai = item_of(&again, daddr);
+    assert_int_equal(ect_push_producer_reserve(p, &ai), 0);
+    assert_int_equal(ect_push_producer_flush(p), 1);
+    ect_push_result ar;
+    wait_results(p, &ar, 1, 20);
+    assert_int_equal(ar.status, 0);
+    for (int s = 0; s < 2; s++) expect_bytes(&dead->sh[s], "again-0", again.seed, again.nbytes);
+    expect_drained(live, p);
+    ect_push_producer_close(p);
+    fake_close(dead);
+    fake_close(live);
+    for (int i = 0; i < DEAD_N; i++) free(bd[i].data);
+    for (int i = 0; i < DEAD_STEPS * LIVE_PER_STEP; i++) free(bl[i].data);
+    free(bd);
+    free(r);
+    free(warm.data);
+    free(again.data);
+}
+
+/* A consumer that accepts connections but never answers (alive but hung:
+ * a listening socket nobody serves) costs its own item the control timeout,
+ * but a healthy consumer's items in the same step land long before that; the
+ * next push to the hung one fails at once (held down). */
+static void test_hung_consumer_does_not_block_others(void **st) {
+    (void)st;
+    const int ctl_ms = 3000;
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof a;
+    assert_int_equal(bind(lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(lfd, 16), 0);
+    assert_int_equal(getsockname(lfd, (struct sockaddr *)&a, &alen), 0);
+    char haddr[64], laddr[64];
+    snprintf(haddr, sizeof haddr, "127.0.0.1:%d", ntohs(a.sin_port));
+    fake *live = fake_open(1, "tcp");
+    consumer_addr(live, laddr, sizeof laddr);
+    ect_push_producer *p = prod_open_backoff(ctl_ms, 5000, 5000);
+    item_buf h, l[4];
+    item_make(&h, "hung", 0, 1024);
+    ect_push_item hi = item_of(&h, haddr);
+    assert_int_equal(ect_push_producer_reserve(p, &hi), 0); /* first in the step */
+    for (int i = 0; i < 4; i++) {
+        item_make(&l[i], "ok", i, 8192);
+        ect_push_item it = item_of(&l[i], laddr);
+        assert_int_equal(ect_push_producer_reserve(p, &it), 0);
+    }
+    uint64_t t0 = ect_now_ms();
+    assert_int_equal(ect_push_producer_flush(p), 5);
+    ect_push_result r[5];
+    wait_results(p, r, 4, 20);
+    uint64_t took = ect_now_ms() - t0;
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(r[i].status, 0);
+        assert_int_equal(strncmp(r[i].transfer_id, "ok-", 3), 0);
+    }
+    assert_true(took < (uint64_t)ctl_ms / 2); /* not behind the hung exchange */
+    wait_results(p, r + 4, 1, 20);
+    assert_string_equal(r[4].transfer_id, "hung-0");
+    assert_int_equal(r[4].status, ECT_ETIMEDOUT);
+    assert_non_null(strstr(r[4].error, haddr));
+    assert_non_null(strstr(r[4].error, "unreachable"));
+    item_make(&h, "hung", 1, 1024); /* held down now: fails at once */
+    hi = item_of(&h, haddr);
+    t0 = ect_now_ms();
+    assert_int_equal(ect_push_producer_reserve(p, &hi), 0);
+    assert_int_equal(ect_push_producer_flush(p), 1);
+    wait_results(p, r, 1, 20);
+    assert_true(ect_now_ms() - t0 < (uint64_t)ctl_ms / 2);
+    assert_int_not_equal(r[0].status, 0);
+    assert_non_null(strstr(r[0].error, "unreachable"));
+    assert_non_null(strstr(r[0].error, haddr));
+    for (int i = 0; i < 4; i++) expect_bytes(&live->sh[0], l[i].tid, l[i].seed, l[i].nbytes);
+    ect_push_producer_close(p);
+    close(lfd);
+    fake_close(live);
+    for (int i = 0; i < 4; i++) free(l[i].data);
+    free(h.data);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_args),
@@ -895,6 +1097,8 @@ int main(void) {
         cmocka_unit_test(test_failed_shard_abandons_others),
         cmocka_unit_test(test_consumer_killed_mid_push),
         cmocka_unit_test(test_unreachable_consumer),
+        cmocka_unit_test(test_dead_consumer_fails_fast),
+        cmocka_unit_test(test_hung_consumer_does_not_block_others),
         cmocka_unit_test(test_dedup),
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_refresh),
