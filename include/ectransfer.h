@@ -761,6 +761,9 @@ typedef struct ect_pull_producer_opts {
     uint32_t max_lanes;     /* consumer sessions served at once; default 256; a pull for
                                a new session beyond it is refused with ECT_EBUSY */
     uint32_t page_items;    /* items per ECTransferReady, 1..4096; default 4096 */
+    uint64_t max_queued_bytes; /* bytes saved but not yet stored by the save thread;
+                               default 1 GiB; a save that would pass it (unless nothing
+                               waits) is refused with ECT_EBUSY */
 } ect_pull_producer_opts;
 
 typedef struct ect_pull_producer_stat {
@@ -797,7 +800,9 @@ ECT_API int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_
  *  they are ready together. Saving a hash that is already held re-announces
  *  it. Errors (release is then never called): ECT_EINVAL (empty or over-long
  *  mm_hash, unknown dtype, shape/dtype not matching nbytes, nbytes 0, NULL
- *  data); ECT_ENOMEM; ECT_ECLOSED while closing. Safe from any thread. */
+ *  data); ECT_ENOMEM; ECT_EBUSY when the bytes waiting for the save thread
+ *  would pass opts.max_queued_bytes; ECT_ECLOSED while closing. Safe from
+ *  any thread. */
 ECT_API int ect_pull_producer_save(ect_pull_producer *p, const char *mm_hash, const void *data,
                                    uint64_t nbytes, const uint64_t *shape, size_t ndim,
                                    const char *dtype, ect_pull_release_fn release, void *user);

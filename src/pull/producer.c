@@ -84,6 +84,7 @@ struct ect_pull_producer {
     pthread_cond_t cv;
     save_item *q_head, *q_tail;
     uint64_t q_enqueued, q_done; /* items ever queued / finished by the save thread */
+    uint64_t q_bytes, max_q;     /* bytes saved but not yet stored, and their bound */
     bool save_stop;
     pthread_t save_thread, router_thread;
     bool save_started, router_started;
@@ -110,6 +111,7 @@ void ect_pull_producer_opts_init(ect_pull_producer_opts *o) {
     o->io_timeout_ms = 10000;
     o->max_lanes = 256;
     o->page_items = WIRE_PULL_MAX_ITEMS;
+    o->max_queued_bytes = 1ull << 30;
 }
 
 /* ---- reclaim callback (any thread that allocates: the save thread) */
@@ -189,6 +191,7 @@ static void *save_main(void *arg) {
         if (!batch && stop) break;
         /* Everything queued together is stored, then announced together. */
         size_t n = 0, cap = 0, done = 0;
+        uint64_t done_bytes = 0;
         for (save_item *s = batch; s; s = s->next) cap++;
         wire_pull_item *ok = calloc(cap, sizeof *ok);
         while (batch) {
@@ -206,6 +209,7 @@ static void *save_main(void *arg) {
                 ECT_LOGE(MOD, "save of %s failed (%s): %s", s->item.mm_hash, ect_strerror(rc),
                          ect_last_error());
             }
+            done_bytes += s->item.num_bytes;
             release_item(s);
             done++;
         }
@@ -213,6 +217,7 @@ static void *save_main(void *arg) {
         if (ok) pull_inv_items_free(ok, n);
         pthread_mutex_lock(&p->mu);
         p->q_done += done;
+        p->q_bytes -= done_bytes;
         pthread_cond_broadcast(&p->cv);
         pthread_mutex_unlock(&p->mu);
         if (stop) break;
@@ -246,11 +251,31 @@ int ect_pull_producer_save(ect_pull_producer *p, const char *mm_hash, const void
     s->item.num_bytes = nbytes;
     s->release = release;
     s->user = user;
+    /* Bound what waits for the save thread before taking a snapshot, so a
+     * caller that saves faster than the pool fills gets told instead of
+     * growing the heap. A lone item larger than the bound still goes in. */
+    pthread_mutex_lock(&p->mu);
+    if (p->q_bytes > 0 && p->q_bytes + nbytes > p->max_q) {
+        uint64_t queued = p->q_bytes;
+        pthread_mutex_unlock(&p->mu);
+        free(s->item.mm_hash);
+        free(s);
+        return ect_set_error(ECT_EBUSY,
+                             "pull save: %llu bytes already wait for the save thread; %llu more "
+                             "would pass max_queued_bytes (%llu): flush, or save later",
+                             (unsigned long long)queued, (unsigned long long)nbytes,
+                             (unsigned long long)p->max_q);
+    }
+    p->q_bytes += nbytes;
+    pthread_mutex_unlock(&p->mu);
     if (release) {
         s->data = data;
     } else {
         void *copy = malloc(nbytes);
         if (!copy) {
+            pthread_mutex_lock(&p->mu);
+            p->q_bytes -= nbytes;
+            pthread_mutex_unlock(&p->mu);
             free(s->item.mm_hash);
             free(s);
             return ect_set_error(ECT_ENOMEM, "pull save: out of memory for a %llu-byte snapshot",
@@ -261,6 +286,7 @@ int ect_pull_producer_save(ect_pull_producer *p, const char *mm_hash, const void
     }
     pthread_mutex_lock(&p->mu);
     if (p->save_stop) {
+        p->q_bytes -= nbytes;
         pthread_mutex_unlock(&p->mu);
         if (!release) free((void *)s->data);
         free(s->item.mm_hash);
@@ -592,6 +618,8 @@ static int validate(const ect_pull_producer_opts *o) {
         return ect_set_error(ECT_EINVAL, "pull producer: transport missing");
     if (o->max_lanes == 0)
         return ect_set_error(ECT_EINVAL, "pull producer: max_lanes must be at least 1");
+    if (o->max_queued_bytes == 0)
+        return ect_set_error(ECT_EINVAL, "pull producer: max_queued_bytes must be at least 1");
     if (o->page_items == 0 || o->page_items > WIRE_PULL_MAX_ITEMS)
         return ect_set_error(ECT_EINVAL, "pull producer: page_items must be 1..%d",
                              WIRE_PULL_MAX_ITEMS);
@@ -672,6 +700,7 @@ int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer
     p->r.inv = &p->inv;
     p->r.session_id = p->session_id;
     p->r.page_items = opts->page_items;
+    p->max_q = opts->max_queued_bytes;
     p->r.ops = (pull_router_ops){.user = p, .reply = reply, .dispatch = dispatch};
 
     if (pthread_create(&p->save_thread, NULL, save_main, p) != 0) {

@@ -885,10 +885,49 @@ static void test_bad_args(void **st) {
     ect_pull_scheduler_close(NULL);
 }
 
+/* The save queue is bounded: while the save thread is busy with one item, a
+ * save that would pass max_queued_bytes is refused with ECT_EBUSY (and its
+ * release callback never fires); once the thread catches up it is accepted. */
+static void test_save_queue_bound(void **st) {
+    (void)st;
+    ect_pull_producer_opts o;
+    ect_pull_producer_opts_init(&o);
+    o.port = 0;
+    o.pool_size = 4 * MiB;
+    ect_pull_producer *p = NULL;
+    o.max_queued_bytes = 0;
+    assert_err(ect_pull_producer_open(&o, &p), ECT_EINVAL, "max_queued_bytes");
+    o.max_queued_bytes = 96 * KiB;
+    assert_int_equal(ect_pull_producer_open(&o, &p), 0);
+    uint64_t shape[1] = {64 * KiB};
+    /* A: held inside its release callback, so it still counts as queued. */
+    atomic_store(&gate_open, 0);
+    atomic_store(&in_gate, 0);
+    void *a = calloc(1, 64 * KiB);
+    assert_int_equal(
+        ect_pull_producer_save(p, "a", a, 64 * KiB, shape, 1, "uint8", gated_release, NULL), 0);
+    uint64_t end = ect_now_ms() + 10000;
+    while (!atomic_load(&in_gate) && ect_now_ms() < end) usleep(1000);
+    assert_int_equal(atomic_load(&in_gate), 1);
+    atomic_store(&released, 0);
+    void *b = calloc(1, 64 * KiB);
+    assert_err(ect_pull_producer_save(p, "b", b, 64 * KiB, shape, 1, "uint8", on_release, NULL),
+               ECT_EBUSY, "max_queued_bytes");
+    assert_int_equal(atomic_load(&released), 0); /* refused: b is still ours */
+    atomic_store(&gate_open, 1);
+    assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
+    assert_int_equal(
+        ect_pull_producer_save(p, "b", b, 64 * KiB, shape, 1, "uint8", on_release, NULL), 0);
+    assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
+    assert_int_equal(atomic_load(&released), 1);
+    ect_pull_producer_close(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ext_codec),
         cmocka_unit_test(test_bad_args),
+        cmocka_unit_test(test_save_queue_bound),
         cmocka_unit_test(test_basic_tcp),
         cmocka_unit_test(test_basic_shm),
         cmocka_unit_test(test_many_consumers),
