@@ -1,9 +1,10 @@
 /*
  * cmd_demo — `ect demo`: the whole system end to end on loopback, in
  * separate processes. Push (default): an `ect push-consumer` instance (its
- * scheduler and one shard per TP rank) receives what rounds of `ect push`
- * send. Pull: `ect pull` loads what an `ect pull-producer` holds. Every item's
- * checksum (64-bit FNV-1a) printed by the producing side must equal the one
+ * scheduler and one shard per TP rank) receives what one `ect push` process
+ * sends (in steps of 8 items; it generates the next step while one moves).
+ * Pull: `ect pull` loads what an `ect pull-producer` holds. Every item's
+ * checksum (XXH64, cli_checksum) printed by the producing side must equal the one
  * the consuming side computed over the bytes it received. Workload: batches
  * of 32 new items followed by 8 repeats of that batch's first items (the same
  * content, so the same mm_hash: the consumer answers them from its resident
@@ -88,11 +89,11 @@ static void help(void) {
            "\n"
            "Runs ectransfer end to end on loopback, in separate processes of this binary, and\n"
            "checks every byte. push (default): an `ect push-consumer` instance (scheduler + one\n"
-           "shard per TP rank) receives what rounds of `ect push` send. pull: `ect pull` loads\n"
+           "shard per TP rank) receives what one `ect push` sends. pull: `ect pull` loads\n"
            "what an `ect pull-producer` holds. The workload comes in batches of 32 new items\n"
            "followed by 8 repeats of the batch's first items (same content, same mm_hash: the\n"
-           "consumer answers them from its resident copy). The checksum each producer printed\n"
-           "must equal the one the consumer computed over the bytes it received.\n"
+           "consumer answers them from its resident copy). The checksum (XXH64) each producer\n"
+           "printed must equal the one the consumer computed over the bytes it received.\n"
            "\n"
            "  --protocol P    push (default) or pull\n"
            "  --transport T   data plane: tcp (default), shm or ucx\n"
@@ -371,30 +372,21 @@ static bool start_push_consumer(demo *d, int *port, long long deadline, const ch
     return false;
 }
 
-/* Runs one `ect push` round and waits for it to exit. */
+/* Runs one `ect push` of count items (the whole workload: --repeat gives
+ * every block of BATCH_NEW new items BATCH_REP repeats of its first ones) and
+ * waits for it to exit. It generates the next step of 8 while one moves. */
 static bool push_round(demo *d, int port, uint64_t seed, uint64_t count, long long deadline,
                        const char **why) {
-    char to[32], cnt[24], sd[24], tmo[24];
+    char to[32], cnt[24], sd[24], tmo[24], repeat[48];
+    snprintf(repeat, sizeof repeat, "%d:%d", BATCH_NEW, BATCH_REP);
     snprintf(to, sizeof to, "127.0.0.1:%d", port);
     snprintf(cnt, sizeof cnt, "%" PRIu64, count);
     snprintf(sd, sizeof sd, "%" PRIu64, seed);
     snprintf(tmo, sizeof tmo, "%" PRIu64, d->timeout_s);
-    char *argv[] = {"push",
-                    "--to",
-                    to,
-                    "--count",
-                    cnt,
-                    "--seed",
-                    sd,
-                    "--shape",
-                    (char *)d->shape,
-                    "--dtype",
-                    (char *)d->dtype,
-                    "--step",
-                    "8",
-                    "--timeout",
-                    tmo,
-                    NULL};
+    char *argv[] = {"push",           "--to",   to,        "--count",        cnt,
+                    "--seed",         sd,       "--shape", (char *)d->shape, "--dtype",
+                    (char *)d->dtype, "--step", "8",       "--repeat",       repeat,
+                    "--timeout",      tmo,      NULL};
     uint64_t before = d->sent;
     if (!demo_spawn(&d->procs, SLOT_PRODUCER, "ect push", argv)) {
         *why = "cannot start ect push";
@@ -424,16 +416,7 @@ static bool run_push(demo *d, const char **why) {
     int port;
     if (!start_push_consumer(d, &port, deadline, why)) return false;
     d->t_start = now_ms();
-    uint64_t left = d->items;
-    for (uint64_t batch = 0; left > 0; batch++) {
-        uint64_t fresh = left < BATCH_NEW ? left : BATCH_NEW;
-        left -= fresh;
-        if (!push_round(d, port, batch + 1, fresh, deadline, why)) return false;
-        uint64_t rep = fresh < BATCH_REP ? fresh : BATCH_REP;
-        if (rep > left) rep = left;
-        left -= rep;
-        if (rep && !push_round(d, port, batch + 1, rep, deadline, why)) return false;
-    }
+    if (!push_round(d, port, 1, d->items, deadline, why)) return false;
     /* the consumer prints an item once every rank took it: wait for the rest */
     long long until = now_ms() + 15000;
     for (;;) {

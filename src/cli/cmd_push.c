@@ -28,7 +28,8 @@ static void help(void) {
     printf(
         "usage: ect push --to HOST:PORT [--count N] [--size SIZE | --shape AxB...] [--dtype D]\n"
         "                [--file F] [--step K] [--seed S] [--id-prefix P] [--timeout S]\n"
-        "                [--control-timeout S] [--transport tcp|shm|ucx] [--tp N]\n\n"
+        "                [--control-timeout S] [--transport tcp|shm|ucx] [--tp N]\n"
+        "                [--repeat NEW:REP]\n\n"
         "Pushes items into the consumer instance whose TP rank 0 serves control requests at\n"
         "HOST:PORT (`ect push-consumer`): reserve on every shard (found through `peers`), one\n"
         "batched write per destination session, complete on every shard. The data plane\n"
@@ -44,6 +45,9 @@ static void help(void) {
         "  --step K              items per step (one flush: one reserve_batch and one\n"
         "                        complete_batch per shard), 1..4096 (default: all, at most 4096)\n"
         "  --seed S              synthetic content seed (default 1)\n"
+        "  --repeat NEW:REP      in every block of NEW + REP items, the last REP carry the\n"
+        "                        content of the block's first REP (same mm_hash: dedup hits);\n"
+        "                        REP <= NEW. Default: every item new\n"
         "  --id-prefix P         transfer_id prefix (default push-<pid>-<random>)\n"
         "  --timeout S           give up on a step after S seconds (default 120)\n"
         "  --control-timeout S   each control exchange (default 30, as the spec says)\n"
@@ -51,7 +55,9 @@ static void help(void) {
         "                        fails without writing (default: whatever the consumer offers)\n"
         "  --tp N                require the consumer to have N shards (TP ranks): an item\n"
         "                        pushed to another number is reported failed\n\n"
-        "Item i: bytes = a splitmix64 stream seeded with (seed, i), or the file's bytes.\n"
+        "Item i: bytes = a splitmix64 stream seeded with (seed, c), or the file's bytes; c = i,\n"
+        "  or with --repeat: block b = i / (NEW + REP), r = i %% (NEW + REP),\n"
+        "  c = b x NEW + (r < NEW ? r : r - NEW).\n"
         "  transfer_id = <prefix>-<i>   (unique per run, so a re-run is not refused)\n"
         "  mm_hash     = xxh64-<checksum>-<dtype>-<shape>   (a hash of the content: repeated\n"
         "                content dedups at the consumer, which answers it `cached`)\n"
@@ -124,12 +130,20 @@ static void print_line(const slot *s, uint64_t nbytes, const ect_push_result *r)
     json_decref(o);
 }
 
+/* The content index of item i: i, or with --repeat NEW:REP the index of the
+ * new item whose content it repeats. */
+static uint64_t content_index(uint64_t i, uint64_t rep_new, uint64_t rep_rep) {
+    if (!rep_new) return i;
+    uint64_t b = i / (rep_new + rep_rep), r = i % (rep_new + rep_rep);
+    return b * rep_new + (r < rep_new ? r : r - rep_new);
+}
+
 /* Generates and checksums items base..base+k-1 into bank (a step's slots):
  * the synthetic bytes (or the file's), checksum, transfer_id and mm_hash.
  * False when a buffer cannot be allocated. */
 static bool prepare_step(slot *bank, size_t k, uint64_t base, uint64_t nbytes, uint64_t seed,
-                         const void *fdata, uint64_t fck, const char *pfx, const char *dtype,
-                         const char *shape_txt) {
+                         const uint64_t repeat[2], const void *fdata, uint64_t fck, const char *pfx,
+                         const char *dtype, const char *shape_txt) {
     for (size_t j = 0; j < k; j++) {
         slot *s = &bank[j];
         s->reported = false;
@@ -138,7 +152,7 @@ static bool prepare_step(slot *bank, size_t k, uint64_t base, uint64_t nbytes, u
                 fprintf(stderr, "ect push: out of memory for %" PRIu64 " bytes\n", nbytes);
                 return false;
             }
-            fill(s->data, nbytes, seed, base + j);
+            fill(s->data, nbytes, seed, content_index(base + j, repeat[0], repeat[1]));
         }
         s->checksum = fdata ? fck : cli_checksum(s->data, nbytes);
         snprintf(s->tid, sizeof s->tid, "%s-%" PRIu64, pfx, base + j);
@@ -203,17 +217,19 @@ int cmd_push(int argc, char **argv) {
                                          {"control-timeout", required_argument, 0, 'C'},
                                          {"transport", required_argument, 0, 'x'},
                                          {"tp", required_argument, 0, 'P'},
+                                         {"repeat", required_argument, 0, 'R'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *to = NULL, *file = NULL, *dtype = "bfloat16", *prefix = NULL;
     uint64_t count = 1, size = 0, step = 0, seed = 1, timeout_s = 120, ctl_s = 30, tp = 0;
     const char *transport = NULL;
     uint64_t shape[WIRE_MAX_NDIM] = {576, 4096};
+    uint64_t repeat[2] = {0, 0}; /* --repeat NEW:REP; 0: every item new */
     size_t ndim = 2;
     bool have_size = false, have_shape = false;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "t:n:s:S:d:f:k:r:p:T:C:x:P:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "t:n:s:S:d:f:k:r:p:T:C:x:P:R:h", opts, NULL)) != -1) {
         switch (c) {
         case 't': to = optarg; break;
         case 'n':
@@ -255,6 +271,18 @@ int cmd_push(int argc, char **argv) {
         case 'P':
             if (!cli_parse_u64("--tp", optarg, 1, 64, &tp)) return CLI_EXIT_USAGE;
             break;
+        case 'R': {
+            char *colon = strchr(optarg, ':');
+            if (!colon) return cli_usage_error(CMD, "--repeat NEW:REP, got '%s'", optarg);
+            *colon = '\0';
+            bool ok = cli_parse_u64("--repeat NEW", optarg, 1, 1000000, &repeat[0]) &&
+                      cli_parse_u64("--repeat REP", colon + 1, 0, 1000000, &repeat[1]);
+            *colon = ':';
+            if (!ok) return CLI_EXIT_USAGE;
+            if (repeat[1] > repeat[0])
+                return cli_usage_error(CMD, "--repeat %s: REP must be at most NEW", optarg);
+            break;
+        }
         case 'h': help(); return CLI_EXIT_OK;
         default: return cli_bad_flag(CMD, opts);
         }
@@ -274,6 +302,7 @@ int cmd_push(int argc, char **argv) {
     uint64_t nbytes = 0;
     if (file) {
         if (have_size) return cli_usage_error(CMD, "--size does not apply to --file");
+        if (repeat[0]) return cli_usage_error(CMD, "--repeat does not apply to --file");
         if (read_file(file, &fdata, &nbytes)) return CLI_EXIT_FAIL;
         if (!have_shape) {
             if (nbytes % esz) {
@@ -354,7 +383,8 @@ int cmd_push(int argc, char **argv) {
     uint64_t n_done = 0, n_failed = 0;
     uint64_t fck = file ? cli_checksum(fdata, nbytes) : 0;
     int rc = CLI_EXIT_OK;
-    if (!prepare_step(slots, (size_t)step, 0, nbytes, seed, fdata, fck, pfx, dtype, shape_txt))
+    if (!prepare_step(slots, (size_t)step, 0, nbytes, seed, repeat, fdata, fck, pfx, dtype,
+                      shape_txt))
         rc = CLI_EXIT_FAIL;
     for (uint64_t base = 0; rc == CLI_EXIT_OK && base < count; base += step) {
         size_t k = (size_t)(count - base < step ? count - base : step);
@@ -387,8 +417,8 @@ int cmd_push(int argc, char **argv) {
         uint64_t next = base + step;
         if (next < count) {
             size_t nk = (size_t)(count - next < step ? count - next : step);
-            if (!prepare_step(slots + (next / step % nbank) * step, nk, next, nbytes, seed, fdata,
-                              fck, pfx, dtype, shape_txt))
+            if (!prepare_step(slots + (next / step % nbank) * step, nk, next, nbytes, seed, repeat,
+                              fdata, fck, pfx, dtype, shape_txt))
                 rc = CLI_EXIT_FAIL; /* after this step's results */
         }
         uint64_t end = ect_now_ms() + timeout_s * 1000;

@@ -26,7 +26,10 @@ ok_run() {
   grep -q "^  items       $n moved, $n verified (checksums equal end to end)$" "$tmp/$name" ||
     { cat "$tmp/$name"; echo "$name: not every item verified"; exit 1; }
   grep -q '^  failures    0$' "$tmp/$name" || { cat "$tmp/$name"; exit 1; }
-  grep -Eq '^  dedup hits  [1-9][0-9]* ' "$tmp/$name" || { cat "$tmp/$name"; echo "no dedup"; exit 1; }
+  # every block of 32 new items brings 8 repeats (ect push --repeat 32:8 in push)
+  local r=$((n % 40 > 32 ? n % 40 - 32 : 0))
+  grep -q "^  dedup hits  $((n / 40 * 8 + r)) " "$tmp/$name" ||
+    { cat "$tmp/$name"; echo "dedup hits: want $((n / 40 * 8 + r))"; exit 1; }
   grep -Eq '^  latency     p50 [0-9.]+ ms, p99 [0-9.]+ ms' "$tmp/$name" || { cat "$tmp/$name"; exit 1; }
   # not a terminal: plain progress lines, no carriage returns
   if grep -q $'\r' "$tmp/$name"; then echo "$name: \\r on a pipe"; exit 1; fi
@@ -34,6 +37,7 @@ ok_run() {
 }
 
 ok_run push_tcp_tp2 --items 45 --shape 64x1024 --tp 2
+ok_run push_tcp_partial --items 75 --shape 16x1024
 ok_run push_shm --items 45 --shape 64x1024 --transport shm
 ok_run pull_tcp --protocol pull --items 45 --shape 64x1024 --dtype float32
 
@@ -96,6 +100,13 @@ bad 'torch dtype' --dtype bfloat17
 bad 'no TP shards' --protocol pull --tp 2
 bad 'integer in' --items 0
 bad 'accepted: --protocol' --bogus
+# ect push --repeat (what the demo's workload uses): REP <= NEW, not with --file
+rc=0
+"$ect" push --to 127.0.0.1:1 --repeat 3:4 >/dev/null 2>"$tmp/bad" || rc=$?
+[ "$rc" -eq 2 ] && grep -q 'REP must be at most NEW' "$tmp/bad" || { cat "$tmp/bad"; exit 1; }
+rc=0
+"$ect" push --to 127.0.0.1:1 --repeat 8:2 --file "$tmp/bad" >/dev/null 2>"$tmp/bad2" || rc=$?
+[ "$rc" -eq 2 ] && grep -q 'does not apply to --file' "$tmp/bad2" || { cat "$tmp/bad2"; exit 1; }
 # ect info: version, every transport tried on this machine, the defaults
 "$ect" info >"$tmp/info"
 grep -q '^ectransfer [0-9]*\.[0-9]*\.[0-9]*$' "$tmp/info"
