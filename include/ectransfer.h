@@ -594,7 +594,12 @@ typedef void (*ect_push_release_fn)(void *user, const void *data, uint64_t nbyte
 typedef struct ect_push_producer_opts {
     uint64_t staging_size;  /* bytes of the staging pool that copied sources live in
                                until written; default 256 MiB; 0 = borrow only */
-    int control_timeout_ms; /* each control exchange, 1..3600000; default 30000 (SPEC) */
+    int control_timeout_ms; /* each control exchange, 1..3600000; default 30000 (SPEC).
+                               Waited out only for a consumer that is connected but
+                               silent: a refused connect or a connection the consumer
+                               closes fails the exchange at once. Exchanges run on one
+                               thread per consumer shard address, so one consumer's
+                               slow exchanges never delay pushes to the others */
     uint64_t refresh_after_ms; /* refresh a reservation older than this before writing;
                                   default 150000 (SPEC) */
     uint64_t input_wait_ms;    /* fail an item whose source is not staged by then;
