@@ -46,7 +46,7 @@ rc=$?
 set -e
 [ $rc -eq 1 ] || { echo "unreachable consumer: exit $rc, want 1"; cat "$tmp/err"; exit 1; }
 [ "$(grep -c '"status":"failed"' <<<"$out")" -eq 3 ]
-grep -q 'discovering the shards of 127.0.0.1:1 failed' <<<"$out"
+grep -q 'consumer 127.0.0.1:1 unreachable: control 127.0.0.1:1: connection refused' <<<"$out"
 grep -q '0 done, 3 failed' "$tmp/err"
 
 free_port() { # a base port with $1 free ports after it
