@@ -39,7 +39,7 @@ expect_usage '--to' --to nohostport
 expect_usage '--transport must be tcp, shm or ucx' --to 127.0.0.1:1 --transport rdma
 expect_usage '--tp' --to 127.0.0.1:1 --tp 0
 
-# Nothing listening: fails within the control timeout, names the address.
+# Nothing listening: the refused connect fails at once, naming the address.
 set +e
 out=$(timeout 30 "$ect" push --to 127.0.0.1:1 --count 3 --size 4KiB --control-timeout 1 2>"$tmp/err")
 rc=$?

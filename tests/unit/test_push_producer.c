@@ -1068,6 +1068,7 @@ static void test_hung_consumer_does_not_block_others(void **st) {
     assert_int_equal(r[4].status, ECT_ETIMEDOUT);
     assert_non_null(strstr(r[4].error, haddr));
     assert_non_null(strstr(r[4].error, "unreachable"));
+    free(h.data);
     item_make(&h, "hung", 1, 1024); /* held down now: fails at once */
     hi = item_of(&h, haddr);
     t0 = ect_now_ms();
