@@ -111,13 +111,16 @@ static void *lane_main(void *arg) {
             l->q = l->q_tail = NULL;
         }
         pthread_mutex_unlock(&l->mu);
+        int rc = j->rc; /* j belongs to the dispatcher once delivered */
+        char cause[sizeof j->err];
+        memcpy(cause, j->err, sizeof cause);
         deliver(l->p, j);
         while (behind) {
             pp_job *b = behind;
             behind = b->next;
-            b->rc = j->rc;
+            b->rc = rc;
             b->held = true;
-            snprintf(b->err, sizeof b->err, "consumer %.100s unreachable: %.190s", l->addr, j->err);
+            snprintf(b->err, sizeof b->err, "consumer %.100s unreachable: %.190s", l->addr, cause);
             deliver(l->p, b);
         }
         pthread_mutex_lock(&l->mu);
