@@ -110,8 +110,9 @@ static void conn_drop_socket(ctl_conn *k) {
  * the connection, and with it any request in flight is lost. A peer that is
  * connected but slow produces no event and is waited for up to the timeout.
  *
- * Reads every pending monitor event; returns the last "gone" event seen
- * (ZMQ_EVENT_CONNECT_RETRIED while not up, or ZMQ_EVENT_DISCONNECTED), else 0. */
+ * Reads every pending monitor event; returns the "gone" event seen
+ * (ZMQ_EVENT_DISCONNECTED, which a reconnect attempt
+ * may follow, else ZMQ_EVENT_CONNECT_RETRIED while not up), or 0. */
 static int conn_read_events(ctl_conn *k) {
     int gone = 0;
     for (;;) {
@@ -142,7 +143,7 @@ static int conn_read_events(ctl_conn *k) {
             k->up = false;
             gone = ZMQ_EVENT_DISCONNECTED;
         } else if (ev == ZMQ_EVENT_CONNECT_RETRIED && !k->up) {
-            gone = ZMQ_EVENT_CONNECT_RETRIED;
+            if (!gone) gone = ZMQ_EVENT_CONNECT_RETRIED;
         }
     }
 }

@@ -472,7 +472,8 @@ static void launch(ect_push_producer *p, pp_job *j) {
         j->rc = ECT_ECONNREFUSED;
         j->held = true;
     }
-    if (!j->rc && pp_lane_submit(p, j)) {
+    if (!j->rc) {
+        if (!pp_lane_submit(p, j)) return; /* the lane owns it now: do not touch it */
         j->rc = ECT_ENOMEM;
         snprintf(j->err, sizeof j->err, "%.300s", ect_last_error());
     }
