@@ -68,7 +68,7 @@ ECT_API const char *ect_version(void);
  *  "torch.bfloat16", "float8_e4m3fn", ...); 0 if the name is unknown. */
 ECT_API size_t ect_dtype_size(const char *name);
 
-/* @@ECT_API_MEM@@ (buffer pool: alloc, pool, resident) */
+/* -------------------------------- buffer pool: alloc, pool, resident */
 
 /*
  * Buffer pool: one memory region carved by a first-fit, coalescing allocator,
@@ -232,7 +232,7 @@ ECT_API int ect_pool_remove(ect_pool *pool, const char *mm_hash);
  *  for nbytes 0. */
 ECT_API int ect_pool_reclaim(ect_pool *pool, uint64_t nbytes);
 
-/* @@ECT_API_XPORT@@ (data plane) */
+/* -------------------------------------------------------- data plane */
 
 /*
  * Data plane: one-sided, acknowledged batch writes into a peer's registered
@@ -318,7 +318,7 @@ ECT_API int ect_xport_write_batch(ect_xport *x, const char *peer_session, const 
  *  unmaps peers' memory and frees x. Accepts NULL. */
 ECT_API void ect_xport_close(ect_xport *x);
 
-/* @@ECT_API_PUSH@@ (generation 2: consumer side) */
+/* --------------------------------------- generation 2: consumer side */
 
 /*
  * Push protocol (generation 2), consumer side. See SPEC.md "Generation 2".
@@ -545,7 +545,7 @@ ECT_API int ect_push_scheduler_cancel(ect_push_scheduler *s, const char *transfe
 /** Fills *st. */
 ECT_API void ect_push_scheduler_stats(ect_push_scheduler *s, ect_push_scheduler_stat *st);
 
-/* @@ECT_API_PUSH_PRODUCER@@ (generation 2: producer side) */
+/* --------------------------------------- generation 2: producer side */
 
 /*
  * Push producer (generation 2, SPEC "Producer side"): pushes encoder outputs
@@ -592,14 +592,14 @@ typedef struct ect_push_producer ect_push_producer;
 typedef void (*ect_push_release_fn)(void *user, const void *data, uint64_t nbytes);
 
 typedef struct ect_push_producer_opts {
-    uint64_t staging_size;  /* bytes of the staging pool that copied sources live in
-                               until written; default 256 MiB; 0 = borrow only */
-    int control_timeout_ms; /* each control exchange, 1..3600000; default 30000 (SPEC).
-                               Waited out only for a consumer that is connected but
-                               silent: a refused connect or a connection the consumer
-                               closes fails the exchange at once. Exchanges run on one
-                               thread per consumer shard address, so one consumer's
-                               slow exchanges never delay pushes to the others */
+    uint64_t staging_size;     /* bytes of the staging pool that copied sources live in
+                                  until written; default 256 MiB; 0 = borrow only */
+    int control_timeout_ms;    /* each control exchange, 1..3600000; default 30000 (SPEC).
+                                  Waited out only for a consumer that is connected but
+                                  silent: a refused connect or a connection the consumer
+                                  closes fails the exchange at once. Exchanges run on one
+                                  thread per consumer shard address, so one consumer's
+                                  slow exchanges never delay pushes to the others */
     uint64_t refresh_after_ms; /* refresh a reservation older than this before writing;
                                   default 150000 (SPEC) */
     uint64_t input_wait_ms;    /* fail an item whose source is not staged by then;
@@ -633,9 +633,9 @@ typedef struct ect_push_item {
     const char *consumer;    /* the consumer's control address "HOST:PORT" (TP rank 0) */
     const char *mm_hash;     /* content hash, 1..255 bytes (the consumer dedups on it) */
     const uint64_t *shape;
-    size_t ndim;             /* 0..8 */
-    const char *dtype;       /* torch dtype name, "bfloat16" or "torch.bfloat16" */
-    uint64_t nbytes;         /* must equal product(shape) x dtype size */
+    size_t ndim;       /* 0..8 */
+    const char *dtype; /* torch dtype name, "bfloat16" or "torch.bfloat16" */
+    uint64_t nbytes;   /* must equal product(shape) x dtype size */
     /* The source, or NULL to stage it later with ect_push_producer_stage. */
     const void *data;
     /* NULL: `data` is copied once into the staging pool during the call and
@@ -690,8 +690,8 @@ ECT_API int ect_push_producer_reserve(ect_push_producer *p, const ect_push_item 
  *  rules as ect_push_item). The writes go out with the next flush. Errors:
  *  ECT_ENOTFOUND unknown transfer_id; ECT_ESTATE already staged or finished;
  *  ECT_EINVAL nbytes differs from the item's; ECT_EFULL; ECT_ENOMEM. */
-ECT_API int ect_push_producer_stage(ect_push_producer *p, const char *transfer_id,
-                                    const void *data, uint64_t nbytes, ect_push_release_fn release,
+ECT_API int ect_push_producer_stage(ect_push_producer *p, const char *transfer_id, const void *data,
+                                    uint64_t nbytes, ect_push_release_fn release,
                                     void *release_user);
 
 /** Ends the step: hands every item and stage queued since the last flush to
@@ -724,7 +724,7 @@ ECT_API void ect_push_producer_stats(ect_push_producer *p, ect_push_producer_sta
  *  closes the transports and frees p. Accepts NULL. */
 ECT_API void ect_push_producer_close(ect_push_producer *p);
 
-/* @@ECT_API_PULL@@ (generation 1) */
+/* ------------------------------------------------------ generation 1 */
 
 /*
  * Generation 1 (pull). A producer announces items over ZMQ PUB/SUB and serves
@@ -747,40 +747,40 @@ typedef struct ect_pull_meta {
     uint64_t nbytes;
     uint32_t ndim;
     uint64_t shape[ECT_POOL_MAX_NDIM];
-    char dtype[ECT_POOL_DTYPE_MAX];   /* as announced, e.g. "torch.bfloat16" */
-    char producer_session_id[257];    /* the producer start that announced it */
+    char dtype[ECT_POOL_DTYPE_MAX]; /* as announced, e.g. "torch.bfloat16" */
+    char producer_session_id[257];  /* the producer start that announced it */
 } ect_pull_meta;
 
 typedef struct ect_pull_producer ect_pull_producer;
 
 typedef struct ect_pull_producer_opts {
-    const char *host;       /* ec_ip to bind ROUTER and PUB on; default "127.0.0.1"; copied */
-    int port;               /* ec_port: ROUTER on port, PUB on port + 1; default 14579;
-                               0 = an ephemeral pair (ect_pull_producer_port tells it) */
-    const char *transport;  /* data plane back end: "tcp" (default), "shm", "ucx" */
-    const char *xport_listen; /* tcp/ucx listen address; default "HOST:0" */
-    uint64_t pool_size;     /* producer pool bytes (memfd); default 1,000,000,000 */
-    uint64_t alignment;     /* default 64 (generation 1) */
-    int connect_timeout_ms; /* data-plane connect to a consumer; default 3000 */
-    int io_timeout_ms;      /* data-plane write without progress; default 10000 */
-    uint32_t max_lanes;     /* consumer sessions served at once; default 256; a pull for
-                               a new session beyond it is refused with ECT_EBUSY */
-    uint32_t page_items;    /* items per ECTransferReady, 1..4096; default 4096 */
+    const char *host;          /* ec_ip to bind ROUTER and PUB on; default "127.0.0.1"; copied */
+    int port;                  /* ec_port: ROUTER on port, PUB on port + 1; default 14579;
+                                  0 = an ephemeral pair (ect_pull_producer_port tells it) */
+    const char *transport;     /* data plane back end: "tcp" (default), "shm", "ucx" */
+    const char *xport_listen;  /* tcp/ucx listen address; default "HOST:0" */
+    uint64_t pool_size;        /* producer pool bytes (memfd); default 1,000,000,000 */
+    uint64_t alignment;        /* default 64 (generation 1) */
+    int connect_timeout_ms;    /* data-plane connect to a consumer; default 3000 */
+    int io_timeout_ms;         /* data-plane write without progress; default 10000 */
+    uint32_t max_lanes;        /* consumer sessions served at once; default 256; a pull for
+                                  a new session beyond it is refused with ECT_EBUSY */
+    uint32_t page_items;       /* items per ECTransferReady, 1..4096; default 4096 */
     uint64_t max_queued_bytes; /* bytes saved but not yet stored by the save thread;
                                default 1 GiB; a save that would pass it (unless nothing
                                waits) is refused with ECT_EBUSY */
 } ect_pull_producer_opts;
 
 typedef struct ect_pull_producer_stat {
-    uint64_t saved;        /* items copied into the pool and published */
-    uint64_t save_failed;  /* items dropped by the save thread (pool full, bad input) */
-    uint64_t notifications;/* ECHashNotification messages published */
-    uint64_t pulls_ok;     /* ECTransferComplete with status 0 */
-    uint64_t pulls_failed; /* ECTransferComplete with a non-zero status */
-    uint64_t malformed;    /* ROUTER frames dropped as malformed */
-    uint64_t requests;     /* ECTransferRequest answered */
-    uint64_t evicted;      /* items reclaimed from the pool (least recently used) */
-    uint64_t lanes;        /* write lanes running now */
+    uint64_t saved;         /* items copied into the pool and published */
+    uint64_t save_failed;   /* items dropped by the save thread (pool full, bad input) */
+    uint64_t notifications; /* ECHashNotification messages published */
+    uint64_t pulls_ok;      /* ECTransferComplete with status 0 */
+    uint64_t pulls_failed;  /* ECTransferComplete with a non-zero status */
+    uint64_t malformed;     /* ROUTER frames dropped as malformed */
+    uint64_t requests;      /* ECTransferRequest answered */
+    uint64_t evicted;       /* items reclaimed from the pool (least recently used) */
+    uint64_t lanes;         /* write lanes running now */
 } ect_pull_producer_stat;
 
 /** Called once when the producer no longer needs the bytes given to
@@ -835,17 +835,17 @@ ECT_API void ect_pull_producer_close(ect_pull_producer *p);
 typedef struct ect_pull_scheduler ect_pull_scheduler;
 
 typedef struct ect_pull_scheduler_opts {
-    const char *producer;  /* "HOST:PORT" of the producer's ec_port; required; copied */
-    int request_retry_ms;  /* re-ask the inventory when unanswered this long; default 2000 */
+    const char *producer; /* "HOST:PORT" of the producer's ec_port; required; copied */
+    int request_retry_ms; /* re-ask the inventory when unanswered this long; default 2000 */
 } ect_pull_scheduler_opts;
 
 typedef struct ect_pull_scheduler_stat {
-    uint64_t notifications; /* ECHashNotification received */
-    uint64_t ready_pages;   /* ECTransferReady received */
-    uint64_t malformed;     /* frames dropped (SUB or DEALER) */
+    uint64_t notifications;   /* ECHashNotification received */
+    uint64_t ready_pages;     /* ECTransferReady received */
+    uint64_t malformed;       /* frames dropped (SUB or DEALER) */
     uint64_t session_changes; /* producer restarts seen (its hashes forgotten) */
-    uint64_t available;     /* hashes known now */
-    int synced;             /* 1 once the inventory answer of the current session arrived */
+    uint64_t available;       /* hashes known now */
+    int synced;               /* 1 once the inventory answer of the current session arrived */
 } ect_pull_scheduler_stat;
 
 ECT_API void ect_pull_scheduler_opts_init(ect_pull_scheduler_opts *opts);
@@ -881,14 +881,14 @@ ECT_API void ect_pull_scheduler_close(ect_pull_scheduler *s);
 typedef struct ect_pull_consumer ect_pull_consumer;
 
 typedef struct ect_pull_consumer_opts {
-    const char *producer;   /* "HOST:PORT" of the producer's ec_port; required; copied */
-    const char *transport;  /* "tcp" (default), "shm", "ucx"; the producer's must match */
+    const char *producer;     /* "HOST:PORT" of the producer's ec_port; required; copied */
+    const char *transport;    /* "tcp" (default), "shm", "ucx"; the producer's must match */
     const char *xport_listen; /* tcp/ucx listen address; default "127.0.0.1:0" */
-    uint64_t pool_size;     /* consumer pool bytes (memfd); default 1,000,000,000 */
-    uint64_t alignment;     /* default 64 */
-    int timeout_ms;         /* wait for ECTransferComplete; default 60000 (RCVTIMEO) */
-    int quarantine_ms;      /* how long a timed-out region stays unusable unless its late
-                               completion arrives first; default 60000 */
+    uint64_t pool_size;       /* consumer pool bytes (memfd); default 1,000,000,000 */
+    uint64_t alignment;       /* default 64 */
+    int timeout_ms;           /* wait for ECTransferComplete; default 60000 (RCVTIMEO) */
+    int quarantine_ms;        /* how long a timed-out region stays unusable unless its late
+                                 completion arrives first; default 60000 */
 } ect_pull_consumer_opts;
 
 /** A loaded item: valid, and leased in the consumer's pool, until
@@ -903,13 +903,13 @@ typedef struct ect_pull_view {
 } ect_pull_view;
 
 typedef struct ect_pull_consumer_stat {
-    uint64_t local;      /* loads answered by the resident cache */
-    uint64_t remote;     /* loads pulled successfully */
-    uint64_t failed;     /* pulls answered with a non-zero status */
-    uint64_t timeouts;   /* pulls that timed out */
-    uint64_t stale;      /* completions dropped as not this request's */
-    uint64_t malformed;  /* undecodable frames dropped */
-    uint64_t quarantined;/* timed-out regions not yet freed */
+    uint64_t local;       /* loads answered by the resident cache */
+    uint64_t remote;      /* loads pulled successfully */
+    uint64_t failed;      /* pulls answered with a non-zero status */
+    uint64_t timeouts;    /* pulls that timed out */
+    uint64_t stale;       /* completions dropped as not this request's */
+    uint64_t malformed;   /* undecodable frames dropped */
+    uint64_t quarantined; /* timed-out regions not yet freed */
 } ect_pull_consumer_stat;
 
 ECT_API void ect_pull_consumer_opts_init(ect_pull_consumer_opts *opts);

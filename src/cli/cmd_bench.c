@@ -18,7 +18,6 @@
 #include "cli/cli.h"
 
 static const cli_bench benches[] = {
-    /* @@BENCH_TABLE@@ */
     {"push", "generation-2 pushes, steps of 1/8/32 items (64 KiB..16 MiB) vs raw write_batch",
      bench_push},
     {"pull", "generation-1 pulls of 1 and 32 items (64 KiB..16 MiB) vs raw transport writes",

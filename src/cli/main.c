@@ -9,7 +9,6 @@
 
 static const cli_cmd commands[] = {
     {"info", "print the version, compiled-in transports and defaults", cmd_info},
-    /* @@COMMANDS@@ */
     {"demo", "run push (or pull) end to end in separate processes and verify every byte", cmd_demo},
     {"push-consumer", "generation-2 consumer: receive pushed items, one JSON line each",
      cmd_push_consumer},
