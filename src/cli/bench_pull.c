@@ -17,29 +17,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
 #include "ectransfer.h"
+#include "util/util.h"
 
 #define MiB (1024ull * 1024)
-
-static uint64_t now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
 
 typedef struct row {
     double gbps, p50_ms, raw_gbps, raw_p50_ms;
     bool ok;
 } row;
-
-static int cmp_u64(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
 
 typedef int (*round_fn)(void *ctx);
 
@@ -50,24 +39,24 @@ static int timed_pair(round_fn a, round_fn b, void *ctx, uint64_t bytes, int ms,
     static uint64_t la[1000], lb[1000];
     if (a(ctx) != 0 || b(ctx) != 0) return -1; /* warm-up: connections, page faults */
     size_t n = 0;
-    uint64_t t0 = now_ns(), budget = (uint64_t)ms * 1000000ull;
-    while (n < 1000 && (n < 3 || now_ns() - t0 < budget)) {
-        uint64_t t = now_ns();
+    uint64_t t0 = ect_now_ns(), budget = (uint64_t)ms * 1000000ull;
+    while (n < 1000 && (n < 3 || ect_now_ns() - t0 < budget)) {
+        uint64_t t = ect_now_ns();
         if (a(ctx) != 0) return -1;
-        uint64_t u = now_ns();
+        uint64_t u = ect_now_ns();
         if (b(ctx) != 0) return -1;
         la[n] = u - t;
-        lb[n] = now_ns() - u;
+        lb[n] = ect_now_ns() - u;
         n++;
     }
-    qsort(la, n, sizeof la[0], cmp_u64);
-    qsort(lb, n, sizeof lb[0], cmp_u64);
+    cli_sort_u64(la, n);
+    cli_sort_u64(lb, n);
     /* Medians, not means: on a shared 2-core machine a few rounds stall for
      * tens of ms, and one stall would decide the mean of a short run. */
-    r->gbps = (double)bytes / (double)la[n / 2];
-    r->raw_gbps = (double)bytes / (double)lb[n / 2];
-    r->p50_ms = (double)la[n / 2] / 1e6;
-    r->raw_p50_ms = (double)lb[n / 2] / 1e6;
+    r->gbps = (double)bytes / (double)cli_pct_u64(la, n, 50);
+    r->raw_gbps = (double)bytes / (double)cli_pct_u64(lb, n, 50);
+    r->p50_ms = (double)cli_pct_u64(la, n, 50) / 1e6;
+    r->raw_p50_ms = (double)cli_pct_u64(lb, n, 50) / 1e6;
     return 0;
 }
 

@@ -205,11 +205,6 @@ typedef struct row {
     bool ok;
 } row;
 
-static int cmp_u64(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 static void no_release(void *u, const void *d, uint64_t n) {
     (void)u;
     (void)d;
@@ -294,11 +289,11 @@ static int run_push(shard *s, ect_push_producer *p, void **src, size_t k, uint64
     }
     ect_push_producer_stats(p, &st1);
     if (!rc && steps) {
-        qsort(lat, nlat, sizeof *lat, cmp_u64);
+        cli_sort_u64(lat, nlat);
         r->items_s = (double)items / ((double)busy_ns / 1e9);
         r->gbps = (double)items * (double)n / (double)busy_ns;
-        r->p50_ms = (double)lat[nlat / 2] / 1e6;
-        r->p99_ms = (double)lat[(nlat * 99) / 100 < nlat ? (nlat * 99) / 100 : nlat - 1] / 1e6;
+        r->p50_ms = (double)cli_pct_u64(lat, nlat, 50) / 1e6;
+        r->p99_ms = (double)cli_pct_u64(lat, nlat, 99) / 1e6;
         r->rt_per_step = (double)(st1.control_requests - st0.control_requests) / (double)steps;
         r->ok = true;
     }
@@ -337,9 +332,9 @@ static int run_raw(shard *s, ect_xport *ini, void **src, size_t k, uint64_t n, d
         busy += lat[it];
     }
     if (!rc) {
-        qsort(lat, it, sizeof *lat, cmp_u64);
+        cli_sort_u64(lat, it);
         r->raw_gbps = (double)it * (double)k * (double)n / (double)busy;
-        r->raw_p50_ms = (double)lat[it / 2] / 1e6;
+        r->raw_p50_ms = (double)cli_pct_u64(lat, it, 50) / 1e6;
     }
     ect_pool_free(s->pool, off);
     free(w);

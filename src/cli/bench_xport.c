@@ -36,17 +36,12 @@ typedef struct stats {
     bool ok;
 } stats;
 
-static int cmp_u64(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Fills s from per-iteration latencies (ns) and the total elapsed time. */
 static void summarize(uint64_t *lat, size_t n, uint64_t bytes, uint64_t total_ns, stats *s) {
-    qsort(lat, n, sizeof *lat, cmp_u64);
+    cli_sort_u64(lat, n);
     s->gbps = (double)bytes * (double)n / (double)total_ns;
-    s->p50_us = (double)lat[n / 2] / 1000.0;
-    s->p99_us = (double)lat[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1] / 1000.0;
+    s->p50_us = (double)cli_pct_u64(lat, n, 50) / 1000.0;
+    s->p99_us = (double)cli_pct_u64(lat, n, 99) / 1000.0;
     s->ok = true;
 }
 

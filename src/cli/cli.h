@@ -81,4 +81,9 @@ int cmd_push_consumer(int argc, char **argv);
 /* cmd_demo.c: `ect demo` (push or pull end to end in separate processes, verified). */
 int cmd_demo(int argc, char **argv);
 
+/* latency.c: sorts v ascending; the p-th percentile (0..100) of a sorted,
+ * non-empty v is v[min(n * p / 100, n - 1)] (p = 50 gives v[n / 2]). */
+void cli_sort_u64(uint64_t *v, size_t n);
+uint64_t cli_pct_u64(const uint64_t *sorted, size_t n, unsigned p);
+
 #endif
