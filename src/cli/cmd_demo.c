@@ -21,7 +21,6 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 #include <uthash.h>
 
@@ -77,11 +76,7 @@ static void on_signal(int sig) {
     stop_flag = 1;
 }
 
-static long long now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+static long long now_ms(void) { return (long long)ect_now_ms(); }
 
 static void help(void) {
     printf("usage: ect demo [--protocol push|pull] [--transport tcp|shm|ucx] [--items N]\n"

@@ -13,16 +13,13 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "util/util.h"
 
 #define LINE_MAX_BYTES (1u << 20)
 
-static long long now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+static long long now_ms(void) { return (long long)ect_now_ms(); }
 
 bool demo_spawn(demo_procs *p, int slot, const char *name, char *const argv[]) {
     demo_child *c = &p->c[slot];
