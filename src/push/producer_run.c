@@ -483,20 +483,23 @@ static void launch(ect_push_producer *p, pp_job *j) {
     }
 }
 
+/* Fails one action at once (out of memory before its job is sent). */
+static void fail_action(ect_push_producer *p, const push_action *ac) {
+    if (ac->kind == PUSH_ACT_RESERVE)
+        push_reserve_done(p->table, ac->transfer_id, ac->shard, NULL, "out of memory",
+                          ect_now_ms());
+    else if (ac->kind == PUSH_ACT_COMPLETE)
+        push_complete_done(p->table, ac->transfer_id, ac->shard, false, false);
+    else if (ac->kind == PUSH_ACT_REFRESH)
+        push_refresh_done(p->table, ac->transfer_id, ac->shard, false);
+    else if (ac->kind == PUSH_ACT_ABANDON)
+        push_abandon_done(p->table, ac->transfer_id, ac->shard, false);
+}
+
 /* Fails the actions of `kind` at once (out of memory before any job). */
 static void fail_all(ect_push_producer *p, const push_action *a, size_t n, push_action_kind kind) {
-    for (size_t i = 0; i < n; i++) {
-        if (a[i].kind != kind) continue;
-        if (kind == PUSH_ACT_RESERVE)
-            push_reserve_done(p->table, a[i].transfer_id, a[i].shard, NULL, "out of memory",
-                              ect_now_ms());
-        else if (kind == PUSH_ACT_COMPLETE)
-            push_complete_done(p->table, a[i].transfer_id, a[i].shard, false, false);
-        else if (kind == PUSH_ACT_REFRESH)
-            push_refresh_done(p->table, a[i].transfer_id, a[i].shard, false);
-        else if (kind == PUSH_ACT_ABANDON)
-            push_abandon_done(p->table, a[i].transfer_id, a[i].shard, false);
-    }
+    for (size_t i = 0; i < n; i++)
+        if (a[i].kind == kind) fail_action(p, &a[i]);
 }
 
 static void do_reserves(ect_push_producer *p, const push_action *a, size_t n) {
@@ -512,9 +515,7 @@ static void do_reserves(ect_push_producer *p, const push_action *a, size_t n) {
         wire_reserve_item *items = j ? calloc(g->n, sizeof *items) : NULL;
         if (!items) {
             pp_job_free(j);
-            for (size_t k = 0; k < g->n; k++)
-                push_reserve_done(p->table, a[g->idx[k]].transfer_id, a[g->idx[k]].shard, NULL,
-                                  "out of memory", ect_now_ms());
+            for (size_t k = 0; k < g->n; k++) fail_action(p, &a[g->idx[k]]);
             continue;
         }
         for (size_t k = 0; k < g->n; k++) {
@@ -549,9 +550,7 @@ static void do_completes(ect_push_producer *p, const push_action *a, size_t n) {
         wire_complete_req *items = j ? calloc(g->n, sizeof *items) : NULL;
         if (!items) {
             pp_job_free(j);
-            for (size_t k = 0; k < g->n; k++)
-                push_complete_done(p->table, a[g->idx[k]].transfer_id, a[g->idx[k]].shard, false,
-                                   false);
+            for (size_t k = 0; k < g->n; k++) fail_action(p, &a[g->idx[k]]);
             continue;
         }
         for (size_t k = 0; k < g->n; k++) {
@@ -578,10 +577,7 @@ static void do_cancels(ect_push_producer *p, const push_action *a, size_t n) {
         if (x->kind != PUSH_ACT_REFRESH && x->kind != PUSH_ACT_ABANDON) continue;
         pp_job *j = job_new(p, PJ_CANCEL, a, &i, 1);
         if (!j) {
-            if (x->kind == PUSH_ACT_REFRESH)
-                push_refresh_done(p->table, x->transfer_id, x->shard, false);
-            else
-                push_abandon_done(p->table, x->transfer_id, x->shard, false);
+            fail_action(p, x);
             continue;
         }
         j->want_ok = true;
