@@ -365,7 +365,7 @@ typedef struct ect_push_view {
     const void *data;
     uint64_t nbytes;
     uint32_t ndim;
-    uint64_t shape[8];
+    uint64_t shape[ECT_POOL_MAX_NDIM];
     char dtype[32];
     char mm_hash[256];
     char transfer_id[256];
@@ -483,7 +483,7 @@ typedef struct ect_push_sched_item {
     char mm_hash[256];
     uint64_t nbytes;
     uint32_t ndim;
-    uint64_t shape[8];
+    uint64_t shape[ECT_POOL_MAX_NDIM];
     char dtype[32];
     char error[160]; /* why FAILED / UNAVAILABLE / EXPIRED */
 } ect_push_sched_item;

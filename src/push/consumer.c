@@ -207,7 +207,7 @@ int ect_push_consumer_take(ect_push_consumer *c, const char *transfer_id, ect_pu
     view->data = (const uint8_t *)ect_pool_base(c->pool) + st.offset;
     view->nbytes = st.nbytes;
     view->ndim = (uint32_t)st.ndim;
-    for (size_t i = 0; i < st.ndim && i < 8; i++) view->shape[i] = st.shape[i];
+    for (size_t i = 0; i < st.ndim && i < ECT_POOL_MAX_NDIM; i++) view->shape[i] = st.shape[i];
     snprintf(view->dtype, sizeof view->dtype, "%s", st.dtype);
     snprintf(view->mm_hash, sizeof view->mm_hash, "%s", st.mm_hash);
     snprintf(view->transfer_id, sizeof view->transfer_id, "%s", transfer_id);

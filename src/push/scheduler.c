@@ -303,7 +303,7 @@ static void fill_item(ect_push_sched_item *it, const char *tid, const xfer_info 
     snprintf(it->mm_hash, sizeof it->mm_hash, "%s", in->mm_hash);
     it->nbytes = in->nbytes;
     it->ndim = (uint32_t)in->ndim;
-    for (size_t i = 0; i < in->ndim && i < 8; i++) it->shape[i] = in->shape[i];
+    for (size_t i = 0; i < in->ndim && i < ECT_POOL_MAX_NDIM; i++) it->shape[i] = in->shape[i];
     snprintf(it->dtype, sizeof it->dtype, "%s", in->dtype);
     snprintf(it->error, sizeof it->error, "%s", in->error);
 }
