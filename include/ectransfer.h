@@ -383,6 +383,16 @@ typedef struct ect_push_consumer_stat {
     uint64_t events_dropped; /* dropped because the backlog was full */
     uint64_t bad_requests;   /* frames answered "malformed" or "unknown op" */
     uint64_t evictions;      /* resident buffers reclaimed */
+    uint64_t peak_live;      /* most reservations live at once since open */
+    uint64_t peak_held;      /* most bytes the reservation table held at once (reservations
+                                and resident items, rounded sizes) */
+    uint64_t finished;       /* delivered reservations ended by ect_push_consumer_release */
+    uint64_t abandoned;      /* reservations producers abandoned (cancel with abandon) */
+    uint64_t expired;        /* reservations the reaper ended: READY but not released within
+                                ttl_ms, or a writer silent past it */
+    uint64_t refused_full;   /* reserves refused "EC consumer buffer pool is full" */
+    uint64_t refused_other;  /* reserves refused otherwise (a transfer_id ended within the
+                                TTL, a conflict, a bad field) */
 } ect_push_consumer_stat;
 
 /** Fills the defaults above. */
@@ -412,10 +422,16 @@ ECT_API const char *ect_push_consumer_session(const ect_push_consumer *c);
 ECT_API int ect_push_consumer_take(ect_push_consumer *c, const char *transfer_id,
                                    ect_push_view *view);
 
-/** Ends the lease of a taken view; the bytes stay resident so a later
- *  reserve of the same mm_hash is answered `cached` without moving bytes
- *  (least-recently-used reclaim when the pool is full). The view must not be
- *  read afterwards. Errors: ECT_ENOTFOUND, ECT_ESTATE (not leased). */
+/** Ends the lease of a taken view and, when view->transfer_id is set (take
+ *  sets it), finishes the transfer on this shard: its reservation ends at
+ *  once, so the pool never waits for the scheduler's remote cancel to reuse
+ *  the room (a later take of that transfer_id gets ECT_ENOTFOUND, and a
+ *  producer reserving it again is answered `cancelled`, reason "already
+ *  delivered"). The bytes stay resident so a later reserve of the same
+ *  mm_hash is answered `cached` without moving bytes (least-recently-used
+ *  reclaim when the pool is full). Clear view->transfer_id to end only the
+ *  lease. The view must not be read afterwards. Errors: ECT_ENOTFOUND,
+ *  ECT_ESTATE (not leased). */
 ECT_API int ect_push_consumer_release(ect_push_consumer *c, const ect_push_view *view);
 
 /** Frees up to `max` unleased resident items no reservation uses, least
@@ -532,6 +548,15 @@ ECT_API int ect_push_scheduler_next(ect_push_scheduler *s, ect_push_sched_item *
  *  it to the resident cache). ECT_ESTATE from another state. */
 ECT_API int ect_push_scheduler_loaded(ect_push_scheduler *s, const char *transfer_id);
 
+/** The next transfer that ended badly since the last call, oldest first:
+ *  FAILED (abandoned by the producer, shards that disagree), UNAVAILABLE
+ *  (not on every shard within push_wait_ms; in accept_any mode also an item
+ *  some shards reported and the others never did) or EXPIRED (not loaded
+ *  within ttl_ms); item->error says why. Failures the engine reported with
+ *  ect_push_scheduler_fail are not listed. At most 4096 wait (the oldest is
+ *  dropped). ECT_ENOTFOUND when none. */
+ECT_API int ect_push_scheduler_next_failed(ect_push_scheduler *s, ect_push_sched_item *item);
+
 /** Marks transfer_id failed (a load that went wrong); cancels it on every
  *  shard. */
 ECT_API int ect_push_scheduler_fail(ect_push_scheduler *s, const char *transfer_id,
@@ -624,6 +649,25 @@ typedef struct ect_push_producer_opts {
                                   ends it. 1..3600000; default 1000 */
     int down_backoff_max_ms;   /* the doubling stops here; down_backoff_ms..3600000;
                                   default 30000 */
+    uint64_t push_wait_ms;     /* back-pressure: a reserve a shard refuses with "EC consumer
+                                  buffer pool is full" is not a failure. The item stays
+                                  staged, gives back its reservations on the other shards
+                                  (so no two items can each hold what the other waits for)
+                                  and reserves again after a backoff (2 ms doubling to
+                                  200 ms). Items the consumer got later wait behind it, so
+                                  the order holds; other consumers are not slowed. An item
+                                  still without room push_wait_ms after its _reserve fails
+                                  with "the consumer's pool stayed full for N ms ...".
+                                  Upstream push_wait_timeout_s; 1..86400000; default 60000 */
+    uint64_t staging_wait_ms;  /* a copied source (release NULL) that does not fit in the
+                                  staging pool makes _reserve / _stage wait up to this long
+                                  for room (pushes in flight free it as their writes land),
+                                  after handing this thread's unflushed items to the
+                                  dispatcher so they can drain; then ECT_EFULL. 0: fail at
+                                  once. At most 3600000; default 60000 */
+    uint32_t expect_shards;    /* 0 (default): any; else the consumer must report exactly this
+                                  many shards (TP ranks): an item for one that reports
+                                  another number fails before anything is reserved */
 } ect_push_producer_opts;
 
 /** One item to push. Every pointer is read during the call only, except
@@ -660,6 +704,8 @@ typedef struct ect_push_result {
     uint64_t latency_ns;
     uint32_t shards;
     char transport[16];
+    uint32_t retries; /* reserve rounds the consumer refused as full before the outcome
+                         (back-pressure, see push_wait_ms); 0 when room was there */
 } ect_push_result;
 
 /** Counters since open (for benchmarks and tests). */
@@ -669,6 +715,10 @@ typedef struct ect_push_producer_stats {
     uint64_t reserve_batches, complete_batches, write_batches, peers_requests, cancels;
     uint64_t done, failed, cancelled, refreshes;
     uint64_t staged_bytes_in_use; /* staging pool bytes held now */
+    uint64_t full_refusals;       /* reserves a shard refused as full (one per shard) */
+    uint64_t retries;             /* reserve rounds started again after such a refusal */
+    uint64_t give_backs;          /* reservations given back meanwhile */
+    uint64_t staging_waits;       /* _reserve / _stage calls that waited for staging room */
 } ect_push_producer_stat;
 
 /** Fills the defaults above. */
@@ -680,16 +730,21 @@ ECT_API void ect_push_producer_opts_init(ect_push_producer_opts *opts);
 ECT_API int ect_push_producer_open(const ect_push_producer_opts *opts, ect_push_producer **out);
 
 /** Queues an item for the current step; nothing is sent until
- *  ect_push_producer_flush. Errors: ECT_EINVAL naming the field; ECT_EEXIST
- *  transfer_id already pushed (dedup); ECT_EFULL the staging pool cannot hold
- *  the copy; ECT_ECLOSED closing; ECT_ENOMEM. Any thread; never blocks on the
- *  network (a copy into the staging pool happens on the calling thread). */
+ *  ect_push_producer_flush. A copied source (release NULL) goes into the
+ *  staging pool on the calling thread; when the pool is full the call hands
+ *  every unflushed item to the dispatcher (an early end of the step, so they
+ *  can drain) and waits up to opts.staging_wait_ms for room. Errors:
+ *  ECT_EINVAL naming the field; ECT_EEXIST transfer_id already pushed
+ *  (dedup); ECT_EFULL the staging pool stayed full (or the item is larger
+ *  than it); ECT_ECLOSED closing; ECT_ENOMEM. Any thread; never blocks on
+ *  the network (only the staging wait above, bounded by its option). */
 ECT_API int ect_push_producer_reserve(ect_push_producer *p, const ect_push_item *item);
 
 /** Stages the source of an item queued without `data` (same copy / borrow
- *  rules as ect_push_item). The writes go out with the next flush. Errors:
- *  ECT_ENOTFOUND unknown transfer_id; ECT_ESTATE already staged or finished;
- *  ECT_EINVAL nbytes differs from the item's; ECT_EFULL; ECT_ENOMEM. */
+ *  rules as ect_push_item; a full staging pool waits as _reserve does). The
+ *  writes go out with the next flush. Errors: ECT_ENOTFOUND unknown
+ *  transfer_id; ECT_ESTATE already staged or finished; ECT_EINVAL nbytes
+ *  differs from the item's; ECT_EFULL; ECT_ENOMEM. */
 ECT_API int ect_push_producer_stage(ect_push_producer *p, const char *transfer_id, const void *data,
                                     uint64_t nbytes, ect_push_release_fn release,
                                     void *release_user);

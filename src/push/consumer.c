@@ -163,6 +163,7 @@ int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_consumer
     so.rsv.pending_grace_ms = opts->pending_grace_ms;
     so.rsv.max_events = opts->max_events;
     so.rsv.max_tombstones = opts->max_tombstones;
+    so.rsv.capacity = ect_pool_capacity(c->pool);
     so.dst_session = ect_xport_session(c->xp);
     so.transport = ect_xport_kind(c->xp);
     so.dst_key = c->key;
@@ -216,7 +217,7 @@ int ect_push_consumer_take(ect_push_consumer *c, const char *transfer_id, ect_pu
 
 int ect_push_consumer_release(ect_push_consumer *c, const ect_push_view *view) {
     if (!c || !view) return ect_set_error(ECT_EINVAL, "push consumer release: NULL argument");
-    return ctl_server_release(c->srv, view->mm_hash);
+    return ctl_server_release(c->srv, view->mm_hash, view->transfer_id);
 }
 
 size_t ect_push_consumer_evict(ect_push_consumer *c, size_t max) {

@@ -5,10 +5,18 @@
  * frames, runs the reaper and drains the event queue. The lock is held for
  * table calls and for encoding what they return, never across zmq_send or
  * zmq_recv, so the consumer's take/release never wait on the network.
+ *
+ * Refusals: every reserve the shard refuses is counted by class (pool full,
+ * tombstoned transfer_id, conflict, active writer, bad request, other) and
+ * each class is logged at most once a second, with the count since its last
+ * line and the latest text as the example, so an operator sees what a busy
+ * shard turns away without a line per item. Expiries the reaper makes are
+ * logged the same way. The wire replies themselves are upstream's texts.
  */
 #include "push/control_server.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -21,6 +29,26 @@
 #include "wire/control_msg.h"
 
 #define MOD "ctlsrv"
+#define LOG_EVERY_MS 1000
+
+enum { RF_FULL, RF_TOMB, RF_CONFLICT, RF_BUSY, RF_INVALID, RF_OTHER, RF_N };
+
+static const char *const rf_what[RF_N] = {
+    "EC consumer buffer pool is full (producers wait and retry)",
+    "transfer_id refused: answered `cancelled`",
+    "conflict",
+    "reservation still has an active writer",
+    "bad request",
+    "other",
+};
+
+/* One refusal class: touched by the handling thread only; totals atomic. */
+typedef struct refusal {
+    uint64_t window;  /* since the last log line */
+    uint64_t last_ms; /* when that line went out */
+    char example[240];
+    atomic_uint_fast64_t total;
+} refusal;
 
 struct ctl_server {
     ctl_server_opts o;
@@ -34,6 +62,9 @@ struct ctl_server {
     bool thr_started;
     atomic_bool stop;
     atomic_uint_fast64_t events_sent, bad_requests;
+    refusal rf[RF_N];
+    uint64_t seen_expired_ready, seen_expired_writing, seen_abandoned; /* reaper log */
+    uint64_t expiry_log_ms;
 };
 
 void ctl_server_opts_init(ctl_server_opts *o) {
@@ -55,6 +86,63 @@ static void fill_tensor(wire_tensor *t, uint64_t nbytes, const uint64_t *shape, 
     snprintf(t->dtype, sizeof t->dtype, "%s", dtype);
 }
 
+/* Counts a refusal of class k; the text is kept as the example. Caller: the
+ * handling thread. */
+static void refused(ctl_server *s, int k, const char *text) {
+    refusal *f = &s->rf[k];
+    f->window++;
+    atomic_fetch_add(&f->total, 1);
+    snprintf(f->example, sizeof f->example, "%.200s", text);
+}
+
+static int refusal_class(int rc) {
+    switch (rc) {
+    case ECT_EFULL: return RF_FULL;
+    case ECT_EEXIST: return RF_CONFLICT;
+    case ECT_EBUSY: return RF_BUSY;
+    case ECT_EINVAL:
+    case ECT_EOVERFLOW: return RF_INVALID;
+    default: return RF_OTHER;
+    }
+}
+
+/* Logs each class with refusals in its window once LOG_EVERY_MS passed since
+ * its last line. Called without the table lock (the handling thread). */
+static void log_refusals(ctl_server *s, uint64_t now) {
+    for (int k = 0; k < RF_N; k++) {
+        refusal *f = &s->rf[k];
+        if (!f->window || now - f->last_ms < LOG_EVERY_MS) continue;
+        double secs = f->last_ms ? (double)(now - f->last_ms) / 1000.0 : 1.0;
+        ECT_LOGW(MOD, "shard %d: refused %" PRIu64 " reserve(s) in the last %.1f s: %s; latest: %s",
+                 s->port, f->window, secs > 1e6 ? 1.0 : secs, rf_what[k], f->example);
+        f->window = 0;
+        f->last_ms = now;
+    }
+}
+
+/* Logs what the reaper ended since the last line (at most once a second). */
+static void log_expiries(ctl_server *s, uint64_t now) {
+    if (now - s->expiry_log_ms < LOG_EVERY_MS) return;
+    rsv_stats st;
+    pthread_mutex_lock(&s->mu);
+    rsv_get_stats(s->tab, &st);
+    pthread_mutex_unlock(&s->mu);
+    uint64_t r = st.expired_ready - s->seen_expired_ready;
+    uint64_t w = st.expired_writing - s->seen_expired_writing;
+    uint64_t a = st.abandoned - s->seen_abandoned;
+    if (r || w)
+        ECT_LOGW(MOD,
+                 "shard %d: %" PRIu64 " reservation(s) expired: %" PRIu64
+                 " READY but never taken and released within the TTL, %" PRIu64
+                 " writer(s) silent past the TTL",
+                 s->port, r + w, r, w);
+    if (a) ECT_LOGI(MOD, "shard %d: %" PRIu64 " transfer(s) abandoned by producers", s->port, a);
+    s->seen_expired_ready = st.expired_ready;
+    s->seen_expired_writing = st.expired_writing;
+    s->seen_abandoned = st.abandoned;
+    s->expiry_log_ms = now;
+}
+
 /* One reserve under the lock; on failure *err is the text for the reply. */
 static int do_reserve(ctl_server *s, const wire_reserve_req *r, uint64_t now,
                       wire_reserve_result *res) {
@@ -67,9 +155,22 @@ static int do_reserve(ctl_server *s, const wire_reserve_req *r, uint64_t now,
     rsv_reply rep;
     memset(res, 0, sizeof *res);
     int rc = rsv_reserve(s->tab, &q, now, &rep);
-    if (rc) return rc;
+    if (rc) {
+        refused(s, refusal_class(rc), ect_last_error());
+        return rc;
+    }
     if (rep.cancelled) {
         res->cancelled = true;
+        if (rep.why == RSV_END_FINISHED || rep.why == RSV_END_ABANDONED ||
+            rep.why == RSV_END_EXPIRED || rep.why == RSV_END_CANCELLED)
+            snprintf(res->reason, sizeof res->reason,
+                     "transfer_id '%.64s' was %s %" PRIu64
+                     " ms ago; a transfer_id is remembered %" PRIu64 " ms (TTL): use a new one",
+                     r->transfer_id, rsv_end_text(rep.why), rep.ended_ms_ago, s->o.rsv.ttl_ms);
+        else
+            snprintf(res->reason, sizeof res->reason, "transfer_id '%.64s' was %s", r->transfer_id,
+                     rsv_end_text(rep.why));
+        refused(s, RF_TOMB, res->reason);
         return 0;
     }
     snprintf(res->reservation_id, sizeof res->reservation_id, "%s", rep.reservation_id);
@@ -110,6 +211,7 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
             const wire_reserve_item *it = &q->u.reserve_batch.items[i];
             wire_reserve_outcome *oc = &rep.u.reserve_batch.items[i];
             if (it->rc) {
+                refused(s, RF_INVALID, it->error);
                 oc->error = strdup(it->error);
             } else if (do_reserve(s, &it->req, now, &oc->result) == 0) {
                 oc->ok = true;
@@ -156,6 +258,7 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
             break;
         }
         rep.u.peers.n = n;
+        snprintf(rep.u.peers.transport, sizeof rep.u.peers.transport, "%s", s->transport);
         for (size_t i = 0; i < n; i++) rep.u.peers.ports[i] = (uint16_t)(base + (int)i);
         if (base < 1 || base + (int)n - 1 > 65535) {
             rc = ECT_ESTATE;
@@ -196,6 +299,7 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
         break;
     }
     pthread_mutex_unlock(&s->mu);
+    if (q->op == WIRE_OP_RESERVE || q->op == WIRE_OP_RESERVE_BATCH) log_refusals(s, now);
     int erc;
     if (rc) {
         erc = wire_ctl_encode_error(errtext, reply);
@@ -326,6 +430,8 @@ static void *server_main(void *arg) {
         if (now >= next_reap) {
             ctl_server_reap(s, now);
             next_reap = now + (uint64_t)s->o.reap_interval_ms;
+            log_refusals(s, now);
+            log_expiries(s, now);
         }
         flush_events(s);
     }
@@ -482,11 +588,23 @@ int ctl_server_take(ctl_server *s, const char *transfer_id, rsv_status *st) {
     return rc;
 }
 
-int ctl_server_release(ctl_server *s, const char *mm_hash) {
+int ctl_server_release(ctl_server *s, const char *mm_hash, const char *transfer_id) {
     pthread_mutex_lock(&s->mu);
-    int rc = rsv_release(s->tab, mm_hash, ect_now_ms());
+    uint64_t now = ect_now_ms();
+    int rc = rsv_release(s->tab, mm_hash, now);
+    if (!rc && transfer_id && *transfer_id) /* finding a tombstone there is fine */
+        (void)rsv_finish(s->tab, transfer_id, now);
     pthread_mutex_unlock(&s->mu);
     return rc;
+}
+
+void ctl_server_refusals(ctl_server *s, ctl_refusals *out) {
+    out->full = atomic_load(&s->rf[RF_FULL].total);
+    out->tomb = atomic_load(&s->rf[RF_TOMB].total);
+    out->conflict = atomic_load(&s->rf[RF_CONFLICT].total);
+    out->busy = atomic_load(&s->rf[RF_BUSY].total);
+    out->invalid = atomic_load(&s->rf[RF_INVALID].total);
+    out->other = atomic_load(&s->rf[RF_OTHER].total);
 }
 
 void ctl_server_stats(ctl_server *s, rsv_stats *st) {

@@ -87,7 +87,23 @@ size_t ctl_server_reap(ctl_server *s, uint64_t now_ms);
 
 /* rsv_take / rsv_release / rsv_get_stats / rsv_check under the lock. */
 int ctl_server_take(ctl_server *s, const char *transfer_id, rsv_status *st);
-int ctl_server_release(ctl_server *s, const char *mm_hash);
+/* Ends the lease of mm_hash; with a transfer_id (non-NULL, non-empty) also
+ * finishes that READY reservation (rsv_finish: the engine is done with it).
+ * The release's error is returned; a finish that finds no READY entry (the
+ * scheduler cancelled it first) is not an error. */
+int ctl_server_release(ctl_server *s, const char *mm_hash, const char *transfer_id);
+
+/* Reserves refused since open, by class (see ctl_server.c "Refusals"). */
+typedef struct ctl_refusals {
+    uint64_t full;     /* EC consumer buffer pool is full */
+    uint64_t tomb;     /* answered `cancelled`: the transfer_id is a tombstone */
+    uint64_t conflict; /* conflicting reservation / in-flight / cached tensor */
+    uint64_t busy;     /* still has an active writer */
+    uint64_t invalid;  /* a field the decoder or the table refused */
+    uint64_t other;
+} ctl_refusals;
+
+void ctl_server_refusals(ctl_server *s, ctl_refusals *out);
 void ctl_server_stats(ctl_server *s, rsv_stats *st);
 size_t ctl_server_evict(ctl_server *s, size_t max);
 int ctl_server_check(ctl_server *s);

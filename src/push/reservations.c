@@ -19,9 +19,23 @@
  *  - tombstones (CANCELLED, EXPIRED): deadline = removal; capped, and the
  *    oldest goes first.
  *
- * Two indexes by mm_hash: `inflight` (the one WRITING writer of a hash,
- * which new reserves follow) and `published` (the one completed buffer of a
- * hash, which new reserves are answered from, `cached`).
+ * Three indexes by mm_hash: `inflight` (the one WRITING writer of a hash,
+ * which new reserves follow), `published` (the one completed buffer of a
+ * hash, which new reserves are answered from, `cached`) and `orphans`
+ * (buffers whose writer refreshed away while followers waited on them: the
+ * next reserve of the hash adopts them as their writer). A hash is in at
+ * most one of the three.
+ *
+ * Delivered items: once the engine took a READY item and released it,
+ * rsv_finish ends the reservation on the spot. Before, a delivered READY
+ * reservation kept its buffer referenced until the scheduler's remote cancel
+ * arrived — one REQ round trip per item and shard, sent one at a time by the
+ * scheduler's cancel thread, through the same REP loop the producer's
+ * reserves wait in. Under a steady stream of small items that thread fell
+ * behind by thousands of items (the 20,000 x 64 KiB soak held ~5,400
+ * delivered reservations, 354 MB, per rank), the pool filled with memory
+ * nobody needed and reserves were refused. A finished reservation's buffer
+ * stays resident (dedup) but no longer pins anything.
  */
 #include <assert.h>
 #include <inttypes.h>
@@ -61,8 +75,11 @@ struct rsv_buf {
     tensor tn;
     unsigned refs, leases;
     bool published, resident;
+    bool orphan;                 /* in the orphans index: its writer refreshed away */
+    rsv_entry *orphan_followers; /* orphan: the followers waiting for a new writer */
     uint64_t last_used;
-    UT_hash_handle hh; /* published index, by mm_hash */
+    UT_hash_handle hh;        /* published index, by mm_hash */
+    UT_hash_handle hh_orphan; /* orphans index, by mm_hash */
     rsv_buf *lru_prev, *lru_next;
     rsv_buf *all_prev, *all_next;
 };
@@ -75,6 +92,8 @@ struct rsv_entry {
     rsv_state state;
     rsv_role role;
     bool cancel_requested; /* EXPIRE_PENDING that a plain cancel reached */
+    rsv_end why;           /* tombstones: why it ended */
+    uint64_t ended_at;     /* tombstones: when */
     rsv_buf *buf;          /* NULL in tombstones */
     rsv_entry *lead;       /* follower: its writer */
     rsv_entry *followers;  /* writer: its WRITING followers */
@@ -94,7 +113,7 @@ struct rsv_table {
     rsv_opts o;
     uint64_t now;
     rsv_entry *by_id, *inflight;
-    rsv_buf *published, *lru, *all;
+    rsv_buf *published, *orphans, *lru, *all;
     rsv_entry *live, *pending, *tombs;
     ev_node *events;
     rsv_stats st;
@@ -105,6 +124,18 @@ static const char *const state_names[] = {
 
 const char *rsv_state_name(rsv_state s) {
     return (s >= RSV_WRITING && s <= RSV_EXPIRED) ? state_names[s] : "?";
+}
+
+const char *rsv_end_text(rsv_end why) {
+    switch (why) {
+    case RSV_END_PRECANCEL: return "cancelled by the consumer's scheduler before it was reserved";
+    case RSV_END_CANCELLED: return "cancelled by the consumer's scheduler";
+    case RSV_END_ABANDONED: return "abandoned by a producer";
+    case RSV_END_FINISHED: return "already delivered: the consumer's engine took and released it";
+    case RSV_END_EXPIRED: return "expired (its TTL ran out)";
+    case RSV_END_NONE: break;
+    }
+    return "ended";
 }
 
 static int pool_alloc(void *ctx, uint64_t nbytes, uint64_t *offset) {
@@ -160,6 +191,7 @@ static rsv_entry **list_of(rsv_table *t, rsv_state s) {
 
 static void buf_free(rsv_table *t, rsv_buf *b) {
     if (b->published) HASH_DELETE(hh, t->published, b);
+    if (b->orphan) HASH_DELETE(hh_orphan, t->orphans, b);
     if (b->resident) {
         DL_DELETE2(t->lru, b, lru_prev, lru_next);
         t->st.resident--;
@@ -192,6 +224,12 @@ static rsv_entry *find_inflight(rsv_table *t, const char *h) {
     rsv_entry *e = NULL;
     HASH_FIND(hh_inflight, t->inflight, h, strlen(h), e);
     return e;
+}
+
+static rsv_buf *find_orphan(rsv_table *t, const char *h) {
+    rsv_buf *b = NULL;
+    HASH_FIND(hh_orphan, t->orphans, h, strlen(h), b);
+    return b;
 }
 
 /* Frees one unleased, unreferenced resident buffer, oldest use first. */
@@ -287,6 +325,7 @@ static void set_state(rsv_table *t, rsv_entry *e, rsv_state s, uint64_t deadline
     }
     e->state = s;
     e->deadline = deadline;
+    if (is_tomb(s)) e->ended_at = t->now;
     DL_APPEND(*list_of(t, s), e);
     if (is_tomb(s) && t->st.tombstones > t->o.max_tombstones) {
         rsv_entry *old = t->tombs;
@@ -297,13 +336,17 @@ static void set_state(rsv_table *t, rsv_entry *e, rsv_state s, uint64_t deadline
     }
 }
 
-/* Makes e a tombstone: drops its hold on the buffer and its follower link. */
-static void entomb(rsv_table *t, rsv_entry *e, rsv_state s) {
+/* Makes e a tombstone (ended for `why`): drops its hold on the buffer and
+ * its follower link. */
+static void entomb(rsv_table *t, rsv_entry *e, rsv_state s, rsv_end why) {
     if (e->role == ROLE_WRITER && e->state == RSV_WRITING) HASH_DELETE(hh_inflight, t->inflight, e);
     if (e->lead) {
         DL_DELETE2(e->lead->followers, e, fol_prev, fol_next);
         e->lead = NULL;
+    } else if (e->role == ROLE_FOLLOWER && e->state == RSV_WRITING && e->buf && e->buf->orphan) {
+        DL_DELETE2(e->buf->orphan_followers, e, fol_prev, fol_next);
     }
+    e->why = why;
     rsv_buf *b = e->buf;
     e->buf = NULL;
     set_state(t, e, s, t->now + t->o.ttl_ms);
@@ -316,8 +359,31 @@ static void abandon_followers(rsv_table *t, rsv_entry *w) {
     rsv_entry *f, *tmp;
     DL_FOREACH_SAFE2(w->followers, f, tmp, fol_next) {
         queue_event(t, f, RSV_EV_ABANDONED);
-        entomb(t, f, RSV_CANCELLED);
+        entomb(t, f, RSV_CANCELLED, RSV_END_ABANDONED);
     }
+}
+
+/* A refreshing writer leaves its followers waiting on the buffer: it becomes
+ * an orphan, adopted by the next reserve of the hash (reserve_new). */
+static void orphan_followers(rsv_table *t, rsv_entry *w) {
+    rsv_buf *b = w->buf;
+    rsv_entry *f, *tmp;
+    DL_FOREACH_SAFE2(w->followers, f, tmp, fol_next) {
+        DL_DELETE2(w->followers, f, fol_prev, fol_next);
+        f->lead = NULL;
+        DL_APPEND2(b->orphan_followers, f, fol_prev, fol_next);
+    }
+    hash_oom = 0;
+    HASH_ADD_KEYPTR(hh_orphan, t->orphans, b->mm_hash, strlen(b->mm_hash), b);
+    if (hash_oom) { /* cannot index it: end the followers as a plain abandon would */
+        DL_FOREACH_SAFE2(b->orphan_followers, f, tmp, fol_next) {
+            DL_DELETE2(b->orphan_followers, f, fol_prev, fol_next);
+            queue_event(t, f, RSV_EV_ABANDONED);
+            entomb(t, f, RSV_CANCELLED, RSV_END_ABANDONED); /* b->orphan is false: unlinked */
+        }
+        return;
+    }
+    b->orphan = true;
 }
 
 static size_t reap(rsv_table *t) {
@@ -327,11 +393,13 @@ static size_t reap(rsv_table *t) {
         rsv_entry *e = t->live;
         n++;
         if (e->state == RSV_READY) {
-            entomb(t, e, RSV_EXPIRED);
+            t->st.expired_ready++;
+            entomb(t, e, RSV_EXPIRED, RSV_END_EXPIRED);
         } else if (e->role == ROLE_FOLLOWER) {
             queue_event(t, e, RSV_EV_ABANDONED);
-            entomb(t, e, RSV_CANCELLED);
+            entomb(t, e, RSV_CANCELLED, RSV_END_EXPIRED);
         } else {
+            t->st.expired_writing++;
             /* The writer may still be writing: keep its memory. No event for
              * it: a producer that is still alive refreshes and reserves anew. */
             HASH_DELETE(hh_inflight, t->inflight, e);
@@ -347,9 +415,9 @@ static size_t reap(rsv_table *t) {
                 continue;
             ECT_LOGW(MOD, "transfer_id=%s: writer silent past its grace; freeing its memory",
                      e->transfer_id);
-            entomb(t, e,
-                   e->state == RSV_CANCEL_PENDING || e->cancel_requested ? RSV_CANCELLED
-                                                                         : RSV_EXPIRED);
+            bool cancelled = e->state == RSV_CANCEL_PENDING || e->cancel_requested;
+            entomb(t, e, cancelled ? RSV_CANCELLED : RSV_EXPIRED,
+                   cancelled ? RSV_END_CANCELLED : RSV_END_EXPIRED);
             n++;
         }
     }
@@ -433,8 +501,8 @@ static int add_entry(rsv_table *t, rsv_entry *e, rsv_state s, uint64_t deadline)
     DL_APPEND(*list_of(t, s), e);
     if (is_tomb(s))
         t->st.tombstones++;
-    else
-        t->st.live++;
+    else if (++t->st.live > t->st.peak_live)
+        t->st.peak_live = t->st.live;
     return 0;
 }
 
@@ -442,9 +510,10 @@ static int reserve_new(rsv_table *t, const rsv_request *r, const tensor *tn, rsv
     uint64_t expiry = t->now + t->o.ttl_ms;
     rsv_buf *pub = find_published(t, r->mm_hash);
     rsv_entry *w = pub ? NULL : find_inflight(t, r->mm_hash);
+    rsv_buf *orph = pub || w ? NULL : find_orphan(t, r->mm_hash);
     if (pub && !same_tensor(&pub->tn, tn))
         return ect_set_error(ECT_EEXIST, "conflicting cached tensor for mm_hash '%s'", r->mm_hash);
-    if (w && !same_tensor(&w->tn, tn))
+    if ((w && !same_tensor(&w->tn, tn)) || (orph && !same_tensor(&orph->tn, tn)))
         return ect_set_error(ECT_EEXIST, "conflicting in-flight tensor for mm_hash '%s'",
                              r->mm_hash);
     rsv_entry *e = new_entry(r, tn);
@@ -469,10 +538,41 @@ static int reserve_new(rsv_table *t, const rsv_request *r, const tensor *tn, rsv
         }
         w->buf->refs++;
         DL_APPEND2(w->followers, e, fol_prev, fol_next);
+    } else if (orph) { /* (2b) adopt the followers a refreshed writer left waiting */
+        e->role = ROLE_WRITER;
+        e->buf = orph;
+        hash_oom = 0;
+        HASH_ADD_KEYPTR(hh_inflight, t->inflight, e->mm_hash, strlen(e->mm_hash), e);
+        bool indexed = !hash_oom;
+        if (!indexed || add_entry(t, e, RSV_WRITING, expiry)) {
+            if (indexed) HASH_DELETE(hh_inflight, t->inflight, e);
+            free_entry_mem(e);
+            return ect_set_error(ECT_ENOMEM, "reserve: out of memory");
+        }
+        HASH_DELETE(hh_orphan, t->orphans, orph);
+        orph->orphan = false;
+        orph->refs++;
+        rsv_entry *f, *tmp;
+        DL_FOREACH_SAFE2(orph->orphan_followers, f, tmp, fol_next) {
+            DL_DELETE2(orph->orphan_followers, f, fol_prev, fol_next);
+            f->lead = e;
+            DL_APPEND2(e->followers, f, fol_prev, fol_next);
+        }
+        t->st.adopted++;
     } else { /* (3) allocate */
         rsv_buf *b = calloc(1, sizeof *b);
         char *h = strdup(r->mm_hash);
         uint64_t size = tn->nbytes ? tn->nbytes : 1, off = 0;
+        if (t->o.capacity && size > t->o.capacity) {
+            free(b);
+            free(h);
+            free_entry_mem(e);
+            return ect_set_error(ECT_EFULL,
+                                 "EC consumer buffer pool is full: %" PRIu64
+                                 " bytes wanted for transfer_id '%s' is more than the whole pool "
+                                 "(%" PRIu64 " bytes)",
+                                 tn->nbytes, r->transfer_id, t->o.capacity);
+        }
         int rc = (b && h) ? alloc_reclaiming(t, size, &off) : ECT_ENOMEM;
         if (rc) {
             free(b);
@@ -481,8 +581,9 @@ static int reserve_new(rsv_table *t, const rsv_request *r, const tensor *tn, rsv
             if (rc == ECT_EFULL)
                 return ect_set_error(ECT_EFULL,
                                      "EC consumer buffer pool is full (%" PRIu64
-                                     " bytes wanted for transfer_id '%s')",
-                                     tn->nbytes, r->transfer_id);
+                                     " bytes wanted for transfer_id '%s'; %zu reservations "
+                                     "hold %" PRIu64 " bytes, nothing left to reclaim)",
+                                     tn->nbytes, r->transfer_id, t->st.live, t->st.bytes_held);
             if (rc == ECT_ENOMEM) return ect_set_error(rc, "reserve: out of memory");
             return rc;
         }
@@ -506,6 +607,7 @@ static int reserve_new(rsv_table *t, const rsv_request *r, const tensor *tn, rsv
         DL_APPEND2(t->all, b, all_prev, all_next);
         t->st.buffers++;
         t->st.bytes_held += size;
+        if (t->st.bytes_held > t->st.peak_bytes) t->st.peak_bytes = t->st.bytes_held;
         e->buf = b;
     }
     reply_for(e, reply);
@@ -533,7 +635,11 @@ int rsv_reserve(rsv_table *t, const rsv_request *req, uint64_t now_ms, rsv_reply
     if (e) {
         switch (e->state) {
         case RSV_CANCELLED:
-        case RSV_CANCEL_PENDING: reply->cancelled = true; return 0;
+        case RSV_CANCEL_PENDING:
+            reply->cancelled = true;
+            reply->why = e->state == RSV_CANCEL_PENDING ? RSV_END_CANCELLED : e->why;
+            reply->ended_ms_ago = e->state == RSV_CANCELLED ? t->now - e->ended_at : 0;
+            return 0;
         case RSV_EXPIRED: entry_free(t, e); break;
         case RSV_EXPIRE_PENDING:
             return ect_set_error(ECT_EBUSY,
@@ -609,9 +715,10 @@ void rsv_complete(rsv_table *t, const char *transfer_id, const char *reservation
             *became_ready = *completed;
         }
         return;
-    case RSV_CANCEL_PENDING: entomb(t, e, RSV_CANCELLED); return;
+    case RSV_CANCEL_PENDING: entomb(t, e, RSV_CANCELLED, RSV_END_CANCELLED); return;
     case RSV_EXPIRE_PENDING:
-        entomb(t, e, e->cancel_requested ? RSV_CANCELLED : RSV_EXPIRED);
+        entomb(t, e, e->cancel_requested ? RSV_CANCELLED : RSV_EXPIRED,
+               e->cancel_requested ? RSV_END_CANCELLED : RSV_END_EXPIRED);
         return;
     case RSV_CANCELLED:
     case RSV_EXPIRED: return;
@@ -625,6 +732,8 @@ static int add_tombstone(rsv_table *t, const char *transfer_id) {
         free(e);
         return ect_set_error(ECT_ENOMEM, "cancel: out of memory");
     }
+    e->why = RSV_END_PRECANCEL;
+    e->ended_at = t->now;
     if (add_entry(t, e, RSV_CANCELLED, t->now + t->o.ttl_ms)) {
         free_entry_mem(e);
         return ECT_ENOMEM;
@@ -653,19 +762,30 @@ int rsv_cancel(rsv_table *t, const char *transfer_id, const char *reservation_id
     }
     if (reservation_id && *reservation_id && strcmp(e->reservation_id, reservation_id)) return 0;
     rsv_state end = refresh ? RSV_EXPIRED : RSV_CANCELLED;
+    rsv_end why = refresh ? RSV_END_EXPIRED : abandon ? RSV_END_ABANDONED : RSV_END_CANCELLED;
+    bool live = !is_tomb(e->state);
     *cancelled = true;
+    if (live && abandon && !refresh) t->st.abandoned++;
     switch (e->state) {
     case RSV_CANCELLED: break;
     case RSV_EXPIRED:
         if (!refresh) { /* remember the cancel for a later reserve */
+            e->why = why;
             set_state(t, e, RSV_CANCELLED, t->now + t->o.ttl_ms);
         }
         break;
     case RSV_READY:
         if (abandon && !refresh) queue_event(t, e, RSV_EV_ABANDONED);
-        entomb(t, e, end);
+        entomb(t, e, end, why);
         break;
     case RSV_WRITING:
+        if (e->role == ROLE_WRITER && refresh && e->followers) {
+            /* The producer comes back for it (a refresh): whoever reserves
+             * the hash next writes for the followers. */
+            orphan_followers(t, e);
+            entomb(t, e, end, why); /* drops it from the in-flight index */
+            break;
+        }
         if (e->role == ROLE_WRITER) {
             abandon_followers(t, e);
             if (!abandon) {
@@ -677,15 +797,15 @@ int rsv_cancel(rsv_table *t, const char *transfer_id, const char *reservation_id
             }
         }
         if (abandon && !refresh) queue_event(t, e, RSV_EV_ABANDONED);
-        entomb(t, e, end);
+        entomb(t, e, end, why);
         break;
     case RSV_CANCEL_PENDING:
-        if (abandon) entomb(t, e, RSV_CANCELLED);
+        if (abandon) entomb(t, e, RSV_CANCELLED, RSV_END_CANCELLED);
         break;
     case RSV_EXPIRE_PENDING:
         if (abandon && !refresh) queue_event(t, e, RSV_EV_ABANDONED);
         if (abandon)
-            entomb(t, e, refresh ? RSV_EXPIRED : RSV_CANCELLED);
+            entomb(t, e, refresh ? RSV_EXPIRED : RSV_CANCELLED, why);
         else
             e->cancel_requested = true;
         break;
@@ -751,6 +871,27 @@ int rsv_release(rsv_table *t, const char *mm_hash, uint64_t now_ms) {
     return 0;
 }
 
+int rsv_finish(rsv_table *t, const char *transfer_id, uint64_t now_ms) {
+    clamp_now(t, now_ms);
+    rsv_entry *e = find_entry(t, transfer_id);
+    if (!e)
+        return ect_set_error(ECT_ENOTFOUND, "finish: no reservation for transfer_id '%s'",
+                             transfer_id ? transfer_id : "(null)");
+    if (e->state != RSV_READY)
+        return ect_set_error(ECT_ESTATE, "finish: transfer_id '%s' is %s, not READY", transfer_id,
+                             rsv_state_name(e->state));
+    t->st.finished++;
+    rsv_buf *b = e->buf;
+    if (!b->resident) { /* keep the bytes for dedup: resident, reclaimable */
+        b->resident = true;
+        DL_APPEND2(t->lru, b, lru_prev, lru_next);
+        t->st.resident++;
+    }
+    touch(t, b);
+    entomb(t, e, RSV_CANCELLED, RSV_END_FINISHED);
+    return 0;
+}
+
 void rsv_get_stats(const rsv_table *t, rsv_stats *st) { *st = t->st; }
 
 void rsv_close(rsv_table *t) {
@@ -759,6 +900,7 @@ void rsv_close(rsv_table *t) {
      * entries and buffers still exist. */
     HASH_CLEAR(hh_inflight, t->inflight);
     HASH_CLEAR(hh, t->published);
+    HASH_CLEAR(hh_orphan, t->orphans);
     rsv_entry *e, *tmp;
     HASH_ITER(hh, t->by_id, e, tmp) {
         HASH_DELETE(hh, t->by_id, e);
@@ -802,6 +944,22 @@ int rsv_check(const rsv_table *t) {
               b->offset);
         CHECK(!b->published || find_published((rsv_table *)t, b->mm_hash) == b,
               "published buffer @%" PRIu64 " missing from the index", b->offset);
+        if (b->orphan) {
+            unsigned waiting = 0;
+            for (const rsv_entry *f = b->orphan_followers; f; f = f->fol_next) {
+                CHECK(f->buf == b && f->role == ROLE_FOLLOWER && f->state == RSV_WRITING &&
+                          !f->lead,
+                      "orphan buffer @%" PRIu64 " lists a follower that is not waiting on it",
+                      b->offset);
+                waiting++;
+            }
+            CHECK(!b->published && waiting == b->refs && !b->leases &&
+                      find_orphan((rsv_table *)t, b->mm_hash) == b &&
+                      !find_inflight((rsv_table *)t, b->mm_hash),
+                  "orphan buffer @%" PRIu64 " is not just its waiting followers'", b->offset);
+        } else {
+            CHECK(!b->orphan_followers, "buffer @%" PRIu64 " lists followers", b->offset);
+        }
         bufs++;
         resident += b->resident;
         bytes += b->size;
@@ -821,7 +979,8 @@ int rsv_check(const rsv_table *t) {
             CHECK(find_inflight((rsv_table *)t, e->mm_hash) == e && !e->buf->published,
                   "writer %s not indexed in flight", e->transfer_id);
         if (e->state == RSV_WRITING && e->role == ROLE_FOLLOWER)
-            CHECK(e->lead && e->lead->state == RSV_WRITING && e->lead->buf == e->buf,
+            CHECK((e->lead && e->lead->state == RSV_WRITING && e->lead->buf == e->buf) ||
+                      (!e->lead && e->buf->orphan),
                   "follower %s has no WRITING writer on its buffer", e->transfer_id);
         else
             CHECK(!e->lead, "entry %s links a writer", e->transfer_id);
@@ -832,6 +991,7 @@ int rsv_check(const rsv_table *t) {
                   "pending entry %s is not a lone writer", e->transfer_id);
     }
     CHECK(HASH_CNT(hh_inflight, t->inflight) <= live, "in-flight index larger than live set");
+    CHECK(HASH_CNT(hh_orphan, t->orphans) <= bufs, "orphan index larger than the buffers");
     for (const ev_node *n = t->events; n; n = n->next) events++;
     CHECK(live == t->st.live && tombs == t->st.tombstones, "entry counters drifted");
     CHECK(list_len(t->live) + list_len(t->pending) == live && list_len(t->tombs) == tombs,

@@ -78,6 +78,9 @@ typedef struct rsv_opts {
     uint64_t pending_grace_ms; /* see rsv_mem_ops.write_active (300 s) */
     size_t max_tombstones;     /* 65536 */
     size_t max_events;         /* event backlog (4096); the oldest is dropped */
+    uint64_t capacity;         /* the pool's usable bytes, 0 unknown: a reserve larger than
+                                  the whole pool is refused as such, so a producer does not
+                                  wait for room that can never come */
 } rsv_opts;
 
 void rsv_opts_init(rsv_opts *o);
@@ -113,14 +116,31 @@ typedef struct rsv_request {
     const char *dtype; /* "bfloat16" or "torch.bfloat16" */
 } rsv_request;
 
+/* Why a transfer_id is a tombstone (CANCELLED or EXPIRED): a reserve that
+ * finds one answers `cancelled` and says why (rsv_reply.why). */
+typedef enum rsv_end {
+    RSV_END_NONE = 0,
+    RSV_END_PRECANCEL, /* cancelled by the scheduler before any reserve */
+    RSV_END_CANCELLED, /* cancelled by the scheduler (request freed or failed) */
+    RSV_END_ABANDONED, /* a producer gave it up (cancel with abandon) */
+    RSV_END_FINISHED,  /* delivered: the engine took it and released it */
+    RSV_END_EXPIRED,   /* the reaper ended it (TTL) */
+} rsv_end;
+
+/* A sentence for the reply's `reason` ("delivered and released by the
+ * consumer's engine"); never NULL. */
+const char *rsv_end_text(rsv_end why);
+
 typedef struct rsv_reply {
     char reservation_id[ECT_ID_LEN + 1]; /* "" when cancelled */
     uint64_t offset;                     /* dst_ptr = pool base + offset */
     uint64_t nbytes;
-    bool write;     /* the producer must write and complete */
-    bool ready;     /* already readable (cached) */
-    bool cached;    /* answered from a resident copy, no bytes move */
-    bool cancelled; /* the transfer was cancelled (pre-cancel) */
+    bool write;            /* the producer must write and complete */
+    bool ready;            /* already readable (cached) */
+    bool cached;           /* answered from a resident copy, no bytes move */
+    bool cancelled;        /* the transfer was cancelled (pre-cancel) */
+    rsv_end why;           /* cancelled: why the transfer_id is refused */
+    uint64_t ended_ms_ago; /* cancelled: how long ago it ended */
 } rsv_reply;
 
 /* Runs the reaper, then reserves per SPEC.md. On success fills *reply and may
@@ -129,11 +149,12 @@ typedef struct rsv_reply {
  * not match nbytes", empty or too long ids); ECT_EEXIST "conflicting
  * reservation for transfer_id", "conflicting in-flight tensor for mm_hash",
  * "conflicting cached tensor for mm_hash"; ECT_EBUSY "... still has an active
- * writer" (EXPIRE_PENDING); ECT_EFULL "EC consumer buffer pool is full";
+ * writer" (EXPIRE_PENDING); ECT_EFULL "EC consumer buffer pool is full"
+ * (with "more than the whole pool" when it could never fit);
  * ECT_ENOMEM. Nothing changes on error. */
 int rsv_reserve(rsv_table *t, const rsv_request *req, uint64_t now_ms, rsv_reply *reply);
 
-/* ---- complete / cancel */
+/* ---- complete / cancel / finish */
 
 /* complete(transfer_id, reservation_id) -> (*completed, *became_ready), as
  * SPEC.md gives it: unknown or mismatched ids (false, false); READY or a
@@ -144,10 +165,24 @@ void rsv_complete(rsv_table *t, const char *transfer_id, const char *reservation
                   uint64_t now_ms, bool *completed, bool *became_ready);
 
 /* cancel(transfer_id, reservation_id ("" or NULL: any), abandon, refresh).
+ * A refresh (abandon + refresh) of a WRITING writer that has followers keeps
+ * their buffer and the followers waiting: the next reserve of the same
+ * mm_hash (the refreshing producer's, or anyone's) becomes their writer and
+ * is told to write into it. Without such a reserve they end at their TTL as
+ * before. A plain abandon still ends the followers at once (events).
  * Stores the result in *cancelled. Returns ECT_EINVAL when refresh is asked
  * without abandon (nothing changes), else 0. */
 int rsv_cancel(rsv_table *t, const char *transfer_id, const char *reservation_id, bool abandon,
                bool refresh, uint64_t now_ms, bool *cancelled);
+
+/* The consumer's engine is done with transfer_id on this shard (it took the
+ * item and released it): a READY reservation ends at once (CANCELLED, why
+ * FINISHED, no event) and drops its hold on the buffer, which stays resident
+ * (reclaimable least recently used) for dedup. This is what keeps a busy
+ * shard's pool from filling with delivered items while the scheduler's
+ * remote cancels are still on their way. ECT_ENOTFOUND unknown; ECT_ESTATE
+ * not READY (a tombstone already: nothing changes). */
+int rsv_finish(rsv_table *t, const char *transfer_id, uint64_t now_ms);
 
 /* Expires what is due (see SPEC.md "Reaper"); the shell calls it every 1 s,
  * and reserve calls it too. Returns the number of transitions made. */
@@ -221,6 +256,13 @@ typedef struct rsv_stats {
     uint64_t events_dropped;
     uint64_t tombstones_dropped; /* removed early by the cap */
     uint64_t evictions;          /* resident buffers reclaimed */
+    size_t peak_live;            /* most reservations live at once since open */
+    uint64_t peak_bytes;         /* most bytes held at once since open */
+    uint64_t finished;           /* READY reservations ended by rsv_finish */
+    uint64_t abandoned;          /* reservations a producer abandoned (not refreshes) */
+    uint64_t expired_ready;      /* READY reservations the reaper ended (never finished) */
+    uint64_t expired_writing;    /* writers past their TTL (EXPIRE_PENDING) */
+    uint64_t adopted;            /* refreshed writers' followers taken over by a new writer */
 } rsv_stats;
 
 void rsv_get_stats(const rsv_table *t, rsv_stats *st);

@@ -39,7 +39,7 @@ typedef struct job {
 
 typedef struct jobq {
     job *v;
-    size_t n, cap;
+    size_t head, n, cap; /* v[head .. head + n) */
 } jobq;
 
 struct ect_push_scheduler {
@@ -84,15 +84,27 @@ void ect_push_scheduler_opts_init(ect_push_scheduler_opts *o) {
 }
 
 static int jobq_push(jobq *q, const job *j) {
-    if (q->n == q->cap) {
+    if (q->head + q->n == q->cap && q->head) { /* slide down instead of growing */
+        memmove(q->v, q->v + q->head, q->n * sizeof *q->v);
+        q->head = 0;
+    }
+    if (q->head + q->n == q->cap) {
         size_t cap = q->cap ? 2 * q->cap : 16;
         job *v = realloc(q->v, cap * sizeof *v);
         if (!v) return ECT_ENOMEM;
         q->v = v;
         q->cap = cap;
     }
-    q->v[q->n++] = *j;
+    q->v[q->head + q->n++] = *j;
     return 0;
+}
+
+/* The oldest job; the queue must not be empty. O(1): a burst of thousands
+ * of finishing cancels is drained without moving the rest each time. */
+static job jobq_pop(jobq *q) {
+    job j = q->v[q->head++];
+    if (--q->n == 0) q->head = 0;
+    return j;
 }
 
 static void *cancel_main(void *arg) {
@@ -108,9 +120,7 @@ static void *cancel_main(void *arg) {
             pthread_cond_wait(&s->cv, &s->mu);
             continue;
         }
-        job j = s->todo.v[0];
-        memmove(s->todo.v, s->todo.v + 1, (s->todo.n - 1) * sizeof *s->todo.v);
-        s->todo.n--;
+        job j = jobq_pop(&s->todo);
         pthread_mutex_unlock(&s->mu);
         wire_ctl_request q = {.op = WIRE_OP_CANCEL};
         snprintf(q.u.cancel.transfer_id, sizeof q.u.cancel.transfer_id, "%s", j.j.transfer_id);
@@ -259,14 +269,14 @@ static void pump_cancels(ect_push_scheduler *s) {
     int ports[XFER_MAX_SHARDS];
     size_t n = inbox_shards(s->in, ports, XFER_MAX_SHARDS);
     pthread_mutex_lock(&s->mu);
-    for (size_t i = 0; i < s->done.n; i++) {
-        xfer_cancel_done(s->t, &s->done.v[i].j, s->done.v[i].ok);
-        if (s->done.v[i].ok)
+    while (s->done.n) {
+        job d = jobq_pop(&s->done);
+        xfer_cancel_done(s->t, &d.j, d.ok);
+        if (d.ok)
             s->st.cancels_sent++;
         else
             s->st.cancels_failed++;
     }
-    s->done.n = 0;
     if (n == (size_t)s->o.tp_size) { /* shard ports known: send what the table queued */
         xfer_cancel_job jobs[64];
         size_t k;
@@ -345,6 +355,23 @@ int ect_push_scheduler_loaded(ect_push_scheduler *s, const char *transfer_id) {
     int rc = xfer_loaded(s->t, transfer_id);
     if (rc == 0) rc = xfer_resident(s->t, transfer_id);
     return rc;
+}
+
+int ect_push_scheduler_next_failed(ect_push_scheduler *s, ect_push_sched_item *item) {
+    if (!s || !item) return ect_set_error(ECT_EINVAL, "ect_push_scheduler_next_failed: NULL");
+    xfer_failure f;
+    if (xfer_take_failures(s->t, &f, 1) == 0)
+        return ect_set_error(ECT_ENOTFOUND, "no transfer failed since the last call");
+    memset(item, 0, sizeof *item);
+    xfer_info in;
+    if (xfer_get(s->t, f.transfer_id, &in) == 0) fill_item(item, f.transfer_id, &in);
+    snprintf(item->transfer_id, sizeof item->transfer_id, "%s", f.transfer_id);
+    snprintf(item->mm_hash, sizeof item->mm_hash, "%s", f.mm_hash);
+    item->state = (ect_push_state)f.state;
+    item->retryable = f.state == XFER_UNAVAILABLE || f.state == XFER_EXPIRED;
+    item->reported = (uint32_t)f.reported;
+    snprintf(item->error, sizeof item->error, "%s", f.error);
+    return 0;
 }
 
 int ect_push_scheduler_fail(ect_push_scheduler *s, const char *transfer_id, const char *reason) {

@@ -49,11 +49,19 @@ typedef struct job_node {
     struct job_node *prev, *next;
 } job_node;
 
+typedef struct fail_node {
+    xfer_failure f;
+    struct fail_node *prev, *next;
+} fail_node;
+
 struct xfer_table {
     xfer_opts o;
     uint64_t now, all_mask;
     xent *by_id, *live, *tombs;
     job_node *jobs;
+    fail_node *fails;
+    size_t n_fails;
+    bool engine_fail; /* xfer_fail in progress: not a failure to report */
     xfer_stats st;
 };
 
@@ -128,7 +136,42 @@ void xfer_close(xfer_table *t) {
     }
     job_node *j, *jt;
     DL_FOREACH_SAFE(t->jobs, j, jt) free(j);
+    fail_node *f, *ft;
+    DL_FOREACH_SAFE(t->fails, f, ft) free(f);
     free(t);
+}
+
+static void note_failure(xfer_table *t, const xent *e, xfer_state s, const char *error) {
+    fail_node *n;
+    if (t->n_fails >= XFER_MAX_FAILURES) {
+        n = t->fails; /* reuse the oldest */
+        DL_DELETE(t->fails, n);
+        t->n_fails--;
+        t->st.failures_dropped++;
+    } else if (!(n = calloc(1, sizeof *n))) {
+        t->st.failures_dropped++;
+        return;
+    }
+    memset(&n->f, 0, sizeof n->f);
+    snprintf(n->f.transfer_id, sizeof n->f.transfer_id, "%s", e->transfer_id);
+    snprintf(n->f.mm_hash, sizeof n->f.mm_hash, "%s", e->mm_hash);
+    n->f.state = s;
+    n->f.reported = (size_t)__builtin_popcountll(e->mask);
+    snprintf(n->f.error, sizeof n->f.error, "%s", error);
+    DL_APPEND(t->fails, n);
+    t->n_fails++;
+}
+
+size_t xfer_take_failures(xfer_table *t, xfer_failure *out, size_t max) {
+    size_t n = 0;
+    while (n < max && t->fails) {
+        fail_node *f = t->fails;
+        out[n++] = f->f;
+        DL_DELETE(t->fails, f);
+        t->n_fails--;
+        free(f);
+    }
+    return n;
 }
 
 static xent *find(const xfer_table *t, const char *id) {
@@ -165,7 +208,8 @@ static void queue_job(xfer_table *t, const char *tid, const char *rid, size_t sh
 static void entomb(xfer_table *t, xent *e, xfer_state s, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static void entomb(xfer_table *t, xent *e, xfer_state s, const char *fmt, ...) {
-    if (!is_tomb(e->state)) {
+    bool was_live = !is_tomb(e->state);
+    if (was_live) {
         DL_DELETE(t->live, e);
         t->st.live--;
         if (!e->expected) t->st.orphans--;
@@ -184,6 +228,7 @@ static void entomb(xfer_table *t, xent *e, xfer_state s, const char *fmt, ...) {
         vsnprintf(e->error, sizeof e->error, fmt, ap);
         va_end(ap);
     }
+    if (was_live && s != XFER_CANCELLED && !t->engine_fail) note_failure(t, e, s, e->error);
     if (t->st.tombstones > t->o.max_tombstones) {
         t->st.tombstones_dropped++;
         ent_delete(t, t->tombs);
@@ -273,6 +318,10 @@ static int apply_ready(xfer_table *t, xent *e, const xfer_event *ev) {
         return XFER_EV_APPLIED;
     }
     if ((e->mask >> ev->shard) & 1) {
+        /* The producer gave the shard's reservation back and reserved anew
+         * (back-pressure on another shard): cancel the newest one. */
+        if (ev->reservation_id && *ev->reservation_id)
+            snprintf(e->rids[ev->shard], sizeof e->rids[ev->shard], "%s", ev->reservation_id);
         t->st.duplicate_events++;
         return XFER_EV_DUPLICATE;
     }
@@ -355,7 +404,9 @@ int xfer_fail(xfer_table *t, const char *id, const char *reason, uint64_t now_ms
         return ect_set_error(ECT_ESTATE, "transfer_id '%s' is already %s", id,
                              xfer_state_name(e->state));
     if (now_ms > t->now) t->now = now_ms;
+    t->engine_fail = true;
     entomb(t, e, XFER_FAILED, "%.150s", reason ? reason : "failed");
+    t->engine_fail = false;
     return 0;
 }
 
@@ -379,6 +430,13 @@ size_t xfer_reap(xfer_table *t, uint64_t now_ms) {
     DL_FOREACH_SAFE(t->live, e, tmp) {
         if (e->deadline > t->now) continue;
         if (!e->expected) {
+            if (e->mask) { /* some shards have it, the others never did */
+                char why[160];
+                snprintf(why, sizeof why,
+                         "reported by %d of %zu shards, never by all within %" PRIu64 " ms",
+                         __builtin_popcountll(e->mask), t->o.tp_size, t->o.ttl_ms);
+                note_failure(t, e, XFER_UNAVAILABLE, why);
+            }
             ent_delete(t, e); /* nobody asked for it; its shards expire it */
             n++;
         } else if (e->state == XFER_WAITING_EVENT) {

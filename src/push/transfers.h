@@ -45,6 +45,7 @@
 #define XFER_DEFAULT_MAX_TOMBSTONES 65536u
 #define XFER_DEFAULT_MAX_ORPHANS 4096u
 #define XFER_DEFAULT_CANCEL_ATTEMPTS 2u
+#define XFER_MAX_FAILURES 4096u
 
 typedef struct xfer_opts {
     size_t tp_size;           /* shards of the consumer, 1 .. XFER_MAX_SHARDS (1) */
@@ -158,10 +159,28 @@ size_t xfer_take_cancels(xfer_table *t, xfer_cancel_job *out, size_t max);
  * while attempts remain, else given up (counted). */
 void xfer_cancel_done(xfer_table *t, const xfer_cancel_job *job, bool ok);
 
+/* A transfer that ended badly — FAILED (an abandoned event, shards that
+ * disagree), UNAVAILABLE (not on every shard within the push wait; an
+ * unexpected item some shards reported and the others never did within the
+ * TTL) or EXPIRED (never loaded) — kept for the shell to report. Failures
+ * the engine made itself (xfer_fail) are not listed. At most
+ * XFER_MAX_FAILURES wait; beyond, the oldest is dropped (counted). */
+typedef struct xfer_failure {
+    char transfer_id[XFER_KEY_MAX + 1];
+    char mm_hash[XFER_KEY_MAX + 1];
+    xfer_state state;
+    size_t reported; /* shards that had reported it ready */
+    char error[160];
+} xfer_failure;
+
+/* Moves up to `max` failures into out[], oldest first; returns how many. */
+size_t xfer_take_failures(xfer_table *t, xfer_failure *out, size_t max);
+
 typedef struct xfer_stats {
     size_t live, tombstones, orphans, cancels_queued;
     uint64_t late_events, duplicate_events, tombstones_dropped, orphans_dropped;
     uint64_t cancels_given_up;
+    uint64_t failures_dropped; /* failures no one took before the cap */
 } xfer_stats;
 
 void xfer_get_stats(const xfer_table *t, xfer_stats *st);

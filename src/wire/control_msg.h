@@ -59,6 +59,7 @@
 #define WIRE_BATCH_MAX 4096            /* items of a batch request or result */
 #define WIRE_PEERS_MAX 4096            /* ports of a peers result */
 #define WIRE_ITEM_ERROR_MAX 255        /* text kept for a reserve_batch item that failed */
+#define WIRE_REASON_MAX 255            /* a cancelled reserve result's reason */
 
 /* The canned reply texts a control server uses (SPEC, exact). */
 #define WIRE_CTL_MALFORMED "malformed control request"
@@ -78,7 +79,9 @@ typedef enum wire_ctl_op {
 const char *wire_ctl_op_name(wire_ctl_op op);
 
 /* A tensor's size, shape and dtype; always nbytes == product(shape) x size(dtype)
- * after decoding. dtype is kept as written ("torch.bfloat16" stays so). */
+ * after decoding. The codec keeps dtype as written ("torch.bfloat16" stays
+ * so); a consumer shard canonicalises it ("bfloat16") before it stores or
+ * reports it (docs/PROTOCOL.md, "One dtype form on the push side"). */
 typedef struct wire_tensor {
     uint64_t nbytes;
     uint32_t ndim;
@@ -156,9 +159,11 @@ int wire_ctl_encode_decode_failure(int rc, char **out);
 /* reserve. cancelled: the transfer was cancelled before it was reserved; the
  * encoder then writes exactly the cancelled form {reservation_id: "",
  * dst_session: "", dst_ptr: 0, write: false, ready: false, cancelled: true}
- * and ignores the other fields. transport and dst_key are this project's
- * extensions (the data plane's back end and the destination region's key);
- * "" / NULL when absent, and only written when set. */
+ * followed by the extension `reason` when set, and ignores the other fields.
+ * transport and dst_key are this project's extensions (the data plane's back
+ * end and the destination region's key); "" / NULL when absent, and only
+ * written when set. reason (cancelled form only): why the transfer_id is
+ * refused, a sentence ("already delivered: ..."); "" when absent. */
 typedef struct wire_reserve_result {
     bool cancelled;
     char reservation_id[WIRE_ID_MAX + 1];
@@ -170,6 +175,7 @@ typedef struct wire_reserve_result {
     bool cached;
     char transport[WIRE_TRANSPORT_MAX + 1];
     char *dst_key; /* owned after decoding; NULL when absent */
+    char reason[WIRE_REASON_MAX + 1];
 } wire_reserve_result;
 
 /* One item of a reserve_batch result: {ok: true, result} or {ok: false, error}. */
@@ -208,6 +214,9 @@ typedef struct wire_ctl_reply {
         struct {
             size_t n; /* 1..WIRE_PEERS_MAX */
             uint16_t *ports;
+            /* extension: the shards' data plane ("tcp", "shm", "ucx"), so a
+             * producer can check it before reserving; "" when absent */
+            char transport[WIRE_TRANSPORT_MAX + 1];
         } peers;
         wire_complete_result complete;
         struct {

@@ -58,6 +58,7 @@ static json_t *reserve_result_obj(const wire_reserve_result *r, int *rc) {
         wctl_put_bool(o, "write", false, rc);
         wctl_put_bool(o, "ready", false, rc);
         wctl_put_bool(o, "cancelled", true, rc);
+        if (r->reason[0]) wctl_put_text(o, "reason", r->reason, rc);
         return o;
     }
     wctl_put_str(o, "reservation_id", r->reservation_id, WIRE_ID_MAX, false, rc);
@@ -140,6 +141,8 @@ static json_t *result_json(const wire_ctl_reply *rep, int *rc) {
             append(arr, json_integer(rep->u.peers.ports[i]), rc);
         }
         wctl_put_new(o, "ports", arr, rc);
+        if (rep->u.peers.transport[0])
+            wctl_put_str(o, "transport", rep->u.peers.transport, WIRE_TRANSPORT_MAX, false, rc);
         return o;
     case WIRE_OP_COMPLETE: return complete_result_obj(&rep->u.complete, rc);
     case WIRE_OP_COMPLETE_BATCH:
@@ -209,6 +212,13 @@ static int decode_reserve_result(const json_t *o, const char *pfx, wire_reserve_
     if (!rc) rc = wctl_get_bool(o, pfx, "cached", full, &r->cached);
     if (!rc) rc = wctl_get_str(o, pfx, "transport", false, false, WIRE_TRANSPORT_MAX, r->transport);
     if (!rc) rc = wctl_get_str_dup(o, pfx, "dst_key", false, WIRE_KEY_MAX, &r->dst_key);
+    if (!rc && r->cancelled) {
+        /* the reason is a courtesy text: a long one is cut, never refused */
+        char *why = NULL;
+        rc = wctl_get_str_dup(o, pfx, "reason", false, WIRE_ERROR_MAX, &why);
+        if (why) snprintf(r->reason, sizeof r->reason, "%s", why);
+        free(why);
+    }
     if (rc) reserve_result_clear(r);
     return rc;
 }
@@ -290,7 +300,8 @@ static int decode_peers(const json_t *res, wire_ctl_reply *out) {
         if ((rc = wctl_port_value(json_array_get(arr, i), "result.", name, &ports[i]))) return rc;
     }
     out->u.peers.n = n;
-    return 0;
+    return wctl_get_str(res, "result.", "transport", false, false, WIRE_TRANSPORT_MAX,
+                        out->u.peers.transport);
 }
 
 static int decode_result(const json_t *res, size_t expect, wire_ctl_reply *out) {

@@ -180,7 +180,7 @@ static void test_reserve_complete_event(void **state) {
     rsv_status rs;
     assert_int_equal(ctl_server_take(f.srv, "t1", &rs), 0);
     assert_int_equal(((uint8_t *)ect_pool_base(f.pool))[rs.offset], 0x5a);
-    assert_int_equal(ctl_server_release(f.srv, "h1"), 0);
+    assert_int_equal(ctl_server_release(f.srv, "h1", NULL), 0);
 
     /* A second transfer of the same hash is answered from the resident copy. */
     q = reserve_req("t2", "h1", 100);

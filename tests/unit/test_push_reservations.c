@@ -643,6 +643,119 @@ static void test_producer_vanishes_after_reserve(void **state) {
     fx_finish(f, 4 * TTL);
 }
 
+/* A refresh (the producer gives a reservation back and reserves anew, e.g.
+ * while another shard of the item is full) keeps the writer's followers:
+ * the next reserve of the hash writes for them. */
+static void test_refresh_keeps_followers(void **state) {
+    (void)state;
+    fx *f = fx_new(1 << 20, &fake_ops);
+    fx_open(f);
+    rsv_reply w, a, w2, n;
+    assert_int_equal(reserve(f, "tw", "h", 0, &w), 0);
+    assert_int_equal(reserve(f, "ta", "h", 0, &a), 0);
+    assert_true(w.write && !a.write);
+    assert_true(cancel(f, "tw", w.reservation_id, true, true, 1));
+    assert_int_equal(state_of(f, "tw"), RSV_EXPIRED);
+    assert_int_equal(state_of(f, "ta"), RSV_WRITING); /* still waiting, no event */
+    assert_int_equal(n_events(f), 0);
+    assert_int_equal(f->pool.used, 64);
+    /* another hash with the same tensor is not the orphan's */
+    assert_int_equal(reserve(f, "tx", "hx", 2, &n), 0);
+    assert_true(n.write && n.offset != w.offset);
+    /* a different tensor for the hash conflicts, as with a writer */
+    rsv_request q = {"tz", "h", 8, (const uint64_t[]){4}, 1, "bfloat16"};
+    assert_err(rsv_reserve(f->t, &q, 2, &n), ECT_EEXIST, "conflicting in-flight tensor");
+    /* the producer reserves again: it writes into the same buffer */
+    assert_int_equal(reserve(f, "tw", "h", 3, &w2), 0);
+    assert_true(w2.write);
+    assert_int_equal(w2.offset, w.offset);
+    assert_int_equal(f->pool.used, 2 * 64);
+    rsv_stats s;
+    rsv_get_stats(f->t, &s);
+    assert_int_equal(s.adopted, 1);
+    complete(f, "tw", w2.reservation_id, 4, true, true);
+    assert_int_equal(state_of(f, "ta"), RSV_READY);
+    expect_event(f, RSV_EV_READY, "tw");
+    expect_event(f, RSV_EV_READY, "ta");
+    assert_true(cancel(f, "tx", NULL, true, false, 5));
+    expect_event(f, RSV_EV_ABANDONED, "tx");
+    /* nobody comes back: the waiting followers end at their TTL */
+    rsv_reply v, b;
+    assert_int_equal(reserve(f, "tv", "hv", 10, &v), 0);
+    assert_int_equal(reserve(f, "tb", "hv", 10, &b), 0);
+    assert_true(cancel(f, "tv", v.reservation_id, true, true, 11));
+    rsv_reap(f->t, 10 + TTL);
+    assert_int_equal(state_of(f, "tb"), RSV_CANCELLED);
+    expect_event(f, RSV_EV_ABANDONED, "tb");
+    /* a later reserve of the hash allocates afresh */
+    assert_int_equal(reserve(f, "tc", "hv", 11 + TTL, &b), 0);
+    assert_true(b.write);
+    assert_true(cancel(f, "tc", NULL, true, false, 12 + TTL));
+    expect_event(f, RSV_EV_ABANDONED, "tc");
+    /* a plain abandon still ends the followers at once */
+    assert_int_equal(reserve(f, "tp", "hp", 13 + TTL, &v), 0);
+    assert_int_equal(reserve(f, "tq", "hp", 13 + TTL, &b), 0);
+    assert_true(cancel(f, "tp", v.reservation_id, true, false, 14 + TTL));
+    assert_int_equal(state_of(f, "tq"), RSV_CANCELLED);
+    fx_finish(f, 20 + TTL);
+}
+
+/* The engine's release ends a delivered reservation at once: its buffer is
+ * resident (reclaimable, dedup) and a reuse of the transfer_id says why. */
+static void test_finish_on_release(void **state) {
+    (void)state;
+    fx *f = fx_new(2 * 64, &fake_ops);
+    fx_open(f);
+    rsv_reply r, c;
+    rsv_status st;
+    assert_int_equal(reserve(f, "t1", "h1", 0, &r), 0);
+    assert_err(rsv_finish(f->t, "t1", 1), ECT_ESTATE, "not READY");
+    assert_err(rsv_finish(f->t, "nope", 1), ECT_ENOTFOUND, "nope");
+    complete(f, "t1", r.reservation_id, 1, true, true);
+    assert_int_equal(rsv_take(f->t, "t1", 2, &st), 0);
+    assert_int_equal(rsv_release(f->t, "h1", 3), 0);
+    assert_int_equal(rsv_finish(f->t, "t1", 3), 0);
+    assert_int_equal(state_of(f, "t1"), RSV_CANCELLED);
+    assert_err(rsv_finish(f->t, "t1", 3), ECT_ESTATE, "CANCELLED");
+    rsv_stats s;
+    rsv_get_stats(f->t, &s);
+    assert_int_equal(s.finished, 1);
+    assert_int_equal(s.live, 0);
+    assert_int_equal(s.resident, 1);
+    /* the scheduler's late cancel is harmless */
+    assert_true(cancel(f, "t1", r.reservation_id, false, false, 4));
+    /* a reuse of the id is refused, saying why and since when */
+    assert_int_equal(reserve(f, "t1", "h1", 1003, &c), 0);
+    assert_true(c.cancelled);
+    assert_int_equal(c.why, RSV_END_FINISHED);
+    assert_int_equal(c.ended_ms_ago, 1000);
+    assert_non_null(strstr(rsv_end_text(c.why), "delivered"));
+    /* a new id of the same content is answered from the resident copy */
+    assert_int_equal(reserve(f, "t2", "h1", 1004, &c), 0);
+    assert_true(c.cached && c.ready);
+    /* finished buffers are reclaimed for new writes: two fit after all */
+    assert_int_equal(rsv_take(f->t, "t2", 1005, &st), 0);
+    assert_int_equal(rsv_release(f->t, "h1", 1005), 0);
+    assert_int_equal(rsv_finish(f->t, "t2", 1005), 0);
+    assert_int_equal(reserve(f, "a", "ha", 1006, &r), 0);
+    assert_int_equal(reserve(f, "b", "hb", 1006, &c), 0);
+    rsv_get_stats(f->t, &s);
+    assert_int_equal(s.evictions, 1);
+    assert_int_equal(s.peak_live, 2);
+    assert_int_equal(s.peak_bytes, 2 * 64);
+    /* why other refusals happen */
+    assert_true(cancel(f, "pre", NULL, false, false, 1007));
+    assert_int_equal(reserve(f, "pre", "hz", 1007, &c), 0);
+    assert_true(c.cancelled && c.why == RSV_END_PRECANCEL);
+    assert_true(cancel(f, "a", NULL, true, false, 1008));
+    assert_int_equal(reserve(f, "a", "ha", 1009, &c), 0);
+    assert_true(c.cancelled && c.why == RSV_END_ABANDONED);
+    rsv_get_stats(f->t, &s);
+    assert_int_equal(s.abandoned, 1);
+    assert_true(cancel(f, "b", NULL, true, false, 1010));
+    fx_finish(f, 1010);
+}
+
 static void test_pool_full_lru_reclaim(void **state) {
     (void)state;
     fx *f = fx_new(3 * 64, &fake_ops);
@@ -831,7 +944,8 @@ static bool legal(rsv_state from, rsv_state to) {
 static void test_random_ops(void **state) {
     (void)state;
     uint64_t seed = 12345;
-    unsigned seen[8] = {0}; /* write, follow, cached, cancelled, ready, pending, evict, full */
+    /* write, follow, cached, cancelled, ready, pending, evict, full, adopted, finished */
+    unsigned seen[10] = {0};
     for (int round = 0; round < 20; round++) {
         fx *f = fx_new(4 * 64, &fake_ops);
         f->o.max_tombstones = 16;
@@ -887,8 +1001,10 @@ static void test_random_ops(void **state) {
                 break;
             case 5: (void)rsv_cancel(f->t, tid, NULL, false, false, now, &c); break;
             case 6:
-                if (rsv_take(f->t, tid, now, &st) == 0 && test_rand(&seed) % 3)
+                if (rsv_take(f->t, tid, now, &st) == 0 && test_rand(&seed) % 3) {
                     assert_int_equal(rsv_release(f->t, st.mm_hash, now), 0);
+                    if (test_rand(&seed) % 2) assert_int_equal(rsv_finish(f->t, tid, now), 0);
+                }
                 break;
             case 7: rsv_reap(f->t, now); break;
             case 8:
@@ -908,6 +1024,8 @@ static void test_random_ops(void **state) {
             if (rsv_status_get(f->t, tid, &st) == 0)
                 seen[5] += st.state == RSV_CANCEL_PENDING || st.state == RSV_EXPIRE_PENDING;
             seen[6] = (unsigned)s.evictions > seen[6] ? (unsigned)s.evictions : seen[6];
+            seen[8] = (unsigned)s.adopted > seen[8] ? (unsigned)s.adopted : seen[8];
+            seen[9] = (unsigned)s.finished > seen[9] ? (unsigned)s.finished : seen[9];
         }
         /* settle: every writer completes or abandons, leases are dropped */
         for (unsigned k = 0; k < 8; k++) {
@@ -930,7 +1048,7 @@ static void test_random_ops(void **state) {
         fx_finish(f, now);
     }
     /* the run reached every kind of outcome it is meant to check */
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < 10; i++) {
         print_message("outcome %d seen %u times\n", i, seen[i]);
         assert_true(seen[i] > 0);
     }
@@ -956,6 +1074,8 @@ int main(void) {
         cmocka_unit_test(test_expire_pending_cancel_then_complete),
         cmocka_unit_test(test_reaper_cancels_stale_follower),
         cmocka_unit_test(test_producer_vanishes_after_reserve),
+        cmocka_unit_test(test_refresh_keeps_followers),
+        cmocka_unit_test(test_finish_on_release),
         cmocka_unit_test(test_pool_full_lru_reclaim),
         cmocka_unit_test(test_tombstone_cap),
         cmocka_unit_test(test_event_backlog),

@@ -99,6 +99,7 @@ static void assert_reserve_result_eq(const wire_reserve_result *a, const wire_re
     assert_int_equal(a->cached, b->cached);
     assert_string_equal(a->transport, b->transport);
     assert_str_or_null_eq(a->dst_key, b->dst_key);
+    assert_string_equal(a->cancelled ? a->reason : "", b->cancelled ? b->reason : "");
 }
 
 static void assert_reply_eq(const wire_ctl_reply *a, const wire_ctl_reply *b) {
@@ -135,6 +136,7 @@ static void assert_reply_eq(const wire_ctl_reply *a, const wire_ctl_reply *b) {
         assert_int_equal(a->u.peers.n, b->u.peers.n);
         for (size_t i = 0; i < a->u.peers.n; i++)
             assert_int_equal(a->u.peers.ports[i], b->u.peers.ports[i]);
+        assert_string_equal(a->u.peers.transport, b->u.peers.transport);
         break;
     case WIRE_OP_COMPLETE:
         assert_int_equal(a->u.complete.completed, b->u.complete.completed);
@@ -237,6 +239,11 @@ static void event_round_trip(const wire_event *ev, const char *golden) {
 #define G_R_RESERVE_CANCELLED                                                                      \
     "{\"ok\":true,\"result\":{\"reservation_id\":\"\",\"dst_session\":\"\",\"dst_ptr\":0,"         \
     "\"write\":false,\"ready\":false,\"cancelled\":true}}"
+#define G_R_RESERVE_REFUSED                                                                        \
+    "{\"ok\":true,\"result\":{\"reservation_id\":\"\",\"dst_session\":\"\",\"dst_ptr\":0,"         \
+    "\"write\":false,\"ready\":false,\"cancelled\":true,\"reason\":\"transfer_id 'req-7-img0' "    \
+    "was already delivered: the consumer's engine took and released it 12000 ms ago; a "           \
+    "transfer_id is remembered 300000 ms (TTL): use a new one\"}}"
 #define G_R_RESERVE_BATCH                                                                          \
     "{\"ok\":true,\"result\":{\"items\":[{\"ok\":true,\"result\":{\"reservation_id\":\"r1\","      \
     "\"dst_session\":\"10.0.0.2:15001\",\"dst_ptr\":4096,\"nbytes\":8,\"write\":false,"            \
@@ -248,6 +255,8 @@ static void event_round_trip(const wire_event *ev, const char *golden) {
 #define G_R_STATUS_NULL "{\"ok\":true,\"result\":null}"
 #define G_R_EVENT_PORT "{\"ok\":true,\"result\":40123}"
 #define G_R_PEERS "{\"ok\":true,\"result\":{\"ports\":[14579,14580]}}"
+#define G_R_PEERS_TRANSPORT                                                                        \
+    "{\"ok\":true,\"result\":{\"ports\":[14579,14580],\"transport\":\"shm\"}}"
 #define G_R_COMPLETE "{\"ok\":true,\"result\":{\"completed\":true,\"became_ready\":true}}"
 #define G_R_COMPLETE_BATCH                                                                         \
     "{\"ok\":true,\"result\":{\"items\":[{\"completed\":true,\"became_ready\":true},"              \
@@ -351,6 +360,24 @@ static void test_golden_replies(void **state) {
     memset(&r.u.reserve, 0, sizeof r.u.reserve);
     r.u.reserve.cancelled = true;
     reply_round_trip(&r, SIZE_MAX, G_R_RESERVE_CANCELLED);
+    snprintf(r.u.reserve.reason, sizeof r.u.reserve.reason,
+             "transfer_id 'req-7-img0' was already delivered: the consumer's engine took and "
+             "released it 12000 ms ago; a transfer_id is remembered 300000 ms (TTL): use a new "
+             "one");
+    reply_round_trip(&r, SIZE_MAX, G_R_RESERVE_REFUSED);
+    /* an upstream producer reads the cancelled form and ignores the reason;
+     * a long reason is cut, never refused */
+    wire_ctl_reply d;
+    char big[600];
+    snprintf(big, sizeof big,
+             "{\"ok\":true,\"result\":{\"reservation_id\":\"\",\"dst_session\":"
+             "\"\",\"dst_ptr\":0,\"write\":false,\"ready\":false,\"cancelled\":true,"
+             "\"reason\":\"%0400d\"}}",
+             7);
+    assert_int_equal(wire_ctl_decode_reply(WIRE_OP_RESERVE, SIZE_MAX, big, strlen(big), &d), 0);
+    assert_true(d.u.reserve.cancelled);
+    assert_int_equal(strlen(d.u.reserve.reason), WIRE_REASON_MAX);
+    wire_ctl_reply_clear(&d);
 
     wire_reserve_outcome outs[2];
     memset(outs, 0, sizeof outs);
@@ -395,6 +422,8 @@ static void test_golden_replies(void **state) {
     r.u.peers.n = 2;
     r.u.peers.ports = ports;
     reply_round_trip(&r, SIZE_MAX, G_R_PEERS);
+    strcpy(r.u.peers.transport, "shm");
+    reply_round_trip(&r, SIZE_MAX, G_R_PEERS_TRANSPORT);
 
     memset(&r, 0, sizeof r);
     r.op = WIRE_OP_COMPLETE;
@@ -510,11 +539,13 @@ static void test_goldens_are_the_documented_examples(void **state) {
         G_CANCEL,
         G_R_RESERVE,
         G_R_RESERVE_CANCELLED,
+        G_R_RESERVE_REFUSED,
         G_R_RESERVE_BATCH,
         G_R_STATUS,
         G_R_STATUS_NULL,
         G_R_EVENT_PORT,
         G_R_PEERS,
+        G_R_PEERS_TRANSPORT,
         G_R_COMPLETE,
         G_R_COMPLETE_BATCH,
         G_R_CANCEL,
@@ -601,6 +632,7 @@ static void rand_reserve_result(uint64_t *st, wire_reserve_result *r, char *keyb
     memset(r, 0, sizeof *r);
     if (test_rand(st) % 5 == 0) {
         r->cancelled = true;
+        if (test_rand(st) & 1) rand_str(st, r->reason, WIRE_REASON_MAX, true);
         return;
     }
     rand_str(st, r->reservation_id, WIRE_ID_MAX, false);
@@ -711,6 +743,7 @@ static void test_random_round_trips(void **state) {
             for (size_t i = 0; i < n + 1; i++) ports[i] = (uint16_t)(1 + test_rand(&st) % 65535);
             r.u.peers.n = n + 1;
             r.u.peers.ports = ports;
+            if (test_rand(&st) & 1) rand_str(&st, r.u.peers.transport, WIRE_TRANSPORT_MAX, true);
             break;
         case WIRE_OP_COMPLETE:
             r.u.complete.completed = test_rand(&st) & 1;
