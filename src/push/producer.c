@@ -9,6 +9,11 @@
  * Dedup: every item stays in `items` from reserve until ttl_ms after it
  * finished (at most max_tombstones finished ones), so a repeated transfer_id
  * is refused at once on the caller's thread.
+ *
+ * Staging back-pressure: a copy that does not fit waits (staging_wait_ms) on
+ * `room`, which every free of staging memory signals. Before waiting it
+ * hands the unflushed queue to the dispatcher: the caller may be filling the
+ * pool with items of its own step, and those only drain once sent.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -47,6 +52,9 @@ void ect_push_producer_opts_init(ect_push_producer_opts *o) {
     o->listen_host = "127.0.0.1";
     o->down_backoff_ms = 1000;
     o->down_backoff_max_ms = 30000;
+    o->push_wait_ms = PUSH_DEFAULT_PUSH_WAIT_MS;
+    o->staging_wait_ms = 60000;
+    o->expect_shards = 0;
 }
 
 static int check_opts(const ect_push_producer_opts *o) {
@@ -70,6 +78,15 @@ static int check_opts(const ect_push_producer_opts *o) {
         return ect_set_error(ECT_EINVAL,
                              "down_backoff_max_ms must be down_backoff_ms (%d)..3600000, not %d",
                              o->down_backoff_ms, o->down_backoff_max_ms);
+    if (o->push_wait_ms < 1 || o->push_wait_ms > 86400000)
+        return ect_set_error(ECT_EINVAL, "push_wait_ms must be 1..86400000, not %" PRIu64,
+                             o->push_wait_ms);
+    if (o->staging_wait_ms > 3600000)
+        return ect_set_error(ECT_EINVAL, "staging_wait_ms must be 0..3600000, not %" PRIu64,
+                             o->staging_wait_ms);
+    if (o->expect_shards > PUSH_MAX_SHARDS)
+        return ect_set_error(ECT_EINVAL, "expect_shards must be 0..%d, not %u", PUSH_MAX_SHARDS,
+                             o->expect_shards);
     if (!o->listen_host || !*o->listen_host || strlen(o->listen_host) > PP_HOST_MAX)
         return ect_set_error(ECT_EINVAL, "listen_host must be a non-empty host name");
     if (o->transport && *o->transport && strcmp(o->transport, "tcp") &&
@@ -99,6 +116,7 @@ int ect_push_producer_open(const ect_push_producer_opts *opts, ect_push_producer
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
     pthread_cond_init(&p->results, NULL);
+    pthread_cond_init(&p->room, NULL);
     if (opts->staging_size) {
         ect_pool_opts po;
         ect_pool_opts_init(&po);
@@ -112,6 +130,7 @@ int ect_push_producer_open(const ect_push_producer_opts *opts, ect_push_producer
     pso.input_wait_ms = opts->input_wait_ms;
     pso.ttl_ms = opts->ttl_ms;
     pso.max_tombstones = opts->max_tombstones;
+    pso.push_wait_ms = opts->push_wait_ms;
     if ((rc = push_open(&pso, &p->table))) goto fail;
     p->acts_cap = 1024;
     if (!(p->acts = calloc(p->acts_cap, sizeof *p->acts)) || !(p->zctx = zmq_ctx_new())) {
@@ -140,6 +159,72 @@ static int check_str(const char *s, size_t max, const char *field) {
     return 0;
 }
 
+/* Hands the unflushed queue to the dispatcher (flush's work). Caller holds mu. */
+static int hand_over_locked(ect_push_producer *p) {
+    int n = 0;
+    for (pitem *it = p->queued; it; it = it->next) {
+        it->phase = PI_HANDED;
+        n++;
+    }
+    if (p->queued) {
+        if (p->handed_tail)
+            p->handed_tail->next = p->queued;
+        else
+            p->handed = p->queued;
+        p->handed_tail = p->queued_tail;
+        p->queued = p->queued_tail = NULL;
+        p->st.steps++;
+    }
+    LL_CONCAT2(p->stage_h, p->stage_q, snext);
+    p->stage_q = NULL;
+    pthread_cond_signal(&p->wake);
+    return n;
+}
+
+/* ect_pool_alloc of a staging copy, waiting for room (see the top). */
+static int staging_alloc(ect_push_producer *p, uint64_t n, uint64_t *off) {
+    int rc = ect_pool_alloc(p->pool, n, off);
+    if (rc != ECT_EFULL) return rc;
+    uint64_t cap = ect_pool_capacity(p->pool);
+    if (n > cap)
+        return ect_set_error(ECT_EFULL,
+                             "the item (%" PRIu64
+                             " bytes) is larger than the staging pool (%" PRIu64
+                             " bytes): raise staging_size or borrow the source",
+                             n, cap);
+    if (!p->o.staging_wait_ms) return rc;
+    uint64_t t0 = ect_now_ms(), end = t0 + p->o.staging_wait_ms;
+    pthread_mutex_lock(&p->mu);
+    p->st.staging_waits++;
+    hand_over_locked(p);
+    for (;;) {
+        if (p->stop) {
+            pthread_mutex_unlock(&p->mu);
+            return ect_set_error(ECT_ECLOSED, "push producer is closing");
+        }
+        /* Allocating under mu is fine (the pool has its own lock and frees
+         * signal `room` under mu), and it closes the gap between a failed
+         * try and the wait, where a free could be missed. */
+        if ((rc = ect_pool_alloc(p->pool, n, off)) != ECT_EFULL) break;
+        uint64_t now = ect_now_ms();
+        if (now >= end) break;
+        uint64_t ms = end - now > 100 ? 100 : end - now;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + ms * 1000000ull;
+        ts.tv_sec += (time_t)(ns / 1000000000ull);
+        ts.tv_nsec = (long)(ns % 1000000000ull);
+        pthread_cond_timedwait(&p->room, &p->mu, &ts);
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (rc == ECT_EFULL)
+        return ect_set_error(ECT_EFULL,
+                             "the staging pool (%" PRIu64 " bytes) stayed full for %" PRIu64
+                             " ms (staging_wait_ms) with %" PRIu64 " bytes wanted",
+                             cap, ect_now_ms() - t0, n);
+    return rc;
+}
+
 /* Takes the source: borrowed, or copied into the staging pool. Caller holds no lock. */
 static int take_src(ect_push_producer *p, pitem *it, const void *data, uint64_t nbytes,
                     ect_push_release_fn release, void *user) {
@@ -154,7 +239,7 @@ static int take_src(ect_push_producer *p, pitem *it, const void *data, uint64_t 
         return ect_set_error(ECT_EINVAL, "release is NULL but the producer has no staging pool "
                                          "(staging_size 0): borrow the source");
     uint64_t off = 0;
-    int rc = ect_pool_alloc(p->pool, nbytes ? nbytes : 1, &off);
+    int rc = staging_alloc(p, nbytes ? nbytes : 1, &off);
     if (rc) return rc;
     memcpy((char *)ect_pool_base(p->pool) + off, data, nbytes);
     it->src = (char *)ect_pool_base(p->pool) + off;
@@ -289,23 +374,7 @@ int ect_push_producer_flush(ect_push_producer *p) {
         pthread_mutex_unlock(&p->mu);
         return ect_set_error(ECT_ECLOSED, "push producer is closing");
     }
-    int n = 0;
-    for (pitem *it = p->queued; it; it = it->next) {
-        it->phase = PI_HANDED;
-        n++;
-    }
-    if (p->queued) {
-        if (p->handed_tail)
-            p->handed_tail->next = p->queued;
-        else
-            p->handed = p->queued;
-        p->handed_tail = p->queued_tail;
-        p->queued = p->queued_tail = NULL;
-        p->st.steps++;
-    }
-    LL_CONCAT2(p->stage_h, p->stage_q, snext);
-    p->stage_q = NULL;
-    pthread_cond_signal(&p->wake);
+    int n = hand_over_locked(p);
     pthread_mutex_unlock(&p->mu);
     return n;
 }
@@ -318,9 +387,12 @@ void pp_release_src(ect_push_producer *p, pitem *it) {
     it->src = NULL;
     pthread_mutex_unlock(&p->mu);
     if (!held) return;
-    if (it->in_pool)
+    if (it->in_pool) {
         ect_pool_free(p->pool, it->pool_off);
-    else if (it->release)
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->room);
+        pthread_mutex_unlock(&p->mu);
+    } else if (it->release)
         it->release(it->release_user, src, it->nbytes);
     it->in_pool = false;
 }
@@ -370,6 +442,7 @@ void pp_finish_locked(ect_push_producer *p, pitem *it, int status, const char *e
     r.latency_ns = ect_now_ns() - it->t0_ns;
     r.shards = (uint32_t)it->n_shards;
     snprintf(r.transport, sizeof r.transport, "%s", it->used_kind);
+    r.retries = it->retries;
     push_result(p, &r);
     if (status == 0)
         p->st.done++;
@@ -489,6 +562,7 @@ void ect_push_producer_close(ect_push_producer *p) {
         p->stop = true;
         pthread_cond_broadcast(&p->wake);
         pthread_cond_broadcast(&p->results);
+        pthread_cond_broadcast(&p->room);
         pthread_mutex_unlock(&p->mu);
         pthread_join(p->thread, NULL);
     }
@@ -514,6 +588,7 @@ void ect_push_producer_close(ect_push_producer *p) {
     ect_pool_close(p->pool);
     pthread_cond_destroy(&p->wake);
     pthread_cond_destroy(&p->results);
+    pthread_cond_destroy(&p->room);
     pthread_mutex_destroy(&p->mu);
     free(p);
 }

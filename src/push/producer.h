@@ -50,6 +50,7 @@ typedef struct pitem {
     uint64_t pool_off;
     pitem_phase phase; /* [mu] */
     uint64_t done_ms;  /* [mu] when it became PI_DONE */
+    unsigned retries;  /* [disp] reserve rounds refused as full (for the result) */
     /* [disp] */
     size_t n_shards;
     int *ports;                            /* per shard: control port (host is the consumer's) */
@@ -71,6 +72,7 @@ typedef struct pp_consumer {
     char consumer[PUSH_ADDR_MAX + 1];
     size_t n;
     int ports[PUSH_MAX_SHARDS];
+    char transport[WIRE_TRANSPORT_MAX + 1]; /* from `peers`, "" when not said */
     UT_hash_handle hh;
 } pp_consumer;
 
@@ -92,6 +94,7 @@ typedef struct pp_job {
     wire_ctl_reply rep;
     int ports[PUSH_MAX_SHARDS]; /* PJ_PEERS: the answer */
     size_t nports;
+    char transport[WIRE_TRANSPORT_MAX + 1]; /* PJ_PEERS: the shards' data plane, or "" */
     int rc;
     bool held;         /* never sent (err says why) */
     char err[320];     /* rc's text */
@@ -116,6 +119,7 @@ struct ect_push_producer {
     pthread_mutex_t mu;
     pthread_cond_t wake;    /* the dispatcher waits on it */
     pthread_cond_t results; /* poll waits on it */
+    pthread_cond_t room;    /* a staging wait waits on it: staging memory was freed */
     pthread_t thread;
     bool thread_started;
     /* [mu] */

@@ -61,9 +61,17 @@ static void run_job(ctl_client *c, pp_job *j) {
         snprintf(j->err, sizeof j->err, "shard address unknown");
         return;
     }
-    if (j->kind == PJ_PEERS) {
-        ctl_forget_peers(c, j->host, j->port); /* a real exchange: it is the probe */
-        j->rc = ctl_peers(c, j->host, j->port, j->ports, PUSH_MAX_SHARDS, &j->nports);
+    if (j->kind == PJ_PEERS) { /* a real exchange every time: it is the probe */
+        wire_ctl_request req = {.op = WIRE_OP_PEERS};
+        j->rc = ctl_call_ok(c, j->host, j->port, &req, &j->rep);
+        if (!j->rc && j->rep.u.peers.n > PUSH_MAX_SHARDS)
+            j->rc = ect_set_error(ECT_ERANGE, "%s:%d reports %zu shards, at most %d supported",
+                                  j->host, j->port, j->rep.u.peers.n, PUSH_MAX_SHARDS);
+        if (!j->rc) {
+            j->nports = j->rep.u.peers.n;
+            for (size_t i = 0; i < j->nports; i++) j->ports[i] = j->rep.u.peers.ports[i];
+            snprintf(j->transport, sizeof j->transport, "%s", j->rep.u.peers.transport);
+        }
     } else {
         j->rc = j->want_ok ? ctl_call_ok(c, j->host, j->port, &j->req, &j->rep)
                            : ctl_call(c, j->host, j->port, &j->req, &j->rep);

@@ -4,7 +4,8 @@
  * exchanges, one round per kind:
  *
  *   RESERVE   grouped by shard address  -> one reserve_batch per shard
- *   REFRESH / ABANDON                    -> one cancel each (rare)
+ *   REFRESH / ABANDON / GIVE_BACK        -> one cancel each (rare: GIVE_BACK only
+ *                                           while a shard refuses as full)
  *   WRITE     grouped by (kind, session) -> one ect_xport_write_batch each,
  *                                           sessions on parallel threads
  *   COMPLETE  grouped by shard address  -> one complete_batch per shard
@@ -18,6 +19,14 @@
  * p->done, so a consumer that is slow or hung holds up only its own work,
  * never another consumer's pushes. The table hands out no action twice while
  * one is in flight, which is what lets rounds overlap.
+ *
+ * A reserve a shard refuses because its pool is full is not a failure: the
+ * table backs the item off and retries (pushes.h, "Back-pressure"); the
+ * dispatcher's wait is cut short to the table's next retry time.
+ *
+ * Discovery checks what the producer can check before reserving anything:
+ * the shard count (expect_shards) and the data plane the consumer names in
+ * its `peers` answer (transport), so a mismatch costs the consumer nothing.
  *
  * Failure of an exchange fails the items it carried on that shard (the table
  * then abandons their other shards) and forgets the consumer's cached peers,
@@ -216,14 +225,29 @@ static void apply_peers(ect_push_producer *p, pp_job *j) {
     char err[320];
     snprintf(err, sizeof err, "%s", j->err);
     if (!j->held) note_exchange(p, j->host, j->port, rc, err, sizeof err);
+    char text[400] = "";
+    if (!rc && p->o.expect_shards && j->nports != p->o.expect_shards) {
+        rc = ECT_EPROTO;
+        snprintf(text, sizeof text,
+                 "the consumer %.100s has %zu shard(s) (TP ranks), this producer expects %u; "
+                 "nothing was reserved",
+                 consumer, j->nports, p->o.expect_shards);
+    } else if (!rc && p->transport[0] && j->transport[0] && strcmp(p->transport, j->transport)) {
+        rc = ECT_ENOTSUP;
+        snprintf(text, sizeof text,
+                 "the consumer %.100s offers transport '%.32s', this producer requires '%s'; "
+                 "nothing was reserved",
+                 consumer, j->transport, p->transport);
+    }
     pp_consumer *c = NULL;
     if (!rc && !(c = calloc(1, sizeof *c))) {
         rc = ECT_ENOMEM;
         snprintf(err, sizeof err, "out of memory");
     }
     if (rc) {
-        char text[400];
-        if (pp_unreachable_rc(rc))
+        if (text[0])
+            ECT_LOGW(MOD, "%s", text);
+        else if (pp_unreachable_rc(rc))
             snprintf(text, sizeof text, "%s", err);
         else
             snprintf(text, sizeof text, "discovering the shards of %.100s failed: %.250s", consumer,
@@ -235,6 +259,7 @@ static void apply_peers(ect_push_producer *p, pp_job *j) {
     snprintf(c->consumer, sizeof c->consumer, "%s", consumer);
     c->n = j->nports;
     memcpy(c->ports, j->ports, j->nports * sizeof *j->ports);
+    snprintf(c->transport, sizeof c->transport, "%s", j->transport);
     HASH_ADD_STR(p->consumers, consumer, c);
     /* it answered: its ranks are back too (a restart may reuse their ports) */
     for (size_t i = 0; i < c->n; i++) {
@@ -373,11 +398,21 @@ static void apply_reserve(ect_push_producer *p, pp_job *j) {
             continue;
         }
         const wire_reserve_outcome *o = &j->rep.u.reserve_batch.items[k];
+        if (!o->ok && o->error && strstr(o->error, "buffer pool is full") &&
+            !strstr(o->error, "more than the whole pool")) {
+            /* upstream's text: back-pressure, not a failure of the item (ours
+             * says when the item could never fit: that one fails at once) */
+            push_reserve_full(p->table, ac->transfer_id, ac->shard, o->error, ect_now_ms());
+            continue;
+        }
         if (!o->ok) {
             push_reserve_done(p->table, ac->transfer_id, ac->shard, NULL,
                               o->error ? o->error : "refused", ect_now_ms());
             continue;
         }
+        if (o->result.cancelled && o->result.reason[0] && it && !it->why[0])
+            snprintf(it->why, sizeof it->why, "the consumer refused it (shard %zu): %.150s",
+                     ac->shard, o->result.reason);
         const wire_reserve_result *r = &o->result;
         if (it && ac->shard < it->n_shards) {
             free(it->keys[ac->shard]);
@@ -421,8 +456,8 @@ static void apply_cancel(ect_push_producer *p, pp_job *j) {
         ECT_LOGW(MOD, "cancel of %s on shard %zu failed: %s", x->transfer_id, x->shard, j->err);
         if (it) forget_consumer(p, it);
     }
-    if (x->kind == PUSH_ACT_REFRESH) {
-        if (!j->rc) {
+    if (x->kind == PUSH_ACT_REFRESH || x->kind == PUSH_ACT_GIVE_BACK) {
+        if (!j->rc && x->kind == PUSH_ACT_REFRESH) {
             pthread_mutex_lock(&p->mu);
             p->st.refreshes++;
             pthread_mutex_unlock(&p->mu);
@@ -490,7 +525,7 @@ static void fail_action(ect_push_producer *p, const push_action *ac) {
                           ect_now_ms());
     else if (ac->kind == PUSH_ACT_COMPLETE)
         push_complete_done(p->table, ac->transfer_id, ac->shard, false, false);
-    else if (ac->kind == PUSH_ACT_REFRESH)
+    else if (ac->kind == PUSH_ACT_REFRESH || ac->kind == PUSH_ACT_GIVE_BACK)
         push_refresh_done(p->table, ac->transfer_id, ac->shard, false);
     else if (ac->kind == PUSH_ACT_ABANDON)
         push_abandon_done(p->table, ac->transfer_id, ac->shard, false);
@@ -569,12 +604,14 @@ static void do_completes(ect_push_producer *p, const push_action *a, size_t n) {
     groups_free(&gs);
 }
 
-/* REFRESH and ABANDON: a cancel each. An abandon to an address held down is
- * not sent: the shard's TTL ends that reservation. */
+/* REFRESH, GIVE_BACK and ABANDON: a cancel each. An abandon to an address
+ * held down is not sent: the shard's TTL ends that reservation. */
 static void do_cancels(ect_push_producer *p, const push_action *a, size_t n) {
     for (size_t i = 0; i < n; i++) {
         const push_action *x = &a[i];
-        if (x->kind != PUSH_ACT_REFRESH && x->kind != PUSH_ACT_ABANDON) continue;
+        if (x->kind != PUSH_ACT_REFRESH && x->kind != PUSH_ACT_ABANDON &&
+            x->kind != PUSH_ACT_GIVE_BACK)
+            continue;
         pp_job *j = job_new(p, PJ_CANCEL, a, &i, 1);
         if (!j) {
             fail_action(p, x);
@@ -587,7 +624,7 @@ static void do_cancels(ect_push_producer *p, const push_action *a, size_t n) {
         snprintf(j->req.u.cancel.reservation_id, sizeof j->req.u.cancel.reservation_id, "%s",
                  x->reservation_id);
         j->req.u.cancel.abandon = true;
-        j->req.u.cancel.refresh = x->kind == PUSH_ACT_REFRESH;
+        j->req.u.cancel.refresh = x->kind != PUSH_ACT_ABANDON; /* frees at once, no event */
         count(p, &p->st.cancels);
         launch(p, j);
     }
@@ -743,6 +780,7 @@ static void do_local(ect_push_producer *p, const push_action *a, size_t n) {
         int status = x->state == PUSH_DONE        ? 0
                      : x->state == PUSH_CANCELLED ? ECT_ECANCELED
                                                   : ECT_EIO;
+        it->retries = x->retries;
         HASH_DELETE(dh, p->disp_items, it);
         for (size_t s = 0; s < it->n_shards; s++) free(it->keys[s]);
         free(it->keys);
@@ -754,7 +792,9 @@ static void do_local(ect_push_producer *p, const push_action *a, size_t n) {
         it->in_table = false;
         pthread_mutex_lock(&p->mu);
         bool staging = it->stage_queued;
-        pp_finish_locked(p, it, status, status == ECT_EIO && it->why[0] ? it->why : x->error);
+        pp_finish_locked(p, it, status,
+                         (status == ECT_EIO || status == ECT_ECANCELED) && it->why[0] ? it->why
+                                                                                      : x->error);
         pthread_mutex_unlock(&p->mu);
         if (!staging) pp_release_src(p, it); /* a source the table never saw */
     }
@@ -777,14 +817,27 @@ static void run_rounds(ect_push_producer *p) {
     }
 }
 
+/* The table's counters the public stats show. */
+static void copy_table_stats(ect_push_producer *p) {
+    push_stats ps;
+    push_get_stats(p->table, &ps);
+    pthread_mutex_lock(&p->mu);
+    p->st.full_refusals = ps.full_refusals;
+    p->st.retries = ps.retries;
+    p->st.give_backs = ps.give_backs;
+    pthread_mutex_unlock(&p->mu);
+}
+
 void *pp_dispatch_main(void *arg) {
     ect_push_producer *p = arg;
     for (;;) {
         pthread_mutex_lock(&p->mu);
         if (!p->stop && !p->handed && !p->stage_h && !p->n_cancels && !p->done) {
+            uint64_t ms = WAKE_MS, wake = push_next_wake(p->table), now = ect_now_ms();
+            if (wake) ms = wake <= now ? 0 : wake - now < ms ? wake - now : ms;
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
-            uint64_t ns = (uint64_t)ts.tv_nsec + WAKE_MS * 1000000ull;
+            uint64_t ns = (uint64_t)ts.tv_nsec + ms * 1000000ull;
             ts.tv_sec += (time_t)(ns / 1000000000ull);
             ts.tv_nsec = (long)(ns % 1000000000ull);
             pthread_cond_timedwait(&p->wake, &p->mu, &ts);
@@ -821,6 +874,7 @@ void *pp_dispatch_main(void *arg) {
         }
         free(cancels);
         run_rounds(p);
+        copy_table_stats(p);
     }
     /* Closing: what is still in flight fails here without contacting the
      * consumer (a control exchange could take the full timeout); the shards'

@@ -11,6 +11,14 @@
  * action is in flight, abandons every reservation it still holds, and only
  * then releases the source and reports. Finished records stay one TTL as
  * tombstones, so a repeated transfer_id is refused (dedup).
+ *
+ * Back-pressure lives in advance() too: a shard's reserve that came back
+ * "full" is RS_FULL; once no reserve of the round is in flight the record
+ * gives back every reservation it holds (RS_GIVING_BACK, then NONE), sets
+ * `retry_at` and waits; at retry_at its NONE shards are reserved again.
+ * `waiting_room` marks such a record (from the first refusal until a round
+ * gets every shard); the walk collects their consumers so that younger
+ * records for the same consumer do not start (the FIFO rule of pushes.h).
  */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -27,7 +35,7 @@
 
 typedef enum { ST_NONE = 0, ST_SENT, ST_OK, ST_FAILED } step;
 /* reserve additionally: cancelled by the consumer, or being refreshed */
-enum { RS_CANCELLED = ST_FAILED + 1, RS_REFRESHING };
+enum { RS_CANCELLED = ST_FAILED + 1, RS_REFRESHING, RS_FULL, RS_GIVING_BACK };
 
 typedef struct shard_st {
     int rsv;
@@ -50,13 +58,19 @@ typedef struct prec {
     bool staged, released, finishing;
     uint64_t created, deadline;
     char error[160];
+    /* back-pressure */
+    bool waiting_room;    /* a shard refused as full; not yet every shard reserved */
+    uint64_t retry_at;    /* reserve again at this time (0: not backing off) */
+    uint64_t backoff;     /* the last backoff (ms) */
+    unsigned retries;     /* rounds refused as full */
+    char full_error[120]; /* the latest refusal, for the failure text */
     UT_hash_handle hh;
     struct prec *prev, *next;
 } prec;
 
 struct push_table {
     push_opts o;
-    uint64_t now;
+    uint64_t now, wake;
     prec *by_id, *live, *tombs;
     push_stats st;
 };
@@ -78,6 +92,9 @@ void push_opts_init(push_opts *o) {
     o->input_wait_ms = PUSH_DEFAULT_TTL_MS;
     o->ttl_ms = PUSH_DEFAULT_TTL_MS;
     o->max_tombstones = PUSH_DEFAULT_MAX_TOMBSTONES;
+    o->push_wait_ms = PUSH_DEFAULT_PUSH_WAIT_MS;
+    o->retry_min_ms = PUSH_DEFAULT_RETRY_MIN_MS;
+    o->retry_max_ms = PUSH_DEFAULT_RETRY_MAX_MS;
 }
 
 int push_open(const push_opts *o, push_table **out) {
@@ -90,6 +107,10 @@ int push_open(const push_opts *o, push_table **out) {
     if (o->ttl_ms == 0) return ect_set_error(ECT_EINVAL, "push_opts.ttl_ms must be > 0");
     if (o->max_tombstones == 0)
         return ect_set_error(ECT_EINVAL, "push_opts.max_tombstones must be > 0");
+    if (o->push_wait_ms == 0)
+        return ect_set_error(ECT_EINVAL, "push_opts.push_wait_ms must be > 0");
+    if (o->retry_min_ms == 0 || o->retry_max_ms < o->retry_min_ms)
+        return ect_set_error(ECT_EINVAL, "push_opts: 0 < retry_min_ms <= retry_max_ms");
     push_table *t = calloc(1, sizeof *t);
     if (!t) return ect_set_error(ECT_ENOMEM, "push table: out of memory");
     t->o = *o;
@@ -222,10 +243,30 @@ int push_cancel(push_table *t, const char *transfer_id, uint64_t now_ms) {
 
 /* ---- action generation */
 
+#define MAX_CONGESTED 64
+
 typedef struct out_buf {
     push_action *a;
     size_t n, max;
+    /* consumers with a record waiting for room, seen so far in this walk;
+     * beyond MAX_CONGESTED consumers the FIFO rule is not applied to more */
+    const char *congested[MAX_CONGESTED];
+    size_t ncong;
 } out_buf;
+
+static bool is_congested(const out_buf *o, const char *consumer) {
+    for (size_t i = 0; i < o->ncong; i++)
+        if (strcmp(o->congested[i], consumer) == 0) return true;
+    return false;
+}
+
+static void mark_congested(out_buf *o, const char *consumer) {
+    if (!is_congested(o, consumer) && o->ncong < MAX_CONGESTED) o->congested[o->ncong++] = consumer;
+}
+
+static void note_wake(push_table *t, uint64_t at) {
+    if (!t->wake || at < t->wake) t->wake = at;
+}
 
 static push_action *emit(out_buf *o, const prec *r, push_action_kind k, size_t shard) {
     if (o->n >= o->max) return NULL;
@@ -248,14 +289,15 @@ static push_action *emit(out_buf *o, const prec *r, push_action_kind k, size_t s
         a->dst_key = s->dst_key;
     }
     a->state = r->state;
+    a->retries = r->retries;
     return a;
 }
 
 static bool in_flight(const prec *r) {
     for (size_t i = 0; i < r->n; i++) {
         const shard_st *s = &r->sh[i];
-        if (s->rsv == ST_SENT || s->rsv == RS_REFRESHING || s->write == ST_SENT ||
-            s->complete == ST_SENT || s->abandon == ST_SENT)
+        if (s->rsv == ST_SENT || s->rsv == RS_REFRESHING || s->rsv == RS_GIVING_BACK ||
+            s->write == ST_SENT || s->complete == ST_SENT || s->abandon == ST_SENT)
             return true;
     }
     return false;
@@ -293,6 +335,52 @@ static bool finish(push_table *t, prec *r, out_buf *o, push_state s) {
     return true;
 }
 
+/* The back-pressure step of a record waiting for room (see the top of the
+ * file). Returns 1 to wait, 0 to go on and reserve, -1 when `o` is out of
+ * room. May fail the record (its deadline passed). */
+static int back_pressure(push_table *t, prec *r, out_buf *o) {
+    uint64_t now = t->now;
+    bool full = false;
+    for (size_t i = 0; i < r->n; i++) {
+        int st = r->sh[i].rsv;
+        if (st == ST_SENT || st == RS_GIVING_BACK) return 1; /* the round settles first */
+        full |= st == RS_FULL;
+    }
+    if (full) {
+        bool any = false;
+        for (size_t i = 0; i < r->n; i++) {
+            shard_st *s = &r->sh[i];
+            if (s->rsv != ST_OK) continue;
+            if (!emit(o, r, PUSH_ACT_GIVE_BACK, i)) return -1;
+            s->rsv = RS_GIVING_BACK;
+            t->st.give_backs++;
+            any = true;
+        }
+        if (any) return 1;
+        for (size_t i = 0; i < r->n; i++)
+            if (r->sh[i].rsv == RS_FULL) memset(&r->sh[i], 0, sizeof r->sh[i]);
+        r->retries++;
+        r->backoff = r->backoff ? r->backoff * 2 : t->o.retry_min_ms;
+        if (r->backoff > t->o.retry_max_ms) r->backoff = t->o.retry_max_ms;
+        r->retry_at = now + r->backoff;
+    }
+    if (!r->retry_at) return 0;
+    if (now - r->created >= t->o.push_wait_ms) {
+        fail(r,
+             "the consumer's pool stayed full for %" PRIu64
+             " ms (push_wait_ms; %u reserve round(s) refused); last: %s",
+             now - r->created, r->retries, r->full_error);
+        return 1;
+    }
+    if (now < r->retry_at) {
+        note_wake(t, r->retry_at);
+        return 1;
+    }
+    r->retry_at = 0;
+    t->st.retries++;
+    return 0;
+}
+
 /* Hands out what r may do now. Returns false when `o` ran out of room. */
 static bool advance(push_table *t, prec *r, out_buf *o) {
     uint64_t now = t->now;
@@ -311,6 +399,26 @@ static bool advance(push_table *t, prec *r, out_buf *o) {
         }
         return any ? true : finish(t, r, o, r->ending);
     }
+    if (r->state == PUSH_WAITING_INPUTS && r->waiting_room) {
+        int w = back_pressure(t, r, o);
+        if (w < 0) return false;
+        if (w > 0 && r->ending) return advance(t, r, o);
+        if (w > 0) {
+            mark_congested(o, r->consumer);
+            return true;
+        }
+    } else if (r->state == PUSH_WAITING_INPUTS && is_congested(o, r->consumer)) {
+        bool started = false;
+        for (size_t i = 0; i < r->n; i++) started |= r->sh[i].rsv != ST_NONE;
+        if (!started) { /* FIFO: older records of this consumer wait for room first */
+            if (now - r->created < t->o.push_wait_ms) return true;
+            fail(r,
+                 "waited %" PRIu64 " ms (push_wait_ms) behind earlier items for room in the "
+                 "consumer's pool, which stayed full",
+                 now - r->created);
+            return advance(t, r, o);
+        }
+    }
     bool all_reserved = true, wait = false;
     switch (r->state) {
     case PUSH_WAITING_INPUTS:
@@ -321,6 +429,12 @@ static bool advance(push_table *t, prec *r, out_buf *o) {
                 s->rsv = ST_SENT;
             }
             all_reserved &= s->rsv == ST_OK;
+        }
+        if (all_reserved) { /* room on every shard: the wait is over */
+            r->waiting_room = false;
+            r->backoff = 0;
+        } else if (r->waiting_room) { /* a retry round in flight */
+            mark_congested(o, r->consumer);
         }
         if (!all_reserved || !r->staged) return true;
         /* A reservation older than the refresh age may expire under the
@@ -367,13 +481,16 @@ static bool advance(push_table *t, prec *r, out_buf *o) {
 size_t push_next_actions(push_table *t, uint64_t now_ms, push_action *out, size_t max) {
     if (now_ms > t->now) t->now = now_ms;
     while (t->tombs && t->tombs->deadline <= t->now) rec_delete(t, t->tombs);
-    out_buf o = {out, 0, max};
+    t->wake = 0;
+    out_buf o = {.a = out, .max = max};
     prec *r, *tmp;
     DL_FOREACH_SAFE(t->live, r, tmp) {
         if (!advance(t, r, &o)) break;
     }
     return o.n;
 }
+
+uint64_t push_next_wake(const push_table *t) { return t->wake; }
 
 /* ---- outcomes */
 
@@ -426,15 +543,34 @@ int push_reserve_done(push_table *t, const char *transfer_id, size_t shard,
     return 0;
 }
 
+int push_reserve_full(push_table *t, const char *transfer_id, size_t shard, const char *error,
+                      uint64_t now_ms) {
+    prec *r = NULL;
+    int rc = shard_of(t, transfer_id, shard, &r);
+    if (rc) return rc;
+    shard_st *s = &r->sh[shard];
+    if (s->rsv != ST_SENT) return stray("reserve", transfer_id, shard);
+    if (now_ms > t->now) t->now = now_ms;
+    s->rsv = RS_FULL;
+    r->waiting_room = true;
+    t->st.full_refusals++;
+    snprintf(r->full_error, sizeof r->full_error, "shard %zu: %.100s", shard,
+             error ? error : "EC consumer buffer pool is full");
+    return 0;
+}
+
 int push_refresh_done(push_table *t, const char *transfer_id, size_t shard, bool ok) {
     prec *r = NULL;
     int rc = shard_of(t, transfer_id, shard, &r);
     if (rc) return rc;
     shard_st *s = &r->sh[shard];
-    if (s->rsv != RS_REFRESHING) return stray("refresh", transfer_id, shard);
+    if (s->rsv != RS_REFRESHING && s->rsv != RS_GIVING_BACK)
+        return stray("refresh", transfer_id, shard);
     if (!ok) { /* the old reservation may live on: abandon it on the way out */
+        bool give_back = s->rsv == RS_GIVING_BACK;
         s->rsv = ST_OK;
-        fail(r, "refreshing the reservation on shard %zu failed", shard);
+        fail(r, "%s the reservation on shard %zu failed",
+             give_back ? "giving back (another shard was full)" : "refreshing", shard);
         return 0;
     }
     memset(s, 0, sizeof *s); /* reserve again from scratch */
@@ -488,6 +624,8 @@ int push_get(const push_table *t, const char *transfer_id, push_info *info) {
     info->state = r->state;
     info->source_staged = r->staged;
     info->n_shards = r->n;
+    info->retries = r->retries;
+    info->waiting_room = r->waiting_room;
     for (size_t i = 0; i < r->n; i++) {
         info->reserved += r->sh[i].rsv == ST_OK;
         info->written += r->sh[i].write == ST_OK;

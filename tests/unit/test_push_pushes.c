@@ -193,7 +193,7 @@ static void test_failed_shard_abandons_the_others(void **state) {
     assert_int_equal(add(t, "t", 3, 0), 0);
     next(t, 0);
     reserve_ok(t, "t", 0, true, 1);
-    assert_int_equal(push_reserve_done(t, "t", 1, NULL, "EC consumer buffer pool is full", 1), 0);
+    assert_int_equal(push_reserve_done(t, "t", 1, NULL, "conflicting in-flight tensor", 1), 0);
     /* shard 2 still answering: nothing is abandoned yet */
     expect_kind(next(t, 2), 0, 0);
     reserve_ok(t, "t", 2, true, 3);
@@ -211,7 +211,182 @@ static void test_failed_shard_abandons_the_others(void **state) {
     expect_kind(A, PUSH_ACT_FINISHED, 1); /* never staged: nothing to release */
     assert_int_equal(A->a[0].state, PUSH_FAILED);
     assert_non_null(strstr(A->a[0].error, "shard 1"));
-    assert_non_null(strstr(A->a[0].error, "pool is full"));
+    assert_non_null(strstr(A->a[0].error, "conflicting in-flight tensor"));
+    push_close(t);
+}
+
+static void add_to(push_table *t, const char *tid, const char *consumer, size_t n, uint64_t now) {
+    push_item it = {tid, consumer, "hash", 576 * 4096 * 2, SHAPE, 2, "bfloat16", n};
+    assert_int_equal(push_add(t, &it, now), 0);
+}
+
+static void full(push_table *t, const char *tid, size_t shard, uint64_t now) {
+    assert_int_equal(push_reserve_full(t, tid, shard, "EC consumer buffer pool is full", now), 0);
+    assert_int_equal(push_check(t), 0);
+}
+
+/* A full shard: the item keeps its source, gives back what the other shards
+ * reserved (refresh cancels, which free at once), backs off and reserves
+ * again on every shard; it ends DONE and counts its retries. */
+static void test_full_shard_backs_off_and_retries(void **state) {
+    (void)state;
+    push_table *t = open_default();
+    assert_int_equal(add(t, "t", 3, 0), 0);
+    assert_int_equal(push_source_ready(t, "t", 0), 0);
+    expect_kind(next(t, 0), PUSH_ACT_RESERVE, 3);
+    reserve_ok(t, "t", 0, true, 1);
+    full(t, "t", 1, 1);
+    assert_err(push_reserve_full(t, "t", 1, "x", 1), ECT_ESTATE, "no reserve in flight");
+    expect_kind(next(t, 1), 0, 0);   /* shard 2 still answering */
+    reserve_ok(t, "t", 2, false, 2); /* cached there */
+    acts *A = next(t, 2);
+    expect_kind(A, PUSH_ACT_GIVE_BACK, 2);
+    assert_int_equal(A->a[0].shard, 0);
+    assert_string_equal(A->a[0].reservation_id, "rid0");
+    assert_int_equal(A->a[1].shard, 2);
+    push_info in;
+    assert_int_equal(push_get(t, "t", &in), 0);
+    assert_true(in.waiting_room);
+    assert_int_equal(in.state, PUSH_WAITING_INPUTS);
+    assert_int_equal(push_refresh_done(t, "t", 0, true), 0);
+    expect_kind(next(t, 3), 0, 0);
+    assert_int_equal(push_refresh_done(t, "t", 2, true), 0);
+    expect_kind(next(t, 3), 0, 0); /* backing off */
+    assert_int_equal(push_next_wake(t), 3 + 2);
+    expect_kind(next(t, 4), 0, 0);
+    A = next(t, 5);
+    expect_kind(A, PUSH_ACT_RESERVE, 3);
+    /* refused again: the backoff doubles */
+    reserve_ok(t, "t", 0, true, 6);
+    full(t, "t", 1, 6);
+    full(t, "t", 2, 6);
+    expect_kind(next(t, 6), PUSH_ACT_GIVE_BACK, 1);
+    assert_int_equal(push_refresh_done(t, "t", 0, true), 0);
+    expect_kind(next(t, 7), 0, 0);
+    assert_int_equal(push_next_wake(t), 7 + 4);
+    expect_kind(next(t, 11), PUSH_ACT_RESERVE, 3);
+    for (size_t s = 0; s < 3; s++) reserve_ok(t, "t", s, true, 12);
+    A = next(t, 12);
+    expect_kind(A, PUSH_ACT_WRITE, 3);
+    assert_int_equal(push_get(t, "t", &in), 0);
+    assert_false(in.waiting_room);
+    assert_int_equal(in.retries, 2);
+    for (size_t s = 0; s < 3; s++) assert_int_equal(push_write_done(t, "t", s, true), 0);
+    expect_kind(next(t, 13), PUSH_ACT_COMPLETE, 3);
+    for (size_t s = 0; s < 3; s++) assert_int_equal(push_complete_done(t, "t", s, true, true), 0);
+    A = next(t, 14);
+    assert_int_equal(A->a[1].kind, PUSH_ACT_FINISHED);
+    assert_int_equal(A->a[1].state, PUSH_DONE);
+    assert_int_equal(A->a[1].retries, 2);
+    push_stats st;
+    push_get_stats(t, &st);
+    assert_int_equal(st.full_refusals, 3);
+    assert_int_equal(st.retries, 2);
+    assert_int_equal(st.give_backs, 3);
+    assert_int_equal(st.failed, 0);
+    push_close(t);
+}
+
+/* The consumer stays full: the item fails at its push wait, saying so, and
+ * holds nothing on the way out. A give-back that fails fails the item. */
+static void test_full_until_the_push_wait(void **state) {
+    (void)state;
+    push_opts o;
+    push_opts_init(&o);
+    o.push_wait_ms = 100;
+    o.retry_max_ms = 8;
+    push_table *t;
+    assert_int_equal(push_open(&o, &t), 0);
+    assert_int_equal(add(t, "t", 1, 0), 0);
+    assert_int_equal(push_source_ready(t, "t", 0), 0);
+    uint64_t now = 0;
+    unsigned rounds = 0;
+    for (;;) {
+        acts *A = next(t, now);
+        if (A->n && A->a[A->n - 1].kind == PUSH_ACT_FINISHED) {
+            assert_int_equal(A->a[0].kind, PUSH_ACT_RELEASE_SOURCE);
+            assert_int_equal(A->a[1].state, PUSH_FAILED);
+            assert_non_null(strstr(A->a[1].error, "stayed full"));
+            assert_non_null(strstr(A->a[1].error, "push_wait_ms"));
+            assert_non_null(strstr(A->a[1].error, "pool is full"));
+            assert_int_equal(A->a[1].retries, rounds);
+            break;
+        }
+        if (A->n) {
+            expect_kind(A, PUSH_ACT_RESERVE, 1);
+            full(t, "t", 0, now);
+            rounds++;
+        }
+        assert_true(now < 200); /* the table's own clock: it ends at 100 */
+        now++;
+    }
+    assert_true(now >= 100);
+    assert_true(rounds >= 5);
+    /* a give-back that fails: the reservation may live on, so it is abandoned */
+    assert_int_equal(add(t, "u", 2, now), 0);
+    next(t, now);
+    reserve_ok(t, "u", 0, true, now);
+    full(t, "u", 1, now);
+    expect_kind(next(t, now), PUSH_ACT_GIVE_BACK, 1);
+    assert_int_equal(push_refresh_done(t, "u", 0, false), 0);
+    expect_kind(next(t, now), PUSH_ACT_ABANDON, 1);
+    assert_int_equal(push_abandon_done(t, "u", 0, true), 0);
+    acts *A = next(t, now);
+    expect_kind(A, PUSH_ACT_FINISHED, 1);
+    assert_non_null(strstr(A->a[0].error, "giving back"));
+    push_close(t);
+}
+
+/* While a consumer has an item waiting for room, later items for it wait
+ * behind (FIFO); items for another consumer go on. A later item that waits
+ * past its push wait fails saying why. */
+static void test_full_consumer_keeps_order(void **state) {
+    (void)state;
+    push_opts o;
+    push_opts_init(&o);
+    o.push_wait_ms = 1000;
+    push_table *t;
+    assert_int_equal(push_open(&o, &t), 0);
+    add_to(t, "a", "c1:1", 1, 0);
+    acts *A = next(t, 0);
+    expect_kind(A, PUSH_ACT_RESERVE, 1);
+    full(t, "a", 0, 1);
+    add_to(t, "b", "c1:1", 1, 2);
+    add_to(t, "x", "c2:1", 1, 2);
+    A = next(t, 2); /* a backs off, b waits behind it, x goes */
+    expect_kind(A, PUSH_ACT_RESERVE, 1);
+    assert_string_equal(A->a[0].transfer_id, "x");
+    expect_kind(next(t, 3), 0, 0); /* a backs off 2 ms, b still waits */
+    A = next(t, 4);                /* a retries alone */
+    expect_kind(A, PUSH_ACT_RESERVE, 1);
+    assert_string_equal(A->a[0].transfer_id, "a");
+    reserve_ok(t, "a", 0, true, 4);
+    A = next(t, 4); /* room for a: b may start */
+    expect_kind(A, PUSH_ACT_RESERVE, 1);
+    assert_string_equal(A->a[0].transfer_id, "b");
+    /* b is refused, then its retry goes unanswered (a slow shard): c behind
+     * it never starts and fails at its own push wait, saying why */
+    full(t, "b", 0, 5);
+    add_to(t, "c", "c1:1", 1, 5);
+    expect_kind(next(t, 6), 0, 0); /* backoff from here: 2 ms */
+    A = next(t, 8);
+    expect_kind(A, PUSH_ACT_RESERVE, 1);
+    assert_string_equal(A->a[0].transfer_id, "b");
+    for (uint64_t now = 9; now < 1005; now += 7) expect_kind(next(t, now), 0, 0);
+    A = next(t, 1005);
+    expect_kind(A, PUSH_ACT_FINISHED, 1);
+    assert_string_equal(A->a[0].transfer_id, "c");
+    assert_int_equal(A->a[0].state, PUSH_FAILED);
+    assert_non_null(strstr(A->a[0].error, "behind earlier items"));
+    assert_non_null(strstr(A->a[0].error, "stayed full"));
+    /* b's answer comes: still full, and its own push wait is over */
+    full(t, "b", 0, 1006);
+    A = next(t, 1006);
+    expect_kind(A, PUSH_ACT_FINISHED, 1);
+    assert_non_null(strstr(A->a[0].error, "stayed full for 1004 ms"));
+    /* a consumer with nobody waiting any more takes new items at once */
+    add_to(t, "d", "c1:1", 1, 1007);
+    expect_kind(next(t, 1007), PUSH_ACT_RESERVE, 1);
     push_close(t);
 }
 
@@ -437,7 +612,10 @@ static void settle(push_table *t, shell *sh, uint64_t *seed, uint64_t now, bool 
     const char *id = a.transfer_id;
     switch (a.kind) {
     case PUSH_ACT_RESERVE:
-        if (!ok) {
+        if (!all_fail && test_rand(seed) % 4 == 0) {
+            assert_int_equal(
+                push_reserve_full(t, id, a.shard, "EC consumer buffer pool is full", now), 0);
+        } else if (!ok) {
             assert_int_equal(push_reserve_done(t, id, a.shard, NULL, "boom", now), 0);
         } else {
             bool w = test_rand(seed) % 3 != 0;
@@ -445,7 +623,8 @@ static void settle(push_table *t, shell *sh, uint64_t *seed, uint64_t now, bool 
             assert_int_equal(push_reserve_done(t, id, a.shard, &r, NULL, now), 0);
         }
         break;
-    case PUSH_ACT_REFRESH: assert_int_equal(push_refresh_done(t, id, a.shard, ok), 0); break;
+    case PUSH_ACT_REFRESH:
+    case PUSH_ACT_GIVE_BACK: assert_int_equal(push_refresh_done(t, id, a.shard, ok), 0); break;
     case PUSH_ACT_WRITE: assert_int_equal(push_write_done(t, id, a.shard, ok), 0); break;
     case PUSH_ACT_COMPLETE:
         assert_int_equal(push_complete_done(t, id, a.shard, ok, test_rand(seed) % 10), 0);
@@ -465,6 +644,7 @@ static void test_random_shell(void **state) {
     o.input_wait_ms = 80;
     o.ttl_ms = 50;
     o.max_tombstones = 16;
+    o.push_wait_ms = 60;
     push_table *t;
     assert_int_equal(push_open(&o, &t), 0);
     shell *sh = calloc(1, sizeof *sh);
@@ -508,6 +688,7 @@ static void test_random_shell(void **state) {
     assert_true(sh->ends[PUSH_DONE] > 0 && sh->ends[PUSH_FAILED] > 0 &&
                 sh->ends[PUSH_CANCELLED] > 0);
     assert_true(st.refreshes > 0);
+    assert_true(st.full_refusals > 0 && st.retries > 0 && st.give_backs > 0);
     free(sh);
     push_close(t);
 }
@@ -519,6 +700,9 @@ int main(void) {
         cmocka_unit_test(test_happy_path),
         cmocka_unit_test(test_cached_and_follower_shards_skip_writes),
         cmocka_unit_test(test_failed_shard_abandons_the_others),
+        cmocka_unit_test(test_full_shard_backs_off_and_retries),
+        cmocka_unit_test(test_full_until_the_push_wait),
+        cmocka_unit_test(test_full_consumer_keeps_order),
         cmocka_unit_test(test_consumer_cancelled_reply),
         cmocka_unit_test(test_engine_cancel_while_writing),
         cmocka_unit_test(test_refresh_before_write),
