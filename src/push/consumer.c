@@ -241,4 +241,13 @@ void ect_push_consumer_stats(ect_push_consumer *c, ect_push_consumer_stat *st) {
     st->events_dropped = rs.events_dropped;
     st->bad_requests = ctl_server_bad_requests(c->srv);
     st->evictions = rs.evictions;
+    st->peak_live = rs.peak_live;
+    st->peak_held = rs.peak_bytes;
+    st->finished = rs.finished;
+    st->abandoned = rs.abandoned;
+    st->expired = rs.expired_ready + rs.expired_writing;
+    ctl_refusals rf;
+    ctl_server_refusals(c->srv, &rf);
+    st->refused_full = rf.full;
+    st->refused_other = rf.tomb + rf.conflict + rf.busy + rf.invalid + rf.other;
 }

@@ -51,6 +51,7 @@ typedef struct fake {
     int tp;
     shard sh[MAX_TP];
     char kind[8];
+    bool peers_transport; /* answer `peers` with the transport extension */
 } fake;
 
 static void answer(shard *s, const void *buf, size_t len, char **out) {
@@ -73,6 +74,8 @@ static void answer(shard *s, const void *buf, size_t len, char **out) {
         for (int i = 0; i < s->f->tp; i++) ports[i] = (uint16_t)s->f->sh[i].port;
         rep.u.peers.n = (size_t)s->f->tp;
         rep.u.peers.ports = ports;
+        if (s->f->peers_transport)
+            snprintf(rep.u.peers.transport, sizeof rep.u.peers.transport, "%s", s->f->kind);
         break;
     case WIRE_OP_RESERVE_BATCH: {
         if (atomic_load(&s->delay_ms)) usleep((useconds_t)atomic_load(&s->delay_ms) * 1000);
@@ -756,11 +759,128 @@ static void test_shards_in_parallel(void **st) {
     free(b.data);
 }
 
+/* A consumer that names its transport in `peers` (ours does), or has another
+ * number of shards than the producer expects: the item fails at discovery,
+ * before any reserve reaches a shard. */
+static void test_mismatch_costs_the_consumer_nothing(void **st) {
+    (void)st;
+    fake *f = fake_open(2, "tcp");
+    f->peers_transport = true;
+    char addr[64];
+    consumer_addr(f, addr, sizeof addr);
+    item_buf b;
+    item_make(&b, "mm", 0, 4096);
+    for (int round = 0; round < 2; round++) {
+        ect_push_producer_opts o;
+        ect_push_producer_opts_init(&o);
+        o.control_timeout_ms = 5000;
+        if (round == 0)
+            o.transport = "shm";
+        else
+            o.expect_shards = 3;
+        ect_push_producer *p = NULL;
+        assert_int_equal(ect_push_producer_open(&o, &p), 0);
+        ect_push_item it = item_of(&b, addr);
+        assert_int_equal(ect_push_producer_reserve(p, &it), 0);
+        assert_int_equal(ect_push_producer_flush(p), 1);
+        ect_push_result r;
+        wait_results(p, &r, 1, 20);
+        assert_true(r.status != 0);
+        assert_non_null(strstr(r.error, "nothing was reserved"));
+        assert_non_null(strstr(r.error, round == 0 ? "offers transport 'tcp', this producer "
+                                                     "requires 'shm'"
+                                                   : "has 2 shard(s)"));
+        ect_push_producer_close(p);
+    }
+    for (int s = 0; s < 2; s++) {
+        assert_int_equal(atomic_load(&f->sh[s].n_op[WIRE_OP_RESERVE_BATCH]), 0);
+        assert_int_equal(shard_stats(&f->sh[s]).live, 0);
+    }
+    fake_close(f);
+    free(b.data);
+}
+
+/* A full staging pool: reserve hands the unflushed items over and waits for
+ * room (here the first item fails fast against a refused address and frees
+ * its copy); with no wait allowed, or when nothing frees, it is ECT_EFULL;
+ * an item larger than the pool is refused at once, saying so. */
+static void test_staging_waits_for_room(void **st) {
+    (void)st;
+    fake *f = fake_open(1, "tcp");
+    char live[64], dead[32];
+    consumer_addr(f, live, sizeof live);
+    snprintf(dead, sizeof dead, "127.0.0.1:%d", 1); /* refused at once */
+    ect_push_producer_opts o;
+    ect_push_producer_opts_init(&o);
+    o.staging_size = 1u << 20;
+    o.control_timeout_ms = 5000;
+    ect_push_producer *p = NULL;
+    assert_int_equal(ect_push_producer_open(&o, &p), 0);
+    item_buf big, a, b, c;
+    item_make(&big, "st", 0, 2u << 20);
+    item_make(&a, "st", 1, 1u << 20);
+    item_make(&b, "st", 2, 1u << 20);
+    item_make(&c, "st", 3, 1u << 20);
+    ect_push_item it = item_of(&big, live);
+    assert_err(ect_push_producer_reserve(p, &it), ECT_EFULL, "larger than the staging pool");
+    it = item_of(&a, dead);
+    assert_int_equal(ect_push_producer_reserve(p, &it), 0); /* fills the pool, not flushed */
+    it = item_of(&b, live);
+    assert_int_equal(ect_push_producer_reserve(p, &it), 0); /* waited: a failed and freed */
+    ect_push_result r[2];
+    wait_results(p, r, 1, 20);
+    assert_string_equal(r[0].transfer_id, a.tid);
+    assert_true(r[0].status != 0);
+    ect_push_producer_stat ps;
+    ect_push_producer_stats(p, &ps);
+    assert_int_equal(ps.staging_waits, 1);
+    ect_push_producer_close(p);
+    /* nothing frees the pool (b waits for a consumer that answers slowly) */
+    o.staging_wait_ms = 200;
+    assert_int_equal(ect_push_producer_open(&o, &p), 0);
+    atomic_store(&f->sh[0].delay_ms, 3000);
+    b.tid[0] = 'S';
+    it = item_of(&b, live);
+    assert_int_equal(ect_push_producer_reserve(p, &it), 0);
+    it = item_of(&c, live);
+    assert_err(ect_push_producer_reserve(p, &it), ECT_EFULL, "stayed full");
+    o.staging_wait_ms = 0; /* and without a wait: at once */
+    ect_push_producer *q = NULL;
+    assert_int_equal(ect_push_producer_open(&o, &q), 0);
+    it = item_of(&a, dead);
+    a.tid[0] = 'T';
+    it = item_of(&a, dead);
+    assert_int_equal(ect_push_producer_reserve(q, &it), 0);
+    it = item_of(&c, dead);
+    assert_err(ect_push_producer_reserve(q, &it), ECT_EFULL, NULL);
+    ect_push_producer_close(q);
+    wait_results(p, r, 1, 20);
+    assert_int_equal(r[0].status, 0);
+    ect_push_producer_close(p);
+    fake_close(f);
+    free(big.data);
+    free(a.data);
+    free(b.data);
+    free(c.data);
+}
+
 static void test_bad_args(void **st) {
     (void)st;
     ect_push_producer_opts o;
     ect_push_producer_opts_init(&o);
+    assert_int_equal(o.push_wait_ms, 60000);
+    assert_int_equal(o.staging_wait_ms, 60000);
+    assert_int_equal(o.expect_shards, 0);
     ect_push_producer *p = (ect_push_producer *)&o;
+    o.push_wait_ms = 0;
+    assert_err(ect_push_producer_open(&o, &p), ECT_EINVAL, "push_wait_ms");
+    ect_push_producer_opts_init(&o);
+    o.staging_wait_ms = 3600001;
+    assert_err(ect_push_producer_open(&o, &p), ECT_EINVAL, "staging_wait_ms");
+    ect_push_producer_opts_init(&o);
+    o.expect_shards = 65;
+    assert_err(ect_push_producer_open(&o, &p), ECT_EINVAL, "expect_shards");
+    ect_push_producer_opts_init(&o);
     o.control_timeout_ms = 0;
     assert_err(ect_push_producer_open(&o, &p), ECT_EINVAL, "control_timeout_ms");
     assert_null(p);
@@ -1106,6 +1226,8 @@ int main(void) {
         cmocka_unit_test(test_refresh),
         cmocka_unit_test(test_shards_in_parallel),
         cmocka_unit_test(test_transport_mismatch),
+        cmocka_unit_test(test_mismatch_costs_the_consumer_nothing),
+        cmocka_unit_test(test_staging_waits_for_room),
         cmocka_unit_test(test_close_in_flight),
         cmocka_unit_test(test_real_consumer_tcp_tp2),
         cmocka_unit_test(test_real_consumer_shm_tp4),

@@ -1,0 +1,369 @@
+/*
+ * Back-pressure end to end, in one process: a real consumer instance (TP 1
+ * or 4 ect_push_consumer shards over tcp or shm, each pool holding exactly 8
+ * items of 4.5 MiB) with its scheduler and an "engine" thread that takes
+ * every arrived item on every rank, checks its XXH64 against the producer's,
+ * and releases it; a real ect_push_producer pushing 200 such items in steps
+ * of 8 through a staging pool that holds 16. Both pools are far too small
+ * for the workload, so every run goes through full refusals, give-backs,
+ * retries and staging waits; the tests assert outcomes only (every item
+ * arrives checksum-equal, nothing fails, pools drain), never how long
+ * anything took. Variants: a slowed engine (it sleeps before each take), and
+ * an engine that never releases, where every further item must fail at its
+ * push wait saying the consumer stayed full, and both pools must return to
+ * zero used bytes once the held items are let go.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <xxhash.h>
+
+#include "testutil.h"
+#include "util/util.h"
+
+#define MAXTP 4
+#define ITEM_ROWS 576
+#define ITEM_COLS 4096
+#define ITEM_BYTES ((uint64_t)ITEM_ROWS * ITEM_COLS * 2) /* 4.5 MiB bfloat16 */
+#define POOL_ITEMS 8
+#define STAGING_ITEMS 16
+#define MAX_ITEMS 256
+#define DEADLINE_MS 600000 /* generous: only a hang reaches it */
+
+static void nap_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+typedef struct inst {
+    ect_push_consumer *c[MAXTP];
+    int tp, base;
+} inst;
+
+static void inst_open(inst *in, int tp, const char *transport) {
+    memset(in, 0, sizeof *in);
+    in->tp = tp;
+    uint64_t seed = (uint64_t)getpid() * 104729u + ect_now_ns();
+    for (int attempt = 0; attempt < 50; attempt++) {
+        int base = 20000 + (int)(test_rand(&seed) % 30000), r = 0;
+        for (; r < tp; r++) {
+            ect_push_consumer_opts o;
+            ect_push_consumer_opts_init(&o);
+            o.ec_port = base;
+            o.tp_size = tp;
+            o.tp_rank = r;
+            o.pool_size = POOL_ITEMS * ITEM_BYTES; /* exactly 8 items (256-aligned) */
+            o.transport = transport;
+            if (ect_push_consumer_open(&o, &in->c[r]) != 0) break;
+        }
+        if (r == tp) {
+            in->base = base;
+            return;
+        }
+        for (int i = 0; i < r; i++) ect_push_consumer_close(in->c[i]);
+    }
+    fail_msg("no free port range");
+}
+
+/* Every rank: nothing live once its items were released, and after dropping
+ * the resident copies nothing in use. */
+static void inst_close_drained(inst *in) {
+    for (int r = 0; r < in->tp; r++) {
+        ect_push_consumer_stat st;
+        ect_push_consumer_stats(in->c[r], &st);
+        assert_int_equal(st.live, 0);
+        assert_true(st.peak_live <= POOL_ITEMS + MAX_ITEMS);
+        ect_push_consumer_evict(in->c[r], SIZE_MAX);
+        ect_push_consumer_stats(in->c[r], &st);
+        assert_int_equal(st.pool_used, 0);
+        ect_push_consumer_close(in->c[r]);
+    }
+}
+
+/* ---- the consumer's engine: its own thread owns the scheduler */
+typedef struct engine {
+    inst *in;
+    int slow_ms;              /* sleep before each take */
+    bool hold;                /* never release what it took */
+    uint64_t want[MAX_ITEMS]; /* the producer's checksums, by item index */
+    atomic_bool want_set[MAX_ITEMS];
+    atomic_int verified, mismatched, failed;
+    atomic_bool stop;
+    ect_push_view held[MAX_ITEMS][MAXTP];
+    int n_held;
+    pthread_t th;
+} engine;
+
+static int index_of(const char *tid) {
+    const char *dash = strrchr(tid, '-');
+    return dash ? atoi(dash + 1) : -1;
+}
+
+static void *engine_main(void *arg) {
+    engine *e = arg;
+    ect_push_scheduler_opts so;
+    ect_push_scheduler_opts_init(&so);
+    so.consumer_port = e->in->base;
+    so.tp_size = e->in->tp;
+    so.accept_any = 1;
+    ect_push_scheduler *s = NULL;
+    assert_int_equal(ect_push_scheduler_open(&so, &s), 0);
+    while (!atomic_load(&e->stop)) {
+        ect_push_scheduler_poll(s);
+        ect_push_sched_item it;
+        bool any = false;
+        while (ect_push_scheduler_next(s, &it) == 0) {
+            any = true;
+            if (e->slow_ms) nap_ms(e->slow_ms);
+            int k = index_of(it.transfer_id);
+            assert_true(k >= 0 && k < MAX_ITEMS);
+            ect_push_view v[MAXTP];
+            bool ok = true;
+            for (int r = 0; r < e->in->tp; r++) {
+                assert_int_equal(ect_push_consumer_take(e->in->c[r], it.transfer_id, &v[r]), 0);
+                uint64_t got = XXH64(v[r].data, v[r].nbytes, 0);
+                while (!atomic_load(&e->want_set[k])) nap_ms(1); /* set before reserve */
+                ok &= got == e->want[k] && v[r].nbytes == ITEM_BYTES;
+                assert_string_equal(v[r].dtype, "bfloat16"); /* reserved as torch.bfloat16 */
+            }
+            atomic_fetch_add(ok ? &e->verified : &e->mismatched, 1);
+            if (e->hold) {
+                memcpy(e->held[e->n_held++], v, sizeof v);
+                continue;
+            }
+            for (int r = 0; r < e->in->tp; r++)
+                assert_int_equal(ect_push_consumer_release(e->in->c[r], &v[r]), 0);
+            assert_int_equal(ect_push_scheduler_loaded(s, it.transfer_id), 0);
+            assert_int_equal(ect_push_scheduler_cancel(s, it.transfer_id), 0);
+        }
+        while (ect_push_scheduler_next_failed(s, &it) == 0) atomic_fetch_add(&e->failed, 1);
+        if (!any) nap_ms(1);
+    }
+    ect_push_scheduler_close(s);
+    return NULL;
+}
+
+static void engine_start(engine *e, inst *in, int slow_ms, bool hold) {
+    memset(e, 0, sizeof *e);
+    e->in = in;
+    e->slow_ms = slow_ms;
+    e->hold = hold;
+    assert_int_equal(pthread_create(&e->th, NULL, engine_main, e), 0);
+}
+
+static void engine_stop(engine *e) {
+    atomic_store(&e->stop, true);
+    pthread_join(e->th, NULL);
+}
+
+/* Lets go of what a holding engine took (the test's thread, after stop). */
+static void engine_release_held(engine *e) {
+    for (int i = 0; i < e->n_held; i++)
+        for (int r = 0; r < e->in->tp; r++)
+            assert_int_equal(ect_push_consumer_release(e->in->c[r], &e->held[i][r]), 0);
+    e->n_held = 0;
+}
+
+/* ---- the producer side */
+static ect_push_producer *producer_open(uint64_t push_wait_ms) {
+    ect_push_producer_opts o;
+    ect_push_producer_opts_init(&o);
+    o.staging_size = STAGING_ITEMS * ITEM_BYTES;
+    if (push_wait_ms) o.push_wait_ms = push_wait_ms;
+    ect_push_producer *p = NULL;
+    assert_int_equal(ect_push_producer_open(&o, &p), 0);
+    return p;
+}
+
+/* Pushes items [first, first + n) in steps of 8, copying each from one
+ * scratch buffer (the staging pool keeps the copy); records each checksum for
+ * the engine. Returns when every item has a result; fills *done / *failed
+ * and the largest retry count. */
+static void push_items(ect_push_producer *p, engine *e, const char *prefix, int first, int n,
+                       const char *consumer, int *done, int *failed, uint32_t *max_retries,
+                       const char *want_error) {
+    uint64_t *buf = malloc(ITEM_BYTES);
+    assert_non_null(buf);
+    const uint64_t shape[2] = {ITEM_ROWS, ITEM_COLS};
+    for (int i = first; i < first + n; i++) {
+        for (size_t w = 0; w < ITEM_BYTES / 8; w++)
+            buf[w] = (uint64_t)i * 0x9e3779b97f4a7c15ull + w;
+        e->want[i] = XXH64(buf, ITEM_BYTES, 0);
+        atomic_store(&e->want_set[i], true);
+        char tid[64], hash[64];
+        snprintf(tid, sizeof tid, "%s-%d", prefix, i);
+        snprintf(hash, sizeof hash, "h-%s-%d", prefix, i);
+        ect_push_item it = {.transfer_id = tid,
+                            .consumer = consumer,
+                            .mm_hash = hash,
+                            .shape = shape,
+                            .ndim = 2,
+                            .dtype = "torch.bfloat16",
+                            .nbytes = ITEM_BYTES,
+                            .data = buf};
+        /* the staging pool holds 16: this waits for room as pushes finish */
+        assert_int_equal(ect_push_producer_reserve(p, &it), 0);
+        if ((i - first) % 8 == 7) ect_push_producer_flush(p);
+    }
+    ect_push_producer_flush(p);
+    free(buf);
+    *done = *failed = 0;
+    *max_retries = 0;
+    uint64_t end = ect_now_ms() + DEADLINE_MS;
+    ect_push_result r[16];
+    while (*done + *failed < n) {
+        assert_true(ect_now_ms() < end);
+        size_t got = ect_push_producer_poll(p, r, 16, 1000);
+        for (size_t i = 0; i < got; i++) {
+            if (r[i].status == 0) {
+                (*done)++;
+            } else {
+                (*failed)++;
+                if (want_error) {
+                    if (!strstr(r[i].error, want_error))
+                        fail_msg("%s failed: %s", r[i].transfer_id, r[i].error);
+                } else {
+                    fail_msg("%s failed: %s", r[i].transfer_id, r[i].error);
+                }
+            }
+            if (r[i].retries > *max_retries) *max_retries = r[i].retries;
+        }
+    }
+}
+
+static void wait_verified(engine *e, int n) {
+    uint64_t end = ect_now_ms() + DEADLINE_MS;
+    while (atomic_load(&e->verified) + atomic_load(&e->mismatched) < n) {
+        assert_true(ect_now_ms() < end);
+        nap_ms(5);
+    }
+}
+
+static void run_pressure(int tp, const char *transport, int slow_ms) {
+    inst in;
+    inst_open(&in, tp, transport);
+    engine e;
+    engine_start(&e, &in, slow_ms, false);
+    ect_push_producer *p = producer_open(0);
+    char consumer[64];
+    snprintf(consumer, sizeof consumer, "127.0.0.1:%d", in.base);
+    enum { N = 200 };
+    int done, failed;
+    uint32_t max_retries;
+    push_items(p, &e, "pr", 0, N, consumer, &done, &failed, &max_retries, NULL);
+    assert_int_equal(done, N);
+    assert_int_equal(failed, 0);
+    wait_verified(&e, N);
+    assert_int_equal(atomic_load(&e.verified), N);
+    assert_int_equal(atomic_load(&e.mismatched), 0);
+    assert_int_equal(atomic_load(&e.failed), 0);
+    ect_push_producer_stat ps;
+    ect_push_producer_stats(p, &ps);
+    /* the pressure was real: the consumer refused, the producer waited */
+    assert_true(ps.full_refusals > 0 && ps.retries > 0 && max_retries > 0);
+    assert_true(ps.staging_waits > 0);
+    assert_int_equal(ps.done, N);
+    assert_int_equal(ps.failed, 0);
+    assert_int_equal(ps.staged_bytes_in_use, 0);
+    print_message("tp %d %s slow %d ms: %" PRIu64 " full refusals, %" PRIu64
+                  " retry rounds (at most %u for one item), %" PRIu64 " give-backs, %" PRIu64
+                  " staging waits\n",
+                  tp, transport, slow_ms, ps.full_refusals, ps.retries, max_retries, ps.give_backs,
+                  ps.staging_waits);
+    engine_stop(&e);
+    ect_push_producer_close(p);
+    for (int r = 0; r < tp; r++) {
+        ect_push_consumer_stat cs;
+        ect_push_consumer_stats(in.c[r], &cs);
+        assert_true(cs.refused_full > 0);
+        assert_int_equal(cs.finished, N);
+        assert_int_equal(cs.expired, 0);
+        assert_true(cs.peak_held <= POOL_ITEMS * ITEM_BYTES);
+    }
+    inst_close_drained(&in);
+}
+
+static void test_tcp_tp1(void **st) {
+    (void)st;
+    run_pressure(1, "tcp", 0);
+}
+static void test_tcp_tp4(void **st) {
+    (void)st;
+    run_pressure(4, "tcp", 0);
+}
+static void test_shm_tp1(void **st) {
+    (void)st;
+    run_pressure(1, "shm", 0);
+}
+static void test_shm_tp4(void **st) {
+    (void)st;
+    run_pressure(4, "shm", 0);
+}
+static void test_slow_engine_tcp_tp4(void **st) {
+    (void)st;
+    run_pressure(4, "tcp", 3);
+}
+static void test_slow_engine_shm_tp1(void **st) {
+    (void)st;
+    run_pressure(1, "shm", 3);
+}
+
+/* An engine that takes but never releases: the pools fill with the first 8
+ * items; every later item waits, then fails at its push wait with the cause,
+ * and neither pool keeps anything of the failed items. */
+static void test_never_released(void **st) {
+    (void)st;
+    inst in;
+    inst_open(&in, 2, "tcp");
+    engine e;
+    engine_start(&e, &in, 0, true);
+    ect_push_producer *p = producer_open(1500);
+    char consumer[64];
+    snprintf(consumer, sizeof consumer, "127.0.0.1:%d", in.base);
+    int done, failed;
+    uint32_t max_retries;
+    push_items(p, &e, "hold", 0, POOL_ITEMS, consumer, &done, &failed, &max_retries, NULL);
+    assert_int_equal(done, POOL_ITEMS);
+    wait_verified(&e, POOL_ITEMS);
+    enum { LATER = 24 };
+    push_items(p, &e, "late", POOL_ITEMS, LATER, consumer, &done, &failed, &max_retries,
+               "stayed full");
+    assert_int_equal(done, 0);
+    assert_int_equal(failed, LATER);
+    ect_push_producer_stat ps;
+    ect_push_producer_stats(p, &ps);
+    assert_int_equal(ps.staged_bytes_in_use, 0);
+    assert_int_equal(ps.failed, LATER);
+    /* the consumer holds exactly the 8 taken items, nothing of the failed ones */
+    for (int r = 0; r < in.tp; r++) {
+        ect_push_consumer_stat cs;
+        ect_push_consumer_stats(in.c[r], &cs);
+        assert_int_equal(cs.live, POOL_ITEMS);
+        assert_int_equal(cs.pool_used, POOL_ITEMS * ITEM_BYTES);
+        assert_true(cs.refused_full > 0);
+    }
+    engine_stop(&e);
+    assert_int_equal(atomic_load(&e.verified), POOL_ITEMS);
+    engine_release_held(&e);
+    ect_push_producer_close(p);
+    inst_close_drained(&in);
+}
+
+int main(void) {
+    ect_log_set_level(ECT_LOG_ERROR);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tcp_tp1),
+        cmocka_unit_test(test_tcp_tp4),
+        cmocka_unit_test(test_shm_tp1),
+        cmocka_unit_test(test_shm_tp4),
+        cmocka_unit_test(test_slow_engine_tcp_tp4),
+        cmocka_unit_test(test_slow_engine_shm_tp1),
+        cmocka_unit_test(test_never_released),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
