@@ -562,6 +562,14 @@ ECT_API int ect_push_scheduler_next_failed(ect_push_scheduler *s, ect_push_sched
 ECT_API int ect_push_scheduler_fail(ect_push_scheduler *s, const char *transfer_id,
                                     const char *reason);
 
+/** RESIDENT -> CANCELLED (the request is finished) without telling the
+ *  shards: use it when the engine released the item on every rank with
+ *  ect_push_consumer_release, which already ended the reservation there, so
+ *  a remote cancel per shard would only cost round trips. Otherwise use
+ *  ect_push_scheduler_cancel. ECT_ENOTFOUND unknown; ECT_ESTATE not RESIDENT
+ *  (nothing changes). */
+ECT_API int ect_push_scheduler_finished(ect_push_scheduler *s, const char *transfer_id);
+
 /** Any state -> CANCELLED (request freed or finished); queues a cancel to
  *  every shard, sent by the background thread. Idempotent on finished
  *  transfers. ECT_ENOTFOUND when unknown. */

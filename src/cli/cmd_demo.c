@@ -61,7 +61,10 @@ typedef struct demo {
     size_t n_pull_hashes;
     double *lat_ms;
     size_t n_lat;
-    uint64_t sent, verified, failed, mismatched, dedup, bytes;
+    /* sent: items the producing side reported; moved: of those, the ones whose
+     * bytes arrived (push: done on every shard; pull: loaded); retried: moved
+     * after waiting for room (push) or a second attempt (pull) */
+    uint64_t sent, moved, retried, verified, failed, mismatched, dedup, bytes;
     bool consumer_ready;
     unsigned fault_done; /* ECT_DEMO_FAULT applied */
     int pull_port;
@@ -100,7 +103,9 @@ static void help(void) {
            "  --timeout S     give up after S seconds, 1..86400 (default 300)\n"
            "\n"
            "Prints a live progress line on a terminal (plain lines otherwise), then a report:\n"
-           "items, bytes, throughput, per-item latency p50/p99, dedup hits, failures.\n"
+           "items moved (the bytes arrived), verified (checksums equal), retried (moved after\n"
+           "waiting for room in a full pool) and failed, bytes, throughput, per-item latency\n"
+           "p50/p99, dedup hits, failures.\n"
            "Exit status: 0 when every item arrived with equal checksums, 1 otherwise (or on\n"
            "SIGINT; the children are always stopped), 2 for bad flags.\n");
 }
@@ -187,6 +192,8 @@ static void push_line(demo *d, int child, bool is_stderr, json_t *o, const char 
             item_failed(d, id, *jstr(o, "error") ? jstr(o, "error") : jstr(o, "status"));
             return;
         }
+        d->moved++;
+        if (json_integer_value(json_object_get(o, "retries")) > 0) d->retried++;
         note_hash(d, jstr(o, "mm_hash"));
         snprintf(e->want, sizeof e->want, "%s", jstr(o, "checksum"));
         e->nbytes = (uint64_t)json_integer_value(json_object_get(o, "nbytes"));
@@ -224,6 +231,9 @@ static void pull_line(demo *d, int child, bool is_stderr, json_t *o) {
     HASH_FIND_STR(d->entries, h, e);
     d->sent++;
     add_latency(d, json_number_value(json_object_get(o, "latency_ms")));
+    bool loaded = strcmp(jstr(o, "status"), "ok") == 0;
+    d->moved += loaded && e;
+    if (loaded && e && json_integer_value(json_object_get(o, "attempts")) > 1) d->retried++;
     if (!e) {
         item_failed(d, h, "the consumer loaded a hash the producer never announced");
         return;
@@ -372,16 +382,17 @@ static bool start_push_consumer(demo *d, int *port, long long deadline, const ch
  * waits for it to exit. It generates the next step of 8 while one moves. */
 static bool push_round(demo *d, int port, uint64_t seed, uint64_t count, long long deadline,
                        const char **why) {
-    char to[32], cnt[24], sd[24], tmo[24], repeat[48];
+    char to[32], cnt[24], sd[24], tmo[24], repeat[48], tp[16];
+    snprintf(tp, sizeof tp, "%" PRIu64, d->tp);
     snprintf(repeat, sizeof repeat, "%d:%d", BATCH_NEW, BATCH_REP);
     snprintf(to, sizeof to, "127.0.0.1:%d", port);
     snprintf(cnt, sizeof cnt, "%" PRIu64, count);
     snprintf(sd, sizeof sd, "%" PRIu64, seed);
     snprintf(tmo, sizeof tmo, "%" PRIu64, d->timeout_s);
-    char *argv[] = {"push",           "--to",   to,        "--count",        cnt,
-                    "--seed",         sd,       "--shape", (char *)d->shape, "--dtype",
-                    (char *)d->dtype, "--step", "8",       "--repeat",       repeat,
-                    "--timeout",      tmo,      NULL};
+    char *argv[] = {
+        "push",    "--to",           to,        "--count",        cnt,      "--seed", sd,
+        "--shape", (char *)d->shape, "--dtype", (char *)d->dtype, "--step", "8",      "--repeat",
+        repeat,    "--timeout",      tmo,       "--tp",           tp,       NULL};
     uint64_t before = d->sent;
     if (!demo_spawn(&d->procs, SLOT_PRODUCER, "ect push", argv)) {
         *why = "cannot start ect push";
@@ -575,8 +586,9 @@ static void report(demo *d, double secs) {
     if (strcmp(d->protocol, "push") == 0) snprintf(tp, sizeof tp, "TP %" PRIu64 ", ", d->tp);
     printf("ect demo: %s protocol, %s, %s%" PRIu64 " items of %s %s (%s each)\n", d->protocol,
            d->transport, tp, d->items, d->shape, d->dtype, isz);
-    printf("  items       %" PRIu64 " moved, %" PRIu64 " verified (checksums equal end to end)\n",
-           d->sent, d->verified);
+    printf("  items       %" PRIu64 " moved, %" PRIu64
+           " verified (checksums equal end to end), %" PRIu64 " retried, %" PRIu64 " failed\n",
+           d->moved - d->mismatched, d->verified, d->retried, failures);
     printf("  bytes       %s\n", b);
     printf("  time        %.2f s\n", secs);
     printf("  throughput  %.2f GB/s (%.1f items/s)\n",
@@ -589,6 +601,11 @@ static void report(demo *d, double secs) {
     printf("  dedup hits  %" PRIu64 " (repeated mm_hash, answered from the resident copy)\n",
            d->dedup);
     printf("  failures    %" PRIu64 "\n", failures);
+    if (d->retried)
+        printf("  (retried: %s; nothing was lost)\n",
+               strcmp(d->protocol, "push") == 0
+                   ? "the consumer's pool was full, so the producer waited and reserved again"
+                   : "a load was refused while the producer was busy and was asked again");
 }
 
 /* ------------------------------------------------------------------ main */

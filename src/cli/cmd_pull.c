@@ -5,6 +5,13 @@
  * in "-" + 16 hex digits (what `ect pull-producer` publishes), the loaded
  * bytes' cli_checksum must equal them; the size must always match the
  * announced nbytes.
+ *
+ * A load refused for want of room or of a free producer lane (ECT_EFULL,
+ * ECT_EBUSY) is asked again with a backoff until --timeout: pressure is
+ * waited out, not reported as a failure. The summary counts moved (loaded
+ * with the announced size and, when the hash carries one, the checksum),
+ * verified (of those, the ones whose hash carried a checksum to compare),
+ * retried (moved after more than one attempt) and failed items.
  */
 #include <getopt.h>
 #include <inttypes.h>
@@ -16,6 +23,7 @@
 
 #include "cli/cli.h"
 #include "ectransfer.h"
+#include "util/util.h"
 
 static void help(void) {
     printf("usage: ect pull --from HOST:PORT [--hash H ... | --all] [--transport tcp|shm|ucx]\n"
@@ -23,13 +31,18 @@ static void help(void) {
            "\n"
            "Asks the producer at HOST:PORT (its ec_port) what it holds, pulls the named items\n"
            "(or every item with --all), verifies them and prints one JSON line per item\n"
-           "{mm_hash, nbytes, checksum, status, latency_ms}. Exit 1 if any item failed.\n"
+           "{mm_hash, nbytes, checksum, status, latency_ms, attempts}, then on stderr\n"
+           "\"ect pull: M moved, V verified, R retried, F failed of N items\". A load the\n"
+           "producer or this pool refuses for want of room or lanes (busy, full) is asked\n"
+           "again with a backoff until --timeout (attempts > 1: retried). Exit 1 if any item\n"
+           "failed.\n"
            "\n"
            "  --from HOST:PORT  the producer (required)\n"
            "  --hash H          an item to pull (repeatable)\n"
            "  --all             every item the producer holds\n"
            "  --transport T     data plane, as the producer's: tcp (default), shm, ucx\n"
-           "  --timeout MS      per-pull completion timeout (default 60000)\n"
+           "  --timeout MS      per-pull completion timeout, and how long a refused load is\n"
+           "                    retried (default 60000)\n"
            "  --wait MS         how long to wait to learn the items (default 10000)\n"
            "  --pool-size SIZE  consumer pool (default 1GiB)\n");
 }
@@ -180,7 +193,7 @@ int cmd_pull(int argc, char **argv) {
         return CLI_EXIT_FAIL;
     }
     size_t total = all ? l.n : nh;
-    size_t failed = 0;
+    size_t failed = 0, moved = 0, verified = 0, retried = 0;
     for (size_t i = 0; i < total; i++) {
         const char *h = all ? l.hash[i] : hashes[i];
         ect_pull_meta m;
@@ -188,13 +201,25 @@ int cmd_pull(int argc, char **argv) {
         char sum_hex[17] = "";
         uint64_t nbytes = 0;
         double lat_ms = 0;
+        unsigned attempts = 0;
         if (ect_pull_scheduler_has(s, h, &m) != 1) {
             snprintf(status, sizeof status, "error: %s is not available at %s", h, from);
         } else {
             ect_pull_view v;
             struct timespec t1, t2;
             clock_gettime(CLOCK_MONOTONIC, &t1);
-            int r = ect_pull_consumer_load(cons, h, &m, &v);
+            int r;
+            uint64_t give_up = ect_now_ms() + timeout, backoff = 10;
+            for (;;) { /* a refusal for want of room or lanes is waited out */
+                attempts++;
+                r = ect_pull_consumer_load(cons, h, &m, &v);
+                bool never_fits = m.nbytes > ect_pool_capacity(ect_pull_consumer_pool(cons));
+                if ((r != ECT_EBUSY && (r != ECT_EFULL || never_fits)) ||
+                    ect_now_ms() + backoff > give_up)
+                    break;
+                usleep((useconds_t)(backoff * 1000));
+                backoff = backoff * 2 > 500 ? 500 : backoff * 2;
+            }
             clock_gettime(CLOCK_MONOTONIC, &t2);
             lat_ms =
                 (double)(t2.tv_sec - t1.tv_sec) * 1e3 + (double)(t2.tv_nsec - t1.tv_nsec) / 1e6;
@@ -203,14 +228,20 @@ int cmd_pull(int argc, char **argv) {
             } else {
                 uint64_t sum = cli_checksum(v.data, v.nbytes), want;
                 nbytes = v.nbytes;
+                bool sum_known = embedded_sum(h, &want);
                 snprintf(sum_hex, sizeof sum_hex, "%016" PRIx64, sum);
                 if (v.nbytes != m.nbytes)
                     snprintf(status, sizeof status, "error: %" PRIu64 " bytes, announced %" PRIu64,
                              v.nbytes, m.nbytes);
-                else if (embedded_sum(h, &want) && want != sum)
+                else if (sum_known && want != sum)
                     snprintf(status, sizeof status, "error: checksum %s, mm_hash says %016" PRIx64,
                              sum_hex, want);
                 ect_pull_consumer_release(cons, h);
+                if (strcmp(status, "ok") == 0) {
+                    moved++;
+                    verified += sum_known;
+                    retried += attempts > 1;
+                }
             }
         }
         if (strcmp(status, "ok") != 0) failed++;
@@ -218,13 +249,12 @@ int cmd_pull(int argc, char **argv) {
         json_str(h);
         printf(", \"nbytes\": %" PRIu64 ", \"checksum\": \"%s\", \"status\": ", nbytes, sum_hex);
         json_str(status);
-        printf(", \"latency_ms\": %.3f}\n", lat_ms);
+        printf(", \"latency_ms\": %.3f, \"attempts\": %u}\n", lat_ms, attempts);
         fflush(stdout);
     }
-    if (failed) {
-        fprintf(stderr, "ect pull: %zu of %zu items failed\n", failed, total);
-        rc = CLI_EXIT_FAIL;
-    }
+    fprintf(stderr, "ect pull: %zu moved, %zu verified, %zu retried, %zu failed of %zu items\n",
+            moved, verified, retried, failed, total);
+    if (failed) rc = CLI_EXIT_FAIL;
     if (all && total == 0) fprintf(stderr, "ect pull: %s holds no items\n", from);
     for (size_t i = 0; i < l.n; i++) free(l.hash[i]);
     free(l.hash);

@@ -5,6 +5,11 @@
  * (one flush each), and prints one JSON line per item as it finishes. The
  * content of item i depends only on (--seed, i, size), so a re-run prints
  * the same checksums and a consumer can verify them.
+ *
+ * Under pressure nothing fails: a consumer whose pool is full makes items
+ * wait and retry (the producer's back-pressure, up to --push-wait); the JSON
+ * line of each item says how many reserve rounds it needed, and the summary
+ * counts moved (done on every shard), retried and failed items.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -29,7 +34,7 @@ static void help(void) {
         "usage: ect push --to HOST:PORT [--count N] [--size SIZE | --shape AxB...] [--dtype D]\n"
         "                [--file F] [--step K] [--seed S] [--id-prefix P] [--timeout S]\n"
         "                [--control-timeout S] [--transport tcp|shm|ucx] [--tp N]\n"
-        "                [--repeat NEW:REP]\n\n"
+        "                [--repeat NEW:REP] [--push-wait S]\n\n"
         "Pushes items into the consumer instance whose TP rank 0 serves control requests at\n"
         "HOST:PORT (`ect push-consumer`): reserve on every shard (found through `peers`), one\n"
         "batched write per destination session, complete on every shard. The data plane\n"
@@ -50,11 +55,15 @@ static void help(void) {
         "                        REP <= NEW. Default: every item new\n"
         "  --id-prefix P         transfer_id prefix (default push-<pid>-<random>)\n"
         "  --timeout S           give up on a step after S seconds (default 120)\n"
+        "  --push-wait S         how long an item may wait for room when the consumer's pool is\n"
+        "                        full (it retries meanwhile; default 60, upstream's\n"
+        "                        push_wait_timeout_s); then it fails saying the pool stayed full\n"
         "  --control-timeout S   each control exchange (default 30, as the spec says)\n"
-        "  --transport T         require data plane T: an item whose shard offers another\n"
-        "                        fails without writing (default: whatever the consumer offers)\n"
-        "  --tp N                require the consumer to have N shards (TP ranks): an item\n"
-        "                        pushed to another number is reported failed\n\n"
+        "  --transport T         require data plane T: an item whose consumer offers another\n"
+        "                        fails before anything is reserved (default: whatever the\n"
+        "                        consumer offers)\n"
+        "  --tp N                require the consumer to have N shards (TP ranks): with another\n"
+        "                        number every item fails before anything is reserved\n\n"
         "Item i: bytes = a splitmix64 stream seeded with (seed, c), or the file's bytes; c = i,\n"
         "  or with --repeat: block b = i / (NEW + REP), r = i %% (NEW + REP),\n"
         "  c = b x NEW + (r < NEW ? r : r - NEW).\n"
@@ -64,7 +73,10 @@ static void help(void) {
         "  checksum    = XXH64 (seed 0) of the bytes, 16 hex digits (as ect push-consumer prints)\n"
         "Output: one JSON line per item: transfer_id, mm_hash, nbytes, checksum, status\n"
         "(done | failed | cancelled), error (when not done), latency_ms (reserve to outcome),\n"
-        "shards (TP ranks it went to), transport (\"\" when nothing moved: answered cached).\n"
+        "shards (TP ranks it went to), transport (\"\" when nothing moved: answered cached),\n"
+        "retries (reserve rounds the consumer refused as full before the outcome). Then on\n"
+        "stderr: \"ect push: M moved, R retried, F failed of N items\" (moved: done on every\n"
+        "shard; retried: moved after waiting for room; the consumer verifies the bytes).\n"
         "Exit status: 0 if every item was done, 1 if any failed, 2 for bad flags.\n");
 }
 
@@ -123,6 +135,7 @@ static void print_line(const slot *s, uint64_t nbytes, const ect_push_result *r)
     json_object_set_new(o, "latency_ms", json_real((double)r->latency_ns / 1e6));
     json_object_set_new(o, "shards", json_integer((json_int_t)r->shards));
     json_object_set_new(o, "transport", json_string(r->transport));
+    json_object_set_new(o, "retries", json_integer((json_int_t)r->retries));
     char *txt = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     if (txt) puts(txt);
     fflush(stdout);
@@ -218,10 +231,12 @@ int cmd_push(int argc, char **argv) {
                                          {"transport", required_argument, 0, 'x'},
                                          {"tp", required_argument, 0, 'P'},
                                          {"repeat", required_argument, 0, 'R'},
+                                         {"push-wait", required_argument, 0, 'W'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *to = NULL, *file = NULL, *dtype = "bfloat16", *prefix = NULL;
     uint64_t count = 1, size = 0, step = 0, seed = 1, timeout_s = 120, ctl_s = 30, tp = 0;
+    uint64_t push_wait_s = 60;
     const char *transport = NULL;
     uint64_t shape[WIRE_MAX_NDIM] = {576, 4096};
     uint64_t repeat[2] = {0, 0}; /* --repeat NEW:REP; 0: every item new */
@@ -229,7 +244,7 @@ int cmd_push(int argc, char **argv) {
     bool have_size = false, have_shape = false;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "t:n:s:S:d:f:k:r:p:T:C:x:P:R:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "t:n:s:S:d:f:k:r:p:T:C:x:P:R:W:h", opts, NULL)) != -1) {
         switch (c) {
         case 't': to = optarg; break;
         case 'n':
@@ -270,6 +285,10 @@ int cmd_push(int argc, char **argv) {
             break;
         case 'P':
             if (!cli_parse_u64("--tp", optarg, 1, 64, &tp)) return CLI_EXIT_USAGE;
+            break;
+        case 'W':
+            if (!cli_parse_u64("--push-wait", optarg, 1, 86400, &push_wait_s))
+                return CLI_EXIT_USAGE;
             break;
         case 'R': {
             char *colon = strchr(optarg, ':');
@@ -364,6 +383,8 @@ int cmd_push(int argc, char **argv) {
     po.staging_size = 0; /* sources are borrowed: each step's buffers outlive the step */
     po.control_timeout_ms = (int)(ctl_s * 1000);
     po.transport = transport;
+    po.expect_shards = (uint32_t)tp; /* checked at discovery: nothing reserved on a mismatch */
+    po.push_wait_ms = push_wait_s * 1000;
     ect_push_producer *p = NULL;
     if (ect_push_producer_open(&po, &p)) {
         fprintf(stderr, "ect push: %s\n", ect_last_error());
@@ -380,7 +401,7 @@ int cmd_push(int argc, char **argv) {
         free(res);
         return CLI_EXIT_FAIL;
     }
-    uint64_t n_done = 0, n_failed = 0;
+    uint64_t n_done = 0, n_failed = 0, n_retried = 0;
     uint64_t fck = file ? cli_checksum(fdata, nbytes) : 0;
     int rc = CLI_EXIT_OK;
     if (!prepare_step(slots, (size_t)step, 0, nbytes, seed, repeat, fdata, fck, pfx, dtype,
@@ -438,21 +459,17 @@ int cmd_push(int argc, char **argv) {
             for (size_t i = 0; i < n; i++) {
                 for (size_t j = 0; j < k; j++) {
                     if (bank[j].reported || strcmp(bank[j].tid, res[i].transfer_id)) continue;
-                    if (tp && res[i].status == 0 && res[i].shards != tp) {
-                        res[i].status = ECT_EPROTO;
-                        snprintf(res[i].error, sizeof res[i].error,
-                                 "the consumer has %u shards, --tp expects %" PRIu64, res[i].shards,
-                                 tp);
-                    }
                     if (cancelled && res[i].status == ECT_ECANCELED)
                         snprintf(res[i].error, sizeof res[i].error,
                                  "timed out after %" PRIu64 " s (--timeout)", timeout_s);
                     print_line(&bank[j], nbytes, &res[i]);
                     bank[j].reported = true;
-                    if (res[i].status == 0)
+                    if (res[i].status == 0) {
                         n_done++;
-                    else
+                        n_retried += res[i].retries > 0;
+                    } else {
                         n_failed++;
+                    }
                     got++;
                 }
             }
@@ -469,8 +486,10 @@ int cmd_push(int argc, char **argv) {
     free(slots);
     free(res);
     free(fdata);
-    fprintf(stderr, "ect push: %" PRIu64 " done, %" PRIu64 " failed of %" PRIu64 " items\n", n_done,
-            n_failed, count);
+    fprintf(stderr,
+            "ect push: %" PRIu64 " moved, %" PRIu64 " retried, %" PRIu64 " failed of %" PRIu64
+            " items\n",
+            n_done, n_retried, n_failed, count);
     if (rc == CLI_EXIT_OK && (n_failed || n_done < count)) rc = CLI_EXIT_FAIL;
     return rc;
 }

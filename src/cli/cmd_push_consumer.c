@@ -11,6 +11,12 @@
  * one JSON line, releases the item to the resident cache (a later push of
  * the same mm_hash is answered `cached`) and finishes the transfer, which
  * cancels it on every shard so the reservation tables stay small.
+ *
+ * Whatever goes wrong is said on stderr as it happens: transfers the
+ * scheduler gave up on (abandoned by the producer, not on every rank within
+ * the push wait, expired), and, at most once a second per rank, how many
+ * reservations expired, were abandoned or were refused since the last line
+ * (the shards' own once-a-second log lines give the refusal texts).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -25,6 +31,7 @@
 
 #include "cli/cli.h"
 #include "ectransfer.h"
+#include "util/util.h"
 
 #define MAX_TP 64
 
@@ -57,10 +64,17 @@ static void help(void) {
            "\n"
            "Output: one JSON line per item on stdout:\n"
            "  {\"transfer_id\",\"mm_hash\",\"nbytes\",\"shape\",\"dtype\",\"checksum\"}\n"
-           "checksum is XXH64 (seed 0) of the bytes as 16 hex digits (as `ect push` prints).\n"
-           "Transfers that fail (abandoned by the producer, a rank whose bytes differ) are\n"
-           "reported on stderr. A line \"ect push-consumer: ready ...\" on stderr tells that\n"
-           "every shard is listening.\n");
+           "checksum is XXH64 (seed 0) of the bytes as 16 hex digits (as `ect push` prints);\n"
+           "dtype is the canonical name (\"float32\" for a reserve of \"torch.float32\").\n"
+           "On stderr, as they happen: \"ect push-consumer: transfer T failed: ...\" for every\n"
+           "transfer that fails (abandoned by the producer, not on every rank within the push\n"
+           "wait, never loaded, a rank whose bytes differ); at most once a second per rank, the\n"
+           "reservations that expired or were abandoned and the reserves refused since the\n"
+           "last such line (a full pool is not a failure: producers wait and retry); the\n"
+           "shards' own warnings say why each refusal happened. A line \"ect push-consumer:\n"
+           "ready ...\" tells that every shard is listening. At exit, per rank: live\n"
+           "reservations and bytes in use (0 and 0 after a clean run), the peaks, and the\n"
+           "totals of refused, expired and abandoned reservations.\n");
 }
 
 static void print_item(const ect_push_view *v, uint64_t ck) {
@@ -118,11 +132,39 @@ static bool consume(ect_push_consumer **cons, int tp, ect_push_scheduler *s,
                     ect_last_error());
     if (ok) {
         ect_push_scheduler_loaded(s, it->transfer_id);
-        ect_push_scheduler_cancel(s, it->transfer_id); /* finished: shards forget it */
+        /* every rank's release ended its reservation: no remote cancels */
+        ect_push_scheduler_finished(s, it->transfer_id);
     } else {
         ect_push_scheduler_fail(s, it->transfer_id, "consumer could not read the item");
     }
     return ok;
+}
+
+/* Says on stderr what changed on each rank since the last call: expired and
+ * abandoned reservations, refused reserves. */
+static void report_changes(ect_push_consumer **cons, int tp, ect_push_consumer_stat *last) {
+    for (int r = 0; r < tp; r++) {
+        ect_push_consumer_stat st;
+        ect_push_consumer_stats(cons[r], &st);
+        ect_push_consumer_stat *l = &last[r];
+        if (st.expired > l->expired)
+            fprintf(stderr,
+                    "ect push-consumer: rank %d: %" PRIu64
+                    " reservation(s) expired (not completed, or not taken, within the TTL)\n",
+                    r, st.expired - l->expired);
+        if (st.abandoned > l->abandoned)
+            fprintf(stderr,
+                    "ect push-consumer: rank %d: %" PRIu64
+                    " transfer(s) abandoned by the producer\n",
+                    r, st.abandoned - l->abandoned);
+        if (st.refused_full > l->refused_full || st.refused_other > l->refused_other)
+            fprintf(stderr,
+                    "ect push-consumer: rank %d: refused %" PRIu64
+                    " reserve(s) as full (the producer "
+                    "retries), %" PRIu64 " otherwise\n",
+                    r, st.refused_full - l->refused_full, st.refused_other - l->refused_other);
+        *l = st;
+    }
 }
 
 int cmd_push_consumer(int argc, char **argv) {
@@ -228,6 +270,9 @@ int cmd_push_consumer(int argc, char **argv) {
             ", %s, pool %" PRIu64 " bytes per rank)\n",
             host, port + dp * tp, last, tp, transport, pool);
     bool announced = false;
+    ect_push_consumer_stat prev[MAX_TP];
+    memset(prev, 0, sizeof prev);
+    uint64_t next_report = ect_now_ms() + 1000;
     while (!stop_flag && (!count || done < count)) {
         ect_push_scheduler_poll(s);
         ect_push_sched_item it;
@@ -235,6 +280,13 @@ int cmd_push_consumer(int argc, char **argv) {
         while (ect_push_scheduler_next(s, &it) == 0) {
             any = true;
             if (consume(cons, (int)tp, s, &it)) done++;
+        }
+        while (ect_push_scheduler_next_failed(s, &it) == 0)
+            fprintf(stderr, "ect push-consumer: transfer %s failed: %s: %s\n", it.transfer_id,
+                    ect_push_state_name(it.state), it.error);
+        if (ect_now_ms() >= next_report) {
+            next_report = ect_now_ms() + 1000;
+            report_changes(cons, (int)tp, prev);
         }
         if (!announced) {
             ect_push_scheduler_stat st;
@@ -250,16 +302,25 @@ int cmd_push_consumer(int argc, char **argv) {
             nanosleep(&ts, NULL);
         }
     }
-    /* Let the finishing cancels (one per item and rank) be answered before
-     * closing, for at most 2 s. */
-    for (int i = 0; i < 1000; i++) {
+    /* Let the remote cancels of failed transfers go out before closing: until
+     * none was answered for 100 ms, for at most 2 s. */
+    uint64_t answered = UINT64_MAX, quiet_since = ect_now_ms(), t_end = ect_now_ms() + 2000;
+    while (ect_now_ms() < t_end && ect_now_ms() - quiet_since < 100) {
         ect_push_scheduler_poll(s);
         ect_push_scheduler_stat st;
         ect_push_scheduler_stats(s, &st);
-        if (st.cancels_sent + st.cancels_failed >= done * tp) break;
+        if (st.cancels_sent + st.cancels_failed != answered) {
+            answered = st.cancels_sent + st.cancels_failed;
+            quiet_since = ect_now_ms();
+        }
         struct timespec ts = {0, 2 * 1000000L};
         nanosleep(&ts, NULL);
     }
+    ect_push_sched_item fit;
+    while (ect_push_scheduler_next_failed(s, &fit) == 0)
+        fprintf(stderr, "ect push-consumer: transfer %s failed: %s: %s\n", fit.transfer_id,
+                ect_push_state_name(fit.state), fit.error);
+    report_changes(cons, (int)tp, prev);
     /* What is left per rank once the resident copies are dropped: after a
      * clean run (and after a killed producer's reservations expired) both
      * numbers are 0, which the script tests check. */
@@ -271,6 +332,12 @@ int cmd_push_consumer(int argc, char **argv) {
                 "ect push-consumer: rank %" PRIu64 ": %" PRIu64 " live reservations, %" PRIu64
                 " bytes in use, %" PRIu64 " events dropped, %" PRIu64 " bad requests\n",
                 r, st.live, st.pool_used, st.events_dropped, st.bad_requests);
+        fprintf(stderr,
+                "ect push-consumer: rank %" PRIu64 ": peaks %" PRIu64 " reservations, %" PRIu64
+                " bytes held; totals %" PRIu64 " delivered, %" PRIu64 " refused as full, %" PRIu64
+                " refused otherwise, %" PRIu64 " expired, %" PRIu64 " abandoned\n",
+                r, st.peak_live, st.peak_held, st.finished, st.refused_full, st.refused_other,
+                st.expired, st.abandoned);
     }
     fprintf(stderr, "ect push-consumer: %" PRIu64 " items\n", done);
 out:

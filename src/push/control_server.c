@@ -164,8 +164,8 @@ static int do_reserve(ctl_server *s, const wire_reserve_req *r, uint64_t now,
         if (rep.why == RSV_END_FINISHED || rep.why == RSV_END_ABANDONED ||
             rep.why == RSV_END_EXPIRED || rep.why == RSV_END_CANCELLED)
             snprintf(res->reason, sizeof res->reason,
-                     "transfer_id '%.64s' was %s %" PRIu64
-                     " ms ago; a transfer_id is remembered %" PRIu64 " ms (TTL): use a new one",
+                     "transfer_id '%.64s' was %s %" PRIu64 " ms ago; ids are kept %" PRIu64
+                     " ms (TTL): use a new one",
                      r->transfer_id, rsv_end_text(rep.why), rep.ended_ms_ago, s->o.rsv.ttl_ms);
         else
             snprintf(res->reason, sizeof res->reason, "transfer_id '%.64s' was %s", r->transfer_id,

@@ -411,8 +411,8 @@ static void apply_reserve(ect_push_producer *p, pp_job *j) {
             continue;
         }
         if (o->result.cancelled && o->result.reason[0] && it && !it->why[0])
-            snprintf(it->why, sizeof it->why, "the consumer refused it (shard %zu): %.150s",
-                     ac->shard, o->result.reason);
+            snprintf(it->why, sizeof it->why, "refused by shard %zu: %.170s", ac->shard,
+                     o->result.reason);
         const wire_reserve_result *r = &o->result;
         if (it && ac->shard < it->n_shards) {
             free(it->keys[ac->shard]);

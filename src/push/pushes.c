@@ -518,7 +518,7 @@ int push_reserve_done(push_table *t, const char *transfer_id, size_t shard,
     if (now_ms > t->now) t->now = now_ms;
     if (!res) {
         s->rsv = ST_FAILED;
-        fail(r, "reserve on shard %zu failed: %.100s", shard, error ? error : "no reply");
+        fail(r, "reserve on shard %zu failed: %.130s", shard, error ? error : "no reply");
         return 0;
     }
     if (res->cancelled) {

@@ -131,7 +131,7 @@ const char *rsv_end_text(rsv_end why) {
     case RSV_END_PRECANCEL: return "cancelled by the consumer's scheduler before it was reserved";
     case RSV_END_CANCELLED: return "cancelled by the consumer's scheduler";
     case RSV_END_ABANDONED: return "abandoned by a producer";
-    case RSV_END_FINISHED: return "already delivered: the consumer's engine took and released it";
+    case RSV_END_FINISHED: return "already delivered (the engine took and released it)";
     case RSV_END_EXPIRED: return "expired (its TTL ran out)";
     case RSV_END_NONE: break;
     }
@@ -568,10 +568,10 @@ static int reserve_new(rsv_table *t, const rsv_request *r, const tensor *tn, rsv
             free(h);
             free_entry_mem(e);
             return ect_set_error(ECT_EFULL,
-                                 "EC consumer buffer pool is full: %" PRIu64
-                                 " bytes wanted for transfer_id '%s' is more than the whole pool "
-                                 "(%" PRIu64 " bytes)",
-                                 tn->nbytes, r->transfer_id, t->o.capacity);
+                                 "EC consumer buffer pool is full: more than the whole pool "
+                                 "(%" PRIu64 " bytes wanted, %" PRIu64
+                                 " in the pool) for transfer_id '%s'",
+                                 tn->nbytes, t->o.capacity, r->transfer_id);
         }
         int rc = (b && h) ? alloc_reclaiming(t, size, &off) : ECT_ENOMEM;
         if (rc) {

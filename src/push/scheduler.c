@@ -378,6 +378,10 @@ int ect_push_scheduler_fail(ect_push_scheduler *s, const char *transfer_id, cons
     return xfer_fail(s->t, transfer_id, reason ? reason : "load failed", ect_now_ms());
 }
 
+int ect_push_scheduler_finished(ect_push_scheduler *s, const char *transfer_id) {
+    return xfer_finished(s->t, transfer_id, ect_now_ms());
+}
+
 int ect_push_scheduler_cancel(ect_push_scheduler *s, const char *transfer_id) {
     return xfer_cancel(s->t, transfer_id, ect_now_ms());
 }

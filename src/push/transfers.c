@@ -62,6 +62,7 @@ struct xfer_table {
     fail_node *fails;
     size_t n_fails;
     bool engine_fail; /* xfer_fail in progress: not a failure to report */
+    bool no_cancels;  /* xfer_finished in progress: the shards ended it themselves */
     xfer_stats st;
 };
 
@@ -214,7 +215,7 @@ static void entomb(xfer_table *t, xent *e, xfer_state s, const char *fmt, ...) {
         t->st.live--;
         if (!e->expected) t->st.orphans--;
         t->st.tombstones++;
-        for (size_t i = 0; i < t->o.tp_size; i++)
+        for (size_t i = 0; i < t->o.tp_size && !t->no_cancels; i++)
             queue_job(t, e->transfer_id, (e->mask >> i) & 1 ? e->rids[i] : "", i, 1);
     } else {
         DL_DELETE(t->tombs, e);
@@ -420,6 +421,19 @@ int xfer_cancel(xfer_table *t, const char *id, uint64_t now_ms) {
         return 0;
     }
     entomb(t, e, XFER_CANCELLED, NULL);
+    return 0;
+}
+
+int xfer_finished(xfer_table *t, const char *id, uint64_t now_ms) {
+    xent *e = find(t, id);
+    if (!e) return ect_set_error(ECT_ENOTFOUND, "no transfer_id '%s'", id ? id : "(null)");
+    if (e->state != XFER_RESIDENT)
+        return ect_set_error(ECT_ESTATE, "transfer_id '%s' is %s, not RESIDENT", id,
+                             xfer_state_name(e->state));
+    if (now_ms > t->now) t->now = now_ms;
+    t->no_cancels = true;
+    entomb(t, e, XFER_CANCELLED, NULL);
+    t->no_cancels = false;
     return 0;
 }
 

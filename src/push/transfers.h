@@ -123,6 +123,10 @@ int xfer_fail(xfer_table *t, const char *transfer_id, const char *reason, uint64
 /* Any state -> CANCELLED (free / finish); idempotent on tombstones, which
  * keep their remote cancels already queued. ECT_ENOTFOUND when unknown. */
 int xfer_cancel(xfer_table *t, const char *transfer_id, uint64_t now_ms);
+/* RESIDENT -> CANCELLED without remote cancels: the engine released the item
+ * on every shard, which ended it there. ECT_ENOTFOUND; ECT_ESTATE when not
+ * RESIDENT. */
+int xfer_finished(xfer_table *t, const char *transfer_id, uint64_t now_ms);
 
 /* Push-wait and TTL timeouts, orphan and tombstone expiry. Returns the number
  * of entries changed or removed. */

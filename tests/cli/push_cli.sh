@@ -47,7 +47,7 @@ set -e
 [ $rc -eq 1 ] || { echo "unreachable consumer: exit $rc, want 1"; cat "$tmp/err"; exit 1; }
 [ "$(grep -c '"status":"failed"' <<<"$out")" -eq 3 ]
 grep -q 'consumer 127.0.0.1:1 unreachable: control 127.0.0.1:1: connection refused' <<<"$out"
-grep -q '0 done, 3 failed' "$tmp/err"
+grep -q '0 moved, 0 retried, 3 failed of 3 items' "$tmp/err"
 
 free_port() { # a base port with $1 free ports after it
   python3 - "$1" <<'EOF'
@@ -165,12 +165,12 @@ set +e
 out=$(timeout 60 "$ect" push --to "127.0.0.1:$port" --count 2 --size 4KiB --transport shm \
   --control-timeout 5 2>/dev/null); rc=$?
 set -e
-[ $rc -eq 1 ] && [ "$(grep -c "offers transport 'tcp' but this producer requires 'shm'" <<<"$out")" -eq 2 ]
+[ $rc -eq 1 ] && [ "$(grep -c "offers transport 'tcp', this producer requires 'shm'; nothing was reserved" <<<"$out")" -eq 2 ]
 set +e
 out=$(timeout 60 "$ect" push --to "127.0.0.1:$port" --count 1 --size 4KiB --tp 2 \
   --control-timeout 5 2>/dev/null); rc=$?
 set -e
-[ $rc -eq 1 ] && grep -q 'the consumer has 1 shards, --tp expects 2' <<<"$out"
+[ $rc -eq 1 ] && grep -q 'has 1 shard(s) (TP ranks), this producer expects 2; nothing was reserved' <<<"$out"
 
 # bench: a short run; a 4-item step costs the same round trips as a 1-item step
 "$ect" bench push --help | grep -q '^usage: ect bench push'

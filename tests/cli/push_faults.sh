@@ -6,8 +6,9 @@
 #    1 s TTL the consumer's reaper expires them and, the writer being gone,
 #    returns their memory: after SIGTERM every rank reports 0 live
 #    reservations and 0 bytes in use;
-#  - consumer pool full: an item larger than the pool fails with the spec's
-#    text and the consumer keeps serving.
+#  - consumer pool too small: an item larger than the whole pool fails at
+#    once with the spec's text (it could never fit, so it is not retried) and
+#    the consumer keeps serving.
 # Every background process is killed on exit; waits are bounded.
 set -euo pipefail
 ect=${ECT_BIN:?}
@@ -93,6 +94,9 @@ if grep 'live reservations' "$tmp/c2.err" | grep -v ': 0 live reservations, 0 by
   exit 1
 fi
 grep -q 'silent past its grace' "$tmp/c2.err" || { echo "no reservation was left to expire"; exit 1; }
+# what --help promises: expired reservations are reported on stderr
+grep -q 'ect push-consumer: rank [01]: [0-9]* reservation(s) expired' "$tmp/c2.err" ||
+  { cat "$tmp/c2.err"; echo "expiries not reported"; exit 1; }
 echo "producer killed mid-push: reservations expired, memory returned"
 
 # 3. pool full
@@ -101,7 +105,9 @@ if "$ect" push --to "127.0.0.1:$port" --size 2MiB --timeout 10 >"$tmp/p3" 2>"$tm
   echo "an item larger than the pool was accepted"
   exit 1
 fi
-grep -q 'EC consumer buffer pool is full' "$tmp/p3" || { cat "$tmp/p3"; echo "no pool-full text"; exit 1; }
+grep -q 'EC consumer buffer pool is full: more than the whole pool (2097152 bytes wanted' "$tmp/p3" ||
+  { cat "$tmp/p3"; echo "no pool-full text"; exit 1; }
+grep -q '"retries":0' "$tmp/p3" || { cat "$tmp/p3"; echo "an item that can never fit was retried"; exit 1; }
 "$ect" push --to "127.0.0.1:$port" --size 256KiB --timeout 10 >"$tmp/p3b" 2>&1
 wait_line "$tmp/c3"
 kill -TERM "$cpid"

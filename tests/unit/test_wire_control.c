@@ -242,8 +242,8 @@ static void event_round_trip(const wire_event *ev, const char *golden) {
 #define G_R_RESERVE_REFUSED                                                                        \
     "{\"ok\":true,\"result\":{\"reservation_id\":\"\",\"dst_session\":\"\",\"dst_ptr\":0,"         \
     "\"write\":false,\"ready\":false,\"cancelled\":true,\"reason\":\"transfer_id 'req-7-img0' "    \
-    "was already delivered: the consumer's engine took and released it 12000 ms ago; a "           \
-    "transfer_id is remembered 300000 ms (TTL): use a new one\"}}"
+    "was already delivered (the engine took and released it) 12000 ms ago; ids are kept "          \
+    "300000 ms (TTL): use a new one\"}}"
 #define G_R_RESERVE_BATCH                                                                          \
     "{\"ok\":true,\"result\":{\"items\":[{\"ok\":true,\"result\":{\"reservation_id\":\"r1\","      \
     "\"dst_session\":\"10.0.0.2:15001\",\"dst_ptr\":4096,\"nbytes\":8,\"write\":false,"            \
@@ -361,9 +361,8 @@ static void test_golden_replies(void **state) {
     r.u.reserve.cancelled = true;
     reply_round_trip(&r, SIZE_MAX, G_R_RESERVE_CANCELLED);
     snprintf(r.u.reserve.reason, sizeof r.u.reserve.reason,
-             "transfer_id 'req-7-img0' was already delivered: the consumer's engine took and "
-             "released it 12000 ms ago; a transfer_id is remembered 300000 ms (TTL): use a new "
-             "one");
+             "transfer_id 'req-7-img0' was already delivered (the engine took and released it) "
+             "12000 ms ago; ids are kept 300000 ms (TTL): use a new one");
     reply_round_trip(&r, SIZE_MAX, G_R_RESERVE_REFUSED);
     /* an upstream producer reads the cancelled form and ignores the reason;
      * a long reason is cut, never refused */
