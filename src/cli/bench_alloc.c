@@ -228,7 +228,7 @@ int bench_alloc(int argc, char **argv) {
                UNIT, ms);
         for (size_t i = 0; i < nres; i++)
             printf("%s{\"workload\":\"%s\",\"fragments\":%" PRIu64
-                   ",\"tree_ops_per_s\":%.0f,\"linear_ops_per_s\":%.0f,\"ratio\":%.3f}",
+                   ",\"tree_ops_per_s\":%.17g,\"linear_ops_per_s\":%.17g,\"ratio\":%.17g}",
                    i ? "," : "", res[i].workload, res[i].fragments, res[i].tree_ops, res[i].lin_ops,
                    res[i].tree_ops / res[i].lin_ops);
         printf("]}\n");

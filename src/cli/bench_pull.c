@@ -181,8 +181,8 @@ static int one_kind(const char *kind, int ms, bool json, bool *first) {
             double ratio = r.gbps / r.raw_gbps;
             if (json) {
                 printf("%s\n  {\"transport\": \"%s\", \"size\": %" PRIu64
-                       ", \"items\": %d, \"gbps\": %.3f, \"p50_ms\": %.3f, \"raw_gbps\": %.3f, "
-                       "\"raw_p50_ms\": %.3f, \"ratio\": %.3f}",
+                       ", \"items\": %d, \"gbps\": %.17g, \"p50_ms\": %.17g, \"raw_gbps\": %.17g, "
+                       "\"raw_p50_ms\": %.17g, \"ratio\": %.17g}",
                        *first ? "" : ",", kind, size, counts[ci], r.gbps, r.p50_ms, r.raw_gbps,
                        r.raw_p50_ms, ratio);
                 *first = false;

@@ -382,9 +382,11 @@ static bool parse_list(const char *flag, const char *s, uint64_t *v, size_t *n, 
     return *n > 0;
 }
 
+/* JSON numbers unrounded (%.17g round-trips a double): a reader that
+ * recomputes a ratio gets exactly the one printed. */
 static void jnum(double v) {
     if (isfinite(v))
-        printf("%.4g", v);
+        printf("%.17g", v);
     else
         printf("null");
 }

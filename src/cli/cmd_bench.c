@@ -234,7 +234,9 @@ static void print_json(const rows *r) {
         json_object_set_new(o, "p50_ms", isnan(w->p50_ms) ? json_null() : json_real(w->p50_ms));
         json_array_append_new(list, o);
     }
-    char *s = json_dumps(list, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
+    /* 17 significant digits: the numbers as measured, so a reader checking a
+     * ratio against value / limit gets it exactly (rounded values do not) */
+    char *s = json_dumps(list, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
     if (s) printf("%s\n", s);
     free(s);
     json_decref(list);
