@@ -585,9 +585,12 @@ ECT_API void ect_push_scheduler_stats(ect_push_scheduler *s, ect_push_scheduler_
  * into the reservations of a consumer instance's shards (one per TP rank).
  *
  * Per item: reserve on EVERY shard (shards discovered through `peers` at the
- * consumer's base address and cached), stage the source once, one batched
- * ect_xport_write_batch per destination session (sessions concurrently),
- * complete per shard. A shard that fails makes the item fail and the
+ * consumer's base address and cached; the shard count and the consumer's
+ * transport are checked there, before anything is reserved), stage the
+ * source once, one batched ect_xport_write_batch per destination session
+ * (sessions concurrently), complete per shard. A shard whose pool is full is
+ * back-pressure, not a failure (see push_wait_ms): the item waits and
+ * reserves again. A shard that fails otherwise makes the item fail and the
  * reservations already made on the other shards are abandoned (cancel with
  * abandon). A reservation older than refresh_after_ms is refreshed before the
  * write. The data plane (tcp, shm, ucx) is the one each shard names in its
