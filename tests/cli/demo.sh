@@ -62,7 +62,7 @@ interrupted() {
   "$ect" demo --items 100000 --shape 64x1024 "$@" >"$tmp/i" 2>"$tmp/i.err" &
   bg=$!
   local kids=""
-  for _ in $(seq 200); do
+  for _ in $(seq 1200); do
     kids=$(children "$bg")
     [ "$(echo "$kids" | wc -w)" -ge "$want" ] && break
     sleep 0.05
@@ -75,7 +75,7 @@ interrupted() {
     kill "-$sig" "$(echo "$kids" | head -1)"
   fi
   local rc=0
-  for _ in $(seq 400); do kill -0 "$bg" 2>/dev/null || break; sleep 0.05; done
+  for _ in $(seq 1200); do kill -0 "$bg" 2>/dev/null || break; sleep 0.05; done
   if kill -0 "$bg" 2>/dev/null; then echo "demo did not end after $what got SIG$sig"; exit 1; fi
   wait "$bg" || rc=$?
   bg=

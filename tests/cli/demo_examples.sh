@@ -32,7 +32,7 @@ for _ in 1 2 3 4 5; do
   port=$((20000 + RANDOM % 30000))
   "$tmp/push_consumer" "$port" 1 >"$tmp/pc.out" 2>"$tmp/pc.err" &
   pids+=($!)
-  for _ in $(seq 200); do
+  for _ in $(seq 1200); do
     grep -q ready "$tmp/pc.out" 2>/dev/null && break
     kill -0 "${pids[-1]}" 2>/dev/null || break
     sleep 0.05
@@ -51,7 +51,7 @@ echo "push example: 4.5 MiB, checksum $got on both sides"
 # pull: the producer serves for 20 s at most; the consumer pulls its item
 "$tmp/pull_producer" 20 >"$tmp/lp.out" 2>"$tmp/lp.err" &
 pids+=($!)
-for _ in $(seq 200); do grep -q '^port' "$tmp/lp.out" && break; sleep 0.05; done
+for _ in $(seq 1200); do grep -q '^port' "$tmp/lp.out" && break; sleep 0.05; done
 read -r _ p _ h _ sum <"$tmp/lp.out" || { cat "$tmp/lp.err"; echo "pull_producer did not start"; exit 1; }
 timeout 60 "$tmp/pull_consumer" "127.0.0.1:$p" "$h" >"$tmp/lc.out" || { cat "$tmp/lc.out"; exit 1; }
 grep -qx "$h 4718592 bytes bfloat16 checksum $sum" "$tmp/lc.out" || { cat "$tmp/lc.out"; echo "pull checksum differs from $sum"; exit 1; }

@@ -21,7 +21,7 @@ start_producer() {
   "$ect" pull-producer --host 127.0.0.1 --port 0 --pool-size 64MiB "$@" >"$out" 2>"$out.err" &
   ppid=$!
   pids+=("$ppid")
-  for _ in $(seq 200); do
+  for _ in $(seq 1200); do
     grep -q '"serving": true' "$out" 2>/dev/null && break
     kill -0 "$ppid" 2>/dev/null || { cat "$out.err"; echo "producer died"; exit 1; }
     sleep 0.05
@@ -34,7 +34,7 @@ start_producer() {
 # stop_producer: SIGTERM (or $1), must exit 0 within 10 s.
 stop_producer() {
   kill -"${1:-TERM}" "$ppid"
-  for _ in $(seq 200); do kill -0 "$ppid" 2>/dev/null || break; sleep 0.05; done
+  for _ in $(seq 1200); do kill -0 "$ppid" 2>/dev/null || break; sleep 0.05; done
   if kill -0 "$ppid" 2>/dev/null; then echo "producer ignored SIG${1:-TERM}"; exit 1; fi
   wait "$ppid"
 }
@@ -94,7 +94,7 @@ stop_producer INT
   >"$tmp/prod.again" 2>/dev/null &
 ppid=$!
 pids+=("$ppid")
-for _ in $(seq 200); do grep -q '"serving": true' "$tmp/prod.again" 2>/dev/null && break; sleep 0.05; done
+for _ in $(seq 1200); do grep -q '"serving": true' "$tmp/prod.again" 2>/dev/null && break; sleep 0.05; done
 expect "$tmp/prod.again" >"$tmp/want.again"
 timeout 60 "$ect" pull --from "127.0.0.1:$old_port" --all --pool-size 1MiB >"$tmp/got.again"
 diff <(got "$tmp/got.again") "$tmp/want.again"

@@ -75,12 +75,12 @@ run_e2e() { # run_e2e TP TRANSPORT COUNT SIZE
     --pool-size 64MiB --count "$count" >"$tmp/cons.out" 2>"$tmp/cons.err" &
   local cpid=$!
   pids+=("$cpid")
-  for _ in $(seq 100); do grep -q 'ready' "$tmp/cons.err" 2>/dev/null && break; sleep 0.1; done
+  for _ in $(seq 600); do grep -q 'ready' "$tmp/cons.err" 2>/dev/null && break; sleep 0.1; done
   grep -q 'ready' "$tmp/cons.err" || { echo "push-consumer did not start"; cat "$tmp/cons.err"; exit 1; }
   timeout 60 "$ect" push --to "127.0.0.1:$port" --count "$count" --size "$size" --step 4 \
     --seed 7 --control-timeout 5 --tp "$tp" --transport "$xp" >"$tmp/prod.out" 2>"$tmp/prod.err" \
     || { echo "ect push failed (tp $tp $xp)"; cat "$tmp/prod.out" "$tmp/prod.err"; exit 1; }
-  for _ in $(seq 100); do kill -0 "$cpid" 2>/dev/null || break; sleep 0.1; done
+  for _ in $(seq 600); do kill -0 "$cpid" 2>/dev/null || break; sleep 0.1; done
   kill "$cpid" 2>/dev/null || true
   wait "$cpid" || true
   [ "$(grep -c '"status":"done"' "$tmp/prod.out")" -eq "$count" ]
@@ -109,10 +109,10 @@ rm -f "$tmp/cons.out" "$tmp/cons.err"
 "$ect" push-consumer --host 127.0.0.1 --port "$port" --pool-size 16MiB --count 2 \
   >"$tmp/cons.out" 2>"$tmp/cons.err" &
 pids+=("$!")
-for _ in $(seq 100); do grep -q 'ready' "$tmp/cons.err" 2>/dev/null && break; sleep 0.1; done
+for _ in $(seq 600); do grep -q 'ready' "$tmp/cons.err" 2>/dev/null && break; sleep 0.1; done
 timeout 60 "$ect" push --to "127.0.0.1:$port" --file "$tmp/item.bin" --count 2 --step 1 \
   --control-timeout 5 >"$tmp/prod.out" 2>"$tmp/prod.err"
-for _ in $(seq 100); do [ "$(wc -l <"$tmp/cons.out")" -ge 2 ] && break; sleep 0.1; done
+for _ in $(seq 600); do [ "$(wc -l <"$tmp/cons.out")" -ge 2 ] && break; sleep 0.1; done
 python3 - "$tmp/item.bin" "$tmp/prod.out" "$tmp/cons.out" <<'EOF'
 import json, sys
 M = 2**64 - 1
@@ -160,7 +160,7 @@ rm -f "$tmp/cons.err"
 "$ect" push-consumer --host 127.0.0.1 --port "$port" --pool-size 16MiB >/dev/null \
   2>"$tmp/cons.err" &
 pids+=("$!")
-for _ in $(seq 100); do grep -q 'ready' "$tmp/cons.err" 2>/dev/null && break; sleep 0.1; done
+for _ in $(seq 600); do grep -q 'ready' "$tmp/cons.err" 2>/dev/null && break; sleep 0.1; done
 set +e
 out=$(timeout 60 "$ect" push --to "127.0.0.1:$port" --count 2 --size 4KiB --transport shm \
   --control-timeout 5 2>/dev/null); rc=$?

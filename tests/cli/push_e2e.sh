@@ -26,7 +26,7 @@ start_consumer() {
       >"$out" 2>"$out.err" &
     cpid=$!
     pids+=("$cpid")
-    for _ in $(seq 200); do
+    for _ in $(seq 1200); do
       grep -q 'scheduler connected' "$out.err" 2>/dev/null && return 0
       kill -0 "$cpid" 2>/dev/null || break
       sleep 0.05
@@ -44,7 +44,7 @@ start_consumer() {
 # nothing left on any rank.
 stop_consumer() {
   kill -"${2:-TERM}" "$cpid"
-  for _ in $(seq 200); do kill -0 "$cpid" 2>/dev/null || break; sleep 0.05; done
+  for _ in $(seq 1200); do kill -0 "$cpid" 2>/dev/null || break; sleep 0.05; done
   if kill -0 "$cpid" 2>/dev/null; then echo "consumer ignored SIGTERM"; exit 1; fi
   wait "$cpid"
   if grep 'live reservations' "$1.err" | grep -v ': 0 live reservations, 0 bytes in use'; then

@@ -27,7 +27,7 @@ start_consumer() {
     "$ect" push-consumer --host 127.0.0.1 --port "$port" --tp "$tp" "$@" >"$out" 2>"$out.err" &
     cpid=$!
     pids+=("$cpid")
-    for _ in $(seq 200); do
+    for _ in $(seq 1200); do
       grep -q 'scheduler connected' "$out.err" 2>/dev/null && return 0
       kill -0 "$cpid" 2>/dev/null || break
       sleep 0.05
@@ -64,7 +64,7 @@ ppid=$!
 pids+=("$ppid")
 wait_line "$tmp/c1"
 kill -KILL "$cpid"
-wait_exit "$ppid" 20
+wait_exit "$ppid" 120 # generous; one control timeout per step would be 12.5 minutes
 if wait "$ppid"; then echo "push succeeded although the consumer died"; exit 1; fi
 [ "$(wc -l <"$tmp/p1")" -eq 200 ] || { cat "$tmp/p1.err"; echo "not every item reported"; exit 1; }
 grep -q '"status":"failed".*unreachable.*127.0.0.1:' "$tmp/p1" ||
@@ -85,9 +85,12 @@ for _ in $(seq 3000); do
   sleep 0.01
 done
 kill -KILL "$ppid"
-sleep 3.5 # TTL 1 s, then the pending grace (1 s), reaper every 1 s
+# TTL 1 s, then the pending grace (1 s), reaper every 1 s: wait for the first
+# freed reservation, then two more reaper passes for any reserved a bit later
+for _ in $(seq 1200); do grep -q 'silent past its grace' "$tmp/c2.err" && break; sleep 0.05; done
+sleep 2.5
 kill -TERM "$cpid"
-wait_exit "$cpid" 10
+wait_exit "$cpid" 60
 wait "$cpid"
 if grep 'live reservations' "$tmp/c2.err" | grep -v ': 0 live reservations, 0 bytes in use'; then
   echo "the killed producer's reservations kept memory"
@@ -111,7 +114,7 @@ grep -q '"retries":0' "$tmp/p3" || { cat "$tmp/p3"; echo "an item that can never
 "$ect" push --to "127.0.0.1:$port" --size 256KiB --timeout 10 >"$tmp/p3b" 2>&1
 wait_line "$tmp/c3"
 kill -TERM "$cpid"
-wait_exit "$cpid" 10
+wait_exit "$cpid" 60
 wait "$cpid"
 if grep 'live reservations' "$tmp/c3.err" | grep -v ': 0 live reservations, 0 bytes in use'; then
   exit 1

