@@ -79,6 +79,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     o.pending_grace_ms = 10;
     o.max_tombstones = 1 + ((data[0] >> 1) & 7);
     o.max_events = 1 + ((data[0] >> 2) & 3);
+    o.capacity = (data[0] & 8) ? 64 : 0; /* larger items: "more than the whole pool" */
     rsv_table *t;
     if (rsv_open(&o, &t)) return 0;
     char rid[NIDS][ECT_ID_LEN + 1];
@@ -119,9 +120,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             (void)rsv_cancel(t, tid, (b & 1) ? NULL : rid[k], true, b & 2, now, &c);
             break;
         case 6: (void)rsv_cancel(t, tid, (b & 1) ? NULL : rid[k], false, b & 2, now, &c); break;
-        case 7:
-            if (rsv_take(t, tid, now, &st) == 0 && (b & 1))
+        case 7: /* take; maybe release; maybe finish (the engine is done with it) */
+            if (rsv_take(t, tid, now, &st) == 0 && (b & 1)) {
                 check(rsv_release(t, st.mm_hash, now) == 0);
+                if (b & 2) check(rsv_finish(t, tid, now) == 0);
+            }
             break;
         case 8: (void)rsv_release(t, hash, now); break;
         case 9: rsv_reap(t, now + (b & 31)); break;
@@ -130,6 +133,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             break;
         case 11: rsv_evict_resident(t, b & 3); break;
         case 12: (void)rsv_status_get(t, tid, &st); break;
+        case 13: (void)rsv_finish(t, tid, now); break;
         default: now += b; break;
         }
         check(rsv_check(t) == 0);

@@ -89,10 +89,13 @@ static void print_defaults(void) {
     printf("  push producer                 staging %" PRIu64
            " B (%s), control %d ms, refresh after %" PRIu64 " ms, input wait %" PRIu64
            " ms, ttl %" PRIu64 " ms,\n"
-           "                                connect %d ms, io %d ms, listen host %s\n",
+           "                                connect %d ms, io %d ms, listen host %s,\n"
+           "                                push wait %" PRIu64 " ms (a full consumer pool is "
+           "waited out), staging wait %" PRIu64 " ms, expect shards %u (0: any)\n",
            pp.staging_size, cli_fmt_size(pp.staging_size, b, sizeof b), pp.control_timeout_ms,
            pp.refresh_after_ms, pp.input_wait_ms, pp.ttl_ms, pp.connect_timeout_ms,
-           pp.io_timeout_ms, pp.listen_host ? pp.listen_host : "(none)");
+           pp.io_timeout_ms, pp.listen_host ? pp.listen_host : "(none)", pp.push_wait_ms,
+           pp.staging_wait_ms, pp.expect_shards);
     printf("  pull producer                 host %s, port %d (ROUTER; PUB +1), transport %s, pool "
            "%" PRIu64 " B, alignment %" PRIu64 " B,\n"
            "                                connect %d ms, io %d ms, lanes %u, page %u items\n",

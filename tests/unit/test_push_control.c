@@ -85,7 +85,7 @@ static wire_ctl_request reserve_req(const char *tid, const char *hash, uint64_t 
 /* Raw request over a fresh REQ socket; returns the reply text (caller frees). */
 static char *raw_call(fx *f, const void *buf, size_t len) {
     void *s = zmq_socket(f->zctx, ZMQ_REQ);
-    int zero = 0, to = 5000;
+    int zero = 0, to = 60000; /* a deadline, generous under load */
     zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(s, ZMQ_RCVTIMEO, &to, sizeof to);
     char ep[64];
@@ -487,9 +487,61 @@ static void test_peers_tp(void **state) {
     fx_close(&f);
 }
 
+/* The shard counts what it refuses, by class; a reused (finished)
+ * transfer_id is answered `cancelled` with the reason; `peers` names the
+ * transport; a reserve that does not fit reclaims the resident items first
+ * and only then is refused with upstream's text. */
+static void test_refusals_reasons_and_transport(void **state) {
+    (void)state;
+    fx f;
+    fx_open(&f, 0, 5000);
+    wire_ctl_reply r;
+    wire_ctl_request q = {.op = WIRE_OP_PEERS};
+    assert_int_equal(ctl_call_ok(f.cli, "127.0.0.1", f.port, &q, &r), 0);
+    assert_string_equal(r.u.peers.transport, "tcp");
+    wire_ctl_reply_clear(&r);
+    /* delivered, then reserved again */
+    q = reserve_req("t1", "h1", 4);
+    assert_int_equal(ctl_call_ok(f.cli, "127.0.0.1", f.port, &q, &r), 0);
+    wire_ctl_request c = {.op = WIRE_OP_COMPLETE};
+    snprintf(c.u.complete.transfer_id, sizeof c.u.complete.transfer_id, "t1");
+    snprintf(c.u.complete.reservation_id, sizeof c.u.complete.reservation_id, "%s",
+             r.u.reserve.reservation_id);
+    wire_ctl_reply_clear(&r);
+    assert_int_equal(ctl_call_ok(f.cli, "127.0.0.1", f.port, &c, &r), 0);
+    wire_ctl_reply_clear(&r);
+    rsv_status st;
+    assert_int_equal(ctl_server_take(f.srv, "t1", &st), 0);
+    assert_int_equal(ctl_server_release(f.srv, "h1", "t1"), 0); /* finishes it */
+    assert_int_equal(ctl_call_ok(f.cli, "127.0.0.1", f.port, &q, &r), 0);
+    assert_true(r.u.reserve.cancelled);
+    assert_non_null(strstr(r.u.reserve.reason, "transfer_id 't1' was already delivered"));
+    wire_ctl_reply_clear(&r);
+    /* too big for the whole pool; a bad dtype; a conflict */
+    q = reserve_req("x", "h1", 8); /* h1 is resident with 4 rows */
+    assert_int_equal(ctl_call(f.cli, "127.0.0.1", f.port, &q, &r), 0);
+    assert_false(r.ok);
+    assert_non_null(strstr(r.error, "conflicting cached tensor"));
+    wire_ctl_reply_clear(&r);
+    q = reserve_req("big", "hb", CAP); /* reclaims h1, still does not fit */
+    assert_int_equal(ctl_call(f.cli, "127.0.0.1", f.port, &q, &r), 0);
+    assert_false(r.ok);
+    assert_non_null(strstr(r.error, "EC consumer buffer pool is full"));
+    wire_ctl_reply_clear(&r);
+    ctl_refusals rf;
+    ctl_server_refusals(f.srv, &rf);
+    assert_int_equal(rf.tomb, 1);
+    assert_int_equal(rf.full, 1);
+    assert_int_equal(rf.conflict, 1);
+    assert_int_equal(rf.busy + rf.invalid + rf.other, 0);
+    ctl_server_evict(f.srv, SIZE_MAX);
+    fx_close(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reserve_complete_event),
+        cmocka_unit_test(test_refusals_reasons_and_transport),
         cmocka_unit_test(test_batches_precancel_errors),
         cmocka_unit_test(test_bad_frames),
         cmocka_unit_test(test_event_backlog),

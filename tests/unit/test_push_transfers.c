@@ -121,6 +121,64 @@ static void test_happy_path_all_shards(void **state) {
     xfer_close(t);
 }
 
+/* What the shell reports: every transfer that ended badly, once, oldest
+ * first (not those the engine failed itself); a finished transfer leaves
+ * without remote cancels; a shard reporting again (its reservation given
+ * back and made anew) updates the id its cancel will carry. */
+static void test_failures_finished_and_new_ids(void **state) {
+    (void)state;
+    xfer_table *t = open_tp(2);
+    xfer_failure f[8];
+    assert_int_equal(xfer_take_failures(t, f, 8), 0);
+    assert_int_equal(xfer_expect(t, "a", NULL, 0), 0);
+    assert_int_equal(abandoned(t, "a", 1, 1), XFER_EV_APPLIED);
+    assert_int_equal(xfer_expect(t, "u", NULL, 0), 0);
+    ready(t, "u", 0, "r0", 0);
+    assert_int_equal(xfer_expect(t, "e", NULL, 0), 0);
+    assert_int_equal(xfer_fail(t, "e", "the engine's own", 2), 0);
+    abandoned(t, "orphan", 0, 3); /* never expected: still reported */
+    xfer_reap(t, 61 * S);         /* u: not on every shard in time */
+    assert_int_equal(xfer_take_failures(t, f, 1), 1);
+    assert_string_equal(f[0].transfer_id, "a");
+    assert_int_equal(f[0].state, XFER_FAILED);
+    assert_non_null(strstr(f[0].error, "abandoned by shard 1"));
+    assert_int_equal(xfer_take_failures(t, f, 8), 2);
+    assert_string_equal(f[0].transfer_id, "orphan");
+    assert_string_equal(f[1].transfer_id, "u");
+    assert_int_equal(f[1].state, XFER_UNAVAILABLE);
+    assert_int_equal(f[1].reported, 1);
+    assert_int_equal(xfer_take_failures(t, f, 8), 0);
+    /* a shard reports again with a new reservation: the newest is cancelled */
+    assert_int_equal(xfer_expect(t, "n", NULL, 62 * S), 0);
+    ready(t, "n", 0, "old", 62 * S);
+    assert_int_equal(ready(t, "n", 0, "new", 62 * S), XFER_EV_DUPLICATE);
+    ready(t, "n", 1, "r1", 62 * S);
+    assert_int_equal(xfer_start_load(t, "n"), 0);
+    assert_int_equal(xfer_loaded(t, "n"), 0);
+    assert_err(xfer_finished(t, "n", 63 * S), ECT_ESTATE, "not RESIDENT");
+    assert_int_equal(xfer_resident(t, "n"), 0);
+    xfer_cancel_job jobs[16];
+    while (take(t, jobs)) { /* the earlier failures' cancels */
+    }
+    assert_int_equal(xfer_cancel(t, "n", 63 * S), 0);
+    assert_int_equal(take(t, jobs), 2);
+    assert_string_equal(jobs[0].reservation_id, "new");
+    /* finished: the shards ended it themselves, nothing is sent */
+    assert_int_equal(xfer_expect(t, "d", NULL, 64 * S), 0);
+    ready(t, "d", 0, "r0", 64 * S);
+    ready(t, "d", 1, "r1", 64 * S);
+    assert_int_equal(xfer_start_load(t, "d"), 0);
+    assert_int_equal(xfer_loaded(t, "d"), 0);
+    assert_int_equal(xfer_resident(t, "d"), 0);
+    assert_int_equal(xfer_finished(t, "d", 65 * S), 0);
+    assert_int_equal(state_of(t, "d"), XFER_CANCELLED);
+    assert_int_equal(take(t, jobs), 0);
+    assert_err(xfer_finished(t, "zz", 65 * S), ECT_ENOTFOUND, "zz");
+    assert_int_equal(xfer_take_failures(t, f, 8), 0);
+    assert_int_equal(xfer_check(t), 0);
+    xfer_close(t);
+}
+
 static void test_push_wait_timeout(void **state) {
     (void)state;
     xfer_table *t = open_tp(2);
@@ -399,6 +457,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_opts),
         cmocka_unit_test(test_happy_path_all_shards),
+        cmocka_unit_test(test_failures_finished_and_new_ids),
         cmocka_unit_test(test_push_wait_timeout),
         cmocka_unit_test(test_available_expires),
         cmocka_unit_test(test_abandoned_fails_early),
