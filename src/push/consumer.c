@@ -241,3 +241,5 @@ void ect_push_consumer_stats(ect_push_consumer *c, ect_push_consumer_stat *st) {
     st->bad_requests = ctl_server_bad_requests(c->srv);
     st->evictions = rs.evictions;
 }
+
+ect_pool *ect_push_consumer_pool(ect_push_consumer *c) { return c ? c->pool : NULL; }
