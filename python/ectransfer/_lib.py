@@ -376,10 +376,10 @@ def _candidates() -> list[str]:
     env = os.environ.get("ECT_LIBRARY")
     if env:
         return [env]  # an explicit choice is the only one tried
-    here = Path(__file__).resolve().parent
-    build = here.parent.parent / "build" / "libectransfer.so"
-    if build.exists():
-        out.append(str(build))
+    repo = Path(__file__).resolve().parent.parent.parent
+    build = repo / "build" / "libectransfer.so"
+    if (repo / "include" / "ectransfer.h").exists() and build.exists():
+        out.append(str(build))  # imported from a source tree that was built
     try:
         from . import _install  # written by `make install`
 

@@ -560,6 +560,8 @@ class WorkerCore:
                     self._in_flight[spec.transfer_id] = spec
                     self.counters["pushed"] += 1
             except Error as e:
+                if e.code == _lib.ECT_ESTATE and spec.transfer_id in self._in_flight:
+                    continue  # it ended before its bytes came (cancelled): poll reports it
                 self._producer.cancel(spec.transfer_id)
                 self._fail_save(spec, e)
 
