@@ -9,6 +9,7 @@ pkgs=(
   libzmq3-dev libmsgpack-dev libjansson-dev uthash-dev libcmocka-dev
   libucx-dev ucx-utils libxxhash-dev
   iproute2 python3
+  python3-numpy python3-torch python3-pytest
 )
 
 missing=()
