@@ -4,8 +4,10 @@
  * from a JSON configuration, as the Python binding does), in steps of STEP
  * items (one flush each), each item's bytes copied into the staging pool
  * during the reserve (what PushProducer.push does), from STEP distinct
- * buffers made before the clock starts. Prints one JSON line: items, bytes,
- * seconds (first reserve to last result), failed.
+ * buffers made before the clock starts. One untimed warm-up step first (the
+ * consumer's shards discovered, data-plane connections made, staging pages
+ * touched), as the Python side does. Prints one JSON line: items, bytes,
+ * seconds (first timed reserve to last result), failed.
  *
  *   push_items HOST:PORT COUNT STEP NBYTES DTYPE SHAPE(AxB...) PREFIX [CONFIG_JSON]
  */
@@ -57,14 +59,22 @@ int main(int argc, char **argv) {
     }
     ect_push_result *res = calloc(256, sizeof *res);
     long done = 0, failed = 0;
-    double t0 = now_s();
-    for (long i = 0; i < count; i++) {
+    double t0 = 0;
+    for (long i = -step; i < count; i++) { /* i < 0: the warm-up step */
+        if (i == 0) {
+            while (done < step) {
+                size_t n = ect_push_producer_poll(p, res, 256, 100);
+                for (size_t k = 0; k < n; k++) failed += res[k].status != 0, done++;
+            }
+            done = 0;
+            t0 = now_s();
+        }
         char tid[128], hash[128];
         snprintf(tid, sizeof tid, "%s-%ld", prefix, i);
         snprintf(hash, sizeof hash, "%s-h%ld", prefix, i);
         ect_push_item it = {.transfer_id = tid, .consumer = to, .mm_hash = hash,
                             .shape = shape, .ndim = ndim, .dtype = dtype, .nbytes = nbytes,
-                            .data = bufs[i % step]};
+                            .data = bufs[(i + step) % step]};
         int rc;
         while ((rc = ect_push_producer_reserve(p, &it)) == ECT_EFULL) {
             /* staging full: the step so far goes out, then room comes back */
@@ -76,7 +86,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "push_items: %s\n", ect_last_error());
             return 1;
         }
-        if ((i + 1) % step == 0 || i + 1 == count) ect_push_producer_flush(p);
+        if ((i + step + 1) % step == 0 || i + 1 == count) ect_push_producer_flush(p);
         /* collect what finished, without waiting, so results never pile up */
         size_t n = ect_push_producer_poll(p, res, 256, 0);
         for (size_t k = 0; k < n; k++) failed += res[k].status != 0, done++;
