@@ -7,12 +7,12 @@ in the same run and into the same consumer.
 
 A consumer instance (one shard and its scheduler, in a child process) receives every
 item and finishes it at once (no reads), so the producer side sets the pace. Rounds
-alternate: the C producer (build/tests/push_items: ect_push_producer opened from the
-same JSON configuration, sources in plain buffers) and the Python one
+alternate: the C producer (build/tests/push_items, a process of its own: ect_push_producer
+opened from the same JSON configuration, sources in plain buffers) and the Python one
 (ectransfer.PushProducer.push of torch tensors), the same count, step (one flush per
 step) and shape, each item's bytes copied into the staging pool during the call in both.
-Each round pushes one untimed warm-up step, then is timed from its first push to its
-last result. Prints items/s and GB/s per
+Both producers stay open for the whole run. Each round pushes one untimed warm-up step,
+then is timed from its first push to its last result. Prints items/s and GB/s per
 producer (median of the rounds, min..max) and the ratio Python / C, the binding's cost.
 No pass/fail on speed: the figure is read, not asserted.
 """
@@ -95,6 +95,51 @@ def python_round(prod, to: str, tensors: list, count: int, step: int, prefix: st
     return {"items": count, "bytes": nbytes * count, "seconds": secs, "failed": failed}
 
 
+def call_cost(tensor, blocks: int = 5, calls: int = 100) -> dict:
+    """Microseconds per call, in this process, on one producer (its staging memory warm):
+    PushProducer.push(tensor) against ect_push_producer_reserve called through ctypes
+    with a prepared item (the same bytes copied, no binding work), each followed by a
+    cancel that frees the staging copy at once; blocks alternate, median of blocks."""
+    import ctypes
+
+    import ectransfer
+    from ectransfer import _lib
+
+    prod = ectransfer.PushProducer({"ec_buffer_size": 256 << 20})
+    shape = tuple(tensor.shape)
+    dims = (_lib.U64 * len(shape))(*shape)
+    nbytes = tensor.numel() * tensor.element_size()
+    dtype = ectransfer.dtype_name(tensor.dtype).encode()
+    addr = "127.0.0.1:9"  # nothing is sent: every item is cancelled before a flush
+
+    def c_block(k):
+        t = time.perf_counter()
+        for i in range(calls):
+            tid = f"c{k}-{i}".encode()
+            it = _lib.PushItem(transfer_id=tid, consumer=addr.encode(), mm_hash=tid, shape=dims,
+                               ndim=len(shape), dtype=dtype, nbytes=nbytes,
+                               data=tensor.data_ptr())
+            _lib.check(_lib.lib.ect_push_producer_reserve(prod._h, ctypes.byref(it)))
+            _lib.lib.ect_push_producer_cancel(prod._h, tid)
+        return (time.perf_counter() - t) / calls * 1e6
+
+    def py_block(k):
+        t = time.perf_counter()
+        for i in range(calls):
+            prod.push(f"p{k}-{i}", addr, f"p{k}-{i}", tensor)
+            prod.cancel(f"p{k}-{i}")
+        return (time.perf_counter() - t) / calls * 1e6
+
+    c_block(-1), py_block(-1)  # staging pages touched once
+    cs, ps = [], []
+    for k in range(blocks):
+        cs.append(c_block(k))
+        ps.append(py_block(k))
+        prod.poll(0)
+    prod.close()
+    return {"c_us": statistics.median(cs), "python_us": statistics.median(ps)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--count", type=int, default=160, help="items per round (default 160)")
@@ -130,18 +175,25 @@ def main() -> int:
     to = pipe.recv()
     runs = {"C": [], "Python": []}
     run_id = f"b{os.getpid()}"
+    # Both producers live for the whole run (staging memory warm in both), one round
+    # each in turn.
+    c = subprocess.Popen([str(driver), to, str(a.step), str(nbytes), a.dtype,
+                          "x".join(map(str, shape)), json.dumps(cfg)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     with ectransfer.PushProducer(cfg) as prod:
-        for r in range(a.rounds):  # alternating
-            out = subprocess.run(
-                [str(driver), to, str(a.count), str(a.step), str(nbytes), a.dtype,
-                 "x".join(map(str, shape)), f"{run_id}-c{r}", json.dumps(cfg)],
-                capture_output=True, text=True, timeout=600)
-            if out.returncode != 0:
-                print(out.stderr, file=sys.stderr)
+        for r in range(a.rounds):
+            c.stdin.write(f"{a.count} {run_id}-c{r}\n")
+            c.stdin.flush()
+            line = c.stdout.readline()
+            if not line:
+                print("bench-python: push_items failed", file=sys.stderr)
                 return 1
-            runs["C"].append(json.loads(out.stdout))
+            runs["C"].append(json.loads(line))
             runs["Python"].append(python_round(prod, to, tensors, a.count, a.step,
                                                f"{run_id}-p{r}"))
+    c.stdin.close()
+    if c.wait(120) != 0:
+        return 1
     pipe.send(2 * a.rounds * (a.count + a.step))  # what both producers pushed
     seen = pipe.recv() if pipe.poll(120) else None
     cons.join(60)
@@ -156,10 +208,11 @@ def main() -> int:
                         "items_per_s_range": [min(ips), max(ips)],
                         "gb_per_s_range": [min(gbs), max(gbs)]}
     ratio = summary["Python"]["items_per_s"] / summary["C"]["items_per_s"]
+    cost = call_cost(tensors[0])
     if a.json:
         print(json.dumps({"shape": shape, "dtype": a.dtype, "count": a.count, "step": a.step,
                           "rounds": a.rounds, "transport": a.transport, "consumer_seen": seen,
-                          "results": summary, "python_over_c": ratio}))
+                          "results": summary, "python_over_c": ratio, "call_cost": cost}))
         return 0
     mib = nbytes / (1 << 20)
     print(f"Python binding vs C producer: push of {a.shape} {a.dtype} ({mib:.2f} MiB), "
@@ -170,6 +223,9 @@ def main() -> int:
         lo, hi = s["items_per_s_range"]
         print(f"  {who:<9} {s['items_per_s']:9.1f} {s['gb_per_s']:7.2f}   ({lo:.1f}..{hi:.1f})")
     print(f"  ratio Python / C: {ratio:.3f} (binding cost {100 * (1 - ratio):+.1f} %)")
+    print(f"  per call, one process: push {cost['python_us']:.0f} us, C reserve through ctypes "
+          f"{cost['c_us']:.0f} us (each copying {mib:.2f} MiB into staging): the binding adds "
+          f"{cost['python_us'] - cost['c_us']:.0f} us")
     return 0
 
 
