@@ -43,7 +43,7 @@ from ._lib import (  # noqa: F401
     Error,
     LibraryNotFound,
 )
-from . import _lib, _log
+from . import _lib
 from ._log import get_level as get_log_level, route_to_logging, set_level as set_log_level  # noqa: F401
 from ._tensors import dtype_name  # noqa: F401
 from .pull import Meta, PullConsumer, PullProducer, PullScheduler  # noqa: F401
@@ -61,6 +61,26 @@ def version() -> str:
 route_to_logging(True)
 
 __all__ = [
+    "ABI_VERSION",
+    "CODES",
+    "LIBRARY_PATH",
+    "ECT_EACCES",
+    "ECT_EBUSY",
+    "ECT_ECANCELED",
+    "ECT_ECLOSED",
+    "ECT_ECONNREFUSED",
+    "ECT_EEXIST",
+    "ECT_EFULL",
+    "ECT_EINVAL",
+    "ECT_EIO",
+    "ECT_ENOMEM",
+    "ECT_ENOTFOUND",
+    "ECT_ENOTSUP",
+    "ECT_EOVERFLOW",
+    "ECT_EPROTO",
+    "ECT_ERANGE",
+    "ECT_ESTATE",
+    "ECT_ETIMEDOUT",
     "Error",
     "LibraryNotFound",
     "PushProducer",

@@ -73,14 +73,19 @@ class ConnectorConfig:
         for k in sorted(set(extra) - _KNOWN_EXTRA):
             log.warning("ec_connector_extra_config key %r is not one ectransfer reads", k)
         size = 1_000_000_000 if ec_buffer_size is None else ec_buffer_size
-        if isinstance(size, bool) or not float(size).is_integer() or size <= 0:
+        if (isinstance(size, bool) or not isinstance(size, (int, float))
+                or not float(size).is_integer() or size <= 0):
             raise ValueError(f"ec_buffer_size must be a positive integer, not {size!r}")
 
         def seconds(name, default):
             v = extra.get(name, default)
-            if isinstance(v, bool) or not isinstance(v, (int, float, str)) or not float(v) > 0:
+            try:
+                s = float(v) if not isinstance(v, bool) else float("nan")
+            except (TypeError, ValueError):
+                s = float("nan")
+            if not s > 0 or s == float("inf"):
                 raise ValueError(f"{name} must be a number of seconds > 0, not {v!r}")
-            return float(v)
+            return s
 
         return cls(
             is_producer=role in ("ec_producer", "ec_both"),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from . import _lib, _tensors

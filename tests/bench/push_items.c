@@ -60,9 +60,14 @@ static double round_(bench *b, long count, const char *prefix) {
         char tid[200], hash[200];
         snprintf(tid, sizeof tid, "%s-%ld", prefix, i);
         snprintf(hash, sizeof hash, "%s-h%ld", prefix, i);
-        ect_push_item it = {.transfer_id = tid, .consumer = b->to, .mm_hash = hash,
-                            .shape = b->shape, .ndim = b->ndim, .dtype = b->dtype,
-                            .nbytes = b->nbytes, .data = b->bufs[(i + b->step) % b->step]};
+        ect_push_item it = {.transfer_id = tid,
+                            .consumer = b->to,
+                            .mm_hash = hash,
+                            .shape = b->shape,
+                            .ndim = b->ndim,
+                            .dtype = b->dtype,
+                            .nbytes = b->nbytes,
+                            .data = b->bufs[(i + b->step) % b->step]};
         int rc;
         while ((rc = ect_push_producer_reserve(b->p, &it)) == ECT_EFULL) {
             /* staging full: the step so far goes out, then room comes back */

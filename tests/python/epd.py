@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing as mp
-import os
 import sys
 import traceback
 from dataclasses import dataclass, field

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import ectransfer
-from ectransfer import _lib, _tensors
+from ectransfer import _lib
 
 
 def test_loads_the_library_it_was_told_to():
