@@ -504,7 +504,10 @@ class Handle:
 
         if config is None:
             config = {}
-        text_cfg = config if isinstance(config, str) else json.dumps(config)
+        try:
+            text_cfg = config if isinstance(config, str) else json.dumps(config)
+        except (TypeError, ValueError) as e:
+            raise Error(ECT_EINVAL, f"{self._what} config: not JSON-encodable: {e}") from None
         out = ctypes.c_void_p()
         check(open_fn(text_cfg.encode("utf-8"), ctypes.byref(out)))
         self._h = out.value

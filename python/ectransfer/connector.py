@@ -26,6 +26,7 @@ Requests are read duck-typed, with vLLM's attribute names: ``request_id``,
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -227,6 +228,8 @@ class SchedulerCore:
             )
         self._local: set[str] = set()  # mm_hashes in the engine's encoder cache
         self._waits: dict[str, _Wait] = {}
+        self._by_hash: dict[str, set] = {}  # mm_hash -> transfer ids in _waits
+        self._sweep_at = 0.0
         self._to_dispatch: list[LoadSpec] = []
         self._unavailable: set[str] = set()
         self._pushes: dict[str, PushSpec] = {}
@@ -248,6 +251,13 @@ class SchedulerCore:
             st = self._sched.state(tid)
             w.state = "arrived"
             w.spec = LoadSpec(tid, w.mm_hash, st.shape, st.dtype, st.nbytes)
+        # Transfers that ended without arriving (push wait over, abandoned by the
+        # producer): looked up at most every 50 ms, so a step with many waiting
+        # requests costs one sweep, not one per request.
+        now = time.monotonic()
+        if now < self._sweep_at:
+            return
+        self._sweep_at = now + 0.05
         for w in list(self._waits.values()):
             if w.state != "waiting":
                 continue
@@ -274,8 +284,8 @@ class SchedulerCore:
         if self._sched is None:
             return False
         self._drain()
-        return any(w.mm_hash == identifier and w.state in ("arrived", "dispatched", "ready")
-                   for w in self._waits.values())
+        return any(self._waits[t].state in ("arrived", "dispatched", "ready")
+                   for t in self._by_hash.get(identifier, ()))
 
     def ensure_cache_available(self, request: Any, num_computed_tokens: int) -> bool:
         """False while an item the request needs is still in transit (defer it)."""
@@ -299,7 +309,8 @@ class SchedulerCore:
                     if e.code != _lib.ECT_EEXIST:
                         raise
                 w = self._waits[tid] = _Wait(tid, f.identifier, set())
-                self._drain()
+                self._by_hash.setdefault(f.identifier, set()).add(tid)
+                self._drain()  # it may have arrived already (the shards keep early items)
             w.requests.add(request.request_id)
             if w.state == "arrived":
                 self._to_dispatch.append(w.spec)
@@ -387,6 +398,10 @@ class SchedulerCore:
                     if w.requests:
                         continue  # another request still needs it
                     del self._waits[tid]
+                    tids = self._by_hash.get(w.mm_hash, set())
+                    tids.discard(tid)
+                    if not tids:
+                        self._by_hash.pop(w.mm_hash, None)
                 else:
                     try:  # never expected: expect it so the cancel reaches every shard
                         self._sched.expect(tid, f.identifier)

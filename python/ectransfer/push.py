@@ -301,7 +301,12 @@ def _with_rank(config, tp_rank):
     if isinstance(config, str):
         import json
 
-        config = json.loads(config)
+        try:
+            config = json.loads(config)
+        except ValueError as e:
+            raise Error(ECT_EINVAL, f"push consumer config: not valid JSON: {e}") from None
+    if config is not None and not isinstance(config, dict):
+        raise Error(ECT_EINVAL, "push consumer config: must be a dict or JSON object text")
     cfg = dict(config or {})
     if tp_rank is not None:
         cfg["tp_rank"] = int(tp_rank)

@@ -139,3 +139,14 @@ def test_library_logs_reach_python_logging(caplog):
     ectransfer.set_log_level(None)
     with pytest.raises(ectransfer.Error):
         ectransfer.set_log_level("loud")
+
+
+def test_configs_that_are_not_json_raise_errors():
+    with pytest.raises(ectransfer.Error, match="not JSON-encodable"):
+        ectransfer.PushProducer({"ec_buffer_size": object()})
+    with pytest.raises(ectransfer.Error, match="not valid JSON"):
+        ectransfer.PushConsumer("{ec_port: 1")
+    with pytest.raises(ectransfer.Error, match="not valid JSON"):
+        ectransfer.PushScheduler("{ec_port: 1")
+    with pytest.raises(ectransfer.Error, match="must be a dict"):
+        ectransfer.PushConsumer([("ec_port", 0)])
