@@ -3,7 +3,8 @@
 in the same run and into the same consumer.
 
     /usr/bin/python3 scripts/bench-python.py [--count 160] [--step 8] [--rounds 3]
-        [--shape 576x4096] [--dtype bfloat16] [--transport tcp] [--build build]
+        [--shape 576x4096] [--dtype bfloat16] [--transport tcp] [--device cpu|cuda]
+        [--build build] [--json]
 
 A consumer instance (one shard and its scheduler, in a child process) receives every
 item and finishes it at once (no reads), so the producer side sets the pace. Rounds
@@ -148,6 +149,9 @@ def main() -> int:
     ap.add_argument("--shape", default="576x4096", help="tensor shape (default 576x4096)")
     ap.add_argument("--dtype", default="bfloat16", help="torch dtype (default bfloat16)")
     ap.add_argument("--transport", default="tcp", help="tcp, shm or ucx (default tcp)")
+    ap.add_argument("--device", default="cpu",
+                    help="where the Python producer's tensors live (cpu, or cuda: copied to "
+                         "host memory by the binding; the C producer's are host buffers)")
     ap.add_argument("--build", default=str(ROOT / "build"), help="the build tree")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     a = ap.parse_args()
@@ -158,7 +162,7 @@ def main() -> int:
 
     shape = tuple(int(d) for d in a.shape.split("x"))
     dtype = getattr(torch, a.dtype)
-    tensors = [torch.randn(shape).to(dtype) for _ in range(a.step)]
+    tensors = [torch.randn(shape).to(dtype).to(a.device) for _ in range(a.step)]
     nbytes = tensors[0].numel() * tensors[0].element_size()
     driver = Path(a.build) / "tests" / "push_items"
     if not driver.exists():
@@ -208,7 +212,7 @@ def main() -> int:
                         "items_per_s_range": [min(ips), max(ips)],
                         "gb_per_s_range": [min(gbs), max(gbs)]}
     ratio = summary["Python"]["items_per_s"] / summary["C"]["items_per_s"]
-    cost = call_cost(tensors[0])
+    cost = call_cost(tensors[0].cpu())
     if a.json:
         print(json.dumps({"shape": shape, "dtype": a.dtype, "count": a.count, "step": a.step,
                           "rounds": a.rounds, "transport": a.transport, "consumer_seen": seen,
@@ -216,7 +220,8 @@ def main() -> int:
         return 0
     mib = nbytes / (1 << 20)
     print(f"Python binding vs C producer: push of {a.shape} {a.dtype} ({mib:.2f} MiB), "
-          f"{a.transport}, steps of {a.step}, {a.rounds} rounds of {a.count} items each")
+          f"{a.transport}, steps of {a.step}, {a.rounds} rounds of {a.count} items each"
+          + (f", Python tensors on {a.device}" if a.device != "cpu" else ""))
     print(f"  {'producer':<9} {'items/s':>9} {'GB/s':>7}   (median; min..max items/s)")
     for who in ("C", "Python"):
         s = summary[who]
