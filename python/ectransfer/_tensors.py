@@ -311,7 +311,9 @@ class PoolMap:
         raw: bool,
         give_back: Callable[[], None],
     ):
-        """A zero-copy view of [address, address + nbytes) of the pool.
+        """A zero-copy view of [address, address + nbytes) of the pool. The caller
+        holds one lease on those bytes and hands it to this call: give_back() is
+        called exactly once, also when the view is refused (an error is raised).
 
         Guarantees, whatever the caller does afterwards:
         - the bytes under a view never change and are never reused while any
@@ -324,9 +326,35 @@ class PoolMap:
         - nothing here is unmapped while a view lives, also after the consumer
           closed: no access can fault.
         """
+        kind = out or ("torch" if torch is not None else "numpy" if np is not None else "memoryview")
+        name = dtype[6:] if dtype.startswith("torch.") else dtype
+        td = npname = None
         offset = address - self.base
-        if offset < 0 or offset + nbytes > self.capacity:
-            raise Error(_lib.ECT_ERANGE, f"view of {key!r} lies outside the pool")
+        try:  # refusals first, while nothing holds the lease but this call
+            if kind not in ("torch", "numpy", "memoryview"):
+                raise Error(ECT_EINVAL, f"out={kind!r}: torch, numpy or memoryview")
+            if kind == "torch" and torch is None:
+                raise Error(ECT_ENOTSUP, "torch is not installed")
+            if kind == "numpy" and np is None:
+                raise Error(ECT_ENOTSUP, "numpy is not installed")
+            if kind == "torch" and not raw:
+                td = torch_dtype(name)
+                if td is None:
+                    raise Error(
+                        ECT_ENOTSUP,
+                        f"this torch ({torch.__version__}) has no dtype {name}; "
+                        "take(..., raw=True) gives the bytes as uint8",
+                    )
+            if kind == "numpy" and not raw:
+                npname = _NUMPY_NAMES.get(name)
+            if offset < 0 or offset + nbytes > self.capacity:
+                raise Error(_lib.ECT_ERANGE, f"view of {key!r} lies outside the pool")
+        except BaseException:
+            give_back()
+            raise
+        # From here on the lease belongs to arr: its finalizer gives it back once, when
+        # the last tensor, array or memoryview over it is freed (or right away if
+        # building the view fails).
         arr = (ctypes.c_ubyte * nbytes).from_buffer(self.map, offset)
         state = self
 
@@ -334,20 +362,11 @@ class PoolMap:
             with state.lock:
                 if not state.closed:
                     give_back()
+                state._prune(key)
 
         fin = weakref.finalize(arr, finalize)
         fin.atexit = False
-        kind = out or ("torch" if torch is not None else "numpy" if np is not None else "memoryview")
         if kind == "torch":
-            if torch is None:
-                raise Error(ECT_ENOTSUP, "torch is not installed")
-            td = None if raw else torch_dtype(dtype)
-            if td is None and not raw:
-                raise Error(
-                    ECT_ENOTSUP,
-                    f"this torch ({torch.__version__}) has no dtype {dtype}; take(..., raw=True) "
-                    "gives the bytes as uint8",
-                )
             if nbytes == 0:
                 v = torch.empty(shape if not raw else (0,), dtype=td or torch.uint8)
             elif raw:
@@ -355,9 +374,6 @@ class PoolMap:
             else:
                 v = torch.frombuffer(arr, dtype=td).view(shape)
         elif kind == "numpy":
-            if np is None:
-                raise Error(ECT_ENOTSUP, "numpy is not installed")
-            npname = None if raw else _NUMPY_NAMES.get(dtype[6:] if dtype.startswith("torch.") else dtype)
             if nbytes == 0:
                 v = np.empty(0, dtype=np.uint8)
             elif npname is None:
@@ -365,20 +381,28 @@ class PoolMap:
                 # element's bytes along a new last axis (little-endian), or flat when raw.
                 v = np.frombuffer(arr, dtype=np.uint8)
                 if not raw:
-                    v = v.reshape(tuple(shape) + (element_size(dtype),))
+                    v = v.reshape(tuple(shape) + (element_size(name),))
             else:
                 v = np.frombuffer(arr, dtype=np.dtype(npname)).reshape(shape)
             v.flags.writeable = False
-        elif kind == "memoryview":
-            v = memoryview(arr).cast("B")
-            if not raw and dtype in _NUMPY_NAMES and shape:
-                pass  # the flat bytes; shape and dtype are the caller's to apply
         else:
-            raise Error(ECT_EINVAL, f"out={kind!r}: torch, numpy or memoryview")
+            v = memoryview(arr).cast("B")  # the flat bytes; shape and dtype are the caller's
         del arr
         with self.lock:
             self.handed.setdefault(key, []).append((weakref.ref(v) if kind != "memoryview" else v, kind))
         return v
+
+    def _prune(self, key: str) -> None:
+        """Drops what was handed out under key and is gone (caller holds the lock). The
+        key stays (with nothing under it) until release(key), which then succeeds."""
+        if key in self.handed:
+            self.handed[key] = [(r, k) for r, k in self.handed[key]
+                                if k == "memoryview" or r() is not None]
+
+    def live(self) -> list[str]:
+        """Keys with a view still alive."""
+        with self.lock:
+            return [k for k, v in self.handed.items() if v]
 
     def forget(self, key: str) -> None:
         """release(key): empties what was handed out (see view()); the leases go

@@ -169,12 +169,9 @@ class PullConsumer(_lib.Handle):
             if h2 is not None:
                 lib.ect_pull_consumer_release(h2, key)
 
-        try:
-            return self._map.view(mm_hash, v.data, v.nbytes, tuple(v.shape[: v.ndim]),
-                                  text(v.dtype), out, raw, give_back)
-        except BaseException:
-            _lib.lib.ect_pull_consumer_release(h, key)
-            raise
+        # the view owns the lease from here: it gives it back exactly once
+        return self._map.view(mm_hash, v.data, v.nbytes, tuple(v.shape[: v.ndim]),
+                              text(v.dtype), out, raw, give_back)
 
     def release(self, mm_hash: str) -> None:
         """Ends what load(mm_hash) handed out (see the class docstring); the item stays

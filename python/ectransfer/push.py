@@ -258,13 +258,9 @@ class PushConsumer(_lib.Handle):
             if h2 is not None:
                 lib.ect_push_consumer_release(h2, buf)
 
-        try:
-            return self._map.view(
-                transfer_id, v.data, v.nbytes, shape, text(v.dtype), out, raw, give_back
-            )
-        except BaseException:
-            _lib.lib.ect_push_consumer_release(h, buf)
-            raise
+        # the view owns the lease from here: it gives it back exactly once
+        return self._map.view(transfer_id, v.data, v.nbytes, shape, text(v.dtype), out, raw,
+                              give_back)
 
     def release(self, transfer_id: str) -> None:
         """Ends what take(transfer_id) handed out: the tensor is emptied in place and the
@@ -277,9 +273,8 @@ class PushConsumer(_lib.Handle):
         self._map.forget(transfer_id)
 
     def taken(self) -> list[str]:
-        """Transfer ids taken and not released."""
-        with self._map.lock:
-            return list(self._map.handed)
+        """Transfer ids taken, not released, with a view still alive."""
+        return self._map.live()
 
     def evict(self, max_items: int = 1 << 30) -> int:
         """Frees up to max_items unleased resident items; returns how many."""

@@ -334,3 +334,23 @@ def test_producer_from_many_threads(inst):
     for i in range(n):
         assert torch.equal(shard.take(f"mt{i}"), xs[i])
         shard.release(f"mt{i}")
+
+
+def test_a_refused_take_gives_back_only_its_own_lease(inst):
+    shard, sched, prod = inst
+    x = rand_tensor((64, 64), torch.float32, seed=21)
+    tid = move(inst, x)
+    t = shard.take(tid)  # one lease
+    with pytest.raises(ectransfer.Error, match="out="):
+        shard.take(tid, out="pandas")  # took a second lease, must give back exactly that one
+    sched.loaded(tid)
+    before = sched.stats()["cancels_sent"]
+    sched.cancel(tid)  # the reservation goes: only the lease keeps the bytes now
+    wait_for(lambda: sched.poll() == [] and sched.stats()["cancels_sent"] > before,
+             "the cancel to reach the shard")
+    assert shard.evict() == 0  # still leased by t
+    assert torch.equal(t, x)
+    del t
+    gc.collect()
+    assert shard.evict() == 1  # the lease came back with t
+    assert shard.taken() == []  # and nothing is listed as taken any more
