@@ -62,6 +62,75 @@ ECT_API const char *ect_last_error(void);
 /** Library version, e.g. "0.1.0". */
 ECT_API const char *ect_version(void);
 
+/* ------------------------------------------- ABI checks for bindings */
+
+/** The binary interface's version: raised whenever a public struct changes
+ *  its layout or a function its meaning, so a binding (ctypes, cffi) built
+ *  against one version refuses another at load instead of misreading it. */
+#define ECT_ABI_VERSION 1
+
+/** ECT_ABI_VERSION of the library actually loaded. */
+ECT_API int ect_abi_version(void);
+
+/** sizeof the public struct named type_name ("ect_push_view",
+ *  "ect_push_result", ...: every struct this header defines), or 0 for a
+ *  name it does not define. A binding that mirrors a struct compares its own
+ *  size with this at load. Any thread. */
+ECT_API size_t ect_sizeof(const char *type_name);
+
+/* Fixed lengths of the character arrays in public structs, NUL included. */
+#define ECT_DTYPE_LEN 32         /* dtype names (the same as ECT_POOL_DTYPE_MAX) */
+#define ECT_MM_HASH_LEN 256      /* mm_hash (ECT_MM_HASH_MAX + 1) */
+#define ECT_TRANSFER_ID_LEN 256  /* transfer_id */
+#define ECT_SESSION_ID_LEN 257   /* a pull producer's producer_session_id */
+#define ECT_SCHED_ERROR_LEN 160  /* ect_push_sched_item.error */
+#define ECT_RESULT_ERROR_LEN 192 /* ect_push_result.error */
+#define ECT_TRANSPORT_LEN 16     /* a data plane's name ("tcp", "shm", "ucx") */
+/** ect_last_error() texts are at most ECT_ERROR_LEN - 1 bytes. */
+#define ECT_ERROR_LEN 512
+
+/* -------------------------------------------------------------- logging */
+
+/** Log levels, most severe first. The library logs what is at or above the
+ *  level chosen by ect_log_set_level, else by the environment variable
+ *  ECT_LOG=error|warn|info|debug (default warn). */
+typedef enum ect_log_level {
+    ECT_LOG_ERROR = 0,
+    ECT_LOG_WARN = 1,
+    ECT_LOG_INFO = 2,
+    ECT_LOG_DEBUG = 3,
+} ect_log_level;
+
+/** One log line as a handler receives it. Every pointer is valid during the
+ *  handler call only. Fields may be added at the end in a later version
+ *  (the library allocates the record; a handler only reads it). */
+typedef struct ect_log_record {
+    ect_log_level level;
+    const char *module;   /* the part of the library: "consumer", "producer", "pool", ... */
+    const char *message;  /* one line, no trailing newline, at most 1023 bytes */
+    uint64_t realtime_ns; /* CLOCK_REALTIME when logged (nanoseconds since the epoch) */
+    uint64_t thread_id;   /* the logging thread's OS id (gettid) */
+} ect_log_record;
+
+/** Receives the library's log lines instead of stderr. Runs on whichever
+ *  thread logs (the caller's or one of the library's own threads), possibly
+ *  on several threads at once; it must not call ect_log_set_handler. */
+typedef void (*ect_log_fn)(void *user, const ect_log_record *rec);
+
+/** Sends every log line that passes the level to fn(user, record); NULL
+ *  restores the default (one line per message on stderr: "ect LEVEL [MODULE]
+ *  MESSAGE"). When it returns, no call to the previous handler is still
+ *  running, so its user data may be freed. Any thread, except from inside a
+ *  handler. */
+ECT_API void ect_log_set_handler(ect_log_fn fn, void *user);
+
+/** Sets the level (an ect_log_level); -1 goes back to reading ECT_LOG. Any
+ *  thread. */
+ECT_API void ect_log_set_level(int level);
+
+/** The level in force now. */
+ECT_API int ect_log_get_level(void);
+
 /* --------------------------------------------------------------- dtypes */
 
 /** Element size in bytes of a torch dtype name ("bfloat16" or
@@ -318,6 +387,36 @@ ECT_API int ect_xport_write_batch(ect_xport *x, const char *peer_session, const 
  *  unmaps peers' memory and frees x. Accepts NULL. */
 ECT_API void ect_xport_close(ect_xport *x);
 
+/* ----------------------------------------- configuration as JSON text */
+
+/*
+ * Every role also opens from a configuration written as one JSON object
+ * (ect_X_open_config): the stable interface for bindings (ctypes, cffi) and
+ * for configuration files; the options structs stay for C callers. Keys are
+ * upstream's ec_transfer_config / ec_connector_extra_config names where one
+ * exists, ours otherwise; a key left out keeps the struct's default.
+ *
+ * One vocabulary serves a whole instance, so one file can configure every
+ * role of it: the shared keys below are accepted by every role, including a
+ * role that does not use them (each open call lists what it reads). Any
+ * other key must be one the role reads. Refused with ECT_EINVAL, the detail
+ * naming the key: text that is not one JSON object, a duplicate key, an
+ * unknown key, a key of another role, a value of the wrong type or out of
+ * range. Integers may be written as integral reals (1e9). Strings are copied.
+ *
+ * Shared keys:
+ *   "ec_ip"               string   the consumer instance's address (upstream default
+ *                                  "127.0.0.1"); a pull producer's bind address
+ *   "ec_port"             integer  the base control port, 0..65535 (default 14579)
+ *   "ec_buffer_size"      integer  bytes of the role's registered pool (consumer pool,
+ *                                  producer staging, pull pools); >= 0
+ *   "tp_size", "tp_rank"  integer  1..64 and 0..63: the consumer instance's TP layout
+ *   "dp_index"            integer  0..65535: the data-parallel replica
+ *   "control_timeout_s"   number   each control exchange, > 0 and <= 3600 (default 30)
+ *   "push_wait_timeout_s" number   a scheduler's wait for an item to arrive, > 0 (default 60)
+ *   "transport"           string   "tcp", "shm" or "ucx"
+ */
+
 /* --------------------------------------- generation 2: consumer side */
 
 /*
@@ -366,9 +465,9 @@ typedef struct ect_push_view {
     uint64_t nbytes;
     uint32_t ndim;
     uint64_t shape[ECT_POOL_MAX_NDIM];
-    char dtype[32];
-    char mm_hash[256];
-    char transfer_id[256];
+    char dtype[ECT_DTYPE_LEN];
+    char mm_hash[ECT_MM_HASH_LEN];
+    char transfer_id[ECT_TRANSFER_ID_LEN];
 } ect_push_view;
 
 typedef struct ect_push_consumer_stat {
@@ -405,6 +504,14 @@ ECT_API void ect_push_consumer_opts_init(ect_push_consumer_opts *opts);
  *  taken; ECT_ENOTSUP for a transport not compiled in; ECT_ENOMEM, ECT_EIO. */
 ECT_API int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_consumer **out);
 
+/** ect_push_consumer_open from a JSON object (see "configuration as JSON
+ *  text"). Reads ec_ip, ec_port, tp_size, tp_rank, dp_index, ec_buffer_size
+ *  (pool_size), transport, and its own keys xport_listen (string), ttl_ms,
+ *  pending_grace_ms, reap_interval_ms, max_events, max_tombstones
+ *  (integers). Caller owns *out. Errors: those of the configuration, then
+ *  those of ect_push_consumer_open. */
+ECT_API int ect_push_consumer_open_config(const char *json, ect_push_consumer **out);
+
 /** Stops the control thread, closes the sockets and the transport (no peer
  *  writes after this), then frees every reservation and the pool. Views
  *  still taken become invalid. Accepts NULL. */
@@ -440,6 +547,11 @@ ECT_API size_t ect_push_consumer_evict(ect_push_consumer *c, size_t max);
 
 /** Fills *st. */
 ECT_API void ect_push_consumer_stats(ect_push_consumer *c, ect_push_consumer_stat *st);
+
+/** The shard's pool: its memfd (ect_pool_fd) lets a binding map the same
+ *  bytes itself, so that views it hands out stay mapped after
+ *  ect_push_consumer_close. Owned by c. Any thread. */
+ECT_API ect_pool *ect_push_consumer_pool(ect_push_consumer *c);
 
 /*
  * ect_push_scheduler: the consumer instance's scheduler. It learns readiness
@@ -492,16 +604,16 @@ typedef struct ect_push_scheduler_opts {
 
 /** What the scheduler knows of one transfer. */
 typedef struct ect_push_sched_item {
-    char transfer_id[256];
+    char transfer_id[ECT_TRANSFER_ID_LEN];
     ect_push_state state;
     int retryable;     /* UNAVAILABLE, EXPIRED: the request may be retried */
     uint32_t reported; /* shards that reported it ready */
-    char mm_hash[256];
+    char mm_hash[ECT_MM_HASH_LEN];
     uint64_t nbytes;
     uint32_t ndim;
     uint64_t shape[ECT_POOL_MAX_NDIM];
-    char dtype[32];
-    char error[160]; /* why FAILED / UNAVAILABLE / EXPIRED */
+    char dtype[ECT_DTYPE_LEN];
+    char error[ECT_SCHED_ERROR_LEN]; /* why FAILED / UNAVAILABLE / EXPIRED */
 } ect_push_sched_item;
 
 typedef struct ect_push_scheduler_stat {
@@ -521,6 +633,15 @@ ECT_API void ect_push_scheduler_opts_init(ect_push_scheduler_opts *opts);
  *  once. Caller owns *out (ect_push_scheduler_close). Errors: ECT_EINVAL
  *  naming the option; ECT_ENOMEM; ECT_EIO. */
 ECT_API int ect_push_scheduler_open(const ect_push_scheduler_opts *opts, ect_push_scheduler **out);
+
+/** ect_push_scheduler_open from a JSON object (see "configuration as JSON
+ *  text"). Reads ec_ip (consumer_host), ec_port, dp_index and tp_size
+ *  (consumer_port = ec_port + dp_index x tp_size, which must be >= 1),
+ *  push_wait_timeout_s (push_wait_ms = ceil(s x 1000)), control_timeout_s,
+ *  and its own keys ttl_ms, max_tombstones, cancel_attempts,
+ *  min_drain_interval_ms (integers) and accept_any (true / false). Caller
+ *  owns *out. */
+ECT_API int ect_push_scheduler_open_config(const char *json, ect_push_scheduler **out);
 
 /** Stops the background thread (an exchange in flight may take up to the
  *  control timeout to give up) and frees everything. Accepts NULL. */
@@ -709,12 +830,12 @@ typedef struct ect_push_item {
  *  transport: the data plane the bytes went over, "" when nothing was
  *  written (every shard answered `cached`, or it failed before writing). */
 typedef struct ect_push_result {
-    char transfer_id[256];
+    char transfer_id[ECT_TRANSFER_ID_LEN];
     int status;
-    char error[192];
+    char error[ECT_RESULT_ERROR_LEN];
     uint64_t latency_ns;
     uint32_t shards;
-    char transport[16];
+    char transport[ECT_TRANSPORT_LEN];
     uint32_t retries; /* reserve rounds the consumer refused as full before the outcome
                          (back-pressure, see push_wait_ms); 0 when room was there */
 } ect_push_result;
@@ -739,6 +860,16 @@ ECT_API void ect_push_producer_opts_init(ect_push_producer_opts *opts);
  *  starts the dispatcher. opts may be NULL for the defaults. Caller owns *out
  *  (ect_push_producer_close); *out is NULL on failure. */
 ECT_API int ect_push_producer_open(const ect_push_producer_opts *opts, ect_push_producer **out);
+
+/** ect_push_producer_open from a JSON object (see "configuration as JSON
+ *  text"). Reads ec_buffer_size (staging_size), control_timeout_s
+ *  (control_timeout_ms = max(1, ceil(s x 1000)), as upstream converts it),
+ *  transport, and its own keys refresh_after_ms, input_wait_ms, ttl_ms,
+ *  max_tombstones, connect_timeout_ms, io_timeout_ms, down_backoff_ms,
+ *  down_backoff_max_ms (integers) and listen_host (string). The consumer's
+ *  address comes with each item, so ec_ip and ec_port are not read. Caller
+ *  owns *out. */
+ECT_API int ect_push_producer_open_config(const char *json, ect_push_producer **out);
 
 /** Queues an item for the current step; nothing is sent until
  *  ect_push_producer_flush. A copied source (release NULL) goes into the
@@ -813,8 +944,8 @@ typedef struct ect_pull_meta {
     uint64_t nbytes;
     uint32_t ndim;
     uint64_t shape[ECT_POOL_MAX_NDIM];
-    char dtype[ECT_POOL_DTYPE_MAX]; /* as announced, e.g. "torch.bfloat16" */
-    char producer_session_id[257];  /* the producer start that announced it */
+    char dtype[ECT_POOL_DTYPE_MAX];               /* as announced, e.g. "torch.bfloat16" */
+    char producer_session_id[ECT_SESSION_ID_LEN]; /* the producer start that announced it */
 } ect_pull_meta;
 
 typedef struct ect_pull_producer ect_pull_producer;
@@ -862,6 +993,13 @@ ECT_API void ect_pull_producer_opts_init(ect_pull_producer_opts *opts);
  *  session id. Caller owns *out. Errors: ECT_EINVAL naming the bad option;
  *  ECT_EIO when a port cannot be bound; pool and transport errors. */
 ECT_API int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer **out);
+
+/** ect_pull_producer_open from a JSON object (see "configuration as JSON
+ *  text"). Reads ec_ip (host), ec_port (port), ec_buffer_size (pool_size),
+ *  transport, and its own keys xport_listen (string), alignment,
+ *  connect_timeout_ms, io_timeout_ms, max_lanes, page_items,
+ *  max_queued_bytes (integers). Caller owns *out. */
+ECT_API int ect_pull_producer_open_config(const char *json, ect_pull_producer **out);
 
 /** Queues an item and returns at once. With release == NULL the bytes are
  *  copied before returning (a heap snapshot); otherwise they are borrowed and
@@ -920,6 +1058,11 @@ ECT_API void ect_pull_scheduler_opts_init(ect_pull_scheduler_opts *opts);
  *  (port) and queues an ECTransferRequest for everything the producer already
  *  holds (answered asynchronously; nothing here blocks on the network). */
 ECT_API int ect_pull_scheduler_open(const ect_pull_scheduler_opts *opts, ect_pull_scheduler **out);
+
+/** ect_pull_scheduler_open from a JSON object (see "configuration as JSON
+ *  text"): the producer is "ec_ip:ec_port" (both shared keys, the port
+ *  1..65535); its own key request_retry_ms (integer). Caller owns *out. */
+ECT_API int ect_pull_scheduler_open_config(const char *json, ect_pull_scheduler **out);
 
 /** Drains every queued notification and inventory page without blocking,
  *  then answers: 1 and *meta filled (meta may be NULL) if mm_hash is
@@ -983,6 +1126,12 @@ ECT_API void ect_pull_consumer_opts_init(ect_pull_consumer_opts *opts);
 /** Opens the pool (memfd), the data plane (registers the pool) and connects
  *  a DEALER to the producer. Caller owns *out. */
 ECT_API int ect_pull_consumer_open(const ect_pull_consumer_opts *opts, ect_pull_consumer **out);
+
+/** ect_pull_consumer_open from a JSON object (see "configuration as JSON
+ *  text"): the producer is "ec_ip:ec_port" (port 1..65535); ec_buffer_size
+ *  (pool_size), transport, and its own keys xport_listen (string),
+ *  alignment, timeout_ms, quarantine_ms (integers). Caller owns *out. */
+ECT_API int ect_pull_consumer_open_config(const char *json, ect_pull_consumer **out);
 
 /** Loads mm_hash: from the resident cache if present, else allocates
  *  meta->nbytes, sends ECTransferPull (dst_ptr = pool base, dst_offset = the

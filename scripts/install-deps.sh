@@ -10,6 +10,7 @@ pkgs=(
   libucx-dev ucx-utils libxxhash-dev
   iproute2 python3
   python3-zmq
+  python3-numpy python3-torch python3-pytest
 )
 
 missing=()

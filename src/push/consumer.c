@@ -251,3 +251,5 @@ void ect_push_consumer_stats(ect_push_consumer *c, ect_push_consumer_stat *st) {
     st->refused_full = rf.full;
     st->refused_other = rf.tomb + rf.conflict + rf.busy + rf.invalid + rf.other;
 }
+
+ect_pool *ect_push_consumer_pool(ect_push_consumer *c) { return c ? c->pool : NULL; }

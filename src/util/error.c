@@ -9,7 +9,7 @@
 
 #include "util/util.h"
 
-#define ECT_ERRBUF 512
+#define ECT_ERRBUF ECT_ERROR_LEN
 
 static _Thread_local char last_error[ECT_ERRBUF];
 

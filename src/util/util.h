@@ -21,13 +21,12 @@ int ect_set_error(int code, const char *fmt, ...) __attribute__((format(printf, 
 int ect_set_errno(int e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void ect_clear_error(void);
 
-/* ---- logging: level from ECT_LOG=error|warn|info|debug (default warn). */
-typedef enum { ECT_LOG_ERROR = 0, ECT_LOG_WARN, ECT_LOG_INFO, ECT_LOG_DEBUG } ect_log_level;
+/* ---- logging: level from ECT_LOG=error|warn|info|debug (default warn) or
+ * ect_log_set_level; lines go to the handler of ect_log_set_handler, else
+ * stderr (ect_log_level and both setters are public, in ectransfer.h). */
 bool ect_log_enabled(ect_log_level lvl);
 void ect_log(ect_log_level lvl, const char *mod, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-/* Tests and the CLI may force a level; -1 re-reads ECT_LOG. */
-void ect_log_set_level(int lvl);
 
 #define ECT_LOGE(mod, ...) ect_log(ECT_LOG_ERROR, mod, __VA_ARGS__)
 #define ECT_LOGW(mod, ...) ect_log(ECT_LOG_WARN, mod, __VA_ARGS__)

@@ -26,4 +26,14 @@ cc -std=c11 -Wall -Werror $san "$ECT_SOURCE_DIR/examples/version.c" -o "$prefix/
   $(pkg-config --cflags ectransfer) "$libdir/libectransfer.a" $(pkg-config --static --libs-only-l ectransfer | sed 's/-lectransfer//')
 "$prefix/v_static" | grep -q 'pool is full'
 "$prefix/bin/ect" --version | grep -q '^ect '
+# The Python package, installed beside the library, loads the installed library (no
+# ECT_LIBRARY, no source tree on the path). A sanitizer build's library needs its runtime
+# preloaded into the interpreter: checked by the Python tests, not here.
+py=$(find "$prefix" -type d -name ectransfer -path '*-packages/*' | head -n1)
+test -f "$py/__init__.py" && test -f "$py/vllm.py"
+grep -q "^LIBRARY = '$libdir" "$py/_install.py" || grep -q "^LIBRARY = '$prefix/lib" "$py/_install.py"
+if [ -z "$san" ] && command -v /usr/bin/python3 >/dev/null; then
+  (cd / && env -u ECT_LIBRARY PYTHONPATH="$(dirname "$py")" /usr/bin/python3 -c \
+    "import ectransfer, sys; p = ectransfer.LIBRARY_PATH; assert p.startswith(sys.argv[1]), p" "$prefix")
+fi
 echo "install: ok"

@@ -6,8 +6,9 @@
 # Recursion guard: the nested `make test` would run this test again, so it
 # exports ECT_README_TEST=1 and this script skips itself (exit 0) when it sees
 # it. Run time: the nested `make test` gets CTEST_ARGS (honoured by the
-# Makefile) excluding this test, the unit test programs (test_*) and the
-# benchmark smoke test (cli_demo_bench) — the outer suite runs those — so the
+# Makefile) excluding this test, the unit test programs (test_*), the
+# benchmark smoke test (cli_demo_bench) and the longer Python suites (py_binding
+# stays: the package imports from the fresh copy) — the outer suite runs those — so the
 # whole check is a full build, the full default demo and every other CLI test
 # (a few minutes on 2 cores); set ECT_README_FULL=1 to run the nested suite
 # unfiltered.
@@ -39,7 +40,7 @@ git -C "$src" ls-files -z | (cd "$src" && xargs -0 sh -c 'for f; do [ -e "$f" ] 
 
 export ECT_README_TEST=1
 if [ "${ECT_README_FULL:-}" != 1 ]; then
-  export CTEST_ARGS="-E '^(cli_readme|cli_demo_bench|test_)'"
+  export CTEST_ARGS="-E '^(cli_readme|cli_demo_bench|test_|py_(push|pull|vllm|cuda)$)'"
 fi
 n=0
 while IFS= read -r line; do

@@ -1,0 +1,1 @@
+"""STAND-IN (see vllm/__init__.py): not vLLM."""

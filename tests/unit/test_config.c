@@ -1,0 +1,342 @@
+/* Tests for the JSON configurations of every role (util/jconf, push/config,
+ * pull/config, ect_*_open_config), the ABI checks a binding runs at load,
+ * and the log handler. */
+#include <stdlib.h>
+
+#include "pull/config.h"
+#include "push/config.h"
+#include "testutil.h"
+#include "util/jconf.h"
+#include "util/util.h"
+
+static void test_empty_object_gives_the_struct_defaults(void **state) {
+    (void)state;
+    json_t *root;
+    ect_push_consumer_opts c, cd;
+    ect_push_consumer_opts_init(&cd);
+    assert_int_equal(push_consumer_config("{}", &c, &root), 0);
+    json_decref(root);
+    assert_memory_equal(&c, &cd, sizeof c);
+    ect_push_scheduler_opts s, sd;
+    ect_push_scheduler_opts_init(&sd);
+    assert_int_equal(push_scheduler_config(" { } ", &s, &root), 0);
+    json_decref(root);
+    assert_memory_equal(&s, &sd, sizeof s);
+    ect_push_producer_opts p, pd;
+    ect_push_producer_opts_init(&pd);
+    assert_int_equal(push_producer_config("{}", &p, &root), 0);
+    json_decref(root);
+    assert_memory_equal(&p, &pd, sizeof p);
+    ect_pull_producer_opts q, qd;
+    ect_pull_producer_opts_init(&qd);
+    assert_int_equal(pull_producer_config("{}", &q, &root), 0);
+    json_decref(root);
+    assert_memory_equal(&q, &qd, sizeof q);
+    char addr[PULL_CONFIG_ADDR_MAX];
+    ect_pull_consumer_opts r;
+    assert_int_equal(pull_consumer_config("{}", &r, &root, addr), 0);
+    json_decref(root);
+    assert_string_equal(r.producer, "127.0.0.1:14579"); /* upstream's ec_ip / ec_port */
+}
+
+static void test_push_consumer_keys_fill_their_fields(void **state) {
+    (void)state;
+    json_t *root;
+    ect_push_consumer_opts o;
+    assert_int_equal(
+        push_consumer_config("{\"ec_ip\": \"10.0.0.2\", \"ec_port\": 15000, \"tp_size\": 4, "
+                             "\"tp_rank\": 3, \"dp_index\": 2, \"ec_buffer_size\": 1e9, "
+                             "\"transport\": \"shm\", \"xport_listen\": \"10.0.0.2:7000\", "
+                             "\"ttl_ms\": 1234, \"pending_grace_ms\": 99, \"reap_interval_ms\": 5, "
+                             "\"max_events\": 7, \"max_tombstones\": 8}",
+                             &o, &root),
+        0);
+    assert_string_equal(o.ec_ip, "10.0.0.2");
+    assert_int_equal(o.ec_port, 15000);
+    assert_int_equal(o.tp_size, 4);
+    assert_int_equal(o.tp_rank, 3);
+    assert_int_equal(o.dp_index, 2);
+    assert_int_equal(o.pool_size, 1000000000ull);
+    assert_string_equal(o.transport, "shm");
+    assert_string_equal(o.xport_listen, "10.0.0.2:7000");
+    assert_int_equal(o.ttl_ms, 1234);
+    assert_int_equal(o.pending_grace_ms, 99);
+    assert_int_equal(o.reap_interval_ms, 5);
+    assert_int_equal(o.max_events, 7);
+    assert_int_equal(o.max_tombstones, 8);
+    json_decref(root);
+}
+
+static void test_seconds_convert_as_upstream_does(void **state) {
+    (void)state;
+    json_t *root;
+    ect_push_producer_opts p;
+    assert_int_equal(push_producer_config("{\"control_timeout_s\": 2.5}", &p, &root), 0);
+    assert_int_equal(p.control_timeout_ms, 2500);
+    json_decref(root);
+    assert_int_equal(push_producer_config("{\"control_timeout_s\": 0.0001}", &p, &root), 0);
+    assert_int_equal(p.control_timeout_ms, 1); /* max(1, ceil(s x 1000)) */
+    json_decref(root);
+    assert_int_equal(
+        push_producer_config("{\"control_timeout_s\": 30, \"ec_buffer_size\": 0}", &p, &root), 0);
+    assert_int_equal(p.control_timeout_ms, 30000);
+    assert_int_equal(p.staging_size, 0); /* borrow only */
+    json_decref(root);
+    ect_push_scheduler_opts s;
+    assert_int_equal(push_scheduler_config("{\"push_wait_timeout_s\": 1.0005, "
+                                           "\"control_timeout_s\": 3, \"accept_any\": true}",
+                                           &s, &root),
+                     0);
+    assert_int_equal(s.push_wait_ms, 1001);
+    assert_true(s.control_timeout_s == 3.0);
+    assert_int_equal(s.accept_any, 1);
+    json_decref(root);
+    assert_int_equal(jc_seconds_to_ms(1e12), INT32_MAX);
+}
+
+static void test_scheduler_port_is_the_replicas_rank_zero(void **state) {
+    (void)state;
+    json_t *root;
+    ect_push_scheduler_opts s;
+    assert_int_equal(push_scheduler_config("{\"ec_ip\": \"10.1.1.1\", \"ec_port\": 20000, "
+                                           "\"tp_size\": 2, \"tp_rank\": 1, \"dp_index\": 3}",
+                                           &s, &root),
+                     0);
+    assert_string_equal(s.consumer_host, "10.1.1.1");
+    assert_int_equal(s.consumer_port, 20006); /* ec_port + dp_index x tp_size; tp_rank unused */
+    assert_int_equal(s.tp_size, 2);
+    json_decref(root);
+    assert_err(push_scheduler_config("{\"ec_port\": 0}", &s, &root), ECT_EINVAL, "'ec_port'");
+    json_decref(root);
+    assert_err(push_scheduler_config("{\"ec_port\": 65535, \"dp_index\": 1}", &s, &root),
+               ECT_EINVAL, "1..65535");
+    json_decref(root);
+}
+
+static void test_pull_addresses(void **state) {
+    (void)state;
+    json_t *root;
+    char addr[PULL_CONFIG_ADDR_MAX];
+    ect_pull_scheduler_opts s;
+    assert_int_equal(pull_scheduler_config("{\"ec_ip\": \"::1\", \"ec_port\": 9000, "
+                                           "\"request_retry_ms\": 50}",
+                                           &s, &root, addr),
+                     0);
+    assert_string_equal(s.producer, "[::1]:9000");
+    assert_int_equal(s.request_retry_ms, 50);
+    json_decref(root);
+    ect_pull_consumer_opts c;
+    assert_err(pull_consumer_config("{\"ec_port\": 0}", &c, &root, addr), ECT_EINVAL, "ec_port");
+    json_decref(root);
+    ect_pull_producer_opts p;
+    assert_int_equal(pull_producer_config("{\"ec_ip\": \"0.0.0.0\", \"ec_port\": 0, "
+                                          "\"max_lanes\": 3, \"page_items\": 10}",
+                                          &p, &root),
+                     0);
+    assert_string_equal(p.host, "0.0.0.0");
+    assert_int_equal(p.port, 0);
+    assert_int_equal(p.max_lanes, 3);
+    assert_int_equal(p.page_items, 10);
+    json_decref(root);
+}
+
+/* Every refusal names the key (or says why the text is not a config). */
+static void test_refusals_name_the_key(void **state) {
+    (void)state;
+    static const struct {
+        const char *json, *part;
+    } bad[] = {
+        {"{\"ec_prot\": 1}", "unknown key 'ec_prot'"},
+        {"{\"quarantine_ms\": 1}", "'quarantine_ms' is not an option of the push consumer"},
+        {"{\"ec_port\": \"14579\"}", "'ec_port' must be an integer, not a string"},
+        {"{\"ec_port\": 14579.5}", "'ec_port' must be an integer"},
+        {"{\"ec_port\": -1}", "'ec_port' must be an integer 0..65535"},
+        {"{\"ec_port\": 65536}", "'ec_port' must be an integer 0..65535"},
+        {"{\"ec_port\": true}", "'ec_port' must be an integer, not a boolean"},
+        {"{\"ec_port\": null}", "'ec_port' must be an integer, not null"},
+        {"{\"tp_size\": 0}", "'tp_size'"},
+        {"{\"tp_size\": 65}", "'tp_size'"},
+        {"{\"ec_ip\": 1}", "'ec_ip' must be a string, not an integer"},
+        {"{\"ec_ip\": \"\"}", "'ec_ip' must be a string of 1..255 bytes"},
+        {"{\"transport\": [\"tcp\"]}", "'transport' must be a string, not an array"},
+        {"{\"control_timeout_s\": 0}", "'control_timeout_s' must be a number of seconds > 0"},
+        {"{\"control_timeout_s\": \"30\"}", "'control_timeout_s' must be a number of seconds"},
+        {"{\"ec_buffer_size\": 0}", "'ec_buffer_size' must be > 0"},
+        {"{\"ec_port\": 1, \"ec_port\": 2}", "not valid JSON"},
+        {"{\"ec_port\": 1} x", "not valid JSON"},
+        {"[1, 2]", "must be a JSON object, not an array"},
+        {"", "not valid JSON"},
+        {"{\"ec_ip\": \"a\\u0000b\"}", "not valid JSON"}, /* jansson refuses NUL */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ect_push_consumer_opts o;
+        json_t *root;
+        int rc = push_consumer_config(bad[i].json, &o, &root);
+        json_decref(root);
+        if (rc != ECT_EINVAL || !strstr(ect_last_error(), bad[i].part))
+            fail_msg("%s: rc %d, error '%s', expected '%s'", bad[i].json, rc, ect_last_error(),
+                     bad[i].part);
+    }
+    ect_push_scheduler_opts s;
+    json_t *root;
+    assert_err(push_scheduler_config("{\"accept_any\": 1}", &s, &root), ECT_EINVAL,
+               "'accept_any' must be true or false, not an integer");
+    json_decref(root);
+    ect_push_producer_opts p;
+    assert_err(push_producer_config(NULL, &p, &root), ECT_EINVAL, "NULL");
+    json_decref(root);
+}
+
+/* Shared keys are accepted (and ignored) by roles that do not use them. */
+static void test_shared_keys_pass_every_role(void **state) {
+    (void)state;
+    const char *shared = "{\"ec_ip\": \"127.0.0.1\", \"ec_port\": 14579, \"ec_buffer_size\": 4096, "
+                         "\"tp_size\": 2, \"tp_rank\": 1, \"dp_index\": 0, "
+                         "\"control_timeout_s\": 30, \"push_wait_timeout_s\": 60, "
+                         "\"transport\": \"tcp\"}";
+    json_t *root;
+    char addr[PULL_CONFIG_ADDR_MAX];
+    ect_push_consumer_opts a;
+    ect_push_scheduler_opts b;
+    ect_push_producer_opts c;
+    ect_pull_producer_opts d;
+    ect_pull_scheduler_opts e;
+    ect_pull_consumer_opts f;
+    assert_int_equal(push_consumer_config(shared, &a, &root), 0);
+    json_decref(root);
+    assert_int_equal(push_scheduler_config(shared, &b, &root), 0);
+    json_decref(root);
+    assert_int_equal(push_producer_config(shared, &c, &root), 0);
+    json_decref(root);
+    assert_int_equal(pull_producer_config(shared, &d, &root), 0);
+    json_decref(root);
+    assert_int_equal(pull_scheduler_config(shared, &e, &root, addr), 0);
+    json_decref(root);
+    assert_int_equal(pull_consumer_config(shared, &f, &root, addr), 0);
+    json_decref(root);
+}
+
+static void test_open_config_opens_every_role(void **state) {
+    (void)state;
+    ect_push_consumer *c;
+    assert_err(ect_push_consumer_open_config("{\"ec_port\": \"x\"}", &c), ECT_EINVAL, "ec_port");
+    assert_null(c);
+    assert_err(ect_push_consumer_open_config("{}", NULL), ECT_EINVAL, NULL);
+    /* a value the config accepts but the open refuses: the open's error */
+    assert_err(ect_push_consumer_open_config("{\"ec_port\": 0, \"tp_rank\": 1}", &c), ECT_EINVAL,
+               "tp_rank");
+    assert_int_equal(
+        ect_push_consumer_open_config("{\"ec_port\": 0, \"ec_buffer_size\": 1048576}", &c), 0);
+    assert_non_null(ect_push_consumer_pool(c));
+    assert_true(ect_pool_fd(ect_push_consumer_pool(c)) >= 0);
+    char json[128];
+    snprintf(json, sizeof json, "{\"ec_port\": %d, \"push_wait_timeout_s\": 5}",
+             ect_push_consumer_port(c));
+    ect_push_scheduler *s;
+    assert_int_equal(ect_push_scheduler_open_config(json, &s), 0);
+    ect_push_producer *p;
+    assert_int_equal(ect_push_producer_open_config("{\"ec_buffer_size\": 1048576, "
+                                                   "\"control_timeout_s\": 5}",
+                                                   &p),
+                     0);
+    ect_push_producer_close(p);
+    ect_push_scheduler_close(s);
+    ect_push_consumer_close(c);
+
+    ect_pull_producer *pp;
+    assert_int_equal(
+        ect_pull_producer_open_config("{\"ec_port\": 0, \"ec_buffer_size\": 1048576}", &pp), 0);
+    snprintf(json, sizeof json, "{\"ec_port\": %d, \"ec_buffer_size\": 1048576}",
+             ect_pull_producer_port(pp));
+    ect_pull_consumer *pc;
+    assert_int_equal(ect_pull_consumer_open_config(json, &pc), 0);
+    snprintf(json, sizeof json, "{\"ec_port\": %d}", ect_pull_producer_port(pp));
+    ect_pull_scheduler *ps;
+    assert_int_equal(ect_pull_scheduler_open_config(json, &ps), 0);
+    ect_pull_scheduler_close(ps);
+    ect_pull_consumer_close(pc);
+    ect_pull_producer_close(pp);
+}
+
+static void test_abi_checks(void **state) {
+    (void)state;
+    assert_int_equal(ect_abi_version(), ECT_ABI_VERSION);
+    assert_int_equal(ect_sizeof("ect_push_view"), sizeof(ect_push_view));
+    assert_int_equal(ect_sizeof("ect_push_result"), sizeof(ect_push_result));
+    assert_int_equal(ect_sizeof("ect_push_producer_stat"), sizeof(ect_push_producer_stat));
+    assert_int_equal(ect_sizeof("ect_pull_view"), sizeof(ect_pull_view));
+    assert_int_equal(ect_sizeof("ect_push_consumer"), 0); /* opaque */
+    assert_int_equal(ect_sizeof("nope"), 0);
+    assert_int_equal(ect_sizeof(NULL), 0);
+    /* the named lengths are the arrays' sizes */
+    ect_push_view v;
+    ect_push_result r;
+    ect_push_sched_item it;
+    ect_pull_meta m;
+    assert_int_equal(sizeof v.dtype, ECT_DTYPE_LEN);
+    assert_int_equal(sizeof v.mm_hash, ECT_MM_HASH_LEN);
+    assert_int_equal(sizeof v.transfer_id, ECT_TRANSFER_ID_LEN);
+    assert_int_equal(sizeof r.error, ECT_RESULT_ERROR_LEN);
+    assert_int_equal(sizeof r.transport, ECT_TRANSPORT_LEN);
+    assert_int_equal(sizeof it.error, ECT_SCHED_ERROR_LEN);
+    assert_int_equal(sizeof m.producer_session_id, ECT_SESSION_ID_LEN);
+    assert_int_equal(ECT_DTYPE_LEN, ECT_POOL_DTYPE_MAX);
+    assert_int_equal(ECT_MM_HASH_LEN, ECT_MM_HASH_MAX + 1);
+}
+
+typedef struct seen {
+    int calls;
+    ect_log_record last;
+    char module[32], message[1024];
+} seen;
+
+static void handler(void *user, const ect_log_record *rec) {
+    seen *s = user;
+    s->calls++;
+    s->last = *rec;
+    snprintf(s->module, sizeof s->module, "%s", rec->module);
+    snprintf(s->message, sizeof s->message, "%s", rec->message);
+}
+
+static void test_log_handler_receives_lines(void **state) {
+    (void)state;
+    seen s = {0};
+    ect_log_set_level(ECT_LOG_INFO);
+    assert_int_equal(ect_log_get_level(), ECT_LOG_INFO);
+    ect_log_set_handler(handler, &s);
+    ECT_LOGW("unit", "value %d", 42);
+    assert_int_equal(s.calls, 1);
+    assert_int_equal(s.last.level, ECT_LOG_WARN);
+    assert_string_equal(s.module, "unit");
+    assert_string_equal(s.message, "value 42");
+    assert_true(s.last.realtime_ns > 1600000000ull * 1000000000ull);
+    assert_true(s.last.thread_id > 0);
+    ECT_LOGD("unit", "below the level");
+    assert_int_equal(s.calls, 1);
+    char big[3000];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    ECT_LOGE("unit", "%s", big);
+    assert_int_equal(s.calls, 2);
+    assert_true(strlen(s.message) <= 1023);
+    ect_log_set_handler(NULL, NULL);
+    ECT_LOGE("unit", "to stderr again");
+    assert_int_equal(s.calls, 2);
+    ect_log_set_level(-1);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_empty_object_gives_the_struct_defaults),
+        cmocka_unit_test(test_push_consumer_keys_fill_their_fields),
+        cmocka_unit_test(test_seconds_convert_as_upstream_does),
+        cmocka_unit_test(test_scheduler_port_is_the_replicas_rank_zero),
+        cmocka_unit_test(test_pull_addresses),
+        cmocka_unit_test(test_refusals_name_the_key),
+        cmocka_unit_test(test_shared_keys_pass_every_role),
+        cmocka_unit_test(test_open_config_opens_every_role),
+        cmocka_unit_test(test_abi_checks),
+        cmocka_unit_test(test_log_handler_receives_lines),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
