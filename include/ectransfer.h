@@ -68,6 +68,76 @@ ECT_API const char *ect_version(void);
  *  "torch.bfloat16", "float8_e4m3fn", ...); 0 if the name is unknown. */
 ECT_API size_t ect_dtype_size(const char *name);
 
+/* ------------------------------------------------- memory kinds, CUDA */
+
+/*
+ * Memory kinds. Host memory is what every call takes by default. With the
+ * CUDA driver present, pools and registered regions may also be pinned host
+ * memory (registered with CUDA, so device copies run at full speed) or CUDA
+ * device memory. The library never links CUDA: it loads the driver API
+ * (libcuda.so.1, or the file named by the environment variable
+ * ECT_CUDA_LIBRARY) at run time, the first time something asks for a
+ * pinned or device kind (or ect_cuda_get_info is called). Without it every
+ * such request fails with ECT_ENOTSUP naming why, and nothing else changes.
+ *
+ * Device memory is never touched by the host: the library copies with the
+ * driver (cuMemcpyAsync on a stream of its own, waited for before a call
+ * reports the bytes landed). Memory handed to the library must be ready:
+ * synchronize the stream that produced it first.
+ *
+ * Threading: every function here is safe from any thread at once.
+ */
+typedef enum ect_mem_kind {
+    ECT_MEM_AUTO = -1,  /* ask the driver what the memory is (where a call allows it) */
+    ECT_MEM_HOST = 0,   /* ordinary host memory */
+    ECT_MEM_PINNED = 1, /* host memory registered with CUDA (cuMemHostRegister) */
+    ECT_MEM_CUDA = 2,   /* CUDA device memory (cuMemAlloc) */
+} ect_mem_kind;
+
+/** "host", "pinned", "cuda"; "?" outside the enum. */
+ECT_API const char *ect_mem_kind_name(int kind);
+
+/** Parses a device spec: "cpu" or "host" (ECT_MEM_HOST), "pinned"
+ *  (ECT_MEM_PINNED), "cuda" (ECT_MEM_CUDA, device 0) or "cuda:N". NULL or ""
+ *  is host. Fills *kind and *device (either may be NULL). ECT_EINVAL with
+ *  the accepted forms otherwise. Needs no driver. */
+ECT_API int ect_mem_parse_device(const char *spec, int *kind, int *device);
+
+/** What the CUDA driver offers this process. */
+typedef struct ect_cuda_info {
+    int available;      /* 1 if the driver API loaded and found a device */
+    int driver_version; /* cuDriverGetVersion, e.g. 13000; 0 if unavailable */
+    int devices;        /* CUDA devices */
+    char library[256];  /* the library file asked for */
+    char device0[128];  /* name of device 0 ("" if none) */
+    char why[320];      /* why it is unavailable ("" if available) */
+} ect_cuda_info;
+
+/** Loads the driver API if not done yet and fills *info. Returns 0 if CUDA
+ *  is available, else ECT_ENOTSUP (info->why and ect_last_error() say why). */
+ECT_API int ect_cuda_get_info(ect_cuda_info *info);
+
+/** What `ptr` points to: *kind gets ECT_MEM_CUDA (device memory, *device its
+ *  ordinal), ECT_MEM_PINNED (host memory registered with CUDA) or
+ *  ECT_MEM_HOST (anything else, and always when the process has not loaded
+ *  the CUDA driver: this call never loads it). device may be NULL. */
+ECT_API void ect_mem_kind_of(const void *ptr, int *kind, int *device);
+
+/** Allocates nbytes of `kind` on `device` (ignored for host): host (malloc),
+ *  pinned (cuMemHostAlloc) or CUDA (cuMemAlloc). Caller owns *out
+ *  (ect_mem_free with the same kind). Errors: ECT_EINVAL (nbytes 0, bad kind
+ *  or device); ECT_ENOTSUP (no CUDA, naming why); ECT_ENOMEM. */
+ECT_API int ect_mem_alloc(int kind, int device, uint64_t nbytes, void **out);
+
+/** Frees what ect_mem_alloc returned. Accepts NULL. */
+ECT_API void ect_mem_free(int kind, void *ptr);
+
+/** Copies nbytes between any two kinds (host, pinned, device; the kinds are
+ *  asked of the driver) and returns once the bytes are in place. Regions must
+ *  not overlap. Errors: ECT_EINVAL (NULL with nbytes > 0); ECT_EIO (the
+ *  driver refused the copy, naming its error). */
+ECT_API int ect_mem_copy(void *dst, const void *src, uint64_t nbytes);
+
 /* -------------------------------- buffer pool: alloc, pool, resident */
 
 /*
@@ -118,6 +188,15 @@ typedef struct ect_pool_opts {
                                        unpinned; default 0 */
     ect_pool_reclaim_fn on_reclaim; /* may be NULL; default NULL */
     void *reclaim_user;             /* passed to on_reclaim */
+    int mem_kind;   /* ECT_MEM_HOST (default); ECT_MEM_PINNED: the host region is registered
+                       with CUDA; ECT_MEM_CUDA: device memory (cuMemAlloc), ect_pool_base is a
+                       device address the host must not touch, and use_memfd, huge_pages and
+                       mlock must be 0. Pinned and CUDA need the driver (ECT_ENOTSUP without) */
+    int device;     /* CUDA device ordinal for ECT_MEM_CUDA; default 0 */
+    void *external; /* caller-owned memory of `capacity` bytes and kind mem_kind (aligned to
+                       `alignment`) to carve instead of mapping a region: the pool never frees
+                       it (pinned: registers it unless it already is, and undoes only its own
+                       registration); use_memfd, huge_pages and mlock must be 0. Default NULL */
 } ect_pool_opts;
 
 typedef struct ect_pool_stat {
@@ -135,6 +214,8 @@ typedef struct ect_pool_stat {
     int memfd;               /* 1 if backed by a memfd */
     int huge_pages;          /* 1 if huge pages were obtained (0 after a fallback) */
     int locked;              /* 1 if mlock succeeded (0 after a fallback) */
+    int mem_kind;            /* ECT_MEM_HOST, ECT_MEM_PINNED or ECT_MEM_CUDA */
+    int device;              /* CUDA device ordinal (ECT_MEM_CUDA), else 0 */
 } ect_pool_stat;
 
 /** What the resident cache knows about an item. */
@@ -151,14 +232,18 @@ typedef struct ect_resident_info {
 ECT_API void ect_pool_opts_init(ect_pool_opts *opts);
 
 /** Maps the region (base aligned to 2 MiB, length capacity rounded up to
- *  2 MiB) and creates its allocator and resident cache. opts may be NULL for
- *  the defaults. Caller owns *out (ect_pool_close); *out is NULL on failure.
- *  Errors: ECT_EINVAL naming the bad option; ECT_ENOMEM or ECT_EIO when the
- *  system refuses the mapping or the memfd. */
+ *  2 MiB; a CUDA region is one cuMemAlloc of that length; an external one is
+ *  the caller's) and creates its allocator and resident cache. opts may be
+ *  NULL for the defaults. Caller owns *out (ect_pool_close); *out is NULL on
+ *  failure. Errors: ECT_EINVAL naming the bad option; ECT_ENOMEM or ECT_EIO
+ *  when the system (or the CUDA driver) refuses the memory or the memfd;
+ *  ECT_ENOTSUP for a pinned or CUDA pool without the driver. */
 ECT_API int ect_pool_open(const ect_pool_opts *opts, ect_pool **out);
 
-/** Unmaps the region, closes the memfd and frees everything, resident items
- *  and outstanding allocations included; the reclaim callback is not called.
+/** Unmaps the region (frees the device memory, undoes a pinned
+ *  registration; leaves external memory alone), closes the memfd and frees
+ *  everything, resident items and outstanding allocations included; the
+ *  reclaim callback is not called.
  *  Accepts NULL. The caller must make sure no peer still writes into the
  *  region (unregister it from the transport first). */
 ECT_API void ect_pool_close(ect_pool *pool);
@@ -166,6 +251,11 @@ ECT_API void ect_pool_close(ect_pool *pool);
 /** Start of the region, aligned to 2 MiB. Owned by the pool; valid until
  *  ect_pool_close. No lock. */
 ECT_API void *ect_pool_base(const ect_pool *pool);
+
+/** The pool's memory kind (ECT_MEM_HOST, _PINNED, _CUDA) and, for CUDA, its
+ *  device ordinal. No lock. */
+ECT_API int ect_pool_mem_kind(const ect_pool *pool);
+ECT_API int ect_pool_device(const ect_pool *pool);
 
 /** Usable bytes from ect_pool_base (what a transport registers). No lock. */
 ECT_API uint64_t ect_pool_capacity(const ect_pool *pool);
@@ -298,6 +388,24 @@ ECT_API const char *ect_xport_session(const ect_xport *x);
 ECT_API int ect_xport_register(ect_xport *x, void *addr, uint64_t len, int fd, uint64_t fd_offset,
                                char key[ECT_XPORT_KEY_MAX]);
 
+/** Registers [addr, addr + len) of memory kind `mem_kind` as a write target
+ *  (caller-owned memory is fine: an engine may hand its own buffer; it must
+ *  stay allocated until unregistered). The transport asks the driver what the
+ *  memory is and refuses a kind that does not match it (ECT_EINVAL);
+ *  ECT_MEM_AUTO takes whatever it is. Host and pinned regions behave as
+ *  ect_xport_register (fd and fd_offset as there). A CUDA device region:
+ *    tcp  payload lands in a pinned bounce ring and is copied to the device
+ *         behind the network (the copy of one slice overlaps the receive of
+ *         the next); a write is acknowledged only once its bytes are on the
+ *         device;
+ *    shm  needs no fd: same-host peers receive a CUDA IPC handle of the
+ *         allocation and copy into it with the driver (device-to-device from
+ *         a device source, host-to-device from a host one);
+ *    ucx  not supported (ECT_ENOTSUP).
+ *  Errors as ect_xport_register, plus ECT_ENOTSUP without the CUDA driver. */
+ECT_API int ect_xport_register_mem(ect_xport *x, void *addr, uint64_t len, int mem_kind, int fd,
+                                   uint64_t fd_offset, char key[ECT_XPORT_KEY_MAX]);
+
 /** Unregisters the region with this key. Blocks while a write into it is
  *  being received or copied; later writes to it are refused. ECT_ENOTFOUND
  *  for an unknown key. */
@@ -309,8 +417,13 @@ ECT_API int ect_xport_unregister(ect_xport *x, const char *key);
  *  ECT_E* code per write: ECT_EACCES wrong key, ECT_ERANGE outside the
  *  region, ECT_ENOTFOUND no such region, ECT_ECONNREFUSED target
  *  unreachable, ECT_ECLOSED target vanished before acknowledging,
- *  ECT_ETIMEDOUT no progress within io_timeout_ms. Connections are cached
- *  per session and re-established after a failure. Safe from any thread. */
+ *  ECT_ETIMEDOUT no progress within io_timeout_ms, ECT_EIO the target
+ *  could not place the bytes (a device copy failed). Connections are cached
+ *  per session and re-established after a failure. A write's src may be CUDA
+ *  device memory (asked of the driver when the process has it loaded): tcp
+ *  and ucx stage it with one device-to-host copy into pinned memory; shm
+ *  copies it straight into the peer's region (device-to-device into a CUDA
+ *  region). Safe from any thread. */
 ECT_API int ect_xport_write_batch(ect_xport *x, const char *peer_session, const ect_write *writes,
                                   size_t n, int *statuses);
 
@@ -357,6 +470,15 @@ typedef struct ect_push_consumer_opts {
     int reap_interval_ms;      /* default 1000 */
     size_t max_events;         /* event backlog, default 4096 (oldest dropped) */
     size_t max_tombstones;     /* default 65536 */
+    const char *pool_device;   /* where the pool lives (upstream's ec_buffer_device): NULL or
+                                  "cpu" (default, memfd host memory), "pinned" (host memory
+                                  registered with CUDA), "cuda" or "cuda:N" (device memory;
+                                  views then point to the device). Not with ucx. Copied */
+    void *pool_memory;         /* caller-owned memory of pool_size bytes, of pool_device's
+                                  kind, 256-byte aligned, used as the pool instead of
+                                  allocating one (an engine's own buffer); must outlive the
+                                  consumer. A host buffer has no fd, so shm refuses it.
+                                  Default NULL */
 } ect_push_consumer_opts;
 
 /** A READY item taken for reading: `data` points into the consumer's pool
@@ -369,6 +491,8 @@ typedef struct ect_push_view {
     char dtype[32];
     char mm_hash[256];
     char transfer_id[256];
+    int mem_kind; /* ECT_MEM_HOST, _PINNED, or _CUDA: `data` is a device address */
+    int device;   /* CUDA device ordinal of a device view */
 } ect_push_view;
 
 typedef struct ect_push_consumer_stat {
@@ -424,6 +548,9 @@ ECT_API size_t ect_push_consumer_evict(ect_push_consumer *c, size_t max);
 
 /** Fills *st. */
 ECT_API void ect_push_consumer_stats(ect_push_consumer *c, ect_push_consumer_stat *st);
+
+/** The consumer's pool (for ect_pool_stats, ect_pool_mem_kind). Owned by c. */
+ECT_API ect_pool *ect_push_consumer_pool(ect_push_consumer *c);
 
 /*
  * ect_push_scheduler: the consumer instance's scheduler. It learns readiness
@@ -636,13 +763,19 @@ typedef struct ect_push_item {
     size_t ndim;       /* 0..8 */
     const char *dtype; /* torch dtype name, "bfloat16" or "torch.bfloat16" */
     uint64_t nbytes;   /* must equal product(shape) x dtype size */
-    /* The source, or NULL to stage it later with ect_push_producer_stage. */
+    /* The source, or NULL to stage it later with ect_push_producer_stage.
+     * It may be CUDA device memory (found out from the pointer when the
+     * process has the CUDA driver loaded; synchronize the stream that wrote
+     * it first). */
     const void *data;
     /* NULL: `data` is copied once into the staging pool during the call and
-     * the caller keeps its buffer. Else `data` is borrowed (zero copy): it
-     * must stay valid and unchanged until release(release_user, data,
-     * nbytes) fires, which it does exactly once if the call succeeded and
-     * never if it failed. */
+     * the caller keeps its buffer (a device source: one device-to-host copy,
+     * into staging that is pinned on first use). Else `data` is borrowed
+     * (zero copy): it must stay valid and unchanged until
+     * release(release_user, data, nbytes) fires, which it does exactly once
+     * if the call succeeded and never if it failed. A borrowed device source
+     * crosses tcp/ucx with one device-to-host copy into pinned memory, and
+     * shm with none (device-to-device into a CUDA pool through CUDA IPC). */
     ect_push_release_fn release;
     void *release_user;
 } ect_push_item;
@@ -797,7 +930,8 @@ ECT_API void ect_pull_producer_opts_init(ect_pull_producer_opts *opts);
  *  ECT_EIO when a port cannot be bound; pool and transport errors. */
 ECT_API int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer **out);
 
-/** Queues an item and returns at once. With release == NULL the bytes are
+/** Queues an item and returns at once. data may be CUDA device memory (see
+ *  ect_push_item.data). With release == NULL the bytes are
  *  copied before returning (a heap snapshot); otherwise they are borrowed and
  *  must stay unchanged until release(user, data) is called. The save thread
  *  then copies them into the pool (reclaiming least-recently-used items when
@@ -889,6 +1023,8 @@ typedef struct ect_pull_consumer_opts {
     int timeout_ms;           /* wait for ECTransferComplete; default 60000 (RCVTIMEO) */
     int quarantine_ms;        /* how long a timed-out region stays unusable unless its late
                                  completion arrives first; default 60000 */
+    const char *pool_device;  /* NULL or "cpu" (default), "pinned", "cuda" or "cuda:N": as
+                                 ect_push_consumer_opts.pool_device; copied */
 } ect_pull_consumer_opts;
 
 /** A loaded item: valid, and leased in the consumer's pool, until
@@ -899,7 +1035,9 @@ typedef struct ect_pull_view {
     uint32_t ndim;
     uint64_t shape[ECT_POOL_MAX_NDIM];
     char dtype[ECT_POOL_DTYPE_MAX];
-    int cached; /* 1 if it came from the pool's resident cache (no transfer) */
+    int cached;   /* 1 if it came from the pool's resident cache (no transfer) */
+    int mem_kind; /* ECT_MEM_HOST, _PINNED, or _CUDA: `data` is a device address */
+    int device;   /* CUDA device ordinal of a device view */
 } ect_pull_view;
 
 typedef struct ect_pull_consumer_stat {
