@@ -106,9 +106,9 @@ static void load_once(void) {
         goto fail;
     }
 #define RESOLVE(name, sym, params)                                                                 \
-    *(void **)&g.f.name = dlsym(g.dl, sym);                                                        \
+    *(void **)&g.f.name = dlsym(g.dl, #sym);                                                       \
     if (!g.f.name) {                                                                               \
-        snprintf(g.why, sizeof g.why, "%s has no %s (driver too old?)", g.lib, sym);               \
+        snprintf(g.why, sizeof g.why, "%s has no %s (driver too old?)", g.lib, #sym);              \
         goto fail;                                                                                 \
     }
     ECT_CUDA_FUNCS(RESOLVE)

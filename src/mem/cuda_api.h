@@ -53,39 +53,41 @@ typedef struct CUipcMemHandle_st {
 #define CU_MEMHOSTREGISTER_PORTABLE 0x1
 #define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 0x1
 
-/* One entry per symbol: X(return-less name, symbol, parameter list). The
- * loader declares a pointer per entry and resolves `symbol` with dlsym. */
+/* One entry per symbol: X(short name, symbol, parameter list); every one
+ * returns CUresult. The loader declares a pointer per entry and resolves
+ * the symbol with dlsym; the stand-in driver declares its definitions from
+ * the same list, so their signatures cannot differ. */
 #define ECT_CUDA_FUNCS(X)                                                                          \
-    X(Init, "cuInit", (unsigned flags))                                                            \
-    X(DriverGetVersion, "cuDriverGetVersion", (int *version))                                      \
-    X(GetErrorName, "cuGetErrorName", (CUresult err, const char **s))                              \
-    X(GetErrorString, "cuGetErrorString", (CUresult err, const char **s))                          \
-    X(DeviceGetCount, "cuDeviceGetCount", (int *count))                                            \
-    X(DeviceGet, "cuDeviceGet", (CUdevice * dev, int ordinal))                                     \
-    X(DeviceGetName, "cuDeviceGetName", (char *name, int len, CUdevice dev))                       \
-    X(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", (CUcontext * ctx, CUdevice dev))         \
-    X(CtxSetCurrent, "cuCtxSetCurrent", (CUcontext ctx))                                           \
-    X(CtxGetCurrent, "cuCtxGetCurrent", (CUcontext * ctx))                                         \
-    X(MemAlloc, "cuMemAlloc_v2", (CUdeviceptr * p, size_t bytes))                                  \
-    X(MemFree, "cuMemFree_v2", (CUdeviceptr p))                                                    \
-    X(MemGetAddressRange, "cuMemGetAddressRange_v2",                                               \
+    X(Init, cuInit, (unsigned flags))                                                              \
+    X(DriverGetVersion, cuDriverGetVersion, (int *version))                                        \
+    X(GetErrorName, cuGetErrorName, (CUresult err, const char **s))                                \
+    X(GetErrorString, cuGetErrorString, (CUresult err, const char **s))                            \
+    X(DeviceGetCount, cuDeviceGetCount, (int *count))                                              \
+    X(DeviceGet, cuDeviceGet, (CUdevice * dev, int ordinal))                                       \
+    X(DeviceGetName, cuDeviceGetName, (char *name, int len, CUdevice dev))                         \
+    X(DevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, (CUcontext * ctx, CUdevice dev))           \
+    X(CtxSetCurrent, cuCtxSetCurrent, (CUcontext ctx))                                             \
+    X(CtxGetCurrent, cuCtxGetCurrent, (CUcontext * ctx))                                           \
+    X(MemAlloc, cuMemAlloc_v2, (CUdeviceptr * p, size_t bytes))                                    \
+    X(MemFree, cuMemFree_v2, (CUdeviceptr p))                                                      \
+    X(MemGetAddressRange, cuMemGetAddressRange_v2,                                                 \
       (CUdeviceptr * base, size_t * size, CUdeviceptr p))                                          \
-    X(MemHostAlloc, "cuMemHostAlloc", (void **p, size_t bytes, unsigned flags))                    \
-    X(MemFreeHost, "cuMemFreeHost", (void *p))                                                     \
-    X(MemHostRegister, "cuMemHostRegister_v2", (void *p, size_t bytes, unsigned flags))            \
-    X(MemHostUnregister, "cuMemHostUnregister", (void *p))                                         \
-    X(PointerGetAttribute, "cuPointerGetAttribute", (void *data, int attr, CUdeviceptr p))         \
-    X(MemcpyAsync, "cuMemcpyAsync", (CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s))      \
-    X(StreamCreate, "cuStreamCreate", (CUstream * s, unsigned flags))                              \
-    X(StreamDestroy, "cuStreamDestroy_v2", (CUstream s))                                           \
-    X(StreamSynchronize, "cuStreamSynchronize", (CUstream s))                                      \
-    X(EventCreate, "cuEventCreate", (CUevent * e, unsigned flags))                                 \
-    X(EventDestroy, "cuEventDestroy_v2", (CUevent e))                                              \
-    X(EventRecord, "cuEventRecord", (CUevent e, CUstream s))                                       \
-    X(EventSynchronize, "cuEventSynchronize", (CUevent e))                                         \
-    X(IpcGetMemHandle, "cuIpcGetMemHandle", (CUipcMemHandle * h, CUdeviceptr p))                   \
-    X(IpcOpenMemHandle, "cuIpcOpenMemHandle_v2",                                                   \
+    X(MemHostAlloc, cuMemHostAlloc, (void **p, size_t bytes, unsigned flags))                      \
+    X(MemFreeHost, cuMemFreeHost, (void *p))                                                       \
+    X(MemHostRegister, cuMemHostRegister_v2, (void *p, size_t bytes, unsigned flags))              \
+    X(MemHostUnregister, cuMemHostUnregister, (void *p))                                           \
+    X(PointerGetAttribute, cuPointerGetAttribute, (void *data, int attr, CUdeviceptr p))           \
+    X(MemcpyAsync, cuMemcpyAsync, (CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s))        \
+    X(StreamCreate, cuStreamCreate, (CUstream * s, unsigned flags))                                \
+    X(StreamDestroy, cuStreamDestroy_v2, (CUstream s))                                             \
+    X(StreamSynchronize, cuStreamSynchronize, (CUstream s))                                        \
+    X(EventCreate, cuEventCreate, (CUevent * e, unsigned flags))                                   \
+    X(EventDestroy, cuEventDestroy_v2, (CUevent e))                                                \
+    X(EventRecord, cuEventRecord, (CUevent e, CUstream s))                                         \
+    X(EventSynchronize, cuEventSynchronize, (CUevent e))                                           \
+    X(IpcGetMemHandle, cuIpcGetMemHandle, (CUipcMemHandle * h, CUdeviceptr p))                     \
+    X(IpcOpenMemHandle, cuIpcOpenMemHandle_v2,                                                     \
       (CUdeviceptr * p, CUipcMemHandle h, unsigned flags))                                         \
-    X(IpcCloseMemHandle, "cuIpcCloseMemHandle", (CUdeviceptr p))
+    X(IpcCloseMemHandle, cuIpcCloseMemHandle, (CUdeviceptr p))
 
 #endif

@@ -292,7 +292,25 @@ void ect_pool_close(ect_pool *p) {
 void *ect_pool_base(const ect_pool *p) { return p ? p->base : NULL; }
 uint64_t ect_pool_capacity(const ect_pool *p) { return p ? p->capacity : 0; }
 int ect_pool_fd(const ect_pool *p) { return p ? p->fd : -1; }
-int ect_pool_mem_kind(const ect_pool *p) { return p ? p->kind : ECT_MEM_HOST; }
+int pool_pin(ect_pool *p) {
+    pthread_mutex_lock(&p->mu);
+    int rc = 0;
+    if (p->kind == ECT_MEM_HOST && !p->external) {
+        bool already;
+        rc = cuda_host_register(p->base, p->map_len, &already);
+        if (!rc) {
+            __atomic_store_n(&p->kind, ECT_MEM_PINNED, __ATOMIC_RELAXED);
+            p->registered = !already;
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+int ect_pool_mem_kind(const ect_pool *p) {
+    if (!p) return ECT_MEM_HOST;
+    return __atomic_load_n(&p->kind, __ATOMIC_RELAXED);
+}
 int ect_pool_device(const ect_pool *p) { return p ? p->device : 0; }
 uint64_t pool_map_length(const ect_pool *p) { return p ? p->map_len : 0; }
 
@@ -392,7 +410,7 @@ void ect_pool_stats(ect_pool *p, ect_pool_stat *st) {
     st->memfd = p->fd >= 0;
     st->huge_pages = p->huge;
     st->locked = p->locked;
-    st->mem_kind = p->kind;
+    st->mem_kind = ect_pool_mem_kind(p);
     st->device = p->device;
 }
 

@@ -125,15 +125,15 @@ int ect_xport_register(ect_xport *x, void *addr, uint64_t len, int fd, uint64_t 
  * cannot serve, or pinned/CUDA without the driver. */
 static int region_kind(ect_xport *x, void *addr, int want, int *kind, int *dev) {
     *dev = 0;
-    if (want == ECT_MEM_HOST) {
-        *kind = ECT_MEM_HOST; /* the caller says so; nothing to ask (no driver needed) */
-        return 0;
-    }
-    if (want != ECT_MEM_AUTO && want != ECT_MEM_PINNED && want != ECT_MEM_CUDA)
+    if (want != ECT_MEM_AUTO && want != ECT_MEM_HOST && want != ECT_MEM_PINNED &&
+        want != ECT_MEM_CUDA)
         return ect_set_error(ECT_EINVAL, "mem_kind %d is not a memory kind", want);
     int is;
-    ect_mem_kind_of(addr, &is, dev);
-    if (want == ECT_MEM_AUTO) want = is;
+    ect_mem_kind_of(addr, &is, dev); /* host, without asking, when no driver is loaded */
+    if (want == ECT_MEM_HOST && is == ECT_MEM_CUDA)
+        return ect_set_error(ECT_EINVAL,
+                             "addr %p is CUDA device memory: register it as ECT_MEM_CUDA", addr);
+    if (want == ECT_MEM_HOST || want == ECT_MEM_AUTO) want = is;
     if (want == ECT_MEM_CUDA && is != ECT_MEM_CUDA) {
         ect_cuda_info ci;
         if (ect_cuda_get_info(&ci) != 0)
@@ -168,7 +168,7 @@ int ect_xport_register_mem(ect_xport *x, void *addr, uint64_t len, int mem_kind,
     if (!ect_add_u64((uint64_t)(uintptr_t)addr, len, &end))
         return ect_set_error(ECT_EOVERFLOW, "addr + len overflows");
     if (fd < -1) return ect_set_error(ECT_EINVAL, "fd must be a descriptor or -1, got %d", fd);
-    int kind, dev;
+    int kind = ECT_MEM_HOST, dev = 0;
     int krc = region_kind(x, addr, mem_kind, &kind, &dev);
     if (krc) return krc;
     if (kind == ECT_MEM_CUDA && fd >= 0)

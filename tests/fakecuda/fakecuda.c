@@ -28,7 +28,6 @@
  * driver and no device); FAKECUDA_FAIL_COPY_BYTES=N makes every copy of
  * exactly N bytes fail (CUDA_ERROR_LAUNCH_FAILED, 719) to test error paths.
  */
-#define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -45,6 +44,10 @@
 #include "mem/cuda_api.h"
 
 #define EXPORT __attribute__((visibility("default")))
+/* Every definition below has the signature cuda_api.h declares. */
+#define PROTO(name, sym, params) EXPORT CUresult sym params;
+ECT_CUDA_FUNCS(PROTO)
+#undef PROTO
 #define VA_SIZE (UINT64_C(64) << 30)
 #define VA_ALIGN (UINT64_C(2) << 20)
 #define MAX_DEV 8
@@ -107,7 +110,7 @@ static struct {
     long fail_bytes;
     struct CUctx_st ctx[MAX_DEV];
     int server_started;
-    char server_name[64];
+    char server_name[32];
 } F = {.mu = PTHREAD_MUTEX_INITIALIZER, .fail_bytes = -1};
 
 static __thread struct CUctx_st *tl_ctx;
@@ -607,8 +610,9 @@ EXPORT CUresult cuEventSynchronize(CUevent e) {
 typedef struct fake_handle {
     uint64_t magic, id, len;
     int32_t pid, dev;
-    char sock[40];
+    char sock[32];
 } fake_handle;
+_Static_assert(sizeof(fake_handle) <= CU_IPC_HANDLE_SIZE, "a fake handle fits CUipcMemHandle");
 
 /* Serves memfds of this process's allocations: a peer sends an id (u64),
  * gets back one byte and the fd, or nothing (closed) if unknown. */
@@ -665,8 +669,8 @@ static void abstract_addr(const char *name, struct sockaddr_un *sa, socklen_t *l
 /* Starts the fd server once. Caller holds F.mu. */
 static int server_start(void) {
     if (F.server_started) return 0;
-    snprintf(F.server_name, sizeof F.server_name, "fakecuda-%d-%lx", (int)getpid(),
-             (unsigned long)(uintptr_t)&F ^ (unsigned long)F.next_id);
+    snprintf(F.server_name, sizeof F.server_name, "fcu-%d-%08x", (int)getpid(),
+             (unsigned)(((uintptr_t)&F >> 12) ^ (uintptr_t)F.va));
     struct sockaddr_un sa;
     socklen_t sl;
     abstract_addr(F.server_name, &sa, &sl);
