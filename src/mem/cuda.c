@@ -242,7 +242,9 @@ void cuda_ptr_kind(const void *p, int *kind, int *dev) {
     int ord = 0;
     CUresult rc =
         g.f.PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)p);
-    if (rc == CUDA_SUCCESS && (type == CU_MEMORYTYPE_DEVICE || type == CU_MEMORYTYPE_UNIFIED)) {
+    /* Only DEVICE counts as device memory (managed memory reports DEVICE too);
+     * whatever else a driver may say of host memory (HMM), it stays host. */
+    if (rc == CUDA_SUCCESS && type == CU_MEMORYTYPE_DEVICE) {
         *kind = ECT_MEM_CUDA;
         if (g.f.PointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
                                     (CUdeviceptr)(uintptr_t)p) == CUDA_SUCCESS &&

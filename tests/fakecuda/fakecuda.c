@@ -3,7 +3,7 @@
  * machines without a GPU. It is NOT a GPU and proves nothing about real
  * CUDA: it lets the suite drive the library's GPU code paths (memory kinds,
  * the bounce ring, CUDA IPC over shm, device sources) on every CI run. Real
- * verification is `make test-gpu` on a GPU machine (docs/DEVELOPERS.md).
+ * verification is `make test-gpu` on a GPU machine (scripts/gpu-check.sh).
  * Selected with ECT_CUDA_LIBRARY=<path of this library>.
  *
  * It exports the subset of the driver API src/mem/cuda_api.h lists, with
