@@ -192,7 +192,8 @@ static int enter(int dev, CUcontext *saved) {
     if (dev < 0 || dev >= g.ndev)
         return ect_set_error(ECT_EINVAL, "cuda: device %d does not exist (this machine has %d)",
                              dev, g.ndev);
-    CUcontext c;
+    CUcontext c = __atomic_load_n(&g.ctx[dev], __ATOMIC_ACQUIRE);
+    if (c) goto have;
     pthread_mutex_lock(&g.mu);
     c = g.ctx[dev];
     if (!c) {
@@ -203,9 +204,10 @@ static int enter(int dev, CUcontext *saved) {
             pthread_mutex_unlock(&g.mu);
             return cu_fail(rc, "retaining the primary context");
         }
-        g.ctx[dev] = c;
+        __atomic_store_n(&g.ctx[dev], c, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&g.mu);
+have:
     *saved = NULL;
     g.f.CtxGetCurrent(saved);
     if (*saved == c) return 0;
@@ -214,7 +216,7 @@ static int enter(int dev, CUcontext *saved) {
 }
 
 static void leave(int dev, CUcontext saved) {
-    if (saved != g.ctx[dev]) g.f.CtxSetCurrent(saved);
+    if (saved != __atomic_load_n(&g.ctx[dev], __ATOMIC_ACQUIRE)) g.f.CtxSetCurrent(saved);
 }
 
 /* This thread's stream for dev (context entered). */
