@@ -3,7 +3,8 @@
  * is libcuda.so.1, or whatever ECT_CUDA_LIBRARY names (the tests point it
  * at a stand-in driver built on host memory). It is loaded once, on the
  * first explicit request; cuda_active() also picks it up when the process
- * already mapped it (an engine's torch did), which is how a device pointer
+ * already mapped it (an engine's torch did: found by walking the loaded
+ * objects, no system call, since it runs per write), which is how a device pointer
  * handed in by a caller is recognised without ever loading a driver into a
  * process that has none.
  *
@@ -20,6 +21,7 @@
  */
 #include <dlfcn.h>
 #include <inttypes.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -152,13 +154,40 @@ int cuda_load(void) {
     return ect_set_error(ECT_ENOTSUP, "CUDA is unavailable: %s", g.why);
 }
 
+typedef struct find_lib {
+    const char *base; /* basename to find */
+    bool prefix;      /* match it as a prefix (libcuda.so, libcuda.so.1, libcuda.so.580...) */
+    bool found;
+} find_lib;
+
+static int find_cb(struct dl_phdr_info *info, size_t size, void *arg) {
+    (void)size;
+    find_lib *f = arg;
+    const char *n = info->dlpi_name ? info->dlpi_name : "", *b = strrchr(n, '/');
+    b = b ? b + 1 : n;
+    f->found = f->prefix ? strncmp(b, f->base, strlen(f->base)) == 0 : strcmp(b, f->base) == 0;
+    return f->found;
+}
+
+/* Whether the process already mapped the driver library. A walk of the
+ * loaded objects (no system call, well under a microsecond), because this
+ * runs per write; dlopen(RTLD_NOLOAD) costs ~30 us of path searching. */
+static bool driver_mapped(void) {
+    const char *e = getenv("ECT_CUDA_LIBRARY");
+    find_lib f = {.base = "libcuda.so", .prefix = true};
+    if (e && *e) {
+        const char *b = strrchr(e, '/');
+        f.base = b ? b + 1 : e;
+        f.prefix = false;
+    }
+    dl_iterate_phdr(find_cb, &f);
+    return f.found;
+}
+
 bool cuda_active(void) {
     int st = __atomic_load_n(&g.state, __ATOMIC_ACQUIRE);
     if (st) return st == 1;
-    void *h = dlopen(lib_name(), RTLD_NOW | RTLD_NOLOAD);
-    if (!h) return false;
-    dlclose(h);
-    return cuda_load() == 0;
+    return driver_mapped() && cuda_load() == 0;
 }
 
 int cuda_get_info(ect_cuda_info *info) {

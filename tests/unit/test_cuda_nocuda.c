@@ -4,8 +4,11 @@
  * request fails with ECT_ENOTSUP saying why, the info says why, pointers
  * are host memory, and host paths work as before. Also the driver that
  * loads but finds no device (the stand-in with FAKECUDA_DEVICES=0, in a
- * child process since the driver is loaded once per process).
+ * child process since the driver is loaded once per process), and a driver
+ * an engine loaded itself being picked up for the pointers it hands over.
  */
+#include <dlfcn.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -117,6 +120,74 @@ static void test_no_device(void **state) {
     assert_int_equal(WEXITSTATUS(st), 0);
 }
 
+/* An engine (torch) loaded the driver itself and hands over a device
+ * pointer: the library, which loads no driver on its own when it only asks
+ * what a pointer is, finds the mapped driver and treats the pointer as
+ * device memory. Runs in a child (the driver is loaded once per process). */
+typedef int (*fn_init)(unsigned);
+typedef int (*fn_retain)(void **, int);
+typedef int (*fn_set)(void *);
+typedef int (*fn_alloc)(unsigned long long *, size_t);
+
+static int engine_child(const char *fake, bool by_soname) {
+    char link[256] = "";
+    if (by_soname) { /* the engine loads "libcuda.so.1" and ECT_CUDA_LIBRARY is unset */
+        char dir[] = "/tmp/ect-engine-XXXXXX";
+        if (!mkdtemp(dir)) return 10;
+        snprintf(link, sizeof link, "%s/libcuda.so.1", dir);
+        if (symlink(fake, link) != 0) return 11;
+        unsetenv("ECT_CUDA_LIBRARY");
+        fake = link;
+    } else {
+        setenv("ECT_CUDA_LIBRARY", fake, 1);
+    }
+    uint8_t host[64];
+    int k = -1;
+    ect_mem_kind_of(host, &k, NULL);
+    if (k != ECT_MEM_HOST || dlopen(fake, RTLD_NOW | RTLD_NOLOAD)) return 1; /* nothing loaded */
+    void *h = dlopen(fake, RTLD_NOW | RTLD_LOCAL); /* what the engine does */
+    if (link[0]) {
+        unlink(link);
+        *strrchr(link, '/') = '\0';
+        rmdir(link);
+    }
+    if (!h) return 2;
+    fn_init init = (fn_init)dlsym(h, "cuInit");
+    fn_retain retain = (fn_retain)dlsym(h, "cuDevicePrimaryCtxRetain");
+    fn_set set = (fn_set)dlsym(h, "cuCtxSetCurrent");
+    fn_alloc alloc = (fn_alloc)dlsym(h, "cuMemAlloc_v2");
+    void *ctx = NULL;
+    unsigned long long d = 0;
+    if (!init || !retain || !set || !alloc || init(0) || retain(&ctx, 0) || set(ctx) ||
+        alloc(&d, 4096))
+        return 3;
+    int dev = -1;
+    ect_mem_kind_of((void *)(uintptr_t)d, &k, &dev);
+    if (k != ECT_MEM_CUDA || dev != 0) return 4;
+    uint8_t back[64];
+    test_fill_pattern(host, sizeof host, 4);
+    if (ect_mem_copy((void *)(uintptr_t)d, host, sizeof host) ||
+        ect_mem_copy(back, (void *)(uintptr_t)d, sizeof back) || memcmp(host, back, sizeof host))
+        return 5;
+    return 0;
+}
+
+static void test_engine_loaded_driver(void **state) {
+    (void)state;
+    const char *fake = getenv("ECT_FAKECUDA");
+    if (!fake) fail_msg("ECT_FAKECUDA must name the stand-in driver");
+    for (int by_soname = 0; by_soname < 2; by_soname++) {
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) _exit(engine_child(fake, by_soname));
+        int st = 0;
+        assert_int_equal(waitpid(pid, &st, 0), pid);
+        assert_true(WIFEXITED(st));
+        if (WEXITSTATUS(st) != 0)
+            fail_msg("engine child (by soname %d): step %d", by_soname, WEXITSTATUS(st));
+    }
+}
+
 int main(void) {
     const char *lib = getenv("ECT_CUDA_LIBRARY");
     if (!lib || !strstr(lib, "no-such-libcuda.so.1")) {
@@ -124,7 +195,8 @@ int main(void) {
         return 1;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_no_device), /* first: forks before anything is loaded */
+        cmocka_unit_test(test_no_device), /* first: they fork before anything is loaded */
+        cmocka_unit_test(test_engine_loaded_driver),
         cmocka_unit_test(test_info_says_why),
         cmocka_unit_test(test_gpu_requests_fail_clearly),
         cmocka_unit_test(test_host_paths_unchanged),
