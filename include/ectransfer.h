@@ -384,7 +384,9 @@ ECT_API const char *ect_xport_session(const ect_xport *x);
  *  (NUL-terminated, at most ECT_XPORT_KEY_MAX bytes) into key. fd is a file
  *  descriptor whose bytes from fd_offset are the same memory (a memfd or
  *  /dev/shm segment), or -1 if none; shm requires one (it is duplicated, the
- *  caller keeps its own). Regions may not overlap (ECT_EEXIST). */
+ *  caller keeps its own). Regions may not overlap (ECT_EEXIST). Host memory
+ *  only: CUDA device memory is refused (ECT_EINVAL; use
+ *  ect_xport_register_mem). */
 ECT_API int ect_xport_register(ect_xport *x, void *addr, uint64_t len, int fd, uint64_t fd_offset,
                                char key[ECT_XPORT_KEY_MAX]);
 
