@@ -2,6 +2,7 @@
 #   make demo   set up, build, and run the end-to-end demo
 #   make test   set up, build, and run every test
 # Others: test-asan (ASan+UBSan), test-tsan, fuzz (FUZZ_SECONDS each target),
+# test-gpu (the `gpu` tests on a real CUDA driver; needs a GPU, installs nothing),
 # bench, format, install (PREFIX), clean.
 
 JOBS ?= $(shell nproc)
@@ -17,7 +18,7 @@ define configure
 	cmake --build $(1) -j $(JOBS)
 endef
 
-.PHONY: all deps build demo test test-asan test-tsan fuzz bench format install clean
+.PHONY: all deps build demo test test-asan test-tsan test-gpu fuzz bench format install clean
 
 all: build
 
@@ -41,6 +42,13 @@ test-asan: deps
 test-tsan: deps
 	$(call configure,build-tsan,-DCMAKE_BUILD_TYPE=Debug -DECT_SANITIZE=thread)
 	UCX_ERROR_SIGNALS= UCX_MEM_EVENTS=no TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -j $(JOBS)
+
+# GPU checks on the real driver: absent CUDA is a failure here (ECT_REQUIRE_GPU),
+# a skip in `make test`. No `deps`: GPU machines may reach no package registry
+# (scripts/gpu-check.sh builds with packed libraries and runs this and the bench).
+test-gpu:
+	$(call configure,build,)
+	ECT_REQUIRE_GPU=1 ctest --test-dir build --output-on-failure -L gpu
 
 fuzz: deps
 	CC=clang $(call configure,build-fuzz,-DECT_FUZZ=ON -DECT_BUILD_TESTS=OFF)

@@ -86,6 +86,9 @@ ECT_API size_t ect_sizeof(const char *type_name);
 #define ECT_SCHED_ERROR_LEN 160  /* ect_push_sched_item.error */
 #define ECT_RESULT_ERROR_LEN 192 /* ect_push_result.error */
 #define ECT_TRANSPORT_LEN 16     /* a data plane's name ("tcp", "shm", "ucx") */
+#define ECT_CUDA_LIBRARY_LEN 256 /* ect_cuda_info.library */
+#define ECT_CUDA_NAME_LEN 128    /* ect_cuda_info.device0 */
+#define ECT_CUDA_WHY_LEN 320     /* ect_cuda_info.why */
 /** ect_last_error() texts are at most ECT_ERROR_LEN - 1 bytes. */
 #define ECT_ERROR_LEN 512
 
@@ -137,6 +140,76 @@ ECT_API int ect_log_get_level(void);
  *  "torch.bfloat16", "float8_e4m3fn", ...); 0 if the name is unknown. */
 ECT_API size_t ect_dtype_size(const char *name);
 
+/* ------------------------------------------------- memory kinds, CUDA */
+
+/*
+ * Memory kinds. Host memory is what every call takes by default. With the
+ * CUDA driver present, pools and registered regions may also be pinned host
+ * memory (registered with CUDA, so device copies run at full speed) or CUDA
+ * device memory. The library never links CUDA: it loads the driver API
+ * (libcuda.so.1, or the file named by the environment variable
+ * ECT_CUDA_LIBRARY) at run time, the first time something asks for a
+ * pinned or device kind (or ect_cuda_get_info is called). Without it every
+ * such request fails with ECT_ENOTSUP naming why, and nothing else changes.
+ *
+ * Device memory is never touched by the host: the library copies with the
+ * driver (cuMemcpyAsync on a stream of its own, waited for before a call
+ * reports the bytes landed). Memory handed to the library must be ready:
+ * synchronize the stream that produced it first.
+ *
+ * Threading: every function here is safe from any thread at once.
+ */
+typedef enum ect_mem_kind {
+    ECT_MEM_AUTO = -1,  /* ask the driver what the memory is (where a call allows it) */
+    ECT_MEM_HOST = 0,   /* ordinary host memory */
+    ECT_MEM_PINNED = 1, /* host memory registered with CUDA (cuMemHostRegister) */
+    ECT_MEM_CUDA = 2,   /* CUDA device memory (cuMemAlloc) */
+} ect_mem_kind;
+
+/** "host", "pinned", "cuda"; "?" outside the enum. */
+ECT_API const char *ect_mem_kind_name(int kind);
+
+/** Parses a device spec: "cpu" or "host" (ECT_MEM_HOST), "pinned"
+ *  (ECT_MEM_PINNED), "cuda" (ECT_MEM_CUDA, device 0) or "cuda:N". NULL or ""
+ *  is host. Fills *kind and *device (either may be NULL). ECT_EINVAL with
+ *  the accepted forms otherwise. Needs no driver. */
+ECT_API int ect_mem_parse_device(const char *spec, int *kind, int *device);
+
+/** What the CUDA driver offers this process. */
+typedef struct ect_cuda_info {
+    int available;                      /* 1 if the driver API loaded and found a device */
+    int driver_version;                 /* cuDriverGetVersion, e.g. 13000; 0 if unavailable */
+    int devices;                        /* CUDA devices */
+    char library[ECT_CUDA_LIBRARY_LEN]; /* the library file asked for */
+    char device0[ECT_CUDA_NAME_LEN];    /* name of device 0 ("" if none) */
+    char why[ECT_CUDA_WHY_LEN];         /* why it is unavailable ("" if available) */
+} ect_cuda_info;
+
+/** Loads the driver API if not done yet and fills *info. Returns 0 if CUDA
+ *  is available, else ECT_ENOTSUP (info->why and ect_last_error() say why). */
+ECT_API int ect_cuda_get_info(ect_cuda_info *info);
+
+/** What `ptr` points to: *kind gets ECT_MEM_CUDA (device memory, *device its
+ *  ordinal), ECT_MEM_PINNED (host memory registered with CUDA) or
+ *  ECT_MEM_HOST (anything else, and always when the process has not loaded
+ *  the CUDA driver: this call never loads it). device may be NULL. */
+ECT_API void ect_mem_kind_of(const void *ptr, int *kind, int *device);
+
+/** Allocates nbytes of `kind` on `device` (ignored for host): host (malloc),
+ *  pinned (cuMemHostAlloc) or CUDA (cuMemAlloc). Caller owns *out
+ *  (ect_mem_free with the same kind). Errors: ECT_EINVAL (nbytes 0, bad kind
+ *  or device); ECT_ENOTSUP (no CUDA, naming why); ECT_ENOMEM. */
+ECT_API int ect_mem_alloc(int kind, int device, uint64_t nbytes, void **out);
+
+/** Frees what ect_mem_alloc returned. Accepts NULL. */
+ECT_API void ect_mem_free(int kind, void *ptr);
+
+/** Copies nbytes between any two kinds (host, pinned, device; the kinds are
+ *  asked of the driver) and returns once the bytes are in place. Regions must
+ *  not overlap. Errors: ECT_EINVAL (NULL with nbytes > 0); ECT_EIO (the
+ *  driver refused the copy, naming its error). */
+ECT_API int ect_mem_copy(void *dst, const void *src, uint64_t nbytes);
+
 /* -------------------------------- buffer pool: alloc, pool, resident */
 
 /*
@@ -187,6 +260,15 @@ typedef struct ect_pool_opts {
                                        unpinned; default 0 */
     ect_pool_reclaim_fn on_reclaim; /* may be NULL; default NULL */
     void *reclaim_user;             /* passed to on_reclaim */
+    int mem_kind;   /* ECT_MEM_HOST (default); ECT_MEM_PINNED: the host region is registered
+                       with CUDA; ECT_MEM_CUDA: device memory (cuMemAlloc), ect_pool_base is a
+                       device address the host must not touch, and use_memfd, huge_pages and
+                       mlock must be 0. Pinned and CUDA need the driver (ECT_ENOTSUP without) */
+    int device;     /* CUDA device ordinal for ECT_MEM_CUDA; default 0 */
+    void *external; /* caller-owned memory of `capacity` bytes and kind mem_kind (aligned to
+                       `alignment`) to carve instead of mapping a region: the pool never frees
+                       it (pinned: registers it unless it already is, and undoes only its own
+                       registration); use_memfd, huge_pages and mlock must be 0. Default NULL */
 } ect_pool_opts;
 
 typedef struct ect_pool_stat {
@@ -204,6 +286,8 @@ typedef struct ect_pool_stat {
     int memfd;               /* 1 if backed by a memfd */
     int huge_pages;          /* 1 if huge pages were obtained (0 after a fallback) */
     int locked;              /* 1 if mlock succeeded (0 after a fallback) */
+    int mem_kind;            /* ECT_MEM_HOST, ECT_MEM_PINNED or ECT_MEM_CUDA */
+    int device;              /* CUDA device ordinal (ECT_MEM_CUDA), else 0 */
 } ect_pool_stat;
 
 /** What the resident cache knows about an item. */
@@ -220,14 +304,18 @@ typedef struct ect_resident_info {
 ECT_API void ect_pool_opts_init(ect_pool_opts *opts);
 
 /** Maps the region (base aligned to 2 MiB, length capacity rounded up to
- *  2 MiB) and creates its allocator and resident cache. opts may be NULL for
- *  the defaults. Caller owns *out (ect_pool_close); *out is NULL on failure.
- *  Errors: ECT_EINVAL naming the bad option; ECT_ENOMEM or ECT_EIO when the
- *  system refuses the mapping or the memfd. */
+ *  2 MiB; a CUDA region is one cuMemAlloc of that length; an external one is
+ *  the caller's) and creates its allocator and resident cache. opts may be
+ *  NULL for the defaults. Caller owns *out (ect_pool_close); *out is NULL on
+ *  failure. Errors: ECT_EINVAL naming the bad option; ECT_ENOMEM or ECT_EIO
+ *  when the system (or the CUDA driver) refuses the memory or the memfd;
+ *  ECT_ENOTSUP for a pinned or CUDA pool without the driver. */
 ECT_API int ect_pool_open(const ect_pool_opts *opts, ect_pool **out);
 
-/** Unmaps the region, closes the memfd and frees everything, resident items
- *  and outstanding allocations included; the reclaim callback is not called.
+/** Unmaps the region (frees the device memory, undoes a pinned
+ *  registration; leaves external memory alone), closes the memfd and frees
+ *  everything, resident items and outstanding allocations included; the
+ *  reclaim callback is not called.
  *  Accepts NULL. The caller must make sure no peer still writes into the
  *  region (unregister it from the transport first). */
 ECT_API void ect_pool_close(ect_pool *pool);
@@ -235,6 +323,11 @@ ECT_API void ect_pool_close(ect_pool *pool);
 /** Start of the region, aligned to 2 MiB. Owned by the pool; valid until
  *  ect_pool_close. No lock. */
 ECT_API void *ect_pool_base(const ect_pool *pool);
+
+/** The pool's memory kind (ECT_MEM_HOST, _PINNED, _CUDA) and, for CUDA, its
+ *  device ordinal. No lock. */
+ECT_API int ect_pool_mem_kind(const ect_pool *pool);
+ECT_API int ect_pool_device(const ect_pool *pool);
 
 /** Usable bytes from ect_pool_base (what a transport registers). No lock. */
 ECT_API uint64_t ect_pool_capacity(const ect_pool *pool);
@@ -363,9 +456,29 @@ ECT_API const char *ect_xport_session(const ect_xport *x);
  *  (NUL-terminated, at most ECT_XPORT_KEY_MAX bytes) into key. fd is a file
  *  descriptor whose bytes from fd_offset are the same memory (a memfd or
  *  /dev/shm segment), or -1 if none; shm requires one (it is duplicated, the
- *  caller keeps its own). Regions may not overlap (ECT_EEXIST). */
+ *  caller keeps its own). Regions may not overlap (ECT_EEXIST). Host memory
+ *  only: CUDA device memory is refused (ECT_EINVAL; use
+ *  ect_xport_register_mem). */
 ECT_API int ect_xport_register(ect_xport *x, void *addr, uint64_t len, int fd, uint64_t fd_offset,
                                char key[ECT_XPORT_KEY_MAX]);
+
+/** Registers [addr, addr + len) of memory kind `mem_kind` as a write target
+ *  (caller-owned memory is fine: an engine may hand its own buffer; it must
+ *  stay allocated until unregistered). The transport asks the driver what the
+ *  memory is and refuses a kind that does not match it (ECT_EINVAL);
+ *  ECT_MEM_AUTO takes whatever it is. Host and pinned regions behave as
+ *  ect_xport_register (fd and fd_offset as there). A CUDA device region:
+ *    tcp  payload lands in a pinned bounce ring and is copied to the device
+ *         behind the network (the copy of one slice overlaps the receive of
+ *         the next); a write is acknowledged only once its bytes are on the
+ *         device;
+ *    shm  needs no fd: same-host peers receive a CUDA IPC handle of the
+ *         allocation and copy into it with the driver (device-to-device from
+ *         a device source, host-to-device from a host one);
+ *    ucx  not supported (ECT_ENOTSUP).
+ *  Errors as ect_xport_register, plus ECT_ENOTSUP without the CUDA driver. */
+ECT_API int ect_xport_register_mem(ect_xport *x, void *addr, uint64_t len, int mem_kind, int fd,
+                                   uint64_t fd_offset, char key[ECT_XPORT_KEY_MAX]);
 
 /** Unregisters the region with this key. Blocks while a write into it is
  *  being received or copied; later writes to it are refused. ECT_ENOTFOUND
@@ -378,8 +491,13 @@ ECT_API int ect_xport_unregister(ect_xport *x, const char *key);
  *  ECT_E* code per write: ECT_EACCES wrong key, ECT_ERANGE outside the
  *  region, ECT_ENOTFOUND no such region, ECT_ECONNREFUSED target
  *  unreachable, ECT_ECLOSED target vanished before acknowledging,
- *  ECT_ETIMEDOUT no progress within io_timeout_ms. Connections are cached
- *  per session and re-established after a failure. Safe from any thread. */
+ *  ECT_ETIMEDOUT no progress within io_timeout_ms, ECT_EIO the target
+ *  could not place the bytes (a device copy failed). Connections are cached
+ *  per session and re-established after a failure. A write's src may be CUDA
+ *  device memory (asked of the driver when the process has it loaded): tcp
+ *  and ucx stage it with one device-to-host copy into pinned memory; shm
+ *  copies it straight into the peer's region (device-to-device into a CUDA
+ *  region). Safe from any thread. */
 ECT_API int ect_xport_write_batch(ect_xport *x, const char *peer_session, const ect_write *writes,
                                   size_t n, int *statuses);
 
@@ -413,7 +531,11 @@ ECT_API void ect_xport_close(ect_xport *x);
  *   "tp_size", "tp_rank"  integer  1..64 and 0..63: the consumer instance's TP layout
  *   "dp_index"            integer  0..65535: the data-parallel replica
  *   "control_timeout_s"   number   each control exchange, > 0 and <= 3600 (default 30)
- *   "push_wait_timeout_s" number   a scheduler's wait for an item to arrive, > 0 (default 60)
+ *   "push_wait_timeout_s" number   a scheduler's wait for an item to arrive, and a
+ *                                  producer's wait for room in a full consumer pool
+ *                                  (push_wait_ms), > 0 (default 60)
+ *   "ec_buffer_device"    string   where a consumer's pool lives: "cpu", "pinned",
+ *                                  "cuda" or "cuda:N" (pool_device; default "cpu")
  *   "transport"           string   "tcp", "shm" or "ucx"
  */
 
@@ -456,6 +578,15 @@ typedef struct ect_push_consumer_opts {
     int reap_interval_ms;      /* default 1000 */
     size_t max_events;         /* event backlog, default 4096 (oldest dropped) */
     size_t max_tombstones;     /* default 65536 */
+    const char *pool_device;   /* where the pool lives (upstream's ec_buffer_device): NULL or
+                                  "cpu" (default, memfd host memory), "pinned" (host memory
+                                  registered with CUDA), "cuda" or "cuda:N" (device memory;
+                                  views then point to the device). Not with ucx. Copied */
+    void *pool_memory;         /* caller-owned memory of pool_size bytes, of pool_device's
+                                  kind, 256-byte aligned, used as the pool instead of
+                                  allocating one (an engine's own buffer); must outlive the
+                                  consumer. A host buffer has no fd, so shm refuses it.
+                                  Default NULL */
 } ect_push_consumer_opts;
 
 /** A READY item taken for reading: `data` points into the consumer's pool
@@ -468,6 +599,8 @@ typedef struct ect_push_view {
     char dtype[ECT_DTYPE_LEN];
     char mm_hash[ECT_MM_HASH_LEN];
     char transfer_id[ECT_TRANSFER_ID_LEN];
+    int mem_kind; /* ECT_MEM_HOST, _PINNED, or _CUDA: `data` is a device address */
+    int device;   /* CUDA device ordinal of a device view */
 } ect_push_view;
 
 typedef struct ect_push_consumer_stat {
@@ -506,7 +639,8 @@ ECT_API int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_
 
 /** ect_push_consumer_open from a JSON object (see "configuration as JSON
  *  text"). Reads ec_ip, ec_port, tp_size, tp_rank, dp_index, ec_buffer_size
- *  (pool_size), transport, and its own keys xport_listen (string), ttl_ms,
+ *  (pool_size), transport, ec_buffer_device (pool_device), and its own keys
+ *  xport_listen (string), ttl_ms,
  *  pending_grace_ms, reap_interval_ms, max_events, max_tombstones
  *  (integers). Caller owns *out. Errors: those of the configuration, then
  *  those of ect_push_consumer_open. */
@@ -548,9 +682,10 @@ ECT_API size_t ect_push_consumer_evict(ect_push_consumer *c, size_t max);
 /** Fills *st. */
 ECT_API void ect_push_consumer_stats(ect_push_consumer *c, ect_push_consumer_stat *st);
 
-/** The shard's pool: its memfd (ect_pool_fd) lets a binding map the same
- *  bytes itself, so that views it hands out stay mapped after
- *  ect_push_consumer_close. Owned by c. Any thread. */
+/** The shard's pool (for ect_pool_stats, ect_pool_mem_kind); its memfd
+ *  (ect_pool_fd) lets a binding map the same bytes itself, so that views it
+ *  hands out stay mapped after ect_push_consumer_close. Owned by c. Any
+ *  thread. */
 ECT_API ect_pool *ect_push_consumer_pool(ect_push_consumer *c);
 
 /*
@@ -812,13 +947,19 @@ typedef struct ect_push_item {
     size_t ndim;       /* 0..8 */
     const char *dtype; /* torch dtype name, "bfloat16" or "torch.bfloat16" */
     uint64_t nbytes;   /* must equal product(shape) x dtype size */
-    /* The source, or NULL to stage it later with ect_push_producer_stage. */
+    /* The source, or NULL to stage it later with ect_push_producer_stage.
+     * It may be CUDA device memory (found out from the pointer when the
+     * process has the CUDA driver loaded; synchronize the stream that wrote
+     * it first). */
     const void *data;
     /* NULL: `data` is copied once into the staging pool during the call and
-     * the caller keeps its buffer. Else `data` is borrowed (zero copy): it
-     * must stay valid and unchanged until release(release_user, data,
-     * nbytes) fires, which it does exactly once if the call succeeded and
-     * never if it failed. */
+     * the caller keeps its buffer (a device source: one device-to-host copy,
+     * into staging that is pinned on first use). Else `data` is borrowed
+     * (zero copy): it must stay valid and unchanged until
+     * release(release_user, data, nbytes) fires, which it does exactly once
+     * if the call succeeded and never if it failed. A borrowed device source
+     * crosses tcp/ucx with one device-to-host copy into pinned memory, and
+     * shm with none (device-to-device into a CUDA pool through CUDA IPC). */
     ect_push_release_fn release;
     void *release_user;
 } ect_push_item;
@@ -864,9 +1005,11 @@ ECT_API int ect_push_producer_open(const ect_push_producer_opts *opts, ect_push_
 /** ect_push_producer_open from a JSON object (see "configuration as JSON
  *  text"). Reads ec_buffer_size (staging_size), control_timeout_s
  *  (control_timeout_ms = max(1, ceil(s x 1000)), as upstream converts it),
- *  transport, and its own keys refresh_after_ms, input_wait_ms, ttl_ms,
+ *  push_wait_timeout_s (push_wait_ms, converted the same way), transport,
+ *  and its own keys refresh_after_ms, input_wait_ms, ttl_ms,
  *  max_tombstones, connect_timeout_ms, io_timeout_ms, down_backoff_ms,
- *  down_backoff_max_ms (integers) and listen_host (string). The consumer's
+ *  down_backoff_max_ms, staging_wait_ms, expect_shards (integers) and
+ *  listen_host (string). The consumer's
  *  address comes with each item, so ec_ip and ec_port are not read. Caller
  *  owns *out. */
 ECT_API int ect_push_producer_open_config(const char *json, ect_push_producer **out);
@@ -1001,7 +1144,8 @@ ECT_API int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_
  *  max_queued_bytes (integers). Caller owns *out. */
 ECT_API int ect_pull_producer_open_config(const char *json, ect_pull_producer **out);
 
-/** Queues an item and returns at once. With release == NULL the bytes are
+/** Queues an item and returns at once. data may be CUDA device memory (see
+ *  ect_push_item.data). With release == NULL the bytes are
  *  copied before returning (a heap snapshot); otherwise they are borrowed and
  *  must stay unchanged until release(user, data) is called. The save thread
  *  then copies them into the pool (reclaiming least-recently-used items when
@@ -1098,6 +1242,8 @@ typedef struct ect_pull_consumer_opts {
     int timeout_ms;           /* wait for ECTransferComplete; default 60000 (RCVTIMEO) */
     int quarantine_ms;        /* how long a timed-out region stays unusable unless its late
                                  completion arrives first; default 60000 */
+    const char *pool_device;  /* NULL or "cpu" (default), "pinned", "cuda" or "cuda:N": as
+                                 ect_push_consumer_opts.pool_device; copied */
 } ect_pull_consumer_opts;
 
 /** A loaded item: valid, and leased in the consumer's pool, until
@@ -1108,7 +1254,9 @@ typedef struct ect_pull_view {
     uint32_t ndim;
     uint64_t shape[ECT_POOL_MAX_NDIM];
     char dtype[ECT_POOL_DTYPE_MAX];
-    int cached; /* 1 if it came from the pool's resident cache (no transfer) */
+    int cached;   /* 1 if it came from the pool's resident cache (no transfer) */
+    int mem_kind; /* ECT_MEM_HOST, _PINNED, or _CUDA: `data` is a device address */
+    int device;   /* CUDA device ordinal of a device view */
 } ect_pull_view;
 
 typedef struct ect_pull_consumer_stat {
@@ -1129,8 +1277,9 @@ ECT_API int ect_pull_consumer_open(const ect_pull_consumer_opts *opts, ect_pull_
 
 /** ect_pull_consumer_open from a JSON object (see "configuration as JSON
  *  text"): the producer is "ec_ip:ec_port" (port 1..65535); ec_buffer_size
- *  (pool_size), transport, and its own keys xport_listen (string),
- *  alignment, timeout_ms, quarantine_ms (integers). Caller owns *out. */
+ *  (pool_size), transport, ec_buffer_device (pool_device), and its own keys
+ *  xport_listen (string), alignment, timeout_ms, quarantine_ms (integers).
+ *  Caller owns *out. */
 ECT_API int ect_pull_consumer_open_config(const char *json, ect_pull_consumer **out);
 
 /** Loads mm_hash: from the resident cache if present, else allocates

@@ -134,6 +134,8 @@ class PushView(ctypes.Structure):
         ("dtype", ctypes.c_char * DTYPE_LEN),
         ("mm_hash", ctypes.c_char * MM_HASH_LEN),
         ("transfer_id", ctypes.c_char * TRANSFER_ID_LEN),
+        ("mem_kind", ctypes.c_int),
+        ("device", ctypes.c_int),
     ]
 
 
@@ -160,6 +162,7 @@ class PushResult(ctypes.Structure):
         ("latency_ns", U64),
         ("shards", ctypes.c_uint32),
         ("transport", ctypes.c_char * TRANSPORT_LEN),
+        ("retries", ctypes.c_uint32),
     ]
 
 
@@ -193,6 +196,13 @@ class PushConsumerStat(ctypes.Structure):
             "events_dropped",
             "bad_requests",
             "evictions",
+            "peak_live",
+            "peak_held",
+            "finished",
+            "abandoned",
+            "expired",
+            "refused_full",
+            "refused_other",
         )
     ]
 
@@ -228,6 +238,10 @@ class PushProducerStat(ctypes.Structure):
             "cancelled",
             "refreshes",
             "staged_bytes_in_use",
+            "full_refusals",
+            "retries",
+            "give_backs",
+            "staging_waits",
         )
     ]
 
@@ -250,6 +264,8 @@ class PullView(ctypes.Structure):
         ("shape", Shape),
         ("dtype", ctypes.c_char * DTYPE_LEN),
         ("cached", ctypes.c_int),
+        ("mem_kind", ctypes.c_int),
+        ("device", ctypes.c_int),
     ]
 
 

@@ -56,6 +56,9 @@ int bench_alloc(int argc, char **argv);
 /* bench_xport.c: `ect bench xport` (tcp/shm/ucx batch writes vs raw TCP, memcpy, ucx_perftest). */
 int bench_xport(int argc, char **argv);
 
+/* bench_gpu.c: `ect bench gpu` (GPU pools over tcp and shm/CUDA IPC vs device copies). */
+int bench_gpu(int argc, char **argv);
+
 /* checksum.c: XXH64 (seed 0) over every byte (printed as 16 hex digits);
  * the one checksum every command prints and compares. */
 #include <stddef.h>

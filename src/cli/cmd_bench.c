@@ -29,6 +29,13 @@ static const cli_bench benches[] = {
     {NULL, NULL, NULL},
 };
 
+/* Run by name only (they need hardware the combined run cannot assume). */
+static const cli_bench named_only[] = {
+    {"gpu", "GPU pools over tcp and shm/CUDA IPC, 4.5 and 64 MiB, vs device copies (needs CUDA)",
+     bench_gpu},
+    {NULL, NULL, NULL},
+};
+
 /* Flags each benchmark gets in the combined run: default, and --quick. */
 static const struct {
     const char *name;
@@ -254,6 +261,8 @@ static void help(void) {
            "  --quick   the shortest timings each benchmark allows (a smoke run; noisy)\n\n"
            "benchmarks:\n");
     for (const cli_bench *b = benches; b->name; b++) printf("  %-10s %s\n", b->name, b->summary);
+    printf("by name only (not in the combined run):\n");
+    for (const cli_bench *b = named_only; b->name; b++) printf("  %-10s %s\n", b->name, b->summary);
     printf("\n'ect bench NAME --help' describes each one's flags.\n");
 }
 
@@ -261,8 +270,10 @@ int cmd_bench(int argc, char **argv) {
     if (argc >= 2 && argv[1][0] != '-') {
         for (const cli_bench *b = benches; b->name; b++)
             if (strcmp(argv[1], b->name) == 0) return b->run(argc - 1, argv + 1);
+        for (const cli_bench *b = named_only; b->name; b++)
+            if (strcmp(argv[1], b->name) == 0) return b->run(argc - 1, argv + 1);
         return cli_usage_error(
-            "bench", "unknown benchmark '%s'; accepted: push, pull, xport, alloc", argv[1]);
+            "bench", "unknown benchmark '%s'; accepted: push, pull, xport, alloc, gpu", argv[1]);
     }
     bool json = false, quick = false;
     for (int i = 1; i < argc; i++) {

@@ -78,10 +78,10 @@ static void print_defaults(void) {
     printf("  push consumer                 ec_ip %s, ec_port %d (+ dp_index x tp_size + tp_rank),"
            " tp_size %d, pool %" PRIu64 " B, transport %s,\n"
            "                                ttl %" PRIu64 " ms, pending grace %" PRIu64
-           " ms, reaper %d ms, events %zu, tombstones %zu\n",
+           " ms, reaper %d ms, events %zu, tombstones %zu, pool device %s\n",
            co.ec_ip ? co.ec_ip : "(none)", co.ec_port, co.tp_size, co.pool_size,
            co.transport ? co.transport : "tcp", co.ttl_ms, co.pending_grace_ms, co.reap_interval_ms,
-           co.max_events, co.max_tombstones);
+           co.max_events, co.max_tombstones, co.pool_device ? co.pool_device : "cpu");
     printf("  push scheduler                consumer %s:%d, push wait %" PRIu64 " ms, ttl %" PRIu64
            " ms, control timeout %.0f s, cancel attempts %u, drain %" PRIu64 " ms\n",
            so.consumer_host ? so.consumer_host : "(none)", so.consumer_port, so.push_wait_ms,
@@ -114,8 +114,9 @@ static void print_defaults(void) {
 static void help(void) {
     printf("usage: ect info\n\n"
            "Prints the library version, the build, the transports compiled in (each tried\n"
-           "with a 1-byte loopback write: 'works' or why it fails) and the\n"
-           "protocol defaults.\n");
+           "with a 1-byte loopback write: 'works' or why it fails), whether CUDA is\n"
+           "available (the driver, libcuda.so.1 or $ECT_CUDA_LIBRARY, is loaded at run time;\n"
+           "if it is not, why) and the protocol defaults.\n");
 }
 
 int cmd_info(int argc, char **argv) {
@@ -141,6 +142,16 @@ int cmd_info(int argc, char **argv) {
         char why[200];
         printf("  %-4s %s\n", kinds[k], probe_transport(kinds[k], why, sizeof why) ? "works" : why);
     }
+    ect_cuda_info ci;
+    if (ect_cuda_get_info(&ci) == 0)
+        printf("cuda: available: driver %d.%d (%s), %d device%s, device 0: %s\n",
+               ci.driver_version / 1000, ci.driver_version % 1000 / 10, ci.library, ci.devices,
+               ci.devices == 1 ? "" : "s", ci.device0);
+    else
+        printf("cuda: unavailable: %s\n"
+               "      (GPU memory kinds fail with this reason: --pool-device cuda|pinned,\n"
+               "      --device cuda; set ECT_CUDA_LIBRARY to use another driver library)\n",
+               ci.why);
     print_defaults();
     return CLI_EXIT_OK;
 }

@@ -34,7 +34,7 @@ static void help(void) {
         "usage: ect push --to HOST:PORT [--count N] [--size SIZE | --shape AxB...] [--dtype D]\n"
         "                [--file F] [--step K] [--seed S] [--id-prefix P] [--timeout S]\n"
         "                [--control-timeout S] [--transport tcp|shm|ucx] [--tp N]\n"
-        "                [--repeat NEW:REP] [--push-wait S]\n\n"
+        "                [--repeat NEW:REP] [--push-wait S] [--device cpu|cuda|cuda:N]\n\n"
         "Pushes items into the consumer instance whose TP rank 0 serves control requests at\n"
         "HOST:PORT (`ect push-consumer`): reserve on every shard (found through `peers`), one\n"
         "batched write per destination session, complete on every shard. The data plane\n"
@@ -63,7 +63,11 @@ static void help(void) {
         "                        fails before anything is reserved (default: whatever the\n"
         "                        consumer offers)\n"
         "  --tp N                require the consumer to have N shards (TP ranks): with another\n"
-        "                        number every item fails before anything is reserved\n\n"
+        "                        number every item fails before anything is reserved\n"
+        "  --device D            where the items live: cpu (default), or cuda / cuda:N (GPU\n"
+        "                        memory, borrowed: tcp stages each with one device-to-host\n"
+        "                        copy, shm into a GPU pool copies device to device by CUDA\n"
+        "                        IPC). Needs the CUDA driver (`ect info`)\n\n"
         "Item i: bytes = a splitmix64 stream seeded with (seed, c), or the file's bytes; c = i,\n"
         "  or with --repeat: block b = i / (NEW + REP), r = i %% (NEW + REP),\n"
         "  c = b x NEW + (r < NEW ? r : r - NEW).\n"
@@ -118,6 +122,7 @@ typedef struct slot {
     char hash[320];
     uint64_t checksum;
     void *data;
+    void *dev; /* --device cuda: the item's device copy (what is pushed) */
     bool reported;
 } slot;
 
@@ -156,7 +161,7 @@ static uint64_t content_index(uint64_t i, uint64_t rep_new, uint64_t rep_rep) {
  * False when a buffer cannot be allocated. */
 static bool prepare_step(slot *bank, size_t k, uint64_t base, uint64_t nbytes, uint64_t seed,
                          const uint64_t repeat[2], const void *fdata, uint64_t fck, const char *pfx,
-                         const char *dtype, const char *shape_txt) {
+                         const char *dtype, const char *shape_txt, int dev) {
     for (size_t j = 0; j < k; j++) {
         slot *s = &bank[j];
         s->reported = false;
@@ -166,6 +171,16 @@ static bool prepare_step(slot *bank, size_t k, uint64_t base, uint64_t nbytes, u
                 return false;
             }
             fill(s->data, nbytes, seed, content_index(base + j, repeat[0], repeat[1]));
+            if (dev >= 0) {
+                if (!s->dev && ect_mem_alloc(ECT_MEM_CUDA, dev, nbytes, &s->dev) != 0) {
+                    fprintf(stderr, "ect push: --device: %s\n", ect_last_error());
+                    return false;
+                }
+                if (ect_mem_copy(s->dev, s->data, nbytes) != 0) {
+                    fprintf(stderr, "ect push: --device: %s\n", ect_last_error());
+                    return false;
+                }
+            }
         }
         s->checksum = fdata ? fck : cli_checksum(s->data, nbytes);
         snprintf(s->tid, sizeof s->tid, "%s-%" PRIu64, pfx, base + j);
@@ -232,19 +247,21 @@ int cmd_push(int argc, char **argv) {
                                          {"tp", required_argument, 0, 'P'},
                                          {"repeat", required_argument, 0, 'R'},
                                          {"push-wait", required_argument, 0, 'W'},
+                                         {"device", required_argument, 0, 'D'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *to = NULL, *file = NULL, *dtype = "bfloat16", *prefix = NULL;
     uint64_t count = 1, size = 0, step = 0, seed = 1, timeout_s = 120, ctl_s = 30, tp = 0;
     uint64_t push_wait_s = 60;
     const char *transport = NULL;
+    int dev = -1; /* --device cuda:N: N; -1: host */
     uint64_t shape[WIRE_MAX_NDIM] = {576, 4096};
     uint64_t repeat[2] = {0, 0}; /* --repeat NEW:REP; 0: every item new */
     size_t ndim = 2;
     bool have_size = false, have_shape = false;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "t:n:s:S:d:f:k:r:p:T:C:x:P:R:W:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "t:n:s:S:d:f:k:r:p:T:C:x:P:R:W:D:h", opts, NULL)) != -1) {
         switch (c) {
         case 't': to = optarg; break;
         case 'n':
@@ -300,6 +317,13 @@ int cmd_push(int argc, char **argv) {
             if (!ok) return CLI_EXIT_USAGE;
             if (repeat[1] > repeat[0])
                 return cli_usage_error(CMD, "--repeat %s: REP must be at most NEW", optarg);
+            break;
+        }
+        case 'D': {
+            int kind, ord;
+            if (ect_mem_parse_device(optarg, &kind, &ord) != 0 || kind == ECT_MEM_PINNED)
+                return cli_usage_error(CMD, "--device %s: expected cpu, cuda or cuda:N", optarg);
+            dev = kind == ECT_MEM_CUDA ? ord : -1;
             break;
         }
         case 'h': help(); return CLI_EXIT_OK;
@@ -404,8 +428,15 @@ int cmd_push(int argc, char **argv) {
     uint64_t n_done = 0, n_failed = 0, n_retried = 0;
     uint64_t fck = file ? cli_checksum(fdata, nbytes) : 0;
     int rc = CLI_EXIT_OK;
-    if (!prepare_step(slots, (size_t)step, 0, nbytes, seed, repeat, fdata, fck, pfx, dtype,
-                      shape_txt))
+    void *fdev = NULL; /* --file with --device: the file's bytes on the device */
+    if (file && dev >= 0 &&
+        (ect_mem_alloc(ECT_MEM_CUDA, dev, nbytes, &fdev) != 0 ||
+         ect_mem_copy(fdev, fdata, nbytes) != 0)) {
+        fprintf(stderr, "ect push: --device: %s\n", ect_last_error());
+        rc = CLI_EXIT_FAIL;
+    }
+    if (rc == CLI_EXIT_OK && !prepare_step(slots, (size_t)step, 0, nbytes, seed, repeat, fdata, fck,
+                                           pfx, dtype, shape_txt, dev))
         rc = CLI_EXIT_FAIL;
     for (uint64_t base = 0; rc == CLI_EXIT_OK && base < count; base += step) {
         size_t k = (size_t)(count - base < step ? count - base : step);
@@ -413,7 +444,7 @@ int cmd_push(int argc, char **argv) {
         size_t queued = 0;
         for (size_t j = 0; j < k; j++) {
             slot *s = &bank[j];
-            const void *src = file ? fdata : s->data;
+            const void *src = file ? (fdev ? fdev : fdata) : (s->dev ? s->dev : s->data);
             ect_push_item it = {.transfer_id = s->tid,
                                 .consumer = to,
                                 .mm_hash = s->hash,
@@ -439,7 +470,7 @@ int cmd_push(int argc, char **argv) {
         if (next < count) {
             size_t nk = (size_t)(count - next < step ? count - next : step);
             if (!prepare_step(slots + (next / step % nbank) * step, nk, next, nbytes, seed, repeat,
-                              fdata, fck, pfx, dtype, shape_txt))
+                              fdata, fck, pfx, dtype, shape_txt, dev))
                 rc = CLI_EXIT_FAIL; /* after this step's results */
         }
         uint64_t end = ect_now_ms() + timeout_s * 1000;
@@ -482,7 +513,11 @@ int cmd_push(int argc, char **argv) {
         }
     }
     ect_push_producer_close(p);
-    for (size_t j = 0; j < nbank * step; j++) free(slots[j].data);
+    for (size_t j = 0; j < nbank * step; j++) {
+        free(slots[j].data);
+        ect_mem_free(ECT_MEM_CUDA, slots[j].dev);
+    }
+    ect_mem_free(ECT_MEM_CUDA, fdev);
     free(slots);
     free(res);
     free(fdata);

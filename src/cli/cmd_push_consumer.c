@@ -43,38 +43,44 @@ static void on_signal(int sig) {
 }
 
 static void help(void) {
-    printf("usage: ect push-consumer --host H --port P [--tp N] [--dp-index I] [--pool-size SIZE]\n"
-           "                         [--transport tcp|shm|ucx] [--count N] [--ttl SECONDS]\n"
-           "\n"
-           "Runs one push-protocol consumer instance: a control server per TP rank, bound on\n"
-           "H at ports P + dp_index x N + rank, plus the instance's scheduler. Every transfer\n"
-           "that all N shards report ready is accepted (the producer picks transfer ids), taken\n"
-           "on every rank, verified readable and identical across ranks, printed, released to\n"
-           "the resident cache (a later push of the same mm_hash is answered `cached`) and\n"
-           "finished. Runs until SIGINT or SIGTERM (or --count items), then closes cleanly.\n"
-           "\n"
-           "  --host H          address to bind the control sockets and transport on\n"
-           "  --port P          base control port (ec_port), e.g. 14579\n"
-           "  --tp N            tensor-parallel ranks (shards), 1..64; default 1\n"
-           "  --dp-index I      data-parallel index; default 0\n"
-           "  --pool-size SIZE  buffer pool per rank (\"1GiB\", \"64MiB\"); default 1000000000\n"
-           "  --transport T     tcp (default), shm or ucx\n"
-           "  --count N         exit 0 after N items (default: run until a signal)\n"
-           "  --ttl SECONDS     reservation TTL (default 300); the pending grace is the same\n"
-           "\n"
-           "Output: one JSON line per item on stdout:\n"
-           "  {\"transfer_id\",\"mm_hash\",\"nbytes\",\"shape\",\"dtype\",\"checksum\"}\n"
-           "checksum is XXH64 (seed 0) of the bytes as 16 hex digits (as `ect push` prints);\n"
-           "dtype is the canonical name (\"float32\" for a reserve of \"torch.float32\").\n"
-           "On stderr, as they happen: \"ect push-consumer: transfer T failed: ...\" for every\n"
-           "transfer that fails (abandoned by the producer, not on every rank within the push\n"
-           "wait, never loaded, a rank whose bytes differ); at most once a second per rank, the\n"
-           "reservations that expired or were abandoned and the reserves refused since the\n"
-           "last such line (a full pool is not a failure: producers wait and retry); the\n"
-           "shards' own warnings say why each refusal happened. A line \"ect push-consumer:\n"
-           "ready ...\" tells that every shard is listening. At exit, per rank: live\n"
-           "reservations and bytes in use (0 and 0 after a clean run), the peaks, and the\n"
-           "totals of refused, expired and abandoned reservations.\n");
+    printf(
+        "usage: ect push-consumer --host H --port P [--tp N] [--dp-index I] [--pool-size SIZE]\n"
+        "                         [--transport tcp|shm|ucx] [--count N] [--ttl SECONDS]\n"
+        "                         [--pool-device cpu|pinned|cuda|cuda:N]\n"
+        "\n"
+        "Runs one push-protocol consumer instance: a control server per TP rank, bound on\n"
+        "H at ports P + dp_index x N + rank, plus the instance's scheduler. Every transfer\n"
+        "that all N shards report ready is accepted (the producer picks transfer ids), taken\n"
+        "on every rank, verified readable and identical across ranks, printed, released to\n"
+        "the resident cache (a later push of the same mm_hash is answered `cached`) and\n"
+        "finished. Runs until SIGINT or SIGTERM (or --count items), then closes cleanly.\n"
+        "\n"
+        "  --host H          address to bind the control sockets and transport on\n"
+        "  --port P          base control port (ec_port), e.g. 14579\n"
+        "  --tp N            tensor-parallel ranks (shards), 1..64; default 1\n"
+        "  --dp-index I      data-parallel index; default 0\n"
+        "  --pool-size SIZE  buffer pool per rank (\"1GiB\", \"64MiB\"); default 1000000000\n"
+        "  --transport T     tcp (default), shm or ucx\n"
+        "  --count N         exit 0 after N items (default: run until a signal)\n"
+        "  --ttl SECONDS     reservation TTL (default 300); the pending grace is the same\n"
+        "  --pool-device D   where each rank's pool lives (upstream ec_buffer_device): cpu\n"
+        "                    (default), pinned (host memory registered with CUDA), cuda or\n"
+        "                    cuda:N (GPU memory: tcp lands bytes through a pinned bounce ring,\n"
+        "                    shm by CUDA IPC; not with ucx). Needs the CUDA driver (`ect info`)\n"
+        "\n"
+        "Output: one JSON line per item on stdout:\n"
+        "  {\"transfer_id\",\"mm_hash\",\"nbytes\",\"shape\",\"dtype\",\"checksum\"}\n"
+        "checksum is XXH64 (seed 0) of the bytes as 16 hex digits (as `ect push` prints);\n"
+        "dtype is the canonical name (\"float32\" for a reserve of \"torch.float32\").\n"
+        "On stderr, as they happen: \"ect push-consumer: transfer T failed: ...\" for every\n"
+        "transfer that fails (abandoned by the producer, not on every rank within the push\n"
+        "wait, never loaded, a rank whose bytes differ); at most once a second per rank, the\n"
+        "reservations that expired or were abandoned and the reserves refused since the\n"
+        "last such line (a full pool is not a failure: producers wait and retry); the\n"
+        "shards' own warnings say why each refusal happened. A line \"ect push-consumer:\n"
+        "ready ...\" tells that every shard is listening. At exit, per rank: live\n"
+        "reservations and bytes in use (0 and 0 after a clean run), the peaks, and the\n"
+        "totals of refused, expired and abandoned reservations.\n");
 }
 
 static void print_item(const ect_push_view *v, uint64_t ck) {
@@ -114,7 +120,21 @@ static bool consume(ect_push_consumer **cons, int tp, ect_push_scheduler *s,
             break;
         }
         taken++;
-        uint64_t ck = cli_checksum(views[r].data, views[r].nbytes);
+        uint64_t ck = 0;
+        if (views[r].mem_kind == ECT_MEM_CUDA) { /* checksum a host copy of the device bytes */
+            void *h = views[r].nbytes ? malloc(views[r].nbytes) : NULL;
+            if (views[r].nbytes && (!h || ect_mem_copy(h, views[r].data, views[r].nbytes))) {
+                fprintf(stderr, "ect push-consumer: %s: copying rank %d's device bytes: %s\n",
+                        it->transfer_id, r, h ? ect_last_error() : "out of memory");
+                free(h);
+                ok = false;
+                break;
+            }
+            ck = cli_checksum(h, views[r].nbytes);
+            free(h);
+        } else {
+            ck = cli_checksum(views[r].data, views[r].nbytes);
+        }
         if (r == 0) ck0 = ck;
         if (ck != ck0 || views[r].nbytes != views[0].nbytes) {
             fprintf(stderr,
@@ -176,9 +196,10 @@ int cmd_push_consumer(int argc, char **argv) {
                                          {"transport", required_argument, 0, 'x'},
                                          {"count", required_argument, 0, 'n'},
                                          {"ttl", required_argument, 0, 'T'},
+                                         {"pool-device", required_argument, 0, 'D'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    const char *host = NULL, *transport = "tcp";
+    const char *host = NULL, *transport = "tcp", *pool_device = "cpu";
     uint64_t port = 0, tp = 1, dp = 0, pool = 1000000000ull, count = 0, ttl = 300;
     int c;
     optind = 1;
@@ -208,6 +229,14 @@ int cmd_push_consumer(int argc, char **argv) {
             break;
         case 'T':
             if (!cli_parse_u64("--ttl", optarg, 1, 86400, &ttl)) return CLI_EXIT_USAGE;
+            break;
+        case 'D':
+            if (ect_mem_parse_device(optarg, NULL, NULL) != 0)
+                return cli_usage_error("push-consumer",
+                                       "--pool-device %s: expected cpu, pinned, "
+                                       "cuda or cuda:N",
+                                       optarg);
+            pool_device = optarg;
             break;
         case 'h': help(); return CLI_EXIT_OK;
         default: return cli_bad_flag("push-consumer", opts);
@@ -247,6 +276,7 @@ int cmd_push_consumer(int argc, char **argv) {
         o.transport = transport;
         o.ttl_ms = ttl * 1000;
         o.pending_grace_ms = ttl * 1000;
+        o.pool_device = pool_device;
         if (ect_push_consumer_open(&o, &cons[r]) != 0) {
             fprintf(stderr, "ect push-consumer: rank %" PRIu64 ": %s\n", r, ect_last_error());
             rc = CLI_EXIT_FAIL;
@@ -267,8 +297,8 @@ int cmd_push_consumer(int argc, char **argv) {
     }
     fprintf(stderr,
             "ect push-consumer: ready on %s ports %" PRIu64 "..%" PRIu64 " (tp %" PRIu64
-            ", %s, pool %" PRIu64 " bytes per rank)\n",
-            host, port + dp * tp, last, tp, transport, pool);
+            ", %s, pool %" PRIu64 " bytes per rank on %s)\n",
+            host, port + dp * tp, last, tp, transport, pool, pool_device);
     bool announced = false;
     ect_push_consumer_stat prev[MAX_TP];
     memset(prev, 0, sizeof prev);

@@ -14,6 +14,12 @@
  * peer that holds the fd can never truncate it under us (which would turn our
  * own accesses into SIGBUS).
  *
+ * Other kinds (see the public header): a CUDA pool is one cuMemAlloc of the
+ * same rounded length, whose base the host never dereferences (the allocator
+ * and resident cache only do arithmetic on offsets); a pinned pool is an
+ * ordinary region registered with the driver; an external pool carves
+ * caller-owned memory and never frees it.
+ *
  * Reclaim callbacks are collected under the mutex and delivered after it is
  * released, so an owner may take its own locks or call back into the pool
  * from the callback without deadlocking against another thread.
@@ -29,6 +35,7 @@
 #include <unistd.h>
 
 #include "mem/alloc.h"
+#include "mem/cuda.h"
 #include "mem/pool.h"
 #include "mem/resident.h"
 #include "util/util.h"
@@ -51,6 +58,9 @@ struct ect_pool {
     uint64_t map_len;
     int fd;
     int huge, locked;
+    int kind, device;
+    bool external;   /* base belongs to the caller */
+    bool registered; /* we registered it with CUDA (pinned) */
     ect_pool_reclaim_fn on_reclaim;
     void *reclaim_user;
 };
@@ -130,6 +140,44 @@ static int map_region(ect_pool *p, int want_huge) {
     return 0;
 }
 
+/* An external region (any kind) or a CUDA one. */
+static int open_other(ect_pool *p, const ect_pool_opts *opts) {
+    if (opts->external) {
+        p->base = opts->external;
+        p->external = true;
+        p->map_len = p->capacity;
+        int k, d;
+        cuda_ptr_kind(p->base, &k, &d);
+        if ((p->kind == ECT_MEM_CUDA) != (k == ECT_MEM_CUDA))
+            return ect_set_error(ECT_EINVAL, "opts.external %p is %s memory, not %s", p->base,
+                                 k == ECT_MEM_CUDA ? "CUDA device" : "host",
+                                 ect_mem_kind_name(p->kind));
+        if (p->kind == ECT_MEM_CUDA) p->device = d;
+        if (p->kind == ECT_MEM_PINNED) {
+            bool already;
+            int rc = cuda_host_register(p->base, p->map_len, &already);
+            if (rc) return rc;
+            p->registered = !already;
+        }
+        return 0;
+    }
+    return cuda_dev_alloc(p->device, p->map_len, &p->base);
+}
+
+/* Gives the region back however it was obtained. */
+static void release_region(ect_pool *p) {
+    if (!p->base) return;
+    if (p->registered) cuda_host_unregister(p->base);
+    p->registered = false;
+    if (p->external) return;
+    if (p->kind == ECT_MEM_CUDA) {
+        cuda_dev_free(p->base);
+        return;
+    }
+    if (p->locked) munlock(p->base, p->map_len);
+    munmap(p->base, p->map_len);
+}
+
 int ect_pool_open(const ect_pool_opts *opts, ect_pool **out) {
     if (!out) return ect_set_error(ECT_EINVAL, "out must not be NULL");
     *out = NULL;
@@ -138,9 +186,26 @@ int ect_pool_open(const ect_pool_opts *opts, ect_pool **out) {
         ect_pool_opts_init(&def);
         opts = &def;
     }
+    int kind = opts->mem_kind;
+    if (kind != ECT_MEM_HOST && kind != ECT_MEM_PINNED && kind != ECT_MEM_CUDA)
+        return ect_set_error(ECT_EINVAL, "opts.mem_kind %d: must be ECT_MEM_HOST, _PINNED or _CUDA",
+                             kind);
+    if ((kind == ECT_MEM_CUDA || opts->external) &&
+        (opts->use_memfd || opts->huge_pages || opts->mlock))
+        return ect_set_error(ECT_EINVAL, "opts.use_memfd, huge_pages and mlock must be 0 for %s",
+                             opts->external ? "external memory" : "a CUDA pool");
+    if (opts->external && opts->alignment && ((uintptr_t)opts->external % opts->alignment))
+        return ect_set_error(ECT_EINVAL, "opts.external %p is not aligned to %llu bytes",
+                             opts->external, (unsigned long long)opts->alignment);
+    if (kind != ECT_MEM_HOST) {
+        int rc = kind == ECT_MEM_CUDA ? cuda_check_device(opts->device) : cuda_load();
+        if (rc) return ect_set_error(rc, "%s pool: %s", ect_mem_kind_name(kind), ect_last_error());
+    }
     ect_pool *p = calloc(1, sizeof *p);
     if (!p) return ect_set_error(ECT_ENOMEM, "pool: out of memory");
     p->fd = -1;
+    p->kind = kind;
+    p->device = kind == ECT_MEM_CUDA ? opts->device : 0;
     int rc = alloc_create(opts->capacity, opts->alignment, &p->a);
     if (rc) goto fail;
     rc = resident_create(p->a, &p->res);
@@ -149,6 +214,11 @@ int ect_pool_open(const ect_pool_opts *opts, ect_pool **out) {
     alloc_get_stats(p->a, &st);
     p->capacity = st.capacity;
     p->map_len = (st.capacity + POOL_BASE_ALIGN - 1) & ~(POOL_BASE_ALIGN - 1);
+    if (opts->external || kind == ECT_MEM_CUDA) {
+        rc = open_other(p, opts);
+        if (rc) goto fail;
+        goto opened;
+    }
     p->huge = opts->huge_pages ? 1 : 0;
     if (opts->use_memfd) {
         int fd = open_memfd(p->map_len, &p->huge);
@@ -182,6 +252,12 @@ int ect_pool_open(const ect_pool_opts *opts, ect_pool **out) {
             ECT_LOGW("pool", "mlock of %llu bytes refused (%s): the pool is not pinned",
                      (unsigned long long)p->map_len, strerror(errno));
     }
+    if (kind == ECT_MEM_PINNED) {
+        bool already;
+        if ((rc = cuda_host_register(p->base, p->map_len, &already))) goto fail;
+        p->registered = !already;
+    }
+opened:
     rc = pthread_mutex_init(&p->mu, NULL);
     if (rc) {
         rc = ect_set_errno(rc, "pool mutex");
@@ -189,12 +265,13 @@ int ect_pool_open(const ect_pool_opts *opts, ect_pool **out) {
     }
     p->on_reclaim = opts->on_reclaim;
     p->reclaim_user = opts->reclaim_user;
-    ECT_LOGD("pool", "opened %llu bytes at %p (fd %d, huge %d, locked %d)",
-             (unsigned long long)p->capacity, p->base, p->fd, p->huge, p->locked);
+    ECT_LOGD("pool", "opened %llu %s bytes at %p (fd %d, huge %d, locked %d%s)",
+             (unsigned long long)p->capacity, ect_mem_kind_name(p->kind), p->base, p->fd, p->huge,
+             p->locked, p->external ? ", external" : "");
     *out = p;
     return 0;
 fail:
-    if (p->base) munmap(p->base, p->map_len);
+    release_region(p);
     if (p->fd >= 0) close(p->fd);
     resident_destroy(p->res);
     alloc_destroy(p->a);
@@ -204,8 +281,7 @@ fail:
 
 void ect_pool_close(ect_pool *p) {
     if (!p) return;
-    if (p->locked) munlock(p->base, p->map_len);
-    munmap(p->base, p->map_len);
+    release_region(p);
     if (p->fd >= 0) close(p->fd);
     resident_destroy(p->res);
     alloc_destroy(p->a);
@@ -216,6 +292,26 @@ void ect_pool_close(ect_pool *p) {
 void *ect_pool_base(const ect_pool *p) { return p ? p->base : NULL; }
 uint64_t ect_pool_capacity(const ect_pool *p) { return p ? p->capacity : 0; }
 int ect_pool_fd(const ect_pool *p) { return p ? p->fd : -1; }
+int pool_pin(ect_pool *p) {
+    pthread_mutex_lock(&p->mu);
+    int rc = 0;
+    if (p->kind == ECT_MEM_HOST && !p->external) {
+        bool already;
+        rc = cuda_host_register(p->base, p->map_len, &already);
+        if (!rc) {
+            __atomic_store_n(&p->kind, ECT_MEM_PINNED, __ATOMIC_RELAXED);
+            p->registered = !already;
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+int ect_pool_mem_kind(const ect_pool *p) {
+    if (!p) return ECT_MEM_HOST;
+    return __atomic_load_n(&p->kind, __ATOMIC_RELAXED);
+}
+int ect_pool_device(const ect_pool *p) { return p ? p->device : 0; }
 uint64_t pool_map_length(const ect_pool *p) { return p ? p->map_len : 0; }
 
 /* Hands the victims to the owner's callback (mutex not held), keeping the
@@ -314,6 +410,8 @@ void ect_pool_stats(ect_pool *p, ect_pool_stat *st) {
     st->memfd = p->fd >= 0;
     st->huge_pages = p->huge;
     st->locked = p->locked;
+    st->mem_kind = ect_pool_mem_kind(p);
+    st->device = p->device;
 }
 
 int ect_pool_put(ect_pool *p, const char *mm_hash, uint64_t offset, uint64_t nbytes,

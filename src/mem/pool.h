@@ -16,4 +16,10 @@
  * A peer maps this many bytes of ect_pool_fd(). No lock. */
 uint64_t pool_map_length(const ect_pool *pool);
 
+/* Registers a host pool's region with CUDA (pinned) if it is not yet, so
+ * device copies into it run at full speed; the registration is undone at
+ * close. 0 when pinned (or a CUDA pool), else the driver's error. Takes the
+ * pool's mutex. */
+int pool_pin(ect_pool *pool);
+
 #endif

@@ -85,6 +85,7 @@ int pull_consumer_config(const char *json, ect_pull_consumer_opts *o, json_t **r
     if (v[JC_ALIGNMENT].set) o->alignment = v[JC_ALIGNMENT].u;
     if (v[JC_TIMEOUT_MS].set) o->timeout_ms = v[JC_TIMEOUT_MS].i;
     if (v[JC_QUARANTINE_MS].set) o->quarantine_ms = v[JC_QUARANTINE_MS].i;
+    if (v[JC_EC_BUFFER_DEVICE].set) o->pool_device = v[JC_EC_BUFFER_DEVICE].s;
     return 0;
 }
 

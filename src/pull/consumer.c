@@ -32,7 +32,7 @@ typedef struct quarantined {
 
 struct ect_pull_consumer {
     ect_pull_consumer_opts o;
-    char producer[300], transport[16];
+    char producer[300], transport[16], pool_device[32];
     ect_pool *pool;
     ect_xport *x;
     char key[ECT_XPORT_KEY_MAX];
@@ -90,6 +90,8 @@ static void view_from_info(ect_pull_consumer *c, const ect_resident_info *in, ec
     memcpy(v->shape, in->shape, sizeof v->shape);
     memcpy(v->dtype, in->dtype, sizeof v->dtype);
     v->cached = cached;
+    v->mem_kind = ect_pool_mem_kind(c->pool);
+    v->device = ect_pool_device(c->pool);
 }
 
 /* Waits for the completion of (mm_hash, token). Returns the status, or
@@ -265,6 +267,17 @@ int ect_pull_consumer_open(const ect_pull_consumer_opts *o, ect_pull_consumer **
         return ect_set_error(ECT_EINVAL, "pull consumer: timeout_ms must be >= 1");
     if (o->quarantine_ms < 0)
         return ect_set_error(ECT_EINVAL, "pull consumer: quarantine_ms must be >= 0");
+    int kind;
+    if ((o->pool_device && strlen(o->pool_device) >= 32) ||
+        ect_mem_parse_device(o->pool_device, &kind, NULL) != 0)
+        return ect_set_error(ECT_EINVAL, "pull consumer: pool_device: %s",
+                             o->pool_device && strlen(o->pool_device) >= 32 ? "too long"
+                                                                            : ect_last_error());
+    if (kind == ECT_MEM_CUDA && strcmp(o->transport, "ucx") == 0)
+        return ect_set_error(ECT_ENOTSUP,
+                             "pull consumer: pool_device %s: the ucx transport "
+                             "cannot receive into CUDA memory (use tcp or shm)",
+                             o->pool_device);
     const char *colon = strrchr(o->producer, ':');
     char *end = NULL;
     long port = colon ? strtol(colon + 1, &end, 10) : 0;
@@ -280,20 +293,24 @@ int ect_pull_consumer_open(const ect_pull_consumer_opts *o, ect_pull_consumer **
     c->o.producer = c->producer;
     c->o.transport = c->transport;
     c->o.xport_listen = NULL;
+    snprintf(c->pool_device, sizeof c->pool_device, "%s", o->pool_device ? o->pool_device : "cpu");
+    c->o.pool_device = c->pool_device;
     c->next_token = ect_random_u64() >> 16; /* distinct across restarts of this process */
     int rc;
     ect_pool_opts po;
     ect_pool_opts_init(&po);
     po.capacity = o->pool_size;
     po.alignment = o->alignment;
-    po.use_memfd = 1;
+    ect_mem_parse_device(c->pool_device, &po.mem_kind, &po.device);
+    po.use_memfd = po.mem_kind != ECT_MEM_CUDA;
     if ((rc = ect_pool_open(&po, &c->pool)) != 0) goto fail;
     ect_xport_opts xo;
     ect_xport_opts_init(&xo);
     if (o->xport_listen) xo.listen = o->xport_listen;
     if ((rc = ect_xport_open(c->transport, &xo, &c->x)) != 0) goto fail;
-    if ((rc = ect_xport_register(c->x, ect_pool_base(c->pool), ect_pool_capacity(c->pool),
-                                 ect_pool_fd(c->pool), 0, c->key)) != 0)
+    if ((rc = ect_xport_register_mem(c->x, ect_pool_base(c->pool), ect_pool_capacity(c->pool),
+                                     ect_pool_mem_kind(c->pool), ect_pool_fd(c->pool), 0,
+                                     c->key)) != 0)
         goto fail;
     c->registered = true;
     c->zctx = zmq_ctx_new();

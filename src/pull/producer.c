@@ -148,7 +148,13 @@ static int store(ect_pull_producer *p, save_item *s) {
     uint64_t off;
     int rc = ect_pool_alloc(p->pool, s->item.num_bytes, &off);
     if (rc) return rc;
-    memcpy((char *)ect_pool_base(p->pool) + off, s->data, s->item.num_bytes);
+    /* A source in device memory is copied by the driver (device to host). */
+    rc = ect_mem_copy((char *)ect_pool_base(p->pool) + off, s->data, s->item.num_bytes);
+    if (rc) {
+        ECT_LOGW(MOD, "save of %s: %s", s->item.mm_hash, ect_last_error());
+        ect_pool_free(p->pool, off);
+        return rc;
+    }
     rc = pull_inv_add(&p->inv, &s->item);
     if (rc == 0)
         rc = ect_pool_put(p->pool, s->item.mm_hash, off, s->item.num_bytes, s->item.shape,
@@ -281,7 +287,18 @@ int ect_pull_producer_save(ect_pull_producer *p, const char *mm_hash, const void
             return ect_set_error(ECT_ENOMEM, "pull save: out of memory for a %llu-byte snapshot",
                                  (unsigned long long)nbytes);
         }
-        memcpy(copy, data, nbytes);
+        int crc = ect_mem_copy(copy, data, nbytes); /* a device source: one copy to host */
+        if (crc) {
+            char why[256];
+            snprintf(why, sizeof why, "%s", ect_last_error());
+            free(copy);
+            pthread_mutex_lock(&p->mu);
+            p->q_bytes -= nbytes;
+            pthread_mutex_unlock(&p->mu);
+            free(s->item.mm_hash);
+            free(s);
+            return ect_set_error(crc, "pull save: %s", why);
+        }
         s->data = copy;
     }
     pthread_mutex_lock(&p->mu);

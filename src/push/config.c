@@ -29,9 +29,9 @@ static const jc_role scheduler_role = {"push scheduler", scheduler_keys,
                                        ECT_ARRAY_LEN(scheduler_keys)};
 
 static const jc_key producer_keys[] = {
-    JC_REFRESH_AFTER_MS, JC_INPUT_WAIT_MS,      JC_TTL_MS,
-    JC_MAX_TOMBSTONES,   JC_CONNECT_TIMEOUT_MS, JC_IO_TIMEOUT_MS,
-    JC_LISTEN_HOST,      JC_DOWN_BACKOFF_MS,    JC_DOWN_BACKOFF_MAX_MS,
+    JC_REFRESH_AFTER_MS,    JC_INPUT_WAIT_MS,   JC_TTL_MS,        JC_MAX_TOMBSTONES,
+    JC_CONNECT_TIMEOUT_MS,  JC_IO_TIMEOUT_MS,   JC_LISTEN_HOST,   JC_DOWN_BACKOFF_MS,
+    JC_DOWN_BACKOFF_MAX_MS, JC_STAGING_WAIT_MS, JC_EXPECT_SHARDS,
 };
 static const jc_role producer_role = {"push producer", producer_keys, ECT_ARRAY_LEN(producer_keys)};
 
@@ -52,6 +52,7 @@ int push_consumer_config(const char *json, ect_push_consumer_opts *o, json_t **r
         o->pool_size = v[JC_EC_BUFFER_SIZE].u;
     }
     if (v[JC_TRANSPORT].set) o->transport = v[JC_TRANSPORT].s;
+    if (v[JC_EC_BUFFER_DEVICE].set) o->pool_device = v[JC_EC_BUFFER_DEVICE].s;
     if (v[JC_XPORT_LISTEN].set) o->xport_listen = v[JC_XPORT_LISTEN].s;
     if (v[JC_TTL_MS].set) o->ttl_ms = v[JC_TTL_MS].u;
     if (v[JC_PENDING_GRACE_MS].set) o->pending_grace_ms = v[JC_PENDING_GRACE_MS].u;
@@ -106,6 +107,10 @@ int push_producer_config(const char *json, ect_push_producer_opts *o, json_t **r
     if (v[JC_LISTEN_HOST].set) o->listen_host = v[JC_LISTEN_HOST].s;
     if (v[JC_DOWN_BACKOFF_MS].set) o->down_backoff_ms = v[JC_DOWN_BACKOFF_MS].i;
     if (v[JC_DOWN_BACKOFF_MAX_MS].set) o->down_backoff_max_ms = v[JC_DOWN_BACKOFF_MAX_MS].i;
+    if (v[JC_PUSH_WAIT_TIMEOUT_S].set)
+        o->push_wait_ms = (uint64_t)jc_seconds_to_ms(v[JC_PUSH_WAIT_TIMEOUT_S].d);
+    if (v[JC_STAGING_WAIT_MS].set) o->staging_wait_ms = v[JC_STAGING_WAIT_MS].u;
+    if (v[JC_EXPECT_SHARDS].set) o->expect_shards = (uint32_t)v[JC_EXPECT_SHARDS].u;
     return 0;
 }
 

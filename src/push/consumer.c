@@ -15,6 +15,12 @@
  * so for them the hook only sees the pending grace go by. A range is quiet
  * when no write is being received into the pool at all; that is coarser than
  * the range but never wrong in the unsafe direction.
+ *
+ * The pool may live on a GPU (opts.pool_device "cuda"): it is then one CUDA
+ * allocation registered as a device region, views point to the device, and
+ * the transports land bytes there (tcp through a pinned bounce ring, shm by
+ * CUDA IPC); nothing else here changes, since the reservation table only
+ * does arithmetic on offsets.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -34,6 +40,7 @@
 struct ect_push_consumer {
     ect_push_consumer_opts o;
     char ip[256];
+    char pool_device[32];
     ect_pool *pool;
     ect_xport *xp;
     char key[ECT_XPORT_KEY_MAX];
@@ -106,6 +113,19 @@ static int check_opts(const ect_push_consumer_opts *o) {
     if (o->reap_interval_ms < 1) return ect_set_error(ECT_EINVAL, "reap_interval_ms must be >= 1");
     if (o->max_events == 0) return ect_set_error(ECT_EINVAL, "max_events must be > 0");
     if (o->max_tombstones == 0) return ect_set_error(ECT_EINVAL, "max_tombstones must be > 0");
+    int kind;
+    if (o->pool_device && strlen(o->pool_device) >= 32)
+        return ect_set_error(ECT_EINVAL, "pool_device: too long");
+    if (ect_mem_parse_device(o->pool_device, &kind, NULL) != 0)
+        return ect_set_error(ECT_EINVAL, "pool_device: %s", ect_last_error());
+    if (kind == ECT_MEM_CUDA && strcmp(o->transport, "ucx") == 0)
+        return ect_set_error(ECT_ENOTSUP,
+                             "pool_device %s: the ucx transport cannot receive into "
+                             "CUDA memory (use tcp or shm)",
+                             o->pool_device);
+    if (o->pool_memory && kind == ECT_MEM_HOST && strcmp(o->transport, "shm") == 0)
+        return ect_set_error(ECT_EINVAL, "pool_memory: shm needs an fd-backed pool; a caller's "
+                                         "host buffer has none (use tcp, or a CUDA buffer)");
     return 0;
 }
 
@@ -121,11 +141,16 @@ int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_consumer
     c->o.ec_ip = c->ip;
     c->o.transport = NULL;
     c->o.xport_listen = NULL;
+    snprintf(c->pool_device, sizeof c->pool_device, "%s",
+             opts->pool_device ? opts->pool_device : "cpu");
+    c->o.pool_device = c->pool_device;
 
     ect_pool_opts po;
     ect_pool_opts_init(&po);
     po.capacity = opts->pool_size;
-    po.use_memfd = 1;
+    ect_mem_parse_device(c->pool_device, &po.mem_kind, &po.device);
+    po.external = opts->pool_memory;
+    po.use_memfd = po.mem_kind != ECT_MEM_CUDA && !po.external;
     if ((rc = ect_pool_open(&po, &c->pool))) goto fail;
 
     ect_xport_opts xo;
@@ -135,8 +160,8 @@ int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_consumer
     snprintf(listen, sizeof listen, v6 ? "[%s]:0" : "%s:0", c->ip);
     xo.listen = opts->xport_listen ? opts->xport_listen : listen;
     if ((rc = ect_xport_open(opts->transport, &xo, &c->xp))) goto fail;
-    if ((rc = ect_xport_register(c->xp, ect_pool_base(c->pool), ect_pool_capacity(c->pool),
-                                 ect_pool_fd(c->pool), 0, c->key)))
+    if ((rc = ect_xport_register_mem(c->xp, ect_pool_base(c->pool), ect_pool_capacity(c->pool),
+                                     ect_pool_mem_kind(c->pool), ect_pool_fd(c->pool), 0, c->key)))
         goto fail;
     c->registered = true;
 
@@ -212,6 +237,8 @@ int ect_push_consumer_take(ect_push_consumer *c, const char *transfer_id, ect_pu
     snprintf(view->dtype, sizeof view->dtype, "%s", st.dtype);
     snprintf(view->mm_hash, sizeof view->mm_hash, "%s", st.mm_hash);
     snprintf(view->transfer_id, sizeof view->transfer_id, "%s", transfer_id);
+    view->mem_kind = ect_pool_mem_kind(c->pool);
+    view->device = ect_pool_device(c->pool);
     return 0;
 }
 

@@ -23,6 +23,8 @@
 #include <utlist.h>
 #include <zmq.h>
 
+#include "mem/memkind.h"
+#include "mem/pool.h"
 #include "push/producer.h"
 #include "util/util.h"
 #include "wire/dtype.h"
@@ -239,9 +241,20 @@ static int take_src(ect_push_producer *p, pitem *it, const void *data, uint64_t 
         return ect_set_error(ECT_EINVAL, "release is NULL but the producer has no staging pool "
                                          "(staging_size 0): borrow the source");
     uint64_t off = 0;
+    /* A device source is copied device-to-host by the driver; the staging
+     * pool is pinned on the first one so that copy runs at bus speed. */
+    if (nbytes && mem_is_device(data, NULL) && ect_pool_mem_kind(p->pool) == ECT_MEM_HOST &&
+        pool_pin(p->pool) != 0)
+        ECT_LOGW(MOD, "pinning the staging pool failed (%s): device copies run slower",
+                 ect_last_error());
     int rc = staging_alloc(p, nbytes ? nbytes : 1, &off);
     if (rc) return rc;
-    memcpy((char *)ect_pool_base(p->pool) + off, data, nbytes);
+    if ((rc = ect_mem_copy((char *)ect_pool_base(p->pool) + off, data, nbytes))) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", ect_last_error());
+        ect_pool_free(p->pool, off);
+        return ect_set_error(rc, "staging the source: %s", why);
+    }
     it->src = (char *)ect_pool_base(p->pool) + off;
     it->in_pool = true;
     it->pool_off = off;

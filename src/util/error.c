@@ -41,11 +41,15 @@ const char *ect_last_error(void) { return last_error; }
 
 void ect_clear_error(void) { last_error[0] = '\0'; }
 
+/* Formats into a scratch buffer first, so the detail may quote the previous
+ * one ("...: %s", ect_last_error()) without reading what it overwrites. */
 int ect_set_error(int code, const char *fmt, ...) {
+    char tmp[ECT_ERRBUF];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
+    memcpy(last_error, tmp, sizeof tmp);
     return code;
 }
 

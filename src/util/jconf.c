@@ -38,6 +38,7 @@ static const jc_spec specs[JC_NKEYS] = {
     [JC_DP_INDEX] = {"dp_index", T_INT, 0, 65535},
     [JC_CONTROL_TIMEOUT_S] = {"control_timeout_s", T_SECONDS, 0, 3600},
     [JC_PUSH_WAIT_TIMEOUT_S] = {"push_wait_timeout_s", T_SECONDS, 0, 1000000000},
+    [JC_EC_BUFFER_DEVICE] = {"ec_buffer_device", T_STR, 1, 31},
     [JC_TRANSPORT] = {"transport", T_STR, 1, 15},
     [JC_XPORT_LISTEN] = {"xport_listen", T_STR, 1, 255},
     [JC_TTL_MS] = {"ttl_ms", T_INT, 0, U64_LIM},
@@ -62,6 +63,8 @@ static const jc_spec specs[JC_NKEYS] = {
     [JC_REQUEST_RETRY_MS] = {"request_retry_ms", T_INT, 0, INT_LIM},
     [JC_TIMEOUT_MS] = {"timeout_ms", T_INT, 0, INT_LIM},
     [JC_QUARANTINE_MS] = {"quarantine_ms", T_INT, 0, INT_LIM},
+    [JC_STAGING_WAIT_MS] = {"staging_wait_ms", T_INT, 0, U64_LIM},
+    [JC_EXPECT_SHARDS] = {"expect_shards", T_INT, 0, 64},
 };
 
 const char *jc_key_name(jc_key k) { return k < JC_NKEYS ? specs[k].name : "?"; }

@@ -27,6 +27,7 @@ typedef enum jc_key {
     JC_DP_INDEX,
     JC_CONTROL_TIMEOUT_S,
     JC_PUSH_WAIT_TIMEOUT_S,
+    JC_EC_BUFFER_DEVICE,
     JC_TRANSPORT,
     /* a role's own */
     JC_XPORT_LISTEN,
@@ -52,6 +53,8 @@ typedef enum jc_key {
     JC_REQUEST_RETRY_MS,
     JC_TIMEOUT_MS,
     JC_QUARANTINE_MS,
+    JC_STAGING_WAIT_MS,
+    JC_EXPECT_SHARDS,
     JC_NKEYS
 } jc_key;
 

@@ -15,6 +15,17 @@
  * with memcpy and says DONE (one way); the target drops the references.
  * Unregister therefore waits for copies in progress, exactly as for tcp
  * receives. One round trip per chunk of up to 250 writes.
+ *
+ * CUDA device regions (same host, GPU to GPU): there is no fd to pass.
+ * The target grants such a region with its CUDA IPC handle instead (an
+ * entry of the GRANT's IPC trailer, docs/PROTOCOL.md), the initiator opens
+ * the handle once per connection (mem/cuda.c counts opens of one handle),
+ * and its copies go through the driver: device-to-device from a device
+ * source, host-to-device from a host one, waited for before the write
+ * counts as landed. The slot and reference protocol is the same. A target
+ * in the initiator's own process (the handle carries a per-process token)
+ * is written through its device address directly, since the driver refuses
+ * to open a handle in the process that exported it.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -28,19 +39,12 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "mem/cuda.h"
+#include "mem/memkind.h"
 #include "util/util.h"
+#include "xport/shm_wire.h"
 #include "xport/xport.h"
 
-#define SHM_MAGIC_HELLO 0x48534345u /* "ECSH" */
-#define SHM_MAGIC_BEGIN 0x42534345u /* "ECSB" */
-#define SHM_MAGIC_GRANT 0x47534345u /* "ECSG" */
-#define SHM_MAGIC_DONE 0x44534345u  /* "ECSD" */
-#define SHM_VERSION 1
-#define SHM_CHUNK 250 /* writes per BEGIN; below SCM_MAX_FD (253) */
-#define SHM_MAX_DROP 256
-#define SHM_BEGIN_MAX (8 + 24 * SHM_CHUNK)
-#define SHM_GENT 48 /* bytes of one GRANT entry */
-#define SHM_GRANT_MAX (16 + SHM_GENT * SHM_CHUNK + 8 * SHM_MAX_DROP)
 #define SHM_SLOTS 1024 /* live regions per target */
 #define SHM_SEG_LEN (SHM_SLOTS * 16)
 
@@ -65,8 +69,11 @@ typedef struct shm_map {
     uint64_t rid;   /* target's region id */
     uint64_t token; /* its key */
     uint32_t slot;  /* its slot in the control segment */
-    uint8_t *base;  /* mapping of the region (starts page-aligned before it) */
+    uint8_t *base;  /* mapping of the region (starts page-aligned before it); NULL for CUDA */
     size_t maplen;
+    int kind;       /* ECT_MEM_CUDA: start is a device address (copies through the driver) */
+    int dev;        /* device the copies run on */
+    void *ipc_base; /* the opened IPC allocation (cuda_ipc_close), or NULL */
     uint8_t *start; /* the region's first byte */
     uint64_t raddr, rlen;
     UT_hash_handle hh;     /* by rid */
@@ -258,6 +265,23 @@ static void seg_close(shm_impl *s, shm_seg *g) {
     munmap(g->slots, SHM_SEG_LEN);
 }
 
+/* A random 64-bit token of this process (drawn again after a fork): tells
+ * an initiator whether a CUDA region's target runs in its own process. */
+static uint64_t process_token(void) {
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static uint64_t tok;
+    static pid_t at;
+    pthread_mutex_lock(&mu);
+    if (at != getpid() || !tok) {
+        do tok = ect_random_u64();
+        while (!tok);
+        at = getpid();
+    }
+    uint64_t t = tok;
+    pthread_mutex_unlock(&mu);
+    return t;
+}
+
 static void serve_conn(void *ctx, int fd, int stopfd) {
     ect_xport *x = ctx;
     shm_impl *si = x->impl;
@@ -265,11 +289,12 @@ static void serve_conn(void *ctx, int fd, int stopfd) {
     int segfd = -1;
     int to = x->opts.io_timeout_ms;
     uint8_t *in = malloc(SHM_BEGIN_MAX), *out = malloc(SHM_GRANT_MAX);
+    uint8_t *ipc = malloc(SHM_IPC_LEN * SHM_CHUNK);
     xp_region **held = calloc(SHM_CHUNK, sizeof *held);
     sent_ids sent = {0};
     size_t len;
     (void)stopfd; /* the server's stop shuts the socket down, which ends recvmsg */
-    if (!in || !out || !held || !same_uid(fd)) goto done;
+    if (!in || !out || !ipc || !held || !same_uid(fd)) goto done;
     set_timeouts(fd, to);
     if (msg_recv(fd, in, SHM_BEGIN_MAX, &len, NULL, 0, NULL, true, to) != 0 || len != 8 ||
         xp_get_u32(in) != SHM_MAGIC_HELLO || xp_get_u16(in + 4) != SHM_VERSION) {
@@ -292,7 +317,7 @@ static void serve_conn(void *ctx, int fd, int stopfd) {
             break;
         }
         int fds[SHM_CHUNK], nfds = 0;
-        uint32_t ndrop = 0;
+        uint32_t ndrop = 0, nipc = 0;
         for (uint32_t i = 0; i < n; i++) {
             const uint8_t *e = in + 8 + 24 * (size_t)i;
             uint8_t *o = out + 16 + SHM_GENT * (size_t)i;
@@ -312,8 +337,14 @@ static void serve_conn(void *ctx, int fd, int stopfd) {
                     sent.cap = nc;
                 }
                 sent.v[sent.n++] = r->id;
-                fds[nfds++] = r->fd;
-                xp_put_u32(o + 4, 1);
+                if (r->kind == ECT_MEM_CUDA) {
+                    shm_grant_put_ipc(ipc + SHM_IPC_LEN * (size_t)nipc++, r->ipc, r->ipc_off,
+                                      process_token(), (uint32_t)r->device);
+                    xp_put_u32(o + 4, SHM_GF_IPC);
+                } else {
+                    fds[nfds++] = r->fd;
+                    xp_put_u32(o + 4, SHM_GF_FD);
+                }
             }
             xp_put_u64(o + 8, r->id);
             xp_put_u64(o + 16, (uint64_t)(uintptr_t)r->addr);
@@ -334,7 +365,10 @@ static void serve_conn(void *ctx, int fd, int stopfd) {
         xp_put_u32(out + 4, n);
         xp_put_u32(out + 8, ndrop);
         xp_put_u32(out + 12, (uint32_t)nfds);
-        int rc = msg_send(fd, out, 16 + SHM_GENT * (size_t)n + 8 * (size_t)ndrop, fds, nfds, to);
+        size_t glen = 16 + SHM_GENT * (size_t)n + 8 * (size_t)ndrop;
+        memcpy(out + glen, ipc, SHM_IPC_LEN * (size_t)nipc);
+        glen += SHM_IPC_LEN * (size_t)nipc;
+        int rc = msg_send(fd, out, glen, fds, nfds, to);
         /* The initiator copies now; wait for DONE within the io timeout.
          * DONE is not answered: the bytes landed when the initiator's memcpy
          * returned, and DONE only ends the references. */
@@ -355,13 +389,19 @@ done:
     if (seg.slots) seg_close(si, &seg);
     free(in);
     free(out);
+    free(ipc);
     free(held);
     free(sent.v);
 }
 
-/* A region gets a slot; every connection's segment shows it registered. */
+/* A region gets a slot; every connection's segment shows it registered. A
+ * CUDA region also gets its IPC handle, handed to peers in the GRANT. */
 static int shm_reg(ect_xport *x, xp_region *r) {
     shm_impl *s = x->impl;
+    if (r->kind == ECT_MEM_CUDA) {
+        int rc = cuda_ipc_export(r->addr, r->ipc, &r->ipc_off);
+        if (rc) return ect_set_error(rc, "shm: %s", ect_last_error());
+    }
     int slot = -1;
     pthread_mutex_lock(&s->smu);
     for (int i = 0; i < SHM_SLOTS && slot < 0; i++)
@@ -443,8 +483,72 @@ static int shm_open_be(ect_xport *x) {
 static void map_drop(shm_conn *c, shm_map *m) {
     HASH_DEL(c->maps, m);
     HASH_DELETE(hh_tok, c->by_tok, m);
-    munmap(m->base, m->maplen);
+    if (m->base) munmap(m->base, m->maplen);
+    cuda_ipc_close(m->ipc_base);
     free(m);
+}
+
+/* Adds a mapping to the connection's tables (by region id and by key). */
+static void map_add(shm_conn *c, shm_map *m) {
+    HASH_ADD(hh, c->maps, rid, sizeof m->rid, m);
+    shm_map *old;
+    HASH_FIND(hh_tok, c->by_tok, &m->token, sizeof m->token, old);
+    if (old) HASH_DELETE(hh_tok, c->by_tok, old);
+    HASH_ADD(hh_tok, c->by_tok, token, sizeof m->token, m);
+}
+
+/* Opens a granted CUDA region: its IPC handle, or, when the target is this
+ * very process, its device address as is. */
+static int map_ipc(shm_conn *c, const shm_grant_entry *e, uint64_t token) {
+    shm_map *m;
+    HASH_FIND(hh, c->maps, &e->rid, sizeof e->rid, m);
+    if (m) return 0;
+    uint64_t end;
+    if (e->rlen == 0 || !ect_add_u64(e->raddr, e->rlen, &end) || e->slot >= SHM_SLOTS)
+        return ect_set_error(ECT_EPROTO, "shm: CUDA region %" PRIu64 " is malformed", e->rid);
+    ect_cuda_info ci;
+    if (ect_cuda_get_info(&ci) != 0)
+        return ect_set_error(ECT_ENOTSUP,
+                             "shm: the target's region is CUDA memory and this "
+                             "process has no CUDA: %s",
+                             ci.why);
+    int dev = (int)e->device < ci.devices ? (int)e->device : 0;
+    void *base = NULL;
+    uint8_t *start;
+    if (e->proc_token == process_token()) {
+        start = (uint8_t *)(uintptr_t)e->raddr;
+    } else {
+        int rc = cuda_ipc_open(e->ipc_handle, dev, &base);
+        if (rc) return ect_set_error(rc, "shm: %s", ect_last_error());
+        start = (uint8_t *)base + e->ipc_off;
+    }
+    if (!(m = calloc(1, sizeof *m))) {
+        cuda_ipc_close(base);
+        return ect_set_error(ECT_ENOMEM, "shm mapping");
+    }
+    m->rid = e->rid;
+    m->kind = ECT_MEM_CUDA;
+    m->dev = dev;
+    m->ipc_base = base;
+    m->start = start;
+    m->raddr = e->raddr;
+    m->rlen = e->rlen;
+    m->token = token;
+    m->slot = e->slot;
+    map_add(c, m);
+    return 0;
+}
+
+/* Puts len bytes from src (kind skind on device sdev) at dst inside map m:
+ * memcpy between host memory, else one driver copy, waited for. */
+static int put_bytes(const shm_map *m, uint8_t *dst, const void *src, uint64_t len, int skind,
+                     int sdev) {
+    if (!len) return 0;
+    if (m->kind != ECT_MEM_CUDA && skind != ECT_MEM_CUDA) {
+        memcpy(dst, src, (size_t)len);
+        return 0;
+    }
+    return cuda_copy(dst, src, len, m->kind == ECT_MEM_CUDA ? m->dev : sdev);
 }
 
 static void conn_free(shm_conn *c) {
@@ -586,10 +690,9 @@ static void give_conn(ect_xport *x, shm_peer *p, shm_conn *c) {
     if (c) conn_free(c);
 }
 
-static int map_region(shm_conn *c, const uint8_t *g, int fd, uint64_t token) {
-    uint64_t rid = xp_get_u64(g + 8), raddr = xp_get_u64(g + 16), rlen = xp_get_u64(g + 24),
-             foff = xp_get_u64(g + 32);
-    uint32_t slot = xp_get_u32(g + 40);
+static int map_region(shm_conn *c, const shm_grant_entry *e, int fd, uint64_t token) {
+    uint64_t rid = e->rid, raddr = e->raddr, rlen = e->rlen, foff = e->fd_off;
+    uint32_t slot = e->slot;
     shm_map *m;
     HASH_FIND(hh, c->maps, &rid, sizeof rid, m);
     if (m) { /* already mapped: the target sent it twice; keep ours */
@@ -615,23 +718,25 @@ static int map_region(shm_conn *c, const uint8_t *g, int fd, uint64_t token) {
     m->rid = rid;
     m->base = b;
     m->maplen = ml;
+    m->kind = ECT_MEM_HOST;
     m->start = (uint8_t *)b + (foff - aoff);
     m->raddr = raddr;
     m->rlen = rlen;
     m->token = token;
     m->slot = slot;
-    HASH_ADD(hh, c->maps, rid, sizeof m->rid, m);
-    shm_map *old;
-    HASH_FIND(hh_tok, c->by_tok, &token, sizeof token, old);
-    if (old) HASH_DELETE(hh_tok, c->by_tok, old);
-    HASH_ADD(hh_tok, c->by_tok, token, sizeof m->token, m);
+    map_add(c, m);
     return 0;
 }
+
+/* A write's source: its kind (ECT_MEM_CUDA or host) and device. */
+typedef struct src_kind {
+    int kind, dev;
+} src_kind;
 
 /* One BEGIN/GRANT/copy/DONE/ACK round for idx[0..n). Fails only for
  * connection-level errors; per-write refusals go to st. */
 static int chunk(ect_xport *x, shm_conn *c, const ect_write *w, const size_t *idx, uint32_t n,
-                 const uint64_t *tok, int *st, uint8_t *buf) {
+                 const uint64_t *tok, const src_kind *sk, int *st, uint8_t *buf) {
     int to = x->opts.io_timeout_ms;
     xp_put_u32(buf, SHM_MAGIC_BEGIN);
     xp_put_u32(buf + 4, n);
@@ -646,44 +751,46 @@ static int chunk(ect_xport *x, shm_conn *c, const ect_write *w, const size_t *id
     size_t len;
     if (!rc) rc = msg_recv(c->fd, buf, SHM_GRANT_MAX, &len, fds, SHM_CHUNK, &nfds, false, to);
     if (rc) return rc;
-    uint32_t ndrop = len >= 16 ? xp_get_u32(buf + 8) : 0, nf = len >= 16 ? xp_get_u32(buf + 12) : 0;
-    if (len < 16 || xp_get_u32(buf) != SHM_MAGIC_GRANT || xp_get_u32(buf + 4) != n ||
-        ndrop > SHM_MAX_DROP || len != 16 + SHM_GENT * (size_t)n + 8 * (size_t)ndrop ||
-        nf != (uint32_t)nfds) {
+    shm_grant g;
+    if ((rc = shm_grant_decode(buf, len, n, nfds, &g)) != 0) {
         for (int i = 0; i < nfds; i++) close(fds[i]);
-        return ect_set_error(ECT_EPROTO, "shm: malformed GRANT");
+        return rc;
     }
-    for (uint32_t i = 0; i < ndrop; i++) {
-        uint64_t rid = xp_get_u64(buf + 16 + SHM_GENT * (size_t)n + 8 * (size_t)i);
+    for (uint32_t i = 0; i < g.ndrop; i++) {
+        uint64_t rid = xp_get_u64(g.drops + 8 * (size_t)i);
         shm_map *m;
         HASH_FIND(hh, c->maps, &rid, sizeof rid, m);
         if (m) map_drop(c, m);
     }
     int fi = 0;
+    uint32_t ipc_seen = 0;
     for (uint32_t i = 0; i < n; i++) {
-        const uint8_t *g = buf + 16 + SHM_GENT * (size_t)i;
-        int32_t s = (int32_t)xp_get_u32(g);
+        shm_grant_entry e;
+        shm_grant_entry_get(buf, &g, i, &ipc_seen, &e);
+        int32_t s = e.status;
         size_t wi = idx[i];
-        if (xp_get_u32(g + 4) & 1) {
-            if (fi >= nfds) return ect_set_error(ECT_EPROTO, "shm: GRANT names a missing fd");
-            int e = map_region(c, g, fds[fi++], tok[wi]);
-            if (e && s == 0) s = e;
+        if (e.flags & SHM_GF_FD) {
+            int err = map_region(c, &e, fds[fi++], tok[wi]);
+            if (err && s == 0) s = err;
+        } else if (e.flags & SHM_GF_IPC) {
+            int err = map_ipc(c, &e, tok[wi]);
+            if (err && s == 0) s = err;
         }
         if (s > 0 || s < ECT_EOVERFLOW) s = ECT_EPROTO;
         if (s) {
             st[wi] = s;
             continue;
         }
-        uint64_t rid = xp_get_u64(g + 8);
         shm_map *m;
-        HASH_FIND(hh, c->maps, &rid, sizeof rid, m);
+        HASH_FIND(hh, c->maps, &e.rid, sizeof e.rid, m);
         uint64_t a = w[wi].dst_addr, end;
         /* Never trust the grant blindly: the copy must stay inside our map. */
         if (!m || a < m->raddr || !ect_add_u64(a, w[wi].len, &end) || end > m->raddr + m->rlen) {
             st[wi] = ect_set_error(ECT_EPROTO, "shm: GRANT for a region not mapped here");
             continue;
         }
-        if (w[wi].len) memcpy(m->start + (a - m->raddr), w[wi].src, (size_t)w[wi].len);
+        st[wi] =
+            put_bytes(m, m->start + (a - m->raddr), w[wi].src, w[wi].len, sk[wi].kind, sk[wi].dev);
     }
     while (fi < nfds) close(fds[fi++]);
     xp_put_u32(buf, SHM_MAGIC_DONE);
@@ -700,19 +807,20 @@ static bool conn_alive(shm_conn *c) {
 
 /* The fast path: a write into a region this connection already mapped is
  * checked here against the range and the region's live state in the
- * control segment, and copied without a message. False: ask the target. */
-static bool fast_copy(shm_conn *c, const ect_write *w, uint64_t token) {
+ * control segment, and copied without a message. Returns 1 when it must
+ * ask the target instead, 0 once copied, or a copy's error. */
+static int fast_copy(shm_conn *c, const ect_write *w, uint64_t token, const src_kind *sk) {
     shm_map *m;
     HASH_FIND(hh_tok, c->by_tok, &token, sizeof token, m);
     uint64_t a = w->dst_addr, end;
-    if (!m || a < m->raddr || !ect_add_u64(a, w->len, &end) || end > m->raddr + m->rlen)
-        return false;
+    if (!m || a < m->raddr || !ect_add_u64(a, w->len, &end) || end > m->raddr + m->rlen) return 1;
     shm_slot *sl = &c->seg[m->slot];
+    int rc = 1;
     __atomic_fetch_add(&sl->users, 1, __ATOMIC_SEQ_CST);
     bool live = __atomic_load_n(&sl->state, __ATOMIC_SEQ_CST) == ((m->rid << 1) | 1);
-    if (live && w->len) memcpy(m->start + (a - m->raddr), w->src, (size_t)w->len);
+    if (live) rc = put_bytes(m, m->start + (a - m->raddr), w->src, w->len, sk->kind, sk->dev);
     __atomic_fetch_sub(&sl->users, 1, __ATOMIC_SEQ_CST);
-    return live;
+    return rc;
 }
 
 static int shm_write_batch(ect_xport *x, const char *session, const ect_write *w, size_t n,
@@ -728,27 +836,33 @@ static int shm_write_batch(ect_xport *x, const char *session, const ect_write *w
     }
     uint64_t *tok = malloc(n * sizeof *tok);
     size_t *idx = malloc(n * sizeof *idx);
+    src_kind *sk = calloc(n, sizeof *sk);
     uint8_t *buf = malloc(SHM_GRANT_MAX);
-    if (!tok || !idx || !buf) {
+    if (!tok || !idx || !sk || !buf) {
         free(tok);
         free(idx);
+        free(sk);
         free(buf);
         give_conn(x, p, c);
         return ect_set_error(ECT_ENOMEM, "batch");
     }
     size_t m = 0, fast = 0;
     for (size_t i = 0; i < n; i++) {
+        if (w[i].len && mem_is_device(w[i].src, &sk[i].dev)) sk[i].kind = ECT_MEM_CUDA;
+        int f;
         if (xp_key_parse(w[i].dst_key, &tok[i]) != 0)
             st[i] = ECT_EINVAL;
-        else if (fast_copy(c, &w[i], tok[i]))
+        else if ((f = fast_copy(c, &w[i], tok[i], &sk[i])) == 0)
             fast++;
+        else if (f < 0)
+            st[i] = f;
         else
             idx[m++] = i;
     }
     rc = 0;
     for (size_t done = 0; done < m && !rc;) {
         uint32_t k = (uint32_t)(m - done < SHM_CHUNK ? m - done : SHM_CHUNK);
-        rc = chunk(x, c, w, idx + done, k, tok, st, buf);
+        rc = chunk(x, c, w, idx + done, k, tok, sk, st, buf);
         if (rc) {
             /* The target did not acknowledge: nothing from here on counts. */
             for (size_t i = done; i < m; i++)
@@ -769,6 +883,7 @@ static int shm_write_batch(ect_xport *x, const char *session, const ect_write *w
         give_conn(x, p, c);
     free(tok);
     free(idx);
+    free(sk);
     free(buf);
     return rc;
 }
@@ -776,6 +891,8 @@ static int shm_write_batch(ect_xport *x, const char *session, const ect_write *w
 const xp_backend xp_shm_backend = {
     .name = "shm",
     .session_prefix = "shm:",
+    .device_regions = true,
+    .device_sources = true,
     .open = shm_open_be,
     .close = shm_close,
     .reg = shm_reg,

@@ -4,7 +4,10 @@
  * Target: one thread per accepted connection runs tcp_rx; payload is
  * received with recv() straight into the registered destination, and acks
  * are sent whenever the socket has nothing more to read, so a pipelined
- * batch gets its acks coalesced.
+ * batch gets its acks coalesced. Payload bound for a CUDA region is
+ * received into the connection's bounce ring (mem/bounce.c, opened on the
+ * first such write: BOUNCE_SLOTS pinned slots of BOUNCE_SLOT bytes) and
+ * copied to the device slot by slot while the next slot fills.
  *
  * Initiator: a batch is cut into pieces (a large write is striped over up to
  * conns_per_peer connections), each connection a lane. One poll loop per
@@ -25,6 +28,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "mem/memkind.h"
 #include "util/util.h"
 #include "xport/tcp_frame.h"
 #include "xport/xport.h"
@@ -58,11 +62,47 @@ static int flush_out(tcp_rx *rx, int fd, int timeout_ms) {
     return rc;
 }
 
+#define BOUNCE_SLOT (2u << 20)
+#define BOUNCE_SLOTS 4
+
+/* The connection's device sink: a bounce ring on the device being written. */
+typedef struct dev_sink {
+    mem_bounce *b;
+} dev_sink;
+
+static int sink_slot(void *ctx, int device, uint8_t **ptr, size_t *cap) {
+    dev_sink *d = ctx;
+    if (d->b && bounce_device(d->b) != device) { /* drained: called between writes */
+        bounce_close(d->b);
+        d->b = NULL;
+    }
+    if (!d->b) {
+        int rc = bounce_open(device, BOUNCE_SLOT, BOUNCE_SLOTS, &d->b);
+        if (rc) return rc;
+    }
+    return bounce_slot(d->b, ptr, cap);
+}
+
+static int sink_submit(void *ctx, uint8_t *dst, size_t n) {
+    dev_sink *d = ctx;
+    return bounce_submit(d->b, dst, n);
+}
+
+static int sink_drain(void *ctx) {
+    dev_sink *d = ctx;
+    return d->b ? bounce_drain(d->b) : 0;
+}
+
+static const tcp_rx_dev_ops sink_ops = {sink_slot, sink_submit, sink_drain};
+
 static void serve_conn(void *ctx, int fd, int stopfd) {
     ect_xport *x = ctx;
     tcp_rx rx;
+    dev_sink sink = {0};
     (void)stopfd; /* the server's stop shuts the socket down, which ends recv() */
     if (tcp_rx_init(&rx, &x->regs) != 0) return;
+    rx.dev = &sink_ops;
+    rx.dev_ctx = &sink;
     int to = x->opts.io_timeout_ms;
     struct timeval tv = {.tv_sec = to / 1000, .tv_usec = (to % 1000) * 1000};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
@@ -97,6 +137,7 @@ static void serve_conn(void *ctx, int fd, int stopfd) {
     ECT_LOGD("xport", "tcp target: connection done, %" PRIu64 " writes landed, %" PRIu64 " refused",
              rx.accepted, rx.refused);
     tcp_rx_fini(&rx);
+    bounce_close(sink.b);
 }
 
 static int tcp_open(ect_xport *x) {
@@ -476,6 +517,8 @@ static int tcp_write_batch(ect_xport *x, const char *session, const ect_write *w
 const xp_backend xp_tcp_backend = {
     .name = "tcp",
     .session_prefix = "",
+    .device_regions = true,
+    .device_sources = false,
     .open = tcp_open,
     .close = tcp_close,
     .reg = NULL,

@@ -74,6 +74,9 @@ int tcp_rx_init(tcp_rx *rx, xp_regions *regs) {
 }
 
 void tcp_rx_fini(tcp_rx *rx) {
+    /* Copies still queued write into the region: they end before it is let go. */
+    if (rx->dev_pending) rx->dev->drain(rx->dev_ctx);
+    rx->dev_pending = false;
     if (rx->ref) xp_region_release(rx->regs, rx->ref);
     rx->ref = NULL;
     free(rx->discard);
@@ -90,7 +93,35 @@ static int die(tcp_rx *rx, const char *fmt, ...) {
     return ect_set_error(ECT_EPROTO, "%s", rx->why);
 }
 
+/* The device sink failed mid-write: the rest of the payload is discarded and
+ * the write answered with rc. */
+static void dev_fail(tcp_rx *rx, int rc) {
+    ECT_LOGD("xport", "tcp write %" PRIu64 " into device memory failed: %s", rx->id,
+             ect_last_error());
+    if (rx->status == 0) rx->status = rc;
+    rx->slot = NULL;
+    rx->slot_fill = 0;
+    rx->state = TCP_RX_DISCARD;
+}
+
 size_t tcp_rx_want(tcp_rx *rx, void **ptr) {
+    if (rx->state == TCP_RX_PAYLOAD && rx->dev_write) {
+        if (!rx->slot) {
+            uint8_t *p = NULL;
+            size_t cap = 0;
+            int rc = rx->dev->slot(rx->dev_ctx, rx->ref->device, &p, &cap);
+            if (rc || !p || !cap) {
+                dev_fail(rx, rc ? rc : ECT_EIO);
+                return tcp_rx_want(rx, ptr);
+            }
+            rx->slot = p;
+            rx->slot_cap = cap;
+            rx->slot_fill = 0;
+        }
+        size_t room = rx->slot_cap - rx->slot_fill;
+        *ptr = rx->slot + rx->slot_fill;
+        return rx->left < room ? (size_t)rx->left : room;
+    }
     switch (rx->state) {
     case TCP_RX_HELLO: *ptr = rx->hdr + rx->have; return TCP_HELLO_LEN - rx->have;
     case TCP_RX_HEADER:
@@ -107,6 +138,17 @@ size_t tcp_rx_want(tcp_rx *rx, void **ptr) {
 
 /* The current write is fully consumed: queue its ack. */
 static void finish_write(tcp_rx *rx) {
+    if (rx->dev_pending) { /* acknowledged only once the bytes are on the device */
+        int rc = rx->dev->drain(rx->dev_ctx);
+        if (rc && rx->status == 0) {
+            ECT_LOGD("xport", "tcp write %" PRIu64 ": device copy failed: %s", rx->id,
+                     ect_last_error());
+            rx->status = rc;
+        }
+        rx->dev_pending = false;
+    }
+    rx->dev_write = false;
+    rx->slot = NULL;
     if (rx->ref) xp_region_release(rx->regs, rx->ref);
     rx->ref = NULL;
     if (rx->status == 0)
@@ -132,8 +174,14 @@ static int on_header(tcp_rx *rx) {
     if (rx->status) {
         ECT_LOGD("xport", "tcp write %" PRIu64 " refused: %s", rx->id, ect_last_error());
         rx->state = TCP_RX_DISCARD;
+    } else if (rx->ref->kind == ECT_MEM_CUDA && !rx->dev) {
+        rx->status = ect_set_error(ECT_ENOTSUP, "this tcp target cannot write device memory");
+        xp_region_release(rx->regs, rx->ref);
+        rx->ref = NULL;
+        rx->state = TCP_RX_DISCARD;
     } else {
         rx->dst = (uint8_t *)(uintptr_t)addr;
+        rx->dev_write = rx->ref->kind == ECT_MEM_CUDA;
         rx->state = TCP_RX_PAYLOAD;
     }
     if (rx->left == 0) finish_write(rx);
@@ -158,6 +206,21 @@ int tcp_rx_advance(tcp_rx *rx, size_t n) {
         if (rx->have < TCP_HDR_LEN) return 0;
         return on_header(rx);
     case TCP_RX_PAYLOAD:
+        if (rx->dev_write) {
+            rx->slot_fill += n;
+            rx->left -= n;
+            if (rx->slot_fill == rx->slot_cap || rx->left == 0) {
+                size_t k = rx->slot_fill;
+                int rc = rx->dev->submit(rx->dev_ctx, rx->dst, k);
+                rx->dev_pending = true; /* earlier slices may be queued even if this failed */
+                rx->dst += k;
+                rx->slot = NULL;
+                rx->slot_fill = 0;
+                if (rc) dev_fail(rx, rc);
+            }
+            if (rx->left == 0) finish_write(rx);
+            return 0;
+        }
         rx->dst += n;
         /* fall through */
     case TCP_RX_DISCARD:

@@ -6,6 +6,13 @@
  * scratch buffer for refused payload — and reports how many arrived
  * (tcp_rx_advance). Acknowledgements accumulate in rx->out for the loop to
  * send. The fuzz target drives the same two calls with arbitrary bytes.
+ *
+ * A write into a CUDA region cannot be received in place: its payload goes
+ * through the connection's device sink (tcp_rx_dev_ops, given by tcp.c over
+ * mem's bounce ring) a slot at a time, each full slot handed on for an
+ * asynchronous copy to the device, and the write is acknowledged only after
+ * the sink drained (every byte on the device). The machine still owns no
+ * I/O: the sink is three calls it makes at fixed points.
  */
 #ifndef ECT_TCP_FRAME_H
 #define ECT_TCP_FRAME_H
@@ -40,8 +47,27 @@ int tcp_decode_ack(const uint8_t b[TCP_ACK_LEN], uint64_t *id, int32_t *status);
 
 enum { TCP_RX_HELLO, TCP_RX_HEADER, TCP_RX_PAYLOAD, TCP_RX_DISCARD, TCP_RX_DEAD };
 
+/* The device sink. Each returns 0 or an ECT_E* code (the write then fails
+ * with it and its remaining payload is discarded). */
+typedef struct tcp_rx_dev_ops {
+    /* A free staging slot for bytes bound to `device`: *ptr, *cap bytes. May
+     * wait for the slot's previous copy. */
+    int (*slot)(void *ctx, int device, uint8_t **ptr, size_t *cap);
+    /* The slot's first n bytes are complete: copy them to device address dst
+     * (asynchronously) and move to the next slot. */
+    int (*submit)(void *ctx, uint8_t *dst, size_t n);
+    /* Waits for every submitted copy; 0 or the first failure. */
+    int (*drain)(void *ctx);
+} tcp_rx_dev_ops;
+
 typedef struct tcp_rx {
     xp_regions *regs;
+    const tcp_rx_dev_ops *dev; /* NULL: CUDA regions are refused (ECT_ENOTSUP) */
+    void *dev_ctx;
+    bool dev_write;   /* the current write goes through the sink */
+    bool dev_pending; /* copies submitted and not yet drained */
+    uint8_t *slot;    /* the sink's slot being filled, or NULL */
+    size_t slot_cap, slot_fill;
     int state;
     uint8_t hdr[TCP_HDR_LEN];
     size_t have;      /* bytes of hdr filled */
@@ -59,7 +85,8 @@ typedef struct tcp_rx {
 } tcp_rx;
 
 int tcp_rx_init(tcp_rx *rx, xp_regions *regs);
-/* Releases a region still held mid-payload and the scratch buffer. */
+/* Releases a region still held mid-payload (after draining the device sink)
+ * and the scratch buffer. */
 void tcp_rx_fini(tcp_rx *rx);
 /* Where the next bytes go and at most how many; 0 when rx->out must be sent
  * first (it is full) or the connection is dead. */

@@ -505,6 +505,8 @@ static int ucx_write_batch(ect_xport *x, const char *session, const ect_write *w
 const xp_backend xp_ucx_backend = {
     .name = "ucx",
     .session_prefix = "ucx:",
+    .device_regions = false,
+    .device_sources = false,
     .open = ucx_open,
     .close = ucx_close,
     .destroy = ucx_destroy,

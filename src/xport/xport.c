@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include "mem/memkind.h"
 #include "util/util.h"
 #include "xport/xport.h"
 
@@ -116,6 +117,49 @@ int xp_key_parse(const char *s, uint64_t *token) {
 
 int ect_xport_register(ect_xport *x, void *addr, uint64_t len, int fd, uint64_t fd_offset,
                        char key[ECT_XPORT_KEY_MAX]) {
+    return ect_xport_register_mem(x, addr, len, ECT_MEM_HOST, fd, fd_offset, key);
+}
+
+/* What the region is, asked of mem: *kind and *dev. ECT_EINVAL when the
+ * caller's kind contradicts it; ECT_ENOTSUP for a CUDA region the back end
+ * cannot serve, or pinned/CUDA without the driver. */
+static int region_kind(ect_xport *x, void *addr, int want, int *kind, int *dev) {
+    *dev = 0;
+    if (want != ECT_MEM_AUTO && want != ECT_MEM_HOST && want != ECT_MEM_PINNED &&
+        want != ECT_MEM_CUDA)
+        return ect_set_error(ECT_EINVAL, "mem_kind %d is not a memory kind", want);
+    int is;
+    ect_mem_kind_of(addr, &is, dev); /* host, without asking, when no driver is loaded */
+    if (want == ECT_MEM_HOST && is == ECT_MEM_CUDA)
+        return ect_set_error(ECT_EINVAL,
+                             "addr %p is CUDA device memory: register it as ECT_MEM_CUDA", addr);
+    if (want == ECT_MEM_HOST || want == ECT_MEM_AUTO) want = is;
+    if (want == ECT_MEM_CUDA && is != ECT_MEM_CUDA) {
+        ect_cuda_info ci;
+        if (ect_cuda_get_info(&ci) != 0)
+            return ect_set_error(ECT_ENOTSUP, "a CUDA region needs the CUDA driver: %s", ci.why);
+        return ect_set_error(ECT_EINVAL, "addr %p is not CUDA device memory (it is %s memory)",
+                             addr, ect_mem_kind_name(is));
+    }
+    if (want == ECT_MEM_PINNED && is != ECT_MEM_PINNED) {
+        ect_cuda_info ci;
+        if (ect_cuda_get_info(&ci) != 0)
+            return ect_set_error(ECT_ENOTSUP, "pinned memory needs the CUDA driver: %s", ci.why);
+        return ect_set_error(ECT_EINVAL,
+                             "addr %p is not pinned (registered) host memory (it is %s)", addr,
+                             ect_mem_kind_name(is));
+    }
+    if (want == ECT_MEM_CUDA && !x->be->device_regions)
+        return ect_set_error(ECT_ENOTSUP,
+                             "the %s transport cannot receive into CUDA device memory (use tcp "
+                             "or shm)",
+                             x->be->name);
+    *kind = want;
+    return 0;
+}
+
+int ect_xport_register_mem(ect_xport *x, void *addr, uint64_t len, int mem_kind, int fd,
+                           uint64_t fd_offset, char key[ECT_XPORT_KEY_MAX]) {
     if (!x || !key) return ect_set_error(ECT_EINVAL, "x and key must not be NULL");
     key[0] = '\0';
     uint64_t end;
@@ -124,6 +168,11 @@ int ect_xport_register(ect_xport *x, void *addr, uint64_t len, int fd, uint64_t 
     if (!ect_add_u64((uint64_t)(uintptr_t)addr, len, &end))
         return ect_set_error(ECT_EOVERFLOW, "addr + len overflows");
     if (fd < -1) return ect_set_error(ECT_EINVAL, "fd must be a descriptor or -1, got %d", fd);
+    int kind = ECT_MEM_HOST, dev = 0;
+    int krc = region_kind(x, addr, mem_kind, &kind, &dev);
+    if (krc) return krc;
+    if (kind == ECT_MEM_CUDA && fd >= 0)
+        return ect_set_error(ECT_EINVAL, "a CUDA region has no fd (pass -1)");
     if (fd >= 0) {
         struct stat st;
         uint64_t fend;
@@ -133,13 +182,16 @@ int ect_xport_register(ect_xport *x, void *addr, uint64_t len, int fd, uint64_t 
                                  "fd_offset + len (%" PRIu64 " + %" PRIu64
                                  ") exceeds the fd's size %lld",
                                  fd_offset, len, (long long)st.st_size);
-    } else if (strcmp(x->be->name, "shm") == 0) {
-        return ect_set_error(ECT_ENOTSUP, "shm needs a region backed by an fd (memfd or /dev/shm)");
+    } else if (strcmp(x->be->name, "shm") == 0 && kind != ECT_MEM_CUDA) {
+        return ect_set_error(ECT_ENOTSUP, "shm needs a host region backed by an fd (memfd or "
+                                          "/dev/shm), or CUDA device memory");
     }
     xp_region *r = calloc(1, sizeof *r);
     if (!r) return ect_set_error(ECT_ENOMEM, "region");
     r->addr = addr;
     r->len = len;
+    r->kind = kind;
+    r->device = dev;
     r->fd = -1;
     r->fd_off = fd_offset;
     if (fd >= 0 && (r->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0) {
@@ -283,6 +335,47 @@ static int session_matches(const xp_backend *be, const char *s) {
     return strncmp(s, "shm:", 4) != 0 && strncmp(s, "ucx:", 4) != 0;
 }
 
+/* For a back end that sends from host memory only: when some writes have a
+ * CUDA device source, copies those sources (one device-to-host copy each)
+ * into one pinned staging buffer and returns a copy of the batch pointing
+ * there (*out; NULL when no source is on a device). Caller frees *out and
+ * gives *buf back with mem_stage_put. */
+static int stage_device_srcs(const ect_write *w, size_t n, ect_write **out, void **buf,
+                             uint64_t *cap) {
+    *out = NULL;
+    *buf = NULL;
+    *cap = 0;
+    uint64_t total = 0;
+    bool any = false;
+    bool *dev = NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (!w[i].len || !mem_is_device(w[i].src, NULL)) continue;
+        if (!dev && !(dev = calloc(n, sizeof *dev))) return ect_set_error(ECT_ENOMEM, "staging");
+        dev[i] = any = true;
+        total += w[i].len;
+    }
+    if (!any) return 0;
+    ect_write *c = malloc(n * sizeof *c);
+    int rc = c ? mem_stage_get(total, buf, cap) : ect_set_error(ECT_ENOMEM, "staging");
+    uint64_t off = 0;
+    for (size_t i = 0; !rc && i < n; i++) {
+        c[i] = w[i];
+        if (!dev[i]) continue;
+        c[i].src = (uint8_t *)*buf + off;
+        rc = ect_mem_copy((uint8_t *)*buf + off, w[i].src, w[i].len);
+        off += w[i].len;
+    }
+    free(dev);
+    if (rc) {
+        free(c);
+        mem_stage_put(*buf, *cap);
+        *buf = NULL;
+        return ect_set_error(rc, "staging a device source: %s", ect_last_error());
+    }
+    *out = c;
+    return 0;
+}
+
 int ect_xport_write_batch(ect_xport *x, const char *peer_session, const ect_write *w, size_t n,
                           int *statuses) {
     int rc = 0;
@@ -307,7 +400,21 @@ int ect_xport_write_batch(ect_xport *x, const char *peer_session, const ect_writ
     int *st = statuses;
     if (!st && !(st = calloc(n, sizeof *st))) return ect_set_error(ECT_ENOMEM, "statuses");
     for (size_t i = 0; i < n; i++) st[i] = 0;
+    ect_write *staged = NULL;
+    void *sbuf = NULL;
+    uint64_t scap = 0;
+    if (!x->be->device_sources) {
+        rc = stage_device_srcs(w, n, &staged, &sbuf, &scap);
+        if (rc) {
+            for (size_t i = 0; i < n; i++) st[i] = rc;
+            if (st != statuses) free(st);
+            return rc;
+        }
+        if (staged) w = staged;
+    }
     rc = x->be->write_batch(x, peer_session, w, n, st);
+    free(staged);
+    mem_stage_put(sbuf, scap);
     if (!rc) {
         size_t i = 0;
         for (; i < n && !rc; i++) rc = st[i];

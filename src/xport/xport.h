@@ -20,15 +20,21 @@
 #include "ectransfer.h"
 
 typedef struct xp_region {
-    uint64_t token;    /* tcp/shm key: random 64-bit token, hash key */
-    uint64_t id;       /* unique per target, never reused */
-    uint8_t *addr;     /* first byte in the target's address space */
-    uint64_t len;      /* bytes */
-    int fd;            /* our duplicate of the backing fd, or -1 */
-    uint64_t fd_off;   /* offset of addr's byte in fd */
-    int refs;          /* writes in progress (receive or copy); guarded by regs.mu */
-    char *keystr;      /* the key string handed out (malloc'd) */
-    void *be;          /* back end's per-region data (ucx memory handle) */
+    uint64_t token;  /* tcp/shm key: random 64-bit token, hash key */
+    uint64_t id;     /* unique per target, never reused */
+    uint8_t *addr;   /* first byte in the target's address space */
+    uint64_t len;    /* bytes */
+    int fd;          /* our duplicate of the backing fd, or -1 */
+    uint64_t fd_off; /* offset of addr's byte in fd */
+    int refs;        /* writes in progress (receive or copy); guarded by regs.mu */
+    char *keystr;    /* the key string handed out (malloc'd) */
+    void *be;        /* back end's per-region data (ucx memory handle) */
+    int kind;        /* ECT_MEM_HOST, _PINNED or _CUDA (as mem reported it) */
+    int device;      /* CUDA device ordinal of a _CUDA region */
+    /* shm, _CUDA regions: the IPC handle of the allocation and the region's
+     * offset in it (filled by the back end's reg) */
+    uint8_t ipc[64];
+    uint64_t ipc_off;
     UT_hash_handle hh; /* by token */
 } xp_region;
 
@@ -57,6 +63,9 @@ struct ect_xport {
 struct xp_backend {
     const char *name;           /* "tcp", "shm", "ucx" */
     const char *session_prefix; /* what every session of this kind starts with ("" for tcp) */
+    bool device_regions;        /* can be the target of writes into CUDA regions */
+    bool device_sources;        /* writes device sources itself; else xport.c stages them
+                                   into pinned host memory before calling write_batch */
     /* Starts the target (listening socket, threads) and fills x->session.
      * Blocks only for socket setup. On failure leaves nothing behind. */
     int (*open)(ect_xport *x);
