@@ -551,7 +551,7 @@ ECT_API void ect_xport_close(ect_xport *x);
  * Producers reserve, write and complete; the consumer's engine takes READY
  * items as zero-copy views and releases them to the resident cache.
  *
- * Threading: ect_push_consumer_take, _release, _stats, _evict and the port
+ * Threading: ect_push_consumer_take, _release, _finish, _stats, _evict and the port
  * getters are safe from any thread at once (they take the reservation
  * table's mutex, never across I/O). _open and _close must not race with any
  * other call on the same handle.
@@ -618,7 +618,7 @@ typedef struct ect_push_consumer_stat {
     uint64_t peak_live;      /* most reservations live at once since open */
     uint64_t peak_held;      /* most bytes the reservation table held at once (reservations
                                 and resident items, rounded sizes) */
-    uint64_t finished;       /* delivered reservations ended by ect_push_consumer_release */
+    uint64_t finished;       /* delivered reservations ended by _release or _finish */
     uint64_t abandoned;      /* reservations producers abandoned (cancel with abandon) */
     uint64_t expired;        /* reservations the reaper ended: READY but not released within
                                 ttl_ms, or a writer silent past it */
@@ -674,6 +674,21 @@ ECT_API int ect_push_consumer_take(ect_push_consumer *c, const char *transfer_id
  *  lease. The view must not be read afterwards. Errors: ECT_ENOTFOUND,
  *  ECT_ESTATE (not leased). */
 ECT_API int ect_push_consumer_release(ect_push_consumer *c, const ect_push_view *view);
+
+/** Finishes transfer_id on this shard without ending any lease: its
+ *  delivered (READY) reservation ends at once, exactly as a release with
+ *  view->transfer_id set ends it (a later take gets ECT_ENOTFOUND, a
+ *  producer reserving it again is answered `cancelled`), while every view
+ *  still taken keeps its bytes: they stay leased until each is released
+ *  with view->transfer_id cleared, and are resident for dedup after that.
+ *  For engines and bindings whose views are given back one by one (or
+ *  later, by a garbage collector): end the transfer here when the engine
+ *  is done with it, and the leases as the views go. It may be called
+ *  before any take (an item the engine already holds from elsewhere).
+ *  Errors: ECT_EINVAL (NULL or empty transfer_id); ECT_ENOTFOUND unknown
+ *  transfer_id; ECT_ESTATE not READY: still being written, or already ended
+ *  (finished, cancelled by the scheduler, expired); nothing changes then. */
+ECT_API int ect_push_consumer_finish(ect_push_consumer *c, const char *transfer_id);
 
 /** Frees up to `max` unleased resident items no reservation uses, least
  *  recently used first; returns how many were freed. */

@@ -358,6 +358,7 @@ _PROTOS = {
     "ect_push_consumer_session": (S, [P]),
     "ect_push_consumer_take": (I, [P, S, P]),
     "ect_push_consumer_release": (I, [P, P]),
+    "ect_push_consumer_finish": (I, [P, S]),
     "ect_push_consumer_evict": (SZ, [P, SZ]),
     "ect_push_consumer_stats": (None, [P, P]),
     "ect_push_consumer_pool": (P, [P]),

@@ -265,6 +265,19 @@ def host_source(obj: Any, dtype: Any = None, shape: Any = None) -> Source:
 # ------------------------------------------------------------------- views
 
 
+def _unviewed(v):
+    """v as a tensor of its own over the same storage (v._base None): a view would keep
+    its base alive, and with it the bytes, after release emptied it in place."""
+    if v._base is None:
+        return v
+    try:
+        storage = v.untyped_storage()
+    except AttributeError:  # torch < 2.0
+        storage = v.storage()
+    t = torch.empty(0, dtype=v.dtype, device=v.device)
+    return t.set_(storage, v.storage_offset(), v.shape, v.stride())
+
+
 def _empty_in_place(t) -> None:
     """Makes the torch tensor t hold nothing (shape (0,)): code that still
     has it reads nothing and fails at any shape or index it expects."""
@@ -372,7 +385,7 @@ class PoolMap:
             elif raw:
                 v = torch.frombuffer(arr, dtype=torch.uint8)
             else:
-                v = torch.frombuffer(arr, dtype=td).view(shape)
+                v = _unviewed(torch.frombuffer(arr, dtype=td).view(shape))
         elif kind == "numpy":
             if nbytes == 0:
                 v = np.empty(0, dtype=np.uint8)

@@ -512,6 +512,7 @@ class WorkerCore:
         self._retire(encoder_cache, metadata.freed)
         for spec in metadata.loads:
             if spec.mm_hash in encoder_cache:  # already here (the same content twice)
+                self._shard.finish(spec.transfer_id)  # its room is free for others now
                 self._loaded.add(spec.transfer_id)
                 continue
             try:

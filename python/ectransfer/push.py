@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _lib, _tensors
-from ._lib import Error, check, enc, text, ECT_EINVAL, ECT_ENOTFOUND
+from ._lib import Error, check, enc, text, ECT_EINVAL, ECT_ENOTFOUND, ECT_ESTATE
 
 # ect_push_state values
 WAITING_EVENT, AVAILABLE, LOADING, READY, RESIDENT, UNAVAILABLE, EXPIRED, CANCELLED, FAILED = range(
@@ -243,13 +243,18 @@ class PushConsumer(_lib.Handle):
         numpy array when torch is absent, or with out="numpy"; out="memoryview" for the
         flat bytes). numpy has no bfloat16 / float8: such items come as uint8 with the
         element's bytes along a new last axis. raw=True gives the flat bytes as uint8.
-        Raises Error: ECT_ENOTFOUND (unknown transfer_id), ECT_ESTATE (not arrived,
-        cancelled or expired), ECT_ECLOSED."""
+        Each take holds its own lease on the bytes; a take that raises holds none and
+        leaves the transfer as it was (it can be taken again).
+        Raises Error: ECT_ENOTFOUND (unknown transfer_id, or released already),
+        ECT_ESTATE (not arrived, cancelled or expired), ECT_ECLOSED."""
         h = self._handle()
         buf = _lib.buffer_for("ect_push_view")
         tid = enc(transfer_id, "transfer_id")
         check(_lib.lib.ect_push_consumer_take(h, tid, buf))
         v = _lib.struct_at(buf, "ect_push_view")
+        # What the view gives back is its lease only: the transfer ends with release()
+        # (ect_push_consumer_finish), never because a view was refused or collected.
+        v.transfer_id = b""
         shape = tuple(v.shape[: v.ndim])
         lib, handle_owner = _lib.lib, self
 
@@ -263,14 +268,34 @@ class PushConsumer(_lib.Handle):
                               give_back)
 
     def release(self, transfer_id: str) -> None:
-        """Ends what take(transfer_id) handed out: the tensor is emptied in place and the
-        lease returns once no tensor shares the bytes. The bytes stay resident, so a
-        later push of the same mm_hash is answered without moving them. Raises
-        Error(ECT_ENOTFOUND) if nothing of transfer_id is taken."""
-        self._handle()
+        """The engine is done with transfer_id: ends it on this shard now (its reservation
+        is finished, so the pool never waits for the scheduler's cancel; a later take
+        raises ECT_ENOTFOUND) and ends what take(transfer_id) handed out: the tensors are
+        emptied in place and each lease returns once no tensor shares its bytes (views
+        still alive elsewhere keep them). The bytes stay resident, so a later push of the
+        same mm_hash is answered without moving them. Raises Error(ECT_ENOTFOUND) if
+        nothing of transfer_id is taken (see :meth:`finish` for items never taken)."""
+        h = self._handle()
+        tid = enc(transfer_id, "transfer_id")
         if transfer_id not in self._map.handed:
             raise Error(ECT_ENOTFOUND, f"transfer_id {transfer_id!r} is not taken")
         self._map.forget(transfer_id)
+        self._finish(h, tid)
+
+    def finish(self, transfer_id: str) -> bool:
+        """Ends the delivered transfer transfer_id on this shard without taking it (the
+        engine holds its content already) and without touching views of it. Returns
+        False when there was nothing to end: unknown, not arrived, or ended already
+        (released, cancelled, expired)."""
+        return self._finish(self._handle(), enc(transfer_id, "transfer_id"))
+
+    @staticmethod
+    def _finish(h, tid: bytes) -> bool:
+        rc = _lib.lib.ect_push_consumer_finish(h, tid)
+        if rc in (ECT_ENOTFOUND, ECT_ESTATE):
+            return False  # the scheduler's cancel or the TTL ended it first
+        check(rc)
+        return True
 
     def taken(self) -> list[str]:
         """Transfer ids taken, not released, with a view still alive."""
