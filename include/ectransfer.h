@@ -537,6 +537,15 @@ ECT_API void ect_xport_close(ect_xport *x);
  *   "ec_buffer_device"    string   where a consumer's pool lives: "cpu", "pinned",
  *                                  "cuda" or "cuda:N" (pool_device; default "cpu")
  *   "transport"           string   "tcp", "shm" or "ucx"
+ *
+ * For bindings, the consumers (push and pull) also read "pool_memory": the
+ * address, as a JSON integer (never a real: a double cannot carry every
+ * address), of caller-owned memory of ec_buffer_size bytes and
+ * ec_buffer_device's kind to use as the pool (the opts' pool_memory). A
+ * binding that allocates the pool itself (ect_mem_alloc) decides when it
+ * is freed, so views it handed out can outlive the consumer even when the
+ * pool is device memory. Not for files: a wrong address is undefined
+ * behaviour.
  */
 
 /* --------------------------------------- generation 2: consumer side */
@@ -641,8 +650,9 @@ ECT_API int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_
  *  text"). Reads ec_ip, ec_port, tp_size, tp_rank, dp_index, ec_buffer_size
  *  (pool_size), transport, ec_buffer_device (pool_device), and its own keys
  *  xport_listen (string), ttl_ms,
- *  pending_grace_ms, reap_interval_ms, max_events, max_tombstones
- *  (integers). Caller owns *out. Errors: those of the configuration, then
+ *  pending_grace_ms, reap_interval_ms, max_events, max_tombstones,
+ *  pool_memory (integers; pool_memory for bindings, see "configuration as
+ *  JSON text"). Caller owns *out. Errors: those of the configuration, then
  *  those of ect_push_consumer_open. */
 ECT_API int ect_push_consumer_open_config(const char *json, ect_push_consumer **out);
 
@@ -1259,6 +1269,10 @@ typedef struct ect_pull_consumer_opts {
                                  completion arrives first; default 60000 */
     const char *pool_device;  /* NULL or "cpu" (default), "pinned", "cuda" or "cuda:N": as
                                  ect_push_consumer_opts.pool_device; copied */
+    void *pool_memory;        /* caller-owned memory of pool_size bytes, of pool_device's
+                                 kind, aligned to `alignment`, used as the pool instead of
+                                 allocating one; must outlive the consumer. A host buffer
+                                 has no fd, so shm refuses it. Default NULL */
 } ect_pull_consumer_opts;
 
 /** A loaded item: valid, and leased in the consumer's pool, until
@@ -1293,8 +1307,8 @@ ECT_API int ect_pull_consumer_open(const ect_pull_consumer_opts *opts, ect_pull_
 /** ect_pull_consumer_open from a JSON object (see "configuration as JSON
  *  text"): the producer is "ec_ip:ec_port" (port 1..65535); ec_buffer_size
  *  (pool_size), transport, ec_buffer_device (pool_device), and its own keys
- *  xport_listen (string), alignment, timeout_ms, quarantine_ms (integers).
- *  Caller owns *out. */
+ *  xport_listen (string), alignment, timeout_ms, quarantine_ms, pool_memory
+ *  (integers). Caller owns *out. */
 ECT_API int ect_pull_consumer_open_config(const char *json, ect_pull_consumer **out);
 
 /** Loads mm_hash: from the resident cache if present, else allocates
