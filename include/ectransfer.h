@@ -681,8 +681,9 @@ ECT_API int ect_push_consumer_take(ect_push_consumer *c, const char *transfer_id
  *  delivered"). The bytes stay resident so a later reserve of the same
  *  mm_hash is answered `cached` without moving bytes (least-recently-used
  *  reclaim when the pool is full). Clear view->transfer_id to end only the
- *  lease. The view must not be read afterwards. Errors: ECT_ENOTFOUND,
- *  ECT_ESTATE (not leased). */
+ *  lease (several views of one take, given back one by one; the transfer
+ *  then ends with ect_push_consumer_finish). The view must not be read
+ *  afterwards. Errors: ECT_ENOTFOUND, ECT_ESTATE (not leased). */
 ECT_API int ect_push_consumer_release(ect_push_consumer *c, const ect_push_view *view);
 
 /** Finishes transfer_id on this shard without ending any lease: its
@@ -709,8 +710,9 @@ ECT_API void ect_push_consumer_stats(ect_push_consumer *c, ect_push_consumer_sta
 
 /** The shard's pool (for ect_pool_stats, ect_pool_mem_kind); its memfd
  *  (ect_pool_fd) lets a binding map the same bytes itself, so that views it
- *  hands out stay mapped after ect_push_consumer_close. Owned by c. Any
- *  thread. */
+ *  hands out stay mapped after ect_push_consumer_close (a device pool has no
+ *  fd: a binding allocates it itself and passes it as pool_memory). Owned by
+ *  c. Any thread. */
 ECT_API ect_pool *ect_push_consumer_pool(ect_push_consumer *c);
 
 /*
