@@ -87,7 +87,8 @@ def test_cuda_tensors_into_a_host_pool(transport):
         xs = cuda_tensors("hp")
         res = push_all(inst, xs)
         assert {r.transport for r in res} == {transport}
-        assert _device.borrowed() == 0  # every borrowed tensor was given back
+        wait_for(lambda: _device.borrowed() == 0,
+                 "every borrowed tensor given back")
         for tid, x in xs.items():
             t = shard.take(tid)
             assert t.device.type == "cpu" and t.dtype == x.dtype
@@ -150,7 +151,8 @@ def test_pull_with_gpu_pool_and_cuda_source():
             x = torch.arange(1 << 20, device="cuda", dtype=torch.int32) * 3
             p.save("gpu", x)
             p.flush()
-            assert _device.borrowed() == 0
+            wait_for(lambda: _device.borrowed() == 0,
+                     "the library to give the sources back")
             meta = wait_for(lambda: s.has("gpu"), "the notification")
             t = c.load("gpu", meta)
             assert t.device.type == "cuda" and torch.equal(t, x)

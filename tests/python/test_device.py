@@ -109,7 +109,8 @@ def test_push_into_a_device_pool(transport):
         prod.flush()
         (r,) = wait_for(lambda: prod.poll(0), "the result")
         assert r.ok and r.transport == transport, r
-        assert _device.borrowed() == 0  # released when the push ended
+        wait_for(lambda: _device.borrowed() == 0,
+                 "the source given back")
         wait_for(lambda: "d2" in sched.poll(), "arrival")
         got = shard.take("d2", out=DEVICE)
         assert got.dtype == "int32" and np.array_equal(got.numpy(), np.arange(4096))
@@ -193,7 +194,8 @@ def test_pull_with_device_pool_and_device_source():
             p.save("dev", ectransfer.DeviceArray.from_host(x))  # borrowed until stored
             p.save("host", x[::-1].copy())
             p.flush()
-            assert _device.borrowed() == 0
+            wait_for(lambda: _device.borrowed() == 0,
+                     "the library to give the sources back")
             for h, want in (("dev", x), ("host", x[::-1])):
                 meta = wait_for(lambda: s.has(h), "the notification")
                 v = c.load(h, meta, out=DEVICE)
@@ -233,7 +235,8 @@ def test_device_source_into_a_host_pool(transport):
         assert shard.device == "cpu"
         x = np.random.default_rng(5).integers(0, 255, (300, 7), dtype=np.uint8)
         move(inst, "h1", ectransfer.DeviceArray.from_host(x))  # device -> host by the library
-        assert _device.borrowed() == 0
+        wait_for(lambda: _device.borrowed() == 0,
+                 "the library to give the sources back")
         v = shard.take("h1", out="numpy")
         assert np.array_equal(v, x)
         shard.release("h1")
