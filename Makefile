@@ -44,8 +44,10 @@ test-tsan: deps
 	UCX_ERROR_SIGNALS= UCX_MEM_EVENTS=no TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -j $(JOBS)
 
 # GPU checks on the real driver: absent CUDA is a failure here (ECT_REQUIRE_GPU),
-# a skip in `make test`. No `deps`: GPU machines may reach no package registry
-# (scripts/gpu-check.sh builds with packed libraries and runs this and the bench).
+# a skip in `make test`. gpu_python runs tests/python/test_cuda.py with
+# $ECT_PYTHON (an interpreter whose torch has CUDA). No `deps`: GPU machines may
+# reach no package registry (scripts/gpu-check.sh builds with packed libraries
+# and runs this and the benches).
 test-gpu:
 	$(call configure,build,)
 	ECT_REQUIRE_GPU=1 ctest --test-dir build --output-on-failure -L gpu

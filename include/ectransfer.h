@@ -537,6 +537,15 @@ ECT_API void ect_xport_close(ect_xport *x);
  *   "ec_buffer_device"    string   where a consumer's pool lives: "cpu", "pinned",
  *                                  "cuda" or "cuda:N" (pool_device; default "cpu")
  *   "transport"           string   "tcp", "shm" or "ucx"
+ *
+ * For bindings, the consumers (push and pull) also read "pool_memory": the
+ * address, as a JSON integer (never a real: a double cannot carry every
+ * address), of caller-owned memory of ec_buffer_size bytes and
+ * ec_buffer_device's kind to use as the pool (the opts' pool_memory). A
+ * binding that allocates the pool itself (ect_mem_alloc) decides when it
+ * is freed, so views it handed out can outlive the consumer even when the
+ * pool is device memory. Not for files: a wrong address is undefined
+ * behaviour.
  */
 
 /* --------------------------------------- generation 2: consumer side */
@@ -551,7 +560,7 @@ ECT_API void ect_xport_close(ect_xport *x);
  * Producers reserve, write and complete; the consumer's engine takes READY
  * items as zero-copy views and releases them to the resident cache.
  *
- * Threading: ect_push_consumer_take, _release, _stats, _evict and the port
+ * Threading: ect_push_consumer_take, _release, _finish, _stats, _evict and the port
  * getters are safe from any thread at once (they take the reservation
  * table's mutex, never across I/O). _open and _close must not race with any
  * other call on the same handle.
@@ -618,7 +627,7 @@ typedef struct ect_push_consumer_stat {
     uint64_t peak_live;      /* most reservations live at once since open */
     uint64_t peak_held;      /* most bytes the reservation table held at once (reservations
                                 and resident items, rounded sizes) */
-    uint64_t finished;       /* delivered reservations ended by ect_push_consumer_release */
+    uint64_t finished;       /* delivered reservations ended by _release or _finish */
     uint64_t abandoned;      /* reservations producers abandoned (cancel with abandon) */
     uint64_t expired;        /* reservations the reaper ended: READY but not released within
                                 ttl_ms, or a writer silent past it */
@@ -641,8 +650,9 @@ ECT_API int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_
  *  text"). Reads ec_ip, ec_port, tp_size, tp_rank, dp_index, ec_buffer_size
  *  (pool_size), transport, ec_buffer_device (pool_device), and its own keys
  *  xport_listen (string), ttl_ms,
- *  pending_grace_ms, reap_interval_ms, max_events, max_tombstones
- *  (integers). Caller owns *out. Errors: those of the configuration, then
+ *  pending_grace_ms, reap_interval_ms, max_events, max_tombstones,
+ *  pool_memory (integers; pool_memory for bindings, see "configuration as
+ *  JSON text"). Caller owns *out. Errors: those of the configuration, then
  *  those of ect_push_consumer_open. */
 ECT_API int ect_push_consumer_open_config(const char *json, ect_push_consumer **out);
 
@@ -671,9 +681,25 @@ ECT_API int ect_push_consumer_take(ect_push_consumer *c, const char *transfer_id
  *  delivered"). The bytes stay resident so a later reserve of the same
  *  mm_hash is answered `cached` without moving bytes (least-recently-used
  *  reclaim when the pool is full). Clear view->transfer_id to end only the
- *  lease. The view must not be read afterwards. Errors: ECT_ENOTFOUND,
- *  ECT_ESTATE (not leased). */
+ *  lease (several views of one take, given back one by one; the transfer
+ *  then ends with ect_push_consumer_finish). The view must not be read
+ *  afterwards. Errors: ECT_ENOTFOUND, ECT_ESTATE (not leased). */
 ECT_API int ect_push_consumer_release(ect_push_consumer *c, const ect_push_view *view);
+
+/** Finishes transfer_id on this shard without ending any lease: its
+ *  delivered (READY) reservation ends at once, exactly as a release with
+ *  view->transfer_id set ends it (a later take gets ECT_ENOTFOUND, a
+ *  producer reserving it again is answered `cancelled`), while every view
+ *  still taken keeps its bytes: they stay leased until each is released
+ *  with view->transfer_id cleared, and are resident for dedup after that.
+ *  For engines and bindings whose views are given back one by one (or
+ *  later, by a garbage collector): end the transfer here when the engine
+ *  is done with it, and the leases as the views go. It may be called
+ *  before any take (an item the engine already holds from elsewhere).
+ *  Errors: ECT_EINVAL (NULL or empty transfer_id); ECT_ENOTFOUND unknown
+ *  transfer_id; ECT_ESTATE not READY: still being written, or already ended
+ *  (finished, cancelled by the scheduler, expired); nothing changes then. */
+ECT_API int ect_push_consumer_finish(ect_push_consumer *c, const char *transfer_id);
 
 /** Frees up to `max` unleased resident items no reservation uses, least
  *  recently used first; returns how many were freed. */
@@ -684,8 +710,9 @@ ECT_API void ect_push_consumer_stats(ect_push_consumer *c, ect_push_consumer_sta
 
 /** The shard's pool (for ect_pool_stats, ect_pool_mem_kind); its memfd
  *  (ect_pool_fd) lets a binding map the same bytes itself, so that views it
- *  hands out stay mapped after ect_push_consumer_close. Owned by c. Any
- *  thread. */
+ *  hands out stay mapped after ect_push_consumer_close (a device pool has no
+ *  fd: a binding allocates it itself and passes it as pool_memory). Owned by
+ *  c. Any thread. */
 ECT_API ect_pool *ect_push_consumer_pool(ect_push_consumer *c);
 
 /*
@@ -1244,6 +1271,10 @@ typedef struct ect_pull_consumer_opts {
                                  completion arrives first; default 60000 */
     const char *pool_device;  /* NULL or "cpu" (default), "pinned", "cuda" or "cuda:N": as
                                  ect_push_consumer_opts.pool_device; copied */
+    void *pool_memory;        /* caller-owned memory of pool_size bytes, of pool_device's
+                                 kind, aligned to `alignment`, used as the pool instead of
+                                 allocating one; must outlive the consumer. A host buffer
+                                 has no fd, so shm refuses it. Default NULL */
 } ect_pull_consumer_opts;
 
 /** A loaded item: valid, and leased in the consumer's pool, until
@@ -1278,8 +1309,8 @@ ECT_API int ect_pull_consumer_open(const ect_pull_consumer_opts *opts, ect_pull_
 /** ect_pull_consumer_open from a JSON object (see "configuration as JSON
  *  text"): the producer is "ec_ip:ec_port" (port 1..65535); ec_buffer_size
  *  (pool_size), transport, ec_buffer_device (pool_device), and its own keys
- *  xport_listen (string), alignment, timeout_ms, quarantine_ms (integers).
- *  Caller owns *out. */
+ *  xport_listen (string), alignment, timeout_ms, quarantine_ms, pool_memory
+ *  (integers). Caller owns *out. */
 ECT_API int ect_pull_consumer_open_config(const char *json, ect_pull_consumer **out);
 
 /** Loads mm_hash: from the resident cache if present, else allocates

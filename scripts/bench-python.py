@@ -4,14 +4,17 @@ in the same run and into the same consumer.
 
     /usr/bin/python3 scripts/bench-python.py [--count 160] [--step 8] [--rounds 3]
         [--shape 576x4096] [--dtype bfloat16] [--transport tcp] [--device cpu|cuda]
-        [--build build] [--json]
+        [--pool-device cpu|cuda] [--build build] [--json]
 
 A consumer instance (one shard and its scheduler, in a child process) receives every
 item and finishes it at once (no reads), so the producer side sets the pace. Rounds
 alternate: the C producer (build/tests/push_items, a process of its own: ect_push_producer
 opened from the same JSON configuration, sources in plain buffers) and the Python one
 (ectransfer.PushProducer.push of torch tensors), the same count, step (one flush per
-step) and shape, each item's bytes copied into the staging pool during the call in both.
+step) and shape, each item's bytes copied into the staging pool during the call in both
+(with --device cuda the Python producer's CUDA tensors are borrowed instead: read on the
+device by the library, staged device to host over tcp, none over shm into a CUDA pool).
+--pool-device cuda puts the consumer's pool on the GPU (ec_buffer_device).
 Both producers stay open for the whole run. Each round pushes one untimed warm-up step,
 then is timed from its first push to its last result. Prints items/s and GB/s per
 producer (median of the rounds, min..max) and the ratio Python / C, the binding's cost.
@@ -34,11 +37,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python"))
 
 
-def consumer_main(pipe, pool_bytes: int, transport: str) -> None:
+def consumer_main(pipe, pool_bytes: int, transport: str, pool_device: str = "cpu") -> None:
     import ectransfer
 
     with ectransfer.PushConsumer({"ec_port": 0, "ec_buffer_size": pool_bytes,
-                                  "transport": transport}) as shard:
+                                  "transport": transport,
+                                  "ec_buffer_device": pool_device}) as shard:
         with ectransfer.PushScheduler({"ec_port": shard.port, "accept_any": True}) as sched:
             while not sched.stats()["shards"]:
                 time.sleep(0.001)
@@ -150,8 +154,10 @@ def main() -> int:
     ap.add_argument("--dtype", default="bfloat16", help="torch dtype (default bfloat16)")
     ap.add_argument("--transport", default="tcp", help="tcp, shm or ucx (default tcp)")
     ap.add_argument("--device", default="cpu",
-                    help="where the Python producer's tensors live (cpu, or cuda: copied to "
-                         "host memory by the binding; the C producer's are host buffers)")
+                    help="where the Python producer's tensors live (cpu, or cuda: read on the "
+                         "device by the library; the C producer's are host buffers)")
+    ap.add_argument("--pool-device", default="cpu",
+                    help="where the consumer's pool lives (cpu, or cuda: GPU memory)")
     ap.add_argument("--build", default=str(ROOT / "build"), help="the build tree")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     a = ap.parse_args()
@@ -171,7 +177,8 @@ def main() -> int:
     cfg = {"ec_buffer_size": 256 << 20, "control_timeout_s": 60}
     ctx = mp.get_context("spawn")
     pipe, child = ctx.Pipe()
-    cons = ctx.Process(target=consumer_main, args=(child, 1 << 30, a.transport), daemon=True)
+    cons = ctx.Process(target=consumer_main, args=(child, 1 << 30, a.transport, a.pool_device),
+                       daemon=True)
     cons.start()
     if not pipe.poll(120):
         print("bench-python: the consumer did not start", file=sys.stderr)
@@ -215,13 +222,15 @@ def main() -> int:
     cost = call_cost(tensors[0].cpu())
     if a.json:
         print(json.dumps({"shape": shape, "dtype": a.dtype, "count": a.count, "step": a.step,
-                          "rounds": a.rounds, "transport": a.transport, "consumer_seen": seen,
+                          "rounds": a.rounds, "transport": a.transport, "device": a.device,
+                          "pool_device": a.pool_device, "consumer_seen": seen,
                           "results": summary, "python_over_c": ratio, "call_cost": cost}))
         return 0
     mib = nbytes / (1 << 20)
     print(f"Python binding vs C producer: push of {a.shape} {a.dtype} ({mib:.2f} MiB), "
           f"{a.transport}, steps of {a.step}, {a.rounds} rounds of {a.count} items each"
-          + (f", Python tensors on {a.device}" if a.device != "cpu" else ""))
+          + (f", Python tensors on {a.device}" if a.device != "cpu" else "")
+          + (f", consumer pool on {a.pool_device}" if a.pool_device != "cpu" else ""))
     print(f"  {'producer':<9} {'items/s':>9} {'GB/s':>7}   (median; min..max items/s)")
     for who in ("C", "Python"):
         s = summary[who]

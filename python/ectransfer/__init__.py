@@ -45,6 +45,7 @@ from ._lib import (  # noqa: F401
 )
 from . import _lib
 from ._log import get_level as get_log_level, route_to_logging, set_level as set_log_level  # noqa: F401
+from ._device import DeviceArray, cuda_info  # noqa: F401
 from ._tensors import dtype_name  # noqa: F401
 from .pull import Meta, PullConsumer, PullProducer, PullScheduler  # noqa: F401
 from .push import PushConsumer, PushProducer, PushScheduler, Result, SchedItem  # noqa: F401
@@ -94,6 +95,8 @@ __all__ = [
     "Meta",
     "version",
     "dtype_name",
+    "DeviceArray",
+    "cuda_info",
     "set_log_level",
     "get_log_level",
     "route_to_logging",

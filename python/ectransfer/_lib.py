@@ -33,6 +33,9 @@ SESSION_ID_LEN = 257  # ECT_SESSION_ID_LEN
 SCHED_ERROR_LEN = 160  # ECT_SCHED_ERROR_LEN
 RESULT_ERROR_LEN = 192  # ECT_RESULT_ERROR_LEN
 TRANSPORT_LEN = 16  # ECT_TRANSPORT_LEN
+CUDA_LIBRARY_LEN = 256  # ECT_CUDA_LIBRARY_LEN
+CUDA_NAME_LEN = 128  # ECT_CUDA_NAME_LEN
+CUDA_WHY_LEN = 320  # ECT_CUDA_WHY_LEN
 
 # Error codes (ect_err). 0 is success.
 ECT_OK = 0
@@ -300,6 +303,17 @@ class PullConsumerStat(ctypes.Structure):
     ]
 
 
+class CudaInfo(ctypes.Structure):
+    _fields_ = [
+        ("available", ctypes.c_int),
+        ("driver_version", ctypes.c_int),
+        ("devices", ctypes.c_int),
+        ("library", ctypes.c_char * CUDA_LIBRARY_LEN),
+        ("device0", ctypes.c_char * CUDA_NAME_LEN),
+        ("why", ctypes.c_char * CUDA_WHY_LEN),
+    ]
+
+
 class LogRecord(ctypes.Structure):
     _fields_ = [
         ("level", ctypes.c_int),
@@ -312,6 +326,9 @@ class LogRecord(ctypes.Structure):
 
 LOG_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(LogRecord))
 FOREACH_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(PullMeta))
+# ect_push_release_fn(user, data, nbytes) and ect_pull_release_fn(user, data)
+PUSH_RELEASE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64)
+PULL_RELEASE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
 
 # name in the header -> (mirror, must the sizes be equal)
 _MIRRORS = {
@@ -328,6 +345,7 @@ _MIRRORS = {
     "ect_pull_scheduler_stat": (PullSchedulerStat, False),
     "ect_pull_consumer_stat": (PullConsumerStat, False),
     "ect_log_record": (LogRecord, False),
+    "ect_cuda_info": (CudaInfo, False),
 }
 
 P = ctypes.c_void_p
@@ -351,6 +369,12 @@ _PROTOS = {
     "ect_pool_base": (P, [P]),
     "ect_pool_capacity": (U64, [P]),
     "ect_pool_fd": (I, [P]),
+    "ect_cuda_get_info": (I, [P]),
+    "ect_mem_kind_of": (None, [P, ctypes.POINTER(I), ctypes.POINTER(I)]),
+    "ect_mem_parse_device": (I, [S, ctypes.POINTER(I), ctypes.POINTER(I)]),
+    "ect_mem_alloc": (I, [I, I, U64, PP]),
+    "ect_mem_free": (None, [I, P]),
+    "ect_mem_copy": (I, [P, P, U64]),
     "ect_push_consumer_open_config": (I, [S, PP]),
     "ect_push_consumer_close": (None, [P]),
     "ect_push_consumer_port": (I, [P]),
@@ -358,6 +382,7 @@ _PROTOS = {
     "ect_push_consumer_session": (S, [P]),
     "ect_push_consumer_take": (I, [P, S, P]),
     "ect_push_consumer_release": (I, [P, P]),
+    "ect_push_consumer_finish": (I, [P, S]),
     "ect_push_consumer_evict": (SZ, [P, SZ]),
     "ect_push_consumer_stats": (None, [P, P]),
     "ect_push_consumer_pool": (P, [P]),
@@ -504,6 +529,28 @@ def enc(s: str, what: str) -> bytes:
     return b
 
 
+def config_dict(config, what: str) -> dict:
+    """A configuration (dict, JSON object text or None) as a new dict."""
+    if isinstance(config, str):
+        import json
+
+        def pairs(kv):
+            seen = {}
+            for k, v in kv:
+                if k in seen:
+                    raise ValueError(f"duplicate key {k!r}")
+                seen[k] = v
+            return seen
+
+        try:
+            config = json.loads(config, object_pairs_hook=pairs)
+        except ValueError as e:
+            raise Error(ECT_EINVAL, f"{what} config: not valid JSON: {e}") from None
+    if config is not None and not isinstance(config, dict):
+        raise Error(ECT_EINVAL, f"{what} config: must be a dict or JSON object text")
+    return dict(config or {})
+
+
 class Handle:
     """What every role object shares: an owned C handle, closing exactly once
     (from any thread), a context manager, and a clear error after close."""
@@ -548,8 +595,12 @@ class Handle:
             self._before_close(h)
             type(self)._close_fn(h)
             _open_handles.discard(self)
+            self._after_close()
 
     def _before_close(self, h) -> None:
+        pass
+
+    def _after_close(self) -> None:
         pass
 
     def __enter__(self):

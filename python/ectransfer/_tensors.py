@@ -7,13 +7,16 @@ bytes instead (e.g. bfloat16 held in a numpy ``uint16``/``uint8`` array). The li
 copies the bytes into its staging memory during the call, so the source may change or
 go away as soon as the call returns.
 
-CUDA tensors are copied to host memory first, in :func:`host_source` and nowhere
-else: that is the one place to change when the library learns device memory.
+CUDA tensors stay on their device: the library reads them itself (borrowed until the
+transfer ends; see :func:`source` and ``_device``), and copies them to host memory
+only where it cannot reach the CUDA driver.
 
 Views (what ``take``/``load`` return) are built by :class:`PoolMap`: the binding maps
 the pool's memfd a second time, so a view never points into a mapping the library may
 unmap, and every view holds a lease that is given back only when the last tensor
 sharing its memory is freed. What ``release`` guarantees is in :meth:`PoolMap.view`.
+A pool in CUDA memory is the binding's own allocation (``_device.DevicePool``), with
+the same guarantees.
 """
 
 from __future__ import annotations
@@ -137,13 +140,15 @@ def torch_dtype(name: str):
 
 @dataclass
 class Source:
-    """Host bytes to hand the library: address and length valid while `keep` lives."""
+    """Bytes to hand the library: address and length valid while `keep` lives. device:
+    None for host memory, else the CUDA device ordinal of device memory."""
 
     address: int
     nbytes: int
     shape: tuple[int, ...]
     dtype: str
     keep: Any
+    device: int | None = None
 
 
 class _PyBuffer(ctypes.Structure):
@@ -188,7 +193,7 @@ class _Exported:
         self.release()
 
 
-def _shape_and_dtype(nbytes, shape, dtype, default_shape, default_dtype):
+def shape_and_dtype(nbytes, shape, dtype, default_shape, default_dtype):
     name = dtype_name(dtype) if dtype is not None else default_dtype
     if shape is None:
         if dtype is not None and default_dtype != name:
@@ -213,26 +218,36 @@ def _shape_and_dtype(nbytes, shape, dtype, default_shape, default_dtype):
     return shape, name
 
 
-def host_source(obj: Any, dtype: Any = None, shape: Any = None) -> Source:
-    """The bytes of obj in host memory, C-contiguous (copied when they are not).
+def source(obj: Any, dtype: Any = None, shape: Any = None) -> Source:
+    """The bytes of obj, C-contiguous (copied when they are not): host memory, or CUDA
+    device memory the library can read itself (Source.device set).
 
-    A CUDA tensor is copied to host memory here (synchronously, on the current
-    stream): the one copy path of device sources until the library writes from
-    device memory itself.
+    A CUDA torch.Tensor stays on its device when the library reaches the same CUDA
+    driver (the current stream is synchronized first, so the bytes are final); where it
+    cannot (no driver the library can load), it is copied to host memory here. Another
+    object exposing ``__cuda_array_interface__`` (cupy, numba, :class:`DeviceArray`)
+    must be C-contiguous device memory the library reaches; it is never copied here.
     """
+    from . import _device
+
     if torch is not None and isinstance(obj, torch.Tensor):
         t = obj.detach()
         if t.is_conj():
             t = t.resolve_conj()
         if t.is_neg():
             t = t.resolve_neg()
-        if t.device.type != "cpu":
-            t = t.to("cpu")  # device -> host staging (see the module docstring)
+        device = None
+        if t.device.type == "cuda" and t.numel() and _device.reaches(t):
+            t = t.contiguous()  # on the device
+            torch.cuda.current_stream(t.device).synchronize()  # every write to it done
+            device = t.device.index
+        elif t.device.type != "cpu":
+            t = t.to("cpu")  # the host-copy fallback
         t = t.contiguous()
         base_name = dtype_name(t.dtype)
         nbytes = t.numel() * t.element_size()
-        shp, name = _shape_and_dtype(nbytes, shape, dtype, tuple(t.shape), base_name)
-        return Source(t.data_ptr(), nbytes, shp, name, t)
+        shp, name = shape_and_dtype(nbytes, shape, dtype, tuple(t.shape), base_name)
+        return Source(t.data_ptr(), nbytes, shp, name, t, device)
     if np is not None and isinstance(obj, np.ndarray):
         a = np.ascontiguousarray(obj)
         if dtype is None and a.dtype.name not in _FROM_NUMPY:
@@ -242,14 +257,17 @@ def host_source(obj: Any, dtype: Any = None, shape: Any = None) -> Source:
                 "to push its bytes",
             )
         base_name = _FROM_NUMPY.get(a.dtype.name, "uint8")
-        shp, name = _shape_and_dtype(a.nbytes, shape, dtype, tuple(a.shape), base_name)
+        shp, name = shape_and_dtype(a.nbytes, shape, dtype, tuple(a.shape), base_name)
         return Source(a.ctypes.data, a.nbytes, shp, name, a)
+    if hasattr(obj, "__cuda_array_interface__"):
+        return _device.interface_source(obj, dtype, shape)
     try:
         mv = memoryview(obj)
     except TypeError:
         raise Error(
             ECT_EINVAL,
-            f"cannot push a {type(obj).__name__}: a torch.Tensor, numpy.ndarray or buffer is needed",
+            f"cannot push a {type(obj).__name__}: a torch.Tensor, numpy.ndarray, buffer or "
+            "CUDA array (__cuda_array_interface__) is needed",
         ) from None
     if not mv.c_contiguous:
         mv = memoryview(mv.tobytes())
@@ -257,12 +275,25 @@ def host_source(obj: Any, dtype: Any = None, shape: Any = None) -> Source:
     if dtype is None and fmt not in _FROM_FORMAT:
         raise Error(ECT_EINVAL, f"buffer format {mv.format!r} has no torch dtype; pass dtype=")
     base_name = _FROM_FORMAT.get(fmt, "uint8")
-    shp, name = _shape_and_dtype(mv.nbytes, shape, dtype, tuple(mv.shape), base_name)
+    shp, name = shape_and_dtype(mv.nbytes, shape, dtype, tuple(mv.shape), base_name)
     exp = _Exported(mv)
     return Source(exp.view.buf or 0, mv.nbytes, shp, name, (exp, mv))
 
 
 # ------------------------------------------------------------------- views
+
+
+def _unviewed(v):
+    """v as a tensor of its own over the same storage (v._base None): a view would keep
+    its base alive, and with it the bytes, after release emptied it in place."""
+    if v._base is None:
+        return v
+    try:
+        storage = v.untyped_storage()
+    except AttributeError:  # torch < 2.0
+        storage = v.storage()
+    t = torch.empty(0, dtype=v.dtype, device=v.device)
+    return t.set_(storage, v.storage_offset(), v.shape, v.stride())
 
 
 def _empty_in_place(t) -> None:
@@ -278,8 +309,89 @@ def _empty_in_place(t) -> None:
         pass
 
 
-class PoolMap:
-    """The binding's own mapping of a consumer pool, and the views into it.
+class ViewTable:
+    """What was handed out of one consumer's pool, by key, and the leases behind it.
+
+    Subclasses build the views (:class:`PoolMap` over host memory,
+    ``_device.DevicePool`` over CUDA memory); this keeps, for both, the rules of
+    :meth:`PoolMap.view`: each view owns one lease, given back exactly once, when the
+    last object sharing its memory is freed; release(key) empties what was handed out;
+    after close nothing is given back and nothing is freed under a live view.
+    """
+
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.closed = False
+        # key -> list of (weakref to what was handed out, kind)
+        self.handed: dict[str, list] = {}
+
+    def _own_lease(self, holder, key: str, give_back: Callable[[], None]) -> None:
+        """From here on the lease belongs to holder: its finalizer gives it back once,
+        when the last tensor, array or memoryview over it is freed."""
+        state = self
+
+        def finalize():
+            with state.lock:
+                if not state.closed:
+                    state._return_lease(give_back)
+                state._prune(key)
+
+        fin = weakref.finalize(holder, finalize)
+        fin.atexit = False
+
+    def _return_lease(self, give_back: Callable[[], None]) -> None:
+        give_back()
+
+    def _handed_out(self, key: str, v, kind: str) -> None:
+        with self.lock:
+            self.handed.setdefault(key, []).append(
+                (weakref.ref(v) if kind != "memoryview" else v, kind))
+
+    def _prune(self, key: str) -> None:
+        """Drops what was handed out under key and is gone (caller holds the lock). The
+        key stays (with nothing under it) until release(key), which then succeeds."""
+        if key in self.handed:
+            self.handed[key] = [(r, k) for r, k in self.handed[key]
+                                if k == "memoryview" or r() is not None]
+
+    def live(self) -> list[str]:
+        """Keys with a view still alive."""
+        with self.lock:
+            return [k for k, v in self.handed.items() if v]
+
+    def forget(self, key: str) -> None:
+        """release(key): empties what was handed out (see PoolMap.view()); the leases go
+        back as their last holders are freed."""
+        with self.lock:
+            handed = self.handed.pop(key, [])
+        for ref, kind in handed:
+            if kind == "torch":
+                t = ref()
+                if t is not None:
+                    _empty_in_place(t)
+            elif kind == "memoryview":
+                try:
+                    ref.release()
+                except BufferError:  # slices of it still export the bytes
+                    pass
+            elif kind == "device":
+                a = ref()
+                if a is not None:
+                    a._release()
+
+    def close(self) -> None:
+        """The library handle is closing: forget every view (the memory itself lives on
+        in the views still alive) and never give a lease back again."""
+        with self.lock:
+            keys = list(self.handed)
+        for k in keys:
+            self.forget(k)
+        with self.lock:
+            self.closed = True
+
+
+class PoolMap(ViewTable):
+    """The binding's own mapping of a consumer pool in host memory, and the views into it.
 
     Each view is a fresh ctypes array over the mapping (it keeps the mapping alive)
     wrapped by torch.frombuffer / numpy.frombuffer (which keep the array alive). A
@@ -289,16 +401,13 @@ class PoolMap:
     """
 
     def __init__(self, pool_ptr: int, what: str):
+        super().__init__()
         fd = _lib.lib.ect_pool_fd(pool_ptr)
         if fd < 0:
             raise Error(ECT_ENOTSUP, f"{what}: its pool has no file descriptor to map")
         self.base = _lib.lib.ect_pool_base(pool_ptr)
         self.capacity = int(_lib.lib.ect_pool_capacity(pool_ptr))
         self.map = mmap.mmap(fd, self.capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        self.lock = threading.RLock()
-        self.closed = False
-        # key -> list of (weakref to what was handed out, kind)
-        self.handed: dict[str, list] = {}
 
     def view(
         self,
@@ -352,27 +461,15 @@ class PoolMap:
         except BaseException:
             give_back()
             raise
-        # From here on the lease belongs to arr: its finalizer gives it back once, when
-        # the last tensor, array or memoryview over it is freed (or right away if
-        # building the view fails).
         arr = (ctypes.c_ubyte * nbytes).from_buffer(self.map, offset)
-        state = self
-
-        def finalize():
-            with state.lock:
-                if not state.closed:
-                    give_back()
-                state._prune(key)
-
-        fin = weakref.finalize(arr, finalize)
-        fin.atexit = False
+        self._own_lease(arr, key, give_back)  # (given back at once if building fails)
         if kind == "torch":
             if nbytes == 0:
                 v = torch.empty(shape if not raw else (0,), dtype=td or torch.uint8)
             elif raw:
                 v = torch.frombuffer(arr, dtype=torch.uint8)
             else:
-                v = torch.frombuffer(arr, dtype=td).view(shape)
+                v = _unviewed(torch.frombuffer(arr, dtype=td).view(shape))
         elif kind == "numpy":
             if nbytes == 0:
                 v = np.empty(0, dtype=np.uint8)
@@ -388,44 +485,5 @@ class PoolMap:
         else:
             v = memoryview(arr).cast("B")  # the flat bytes; shape and dtype are the caller's
         del arr
-        with self.lock:
-            self.handed.setdefault(key, []).append((weakref.ref(v) if kind != "memoryview" else v, kind))
+        self._handed_out(key, v, kind)
         return v
-
-    def _prune(self, key: str) -> None:
-        """Drops what was handed out under key and is gone (caller holds the lock). The
-        key stays (with nothing under it) until release(key), which then succeeds."""
-        if key in self.handed:
-            self.handed[key] = [(r, k) for r, k in self.handed[key]
-                                if k == "memoryview" or r() is not None]
-
-    def live(self) -> list[str]:
-        """Keys with a view still alive."""
-        with self.lock:
-            return [k for k, v in self.handed.items() if v]
-
-    def forget(self, key: str) -> None:
-        """release(key): empties what was handed out (see view()); the leases go
-        back as their last holders are freed."""
-        with self.lock:
-            handed = self.handed.pop(key, [])
-        for ref, kind in handed:
-            if kind == "torch":
-                t = ref()
-                if t is not None:
-                    _empty_in_place(t)
-            elif kind == "memoryview":
-                try:
-                    ref.release()
-                except BufferError:  # slices of it still export the bytes
-                    pass
-
-    def close(self) -> None:
-        """The library handle is closing: forget every view (the mapping itself
-        lives on in the views still alive) and never call give_back again."""
-        with self.lock:
-            keys = list(self.handed)
-        for k in keys:
-            self.forget(k)
-        with self.lock:
-            self.closed = True

@@ -426,8 +426,12 @@ class SchedulerCore:
 class WorkerCore:
     """The worker-process half, one per TP rank. Consumer: one shard of the instance
     (its control port is ec_port + dp_index x tp_size + tp_rank) whose arrived items
-    go into the encoder cache as zero-copy tensors (copied to the engine's device when
-    that is not the host). Producer: pushes the encoder's outputs."""
+    go into the encoder cache as zero-copy tensors: with ec_buffer_device "cuda" the
+    shard's pool lives on the worker's GPU (producers write there: CUDA IPC over shm, a
+    pinned bounce ring over tcp), "cpu" keeps it in host memory. Each item's transfer
+    ends on the shard as soon as the engine frees it (or at once when the cache holds
+    its content already), so the pool never waits for the scheduler's cancels.
+    Producer: pushes the encoder's outputs (CUDA ones straight from the device)."""
 
     def __init__(
         self,
@@ -443,20 +447,34 @@ class WorkerCore:
         self._report_cls = report_cls
         self._shard: PushConsumer | None = None
         self._producer: PushProducer | None = None
-        self._device = None
+        self._copy_to = None  # the engine's device when the pool cannot live there
         if config.is_consumer:
-            self._device = self._engine_device(config.buffer_device)
-            self._shard = PushConsumer(
-                config.library(
-                    "consumer",
-                    ec_ip=config.ec_ip,
-                    ec_port=config.ec_port,
-                    tp_size=tp_size,
-                    dp_index=dp_index,
-                    ec_buffer_size=config.ec_buffer_size,
-                ),
-                tp_rank=tp_rank,
+            device = self._engine_device(config.buffer_device)
+            lib_cfg = config.library(
+                "consumer",
+                ec_ip=config.ec_ip,
+                ec_port=config.ec_port,
+                tp_size=tp_size,
+                dp_index=dp_index,
+                ec_buffer_size=config.ec_buffer_size,
             )
+            if device is not None and device.type == "cuda":
+                import torch
+
+                index = device.index if device.index is not None else torch.cuda.current_device()
+                try:
+                    self._shard = PushConsumer(dict(lib_cfg, ec_buffer_device=f"cuda:{index}"),
+                                               tp_rank=tp_rank)
+                except Error as e:
+                    if e.code != _lib.ECT_ENOTSUP:
+                        raise
+                    log.warning("ec_buffer_device %s: the pool stays in host memory and each "
+                                "item is copied to the GPU (%s)", config.buffer_device, e)
+                    self._copy_to = torch.device("cuda", index)
+            elif device is not None:
+                self._copy_to = device
+            if self._shard is None:
+                self._shard = PushConsumer(lib_cfg, tp_rank=tp_rank)
         if config.is_producer:
             try:
                 self._producer = PushProducer(
@@ -512,6 +530,7 @@ class WorkerCore:
         self._retire(encoder_cache, metadata.freed)
         for spec in metadata.loads:
             if spec.mm_hash in encoder_cache:  # already here (the same content twice)
+                self._shard.finish(spec.transfer_id)  # its room is free for others now
                 self._loaded.add(spec.transfer_id)
                 continue
             try:
@@ -522,10 +541,10 @@ class WorkerCore:
                 self._failed_loads.add(spec.transfer_id)
                 self.counters["failed_loads"] += 1
                 continue
-            if self._device is not None:
-                encoder_cache[spec.mm_hash] = t.to(self._device)  # host pool -> engine device
+            if self._copy_to is not None:
+                encoder_cache[spec.mm_hash] = t.to(self._copy_to)  # host pool -> the device
                 self._shard.release(spec.transfer_id)
-            else:
+            else:  # zero-copy: the pool is where the engine computes
                 encoder_cache[spec.mm_hash] = t
                 self._taken[spec.transfer_id] = spec.mm_hash
             self._loaded.add(spec.transfer_id)

@@ -12,7 +12,7 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any
 
-from . import _lib, _tensors
+from . import _device, _lib, _tensors
 from ._lib import Error, check, enc, text, ECT_ENOTFOUND
 
 
@@ -45,25 +45,32 @@ class PullProducer(_lib.Handle):
         self.session_id = text(_lib.lib.ect_pull_producer_session_id(self._h))
 
     def save(self, mm_hash: str, tensor: Any, *, dtype: Any = None, shape: Any = None) -> None:
-        """Queues tensor under mm_hash (its bytes copied before this returns; CUDA tensors
-        through host memory) and returns; the save thread stores and announces it.
-        Raises Error: ECT_EINVAL, ECT_EBUSY (too many bytes waiting to be stored),
-        ECT_ENOMEM, ECT_ECLOSED."""
-        src = _tensors.host_source(tensor, dtype, shape)
+        """Queues tensor under mm_hash and returns; the save thread stores and announces
+        it. Host bytes are copied before this returns; a CUDA tensor (or CUDA array) is
+        borrowed until the save thread copied it into the pool (device to host, once),
+        so it must not change in place until flush() returned. Raises Error:
+        ECT_EINVAL, ECT_EBUSY (too many bytes waiting to be stored), ECT_ENOMEM,
+        ECT_ECLOSED."""
+        src = _tensors.source(tensor, dtype, shape)
         dims = (_lib.U64 * max(1, len(src.shape)))(*src.shape)
-        check(
-            _lib.lib.ect_pull_producer_save(
-                self._handle(),
-                enc(mm_hash, "mm_hash"),
-                src.address,
-                src.nbytes,
-                dims,
-                len(src.shape),
-                src.dtype.encode(),
-                None,
-                None,
+        key = _device.borrow(src.keep) if src.device is not None else 0
+        try:
+            check(
+                _lib.lib.ect_pull_producer_save(
+                    self._handle(),
+                    enc(mm_hash, "mm_hash"),
+                    src.address,
+                    src.nbytes,
+                    dims,
+                    len(src.shape),
+                    src.dtype.encode(),
+                    _device.PULL_RELEASE_PTR if key else None,
+                    key or None,
+                )
             )
-        )
+        except BaseException:
+            _device.unborrow(key)
+            raise
 
     def flush(self, timeout: float = 60.0) -> None:
         """Waits until every item saved before the call is published or dropped.
@@ -129,7 +136,9 @@ class PullConsumer(_lib.Handle):
     :meth:`load` blocks (up to the configured ``timeout_ms``) while the producer writes;
     use one consumer from one thread at a time. Views follow the rules of
     ``_tensors.PoolMap.view`` (release empties the tensor; the bytes stay leased until
-    the last tensor sharing them is freed; nothing faults after close).
+    the last tensor sharing them is freed; nothing faults after close). With
+    ``ec_buffer_device`` "cuda" / "cuda:N" the pool is GPU memory and :meth:`load`
+    returns zero-copy CUDA tensors, as :class:`ectransfer.PushConsumer` does.
     """
 
     _close_fn = staticmethod(lambda h: _lib.lib.ect_pull_consumer_close(h))
@@ -137,12 +146,16 @@ class PullConsumer(_lib.Handle):
 
     def __init__(self, config: dict | str | None = None):
         super().__init__()
-        self._open(_lib.lib.ect_pull_consumer_open_config, config)
+        cfg = _lib.config_dict(config, "pull consumer")
+        pool = _device.pool_for(cfg)  # a CUDA pool: the binding's memory (pool_memory)
+        self._open(_lib.lib.ect_pull_consumer_open_config, cfg)
         try:
-            self._map = _tensors.PoolMap(_lib.lib.ect_pull_consumer_pool(self._h), "PullConsumer")
+            self._map = pool or _tensors.PoolMap(_lib.lib.ect_pull_consumer_pool(self._h),
+                                                 "PullConsumer")
         except Exception:
             self.close()
             raise
+        self.device = f"cuda:{pool.device}" if pool is not None else "cpu"
 
     def load(self, mm_hash: str, meta: Meta, *, out: str | None = None, raw: bool = False):
         """mm_hash as a zero-copy tensor: from this consumer's pool when it holds it
@@ -191,3 +204,6 @@ class PullConsumer(_lib.Handle):
         m = getattr(self, "_map", None)
         if m is not None:
             m.close()
+
+    def _after_close(self) -> None:
+        self._map = None  # the pool's memory now lives only as long as views of it

@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import _lib, _tensors
-from ._lib import Error, check, enc, text, ECT_EINVAL, ECT_ENOTFOUND
+from . import _device, _lib, _tensors
+from ._lib import Error, check, enc, text, ECT_EINVAL, ECT_ENOTFOUND, ECT_ESTATE
 
 # ect_push_state values
 WAITING_EVENT, AVAILABLE, LOADING, READY, RESIDENT, UNAVAILABLE, EXPIRED, CANCELLED, FAILED = range(
@@ -95,15 +95,21 @@ class PushProducer(_lib.Handle):
         """Queues tensor for transfer_id, to the consumer instance whose TP rank 0 serves
         control requests at consumer ("HOST:PORT" or "tcp://HOST:PORT").
 
-        tensor: a torch.Tensor (CUDA ones are copied to host memory first), a numpy
-        array or any buffer; its bytes are copied into the producer's staging memory
-        before this returns. dtype= / shape= describe raw bytes (see _tensors).
+        tensor: a torch.Tensor, a numpy array or any buffer: its bytes are copied into
+        the producer's staging memory before this returns. A CUDA tensor (or any CUDA
+        array exposing __cuda_array_interface__) is not copied here: the library
+        borrows it (after this call synchronized the current stream) and reads it on
+        the device, with no host copy over shm into a CUDA pool and one device-to-host
+        copy over tcp; it must not be changed in place until poll() reported the
+        transfer (the binding keeps it alive until then). Where the library cannot
+        reach the CUDA driver a CUDA tensor is copied to host memory first.
+        dtype= / shape= describe raw bytes (see _tensors).
         Raises Error: ECT_EINVAL (bad argument, naming it), ECT_EEXIST (transfer_id
         already pushed), ECT_EFULL (staging memory full), ECT_ECLOSED.
         """
-        src = _tensors.host_source(tensor, dtype, shape)
-        self._reserve(transfer_id, consumer, mm_hash, src.shape, src.dtype, src.nbytes, src.address)
-        del src  # the library copied the bytes during the call
+        src = _tensors.source(tensor, dtype, shape)
+        self._reserve(transfer_id, consumer, mm_hash, src.shape, src.dtype, src.nbytes,
+                      src.address, src)
 
     def reserve(
         self, transfer_id: str, consumer: str, mm_hash: str, shape: Any, dtype: Any
@@ -119,10 +125,11 @@ class PushProducer(_lib.Handle):
             nbytes *= d
         self._reserve(transfer_id, consumer, mm_hash, shp, name, nbytes, None)
 
-    def _reserve(self, transfer_id, consumer, mm_hash, shape, dtype, nbytes, address):
+    def _reserve(self, transfer_id, consumer, mm_hash, shape, dtype, nbytes, address, src=None):
         if len(shape) > _lib.NDIM_MAX:
             raise Error(ECT_EINVAL, f"shape {shape} has more than {_lib.NDIM_MAX} dimensions")
         dims = (_lib.U64 * max(1, len(shape)))(*shape)
+        key = _device.borrow(src.keep) if src is not None and src.device is not None else 0
         item = _lib.PushItem(
             transfer_id=enc(transfer_id, "transfer_id"),
             consumer=enc(consumer_address(consumer), "consumer"),
@@ -132,22 +139,34 @@ class PushProducer(_lib.Handle):
             dtype=dtype.encode(),
             nbytes=nbytes,
             data=address,
-            release=None,
-            release_user=None,
+            release=_device.PUSH_RELEASE_PTR if key else None,
+            release_user=key or None,
         )
-        check(_lib.lib.ect_push_producer_reserve(self._handle(), ctypes.byref(item)))
+        try:
+            check(_lib.lib.ect_push_producer_reserve(self._handle(), ctypes.byref(item)))
+        except BaseException:
+            _device.unborrow(key)  # the library never calls release after a failure
+            raise
 
     def stage(self, transfer_id: str, tensor: Any, *, dtype: Any = None, shape: Any = None) -> None:
         """Gives the bytes of an item queued with :meth:`reserve` (copied before this
-        returns); they are written with the next flush. Raises Error: ECT_ENOTFOUND
-        (unknown transfer_id), ECT_ESTATE (already staged or finished), ECT_EINVAL (size
-        differs from the reservation's), ECT_EFULL."""
-        src = _tensors.host_source(tensor, dtype, shape)
-        check(
-            _lib.lib.ect_push_producer_stage(
-                self._handle(), enc(transfer_id, "transfer_id"), src.address, src.nbytes, None, None
+        returns; a CUDA source is borrowed as in :meth:`push`); they are written with
+        the next flush. Raises Error: ECT_ENOTFOUND (unknown transfer_id), ECT_ESTATE
+        (already staged or finished), ECT_EINVAL (size differs from the reservation's),
+        ECT_EFULL."""
+        src = _tensors.source(tensor, dtype, shape)
+        tid = enc(transfer_id, "transfer_id")
+        key = _device.borrow(src.keep) if src.device is not None else 0
+        try:
+            check(
+                _lib.lib.ect_push_producer_stage(
+                    self._handle(), tid, src.address, src.nbytes,
+                    _device.PUSH_RELEASE_PTR if key else None, key or None,
+                )
             )
-        )
+        except BaseException:
+            _device.unborrow(key)
+            raise
 
     def flush(self) -> int:
         """Ends the step: hands every queued item and stage to the dispatcher. Returns
@@ -215,6 +234,10 @@ class PushConsumer(_lib.Handle):
     that arrived as a zero-copy tensor of the reserved shape and dtype, valid until
     :meth:`release` (see ``_tensors.PoolMap.view`` for exactly what release and close
     guarantee). ``address`` is the "HOST:PORT" where producers push (rank 0's).
+
+    With ``ec_buffer_device`` "cuda" (torch's current device) or "cuda:N" the pool is
+    GPU memory the binding allocates, and :meth:`take` returns zero-copy CUDA tensors
+    (a :class:`DeviceArray` without a CUDA torch); see ``_device``.
     """
 
     _close_fn = staticmethod(lambda h: _lib.lib.ect_push_consumer_close(h))
@@ -223,12 +246,15 @@ class PushConsumer(_lib.Handle):
     def __init__(self, config: dict | str | None = None, tp_rank: int = 0):
         super().__init__()
         cfg = _with_rank(config, tp_rank)
+        pool = _device.pool_for(cfg)  # a CUDA pool: the binding's memory (pool_memory)
         self._open(_lib.lib.ect_push_consumer_open_config, cfg)
         try:
-            self._map = _tensors.PoolMap(_lib.lib.ect_push_consumer_pool(self._h), "PushConsumer")
+            self._map = pool or _tensors.PoolMap(_lib.lib.ect_push_consumer_pool(self._h),
+                                                 "PushConsumer")
         except Exception:
             self.close()
             raise
+        self.device = f"cuda:{pool.device}" if pool is not None else "cpu"
         host = cfg.get("ec_ip", "127.0.0.1") if isinstance(cfg, dict) else "127.0.0.1"
         port = _lib.lib.ect_push_consumer_port(self._h)
         rank = cfg.get("tp_rank", 0) if isinstance(cfg, dict) else 0
@@ -243,13 +269,18 @@ class PushConsumer(_lib.Handle):
         numpy array when torch is absent, or with out="numpy"; out="memoryview" for the
         flat bytes). numpy has no bfloat16 / float8: such items come as uint8 with the
         element's bytes along a new last axis. raw=True gives the flat bytes as uint8.
-        Raises Error: ECT_ENOTFOUND (unknown transfer_id), ECT_ESTATE (not arrived,
-        cancelled or expired), ECT_ECLOSED."""
+        Each take holds its own lease on the bytes; a take that raises holds none and
+        leaves the transfer as it was (it can be taken again).
+        Raises Error: ECT_ENOTFOUND (unknown transfer_id, or released already),
+        ECT_ESTATE (not arrived, cancelled or expired), ECT_ECLOSED."""
         h = self._handle()
         buf = _lib.buffer_for("ect_push_view")
         tid = enc(transfer_id, "transfer_id")
         check(_lib.lib.ect_push_consumer_take(h, tid, buf))
         v = _lib.struct_at(buf, "ect_push_view")
+        # What the view gives back is its lease only: the transfer ends with release()
+        # (ect_push_consumer_finish), never because a view was refused or collected.
+        v.transfer_id = b""
         shape = tuple(v.shape[: v.ndim])
         lib, handle_owner = _lib.lib, self
 
@@ -263,26 +294,49 @@ class PushConsumer(_lib.Handle):
                               give_back)
 
     def release(self, transfer_id: str) -> None:
-        """Ends what take(transfer_id) handed out: the tensor is emptied in place and the
-        lease returns once no tensor shares the bytes. The bytes stay resident, so a
-        later push of the same mm_hash is answered without moving them. Raises
-        Error(ECT_ENOTFOUND) if nothing of transfer_id is taken."""
-        self._handle()
+        """The engine is done with transfer_id: ends it on this shard now (its reservation
+        is finished, so the pool never waits for the scheduler's cancel; a later take
+        raises ECT_ENOTFOUND) and ends what take(transfer_id) handed out: the tensors are
+        emptied in place and each lease returns once no tensor shares its bytes (views
+        still alive elsewhere keep them). The bytes stay resident, so a later push of the
+        same mm_hash is answered without moving them. Raises Error(ECT_ENOTFOUND) if
+        nothing of transfer_id is taken (see :meth:`finish` for items never taken)."""
+        h = self._handle()
+        tid = enc(transfer_id, "transfer_id")
         if transfer_id not in self._map.handed:
             raise Error(ECT_ENOTFOUND, f"transfer_id {transfer_id!r} is not taken")
         self._map.forget(transfer_id)
+        self._finish(h, tid)
+
+    def finish(self, transfer_id: str) -> bool:
+        """Ends the delivered transfer transfer_id on this shard without taking it (the
+        engine holds its content already) and without touching views of it. Returns
+        False when there was nothing to end: unknown, not arrived, or ended already
+        (released, cancelled, expired)."""
+        return self._finish(self._handle(), enc(transfer_id, "transfer_id"))
+
+    @staticmethod
+    def _finish(h, tid: bytes) -> bool:
+        rc = _lib.lib.ect_push_consumer_finish(h, tid)
+        if rc in (ECT_ENOTFOUND, ECT_ESTATE):
+            return False  # the scheduler's cancel or the TTL ended it first
+        check(rc)
+        return True
 
     def taken(self) -> list[str]:
         """Transfer ids taken, not released, with a view still alive."""
-        return self._map.live()
+        m = self._map
+        return m.live() if m is not None else []
 
     def evict(self, max_items: int = 1 << 30) -> int:
         """Frees up to max_items unleased resident items; returns how many."""
-        return int(_lib.lib.ect_push_consumer_evict(self._handle(), max_items))
+        h = self._handle()
+        return int(_lib.lib.ect_push_consumer_evict(h, max_items))
 
     def stats(self) -> dict[str, int]:
+        h = self._handle()
         buf = _lib.buffer_for("ect_push_consumer_stat")
-        _lib.lib.ect_push_consumer_stats(self._handle(), buf)
+        _lib.lib.ect_push_consumer_stats(h, buf)
         st = _lib.struct_at(buf, "ect_push_consumer_stat")
         return {n: int(getattr(st, n)) for n, _ in _lib.PushConsumerStat._fields_}
 
@@ -291,18 +345,12 @@ class PushConsumer(_lib.Handle):
         if m is not None:
             m.close()
 
+    def _after_close(self) -> None:
+        self._map = None  # the pool's memory now lives only as long as views of it
+
 
 def _with_rank(config, tp_rank):
-    if isinstance(config, str):
-        import json
-
-        try:
-            config = json.loads(config)
-        except ValueError as e:
-            raise Error(ECT_EINVAL, f"push consumer config: not valid JSON: {e}") from None
-    if config is not None and not isinstance(config, dict):
-        raise Error(ECT_EINVAL, "push consumer config: must be a dict or JSON object text")
-    cfg = dict(config or {})
+    cfg = _lib.config_dict(config, "push consumer")
     if tp_rank is not None:
         cfg["tp_rank"] = int(tp_rank)
     return cfg

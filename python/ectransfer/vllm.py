@@ -9,8 +9,9 @@ Load it through vLLM's ``ECConnectorFactory`` (``ec_connector_module_path``)::
                            "ec_connector_extra_config": {"push_wait_timeout_s": 60}}'
 
 It reads upstream's keys with upstream's defaults: ``ec_role``, ``ec_ip`` ("127.0.0.1"),
-``ec_port`` (14579), ``ec_buffer_size`` (1e9), ``ec_buffer_device`` ("cuda": where
-loaded tensors go; "cpu" keeps them zero-copy in the receive pool), and in
+``ec_port`` (14579), ``ec_buffer_size`` (1e9), ``ec_buffer_device`` ("cuda": each
+worker's receive pool lives on its GPU and loaded tensors go zero-copy into the encoder
+cache; "cpu": the pool is host memory, tensors zero-copy there), and in
 ``ec_connector_extra_config`` ``control_timeout_s`` (30) and ``push_wait_timeout_s`` (60),
 plus library keys (``transport``: "tcp", "shm" or "ucx"; ``ttl_ms``, ...).
 

@@ -278,6 +278,10 @@ int ect_pull_consumer_open(const ect_pull_consumer_opts *o, ect_pull_consumer **
                              "pull consumer: pool_device %s: the ucx transport "
                              "cannot receive into CUDA memory (use tcp or shm)",
                              o->pool_device);
+    if (o->pool_memory && kind == ECT_MEM_HOST && strcmp(o->transport, "shm") == 0)
+        return ect_set_error(ECT_EINVAL, "pull consumer: pool_memory: shm needs an fd-backed "
+                                         "pool; a caller's host buffer has none (use tcp, or a "
+                                         "CUDA buffer)");
     const char *colon = strrchr(o->producer, ':');
     char *end = NULL;
     long port = colon ? strtol(colon + 1, &end, 10) : 0;
@@ -302,7 +306,8 @@ int ect_pull_consumer_open(const ect_pull_consumer_opts *o, ect_pull_consumer **
     po.capacity = o->pool_size;
     po.alignment = o->alignment;
     ect_mem_parse_device(c->pool_device, &po.mem_kind, &po.device);
-    po.use_memfd = po.mem_kind != ECT_MEM_CUDA;
+    po.external = o->pool_memory;
+    po.use_memfd = po.mem_kind != ECT_MEM_CUDA && !po.external;
     if ((rc = ect_pool_open(&po, &c->pool)) != 0) goto fail;
     ect_xport_opts xo;
     ect_xport_opts_init(&xo);

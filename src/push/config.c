@@ -11,14 +11,15 @@
  */
 #include "push/config.h"
 
+#include <stdint.h>
 #include <stdio.h>
 
 #include "util/jconf.h"
 #include "util/util.h"
 
 static const jc_key consumer_keys[] = {
-    JC_XPORT_LISTEN,     JC_TTL_MS,     JC_PENDING_GRACE_MS,
-    JC_REAP_INTERVAL_MS, JC_MAX_EVENTS, JC_MAX_TOMBSTONES,
+    JC_XPORT_LISTEN, JC_TTL_MS,         JC_PENDING_GRACE_MS, JC_REAP_INTERVAL_MS,
+    JC_MAX_EVENTS,   JC_MAX_TOMBSTONES, JC_POOL_MEMORY,
 };
 static const jc_role consumer_role = {"push consumer", consumer_keys, ECT_ARRAY_LEN(consumer_keys)};
 
@@ -59,6 +60,7 @@ int push_consumer_config(const char *json, ect_push_consumer_opts *o, json_t **r
     if (v[JC_REAP_INTERVAL_MS].set) o->reap_interval_ms = v[JC_REAP_INTERVAL_MS].i;
     if (v[JC_MAX_EVENTS].set) o->max_events = (size_t)v[JC_MAX_EVENTS].u;
     if (v[JC_MAX_TOMBSTONES].set) o->max_tombstones = (size_t)v[JC_MAX_TOMBSTONES].u;
+    if (v[JC_POOL_MEMORY].set) o->pool_memory = (void *)(uintptr_t)v[JC_POOL_MEMORY].u;
     return 0;
 }
 

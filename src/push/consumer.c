@@ -247,6 +247,12 @@ int ect_push_consumer_release(ect_push_consumer *c, const ect_push_view *view) {
     return ctl_server_release(c->srv, view->mm_hash, view->transfer_id);
 }
 
+int ect_push_consumer_finish(ect_push_consumer *c, const char *transfer_id) {
+    if (!c || !transfer_id || !*transfer_id)
+        return ect_set_error(ECT_EINVAL, "push consumer finish: NULL or empty argument");
+    return ctl_server_finish(c->srv, transfer_id);
+}
+
 size_t ect_push_consumer_evict(ect_push_consumer *c, size_t max) {
     return ctl_server_evict(c->srv, max);
 }

@@ -598,6 +598,13 @@ int ctl_server_release(ctl_server *s, const char *mm_hash, const char *transfer_
     return rc;
 }
 
+int ctl_server_finish(ctl_server *s, const char *transfer_id) {
+    pthread_mutex_lock(&s->mu);
+    int rc = rsv_finish(s->tab, transfer_id, ect_now_ms());
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
 void ctl_server_refusals(ctl_server *s, ctl_refusals *out) {
     out->full = atomic_load(&s->rf[RF_FULL].total);
     out->tomb = atomic_load(&s->rf[RF_TOMB].total);

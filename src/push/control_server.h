@@ -92,6 +92,8 @@ int ctl_server_take(ctl_server *s, const char *transfer_id, rsv_status *st);
  * The release's error is returned; a finish that finds no READY entry (the
  * scheduler cancelled it first) is not an error. */
 int ctl_server_release(ctl_server *s, const char *mm_hash, const char *transfer_id);
+/* rsv_finish under the lock: ends a READY reservation, leases untouched. */
+int ctl_server_finish(ctl_server *s, const char *transfer_id);
 
 /* Reserves refused since open, by class (see ctl_server.c "Refusals"). */
 typedef struct ctl_refusals {

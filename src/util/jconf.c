@@ -65,6 +65,8 @@ static const jc_spec specs[JC_NKEYS] = {
     [JC_QUARANTINE_MS] = {"quarantine_ms", T_INT, 0, INT_LIM},
     [JC_STAGING_WAIT_MS] = {"staging_wait_ms", T_INT, 0, U64_LIM},
     [JC_EXPECT_SHARDS] = {"expect_shards", T_INT, 0, 64},
+    /* an address: integral reals (doubles) cannot carry one exactly, see decode_value */
+    [JC_POOL_MEMORY] = {"pool_memory", T_INT, 1, U64_LIM},
 };
 
 const char *jc_key_name(jc_key k) { return k < JC_NKEYS ? specs[k].name : "?"; }
@@ -126,7 +128,7 @@ static int decode_value(const char *role, jc_key k, const json_t *v, jc_val *out
             json_int_t i = json_integer_value(v);
             if (i < 0 || (uint64_t)i < sp->min || (uint64_t)i > sp->max) goto range;
             u = (uint64_t)i;
-        } else if (json_is_real(v)) {
+        } else if (json_is_real(v) && k != JC_POOL_MEMORY) {
             double d = json_real_value(v);
             if (d != floor(d))
                 return ect_set_error(ECT_EINVAL, "%s config: key '%s' must be an integer, not %g",

@@ -55,6 +55,7 @@ typedef enum jc_key {
     JC_QUARANTINE_MS,
     JC_STAGING_WAIT_MS,
     JC_EXPECT_SHARDS,
+    JC_POOL_MEMORY,
     JC_NKEYS
 } jc_key;
 

@@ -89,3 +89,46 @@ def test_a_load_a_worker_cannot_take_fails_its_request():
             sched.shutdown()
     finally:
         worker.shutdown()
+
+
+def test_worker_ends_transfers_promptly():
+    """The consumer worker ends each transfer on its shard as soon as the engine is done
+    with it: when the engine frees the item (zero-copy in the cache until then), and at
+    once for an item whose content the cache already holds (never taken)."""
+    import torch
+
+    import ectransfer
+
+    worker = WorkerCore(ConnectorConfig.from_values("ec_consumer", ec_port=0,
+                                                    ec_buffer_size=8 * MiB,
+                                                    ec_buffer_device="cpu"))
+    shard = worker._shard
+    try:
+        with ectransfer.PushScheduler({"ec_port": shard.port}) as sched, \
+                ectransfer.PushProducer({"ec_buffer_size": 8 * MiB}) as prod:
+            wait_for(lambda: sched.stats()["shards"] == 1, "discovery")
+            x = torch.arange(64, dtype=torch.float32).reshape(8, 8)
+            for tid, h in (("w1", "hw"), ("w2", "hw")):
+                sched.expect(tid)
+                prod.push(tid, shard.address, h, x)
+            prod.flush()
+            res = []
+            wait_for(lambda: res.extend(prod.poll(0)) or len(res) == 2, "the pushes")
+            assert all(r.ok for r in res), res
+            arrived = set()
+            wait_for(lambda: arrived.update(sched.poll()) or len(arrived) == 2, "arrivals")
+            cache = {}
+            spec = LoadSpec("w1", "hw", (8, 8), "float32", 256)
+            worker.start_load_caches(StepMetadata(loads=[spec]), cache)
+            assert torch.equal(cache["hw"], x) and shard.stats()["finished"] == 0
+            # the same content again: nothing taken, the transfer ends now
+            worker.start_load_caches(StepMetadata(loads=[LoadSpec("w2", "hw", (8, 8),
+                                                                  "float32", 256)]), cache)
+            assert shard.stats()["finished"] == 1 and shard.stats()["live"] == 1
+            kept = cache["hw"]
+            # the engine frees it: released, the transfer ends although a tensor lives
+            worker.start_load_caches(StepMetadata(freed=["hw"]), cache)
+            assert shard.stats()["finished"] == 2 and shard.stats()["live"] == 0
+            assert kept.numel() == 0  # emptied: the engine said it was done with it
+    finally:
+        worker.shutdown()

@@ -155,8 +155,13 @@ def test_release_semantics_views_never_dangle(inst):
     with pytest.raises(ectransfer.Error) as ei:
         shard.release(tid)
     assert ei.value.code == ectransfer.ECT_ENOTFOUND
-    # the derived view still holds the lease: the item is not resident (reusable) yet
-    assert shard.stats()["resident"] == 0
+    # release ended the transfer on the shard at once...
+    assert shard.stats()["finished"] == 1 and shard.stats()["live"] == 0
+    with pytest.raises(ectransfer.Error) as ei:
+        shard.take(tid)
+    assert ei.value.code == ectransfer.ECT_ENOTFOUND
+    # ...but the derived view still holds the lease: the bytes cannot be reclaimed
+    assert shard.evict() == 0
     # fill the pool with other items, forcing reuse of any free memory
     for i in range(80):
         t2 = move(inst, rand_tensor((256, 1024), torch.float32, seed=100 + i))
@@ -165,9 +170,11 @@ def test_release_semantics_views_never_dangle(inst):
         sched.loaded(t2)
         sched.cancel(t2)
     assert torch.equal(row, x[5])  # never overwritten
+    shard.evict()  # every other item (none leased)
+    assert shard.stats()["resident"] == 1  # ours, leased by row
     del row
     gc.collect()
-    wait_for(lambda: shard.stats()["resident"] >= 1, "the lease to come back")
+    assert shard.evict() == 1  # the lease came back with row
 
 
 def test_views_outlive_the_consumer_without_faulting():
@@ -354,3 +361,45 @@ def test_a_refused_take_gives_back_only_its_own_lease(inst):
     gc.collect()
     assert shard.evict() == 1  # the lease came back with t
     assert shard.taken() == []  # and nothing is listed as taken any more
+
+
+def test_views_dying_give_back_leases_only(inst):
+    """A view collected (or a take refused) returns its lease and nothing else: the
+    transfer stays delivered and can be taken again until release()."""
+    shard, sched, prod = inst
+    x = rand_tensor((32, 32), torch.float32, seed=31)
+    tid = move(inst, x)
+    t = shard.take(tid)
+    del t
+    gc.collect()
+    assert shard.stats()["live"] == 1 and shard.stats()["finished"] == 0
+    with pytest.raises(ectransfer.Error, match="out="):
+        shard.take(tid, out="pandas")
+    a = shard.take(tid)
+    b = shard.take(tid, out="numpy")
+    assert torch.equal(a, x) and np.array_equal(b, x.numpy())
+    del a, b
+    gc.collect()
+    assert shard.taken() == []
+    # release() after every view died still ends the transfer
+    shard.release(tid)
+    assert shard.stats()["finished"] == 1 and shard.stats()["live"] == 0
+    with pytest.raises(ectransfer.Error) as ei:
+        shard.take(tid)
+    assert ei.value.code == ectransfer.ECT_ENOTFOUND
+    assert shard.evict() == 1  # no lease left, resident for dedup until now
+
+
+def test_finish_without_take(inst):
+    shard, sched, prod = inst
+    tid = move(inst, b"held elsewhere")
+    assert shard.finish(tid)  # the engine already had the content
+    assert not shard.finish(tid)  # ended already
+    assert not shard.finish("never-pushed")
+    assert shard.stats()["finished"] == 1 and shard.stats()["live"] == 0
+    with pytest.raises(ectransfer.Error) as ei:
+        shard.take(tid)
+    assert ei.value.code == ectransfer.ECT_ENOTFOUND
+    with pytest.raises(ectransfer.Error) as ei:
+        shard.release(tid)  # nothing was taken
+    assert ei.value.code == ectransfer.ECT_ENOTFOUND

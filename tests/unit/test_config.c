@@ -258,6 +258,52 @@ static void test_open_config_opens_every_role(void **state) {
     ect_pull_producer_close(pp);
 }
 
+/* pool_memory: a binding's own memory as the consumers' pools, by address;
+ * an integer only, and only for the consumers. */
+static void test_pool_memory_is_the_callers(void **state) {
+    (void)state;
+    enum { N = 1 << 20 };
+    void *mem = aligned_alloc(4096, N);
+    assert_non_null(mem);
+    char json[256];
+    snprintf(json, sizeof json, "{\"ec_port\": 0, \"ec_buffer_size\": %d, \"pool_memory\": %llu}",
+             N, (unsigned long long)(uintptr_t)mem);
+    json_t *root;
+    ect_push_consumer_opts o;
+    assert_int_equal(push_consumer_config(json, &o, &root), 0);
+    json_decref(root);
+    assert_ptr_equal(o.pool_memory, mem);
+    ect_push_consumer *c;
+    assert_int_equal(ect_push_consumer_open_config(json, &c), 0);
+    assert_ptr_equal(ect_pool_base(ect_push_consumer_pool(c)), mem);
+    ect_push_consumer_close(c); /* never frees the caller's memory */
+    ect_pull_producer *pp;
+    assert_int_equal(
+        ect_pull_producer_open_config("{\"ec_port\": 0, \"ec_buffer_size\": 1048576}", &pp), 0);
+    snprintf(json, sizeof json, "{\"ec_port\": %d, \"ec_buffer_size\": %d, \"pool_memory\": %llu}",
+             ect_pull_producer_port(pp), N, (unsigned long long)(uintptr_t)mem);
+    ect_pull_consumer *pc;
+    assert_int_equal(ect_pull_consumer_open_config(json, &pc), 0);
+    assert_ptr_equal(ect_pool_base(ect_pull_consumer_pool(pc)), mem);
+    ect_pull_consumer_close(pc);
+    snprintf(json, sizeof json, "{\"ec_port\": %d, \"transport\": \"shm\", \"pool_memory\": %llu}",
+             ect_pull_producer_port(pp), (unsigned long long)(uintptr_t)mem);
+    assert_err(ect_pull_consumer_open_config(json, &pc), ECT_EINVAL, "fd-backed");
+    ect_pull_producer_close(pp);
+    memset(mem, 1, N); /* still ours */
+    free(mem);
+    assert_err(push_consumer_config("{\"pool_memory\": 4096.0}", &o, &root), ECT_EINVAL,
+               "'pool_memory' must be an integer, not a real number");
+    json_decref(root);
+    assert_err(push_consumer_config("{\"pool_memory\": 0}", &o, &root), ECT_EINVAL,
+               "'pool_memory'");
+    json_decref(root);
+    ect_push_producer_opts p;
+    assert_err(push_producer_config("{\"pool_memory\": 4096}", &p, &root), ECT_EINVAL,
+               "'pool_memory' is not an option of the push producer");
+    json_decref(root);
+}
+
 static void test_abi_checks(void **state) {
     (void)state;
     assert_int_equal(ect_abi_version(), ECT_ABI_VERSION);
@@ -335,6 +381,7 @@ int main(void) {
         cmocka_unit_test(test_refusals_name_the_key),
         cmocka_unit_test(test_shared_keys_pass_every_role),
         cmocka_unit_test(test_open_config_opens_every_role),
+        cmocka_unit_test(test_pool_memory_is_the_callers),
         cmocka_unit_test(test_abi_checks),
         cmocka_unit_test(test_log_handler_receives_lines),
     };

@@ -355,6 +355,65 @@ static void test_producer_killed_after_reserve(void **state) {
     inst_close_checked(&in);
 }
 
+/* ect_push_consumer_finish ends a delivered transfer while its views keep
+ * their leases: no later take, the room's bytes untouched under a pool
+ * forced to reuse everything else, the lease-only releases (transfer_id
+ * cleared) giving the bytes back one by one; a finish before any take;
+ * the errors. */
+static void test_finish_keeps_leases(void **state) {
+    (void)state;
+    inst in;
+    inst_open(&in, 1, "tcp", 4u << 20, 0);
+    prod p;
+    prod_open(&p, in.base, "tcp");
+    ect_push_consumer *c = in.c[0];
+    assert_err(ect_push_consumer_finish(c, "nope"), ECT_ENOTFOUND, "nope");
+    assert_err(ect_push_consumer_finish(c, ""), ECT_EINVAL, NULL);
+    assert_err(ect_push_consumer_finish(NULL, "x"), ECT_EINVAL, NULL);
+    push_item(&p, "f1", "hf1", 576, 7); /* 288 KiB */
+    ect_push_view a, b;
+    assert_int_equal(ect_push_consumer_take(c, "f1", &a), 0);
+    assert_int_equal(ect_push_consumer_take(c, "f1", &b), 0);
+    assert_int_equal(ect_push_consumer_finish(c, "f1"), 0);
+    ect_push_consumer_stat st;
+    ect_push_consumer_stats(c, &st);
+    assert_int_equal(st.finished, 1);
+    assert_int_equal(st.live, 0);
+    assert_err(ect_push_consumer_take(c, "f1", &a), ECT_ENOTFOUND, NULL);
+    assert_err(ect_push_consumer_finish(c, "f1"), ECT_ESTATE, "not READY");
+    a = b; /* the refused take cleared a; both views describe the same bytes */
+    assert_int_equal(ect_push_consumer_evict(c, SIZE_MAX), 0); /* leased twice */
+    /* Fill the 4 MiB pool several times over: every other item is taken,
+     * released and reclaimed; the leased bytes are never reused. */
+    for (int i = 0; i < 40; i++) {
+        char tid[16], h[16];
+        snprintf(tid, sizeof tid, "o%d", i);
+        snprintf(h, sizeof h, "ho%d", i);
+        push_item(&p, tid, h, 576, 100 + (uint64_t)i);
+        ect_push_view v;
+        assert_int_equal(ect_push_consumer_take(c, tid, &v), 0);
+        assert_true(test_check_pattern(v.data, v.nbytes, 100 + (uint64_t)i));
+        assert_int_equal(ect_push_consumer_release(c, &v), 0);
+    }
+    assert_true(test_check_pattern(a.data, a.nbytes, 7));
+    ect_push_consumer_evict(c, SIZE_MAX);
+    ect_push_consumer_stats(c, &st);
+    assert_int_equal(st.resident, 1); /* ours, leased */
+    a.transfer_id[0] = '\0';          /* lease only */
+    assert_int_equal(ect_push_consumer_release(c, &a), 0);
+    assert_int_equal(ect_push_consumer_evict(c, SIZE_MAX), 0); /* b still leases it */
+    assert_int_equal(ect_push_consumer_release(c, &b), 0);     /* f1 a tombstone: fine */
+    assert_err(ect_push_consumer_release(c, &b), ECT_ESTATE, NULL);
+    assert_int_equal(ect_push_consumer_evict(c, SIZE_MAX), 1);
+    /* finish before any take: the bytes go resident, no lease */
+    push_item(&p, "f2", "hf2", 8, 9);
+    assert_int_equal(ect_push_consumer_finish(c, "f2"), 0);
+    assert_err(ect_push_consumer_take(c, "f2", &a), ECT_ENOTFOUND, NULL);
+    assert_int_equal(ect_push_consumer_evict(c, SIZE_MAX), 1);
+    prod_close(&p);
+    inst_close_checked(&in);
+}
+
 /* Bad options are refused by name; the control port in use is EEXIST. */
 static void test_open_errors(void **state) {
     (void)state;
@@ -395,6 +454,7 @@ int main(void) {
         cmocka_unit_test(test_tp2_shm),
         cmocka_unit_test(test_accept_any_and_refusals),
         cmocka_unit_test(test_producer_killed_after_reserve),
+        cmocka_unit_test(test_finish_keeps_leases),
         cmocka_unit_test(test_open_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
