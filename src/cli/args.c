@@ -10,6 +10,7 @@
 #include <strings.h>
 
 #include "cli/cli.h"
+#include "ectransfer.h"
 
 int cli_usage_error(const char *cmd, const char *fmt, ...) {
     va_list ap;
@@ -114,4 +115,16 @@ const char *cli_fmt_size(uint64_t bytes, char *buf, size_t cap) {
     else
         snprintf(buf, cap, "%.4g %s", v, unit[u]);
     return buf;
+}
+
+bool cli_have_transport(const char *kind) {
+    const char *list = ect_build_info("transports");
+    size_t n = strlen(kind);
+    for (const char *p = list; p && *p;) {
+        const char *e = strchr(p, ' ');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && strncmp(p, kind, n) == 0) return true;
+        p = e ? e + 1 : p + len;
+    }
+    return false;
 }

@@ -35,7 +35,6 @@
 
 #include "cli/cli.h"
 #include "ectransfer.h"
-#include "util/util.h"
 
 #define MAX_SIZES 8
 #define MAX_ITERS 20000
@@ -80,14 +79,17 @@ static void target_main(int in, int out, uint64_t len, int device) {
     int rc = ect_mem_alloc(ECT_MEM_CUDA, device, len, &dev);
     if (!rc) rc = ect_xport_open("tcp", NULL, &tcp);
     if (!rc) rc = ect_xport_open("shm", NULL, &shm);
-    if (!rc && (fd < 0 || ftruncate(fd, (off_t)len) != 0 ||
-                (host = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED))
-        rc = ect_set_errno(errno, "host pool of %" PRIu64 " bytes", len);
+    if (!rc &&
+        (fd < 0 || ftruncate(fd, (off_t)len) != 0 ||
+         (host = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)) {
+        rc = ECT_ENOMEM;
+        snprintf(t.why, sizeof t.why, "host pool of %" PRIu64 " bytes: %s", len, strerror(errno));
+    }
     if (!rc) rc = ect_xport_register(tcp, host, len, fd, 0, t.host_key);
     if (!rc) rc = ect_xport_register_mem(tcp, dev, len, ECT_MEM_CUDA, -1, 0, t.dev_tcp_key);
     if (!rc) rc = ect_xport_register_mem(shm, dev, len, ECT_MEM_CUDA, -1, 0, t.dev_shm_key);
     t.ok = rc == 0;
-    snprintf(t.why, sizeof t.why, "%s", rc ? ect_last_error() : "");
+    if (rc && !t.why[0]) snprintf(t.why, sizeof t.why, "%s", ect_last_error());
     if (!rc) {
         memset(host, 0, len);
         snprintf(t.tcp_session, sizeof t.tcp_session, "%s", ect_xport_session(tcp));
@@ -124,16 +126,16 @@ static int timed(iter_fn fn, void *ctx, uint64_t bytes, double secs, stats *s) {
             return -1;
         }
     size_t n = 0;
-    uint64_t t0 = ect_now_ns(), budget = (uint64_t)(secs * 1e9);
-    while (n < MAX_ITERS && (n < 5 || ect_now_ns() - t0 < budget)) {
-        uint64_t a = ect_now_ns();
+    uint64_t t0 = cli_now_ns(), budget = (uint64_t)(secs * 1e9);
+    while (n < MAX_ITERS && (n < 5 || cli_now_ns() - t0 < budget)) {
+        uint64_t a = cli_now_ns();
         if (fn(ctx) != 0) {
             free(lat);
             return -1;
         }
-        lat[n++] = ect_now_ns() - a;
+        lat[n++] = cli_now_ns() - a;
     }
-    uint64_t total = ect_now_ns() - t0;
+    uint64_t total = cli_now_ns() - t0;
     cli_sort_u64(lat, n);
     s->gbps = (double)bytes * (double)n / (double)total;
     s->p50_us = (double)cli_pct_u64(lat, n, 50) / 1000.0;
@@ -381,7 +383,7 @@ int bench_gpu(int argc, char **argv) {
             {"d2d copy", "-", n, d2d, none, NAN},
             {"pinned h2d copy", "-", n, h2d, none, NAN},
         };
-        for (size_t i = 0; i < ECT_ARRAY_LEN(rows); i++) print_row(&rows[i], json, &first);
+        for (size_t i = 0; i < CLI_ARRAY_LEN(rows); i++) print_row(&rows[i], json, &first);
     }
     if (json && rc == CLI_EXIT_OK) printf("\n]\n");
     ect_xport_close(tcp);

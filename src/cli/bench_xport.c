@@ -27,9 +27,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
-#include "ect_config.h"
 #include "ectransfer.h"
-#include "util/util.h"
 
 typedef struct stats {
     double gbps, p50_us, p99_us;
@@ -58,16 +56,16 @@ static int timed(iter_fn fn, void *ctx, uint64_t bytes, double secs, stats *s) {
             return -1;
         }
     size_t n = 0;
-    uint64_t t0 = ect_now_ns(), budget = (uint64_t)(secs * 1e9);
-    while (n < MAX_ITERS && (n < 5 || ect_now_ns() - t0 < budget)) {
-        uint64_t a = ect_now_ns();
+    uint64_t t0 = cli_now_ns(), budget = (uint64_t)(secs * 1e9);
+    while (n < MAX_ITERS && (n < 5 || cli_now_ns() - t0 < budget)) {
+        uint64_t a = cli_now_ns();
         if (fn(ctx) != 0) {
             free(lat);
             return -1;
         }
-        lat[n++] = ect_now_ns() - a;
+        lat[n++] = cli_now_ns() - a;
     }
-    summarize(lat, n, bytes, ect_now_ns() - t0, s);
+    summarize(lat, n, bytes, cli_now_ns() - t0, s);
     free(lat);
     return 0;
 }
@@ -270,7 +268,7 @@ static int one_kind(const char *kind, double secs, bool json, bool *first) {
                         : strcmp(kind, "shm") == 0 ? "memcpy"
                                                    : "ucx_perftest";
     int rc = CLI_EXIT_OK;
-    for (size_t k = 0; k < ECT_ARRAY_LEN(sizes) && rc == CLI_EXIT_OK; k++) {
+    for (size_t k = 0; k < CLI_ARRAY_LEN(sizes) && rc == CLI_EXIT_OK; k++) {
         size_t n = (size_t)sizes[k];
         int fd = memfd_create("bench_xport", MFD_CLOEXEC);
         uint8_t *dst = MAP_FAILED, *src = malloc(n);
@@ -351,7 +349,7 @@ int bench_xport(int argc, char **argv) {
                                          {0, 0, 0, 0}};
     bool json = false;
     double secs = 0.5;
-    const char *list = ECT_HAVE_UCX ? "tcp,shm,ucx" : "tcp,shm";
+    const char *list = cli_have_transport("ucx") ? "tcp,shm,ucx" : "tcp,shm";
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "jt:s:h", opts, NULL)) != -1) {
@@ -377,7 +375,7 @@ int bench_xport(int argc, char **argv) {
     for (char *save = NULL, *k = strtok_r(kinds, ",", &save); k; k = strtok_r(NULL, ",", &save)) {
         if (strcmp(k, "tcp") && strcmp(k, "shm") && strcmp(k, "ucx"))
             return cli_usage_error("bench xport", "--transport: '%s' is not tcp, shm or ucx", k);
-        if (strcmp(k, "ucx") == 0 && !ECT_HAVE_UCX)
+        if (strcmp(k, "ucx") == 0 && !cli_have_transport("ucx"))
             return cli_usage_error("bench xport", "--transport: ucx is not compiled in");
     }
     if (json)

@@ -17,6 +17,8 @@ typedef struct cli_cmd {
     int (*run)(int argc, char **argv); /* argv[0] is the command name */
 } cli_cmd;
 
+#define CLI_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
 /* Exit codes. */
 #define CLI_EXIT_OK 0
 #define CLI_EXIT_FAIL 1
@@ -38,6 +40,20 @@ struct option;
 int cli_bad_flag(const char *cmd, const struct option *opts);
 /* Formats a byte count as "4.5 MiB" into buf. */
 const char *cli_fmt_size(uint64_t bytes, char *buf, size_t cap);
+
+/* clock.c: the monotonic clock; 64 random bits and 32 random hex digits
+ * (like a uuid4 hex) from the OS random source. */
+uint64_t cli_now_ns(void);
+uint64_t cli_now_ms(void);
+uint64_t cli_random_u64(void);
+void cli_random_id(char out[33]);
+/* args.c: whether the library was built with transport `kind` ("ucx"),
+ * as ect_build_info("transports") lists them. */
+bool cli_have_transport(const char *kind);
+/* a * b into *out; false on overflow. */
+static inline bool cli_mul_u64(uint64_t a, uint64_t b, uint64_t *out) {
+    return !__builtin_mul_overflow(a, b, out);
+}
 
 /* Commands. */
 int cmd_info(int argc, char **argv);

@@ -26,9 +26,7 @@
 
 #include "cli/cli.h"
 #include "cli/demo_proc.h"
-#include "ect_config.h"
 #include "ectransfer.h"
-#include "util/util.h"
 
 #define BATCH_NEW 32
 #define BATCH_REP 8
@@ -79,7 +77,7 @@ static void on_signal(int sig) {
     stop_flag = 1;
 }
 
-static long long now_ms(void) { return (long long)ect_now_ms(); }
+static long long now_ms(void) { return (long long)cli_now_ms(); }
 
 static void help(void) {
     printf("usage: ect demo [--protocol push|pull] [--transport tcp|shm|ucx] [--items N]\n"
@@ -317,7 +315,7 @@ static bool pump(demo *d, int ms, long long deadline, const char **why) {
  * them; a race with another process is retried by the caller). */
 static int free_port_range(int n) {
     for (int attempt = 0; attempt < 64; attempt++) {
-        int base = 20000 + (int)(ect_random_u64() % 40000);
+        int base = 20000 + (int)(cli_random_u64() % 40000);
         bool ok = true;
         for (int i = 0; i < n && ok; i++) {
             int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -620,7 +618,7 @@ static bool parse_shape(const char *s, uint64_t *elems) {
         if (*p < '0' || *p > '9') return false;
         unsigned long long v = strtoull(p, &end, 10);
         if (errno || v == 0 || end == p || ++dims > 8) return false;
-        if (!ect_mul_u64(n, v, &n)) return false;
+        if (!cli_mul_u64(n, v, &n)) return false;
         p = end;
         if (*p == 'x') {
             p++;
@@ -664,7 +662,7 @@ int cmd_demo(int argc, char **argv) {
             if (strcmp(optarg, "tcp") != 0 && strcmp(optarg, "shm") != 0 &&
                 strcmp(optarg, "ucx") != 0)
                 return cli_usage_error("demo", "--transport '%s': accepted: tcp, shm, ucx", optarg);
-            if (strcmp(optarg, "ucx") == 0 && !ECT_HAVE_UCX)
+            if (strcmp(optarg, "ucx") == 0 && !cli_have_transport("ucx"))
                 return cli_usage_error("demo", "--transport ucx: this build has no UCX");
             d.transport = optarg;
             break;
@@ -701,7 +699,7 @@ int cmd_demo(int argc, char **argv) {
                                "--dtype '%s' is not a torch dtype name (e.g. bfloat16, "
                                "float16, float32, uint8)",
                                d.dtype);
-    if (!ect_mul_u64(elems, esz, &d.item_bytes) || d.item_bytes > (1ull << 34))
+    if (!cli_mul_u64(elems, esz, &d.item_bytes) || d.item_bytes > (1ull << 34))
         return cli_usage_error("demo", "--shape %s x %s is over 16 GiB per item", d.shape, d.dtype);
     if (strcmp(d.protocol, "pull") == 0 && d.tp != 1)
         return cli_usage_error("demo", "--tp: generation 1 (pull) has no TP shards; use --tp 1");

@@ -31,7 +31,6 @@
 
 #include "cli/cli.h"
 #include "ectransfer.h"
-#include "util/util.h"
 
 #define MAX_TP 64
 
@@ -302,7 +301,7 @@ int cmd_push_consumer(int argc, char **argv) {
     bool announced = false;
     ect_push_consumer_stat prev[MAX_TP];
     memset(prev, 0, sizeof prev);
-    uint64_t next_report = ect_now_ms() + 1000;
+    uint64_t next_report = cli_now_ms() + 1000;
     while (!stop_flag && (!count || done < count)) {
         ect_push_scheduler_poll(s);
         ect_push_sched_item it;
@@ -314,8 +313,8 @@ int cmd_push_consumer(int argc, char **argv) {
         while (ect_push_scheduler_next_failed(s, &it) == 0)
             fprintf(stderr, "ect push-consumer: transfer %s failed: %s: %s\n", it.transfer_id,
                     ect_push_state_name(it.state), it.error);
-        if (ect_now_ms() >= next_report) {
-            next_report = ect_now_ms() + 1000;
+        if (cli_now_ms() >= next_report) {
+            next_report = cli_now_ms() + 1000;
             report_changes(cons, (int)tp, prev);
         }
         if (!announced) {
@@ -334,14 +333,14 @@ int cmd_push_consumer(int argc, char **argv) {
     }
     /* Let the remote cancels of failed transfers go out before closing: until
      * none was answered for 100 ms, for at most 2 s. */
-    uint64_t answered = UINT64_MAX, quiet_since = ect_now_ms(), t_end = ect_now_ms() + 2000;
-    while (ect_now_ms() < t_end && ect_now_ms() - quiet_since < 100) {
+    uint64_t answered = UINT64_MAX, quiet_since = cli_now_ms(), t_end = cli_now_ms() + 2000;
+    while (cli_now_ms() < t_end && cli_now_ms() - quiet_since < 100) {
         ect_push_scheduler_poll(s);
         ect_push_scheduler_stat st;
         ect_push_scheduler_stats(s, &st);
         if (st.cancels_sent + st.cancels_failed != answered) {
             answered = st.cancels_sent + st.cancels_failed;
-            quiet_since = ect_now_ms();
+            quiet_since = cli_now_ms();
         }
         struct timespec ts = {0, 2 * 1000000L};
         nanosleep(&ts, NULL);
