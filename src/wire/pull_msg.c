@@ -370,8 +370,10 @@ static int bind_fields(const msgpack_object *root, const char *msg, const char *
             return ect_set_error(ECT_EPROTO, "%s: key #%u is a %s, keys must be str", msg, i,
                                  obj_type_name(key));
         for (uint32_t j = 0; j < i; j++) {
+            /* (an empty str may have a NULL ptr: no memcmp for it) */
             if (kv[j].key.via.str.size == key->via.str.size &&
-                memcmp(kv[j].key.via.str.ptr, key->via.str.ptr, key->via.str.size) == 0) {
+                (key->via.str.size == 0 ||
+                 memcmp(kv[j].key.via.str.ptr, key->via.str.ptr, key->via.str.size) == 0)) {
                 char name[64];
                 printable(key->via.str.ptr, key->via.str.size, name, sizeof name);
                 return ect_set_error(ECT_EPROTO, "%s.%s: duplicate key", msg, name);
