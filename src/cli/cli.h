@@ -100,8 +100,9 @@ int cmd_push_consumer(int argc, char **argv);
 /* cmd_demo.c: `ect demo` (push or pull end to end in separate processes, verified). */
 int cmd_demo(int argc, char **argv);
 
-/* latency.c: sorts v ascending; the p-th percentile (0..100) of a sorted,
- * non-empty v is v[min(n * p / 100, n - 1)] (p = 50 gives v[n / 2]). */
+/* latency.c: sorts v ascending; the p-th percentile (0..100) of a sorted v
+ * by nearest rank: v[ceil(n x p / 100) - 1] (v[0] for p = 0; 0 when n = 0).
+ * Every command's p50 / p99 is this one. */
 void cli_sort_u64(uint64_t *v, size_t n);
 uint64_t cli_pct_u64(const uint64_t *sorted, size_t n, unsigned p);
 

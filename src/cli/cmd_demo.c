@@ -57,7 +57,7 @@ typedef struct demo {
     seen_hash *seen;
     char **pull_hashes; /* pull: the producer's hashes in save order */
     size_t n_pull_hashes;
-    double *lat_ms;
+    uint64_t *lat_ns; /* per item, as the producing side reported it */
     size_t n_lat;
     /* sent: items the producing side reported; moved: of those, the ones whose
      * bytes arrived (push: done on every shard; pull: loaded); retried: moved
@@ -151,7 +151,7 @@ static void note_hash(demo *d, const char *mm_hash) {
 }
 
 static void add_latency(demo *d, double ms) {
-    if (d->n_lat < d->items) d->lat_ms[d->n_lat++] = ms;
+    if (d->n_lat < d->items) d->lat_ns[d->n_lat++] = ms > 0 ? (uint64_t)llround(ms * 1e6) : 0;
 }
 
 static const char *jstr(json_t *o, const char *k) {
@@ -563,22 +563,11 @@ static bool run_pull(demo *d, const char **why) {
 
 /* ---------------------------------------------------------------- report */
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double pct(const double *v, size_t n, double p) {
-    if (n == 0) return 0;
-    size_t i = (size_t)ceil(p / 100.0 * (double)n);
-    return v[i ? i - 1 : 0];
-}
-
 static void report(demo *d, double secs) {
     char b[32], isz[32];
     cli_fmt_size(d->bytes, b, sizeof b);
     cli_fmt_size(d->item_bytes, isz, sizeof isz);
-    qsort(d->lat_ms, d->n_lat, sizeof *d->lat_ms, cmp_double);
+    cli_sort_u64(d->lat_ns, d->n_lat);
     uint64_t failures = d->failed + d->mismatched;
     char tp[32] = "";
     if (strcmp(d->protocol, "push") == 0) snprintf(tp, sizeof tp, "TP %" PRIu64 ", ", d->tp);
@@ -592,8 +581,9 @@ static void report(demo *d, double secs) {
     printf("  throughput  %.2f GB/s (%.1f items/s)\n",
            secs > 0 ? (double)d->bytes / secs / 1e9 : 0.0,
            secs > 0 ? (double)d->verified / secs : 0.0);
-    printf("  latency     p50 %.2f ms, p99 %.2f ms per item (%s)\n", pct(d->lat_ms, d->n_lat, 50),
-           pct(d->lat_ms, d->n_lat, 99),
+    printf("  latency     p50 %.2f ms, p99 %.2f ms per item (%s)\n",
+           (double)cli_pct_u64(d->lat_ns, d->n_lat, 50) / 1e6,
+           (double)cli_pct_u64(d->lat_ns, d->n_lat, 99) / 1e6,
            strcmp(d->protocol, "push") == 0 ? "reserve to done, at the producer"
                                             : "load call to completion, at the consumer");
     printf("  dedup hits  %" PRIu64 " (repeated mm_hash, answered from the resident copy)\n",
@@ -704,8 +694,8 @@ int cmd_demo(int argc, char **argv) {
     if (strcmp(d.protocol, "pull") == 0 && d.tp != 1)
         return cli_usage_error("demo", "--tp: generation 1 (pull) has no TP shards; use --tp 1");
 
-    d.lat_ms = calloc(d.items, sizeof *d.lat_ms);
-    if (!d.lat_ms) {
+    d.lat_ns = calloc(d.items, sizeof *d.lat_ns);
+    if (!d.lat_ns) {
         fprintf(stderr, "ect demo: out of memory\n");
         return CLI_EXIT_FAIL;
     }
@@ -760,6 +750,6 @@ int cmd_demo(int argc, char **argv) {
     }
     for (size_t i = 0; i < d.n_pull_hashes; i++) free(d.pull_hashes[i]);
     free(d.pull_hashes);
-    free(d.lat_ms);
+    free(d.lat_ns);
     return pass ? CLI_EXIT_OK : CLI_EXIT_FAIL;
 }
