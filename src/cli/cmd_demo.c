@@ -64,7 +64,6 @@ typedef struct demo {
      * after waiting for room (push) or a second attempt (pull) */
     uint64_t sent, moved, retried, verified, failed, mismatched, dedup, bytes;
     bool consumer_ready;
-    unsigned fault_done; /* ECT_DEMO_FAULT applied */
     int pull_port;
     bool tty;
     long long t_start, t_last_progress;
@@ -165,23 +164,21 @@ static void item_failed(demo *d, const char *what, const char *why) {
 }
 
 /* Push: lines of `ect push-consumer` (slot 0) and `ect push` (slot 1). */
-static void push_line(demo *d, int child, bool is_stderr, json_t *o, const char *line) {
-    if (is_stderr) {
-        if (child == SLOT_CONSUMER && strstr(line, "scheduler connected")) d->consumer_ready = true;
+/* A child's readiness line: {"event": "ready", ...} on stdout. */
+static bool is_ready(json_t *o) { return strcmp(jstr(o, "event"), "ready") == 0; }
+
+static void push_line(demo *d, int child, json_t *o) {
+    if (!o) return;
+    if (child == SLOT_CONSUMER && is_ready(o)) {
+        d->consumer_ready = true;
         return;
     }
-    if (!o) return;
     const char *id = jstr(o, "transfer_id");
     entry *e = *id ? get_entry(d, id) : NULL;
     if (!e) return;
     if (child == SLOT_CONSUMER) {
         snprintf(e->got, sizeof e->got, "%s", jstr(o, "checksum"));
         e->have_got = true;
-        /* Fault injection for tests/cli/demo.sh: the first item's bytes
-         * "arrive" different, which must fail the run. */
-        const char *fault = getenv("ECT_DEMO_FAULT");
-        if (fault && strcmp(fault, "checksum") == 0 && !d->fault_done++)
-            e->got[0] = e->got[0] == '0' ? '1' : '0';
     } else {
         d->sent++;
         add_latency(d, json_number_value(json_object_get(o, "latency_ms")));
@@ -201,10 +198,10 @@ static void push_line(demo *d, int child, bool is_stderr, json_t *o, const char 
 }
 
 /* Pull: lines of `ect pull-producer` (slot 0) and `ect pull` (slot 1). */
-static void pull_line(demo *d, int child, bool is_stderr, json_t *o) {
-    if (is_stderr || !o) return;
+static void pull_line(demo *d, int child, json_t *o) {
+    if (!o) return;
     if (child == SLOT_CONSUMER) {
-        if (json_is_true(json_object_get(o, "serving"))) {
+        if (is_ready(o)) {
             d->pull_port = (int)json_integer_value(json_object_get(o, "port"));
             return;
         }
@@ -261,9 +258,9 @@ static void on_line(void *user, int child, bool is_stderr, char *line) {
         fprintf(stderr, "%sect demo: unexpected output of %s: %.200s\n", d->tty ? "\n" : "",
                 d->procs.c[child].name, line);
     if (strcmp(d->protocol, "push") == 0)
-        push_line(d, child, is_stderr, o, line);
+        push_line(d, child, o);
     else
-        pull_line(d, child, is_stderr, o);
+        pull_line(d, child, o);
     json_decref(o);
 }
 
@@ -474,7 +471,7 @@ static bool run_pull(demo *d, const char **why) {
         *why = "cannot start ect pull-producer";
         return false;
     }
-    /* slot 0 is the producer here: it prints its items, then "serving" */
+    /* slot 0 is the producer here: it prints its items, then its ready event */
     while (d->pull_port == 0) {
         if (!pump(d, 50, deadline, why)) return false;
         if (d->procs.c[SLOT_CONSUMER].pid <= 0) {

@@ -67,7 +67,10 @@ static void help(void) {
         "                    cuda:N (GPU memory: tcp lands bytes through a pinned bounce ring,\n"
         "                    shm by CUDA IPC; not with ucx). Needs the CUDA driver (`ect info`)\n"
         "\n"
-        "Output: one JSON line per item on stdout:\n"
+        "Output on stdout, one JSON object a line: first, once every shard listens and the\n"
+        "scheduler reached every one (push from then on),\n"
+        "  {\"event\":\"ready\",\"host\",\"ports\",\"transport\",\"pool_size\",\"pool_device\"}\n"
+        "then one line per item:\n"
         "  {\"transfer_id\",\"mm_hash\",\"nbytes\",\"shape\",\"dtype\",\"checksum\"}\n"
         "checksum is XXH64 (seed 0) of the bytes as 16 hex digits (as `ect push` prints);\n"
         "dtype is the canonical name (\"float32\" for a reserve of \"torch.float32\").\n"
@@ -76,8 +79,9 @@ static void help(void) {
         "wait, never loaded, a rank whose bytes differ); at most once a second per rank, the\n"
         "reservations that expired or were abandoned and the reserves refused since the\n"
         "last such line (a full pool is not a failure: producers wait and retry); the\n"
-        "shards' own warnings say why each refusal happened. A line \"ect push-consumer:\n"
-        "ready ...\" tells that every shard is listening. At exit, per rank: live\n"
+        "shards' own warnings say why each refusal happened. For people, \"ect\n"
+        "push-consumer: ready ...\" tells that every shard listens, and \"... scheduler\n"
+        "connected to N shard(s)\" comes with the ready event. At exit, per rank: live\n"
         "reservations and bytes in use (0 and 0 after a clean run), the peaks, and the\n"
         "totals of refused, expired and abandoned reservations.\n");
 }
@@ -95,6 +99,27 @@ static void print_item(const ect_push_view *v, uint64_t ck) {
     json_object_set_new(o, "shape", shape);
     json_object_set_new(o, "dtype", json_string(v->dtype));
     json_object_set_new(o, "checksum", json_string(cks));
+    char *txt = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    if (txt) {
+        printf("%s\n", txt);
+        fflush(stdout);
+        free(txt);
+    }
+    json_decref(o);
+}
+
+/* The machine-readable readiness line (stdout): every shard listens and the
+ * scheduler reached every one, so a producer may push now. */
+static void print_ready(const char *host, uint64_t first_port, uint64_t tp, const char *transport,
+                        uint64_t pool, const char *pool_device) {
+    json_t *o = json_object(), *ports = json_array();
+    for (uint64_t r = 0; r < tp; r++) json_array_append_new(ports, json_integer((json_int_t)(first_port + r)));
+    json_object_set_new(o, "event", json_string("ready"));
+    json_object_set_new(o, "host", json_string(host));
+    json_object_set_new(o, "ports", ports);
+    json_object_set_new(o, "transport", json_string(transport));
+    json_object_set_new(o, "pool_size", json_integer((json_int_t)pool));
+    json_object_set_new(o, "pool_device", json_string(pool_device));
     char *txt = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     if (txt) {
         printf("%s\n", txt);
@@ -323,6 +348,7 @@ int cmd_push_consumer(int argc, char **argv) {
             if (st.shards == tp) {
                 fprintf(stderr, "ect push-consumer: scheduler connected to %u shard(s)\n",
                         st.shards);
+                print_ready(host, port + dp * tp, tp, transport, pool, pool_device);
                 announced = true;
             }
         }
