@@ -128,3 +128,21 @@ bool cli_have_transport(const char *kind) {
     }
     return false;
 }
+
+bool cli_parse_seconds(const char *cmd, const char *s, double min, double max, double *out) {
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *end || !(v >= min && v <= max)) {
+        cli_usage_error(cmd, "--seconds must be %g..%g, got '%s'", min, max, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+void cli_json_num(double v) {
+    if (isfinite(v))
+        printf("%.17g", v);
+    else
+        printf("null");
+}

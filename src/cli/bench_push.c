@@ -265,15 +265,6 @@ static bool parse_list(const char *flag, const char *s, uint64_t *v, size_t *n, 
     return *n > 0;
 }
 
-/* JSON numbers unrounded (%.17g round-trips a double): a reader that
- * recomputes a ratio gets exactly the one printed. */
-static void jnum(double v) {
-    if (isfinite(v))
-        printf("%.17g", v);
-    else
-        printf("null");
-}
-
 int bench_push(int argc, char **argv) {
     static const struct option opts[] = {{"json", no_argument, 0, 'j'},
                                          {"transport", required_argument, 0, 't'},
@@ -293,14 +284,9 @@ int bench_push(int argc, char **argv) {
         switch (c) {
         case 'j': json = true; break;
         case 't': list = optarg; break;
-        case 's': {
-            char *end;
-            secs = strtod(optarg, &end);
-            if (*end || !(secs >= 0.05 && secs <= 60))
-                return cli_usage_error("bench push", "--seconds must be 0.05..60, got '%s'",
-                                       optarg);
+        case 's':
+            if (!cli_parse_seconds("bench push", optarg, 0.05, 60, &secs)) return CLI_EXIT_USAGE;
             break;
-        }
         case 'k':
             if (!parse_list("--steps", optarg, steps, &nsteps, false)) return CLI_EXIT_USAGE;
             break;
@@ -382,21 +368,21 @@ int bench_push(int argc, char **argv) {
                     printf("%s\n {\"transport\":\"%s\",\"size\":%" PRIu64 ",\"step\":%zu,"
                            "\"items_per_s\":",
                            first ? "" : ",", kind, n, k);
-                    jnum(r.items_s);
+                    cli_json_num(r.items_s);
                     printf(",\"gbps\":");
-                    jnum(r.gbps);
+                    cli_json_num(r.gbps);
                     printf(",\"p50_ms\":");
-                    jnum(r.p50_ms);
+                    cli_json_num(r.p50_ms);
                     printf(",\"p99_ms\":");
-                    jnum(r.p99_ms);
+                    cli_json_num(r.p99_ms);
                     printf(",\"round_trips_per_step\":");
-                    jnum(r.rt_per_step);
+                    cli_json_num(r.rt_per_step);
                     printf(",\"raw_gbps\":");
-                    jnum(r.raw_gbps);
+                    cli_json_num(r.raw_gbps);
                     printf(",\"raw_p50_ms\":");
-                    jnum(r.raw_p50_ms);
+                    cli_json_num(r.raw_p50_ms);
                     printf(",\"ratio\":");
-                    jnum(ratio);
+                    cli_json_num(ratio);
                     printf("}");
                     first = false;
                 } else {

@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "ectransfer.h"
+
 typedef struct cli_cmd {
     const char *name;
     const char *summary;
@@ -30,6 +32,12 @@ typedef struct cli_cmd {
 bool cli_parse_size(const char *flag, const char *s, uint64_t *out);
 /* Parses a non-negative integer within [min, max]. */
 bool cli_parse_u64(const char *flag, const char *s, uint64_t min, uint64_t max, uint64_t *out);
+/* Parses a number of seconds within [min, max] for `cmd`'s --seconds; false
+ * after saying what is accepted on stderr (the caller exits CLI_EXIT_USAGE). */
+bool cli_parse_seconds(const char *cmd, const char *s, double min, double max, double *out);
+/* Prints a JSON number unrounded (%.17g round-trips a double, so a reader
+ * that recomputes a ratio gets exactly the one printed); null when not finite. */
+void cli_json_num(double v);
 /* Parses "HOST:PORT" ("[v6]:PORT" too) into host (NUL-terminated) and port. */
 bool cli_parse_hostport(const char *flag, const char *s, char *host, size_t hostcap, int *port);
 /* Prints "ect CMD: MSG" and "try 'ect CMD --help'" to stderr; returns CLI_EXIT_USAGE. */
@@ -105,5 +113,27 @@ int cmd_demo(int argc, char **argv);
  * Every command's p50 / p99 is this one. */
 void cli_sort_u64(uint64_t *v, size_t n);
 uint64_t cli_pct_u64(const uint64_t *sorted, size_t n, unsigned p);
+
+/* latency.c: one timed measurement: GB/s over the whole run, p50 and p99 of
+ * one call in microseconds; ok once measured. */
+typedef struct cli_timing {
+    double gbps, p50_us, p99_us;
+    bool ok;
+} cli_timing;
+typedef int (*cli_iter_fn)(void *ctx);
+/* A cli_iter_fn context: one ect_xport_write_batch of w to session. */
+typedef struct cli_write_ctx {
+    ect_xport *x;
+    const char *session;
+    ect_write w;
+} cli_write_ctx;
+int cli_write_iter(void *ctx);
+/* Calls fn twice to warm up, then until `secs` pass (at least 5 times, at
+ * most CLI_MAX_ITERS), timing each call; each call moves `bytes`. 0, or -1
+ * when a call failed or memory ran out. */
+#define CLI_MAX_ITERS 20000
+int cli_timed(cli_iter_fn fn, void *ctx, uint64_t bytes, double secs, cli_timing *s);
+/* Fills s from n per-call times (ns; sorted here) and the run's total. */
+void cli_summarize(uint64_t *lat, size_t n, uint64_t bytes, uint64_t total_ns, cli_timing *s);
 
 #endif

@@ -86,6 +86,17 @@ static void help(void) {
         "totals of refused, expired and abandoned reservations.\n");
 }
 
+/* Prints o as one compact JSON line on stdout, at once; takes o. */
+static void print_line(json_t *o) {
+    char *txt = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    if (txt) {
+        printf("%s\n", txt);
+        fflush(stdout);
+        free(txt);
+    }
+    json_decref(o);
+}
+
 static void print_item(const ect_push_view *v, uint64_t ck) {
     json_t *o = json_object();
     json_t *shape = json_array();
@@ -99,13 +110,7 @@ static void print_item(const ect_push_view *v, uint64_t ck) {
     json_object_set_new(o, "shape", shape);
     json_object_set_new(o, "dtype", json_string(v->dtype));
     json_object_set_new(o, "checksum", json_string(cks));
-    char *txt = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    if (txt) {
-        printf("%s\n", txt);
-        fflush(stdout);
-        free(txt);
-    }
-    json_decref(o);
+    print_line(o);
 }
 
 /* The machine-readable readiness line (stdout): every shard listens and the
@@ -113,20 +118,15 @@ static void print_item(const ect_push_view *v, uint64_t ck) {
 static void print_ready(const char *host, uint64_t first_port, uint64_t tp, const char *transport,
                         uint64_t pool, const char *pool_device) {
     json_t *o = json_object(), *ports = json_array();
-    for (uint64_t r = 0; r < tp; r++) json_array_append_new(ports, json_integer((json_int_t)(first_port + r)));
+    for (uint64_t r = 0; r < tp; r++)
+        json_array_append_new(ports, json_integer((json_int_t)(first_port + r)));
     json_object_set_new(o, "event", json_string("ready"));
     json_object_set_new(o, "host", json_string(host));
     json_object_set_new(o, "ports", ports);
     json_object_set_new(o, "transport", json_string(transport));
     json_object_set_new(o, "pool_size", json_integer((json_int_t)pool));
     json_object_set_new(o, "pool_device", json_string(pool_device));
-    char *txt = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    if (txt) {
-        printf("%s\n", txt);
-        fflush(stdout);
-        free(txt);
-    }
-    json_decref(o);
+    print_line(o);
 }
 
 /* Takes the item on every rank, checks and prints it. Returns true when done. */

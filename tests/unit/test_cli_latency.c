@@ -4,6 +4,7 @@
 
 #include "testutil.h"
 
+#include "cli/clock.c"
 #include "cli/latency.c"
 
 static void test_nearest_rank(void **state) {
