@@ -8,7 +8,9 @@
  *  - whatever decodes re-encodes, and that encoding decodes to a message that
  *    encodes to the same bytes (the round trip is a fixed point);
  *  - when wire_pull_decode_any picks a type, that type's own decoder accepts
- *    the same bytes.
+ *    the same bytes;
+ *  - a pull or completion whose extension keys were refused (ext_error set)
+ *    carries none of them, and its error text is non-empty.
  * Seeds in fuzz/corpus/pull_msg/ are written by the unit test:
  *   ECT_PULL_SEED_DIR=fuzz/corpus/pull_msg build/tests/test_wire_pull
  */
@@ -33,8 +35,21 @@ static void check_failure(int rc) {
         abort();
 }
 
+static void check_extensions(const wire_pull_msg *m) {
+    const char *why = NULL;
+    if (m->type == WIRE_PULL_PULL) {
+        why = m->u.pull.ext_error;
+        if (why && (m->u.pull.dst_key || m->u.pull.has_token)) abort();
+    } else if (m->type == WIRE_PULL_COMPLETE) {
+        why = m->u.complete.ext_error;
+        if (why && (m->u.complete.error || m->u.complete.has_token)) abort();
+    }
+    if (why && !why[0]) abort();
+}
+
 /* Encodes m, decodes that, encodes again: both encodings must be equal. */
 static void check_round_trip(const wire_pull_msg *m) {
+    check_extensions(m);
     void *e1 = NULL, *e2 = NULL;
     size_t l1 = 0, l2 = 0;
     if (wire_pull_msg_encode(m, &e1, &l1) != 0) abort();

@@ -62,6 +62,12 @@ ECT_API const char *ect_last_error(void);
 /** Library version, e.g. "0.1.0". */
 ECT_API const char *ect_version(void);
 
+/** What this build of the library compiled in, by name: "build_type"
+ *  ("RelWithDebInfo", "Debug", ...), "sanitize" ("", "address" or
+ *  "thread"), "transports" ("tcp shm", or "tcp shm ucx" when UCX was
+ *  found). A static string, or NULL for another name. Any thread. */
+ECT_API const char *ect_build_info(const char *what);
+
 /* ------------------------------------------- ABI checks for bindings */
 
 /** The binary interface's version: raised whenever a public struct changes

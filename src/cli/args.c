@@ -10,6 +10,7 @@
 #include <strings.h>
 
 #include "cli/cli.h"
+#include "ectransfer.h"
 
 int cli_usage_error(const char *cmd, const char *fmt, ...) {
     va_list ap;
@@ -114,4 +115,34 @@ const char *cli_fmt_size(uint64_t bytes, char *buf, size_t cap) {
     else
         snprintf(buf, cap, "%.4g %s", v, unit[u]);
     return buf;
+}
+
+bool cli_have_transport(const char *kind) {
+    const char *list = ect_build_info("transports");
+    size_t n = strlen(kind);
+    for (const char *p = list; p && *p;) {
+        const char *e = strchr(p, ' ');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && strncmp(p, kind, n) == 0) return true;
+        p = e ? e + 1 : p + len;
+    }
+    return false;
+}
+
+bool cli_parse_seconds(const char *cmd, const char *s, double min, double max, double *out) {
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *end || !(v >= min && v <= max)) {
+        cli_usage_error(cmd, "--seconds must be %g..%g, got '%s'", min, max, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+void cli_json_num(double v) {
+    if (isfinite(v))
+        printf("%.17g", v);
+    else
+        printf("null");
 }

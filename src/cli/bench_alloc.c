@@ -1,8 +1,9 @@
 /*
  * bench_alloc — `ect bench alloc`: allocate + free pairs per second of the
- * pool's allocator (mem/alloc, an augmented treap) at 10, 1,000 and 100,000
- * fragments, beside a plain linear first-fit free list measured in the same
- * run on the same state.
+ * pool's allocator (an augmented treap in the library, reached as users
+ * reach it: ect_pool_alloc + ect_pool_free, behind the pool's mutex) at 10,
+ * 1,000 and 100,000 fragments, beside a plain linear first-fit free list
+ * behind a mutex of its own, measured in the same run on the same state.
  *
  * State: n free holes of one alignment unit, each between two allocated units,
  * then one large free tail. Two workloads:
@@ -14,15 +15,15 @@
  */
 #include <getopt.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
-#include "mem/alloc.h"
-#include "util/util.h"
+#include "ectransfer.h"
 
 #define UNIT UINT64_C(256)
-#define CAPACITY (UINT64_C(1) << 40)
+#define CAPACITY (UINT64_C(256) << 20) /* mapped, never touched */
 
 /* ---- the baseline: a textbook first-fit free list, sorted by offset. */
 typedef struct lnode {
@@ -106,18 +107,30 @@ static lnode *lin_setup(uint64_t holes) {
     return head;
 }
 
-static alloc *tree_setup(uint64_t holes) {
-    alloc *a;
-    if (alloc_create(CAPACITY, UNIT, &a)) return NULL;
+static pthread_mutex_t lin_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static ect_pool *tree_setup(uint64_t holes) {
+    ect_pool_opts o;
+    ect_pool_opts_init(&o);
+    o.capacity = CAPACITY;
+    o.alignment = UNIT;
+    ect_pool *p;
+    if (ect_pool_open(&o, &p)) return NULL;
     uint64_t off;
     for (uint64_t i = 0; i < 2 * holes; i++)
-        if (alloc_alloc(a, UNIT, &off)) goto fail;
+        if (ect_pool_alloc(p, UNIT, &off)) goto fail;
     for (uint64_t i = 0; i < holes; i++)
-        if (alloc_free(a, 2 * i * UNIT)) goto fail;
-    return a;
+        if (ect_pool_free(p, 2 * i * UNIT)) goto fail;
+    return p;
 fail:
-    alloc_destroy(a);
+    ect_pool_close(p);
     return NULL;
+}
+
+static uint64_t fragments(ect_pool *p) {
+    ect_pool_stat st;
+    ect_pool_stats(p, &st);
+    return st.fragments;
 }
 
 typedef struct result {
@@ -128,50 +141,53 @@ typedef struct result {
 
 /* Runs alloc+free pairs in batches until min_ns have passed; returns pairs/s,
  * or -1 on a failed call. */
-static double time_tree(alloc *a, uint64_t n, uint64_t min_ns) {
-    uint64_t pairs = 0, t0 = ect_now_ns(), el;
+static double time_tree(ect_pool *a, uint64_t n, uint64_t min_ns) {
+    uint64_t pairs = 0, t0 = cli_now_ns(), el;
     do {
         for (int i = 0; i < 64; i++) {
             uint64_t off;
-            if (alloc_alloc(a, n, &off) || alloc_free(a, off)) return -1;
+            if (ect_pool_alloc(a, n, &off) || ect_pool_free(a, off)) return -1;
         }
         pairs += 64;
-        el = ect_now_ns() - t0;
+        el = cli_now_ns() - t0;
     } while (el < min_ns);
     return (double)pairs * 1e9 / (double)el;
 }
 
 static double time_lin(lnode **head, uint64_t n, uint64_t min_ns) {
-    uint64_t pairs = 0, t0 = ect_now_ns(), el;
+    uint64_t pairs = 0, t0 = cli_now_ns(), el;
     do {
         uint64_t off;
-        if (lin_alloc(head, n, &off) || lin_free(head, off, n)) return -1;
+        pthread_mutex_lock(&lin_mu);
+        int rc = lin_alloc(head, n, &off);
+        pthread_mutex_unlock(&lin_mu);
+        pthread_mutex_lock(&lin_mu);
+        if (!rc) rc = lin_free(head, off, n);
+        pthread_mutex_unlock(&lin_mu);
+        if (rc) return -1;
         pairs++;
-        el = ect_now_ns() - t0;
+        el = cli_now_ns() - t0;
     } while (el < min_ns);
     return (double)pairs * 1e9 / (double)el;
 }
 
 static int measure(uint64_t holes, const char *workload, uint64_t min_ns, result *r) {
     uint64_t n = strcmp(workload, "skip") == 0 ? 2 * UNIT : UNIT;
-    alloc *a = tree_setup(holes);
+    ect_pool *a = tree_setup(holes);
     lnode *head = lin_setup(holes);
     if (!a || !head) {
-        alloc_destroy(a);
+        ect_pool_close(a);
         lin_destroy(head);
         return -1;
     }
-    alloc_stats st;
-    alloc_get_stats(a, &st);
+    uint64_t frag = fragments(a);
     r->workload = workload;
-    r->fragments = st.fragments;
+    r->fragments = frag;
     r->tree_ops = time_tree(a, n, min_ns);
     r->lin_ops = time_lin(&head, n, min_ns);
     /* Both must end where they began: the same free blocks. */
-    alloc_stats st2;
-    alloc_get_stats(a, &st2);
-    int rc = (r->tree_ops < 0 || r->lin_ops < 0 || st2.fragments != st.fragments) ? -1 : 0;
-    alloc_destroy(a);
+    int rc = (r->tree_ops < 0 || r->lin_ops < 0 || fragments(a) != frag) ? -1 : 0;
+    ect_pool_close(a);
     lin_destroy(head);
     return rc;
 }
@@ -179,8 +195,9 @@ static int measure(uint64_t holes, const char *workload, uint64_t min_ns, result
 static void help(void) {
     printf("usage: ect bench alloc [--json] [--ms N]\n\n"
            "Allocate + free pairs per second of the pool's allocator (first fit over an\n"
-           "offset tree) at 10, 1,000 and 100,000 free fragments, beside a plain linear\n"
-           "first-fit free list measured in the same run, and the ratio tree/linear.\n"
+           "offset tree; ect_pool_alloc + ect_pool_free, behind the pool's mutex) at 10,\n"
+           "1,000 and 100,000 free fragments, beside a plain linear first-fit free list\n"
+           "(behind a mutex too) measured in the same run, and the ratio tree/linear.\n"
            "Workloads: 'skip' requests 512 B past n free 256 B holes to the free tail\n"
            "(the linear list's worst case); 'head' requests 256 B that fit the first hole\n"
            "(its best case).\n\n"
@@ -213,10 +230,10 @@ int bench_alloc(int argc, char **argv) {
 
     static const uint64_t holes[] = {10, 1000, 100000};
     static const char *const workloads[] = {"skip", "head"};
-    result res[ECT_ARRAY_LEN(holes) * ECT_ARRAY_LEN(workloads)];
+    result res[CLI_ARRAY_LEN(holes) * CLI_ARRAY_LEN(workloads)];
     size_t nres = 0;
-    for (size_t w = 0; w < ECT_ARRAY_LEN(workloads); w++)
-        for (size_t i = 0; i < ECT_ARRAY_LEN(holes); i++) {
+    for (size_t w = 0; w < CLI_ARRAY_LEN(workloads); w++)
+        for (size_t i = 0; i < CLI_ARRAY_LEN(holes); i++) {
             if (measure(holes[i], workloads[w], ms * 1000000, &res[nres])) {
                 fprintf(stderr, "ect bench alloc: measurement failed (out of memory?)\n");
                 return CLI_EXIT_FAIL;
@@ -234,8 +251,8 @@ int bench_alloc(int argc, char **argv) {
         printf("]}\n");
         return CLI_EXIT_OK;
     }
-    printf("alloc: allocate + free pairs per second (tree = mem/alloc, linear = plain first-fit "
-           "list)\n");
+    printf("alloc: allocate + free pairs per second (tree = ect_pool_alloc/free, linear = plain "
+           "first-fit list)\n");
     printf("%-9s %10s %14s %14s %10s\n", "workload", "fragments", "tree pairs/s", "linear pairs/s",
            "tree/lin");
     for (size_t i = 0; i < nres; i++)

@@ -35,10 +35,8 @@
 
 #include "cli/cli.h"
 #include "ectransfer.h"
-#include "util/util.h"
 
 #define MAX_SIZES 8
-#define MAX_ITERS 20000
 
 typedef struct target_info {
     int ok;
@@ -80,14 +78,17 @@ static void target_main(int in, int out, uint64_t len, int device) {
     int rc = ect_mem_alloc(ECT_MEM_CUDA, device, len, &dev);
     if (!rc) rc = ect_xport_open("tcp", NULL, &tcp);
     if (!rc) rc = ect_xport_open("shm", NULL, &shm);
-    if (!rc && (fd < 0 || ftruncate(fd, (off_t)len) != 0 ||
-                (host = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED))
-        rc = ect_set_errno(errno, "host pool of %" PRIu64 " bytes", len);
+    if (!rc &&
+        (fd < 0 || ftruncate(fd, (off_t)len) != 0 ||
+         (host = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)) {
+        rc = ECT_ENOMEM;
+        snprintf(t.why, sizeof t.why, "host pool of %" PRIu64 " bytes: %s", len, strerror(errno));
+    }
     if (!rc) rc = ect_xport_register(tcp, host, len, fd, 0, t.host_key);
     if (!rc) rc = ect_xport_register_mem(tcp, dev, len, ECT_MEM_CUDA, -1, 0, t.dev_tcp_key);
     if (!rc) rc = ect_xport_register_mem(shm, dev, len, ECT_MEM_CUDA, -1, 0, t.dev_shm_key);
     t.ok = rc == 0;
-    snprintf(t.why, sizeof t.why, "%s", rc ? ect_last_error() : "");
+    if (rc && !t.why[0]) snprintf(t.why, sizeof t.why, "%s", ect_last_error());
     if (!rc) {
         memset(host, 0, len);
         snprintf(t.tcp_session, sizeof t.tcp_session, "%s", ect_xport_session(tcp));
@@ -106,52 +107,7 @@ static void target_main(int in, int out, uint64_t len, int device) {
     _exit(t.ok ? 0 : 1);
 }
 
-typedef struct stats {
-    double gbps, p50_us;
-    bool ok;
-} stats;
-
-typedef int (*iter_fn)(void *ctx);
-
-/* Runs fn until secs pass (at least 5 times, at most MAX_ITERS) after two
- * warm-up calls; GB/s over the whole run, p50 per call. */
-static int timed(iter_fn fn, void *ctx, uint64_t bytes, double secs, stats *s) {
-    uint64_t *lat = malloc(MAX_ITERS * sizeof *lat);
-    if (!lat) return -1;
-    for (int w = 0; w < 2; w++)
-        if (fn(ctx) != 0) {
-            free(lat);
-            return -1;
-        }
-    size_t n = 0;
-    uint64_t t0 = ect_now_ns(), budget = (uint64_t)(secs * 1e9);
-    while (n < MAX_ITERS && (n < 5 || ect_now_ns() - t0 < budget)) {
-        uint64_t a = ect_now_ns();
-        if (fn(ctx) != 0) {
-            free(lat);
-            return -1;
-        }
-        lat[n++] = ect_now_ns() - a;
-    }
-    uint64_t total = ect_now_ns() - t0;
-    cli_sort_u64(lat, n);
-    s->gbps = (double)bytes * (double)n / (double)total;
-    s->p50_us = (double)cli_pct_u64(lat, n, 50) / 1000.0;
-    s->ok = true;
-    free(lat);
-    return 0;
-}
-
-typedef struct wr_ctx {
-    ect_xport *x;
-    const char *session;
-    ect_write w;
-} wr_ctx;
-
-static int wr_iter(void *p) {
-    wr_ctx *c = p;
-    return ect_xport_write_batch(c->x, c->session, &c->w, 1, NULL);
-}
+typedef cli_timing stats;
 
 typedef struct cp_ctx {
     void *dst;
@@ -162,6 +118,12 @@ typedef struct cp_ctx {
 static int cp_iter(void *p) {
     cp_ctx *c = p;
     return ect_mem_copy(c->dst, c->src, c->n);
+}
+
+/* One write of n bytes from src to dst (key) at session, as a timed call. */
+static cli_write_ctx write_ctx(ect_xport *x, const char *session, const void *src, uint64_t dst,
+                               const char *key, uint64_t n) {
+    return (cli_write_ctx){x, session, {.src = src, .dst_addr = dst, .len = n, .dst_key = key}};
 }
 
 static void help(void) {
@@ -259,13 +221,9 @@ int bench_gpu(int argc, char **argv) {
         case 'z':
             if ((rc = parse_sizes(optarg, sizes, &nsizes))) return rc;
             break;
-        case 's': {
-            char *end;
-            secs = strtod(optarg, &end);
-            if (*end || !(secs >= 0.02 && secs <= 60))
-                return cli_usage_error("bench gpu", "--seconds must be 0.02..60, got '%s'", optarg);
+        case 's':
+            if (!cli_parse_seconds("bench gpu", optarg, 0.02, 60, &secs)) return CLI_EXIT_USAGE;
             break;
-        }
         case 'd':
             if (!cli_parse_u64("--device", optarg, 0, 1023, &device)) return CLI_EXIT_USAGE;
             break;
@@ -339,31 +297,21 @@ int bench_gpu(int argc, char **argv) {
         uint64_t n = sizes[k];
         stats h2d = {0}, d2d = {0}, th[2] = {{0}}, tg[2] = {{0}}, tgg = {0}, id2d = {0}, ih2d = {0};
         cp_ctx cph = {ddst, psrc, n}, cpd = {ddst, dsrc, n};
-        wr_ctx host = {tcp,
-                       t.tcp_session,
-                       {.src = hsrc, .dst_addr = t.host_addr, .len = n, .dst_key = t.host_key}};
-        wr_ctx gpu = {tcp,
-                      t.tcp_session,
-                      {.src = hsrc, .dst_addr = t.dev_addr, .len = n, .dst_key = t.dev_tcp_key}};
-        wr_ctx gg = {tcp,
-                     t.tcp_session,
-                     {.src = dsrc, .dst_addr = t.dev_addr, .len = n, .dst_key = t.dev_tcp_key}};
-        wr_ctx ipd = {shm,
-                      t.shm_session,
-                      {.src = dsrc, .dst_addr = t.dev_addr, .len = n, .dst_key = t.dev_shm_key}};
-        wr_ctx iph = {shm,
-                      t.shm_session,
-                      {.src = psrc, .dst_addr = t.dev_addr, .len = n, .dst_key = t.dev_shm_key}};
+        cli_write_ctx host = write_ctx(tcp, t.tcp_session, hsrc, t.host_addr, t.host_key, n);
+        cli_write_ctx gpu = write_ctx(tcp, t.tcp_session, hsrc, t.dev_addr, t.dev_tcp_key, n);
+        cli_write_ctx gg = write_ctx(tcp, t.tcp_session, dsrc, t.dev_addr, t.dev_tcp_key, n);
+        cli_write_ctx ipd = write_ctx(shm, t.shm_session, dsrc, t.dev_addr, t.dev_shm_key, n);
+        cli_write_ctx iph = write_ctx(shm, t.shm_session, psrc, t.dev_addr, t.dev_shm_key, n);
         const char *what = "";
-        if ((what = "pinned h2d copy", timed(cp_iter, &cph, n, secs, &h2d)) ||
-            (what = "d2d copy", timed(cp_iter, &cpd, n, secs, &d2d)) ||
-            (what = "tcp host pool", timed(wr_iter, &host, n, secs / 2, &th[0])) ||
-            (what = "tcp gpu pool", timed(wr_iter, &gpu, n, secs / 2, &tg[0])) ||
-            (what = "tcp host pool", timed(wr_iter, &host, n, secs / 2, &th[1])) ||
-            (what = "tcp gpu pool", timed(wr_iter, &gpu, n, secs / 2, &tg[1])) ||
-            (what = "tcp gpu->gpu", timed(wr_iter, &gg, n, secs, &tgg)) ||
-            (what = "ipc d2d", timed(wr_iter, &ipd, n, secs, &id2d)) ||
-            (what = "ipc h2d", timed(wr_iter, &iph, n, secs, &ih2d))) {
+        if ((what = "pinned h2d copy", cli_timed(cp_iter, &cph, n, secs, &h2d)) ||
+            (what = "d2d copy", cli_timed(cp_iter, &cpd, n, secs, &d2d)) ||
+            (what = "tcp host pool", cli_timed(cli_write_iter, &host, n, secs / 2, &th[0])) ||
+            (what = "tcp gpu pool", cli_timed(cli_write_iter, &gpu, n, secs / 2, &tg[0])) ||
+            (what = "tcp host pool", cli_timed(cli_write_iter, &host, n, secs / 2, &th[1])) ||
+            (what = "tcp gpu pool", cli_timed(cli_write_iter, &gpu, n, secs / 2, &tg[1])) ||
+            (what = "tcp gpu->gpu", cli_timed(cli_write_iter, &gg, n, secs, &tgg)) ||
+            (what = "ipc d2d", cli_timed(cli_write_iter, &ipd, n, secs, &id2d)) ||
+            (what = "ipc h2d", cli_timed(cli_write_iter, &iph, n, secs, &ih2d))) {
             fprintf(stderr, "ect bench gpu: %s of %" PRIu64 " bytes failed: %s\n", what, n,
                     ect_last_error());
             rc = CLI_EXIT_FAIL;
@@ -381,7 +329,7 @@ int bench_gpu(int argc, char **argv) {
             {"d2d copy", "-", n, d2d, none, NAN},
             {"pinned h2d copy", "-", n, h2d, none, NAN},
         };
-        for (size_t i = 0; i < ECT_ARRAY_LEN(rows); i++) print_row(&rows[i], json, &first);
+        for (size_t i = 0; i < CLI_ARRAY_LEN(rows); i++) print_row(&rows[i], json, &first);
     }
     if (json && rc == CLI_EXIT_OK) printf("\n]\n");
     ect_xport_close(tcp);

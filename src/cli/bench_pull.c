@@ -21,7 +21,6 @@
 
 #include "cli/cli.h"
 #include "ectransfer.h"
-#include "util/util.h"
 
 #define MiB (1024ull * 1024)
 
@@ -39,14 +38,14 @@ static int timed_pair(round_fn a, round_fn b, void *ctx, uint64_t bytes, int ms,
     static uint64_t la[1000], lb[1000];
     if (a(ctx) != 0 || b(ctx) != 0) return -1; /* warm-up: connections, page faults */
     size_t n = 0;
-    uint64_t t0 = ect_now_ns(), budget = (uint64_t)ms * 1000000ull;
-    while (n < 1000 && (n < 3 || ect_now_ns() - t0 < budget)) {
-        uint64_t t = ect_now_ns();
+    uint64_t t0 = cli_now_ns(), budget = (uint64_t)ms * 1000000ull;
+    while (n < 1000 && (n < 3 || cli_now_ns() - t0 < budget)) {
+        uint64_t t = cli_now_ns();
         if (a(ctx) != 0) return -1;
-        uint64_t u = ect_now_ns();
+        uint64_t u = cli_now_ns();
         if (b(ctx) != 0) return -1;
         la[n] = u - t;
-        lb[n] = ect_now_ns() - u;
+        lb[n] = cli_now_ns() - u;
         n++;
     }
     cli_sort_u64(la, n);

@@ -1,200 +1,89 @@
 /*
  * bench_push — `ect bench push`: generation-2 pushes through ect_push_producer
- * into one consumer shard in this process over loopback, in steps of 1, 8 and
- * 32 items of 64 KiB, 4.5 MiB and 16 MiB, over tcp and shm. A step is timed
- * from the first reserve to the last result (reserve_batch, one write_batch,
- * complete_batch). Beside each row, the limit measured in the same run on the
- * same buffers: the transport's raw ect_xport_write_batch of the same k
- * writes into the same destination region, and the ratio push / raw.
+ * into one consumer shard (ect_push_consumer) in this process over loopback,
+ * in steps of 1, 8 and 32 items of 64 KiB, 4.5 MiB and 16 MiB, over tcp and
+ * shm. A step is timed from the first reserve to the last result
+ * (reserve_batch, one write_batch, complete_batch). Beside each row, the limit
+ * measured in the same run from the same sources: the transport's raw
+ * ect_xport_write_batch of the same k writes into a region of the same kind
+ * (a memfd pool registered with a target of its own), and the ratio
+ * push / raw.
  *
- * The consumer shard is the smallest real one: a REP socket on its own
- * thread answering peers / reserve_batch / complete_batch / cancel over a
- * reservation table (rsv_) on a memfd pool registered with the transport.
- * After each step the bench frees the items on the shard (cancel), outside
- * the timed span and without a round trip, so every step allocates afresh.
+ * The shard is the library's own, opened with an ephemeral control port; no
+ * scheduler listens to its events (they queue and the oldest are dropped,
+ * which costs the shard nothing measurable; the warning each drop logs is
+ * kept quiet unless ECT_LOG asks for it). After each step the bench takes
+ * and releases every item on the shard and evicts the resident copies,
+ * outside the timed span and without a round trip, so every step allocates
+ * afresh.
  */
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
-#include <pthread.h>
-#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <zmq.h>
-
 #include "cli/cli.h"
 #include "ectransfer.h"
-#include "push/reservations.h"
-#include "util/util.h"
-#include "wire/control_msg.h"
 
 /* ------------------------------------------------------ a consumer shard */
 
 typedef struct shard {
-    void *zctx, *rep;
-    int port;
-    pthread_t th;
-    atomic_bool stop;
-    pthread_mutex_t mu;
-    ect_pool *pool;
-    ect_xport *x;
-    char key[ECT_XPORT_KEY_MAX];
-    rsv_table *t;
-    char kind[8];
+    ect_push_consumer *c;
+    /* the raw limit's target: a region like the shard's pool, its own key */
+    ect_pool *raw_pool;
+    ect_xport *raw_x;
+    char raw_key[ECT_XPORT_KEY_MAX];
 } shard;
-
-static void answer(shard *s, const void *buf, size_t len, char **out) {
-    wire_ctl_request req;
-    int rc = wire_ctl_decode_request(buf, len, &req);
-    if (rc) {
-        if (wire_ctl_encode_decode_failure(rc, out)) *out = NULL;
-        return;
-    }
-    wire_ctl_reply rep;
-    memset(&rep, 0, sizeof rep);
-    rep.op = req.op;
-    rep.ok = true;
-    uint64_t now = ect_now_ms();
-    uint16_t port = (uint16_t)s->port;
-    wire_reserve_outcome *ro = NULL;
-    wire_complete_result *co = NULL;
-    pthread_mutex_lock(&s->mu);
-    switch (req.op) {
-    case WIRE_OP_PEERS:
-        rep.u.peers.n = 1;
-        rep.u.peers.ports = &port;
-        break;
-    case WIRE_OP_RESERVE_BATCH:
-        ro = calloc(req.u.reserve_batch.n, sizeof *ro);
-        rep.u.reserve_batch.n = ro ? req.u.reserve_batch.n : 0;
-        rep.u.reserve_batch.items = ro;
-        for (size_t i = 0; ro && i < req.u.reserve_batch.n; i++) {
-            const wire_reserve_req *r = &req.u.reserve_batch.items[i].req;
-            rsv_request rr = {r->transfer_id,  r->mm_hash,     r->tensor.nbytes,
-                              r->tensor.shape, r->tensor.ndim, r->tensor.dtype};
-            rsv_reply ry;
-            if (req.u.reserve_batch.items[i].rc || rsv_reserve(s->t, &rr, now, &ry)) {
-                ro[i].error = strdup(ect_last_error());
-                continue;
-            }
-            ro[i].ok = true;
-            wire_reserve_result *res = &ro[i].result;
-            res->cancelled = ry.cancelled;
-            snprintf(res->reservation_id, sizeof res->reservation_id, "%s", ry.reservation_id);
-            if (ry.cancelled) continue;
-            snprintf(res->dst_session, sizeof res->dst_session, "%s", ect_xport_session(s->x));
-            res->dst_ptr = (uint64_t)(uintptr_t)ect_pool_base(s->pool) + ry.offset;
-            res->nbytes = ry.nbytes;
-            res->write = ry.write;
-            res->ready = ry.ready;
-            res->cached = ry.cached;
-            snprintf(res->transport, sizeof res->transport, "%s", s->kind);
-            res->dst_key = s->key;
-        }
-        break;
-    case WIRE_OP_COMPLETE_BATCH:
-        co = calloc(req.u.complete_batch.n, sizeof *co);
-        rep.u.complete_batch.n = co ? req.u.complete_batch.n : 0;
-        rep.u.complete_batch.items = co;
-        for (size_t i = 0; co && i < req.u.complete_batch.n; i++)
-            rsv_complete(s->t, req.u.complete_batch.items[i].transfer_id,
-                         req.u.complete_batch.items[i].reservation_id, now, &co[i].completed,
-                         &co[i].became_ready);
-        break;
-    case WIRE_OP_CANCEL:
-        if (rsv_cancel(s->t, req.u.cancel.transfer_id, req.u.cancel.reservation_id,
-                       req.u.cancel.abandon, req.u.cancel.refresh, now, &rep.u.cancelled)) {
-            rep.ok = false;
-            rep.error = (char *)ect_last_error();
-        }
-        break;
-    default: rep.ok = false; rep.error = "not served by the bench shard";
-    }
-    while (rsv_event_peek(s->t)) rsv_event_pop(s->t);
-    pthread_mutex_unlock(&s->mu);
-    if (wire_ctl_encode_reply(&rep, out)) *out = NULL;
-    for (size_t i = 0; ro && i < rep.u.reserve_batch.n; i++) free(ro[i].error);
-    free(ro);
-    free(co);
-    wire_ctl_request_clear(&req);
-}
-
-static void *serve(void *arg) {
-    shard *s = arg;
-    while (!atomic_load(&s->stop)) {
-        zmq_pollitem_t pi = {s->rep, 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(&pi, 1, 50) <= 0) continue;
-        zmq_msg_t m;
-        zmq_msg_init(&m);
-        if (zmq_msg_recv(&m, s->rep, 0) < 0) {
-            zmq_msg_close(&m);
-            continue;
-        }
-        char *out = NULL;
-        answer(s, zmq_msg_data(&m), zmq_msg_size(&m), &out);
-        zmq_msg_close(&m);
-        const char *fallback = "{\"ok\":false,\"error\":\"bench shard: out of memory\"}";
-        zmq_send(s->rep, out ? out : fallback, strlen(out ? out : fallback), 0);
-        free(out);
-    }
-    return NULL;
-}
 
 static void shard_close(shard *s) {
     if (!s) return;
-    if (s->th) {
-        atomic_store(&s->stop, true);
-        pthread_join(s->th, NULL);
-    }
-    if (s->rep) zmq_close(s->rep);
-    if (s->zctx) zmq_ctx_term(s->zctx);
-    ect_xport_close(s->x);
-    rsv_close(s->t);
-    ect_pool_close(s->pool);
-    pthread_mutex_destroy(&s->mu);
+    ect_push_consumer_close(s->c);
+    ect_xport_close(s->raw_x);
+    ect_pool_close(s->raw_pool);
     free(s);
 }
 
 static int shard_open(const char *kind, uint64_t pool_bytes, shard **out) {
+    if (!getenv("ECT_LOG")) ect_log_set_level(ECT_LOG_ERROR); /* see the top of the file */
     shard *s = calloc(1, sizeof *s);
     if (!s) return ECT_ENOMEM;
-    pthread_mutex_init(&s->mu, NULL);
-    snprintf(s->kind, sizeof s->kind, "%s", kind);
+    ect_push_consumer_opts co;
+    ect_push_consumer_opts_init(&co);
+    co.ec_port = 0;
+    co.pool_size = pool_bytes;
+    co.transport = kind;
+    int rc = ect_push_consumer_open(&co, &s->c);
     ect_pool_opts po;
     ect_pool_opts_init(&po);
     po.capacity = pool_bytes;
     po.use_memfd = 1;
-    int rc = ect_pool_open(&po, &s->pool);
-    if (!rc) rc = ect_xport_open(kind, NULL, &s->x);
+    if (!rc) rc = ect_pool_open(&po, &s->raw_pool);
+    if (!rc) rc = ect_xport_open(kind, NULL, &s->raw_x);
     if (!rc)
-        rc = ect_xport_register(s->x, ect_pool_base(s->pool), ect_pool_capacity(s->pool),
-                                ect_pool_fd(s->pool), 0, s->key);
-    rsv_opts ro;
-    rsv_opts_init(&ro);
-    ro.mem = &rsv_pool_ops;
-    ro.mem_ctx = s->pool;
-    if (!rc) rc = rsv_open(&ro, &s->t);
-    if (!rc) {
-        s->zctx = zmq_ctx_new();
-        s->rep = s->zctx ? zmq_socket(s->zctx, ZMQ_REP) : NULL;
-        int zero = 0;
-        char ep[128];
-        size_t len = sizeof ep;
-        if (!s->rep || zmq_setsockopt(s->rep, ZMQ_LINGER, &zero, sizeof zero) ||
-            zmq_bind(s->rep, "tcp://127.0.0.1:*") ||
-            zmq_getsockopt(s->rep, ZMQ_LAST_ENDPOINT, ep, &len))
-            rc = ect_set_error(ECT_EIO, "bench shard: cannot bind a REP socket");
-        else
-            s->port = atoi(strrchr(ep, ':') + 1);
-    }
-    if (!rc && pthread_create(&s->th, NULL, serve, s)) rc = ECT_ENOMEM;
+        rc =
+            ect_xport_register(s->raw_x, ect_pool_base(s->raw_pool), ect_pool_capacity(s->raw_pool),
+                               ect_pool_fd(s->raw_pool), 0, s->raw_key);
     if (rc) {
         shard_close(s);
         return rc;
     }
     *out = s;
+    return 0;
+}
+
+/* Ends the step's transfers on the shard (take + release) and drops their
+ * resident copies, so the next step allocates afresh. */
+static int shard_clear(shard *s, char (*tids)[64], size_t k) {
+    for (size_t j = 0; j < k; j++) {
+        ect_push_view v;
+        int rc = ect_push_consumer_take(s->c, tids[j], &v);
+        if (!rc) rc = ect_push_consumer_release(s->c, &v);
+        if (rc) return rc;
+    }
+    ect_push_consumer_evict(s->c, SIZE_MAX);
     return 0;
 }
 
@@ -217,7 +106,7 @@ static void no_release(void *u, const void *d, uint64_t n) {
 static int run_push(shard *s, ect_push_producer *p, void **src, size_t k, uint64_t n, double secs,
                     uint64_t *serial, row *r) {
     char addr[64];
-    snprintf(addr, sizeof addr, "127.0.0.1:%d", s->port);
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", ect_push_consumer_port(s->c));
     uint64_t shape[1] = {n / 2};
     ect_push_result *res = calloc(k, sizeof *res);
     uint64_t *lat = malloc(MAX_LAT * sizeof *lat);
@@ -235,10 +124,10 @@ static int run_push(shard *s, ect_push_producer *p, void **src, size_t k, uint64
     uint64_t t_end = 0;
     for (int warm = 1; warm >= 0 && !rc; warm--) {
         ect_push_producer_stats(p, &st0);
-        uint64_t t_start = ect_now_ns();
+        uint64_t t_start = cli_now_ns();
         t_end = t_start + (uint64_t)(secs * 1e9);
-        for (size_t it = 0; !rc && (it < 3 || ect_now_ns() < t_end) && (!warm || it < 1); it++) {
-            uint64_t t0 = ect_now_ns();
+        for (size_t it = 0; !rc && (it < 3 || cli_now_ns() < t_end) && (!warm || it < 1); it++) {
+            uint64_t t0 = cli_now_ns();
             for (size_t j = 0; j < k && !rc; j++) {
                 uint64_t id = (*serial)++;
                 snprintf(tids[j], sizeof tids[j], "b-%" PRIu64, id);
@@ -258,8 +147,8 @@ static int run_push(shard *s, ect_push_producer *p, void **src, size_t k, uint64
             if (rc) break;
             ect_push_producer_flush(p);
             size_t got = 0;
-            uint64_t deadline = ect_now_ms() + 60000;
-            while (got < k && ect_now_ms() < deadline) {
+            uint64_t deadline = cli_now_ms() + 60000;
+            while (got < k && cli_now_ms() < deadline) {
                 size_t m = ect_push_producer_poll(p, res + got, k - got, 1000);
                 for (size_t i = got; i < got + m; i++) {
                     if (res[i].status) {
@@ -272,19 +161,14 @@ static int run_push(shard *s, ect_push_producer *p, void **src, size_t k, uint64
                 got += m;
             }
             if (got < k && !rc) rc = ECT_ETIMEDOUT;
-            uint64_t t1 = ect_now_ns();
+            uint64_t t1 = cli_now_ns();
             if (!warm) {
                 busy_ns += t1 - t0;
                 items += k;
                 steps++;
             }
             /* free the items on the shard, untimed and without a round trip */
-            pthread_mutex_lock(&s->mu);
-            for (size_t j = 0; j < k; j++) {
-                bool c;
-                rsv_cancel(s->t, tids[j], NULL, true, false, ect_now_ms(), &c);
-            }
-            pthread_mutex_unlock(&s->mu);
+            if (!rc) rc = shard_clear(s, tids, k);
         }
     }
     ect_push_producer_stats(p, &st1);
@@ -309,7 +193,7 @@ static int run_raw(shard *s, ect_xport *ini, void **src, size_t k, uint64_t n, d
     uint64_t off = 0;
     ect_write *w = calloc(k, sizeof *w);
     uint64_t *lat = malloc(MAX_LAT * sizeof *lat);
-    int rc = (w && lat) ? ect_pool_alloc(s->pool, n * k, &off) : ECT_ENOMEM;
+    int rc = (w && lat) ? ect_pool_alloc(s->raw_pool, n * k, &off) : ECT_ENOMEM;
     if (rc) {
         free(w);
         free(lat);
@@ -317,18 +201,18 @@ static int run_raw(shard *s, ect_xport *ini, void **src, size_t k, uint64_t n, d
     }
     for (size_t j = 0; j < k; j++) {
         w[j].src = src[j];
-        w[j].dst_addr = (uint64_t)(uintptr_t)ect_pool_base(s->pool) + off + j * n;
+        w[j].dst_addr = (uint64_t)(uintptr_t)ect_pool_base(s->raw_pool) + off + j * n;
         w[j].len = n;
-        w[j].dst_key = s->key;
+        w[j].dst_key = s->raw_key;
     }
-    const char *sess = ect_xport_session(s->x);
+    const char *sess = ect_xport_session(s->raw_x);
     rc = ect_xport_write_batch(ini, sess, w, k, NULL); /* warm-up: connect, map */
     size_t it = 0;
-    uint64_t busy = 0, end = ect_now_ns() + (uint64_t)(secs * 1e9);
-    for (; !rc && (it < 3 || ect_now_ns() < end) && it < MAX_LAT; it++) {
-        uint64_t t0 = ect_now_ns();
+    uint64_t busy = 0, end = cli_now_ns() + (uint64_t)(secs * 1e9);
+    for (; !rc && (it < 3 || cli_now_ns() < end) && it < MAX_LAT; it++) {
+        uint64_t t0 = cli_now_ns();
         rc = ect_xport_write_batch(ini, sess, w, k, NULL);
-        lat[it] = ect_now_ns() - t0;
+        lat[it] = cli_now_ns() - t0;
         busy += lat[it];
     }
     if (!rc) {
@@ -336,7 +220,7 @@ static int run_raw(shard *s, ect_xport *ini, void **src, size_t k, uint64_t n, d
         r->raw_gbps = (double)it * (double)k * (double)n / (double)busy;
         r->raw_p50_ms = (double)cli_pct_u64(lat, it, 50) / 1e6;
     }
-    ect_pool_free(s->pool, off);
+    ect_pool_free(s->raw_pool, off);
     free(w);
     free(lat);
     return rc;
@@ -345,10 +229,11 @@ static int run_raw(shard *s, ect_xport *ini, void **src, size_t k, uint64_t n, d
 static void help(void) {
     printf("usage: ect bench push [--json] [--transport tcp,shm] [--seconds S] [--steps 1,8,32]\n"
            "                      [--sizes 64KiB,4.5MiB,16MiB]\n\n"
-           "Pushes through ect_push_producer into one consumer shard in this process (REP +\n"
-           "reservation table + transport target on loopback), in steps of k items, and beside\n"
-           "each row the transport's raw ect_xport_write_batch of the same k writes measured in\n"
-           "the same run. Columns: items/s, GB/s, per-item latency p50/p99 (reserve to result),\n"
+           "Pushes through ect_push_producer into one consumer shard (ect_push_consumer) in\n"
+           "this process on loopback, in steps of k items, and beside each row the\n"
+           "transport's raw ect_xport_write_batch of the same k writes into a region of the\n"
+           "same kind, measured in the same run. Columns: items/s, GB/s, per-item latency p50/p99 "
+           "(reserve to result),\n"
            "control round trips per step (every op the producer sent, per shard), raw GB/s and\n"
            "p50 of one raw batch, and ratio = push GB/s / raw GB/s.\n\n"
            "  --json            one JSON list of rows\n"
@@ -382,15 +267,6 @@ static bool parse_list(const char *flag, const char *s, uint64_t *v, size_t *n, 
     return *n > 0;
 }
 
-/* JSON numbers unrounded (%.17g round-trips a double): a reader that
- * recomputes a ratio gets exactly the one printed. */
-static void jnum(double v) {
-    if (isfinite(v))
-        printf("%.17g", v);
-    else
-        printf("null");
-}
-
 int bench_push(int argc, char **argv) {
     static const struct option opts[] = {{"json", no_argument, 0, 'j'},
                                          {"transport", required_argument, 0, 't'},
@@ -410,14 +286,9 @@ int bench_push(int argc, char **argv) {
         switch (c) {
         case 'j': json = true; break;
         case 't': list = optarg; break;
-        case 's': {
-            char *end;
-            secs = strtod(optarg, &end);
-            if (*end || !(secs >= 0.05 && secs <= 60))
-                return cli_usage_error("bench push", "--seconds must be 0.05..60, got '%s'",
-                                       optarg);
+        case 's':
+            if (!cli_parse_seconds("bench push", optarg, 0.05, 60, &secs)) return CLI_EXIT_USAGE;
             break;
-        }
         case 'k':
             if (!parse_list("--steps", optarg, steps, &nsteps, false)) return CLI_EXIT_USAGE;
             break;
@@ -499,21 +370,21 @@ int bench_push(int argc, char **argv) {
                     printf("%s\n {\"transport\":\"%s\",\"size\":%" PRIu64 ",\"step\":%zu,"
                            "\"items_per_s\":",
                            first ? "" : ",", kind, n, k);
-                    jnum(r.items_s);
+                    cli_json_num(r.items_s);
                     printf(",\"gbps\":");
-                    jnum(r.gbps);
+                    cli_json_num(r.gbps);
                     printf(",\"p50_ms\":");
-                    jnum(r.p50_ms);
+                    cli_json_num(r.p50_ms);
                     printf(",\"p99_ms\":");
-                    jnum(r.p99_ms);
+                    cli_json_num(r.p99_ms);
                     printf(",\"round_trips_per_step\":");
-                    jnum(r.rt_per_step);
+                    cli_json_num(r.rt_per_step);
                     printf(",\"raw_gbps\":");
-                    jnum(r.raw_gbps);
+                    cli_json_num(r.raw_gbps);
                     printf(",\"raw_p50_ms\":");
-                    jnum(r.raw_p50_ms);
+                    cli_json_num(r.raw_p50_ms);
                     printf(",\"ratio\":");
-                    jnum(ratio);
+                    cli_json_num(ratio);
                     printf("}");
                     first = false;
                 } else {

@@ -27,63 +27,11 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
-#include "ect_config.h"
 #include "ectransfer.h"
-#include "util/util.h"
 
-typedef struct stats {
-    double gbps, p50_us, p99_us;
-    bool ok;
-} stats;
-
-/* Fills s from per-iteration latencies (ns) and the total elapsed time. */
-static void summarize(uint64_t *lat, size_t n, uint64_t bytes, uint64_t total_ns, stats *s) {
-    cli_sort_u64(lat, n);
-    s->gbps = (double)bytes * (double)n / (double)total_ns;
-    s->p50_us = (double)cli_pct_u64(lat, n, 50) / 1000.0;
-    s->p99_us = (double)cli_pct_u64(lat, n, 99) / 1000.0;
-    s->ok = true;
-}
-
-#define MAX_ITERS 20000
-
-/* Runs fn until `secs` pass (at least 5 times, at most MAX_ITERS). */
-typedef int (*iter_fn)(void *ctx);
-static int timed(iter_fn fn, void *ctx, uint64_t bytes, double secs, stats *s) {
-    uint64_t *lat = malloc(MAX_ITERS * sizeof *lat);
-    if (!lat) return -1;
-    for (int w = 0; w < 2; w++)
-        if (fn(ctx) != 0) {
-            free(lat);
-            return -1;
-        }
-    size_t n = 0;
-    uint64_t t0 = ect_now_ns(), budget = (uint64_t)(secs * 1e9);
-    while (n < MAX_ITERS && (n < 5 || ect_now_ns() - t0 < budget)) {
-        uint64_t a = ect_now_ns();
-        if (fn(ctx) != 0) {
-            free(lat);
-            return -1;
-        }
-        lat[n++] = ect_now_ns() - a;
-    }
-    summarize(lat, n, bytes, ect_now_ns() - t0, s);
-    free(lat);
-    return 0;
-}
+typedef cli_timing stats;
 
 /* ---- the transport under test */
-
-typedef struct xp_ctx {
-    ect_xport *i;
-    const char *session;
-    ect_write w;
-} xp_ctx;
-
-static int xp_iter(void *p) {
-    xp_ctx *c = p;
-    return ect_xport_write_batch(c->i, c->session, &c->w, 1, NULL);
-}
 
 /* ---- limit: memcpy */
 
@@ -167,7 +115,7 @@ static int raw_limit(uint8_t *dst, const uint8_t *src, size_t n, double secs, st
         close(c.sfd);
         return -1;
     }
-    int rc = timed(raw_iter, &c, n, secs, s);
+    int rc = cli_timed(raw_iter, &c, n, secs, s);
     shutdown(c.cfd, SHUT_RDWR);
     shutdown(c.sfd, SHUT_RDWR);
     pthread_join(th, NULL);
@@ -247,15 +195,6 @@ static void help(void) {
            "                    ratio, p50_us, p99_us, limit_p50_us, limit_p99_us\n");
 }
 
-/* JSON numbers unrounded (%.17g round-trips a double): a reader that
- * recomputes a ratio gets exactly the one printed. */
-static void jnum(double v) {
-    if (!isfinite(v))
-        printf("null");
-    else
-        printf("%.17g", v);
-}
-
 static int one_kind(const char *kind, double secs, bool json, bool *first) {
     static const uint64_t sizes[] = {64 << 10, 1 << 20, 9 << 19, 16 << 20, 64 << 20};
     ect_xport *t = NULL, *i = NULL;
@@ -270,7 +209,7 @@ static int one_kind(const char *kind, double secs, bool json, bool *first) {
                         : strcmp(kind, "shm") == 0 ? "memcpy"
                                                    : "ucx_perftest";
     int rc = CLI_EXIT_OK;
-    for (size_t k = 0; k < ECT_ARRAY_LEN(sizes) && rc == CLI_EXIT_OK; k++) {
+    for (size_t k = 0; k < CLI_ARRAY_LEN(sizes) && rc == CLI_EXIT_OK; k++) {
         size_t n = (size_t)sizes[k];
         int fd = memfd_create("bench_xport", MFD_CLOEXEC);
         uint8_t *dst = MAP_FAILED, *src = malloc(n);
@@ -286,11 +225,11 @@ static int one_kind(const char *kind, double secs, bool json, bool *first) {
         if (rc == CLI_EXIT_OK) {
             memset(src, 0xab, n);
             memset(dst, 0, n);
-            xp_ctx c = {
-                .i = i,
+            cli_write_ctx c = {
+                .x = i,
                 .session = ect_xport_session(t),
                 .w = {.src = src, .dst_addr = (uint64_t)(uintptr_t)dst, .len = n, .dst_key = key}};
-            if (timed(xp_iter, &c, n, secs, &us) != 0) {
+            if (cli_timed(cli_write_iter, &c, n, secs, &us) != 0) {
                 fprintf(stderr, "ect bench xport: %s: write failed: %s\n", kind, ect_last_error());
                 rc = CLI_EXIT_FAIL;
             }
@@ -301,7 +240,7 @@ static int one_kind(const char *kind, double secs, bool json, bool *first) {
                 raw_limit(dst, src, n, secs, &lim);
             } else if (strcmp(kind, "shm") == 0) {
                 cp_ctx c = {.dst = dst, .src = src, .n = n};
-                timed(cp_iter, &c, n, secs, &lim);
+                cli_timed(cp_iter, &c, n, secs, &lim);
             } else {
                 int iters = (int)(secs * us.gbps * 1e9 / (double)n);
                 perftest_limit(n, iters < 20 ? 20 : iters > 20000 ? 20000 : iters, &lim);
@@ -312,19 +251,19 @@ static int one_kind(const char *kind, double secs, bool json, bool *first) {
                 printf("%s\n  {\"transport\": \"%s\", \"size\": %zu, \"gbps\": ", *first ? "" : ",",
                        kind, n);
                 *first = false;
-                jnum(us.gbps);
+                cli_json_num(us.gbps);
                 printf(", \"limit\": \"%s\", \"limit_gbps\": ", limit);
-                jnum(lim.ok ? lim.gbps : NAN);
+                cli_json_num(lim.ok ? lim.gbps : NAN);
                 printf(", \"ratio\": ");
-                jnum(ratio);
+                cli_json_num(ratio);
                 printf(", \"p50_us\": ");
-                jnum(us.p50_us);
+                cli_json_num(us.p50_us);
                 printf(", \"p99_us\": ");
-                jnum(us.p99_us);
+                cli_json_num(us.p99_us);
                 printf(", \"limit_p50_us\": ");
-                jnum(lim.ok ? lim.p50_us : NAN);
+                cli_json_num(lim.ok ? lim.p50_us : NAN);
                 printf(", \"limit_p99_us\": ");
-                jnum(lim.ok ? lim.p99_us : NAN);
+                cli_json_num(lim.ok ? lim.p99_us : NAN);
                 printf("}");
             } else {
                 printf("%-4s %9s %8.2f %8.1f %8.1f   %-12s %8.2f %8.1f %8.1f   %6.2f\n", kind,
@@ -351,21 +290,16 @@ int bench_xport(int argc, char **argv) {
                                          {0, 0, 0, 0}};
     bool json = false;
     double secs = 0.5;
-    const char *list = ECT_HAVE_UCX ? "tcp,shm,ucx" : "tcp,shm";
+    const char *list = cli_have_transport("ucx") ? "tcp,shm,ucx" : "tcp,shm";
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "jt:s:h", opts, NULL)) != -1) {
         switch (c) {
         case 'j': json = true; break;
         case 't': list = optarg; break;
-        case 's': {
-            char *end;
-            secs = strtod(optarg, &end);
-            if (*end || !(secs >= 0.05 && secs <= 60))
-                return cli_usage_error("bench xport", "--seconds must be 0.05..60, got '%s'",
-                                       optarg);
+        case 's':
+            if (!cli_parse_seconds("bench xport", optarg, 0.05, 60, &secs)) return CLI_EXIT_USAGE;
             break;
-        }
         case 'h': help(); return CLI_EXIT_OK;
         default: return cli_bad_flag("bench xport", opts);
         }
@@ -377,7 +311,7 @@ int bench_xport(int argc, char **argv) {
     for (char *save = NULL, *k = strtok_r(kinds, ",", &save); k; k = strtok_r(NULL, ",", &save)) {
         if (strcmp(k, "tcp") && strcmp(k, "shm") && strcmp(k, "ucx"))
             return cli_usage_error("bench xport", "--transport: '%s' is not tcp, shm or ucx", k);
-        if (strcmp(k, "ucx") == 0 && !ECT_HAVE_UCX)
+        if (strcmp(k, "ucx") == 0 && !cli_have_transport("ucx"))
             return cli_usage_error("bench xport", "--transport: ucx is not compiled in");
     }
     if (json)

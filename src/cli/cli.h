@@ -11,11 +11,15 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "ectransfer.h"
+
 typedef struct cli_cmd {
     const char *name;
     const char *summary;
     int (*run)(int argc, char **argv); /* argv[0] is the command name */
 } cli_cmd;
+
+#define CLI_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
 /* Exit codes. */
 #define CLI_EXIT_OK 0
@@ -28,6 +32,12 @@ typedef struct cli_cmd {
 bool cli_parse_size(const char *flag, const char *s, uint64_t *out);
 /* Parses a non-negative integer within [min, max]. */
 bool cli_parse_u64(const char *flag, const char *s, uint64_t min, uint64_t max, uint64_t *out);
+/* Parses a number of seconds within [min, max] for `cmd`'s --seconds; false
+ * after saying what is accepted on stderr (the caller exits CLI_EXIT_USAGE). */
+bool cli_parse_seconds(const char *cmd, const char *s, double min, double max, double *out);
+/* Prints a JSON number unrounded (%.17g round-trips a double, so a reader
+ * that recomputes a ratio gets exactly the one printed); null when not finite. */
+void cli_json_num(double v);
 /* Parses "HOST:PORT" ("[v6]:PORT" too) into host (NUL-terminated) and port. */
 bool cli_parse_hostport(const char *flag, const char *s, char *host, size_t hostcap, int *port);
 /* Prints "ect CMD: MSG" and "try 'ect CMD --help'" to stderr; returns CLI_EXIT_USAGE. */
@@ -38,6 +48,20 @@ struct option;
 int cli_bad_flag(const char *cmd, const struct option *opts);
 /* Formats a byte count as "4.5 MiB" into buf. */
 const char *cli_fmt_size(uint64_t bytes, char *buf, size_t cap);
+
+/* clock.c: the monotonic clock; 64 random bits and 32 random hex digits
+ * (like a uuid4 hex) from the OS random source. */
+uint64_t cli_now_ns(void);
+uint64_t cli_now_ms(void);
+uint64_t cli_random_u64(void);
+void cli_random_id(char out[33]);
+/* args.c: whether the library was built with transport `kind` ("ucx"),
+ * as ect_build_info("transports") lists them. */
+bool cli_have_transport(const char *kind);
+/* a * b into *out; false on overflow. */
+static inline bool cli_mul_u64(uint64_t a, uint64_t b, uint64_t *out) {
+    return !__builtin_mul_overflow(a, b, out);
+}
 
 /* Commands. */
 int cmd_info(int argc, char **argv);
@@ -84,9 +108,32 @@ int cmd_push_consumer(int argc, char **argv);
 /* cmd_demo.c: `ect demo` (push or pull end to end in separate processes, verified). */
 int cmd_demo(int argc, char **argv);
 
-/* latency.c: sorts v ascending; the p-th percentile (0..100) of a sorted,
- * non-empty v is v[min(n * p / 100, n - 1)] (p = 50 gives v[n / 2]). */
+/* latency.c: sorts v ascending; the p-th percentile (0..100) of a sorted v
+ * by nearest rank: v[ceil(n x p / 100) - 1] (v[0] for p = 0; 0 when n = 0).
+ * Every command's p50 / p99 is this one. */
 void cli_sort_u64(uint64_t *v, size_t n);
 uint64_t cli_pct_u64(const uint64_t *sorted, size_t n, unsigned p);
+
+/* latency.c: one timed measurement: GB/s over the whole run, p50 and p99 of
+ * one call in microseconds; ok once measured. */
+typedef struct cli_timing {
+    double gbps, p50_us, p99_us;
+    bool ok;
+} cli_timing;
+typedef int (*cli_iter_fn)(void *ctx);
+/* A cli_iter_fn context: one ect_xport_write_batch of w to session. */
+typedef struct cli_write_ctx {
+    ect_xport *x;
+    const char *session;
+    ect_write w;
+} cli_write_ctx;
+int cli_write_iter(void *ctx);
+/* Calls fn twice to warm up, then until `secs` pass (at least 5 times, at
+ * most CLI_MAX_ITERS), timing each call; each call moves `bytes`. 0, or -1
+ * when a call failed or memory ran out. */
+#define CLI_MAX_ITERS 20000
+int cli_timed(cli_iter_fn fn, void *ctx, uint64_t bytes, double secs, cli_timing *s);
+/* Fills s from n per-call times (ns; sorted here) and the run's total. */
+void cli_summarize(uint64_t *lat, size_t n, uint64_t bytes, uint64_t total_ns, cli_timing *s);
 
 #endif

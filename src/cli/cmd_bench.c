@@ -114,29 +114,20 @@ static bool parse_rows(const char *name, const char *text, rows *out) {
             r->unit = "ops/s";
             snprintf(r->limit, sizeof r->limit, "linear first-fit");
             r->limit_value = num(o, "linear_ops_per_s");
-        } else if (strcmp(name, "xport") == 0) {
-            snprintf(r->what, sizeof r->what, "%s %s", str(o, "transport"),
-                     cli_fmt_size((uint64_t)num(o, "size"), sz, sizeof sz));
+        } else { /* xport, push, pull: a transport and an item size, in GB/s */
+            bool xp = strcmp(name, "xport") == 0;
+            size_t len = (size_t)snprintf(r->what, sizeof r->what, "%s %s", str(o, "transport"),
+                                          cli_fmt_size((uint64_t)num(o, "size"), sz, sizeof sz));
+            if (len < sizeof r->what && strcmp(name, "push") == 0)
+                snprintf(r->what + len, sizeof r->what - len, ", step %" PRId64,
+                         (int64_t)num(o, "step"));
+            else if (len < sizeof r->what && strcmp(name, "pull") == 0)
+                snprintf(r->what + len, sizeof r->what - len, " x %" PRId64,
+                         (int64_t)num(o, "items"));
             r->value = num(o, "gbps");
-            snprintf(r->limit, sizeof r->limit, "%s", str(o, "limit"));
-            r->limit_value = num(o, "limit_gbps");
-            r->p50_ms = num(o, "p50_us") / 1000.0;
-        } else if (strcmp(name, "push") == 0) {
-            snprintf(r->what, sizeof r->what, "%s %s, step %" PRId64, str(o, "transport"),
-                     cli_fmt_size((uint64_t)num(o, "size"), sz, sizeof sz),
-                     (int64_t)num(o, "step"));
-            r->value = num(o, "gbps");
-            snprintf(r->limit, sizeof r->limit, "raw write_batch");
-            r->limit_value = num(o, "raw_gbps");
-            r->p50_ms = num(o, "p50_ms");
-        } else { /* pull */
-            snprintf(r->what, sizeof r->what, "%s %s x %" PRId64, str(o, "transport"),
-                     cli_fmt_size((uint64_t)num(o, "size"), sz, sizeof sz),
-                     (int64_t)num(o, "items"));
-            r->value = num(o, "gbps");
-            snprintf(r->limit, sizeof r->limit, "raw write_batch");
-            r->limit_value = num(o, "raw_gbps");
-            r->p50_ms = num(o, "p50_ms");
+            snprintf(r->limit, sizeof r->limit, "%s", xp ? str(o, "limit") : "raw write_batch");
+            r->limit_value = num(o, xp ? "limit_gbps" : "raw_gbps");
+            r->p50_ms = xp ? num(o, "p50_us") / 1000.0 : num(o, "p50_ms");
         }
         r->ratio = num(o, "ratio");
     }

@@ -26,9 +26,7 @@
 
 #include "cli/cli.h"
 #include "cli/demo_proc.h"
-#include "ect_config.h"
 #include "ectransfer.h"
-#include "util/util.h"
 
 #define BATCH_NEW 32
 #define BATCH_REP 8
@@ -59,14 +57,13 @@ typedef struct demo {
     seen_hash *seen;
     char **pull_hashes; /* pull: the producer's hashes in save order */
     size_t n_pull_hashes;
-    double *lat_ms;
+    uint64_t *lat_ns; /* per item, as the producing side reported it */
     size_t n_lat;
     /* sent: items the producing side reported; moved: of those, the ones whose
      * bytes arrived (push: done on every shard; pull: loaded); retried: moved
      * after waiting for room (push) or a second attempt (pull) */
     uint64_t sent, moved, retried, verified, failed, mismatched, dedup, bytes;
     bool consumer_ready;
-    unsigned fault_done; /* ECT_DEMO_FAULT applied */
     int pull_port;
     bool tty;
     long long t_start, t_last_progress;
@@ -79,7 +76,7 @@ static void on_signal(int sig) {
     stop_flag = 1;
 }
 
-static long long now_ms(void) { return (long long)ect_now_ms(); }
+static long long now_ms(void) { return (long long)cli_now_ms(); }
 
 static void help(void) {
     printf("usage: ect demo [--protocol push|pull] [--transport tcp|shm|ucx] [--items N]\n"
@@ -153,7 +150,7 @@ static void note_hash(demo *d, const char *mm_hash) {
 }
 
 static void add_latency(demo *d, double ms) {
-    if (d->n_lat < d->items) d->lat_ms[d->n_lat++] = ms;
+    if (d->n_lat < d->items) d->lat_ns[d->n_lat++] = ms > 0 ? (uint64_t)llround(ms * 1e6) : 0;
 }
 
 static const char *jstr(json_t *o, const char *k) {
@@ -167,23 +164,21 @@ static void item_failed(demo *d, const char *what, const char *why) {
 }
 
 /* Push: lines of `ect push-consumer` (slot 0) and `ect push` (slot 1). */
-static void push_line(demo *d, int child, bool is_stderr, json_t *o, const char *line) {
-    if (is_stderr) {
-        if (child == SLOT_CONSUMER && strstr(line, "scheduler connected")) d->consumer_ready = true;
+/* A child's readiness line: {"event": "ready", ...} on stdout. */
+static bool is_ready(json_t *o) { return strcmp(jstr(o, "event"), "ready") == 0; }
+
+static void push_line(demo *d, int child, json_t *o) {
+    if (!o) return;
+    if (child == SLOT_CONSUMER && is_ready(o)) {
+        d->consumer_ready = true;
         return;
     }
-    if (!o) return;
     const char *id = jstr(o, "transfer_id");
     entry *e = *id ? get_entry(d, id) : NULL;
     if (!e) return;
     if (child == SLOT_CONSUMER) {
         snprintf(e->got, sizeof e->got, "%s", jstr(o, "checksum"));
         e->have_got = true;
-        /* Fault injection for tests/cli/demo.sh: the first item's bytes
-         * "arrive" different, which must fail the run. */
-        const char *fault = getenv("ECT_DEMO_FAULT");
-        if (fault && strcmp(fault, "checksum") == 0 && !d->fault_done++)
-            e->got[0] = e->got[0] == '0' ? '1' : '0';
     } else {
         d->sent++;
         add_latency(d, json_number_value(json_object_get(o, "latency_ms")));
@@ -203,10 +198,10 @@ static void push_line(demo *d, int child, bool is_stderr, json_t *o, const char 
 }
 
 /* Pull: lines of `ect pull-producer` (slot 0) and `ect pull` (slot 1). */
-static void pull_line(demo *d, int child, bool is_stderr, json_t *o) {
-    if (is_stderr || !o) return;
+static void pull_line(demo *d, int child, json_t *o) {
+    if (!o) return;
     if (child == SLOT_CONSUMER) {
-        if (json_is_true(json_object_get(o, "serving"))) {
+        if (is_ready(o)) {
             d->pull_port = (int)json_integer_value(json_object_get(o, "port"));
             return;
         }
@@ -263,9 +258,9 @@ static void on_line(void *user, int child, bool is_stderr, char *line) {
         fprintf(stderr, "%sect demo: unexpected output of %s: %.200s\n", d->tty ? "\n" : "",
                 d->procs.c[child].name, line);
     if (strcmp(d->protocol, "push") == 0)
-        push_line(d, child, is_stderr, o, line);
+        push_line(d, child, o);
     else
-        pull_line(d, child, is_stderr, o);
+        pull_line(d, child, o);
     json_decref(o);
 }
 
@@ -317,7 +312,7 @@ static bool pump(demo *d, int ms, long long deadline, const char **why) {
  * them; a race with another process is retried by the caller). */
 static int free_port_range(int n) {
     for (int attempt = 0; attempt < 64; attempt++) {
-        int base = 20000 + (int)(ect_random_u64() % 40000);
+        int base = 20000 + (int)(cli_random_u64() % 40000);
         bool ok = true;
         for (int i = 0; i < n && ok; i++) {
             int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -476,7 +471,7 @@ static bool run_pull(demo *d, const char **why) {
         *why = "cannot start ect pull-producer";
         return false;
     }
-    /* slot 0 is the producer here: it prints its items, then "serving" */
+    /* slot 0 is the producer here: it prints its items, then its ready event */
     while (d->pull_port == 0) {
         if (!pump(d, 50, deadline, why)) return false;
         if (d->procs.c[SLOT_CONSUMER].pid <= 0) {
@@ -565,22 +560,11 @@ static bool run_pull(demo *d, const char **why) {
 
 /* ---------------------------------------------------------------- report */
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double pct(const double *v, size_t n, double p) {
-    if (n == 0) return 0;
-    size_t i = (size_t)ceil(p / 100.0 * (double)n);
-    return v[i ? i - 1 : 0];
-}
-
 static void report(demo *d, double secs) {
     char b[32], isz[32];
     cli_fmt_size(d->bytes, b, sizeof b);
     cli_fmt_size(d->item_bytes, isz, sizeof isz);
-    qsort(d->lat_ms, d->n_lat, sizeof *d->lat_ms, cmp_double);
+    cli_sort_u64(d->lat_ns, d->n_lat);
     uint64_t failures = d->failed + d->mismatched;
     char tp[32] = "";
     if (strcmp(d->protocol, "push") == 0) snprintf(tp, sizeof tp, "TP %" PRIu64 ", ", d->tp);
@@ -594,8 +578,9 @@ static void report(demo *d, double secs) {
     printf("  throughput  %.2f GB/s (%.1f items/s)\n",
            secs > 0 ? (double)d->bytes / secs / 1e9 : 0.0,
            secs > 0 ? (double)d->verified / secs : 0.0);
-    printf("  latency     p50 %.2f ms, p99 %.2f ms per item (%s)\n", pct(d->lat_ms, d->n_lat, 50),
-           pct(d->lat_ms, d->n_lat, 99),
+    printf("  latency     p50 %.2f ms, p99 %.2f ms per item (%s)\n",
+           (double)cli_pct_u64(d->lat_ns, d->n_lat, 50) / 1e6,
+           (double)cli_pct_u64(d->lat_ns, d->n_lat, 99) / 1e6,
            strcmp(d->protocol, "push") == 0 ? "reserve to done, at the producer"
                                             : "load call to completion, at the consumer");
     printf("  dedup hits  %" PRIu64 " (repeated mm_hash, answered from the resident copy)\n",
@@ -620,7 +605,7 @@ static bool parse_shape(const char *s, uint64_t *elems) {
         if (*p < '0' || *p > '9') return false;
         unsigned long long v = strtoull(p, &end, 10);
         if (errno || v == 0 || end == p || ++dims > 8) return false;
-        if (!ect_mul_u64(n, v, &n)) return false;
+        if (!cli_mul_u64(n, v, &n)) return false;
         p = end;
         if (*p == 'x') {
             p++;
@@ -664,7 +649,7 @@ int cmd_demo(int argc, char **argv) {
             if (strcmp(optarg, "tcp") != 0 && strcmp(optarg, "shm") != 0 &&
                 strcmp(optarg, "ucx") != 0)
                 return cli_usage_error("demo", "--transport '%s': accepted: tcp, shm, ucx", optarg);
-            if (strcmp(optarg, "ucx") == 0 && !ECT_HAVE_UCX)
+            if (strcmp(optarg, "ucx") == 0 && !cli_have_transport("ucx"))
                 return cli_usage_error("demo", "--transport ucx: this build has no UCX");
             d.transport = optarg;
             break;
@@ -701,13 +686,13 @@ int cmd_demo(int argc, char **argv) {
                                "--dtype '%s' is not a torch dtype name (e.g. bfloat16, "
                                "float16, float32, uint8)",
                                d.dtype);
-    if (!ect_mul_u64(elems, esz, &d.item_bytes) || d.item_bytes > (1ull << 34))
+    if (!cli_mul_u64(elems, esz, &d.item_bytes) || d.item_bytes > (1ull << 34))
         return cli_usage_error("demo", "--shape %s x %s is over 16 GiB per item", d.shape, d.dtype);
     if (strcmp(d.protocol, "pull") == 0 && d.tp != 1)
         return cli_usage_error("demo", "--tp: generation 1 (pull) has no TP shards; use --tp 1");
 
-    d.lat_ms = calloc(d.items, sizeof *d.lat_ms);
-    if (!d.lat_ms) {
+    d.lat_ns = calloc(d.items, sizeof *d.lat_ns);
+    if (!d.lat_ns) {
         fprintf(stderr, "ect demo: out of memory\n");
         return CLI_EXIT_FAIL;
     }
@@ -762,6 +747,6 @@ int cmd_demo(int argc, char **argv) {
     }
     for (size_t i = 0; i < d.n_pull_hashes; i++) free(d.pull_hashes[i]);
     free(d.pull_hashes);
-    free(d.lat_ms);
+    free(d.lat_ns);
     return pass ? CLI_EXIT_OK : CLI_EXIT_FAIL;
 }

@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
-#include "ect_config.h"
 #include "ectransfer.h"
 
 /* Opens a target and an initiator of `kind`, writes 1 byte over loopback into
@@ -133,12 +132,12 @@ int cmd_info(int argc, char **argv) {
     }
     if (optind < argc) return cli_usage_error("info", "unexpected argument '%s'", argv[optind]);
     printf("ectransfer %s\n", ect_version());
-    printf("build: %s%s%s\n", ECT_BUILD_TYPE, ECT_SANITIZE_MODE[0] ? ", sanitize=" : "",
-           ECT_SANITIZE_MODE);
-    printf("transports compiled in: tcp shm%s\n", ECT_HAVE_UCX ? " ucx" : "");
+    const char *san = ect_build_info("sanitize");
+    printf("build: %s%s%s\n", ect_build_info("build_type"), san[0] ? ", sanitize=" : "", san);
+    printf("transports compiled in: %s\n", ect_build_info("transports"));
     static const char *const kinds[] = {"tcp", "shm", "ucx"};
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
-        if (k == 2 && !ECT_HAVE_UCX) break;
+        if (k == 2 && !cli_have_transport("ucx")) break;
         char why[200];
         printf("  %-4s %s\n", kinds[k], probe_transport(kinds[k], why, sizeof why) ? "works" : why);
     }

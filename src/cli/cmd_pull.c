@@ -23,7 +23,6 @@
 
 #include "cli/cli.h"
 #include "ectransfer.h"
-#include "util/util.h"
 
 static void help(void) {
     printf("usage: ect pull --from HOST:PORT [--hash H ... | --all] [--transport tcp|shm|ucx]\n"
@@ -209,13 +208,13 @@ int cmd_pull(int argc, char **argv) {
             struct timespec t1, t2;
             clock_gettime(CLOCK_MONOTONIC, &t1);
             int r;
-            uint64_t give_up = ect_now_ms() + timeout, backoff = 10;
+            uint64_t give_up = cli_now_ms() + timeout, backoff = 10;
             for (;;) { /* a refusal for want of room or lanes is waited out */
                 attempts++;
                 r = ect_pull_consumer_load(cons, h, &m, &v);
                 bool never_fits = m.nbytes > ect_pool_capacity(ect_pull_consumer_pool(cons));
                 if ((r != ECT_EBUSY && (r != ECT_EFULL || never_fits)) ||
-                    ect_now_ms() + backoff > give_up)
+                    cli_now_ms() + backoff > give_up)
                     break;
                 usleep((useconds_t)(backoff * 1000));
                 backoff = backoff * 2 > 500 ? 500 : backoff * 2;

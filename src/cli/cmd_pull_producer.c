@@ -32,8 +32,10 @@ static void help(void) {
            "\n"
            "Generation-1 producer: ROUTER on PORT, PUB on PORT+1. Saves N synthetic items of SIZE\n"
            "bytes (deterministic bytes; dtype uint8, shape [SIZE]) or the given files, prints one\n"
-           "JSON line per published item {mm_hash, nbytes, checksum, dtype, shape}, then a line\n"
-           "{\"serving\": true, ...} and serves pulls until SIGINT/SIGTERM (exit 0).\n"
+           "JSON line per published item {mm_hash, nbytes, checksum, dtype, shape}, then the\n"
+           "readiness line {\"event\": \"ready\", \"serving\": true, \"host\", \"port\", "
+           "\"pub_port\",\n"
+           "\"transport\", \"session_id\"} and serves pulls until SIGINT/SIGTERM (exit 0).\n"
            "\n"
            "  --host H          address to bind (default 127.0.0.1)\n"
            "  --port P          ec_port (default 14579; 0 = an ephemeral pair, printed)\n"
@@ -205,7 +207,8 @@ int cmd_pull_producer(int argc, char **argv) {
         fflush(stdout);
     }
     if (rc == CLI_EXIT_OK) {
-        printf("{\"serving\": true, \"host\": \"%s\", \"port\": %d, \"pub_port\": %d, "
+        printf("{\"event\": \"ready\", \"serving\": true, \"host\": \"%s\", \"port\": %d, "
+               "\"pub_port\": %d, "
                "\"transport\": \"%s\", \"session_id\": \"%s\"}\n",
                host, ect_pull_producer_port(p), ect_pull_producer_port(p) + 1, transport,
                ect_pull_producer_session_id(p));

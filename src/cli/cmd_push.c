@@ -23,8 +23,6 @@
 
 #include "cli/cli.h"
 #include "ectransfer.h"
-#include "util/util.h"
-#include "wire/dtype.h"
 
 #define CMD "push"
 #define MAX_STEP 4096
@@ -88,7 +86,7 @@ static bool parse_shape(const char *s, uint64_t *shape, size_t *ndim) {
     *ndim = 0;
     const char *p = s;
     while (*p) {
-        if (*ndim == WIRE_MAX_NDIM) return false;
+        if (*ndim == ECT_POOL_MAX_NDIM) return false;
         char *end = NULL;
         errno = 0;
         if (*p < '0' || *p > '9') return false;
@@ -185,7 +183,7 @@ static bool prepare_step(slot *bank, size_t k, uint64_t base, uint64_t nbytes, u
         s->checksum = fdata ? fck : cli_checksum(s->data, nbytes);
         snprintf(s->tid, sizeof s->tid, "%s-%" PRIu64, pfx, base + j);
         snprintf(s->hash, sizeof s->hash, "xxh64-%016" PRIx64 "-%s-%s", s->checksum,
-                 wire_dtype_canonical(dtype), shape_txt);
+                 strncmp(dtype, "torch.", 6) == 0 ? dtype + 6 : dtype, shape_txt);
     }
     return true;
 }
@@ -255,7 +253,7 @@ int cmd_push(int argc, char **argv) {
     uint64_t push_wait_s = 60;
     const char *transport = NULL;
     int dev = -1; /* --device cuda:N: N; -1: host */
-    uint64_t shape[WIRE_MAX_NDIM] = {576, 4096};
+    uint64_t shape[ECT_POOL_MAX_NDIM] = {576, 4096};
     uint64_t repeat[2] = {0, 0}; /* --repeat NEW:REP; 0: every item new */
     size_t ndim = 2;
     bool have_size = false, have_shape = false;
@@ -367,7 +365,7 @@ int cmd_push(int argc, char **argv) {
     }
     uint64_t want = esz;
     for (size_t i = 0; i < ndim; i++)
-        if (!ect_mul_u64(want, shape[i], &want)) {
+        if (!cli_mul_u64(want, shape[i], &want)) {
             free(fdata);
             return cli_usage_error(CMD, "--shape: the size overflows");
         }
@@ -393,8 +391,8 @@ int cmd_push(int argc, char **argv) {
     if (prefix)
         snprintf(pfx, sizeof pfx, "%s", prefix);
     else {
-        char rid[ECT_ID_LEN + 1];
-        ect_random_id(rid);
+        char rid[33];
+        cli_random_id(rid);
         snprintf(pfx, sizeof pfx, "push-%d-%.8s", (int)getpid(), rid);
     }
     char shape_txt[256] = "";
@@ -473,16 +471,16 @@ int cmd_push(int argc, char **argv) {
                               fdata, fck, pfx, dtype, shape_txt, dev))
                 rc = CLI_EXIT_FAIL; /* after this step's results */
         }
-        uint64_t end = ect_now_ms() + timeout_s * 1000;
+        uint64_t end = cli_now_ms() + timeout_s * 1000;
         size_t got = 0;
         bool cancelled = false;
         while (got < queued) {
-            int left = (int)(end > ect_now_ms() ? end - ect_now_ms() : 0);
+            int left = (int)(end > cli_now_ms() ? end - cli_now_ms() : 0);
             if (left == 0 && !cancelled) { /* give up: cancel what is left */
                 for (size_t j = 0; j < k; j++)
                     if (!bank[j].reported) ect_push_producer_cancel(p, bank[j].tid);
                 cancelled = true;
-                end = ect_now_ms() + 2 * ctl_s * 1000 + 1000;
+                end = cli_now_ms() + 2 * ctl_s * 1000 + 1000;
                 continue;
             }
             if (left == 0) break;

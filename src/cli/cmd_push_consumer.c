@@ -31,7 +31,6 @@
 
 #include "cli/cli.h"
 #include "ectransfer.h"
-#include "util/util.h"
 
 #define MAX_TP 64
 
@@ -68,7 +67,10 @@ static void help(void) {
         "                    cuda:N (GPU memory: tcp lands bytes through a pinned bounce ring,\n"
         "                    shm by CUDA IPC; not with ucx). Needs the CUDA driver (`ect info`)\n"
         "\n"
-        "Output: one JSON line per item on stdout:\n"
+        "Output on stdout, one JSON object a line: first, once every shard listens and the\n"
+        "scheduler reached every one (push from then on),\n"
+        "  {\"event\":\"ready\",\"host\",\"ports\",\"transport\",\"pool_size\",\"pool_device\"}\n"
+        "then one line per item:\n"
         "  {\"transfer_id\",\"mm_hash\",\"nbytes\",\"shape\",\"dtype\",\"checksum\"}\n"
         "checksum is XXH64 (seed 0) of the bytes as 16 hex digits (as `ect push` prints);\n"
         "dtype is the canonical name (\"float32\" for a reserve of \"torch.float32\").\n"
@@ -77,10 +79,22 @@ static void help(void) {
         "wait, never loaded, a rank whose bytes differ); at most once a second per rank, the\n"
         "reservations that expired or were abandoned and the reserves refused since the\n"
         "last such line (a full pool is not a failure: producers wait and retry); the\n"
-        "shards' own warnings say why each refusal happened. A line \"ect push-consumer:\n"
-        "ready ...\" tells that every shard is listening. At exit, per rank: live\n"
+        "shards' own warnings say why each refusal happened. For people, \"ect\n"
+        "push-consumer: ready ...\" tells that every shard listens, and \"... scheduler\n"
+        "connected to N shard(s)\" comes with the ready event. At exit, per rank: live\n"
         "reservations and bytes in use (0 and 0 after a clean run), the peaks, and the\n"
         "totals of refused, expired and abandoned reservations.\n");
+}
+
+/* Prints o as one compact JSON line on stdout, at once; takes o. */
+static void print_line(json_t *o) {
+    char *txt = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    if (txt) {
+        printf("%s\n", txt);
+        fflush(stdout);
+        free(txt);
+    }
+    json_decref(o);
 }
 
 static void print_item(const ect_push_view *v, uint64_t ck) {
@@ -96,13 +110,23 @@ static void print_item(const ect_push_view *v, uint64_t ck) {
     json_object_set_new(o, "shape", shape);
     json_object_set_new(o, "dtype", json_string(v->dtype));
     json_object_set_new(o, "checksum", json_string(cks));
-    char *txt = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    if (txt) {
-        printf("%s\n", txt);
-        fflush(stdout);
-        free(txt);
-    }
-    json_decref(o);
+    print_line(o);
+}
+
+/* The machine-readable readiness line (stdout): every shard listens and the
+ * scheduler reached every one, so a producer may push now. */
+static void print_ready(const char *host, uint64_t first_port, uint64_t tp, const char *transport,
+                        uint64_t pool, const char *pool_device) {
+    json_t *o = json_object(), *ports = json_array();
+    for (uint64_t r = 0; r < tp; r++)
+        json_array_append_new(ports, json_integer((json_int_t)(first_port + r)));
+    json_object_set_new(o, "event", json_string("ready"));
+    json_object_set_new(o, "host", json_string(host));
+    json_object_set_new(o, "ports", ports);
+    json_object_set_new(o, "transport", json_string(transport));
+    json_object_set_new(o, "pool_size", json_integer((json_int_t)pool));
+    json_object_set_new(o, "pool_device", json_string(pool_device));
+    print_line(o);
 }
 
 /* Takes the item on every rank, checks and prints it. Returns true when done. */
@@ -302,7 +326,7 @@ int cmd_push_consumer(int argc, char **argv) {
     bool announced = false;
     ect_push_consumer_stat prev[MAX_TP];
     memset(prev, 0, sizeof prev);
-    uint64_t next_report = ect_now_ms() + 1000;
+    uint64_t next_report = cli_now_ms() + 1000;
     while (!stop_flag && (!count || done < count)) {
         ect_push_scheduler_poll(s);
         ect_push_sched_item it;
@@ -314,8 +338,8 @@ int cmd_push_consumer(int argc, char **argv) {
         while (ect_push_scheduler_next_failed(s, &it) == 0)
             fprintf(stderr, "ect push-consumer: transfer %s failed: %s: %s\n", it.transfer_id,
                     ect_push_state_name(it.state), it.error);
-        if (ect_now_ms() >= next_report) {
-            next_report = ect_now_ms() + 1000;
+        if (cli_now_ms() >= next_report) {
+            next_report = cli_now_ms() + 1000;
             report_changes(cons, (int)tp, prev);
         }
         if (!announced) {
@@ -324,6 +348,7 @@ int cmd_push_consumer(int argc, char **argv) {
             if (st.shards == tp) {
                 fprintf(stderr, "ect push-consumer: scheduler connected to %u shard(s)\n",
                         st.shards);
+                print_ready(host, port + dp * tp, tp, transport, pool, pool_device);
                 announced = true;
             }
         }
@@ -334,14 +359,14 @@ int cmd_push_consumer(int argc, char **argv) {
     }
     /* Let the remote cancels of failed transfers go out before closing: until
      * none was answered for 100 ms, for at most 2 s. */
-    uint64_t answered = UINT64_MAX, quiet_since = ect_now_ms(), t_end = ect_now_ms() + 2000;
-    while (ect_now_ms() < t_end && ect_now_ms() - quiet_since < 100) {
+    uint64_t answered = UINT64_MAX, quiet_since = cli_now_ms(), t_end = cli_now_ms() + 2000;
+    while (cli_now_ms() < t_end && cli_now_ms() - quiet_since < 100) {
         ect_push_scheduler_poll(s);
         ect_push_scheduler_stat st;
         ect_push_scheduler_stats(s, &st);
         if (st.cancels_sent + st.cancels_failed != answered) {
             answered = st.cancels_sent + st.cancels_failed;
-            quiet_since = ect_now_ms();
+            quiet_since = cli_now_ms();
         }
         struct timespec ts = {0, 2 * 1000000L};
         nanosleep(&ts, NULL);

@@ -15,11 +15,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "util/util.h"
+#include "cli/cli.h"
 
 #define LINE_MAX_BYTES (1u << 20)
 
-static long long now_ms(void) { return (long long)ect_now_ms(); }
+static long long now_ms(void) { return (long long)cli_now_ms(); }
 
 bool demo_spawn(demo_procs *p, int slot, const char *name, char *const argv[]) {
     demo_child *c = &p->c[slot];

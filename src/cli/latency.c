@@ -1,4 +1,8 @@
-/* latency — sorting and percentiles of per-iteration times for the benches. */
+/* latency — sorting and percentiles of per-item or per-iteration times, the
+ * one percentile definition of every command (the benches and `ect demo`):
+ * nearest rank. The p-th percentile of n sorted values is the smallest value
+ * that at least p % of them do not exceed: v[ceil(p / 100 x n) - 1] (p50 of
+ * 4 values is the 2nd, p99 of 100 the 99th, p99 of 10 the 10th). */
 #include <stdlib.h>
 
 #include "cli/cli.h"
@@ -11,6 +15,36 @@ static int cmp_u64(const void *a, const void *b) {
 void cli_sort_u64(uint64_t *v, size_t n) { qsort(v, n, sizeof *v, cmp_u64); }
 
 uint64_t cli_pct_u64(const uint64_t *sorted, size_t n, unsigned p) {
-    size_t i = n * p / 100;
-    return sorted[i < n ? i : n - 1];
+    if (n == 0) return 0;
+    size_t rank = (n * p + 99) / 100; /* ceil(n x p / 100), in integers */
+    return sorted[rank == 0 ? 0 : rank > n ? n - 1 : rank - 1];
+}
+
+void cli_summarize(uint64_t *lat, size_t n, uint64_t bytes, uint64_t total_ns, cli_timing *s) {
+    cli_sort_u64(lat, n);
+    s->gbps = (double)bytes * (double)n / (double)total_ns;
+    s->p50_us = (double)cli_pct_u64(lat, n, 50) / 1000.0;
+    s->p99_us = (double)cli_pct_u64(lat, n, 99) / 1000.0;
+    s->ok = true;
+}
+
+int cli_timed(cli_iter_fn fn, void *ctx, uint64_t bytes, double secs, cli_timing *s) {
+    uint64_t *lat = malloc(CLI_MAX_ITERS * sizeof *lat);
+    int rc = lat ? 0 : -1;
+    for (int w = 0; w < 2 && !rc; w++) rc = fn(ctx) ? -1 : 0;
+    size_t n = 0;
+    uint64_t t0 = cli_now_ns(), budget = (uint64_t)(secs * 1e9);
+    while (!rc && n < CLI_MAX_ITERS && (n < 5 || cli_now_ns() - t0 < budget)) {
+        uint64_t a = cli_now_ns();
+        rc = fn(ctx) ? -1 : 0;
+        lat[n++] = cli_now_ns() - a;
+    }
+    if (!rc) cli_summarize(lat, n, bytes, cli_now_ns() - t0, s);
+    free(lat);
+    return rc;
+}
+
+int cli_write_iter(void *ctx) {
+    cli_write_ctx *c = ctx;
+    return ect_xport_write_batch(c->x, c->session, &c->w, 1, NULL);
 }

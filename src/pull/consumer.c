@@ -123,32 +123,23 @@ static int wait_complete(ect_pull_consumer *c, const char *mm_hash, uint64_t tok
             continue;
         }
         wire_transfer_complete done;
-        pull_ext x;
-        const void *buf = zmq_msg_data(&m);
-        size_t len = zmq_msg_size(&m);
-        if (wire_transfer_complete_decode(buf, len, &done) != 0) {
-            c->st.malformed++;
-            ECT_LOGD(MOD, "DEALER frame dropped: %s", ect_last_error());
-            zmq_msg_close(&m);
-            continue;
-        }
-        if (pull_ext_decode(buf, len, "ECTransferComplete", &x) != 0) {
-            c->st.malformed++;
-            wire_transfer_complete_free(&done);
-            zmq_msg_close(&m);
-            continue;
-        }
+        int drc = wire_transfer_complete_decode(zmq_msg_data(&m), zmq_msg_size(&m), &done);
         zmq_msg_close(&m);
-        bool mine = strcmp(done.mm_hash, mm_hash) == 0 && (!x.has_token || x.token == token);
+        if (drc || done.ext_error) {
+            c->st.malformed++;
+            ECT_LOGD(MOD, "DEALER frame dropped: %s", drc ? ect_last_error() : done.ext_error);
+            wire_transfer_complete_free(&done);
+            continue;
+        }
+        bool mine = strcmp(done.mm_hash, mm_hash) == 0 && (!done.has_token || done.token == token);
         int status = done.status;
-        if (mine && x.error) snprintf(reason, cap, "%s", x.error);
+        if (mine && done.error) snprintf(reason, cap, "%s", done.error);
         if (!mine) {
             c->st.stale++;
-            if (x.has_token) quarantine_release(c, x.token);
+            if (done.has_token) quarantine_release(c, done.token);
             ECT_LOGD(MOD, "stale ECTransferComplete for %s dropped", done.mm_hash);
         }
         wire_transfer_complete_free(&done);
-        pull_ext_free(&x);
         if (mine) return status;
     }
 }
@@ -184,11 +175,13 @@ int ect_pull_consumer_load(ect_pull_consumer *c, const char *mm_hash, const ect_
     wire_transfer_pull req = {.mm_hash = (char *)mm_hash,
                               .dst_ptr = (uint64_t)(uintptr_t)ect_pool_base(c->pool),
                               .dst_offset = off,
-                              .consumer_session_id = (char *)ect_xport_session(c->x)};
-    pull_ext x = {.dst_key = c->key, .has_token = true, .token = token};
+                              .consumer_session_id = (char *)ect_xport_session(c->x),
+                              .dst_key = c->key,
+                              .has_token = true,
+                              .token = token};
     void *buf;
     size_t len;
-    if ((rc = pull_ext_encode_pull(&req, &x, &buf, &len)) != 0) {
+    if ((rc = wire_transfer_pull_encode(&req, &buf, &len)) != 0) {
         ect_pool_free(c->pool, off);
         return rc;
     }

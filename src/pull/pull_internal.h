@@ -2,11 +2,6 @@
  * pull_internal — pieces shared by the generation-1 role objects (producer,
  * scheduler, consumer) and the fuzz target of the producer's request handler.
  *
- *  - ext: the optional extension keys ectransfer adds to ECTransferPull
- *    (`dst_key`, `token`) and ECTransferComplete (`token`, `error`). They are
- *    appended after the upstream fields, so msgspec peers (which ignore
- *    unknown keys) read the messages unchanged. docs/PROTOCOL.md ("pull:
- *    ectransfer's extensions").
  *  - inventory: the producer's table of published items (mm_hash -> shape,
  *    dtype, nbytes), guarded by its own mutex; kept in step with the pool's
  *    resident cache through the pool's reclaim callback.
@@ -24,32 +19,6 @@
 
 #include "ectransfer.h"
 #include "wire/pull_msg.h"
-
-/* ------------------------------------------------------------------ ext */
-
-/* Extension fields of one ECTransferPull / ECTransferComplete. */
-typedef struct pull_ext {
-    char *dst_key;  /* owned; NULL when absent */
-    bool has_token; /* `token` present */
-    uint64_t token; /* echoed from pull to complete */
-    char *error;    /* owned; complete only; NULL when absent */
-} pull_ext;
-
-/* Encodes m plus the present extension fields (dst_key, token). Same
- * contract as wire_transfer_pull_encode; ECT_EINVAL for a dst_key longer
- * than ECT_XPORT_KEY_MAX - 1 bytes. */
-int pull_ext_encode_pull(const wire_transfer_pull *m, const pull_ext *x, void **out,
-                         size_t *out_len);
-/* Encodes m plus token / error (an error longer than WIRE_PULL_MAX_STR bytes
- * is cut at a UTF-8 boundary). */
-int pull_ext_encode_complete(const wire_transfer_complete *m, const pull_ext *x, void **out,
-                             size_t *out_len);
-/* Reads the extension keys of a message that a wire_* decoder accepted
- * (so its structure is already bounded). A present key of the wrong type is
- * ECT_EPROTO naming it ("ECTransferPull.dst_key: expected str"). On success
- * the caller owns *x (pull_ext_free); on failure *x owns nothing. */
-int pull_ext_decode(const void *buf, size_t len, const char *msg, pull_ext *x);
-void pull_ext_free(pull_ext *x);
 
 /* ------------------------------------------------------------ inventory */
 

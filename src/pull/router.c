@@ -144,11 +144,14 @@ void pull_job_free(pull_job *j) {
 
 void pull_router_complete(pull_router *r, const pull_peer *peer, const char *mm_hash, int status,
                           bool has_token, uint64_t token, const char *reason) {
-    wire_transfer_complete m = {.mm_hash = (char *)mm_hash, .status = status};
-    pull_ext x = {.has_token = has_token, .token = token, .error = (char *)reason};
+    wire_transfer_complete m = {.mm_hash = (char *)mm_hash,
+                                .status = status,
+                                .has_token = has_token,
+                                .token = token,
+                                .error = (char *)reason};
     void *buf = NULL;
     size_t len = 0;
-    if (pull_ext_encode_complete(&m, &x, &buf, &len) != 0) {
+    if (wire_transfer_complete_encode(&m, &buf, &len) != 0) {
         ECT_LOGW(MOD, "cannot encode ECTransferComplete for %s: %s", mm_hash, ect_last_error());
         return;
     }
@@ -158,74 +161,70 @@ void pull_router_complete(pull_router *r, const pull_peer *peer, const char *mm_
 }
 
 /* Answers a refused pull and logs why. */
-static void refuse(pull_router *r, const pull_peer *peer, const wire_transfer_pull *p,
-                   const pull_ext *x, int status, const char *reason) {
+static void refuse(pull_router *r, const pull_peer *peer, const wire_transfer_pull *p, int status,
+                   const char *reason) {
     r->st.pulls_refused++;
     ECT_LOGW(MOD, "pull of %s for %s refused (%s): %s", p->mm_hash, p->consumer_session_id,
              ect_strerror(status), reason);
-    pull_router_complete(r, peer, p->mm_hash, status, x->has_token, x->token, reason);
+    pull_router_complete(r, peer, p->mm_hash, status, p->has_token, p->token, reason);
 }
 
-static void handle_pull(pull_router *r, const pull_peer *peer, const wire_transfer_pull *p,
-                        const void *buf, size_t len) {
-    pull_ext x;
-    if (pull_ext_decode(buf, len, "ECTransferPull", &x) != 0) {
-        pull_ext zero = {0};
-        refuse(r, peer, p, &zero, ECT_EPROTO, ect_last_error());
+/* Takes p's extension fields (dst_key) into the job it dispatches. */
+static void handle_pull(pull_router *r, const pull_peer *peer, wire_transfer_pull *p) {
+    if (p->ext_error) {
+        refuse(r, peer, p, ECT_EPROTO, p->ext_error);
         return;
     }
     r->st.pulls++;
     uint64_t dst;
     char why[320];
-    if (!x.dst_key) {
-        refuse(r, peer, p, &x, ECT_EINVAL,
+    if (!p->dst_key) {
+        refuse(r, peer, p, ECT_EINVAL,
                "ECTransferPull.dst_key: missing (this producer needs the region key)");
-        goto out;
+        return;
     }
     if (!ect_add_u64(p->dst_ptr, p->dst_offset, &dst)) {
-        refuse(r, peer, p, &x, ECT_EOVERFLOW, "ECTransferPull: dst_ptr + dst_offset overflows");
-        goto out;
+        refuse(r, peer, p, ECT_EOVERFLOW, "ECTransferPull: dst_ptr + dst_offset overflows");
+        return;
     }
     ect_resident_info info;
     int rc = ect_pool_acquire(r->pool, p->mm_hash, &info);
     if (rc) {
         snprintf(why, sizeof why, "mm_hash %s is unknown or evicted", p->mm_hash);
-        refuse(r, peer, p, &x, rc == ECT_EINVAL ? ECT_EINVAL : ECT_ENOTFOUND, why);
-        goto out;
+        refuse(r, peer, p, rc == ECT_EINVAL ? ECT_EINVAL : ECT_ENOTFOUND, why);
+        return;
     }
     if (!ect_add_u64(dst, info.nbytes, &(uint64_t){0})) {
         ect_pool_release(r->pool, p->mm_hash);
-        refuse(r, peer, p, &x, ECT_EOVERFLOW, "ECTransferPull: destination range overflows");
-        goto out;
+        refuse(r, peer, p, ECT_EOVERFLOW, "ECTransferPull: destination range overflows");
+        return;
     }
     pull_job *j = calloc(1, sizeof *j);
     if (j) {
         j->peer = *peer;
         j->mm_hash = strdup(p->mm_hash);
         j->session = strdup(p->consumer_session_id);
-        j->dst_key = x.dst_key;
-        x.dst_key = NULL;
+        j->dst_key = p->dst_key;
+        p->dst_key = NULL;
         j->dst_addr = dst;
-        j->has_token = x.has_token;
-        j->token = x.token;
+        j->has_token = p->has_token;
+        j->token = p->token;
         j->src_offset = info.offset;
         j->nbytes = info.nbytes;
     }
     if (!j || !j->mm_hash || !j->session) {
         pull_job_free(j);
         ect_pool_release(r->pool, p->mm_hash);
-        refuse(r, peer, p, &x, ECT_ENOMEM, "producer out of memory");
-        goto out;
+        refuse(r, peer, p, ECT_ENOMEM, "producer out of memory");
+        return;
     }
     rc = r->ops.dispatch(r->ops.user, j);
     if (rc) {
         snprintf(why, sizeof why, "%s", ect_last_error());
         pull_job_free(j);
         ect_pool_release(r->pool, p->mm_hash);
-        refuse(r, peer, p, &x, rc, why);
+        refuse(r, peer, p, rc, why);
     }
-out:
-    pull_ext_free(&x);
 }
 
 static void handle_request(pull_router *r, const pull_peer *peer, const wire_transfer_request *q) {
@@ -273,7 +272,7 @@ void pull_router_handle(pull_router *r, const pull_peer *peer, const void *buf, 
         return;
     }
     switch (m.type) {
-    case WIRE_PULL_PULL: handle_pull(r, peer, &m.u.pull, buf, len); break;
+    case WIRE_PULL_PULL: handle_pull(r, peer, &m.u.pull); break;
     case WIRE_PULL_REQUEST: handle_request(r, peer, &m.u.request); break;
     default:
         r->st.malformed++;

@@ -82,14 +82,7 @@ static bool mem_write_active(void *ctx, uint64_t offset, uint64_t nbytes) {
     (void)offset;
     (void)nbytes;
     if (!c->xp || !c->registered) return false;
-    bool active = false;
-    pthread_mutex_lock(&c->xp->regs.mu);
-    xp_region *r, *tmp;
-    HASH_ITER(hh, c->xp->regs.by_token, r, tmp) {
-        if (r->addr == (uint8_t *)ect_pool_base(c->pool) && r->refs > 0) active = true;
-    }
-    pthread_mutex_unlock(&c->xp->regs.mu);
-    return active;
+    return xp_region_busy(c->xp, ect_pool_base(c->pool));
 }
 
 static int check_opts(const ect_push_consumer_opts *o) {

@@ -10,6 +10,14 @@ const char *ect_version(void) { return ECT_VERSION_STRING; }
 
 int ect_abi_version(void) { return ECT_ABI_VERSION; }
 
+const char *ect_build_info(const char *what) {
+    if (!what) return NULL;
+    if (strcmp(what, "build_type") == 0) return ECT_BUILD_TYPE;
+    if (strcmp(what, "sanitize") == 0) return ECT_SANITIZE_MODE;
+    if (strcmp(what, "transports") == 0) return ECT_HAVE_UCX ? "tcp shm ucx" : "tcp shm";
+    return NULL;
+}
+
 #define T(name)                                                                                    \
     { #name, sizeof(name) }
 static const struct {

@@ -370,8 +370,10 @@ static int bind_fields(const msgpack_object *root, const char *msg, const char *
             return ect_set_error(ECT_EPROTO, "%s: key #%u is a %s, keys must be str", msg, i,
                                  obj_type_name(key));
         for (uint32_t j = 0; j < i; j++) {
+            /* (an empty str may have a NULL ptr: no memcmp for it) */
             if (kv[j].key.via.str.size == key->via.str.size &&
-                memcmp(kv[j].key.via.str.ptr, key->via.str.ptr, key->via.str.size) == 0) {
+                (key->via.str.size == 0 ||
+                 memcmp(kv[j].key.via.str.ptr, key->via.str.ptr, key->via.str.size) == 0)) {
                 char name[64];
                 printable(key->via.str.ptr, key->via.str.size, name, sizeof name);
                 return ect_set_error(ECT_EPROTO, "%s.%s: duplicate key", msg, name);
@@ -418,10 +420,11 @@ static int get_bool(const msgpack_object *o, const fpath *f, bool *out) {
     return 0;
 }
 
-static int get_str(const msgpack_object *o, const fpath *f, char **out) {
+/* A str field of 1..max bytes, copied. */
+static int get_text(const msgpack_object *o, const fpath *f, size_t max, char **out) {
     if (o->type != MSGPACK_OBJECT_STR)
         return ferr(f, ECT_EPROTO, "expected a str, got %s", obj_type_name(o));
-    int rc = check_text(f, ECT_EPROTO, o->via.str.ptr, o->via.str.size, WIRE_PULL_MAX_STR);
+    int rc = check_text(f, ECT_EPROTO, o->via.str.ptr, o->via.str.size, max);
     if (rc) return rc;
     char *s = malloc(o->via.str.size + 1);
     if (!s) return ferr(f, ECT_ENOMEM, "out of memory");
@@ -429,6 +432,10 @@ static int get_str(const msgpack_object *o, const fpath *f, char **out) {
     s[o->via.str.size] = '\0';
     *out = s;
     return 0;
+}
+
+static int get_str(const msgpack_object *o, const fpath *f, char **out) {
+    return get_text(o, f, WIRE_PULL_MAX_STR, out);
 }
 
 static int get_list(const msgpack_object *o, const fpath *f, const msgpack_object **elems,
@@ -533,6 +540,36 @@ static int notification_from_obj(const msgpack_object *root, wire_hash_notificat
     return rc;
 }
 
+/* The extension keys present in a message whose upstream fields decoded
+ * (dst_key and error only where the message has them: non-NULL pointers).
+ * A malformed one leaves every extension absent and says why in *ext_error;
+ * only ECT_ENOMEM fails. */
+static int ext_from_obj(const msgpack_object *root, const char *msg, char **dst_key,
+                        bool *has_token, uint64_t *token, char **error, char **ext_error) {
+    const msgpack_object *v;
+    int rc = 0;
+    if (dst_key && (v = find_key(root, "dst_key")))
+        rc = get_text(v, &(fpath){msg, "dst_key", -1, -1}, WIRE_PULL_MAX_KEY, dst_key);
+    if (!rc && (v = find_key(root, "token")))
+        *has_token = (rc = get_u64(v, &(fpath){msg, "token", -1, -1}, token)) == 0;
+    if (!rc && error && (v = find_key(root, "error")))
+        rc = get_str(v, &(fpath){msg, "error", -1, -1}, error);
+    if (rc == 0 || rc == ECT_ENOMEM) return rc;
+    if (dst_key) {
+        free(*dst_key);
+        *dst_key = NULL;
+    }
+    if (error) {
+        free(*error);
+        *error = NULL;
+    }
+    *has_token = false;
+    *token = 0;
+    if (!(*ext_error = strdup(ect_last_error())))
+        return ect_set_error(ECT_ENOMEM, "%s: out of memory", msg);
+    return 0;
+}
+
 static int pull_from_obj(const msgpack_object *root, wire_transfer_pull *m) {
     const char *msg = "ECTransferPull";
     const msgpack_object *v[MAX_FIELDS];
@@ -542,6 +579,8 @@ static int pull_from_obj(const msgpack_object *root, wire_transfer_pull *m) {
     if (!rc) rc = get_u64(v[2], &(fpath){msg, "dst_offset", -1, -1}, &m->dst_offset);
     if (!rc)
         rc = get_str(v[3], &(fpath){msg, "consumer_session_id", -1, -1}, &m->consumer_session_id);
+    if (!rc)
+        rc = ext_from_obj(root, msg, &m->dst_key, &m->has_token, &m->token, NULL, &m->ext_error);
     if (rc) wire_transfer_pull_free(m);
     return rc;
 }
@@ -552,6 +591,7 @@ static int complete_from_obj(const msgpack_object *root, wire_transfer_complete 
     int rc = bind_fields(root, msg, complete_keys, ECT_ARRAY_LEN(complete_keys), v);
     if (!rc) rc = get_str(v[0], &(fpath){msg, "mm_hash", -1, -1}, &m->mm_hash);
     if (!rc) rc = get_i32(v[1], &(fpath){msg, "status", -1, -1}, &m->status);
+    if (!rc) rc = ext_from_obj(root, msg, NULL, &m->has_token, &m->token, &m->error, &m->ext_error);
     if (rc) wire_transfer_complete_free(m);
     return rc;
 }
@@ -659,12 +699,16 @@ void wire_transfer_pull_free(wire_transfer_pull *m) {
     if (!m) return;
     free(m->mm_hash);
     free(m->consumer_session_id);
+    free(m->dst_key);
+    free(m->ext_error);
     memset(m, 0, sizeof *m);
 }
 
 void wire_transfer_complete_free(wire_transfer_complete *m) {
     if (!m) return;
     free(m->mm_hash);
+    free(m->error);
+    free(m->ext_error);
     memset(m, 0, sizeof *m);
 }
 
@@ -804,14 +848,36 @@ int wire_transfer_pull_encode(const wire_transfer_pull *m, void **out, size_t *o
     ENCODE_ARGS(msg);
     int rc = check_cstr(m->mm_hash, &(fpath){msg, "mm_hash", -1, -1});
     if (!rc) rc = check_cstr(m->consumer_session_id, &(fpath){msg, "consumer_session_id", -1, -1});
+    if (!rc && m->dst_key)
+        rc = check_text(&(fpath){msg, "dst_key", -1, -1}, ECT_EINVAL, m->dst_key,
+                        strlen(m->dst_key), WIRE_PULL_MAX_KEY);
     if (rc) return rc;
     PACK_BEGIN();
-    int e = msgpack_pack_map(&pk, ECT_ARRAY_LEN(pull_keys));
+    int e = msgpack_pack_map(&pk, ECT_ARRAY_LEN(pull_keys) + !!m->dst_key + m->has_token);
     e |= pack_str(&pk, "mm_hash") | pack_str(&pk, m->mm_hash);
     e |= pack_str(&pk, "dst_ptr") | msgpack_pack_uint64(&pk, m->dst_ptr);
     e |= pack_str(&pk, "dst_offset") | msgpack_pack_uint64(&pk, m->dst_offset);
     e |= pack_str(&pk, "consumer_session_id") | pack_str(&pk, m->consumer_session_id);
+    if (m->dst_key) e |= pack_str(&pk, "dst_key") | pack_str(&pk, m->dst_key);
+    if (m->has_token) e |= pack_str(&pk, "token") | msgpack_pack_uint64(&pk, m->token);
     return finish(&sb, e, msg, out, out_len);
+}
+
+/* Packs an error text as a str the decoders accept whatever the text: at
+ * most WIRE_PULL_MAX_STR bytes, cut at a UTF-8 boundary, and with every
+ * non-ASCII byte made '?' should the cut text still not be UTF-8. */
+static int pack_error_text(msgpack_packer *pk, const char *s) {
+    size_t n = strlen(s);
+    if (n > WIRE_PULL_MAX_STR) {
+        n = WIRE_PULL_MAX_STR;
+        while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80) n--;
+        if (n == 0) n = WIRE_PULL_MAX_STR; /* no boundary at all: not UTF-8, made ASCII below */
+    }
+    if (utf8_valid((const unsigned char *)s, n))
+        return msgpack_pack_str(pk, n) | msgpack_pack_str_body(pk, s, n);
+    char ascii[WIRE_PULL_MAX_STR];
+    for (size_t i = 0; i < n; i++) ascii[i] = (unsigned char)s[i] < 0x80 ? s[i] : '?';
+    return msgpack_pack_str(pk, n) | msgpack_pack_str_body(pk, ascii, n);
 }
 
 int wire_transfer_complete_encode(const wire_transfer_complete *m, void **out, size_t *out_len) {
@@ -819,10 +885,13 @@ int wire_transfer_complete_encode(const wire_transfer_complete *m, void **out, s
     ENCODE_ARGS(msg);
     int rc = check_cstr(m->mm_hash, &(fpath){msg, "mm_hash", -1, -1});
     if (rc) return rc;
+    bool has_error = m->error && m->error[0];
     PACK_BEGIN();
-    int e = msgpack_pack_map(&pk, ECT_ARRAY_LEN(complete_keys));
+    int e = msgpack_pack_map(&pk, ECT_ARRAY_LEN(complete_keys) + m->has_token + has_error);
     e |= pack_str(&pk, "mm_hash") | pack_str(&pk, m->mm_hash);
     e |= pack_str(&pk, "status") | msgpack_pack_int32(&pk, m->status);
+    if (m->has_token) e |= pack_str(&pk, "token") | msgpack_pack_uint64(&pk, m->token);
+    if (has_error) e |= pack_str(&pk, "error") | pack_error_text(&pk, m->error);
     return finish(&sb, e, msg, out, out_len);
 }
 

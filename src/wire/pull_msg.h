@@ -18,6 +18,14 @@
  * Encoders check the same bounds (ECT_EINVAL naming the field), so nothing
  * they produce is refused by a decoder. On success *out is a malloc'd buffer
  * the caller owns and frees with free(); on failure *out is NULL.
+ *
+ * ectransfer's extension keys (docs/PROTOCOL.md "Extension keys") are
+ * optional fields of ECTransferPull (dst_key, token) and ECTransferComplete
+ * (token, error): encoded after the upstream fields when present (the map's
+ * count grows; msgspec peers ignore unknown keys), decoded when present. A
+ * present extension key that is malformed does not fail the decode, because
+ * the upstream fields still name what to answer: the message decodes with its
+ * extension fields absent and ext_error set to why.
  */
 #ifndef ECT_WIRE_PULL_MSG_H
 #define ECT_WIRE_PULL_MSG_H
@@ -38,6 +46,7 @@
 #define WIRE_PULL_MAX_KEYS 64                /* keys of the top-level map */
 #define WIRE_PULL_MAX_OBJECTS 131072         /* msgpack objects in one message */
 #define WIRE_PULL_DTYPE_CAP 32               /* storage of a dtype name, NUL included */
+#define WIRE_PULL_MAX_KEY 2047               /* the dst_key extension (ECT_XPORT_KEY_MAX - 1) */
 
 /* One announced tensor: a row of the columnar lists of ECHashNotification
  * and ECTransferReady (the C side keeps rows so lengths cannot disagree). */
@@ -63,6 +72,11 @@ typedef struct wire_transfer_pull {
     uint64_t dst_ptr;
     uint64_t dst_offset;
     char *consumer_session_id;
+    /* extensions: */
+    char *dst_key;   /* the destination region's key, 1..WIRE_PULL_MAX_KEY bytes; NULL: absent */
+    bool has_token;  /* `token` present */
+    uint64_t token;  /* chosen by the consumer, echoed in the completion */
+    char *ext_error; /* decode only: why a present extension key was refused, else NULL */
 } wire_transfer_pull;
 
 /* ECTransferComplete — producer ROUTER -> consumer DEALER; status 0 is
@@ -70,6 +84,12 @@ typedef struct wire_transfer_pull {
 typedef struct wire_transfer_complete {
     char *mm_hash;
     int32_t status;
+    /* extensions: */
+    bool has_token; /* `token` present: the pull's, echoed */
+    uint64_t token;
+    char *error;     /* why, when status != 0; NULL or "": absent. The encoder cuts it to
+                        WIRE_PULL_MAX_STR bytes at a UTF-8 boundary */
+    char *ext_error; /* decode only: why a present extension key was refused, else NULL */
 } wire_transfer_complete;
 
 /* ECTransferRequest — a (late-joining) consumer DEALER -> producer ROUTER:

@@ -1,17 +1,117 @@
 /*
- * shm_wire — the GRANT decoder (see shm_wire.h). Layout, little-endian:
- * u32 magic, u32 n, u32 ndrop, u32 nfds; n entries of 48 bytes {i32 status,
- * u32 flags, u64 region id, u64 region address, u64 region length, u64 fd
- * offset, u32 slot, u32 0}; ndrop u64 region ids; then one 88-byte record
- * per entry flagged SHM_GF_IPC, in entry order {64-byte CUDA IPC handle,
- * u64 offset of the region in the IPC allocation, u64 target process token,
- * u32 device ordinal, u32 0}.
+ * shm_wire — the shm messages (see shm_wire.h). Layouts, little-endian:
+ *   HELLO        u32 magic, u16 version, u16 0
+ *   HELLO reply  u32 magic, u16 version, u16 0, u32 slots
+ *   BEGIN        u32 magic, u32 n, n x {u64 addr, u64 len, u64 key}
+ *   GRANT        u32 magic, u32 n, u32 ndrop, u32 nfds; n entries of 48 bytes
+ *                {i32 status, u32 flags, u64 region id, u64 region address,
+ *                u64 region length, u64 fd offset, u32 slot, u32 0}; ndrop u64
+ *                region ids; one 88-byte record per SHM_GF_IPC entry, in
+ *                entry order {64-byte CUDA IPC handle, u64 offset of the region
+ *                in the IPC allocation, u64 target process token, u32 device
+ *                ordinal, u32 0}
+ *   DONE         u32 magic, u32 n
  */
 #include <string.h>
 
 #include "util/util.h"
 #include "xport/shm_wire.h"
 #include "xport/xport.h"
+
+/* ------------------------------------------------------------------ HELLO */
+
+void shm_hello_encode(uint8_t out[SHM_HELLO_LEN]) {
+    xp_put_u32(out, SHM_MAGIC_HELLO);
+    xp_put_u16(out + 4, SHM_VERSION);
+    xp_put_u16(out + 6, 0);
+}
+
+int shm_hello_decode(const uint8_t *buf, size_t len) {
+    if (len != SHM_HELLO_LEN || xp_get_u32(buf) != SHM_MAGIC_HELLO ||
+        xp_get_u16(buf + 4) != SHM_VERSION)
+        return ect_set_error(ECT_EPROTO, "shm: bad HELLO (%zu bytes)", len);
+    return 0;
+}
+
+void shm_hello_reply_encode(uint8_t out[SHM_HELLO_REPLY_LEN]) {
+    shm_hello_encode(out);
+    xp_put_u32(out + 8, SHM_SLOTS);
+}
+
+int shm_hello_reply_decode(const uint8_t *buf, size_t len) {
+    if (len != SHM_HELLO_REPLY_LEN || xp_get_u32(buf) != SHM_MAGIC_HELLO ||
+        xp_get_u16(buf + 4) != SHM_VERSION || xp_get_u32(buf + 8) != SHM_SLOTS)
+        return ect_set_error(ECT_EPROTO, "shm: bad HELLO reply (%zu bytes)", len);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ BEGIN */
+
+size_t shm_begin_encode(uint8_t *out, const shm_begin_entry *e, uint32_t n) {
+    xp_put_u32(out, SHM_MAGIC_BEGIN);
+    xp_put_u32(out + 4, n);
+    for (uint32_t i = 0; i < n; i++) {
+        uint8_t *p = out + 8 + SHM_BENT * (size_t)i;
+        xp_put_u64(p, e[i].addr);
+        xp_put_u64(p + 8, e[i].len);
+        xp_put_u64(p + 16, e[i].token);
+    }
+    return 8 + SHM_BENT * (size_t)n;
+}
+
+int shm_begin_decode(const uint8_t *buf, size_t len, uint32_t *n) {
+    uint32_t k = len >= 8 ? xp_get_u32(buf + 4) : 0;
+    if (len < 8 || xp_get_u32(buf) != SHM_MAGIC_BEGIN || k == 0 || k > SHM_CHUNK ||
+        len != 8 + SHM_BENT * (size_t)k)
+        return ect_set_error(ECT_EPROTO, "shm: malformed BEGIN (%zu bytes)", len);
+    *n = k;
+    return 0;
+}
+
+void shm_begin_entry_get(const uint8_t *buf, uint32_t i, shm_begin_entry *e) {
+    const uint8_t *p = buf + 8 + SHM_BENT * (size_t)i;
+    e->addr = xp_get_u64(p);
+    e->len = xp_get_u64(p + 8);
+    e->token = xp_get_u64(p + 16);
+}
+
+/* ------------------------------------------------------------------ GRANT */
+
+void shm_grant_put_entry(uint8_t *buf, uint32_t i, const shm_grant_entry *e) {
+    uint8_t *o = buf + 16 + SHM_GENT * (size_t)i;
+    xp_put_u32(o, (uint32_t)e->status);
+    xp_put_u32(o + 4, e->flags);
+    xp_put_u64(o + 8, e->rid);
+    xp_put_u64(o + 16, e->raddr);
+    xp_put_u64(o + 24, e->rlen);
+    xp_put_u64(o + 32, e->fd_off);
+    xp_put_u32(o + 40, e->slot);
+    xp_put_u32(o + 44, 0);
+}
+
+void shm_grant_put_drop(uint8_t *buf, uint32_t n, uint32_t k, uint64_t rid) {
+    xp_put_u64(buf + 16 + SHM_GENT * (size_t)n + 8 * (size_t)k, rid);
+}
+
+size_t shm_grant_finish(uint8_t *buf, uint32_t n, uint32_t ndrop, uint32_t nfds, const uint8_t *ipc,
+                        uint32_t nipc) {
+    xp_put_u32(buf, SHM_MAGIC_GRANT);
+    xp_put_u32(buf + 4, n);
+    xp_put_u32(buf + 8, ndrop);
+    xp_put_u32(buf + 12, nfds);
+    size_t len = 16 + SHM_GENT * (size_t)n + 8 * (size_t)ndrop;
+    if (nipc) memcpy(buf + len, ipc, SHM_IPC_LEN * (size_t)nipc);
+    return len + SHM_IPC_LEN * (size_t)nipc;
+}
+
+void shm_grant_put_ipc(uint8_t *rec, const uint8_t handle[64], uint64_t ipc_off,
+                       uint64_t proc_token, uint32_t device) {
+    memcpy(rec, handle, 64);
+    xp_put_u64(rec + 64, ipc_off);
+    xp_put_u64(rec + 72, proc_token);
+    xp_put_u32(rec + 80, device);
+    xp_put_u32(rec + 84, 0);
+}
 
 int shm_grant_decode(const uint8_t *buf, size_t len, uint32_t n, int nfds, shm_grant *g) {
     memset(g, 0, sizeof *g);
@@ -63,11 +163,15 @@ void shm_grant_entry_get(const uint8_t *buf, const shm_grant *g, uint32_t i, uin
     }
 }
 
-void shm_grant_put_ipc(uint8_t *rec, const uint8_t handle[64], uint64_t ipc_off,
-                       uint64_t proc_token, uint32_t device) {
-    memcpy(rec, handle, 64);
-    xp_put_u64(rec + 64, ipc_off);
-    xp_put_u64(rec + 72, proc_token);
-    xp_put_u32(rec + 80, device);
-    xp_put_u32(rec + 84, 0);
+/* ------------------------------------------------------------------- DONE */
+
+void shm_done_encode(uint8_t out[SHM_DONE_LEN], uint32_t n) {
+    xp_put_u32(out, SHM_MAGIC_DONE);
+    xp_put_u32(out + 4, n);
+}
+
+int shm_done_decode(const uint8_t *buf, size_t len, uint32_t n) {
+    if (len != SHM_DONE_LEN || xp_get_u32(buf) != SHM_MAGIC_DONE || xp_get_u32(buf + 4) != n)
+        return ect_set_error(ECT_EPROTO, "shm: malformed DONE (%zu bytes)", len);
+    return 0;
 }

@@ -1,10 +1,15 @@
 /*
- * shm_wire — constants of the shm transport's messages (docs/PROTOCOL.md
- * "shm") and the decoder of its one variable-layout message, GRANT, which
- * the initiator receives from the target: the header, n entries, the drop
- * list and the IPC trailer (one record per entry that grants a CUDA
- * region). Pure: no I/O, never trusts a length it did not check; the fuzz
- * target fuzz/fuzz_shm_grant.c drives it with arbitrary bytes.
+ * shm_wire — the messages of the shm transport (docs/PROTOCOL.md "shm"):
+ * HELLO and its reply, BEGIN, GRANT (with its drop list and CUDA IPC
+ * trailer) and DONE, each an encoder the sending side fills a buffer with
+ * and a decoder the receiving side checks a received buffer with; and the
+ * layout of the control segment both sides map. Pure: no I/O, never reads
+ * past the length it was given, never trusts a count it did not check
+ * against that length. The fuzz target fuzz/fuzz_shm_msg.c drives every
+ * decoder with arbitrary bytes and wants whatever decodes to encode back to
+ * the same bytes.
+ *
+ * Decoders return 0 or ECT_EPROTO with a detail naming the message.
  */
 #ifndef ECT_SHM_WIRE_H
 #define ECT_SHM_WIRE_H
@@ -19,23 +24,58 @@
 #define SHM_VERSION 1
 #define SHM_CHUNK 250 /* writes per BEGIN; below SCM_MAX_FD (253) */
 #define SHM_MAX_DROP 256
-#define SHM_BEGIN_MAX (8 + 24 * SHM_CHUNK)
+#define SHM_HELLO_LEN 8
+#define SHM_HELLO_REPLY_LEN 12
+#define SHM_DONE_LEN 8
+#define SHM_BENT 24 /* bytes of one BEGIN entry */
+#define SHM_BEGIN_MAX (8 + SHM_BENT * SHM_CHUNK)
 #define SHM_GENT 48    /* bytes of one GRANT entry */
 #define SHM_IPC_LEN 88 /* bytes of one IPC trailer record */
 #define SHM_GRANT_MAX (16 + SHM_GENT * SHM_CHUNK + 8 * SHM_MAX_DROP + SHM_IPC_LEN * SHM_CHUNK)
+
+/* The control segment: one per connection, SHM_SLOTS slots of {u64 state,
+ * u64 users} (state = (region id << 1) | 1 while registered, 0 after; users
+ * = copies in progress), accessed with sequentially consistent atomics. */
+#define SHM_SLOTS 1024
+typedef struct shm_slot {
+    uint64_t state;
+    uint64_t users;
+} shm_slot;
+#define SHM_SEG_LEN (SHM_SLOTS * sizeof(shm_slot))
 
 /* GRANT entry flags */
 #define SHM_GF_FD 1u  /* the region's fd is attached (fds in entry order) */
 #define SHM_GF_IPC 2u /* the region is CUDA memory: its record is in the IPC trailer */
 
-/* One entry of a GRANT, decoded. */
+/* ---- HELLO (initiator -> target) and its reply (target -> initiator, with
+ * the control segment's fd attached). */
+void shm_hello_encode(uint8_t out[SHM_HELLO_LEN]);
+int shm_hello_decode(const uint8_t *buf, size_t len);
+void shm_hello_reply_encode(uint8_t out[SHM_HELLO_REPLY_LEN]);
+/* Also requires the reply's slot count to be SHM_SLOTS. */
+int shm_hello_reply_decode(const uint8_t *buf, size_t len);
+
+/* ---- BEGIN (initiator -> target): up to SHM_CHUNK writes to grant. */
+typedef struct shm_begin_entry {
+    uint64_t addr, len, token;
+} shm_begin_entry;
+/* Writes n (1..SHM_CHUNK) entries into out (SHM_BEGIN_MAX bytes); returns
+ * the message's length. */
+size_t shm_begin_encode(uint8_t *out, const shm_begin_entry *e, uint32_t n);
+/* Checks magic, n (1..SHM_CHUNK) and the exact length; *n on success. */
+int shm_begin_decode(const uint8_t *buf, size_t len, uint32_t *n);
+/* Entry i (< n) of a BEGIN that shm_begin_decode accepted. */
+void shm_begin_entry_get(const uint8_t *buf, uint32_t i, shm_begin_entry *e);
+
+/* ---- GRANT (target -> initiator): one entry per BEGIN entry, the drop
+ * list, the IPC trailer. */
 typedef struct shm_grant_entry {
     int32_t status;
     uint32_t flags;
     uint64_t rid, raddr, rlen, fd_off;
     uint32_t slot;
     /* SHM_GF_IPC only: */
-    const uint8_t *ipc_handle; /* 64 bytes inside the message */
+    const uint8_t *ipc_handle; /* 64 bytes (inside the message, when decoded) */
     uint64_t ipc_off;          /* the region's offset in its IPC allocation */
     uint64_t proc_token;       /* the target process's token */
     uint32_t device;           /* the target's device ordinal */
@@ -46,20 +86,32 @@ typedef struct shm_grant {
     const uint8_t *drops; /* ndrop x u64 region ids */
 } shm_grant;
 
+/* Building a GRANT of n entries in buf (SHM_GRANT_MAX bytes): entry i; drop
+ * k (< SHM_MAX_DROP) after the n entries; then shm_grant_finish writes the
+ * header and appends the nipc IPC records (ipc, SHM_IPC_LEN bytes each, in
+ * entry order) after the drops, and returns the message's length. */
+void shm_grant_put_entry(uint8_t *buf, uint32_t i, const shm_grant_entry *e);
+void shm_grant_put_drop(uint8_t *buf, uint32_t n, uint32_t k, uint64_t rid);
+size_t shm_grant_finish(uint8_t *buf, uint32_t n, uint32_t ndrop, uint32_t nfds, const uint8_t *ipc,
+                        uint32_t nipc);
+/* Writes one IPC trailer record (SHM_IPC_LEN bytes) at rec. */
+void shm_grant_put_ipc(uint8_t *rec, const uint8_t handle[64], uint64_t ipc_off,
+                       uint64_t proc_token, uint32_t device);
+
 /* Checks a GRANT of `len` bytes answering a BEGIN of n writes, with nfds
  * descriptors received alongside: magic, counts, flags, exact length and
- * the number of fd-flagged entries. 0 and *g filled, or ECT_EPROTO with
- * detail. */
+ * the number of fd-flagged entries. 0 and *g filled, or ECT_EPROTO. */
 int shm_grant_decode(const uint8_t *buf, size_t len, uint32_t n, int nfds, shm_grant *g);
-
 /* Entry i (< g->n) of a GRANT that shm_grant_decode accepted. The IPC
  * record of entry i is found by counting the IPC-flagged entries before it,
  * so call it with increasing i and pass the running count in *ipc_seen. */
 void shm_grant_entry_get(const uint8_t *buf, const shm_grant *g, uint32_t i, uint32_t *ipc_seen,
                          shm_grant_entry *e);
 
-/* Writes entry i's IPC trailer record (the target side). */
-void shm_grant_put_ipc(uint8_t *rec, const uint8_t handle[64], uint64_t ipc_off,
-                       uint64_t proc_token, uint32_t device);
+/* ---- DONE (initiator -> target, not answered): the copies of a GRANT of
+ * n entries are over. */
+void shm_done_encode(uint8_t out[SHM_DONE_LEN], uint32_t n);
+/* Checks magic, the exact length and that it answers n. */
+int shm_done_decode(const uint8_t *buf, size_t len, uint32_t n);
 
 #endif

@@ -13,10 +13,10 @@
  * conns_per_peer connections), each connection a lane. One poll loop per
  * batch sends every lane's headers and payloads with sendmsg() straight from
  * the caller's memory and reads acks as they come, never waiting for one ack
- * before sending the next write. Connections are cached per session (idle
- * list, checked for EOF before reuse) and a failed one is closed, so the next
- * batch reconnects. Any number of threads may run batches at once; each takes
- * its own connections from the cache.
+ * before sending the next write. Connections are cached per session
+ * (conncache.c: idle lists, checked for EOF before reuse) and a failed one is
+ * closed, so the next batch reconnects. Any number of threads may run
+ * batches at once; each takes its own connections from the cache.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -30,27 +30,13 @@
 
 #include "mem/memkind.h"
 #include "util/util.h"
+#include "xport/conncache.h"
 #include "xport/tcp_frame.h"
 #include "xport/xport.h"
 
-typedef struct tcp_idle {
-    int fd;
-    struct tcp_idle *next;
-} tcp_idle;
-
-typedef struct tcp_peer {
-    char session[300];
-    char host[256];
-    int port;
-    tcp_idle *idle; /* cached connections; guarded by tcp_impl.mu */
-    int nidle;
-    UT_hash_handle hh;
-} tcp_peer;
-
 typedef struct tcp_impl {
     xp_server *srv;
-    pthread_mutex_t mu; /* guards peers and their idle lists; never held across I/O */
-    tcp_peer *peers;
+    xp_conncache cache; /* idle connections per peer session */
 } tcp_impl;
 
 /* ------------------------------------------------------------ target side */
@@ -140,6 +126,28 @@ static void serve_conn(void *ctx, int fd, int stopfd) {
     bounce_close(sink.b);
 }
 
+/* A peer's address: what the session "HOST:PORT" names. */
+typedef struct tcp_addr {
+    char host[256];
+    int port;
+} tcp_addr;
+
+static int parse_session(const char *session, void **addr) {
+    tcp_addr *a = malloc(sizeof *a);
+    if (!a) return ect_set_error(ECT_ENOMEM, "peer");
+    int rc = xp_parse_hostport("peer_session", session, a->host, sizeof a->host, &a->port);
+    if (rc) {
+        free(a);
+        return rc;
+    }
+    *addr = a;
+    return 0;
+}
+
+static void close_conn(xp_conn c) { close(c.fd); }
+
+static const xp_conn_ops conn_ops = {parse_session, close_conn};
+
 static int tcp_open(ect_xport *x) {
     char host[256];
     int port, lfd, bound;
@@ -147,14 +155,13 @@ static int tcp_open(ect_xport *x) {
     if (rc) return rc;
     tcp_impl *t = calloc(1, sizeof *t);
     if (!t) return ect_set_error(ECT_ENOMEM, "tcp transport");
-    pthread_mutex_init(&t->mu, NULL);
     rc = xp_tcp_listen(host, port, &lfd, &bound);
     if (!rc) rc = xp_server_start(lfd, serve_conn, x, &t->srv);
     if (rc) {
-        pthread_mutex_destroy(&t->mu);
         free(t);
         return rc;
     }
+    xp_cache_init(&t->cache, &conn_ops, 2 * x->opts.conns_per_peer + 8);
     if (strchr(host, ':'))
         snprintf(x->session, sizeof x->session, "[%s]:%d", host, bound);
     else
@@ -166,79 +173,22 @@ static int tcp_open(ect_xport *x) {
 static void tcp_close(ect_xport *x) {
     tcp_impl *t = x->impl;
     xp_server_stop(t->srv);
-    tcp_peer *p, *tmp;
-    HASH_ITER(hh, t->peers, p, tmp) {
-        HASH_DEL(t->peers, p);
-        while (p->idle) {
-            tcp_idle *i = p->idle;
-            p->idle = i->next;
-            close(i->fd);
-            free(i);
-        }
-        free(p);
-    }
-    pthread_mutex_destroy(&t->mu);
+    xp_cache_fini(&t->cache);
     free(t);
 }
 
 /* --------------------------------------------------------- initiator side */
 
-static int get_peer(tcp_impl *t, const char *session, tcp_peer **out) {
-    tcp_peer *p = NULL;
-    pthread_mutex_lock(&t->mu);
-    HASH_FIND_STR(t->peers, session, p);
-    pthread_mutex_unlock(&t->mu);
-    if (p) {
-        *out = p;
+/* A cached connection, or a new one after the hello exchange. */
+static int take_conn(ect_xport *x, xp_peer *p, int *fd) {
+    tcp_impl *t = x->impl;
+    xp_conn cached;
+    if (xp_cache_take(&t->cache, p, &cached)) {
+        *fd = cached.fd;
         return 0;
     }
-    if (strlen(session) >= sizeof p->session)
-        return ect_set_error(ECT_EINVAL, "peer_session is too long");
-    p = calloc(1, sizeof *p);
-    if (!p) return ect_set_error(ECT_ENOMEM, "peer");
-    int rc = xp_parse_hostport("peer_session", session, p->host, sizeof p->host, &p->port);
-    if (rc) {
-        free(p);
-        return rc;
-    }
-    snprintf(p->session, sizeof p->session, "%s", session);
-    tcp_peer *q;
-    pthread_mutex_lock(&t->mu);
-    HASH_FIND_STR(t->peers, session, q);
-    if (q)
-        free(p);
-    else
-        HASH_ADD_STR(t->peers, session, p);
-    pthread_mutex_unlock(&t->mu);
-    *out = q ? q : p;
-    return 0;
-}
-
-/* A cached connection, or a new one after the hello exchange. */
-static int take_conn(ect_xport *x, tcp_peer *p, int *fd) {
-    tcp_impl *t = x->impl;
-    for (;;) {
-        pthread_mutex_lock(&t->mu);
-        tcp_idle *i = p->idle;
-        if (i) {
-            p->idle = i->next;
-            p->nidle--;
-        }
-        pthread_mutex_unlock(&t->mu);
-        if (!i) break;
-        int c = i->fd;
-        free(i);
-        /* A cached connection whose target went away reads EOF (or an
-         * error); anything readable at all is out of protocol. */
-        uint8_t b;
-        ssize_t k = recv(c, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            *fd = c;
-            return 0;
-        }
-        close(c);
-    }
-    int c, rc = xp_tcp_connect(p->host, p->port, x->opts.connect_timeout_ms, &c);
+    const tcp_addr *a = p->addr;
+    int c, rc = xp_tcp_connect(a->host, a->port, x->opts.connect_timeout_ms, &c);
     if (rc) return rc;
     uint8_t h[TCP_HELLO_LEN];
     tcp_encode_hello(h, TCP_ROLE_INITIATOR);
@@ -256,21 +206,9 @@ static int take_conn(ect_xport *x, tcp_peer *p, int *fd) {
     return 0;
 }
 
-static void give_conn(ect_xport *x, tcp_peer *p, int fd) {
+static void give_conn(ect_xport *x, xp_peer *p, int fd) {
     tcp_impl *t = x->impl;
-    tcp_idle *i = malloc(sizeof *i);
-    pthread_mutex_lock(&t->mu);
-    if (i && p->nidle < 2 * x->opts.conns_per_peer + 8) {
-        i->fd = fd;
-        i->next = p->idle;
-        p->idle = i;
-        p->nidle++;
-        i = NULL;
-        fd = -1;
-    }
-    pthread_mutex_unlock(&t->mu);
-    free(i);
-    if (fd >= 0) close(fd);
+    xp_cache_give(&t->cache, p, (xp_conn){fd, NULL});
 }
 
 typedef struct piece {
@@ -410,8 +348,8 @@ static int run_lanes(ect_xport *x, lane *ln, int nl, piece *pc, int *st) {
 static int tcp_write_batch(ect_xport *x, const char *session, const ect_write *w, size_t n,
                            int *st) {
     tcp_impl *t = x->impl;
-    tcp_peer *p = NULL;
-    int rc = get_peer(t, session, &p);
+    xp_peer *p = NULL;
+    int rc = xp_cache_peer(&t->cache, session, &p);
     if (rc) {
         for (size_t i = 0; i < n; i++) st[i] = rc;
         return rc;

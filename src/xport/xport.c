@@ -329,6 +329,17 @@ void xp_region_release(xp_regions *t, xp_region *r) {
     pthread_mutex_unlock(&t->mu);
 }
 
+bool xp_region_busy(ect_xport *x, const void *addr) {
+    bool busy = false;
+    xp_region *r, *tmp;
+    pthread_mutex_lock(&x->regs.mu);
+    HASH_ITER(hh, x->regs.by_token, r, tmp) {
+        if (r->addr == (const uint8_t *)addr && r->refs > 0) busy = true;
+    }
+    pthread_mutex_unlock(&x->regs.mu);
+    return busy;
+}
+
 static int session_matches(const xp_backend *be, const char *s) {
     if (be->session_prefix[0])
         return strncmp(s, be->session_prefix, strlen(be->session_prefix)) == 0;

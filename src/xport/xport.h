@@ -99,6 +99,12 @@ extern const xp_backend xp_ucx_backend;
  * ECT_ENOTFOUND (no such region); sets the error detail. Thread-safe. */
 int xp_region_acquire(xp_regions *t, uint64_t token, uint64_t addr, uint64_t len, xp_region **out);
 void xp_region_release(xp_regions *t, xp_region *r);
+/* True while a write into the region that starts at addr is being received
+ * (the region holds a reference: tcp receives, the shm slow path's copies);
+ * false when no such region is registered. The shm fast path and ucx puts
+ * take no reference, so they are invisible here. Thread-safe; takes
+ * regs.mu for the lookup only. */
+bool xp_region_busy(ect_xport *x, const void *addr);
 /* Parses a 16-hex-digit tcp/shm key; ECT_EINVAL with "dst_key" otherwise. */
 int xp_key_parse(const char *s, uint64_t *token);
 

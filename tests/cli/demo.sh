@@ -1,19 +1,12 @@
 #!/usr/bin/env bash
 # `ect demo` end to end (small items so it stays quick on 2 cores): push over
 # tcp with TP 2 and over shm, pull over tcp; every run must verify every item,
-# show dedup hits and report 0 failures. A corrupted checksum (fault
-# injection ECT_DEMO_FAULT=checksum) must fail the run; SIGINT and a consumer
+# show dedup hits and report 0 failures. A corrupted checksum (the fault
+# library tests/fault/checksum_fault.c, preloaded: the shipped ect has no
+# fault switch) must fail the run; SIGINT and a consumer
 # killed mid-run must end the demo with exit 1 within bounds, leaving no child
 # process behind. Bad flags exit 2 naming what is accepted.
-set -euo pipefail
-ect=${ECT_BIN:?}
-tmp=$(mktemp -d)
-bg=
-cleanup() {
-  [ -n "$bg" ] && kill -KILL "$bg" 2>/dev/null || true
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+. "$(dirname "$0")/lib.sh"
 
 # ok_run NAME ARGS...: the demo exits 0, moves and verifies N of N (some may
 # have been retried: a full pool makes items wait, never fail), 0 failed,
@@ -43,8 +36,10 @@ ok_run push_tcp_partial --items 75 --shape 16x1024
 ok_run push_shm --items 45 --shape 64x1024 --transport shm
 ok_run pull_tcp --protocol pull --items 45 --shape 64x1024 --dtype float32
 
-# a verification failure fails the run
-if ECT_DEMO_FAULT=checksum timeout 60 "$ect" demo --items 5 --shape 16x1024 >"$tmp/f" 2>"$tmp/f.err"; then
+# a verification failure fails the run: the consumer's first checksum comes out
+# different (ECT_FAULT_PRELOAD: the fault library, after a sanitizer's runtime)
+if timeout 60 env ECT_FAULT=checksum LD_PRELOAD="${ECT_FAULT_PRELOAD:?the fault library}" \
+  "$ect" demo --items 5 --shape 16x1024 >"$tmp/f" 2>"$tmp/f.err"; then
   cat "$tmp/f"; echo "a checksum mismatch did not fail the demo"; exit 1
 fi
 grep -q 'consumer checksum' "$tmp/f.err" || { cat "$tmp/f.err"; exit 1; }
@@ -60,7 +55,8 @@ interrupted() {
   local what=$1 sig=$2 want=2; shift 2
   [ "${1:-}" = --protocol ] && want=1 # pull: the producer saves before ect pull starts
   "$ect" demo --items 100000 --shape 64x1024 "$@" >"$tmp/i" 2>"$tmp/i.err" &
-  bg=$!
+  local bg=$!
+  pids+=("$bg")
   local kids=""
   for _ in $(seq 1200); do
     kids=$(children "$bg")
@@ -78,7 +74,6 @@ interrupted() {
   for _ in $(seq 1200); do kill -0 "$bg" 2>/dev/null || break; sleep 0.05; done
   if kill -0 "$bg" 2>/dev/null; then echo "demo did not end after $what got SIG$sig"; exit 1; fi
   wait "$bg" || rc=$?
-  bg=
   [ "$rc" -eq 1 ] || { cat "$tmp/i.err"; echo "exit $rc after $what got SIG$sig, want 1"; exit 1; }
   for k in $kids; do
     if kill -0 "$k" 2>/dev/null; then echo "child $k outlived the demo"; exit 1; fi
@@ -90,13 +85,7 @@ interrupted consumer KILL
 interrupted consumer KILL --protocol pull --items 3000
 
 # bad flags: exit 2 and say what is accepted
-bad() {
-  local want=$1; shift
-  local rc=0
-  "$ect" demo "$@" >/dev/null 2>"$tmp/bad" || rc=$?
-  [ "$rc" -eq 2 ] || { echo "demo $*: exit $rc, want 2"; exit 1; }
-  grep -q -- "$want" "$tmp/bad" || { cat "$tmp/bad"; echo "demo $*: no '$want'"; exit 1; }
-}
+bad() { expect_exit 2 "$1" "$ect" demo "${@:2}"; }
 bad 'accepted: push, pull' --protocol carrier-pigeon
 bad 'accepted: tcp, shm, ucx' --transport rdma
 bad 'positive sizes' --shape 576x0
@@ -105,12 +94,9 @@ bad 'no TP shards' --protocol pull --tp 2
 bad 'integer in' --items 0
 bad 'accepted: --protocol' --bogus
 # ect push --repeat (what the demo's workload uses): REP <= NEW, not with --file
-rc=0
-"$ect" push --to 127.0.0.1:1 --repeat 3:4 >/dev/null 2>"$tmp/bad" || rc=$?
-[ "$rc" -eq 2 ] && grep -q 'REP must be at most NEW' "$tmp/bad" || { cat "$tmp/bad"; exit 1; }
-rc=0
-"$ect" push --to 127.0.0.1:1 --repeat 8:2 --file "$tmp/bad" >/dev/null 2>"$tmp/bad2" || rc=$?
-[ "$rc" -eq 2 ] && grep -q 'does not apply to --file' "$tmp/bad2" || { cat "$tmp/bad2"; exit 1; }
+expect_exit 2 'REP must be at most NEW' "$ect" push --to 127.0.0.1:1 --repeat 3:4
+echo x >"$tmp/item"
+expect_exit 2 'does not apply to --file' "$ect" push --to 127.0.0.1:1 --repeat 8:2 --file "$tmp/item"
 # ect info: version, every transport tried on this machine, the defaults
 "$ect" info >"$tmp/info"
 grep -q '^ectransfer [0-9]*\.[0-9]*\.[0-9]*$' "$tmp/info"

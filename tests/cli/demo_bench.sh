@@ -5,10 +5,7 @@
 # values failed on a slow machine: 0.011 / 0.062 is not 0.184); the table
 # form has a header and the same rows; a bad flag exits 2 and says what is
 # accepted.
-set -euo pipefail
-ect=${ECT_BIN:?}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/lib.sh"
 timeout 240 "$ect" bench --json --quick >"$tmp/rows.json" 2>"$tmp/err" || { cat "$tmp/err"; exit 1; }
 python3 - "$tmp/rows.json" <<'PY'
 import json, math, sys
@@ -26,11 +23,7 @@ for r in rows:
     assert (r["p50_ms"] is None) == (r["bench"] == "alloc"), r
 print(len(rows), "rows from", sorted(benches))
 PY
-rc=0
-"$ect" bench --fast >/dev/null 2>"$tmp/bad" || rc=$?
-[ "$rc" -eq 2 ] && grep -q 'accepted: --json, --quick' "$tmp/bad" || { cat "$tmp/bad"; exit 1; }
-rc=0
-"$ect" bench nosuch >/dev/null 2>"$tmp/bad" || rc=$?
-[ "$rc" -eq 2 ] && grep -q 'accepted: push, pull, xport, alloc' "$tmp/bad" || { cat "$tmp/bad"; exit 1; }
+expect_exit 2 'accepted: --json, --quick' "$ect" bench --fast
+expect_exit 2 'accepted: push, pull, xport, alloc' "$ect" bench nosuch
 "$ect" bench --help | grep -q -- '--quick'
 echo "bench: one list, every benchmark, ratios consistent"

@@ -4,17 +4,10 @@
 # end in pairs of processes: push_producer -> push_consumer (consumer shard +
 # scheduler) and pull_producer -> pull_consumer; the checksum each consumer
 # computed over the bytes it received must equal the producer's.
-set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 : "${ECT_BUILD_DIR:?}" "${ECT_SOURCE_DIR:?}"
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
 san=""
-case "$("${ECT_BIN:?}" info | sed -n 's/.*sanitize=\([a-z]*\).*/\1/p')" in
+case "$("$ect" info | sed -n 's/.*sanitize=\([a-z]*\).*/\1/p')" in
   address) san="-fsanitize=address,undefined" ;;
   thread) san="-fsanitize=thread" ;;
 esac
@@ -29,7 +22,7 @@ done
 
 # push: consumer (shard + scheduler) on a free port, then the producer
 for _ in 1 2 3 4 5; do
-  port=$((20000 + RANDOM % 30000))
+  port=$(free_port 1)
   "$tmp/push_consumer" "$port" 1 >"$tmp/pc.out" 2>"$tmp/pc.err" &
   pids+=($!)
   for _ in $(seq 1200); do

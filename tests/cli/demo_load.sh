@@ -5,20 +5,8 @@
 # items (4.5 MiB) are twice what the demo's consumer pool holds: when the load
 # slows the consumer's engine enough, the producer waits for room (counted as
 # retried) instead of failing. Labelled `soak`; part of `make test`.
-set -euo pipefail
-ect=${ECT_BIN:?}
-tmp=$(mktemp -d)
-burners=()
-cleanup() {
-  for p in "${burners[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-for _ in 1 2; do
-  sh -c 'while :; do :; done' &
-  burners+=("$!")
-  disown "$!" # killed in cleanup; no job-control notice
-done
+. "$(dirname "$0")/lib.sh"
+start_burners 2
 
 n=80
 run() { # NAME ARGS...

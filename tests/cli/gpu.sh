@@ -8,16 +8,7 @@
 # End to end: `ect push --device cuda` (and host items) into `ect push-consumer
 # --pool-device cuda` over tcp (bounce ring) and shm (CUDA IPC, TP 2): every item
 # arrives with the checksum the producer printed; then a short `ect bench gpu`.
-set -euo pipefail
-ect=${ECT_BIN:?}
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+. "$(dirname "$0")/lib.sh"
 
 if [ -n "${ECT_TEST_REAL_GPU:-}" ]; then
   unset ECT_CUDA_LIBRARY
@@ -33,13 +24,8 @@ else
   ECT_CUDA_LIBRARY=$nocuda "$ect" info >"$tmp/info"
   grep -q "^cuda: unavailable: cannot load the CUDA driver $nocuda" "$tmp/info"
   grep -q '^  tcp  works' "$tmp/info"
-  expect_fail() { # expect_fail RC TEXT CMD...
-    local want=$1 text=$2; shift 2
-    set +e
-    ECT_CUDA_LIBRARY=$nocuda timeout 60 "$@" >"$tmp/out" 2>"$tmp/err"; local rc=$?
-    set -e
-    [ $rc -eq "$want" ] || { echo "$*: exit $rc, want $want"; cat "$tmp/err"; exit 1; }
-    grep -q -- "$text" "$tmp/err" || { echo "$*: stderr lacks '$text'"; cat "$tmp/err"; exit 1; }
+  expect_fail() { # expect_fail RC TEXT CMD...: with no driver at all
+    ECT_CUDA_LIBRARY=$nocuda expect_exit "$1" "$2" timeout 60 "${@:3}"
   }
   expect_fail 1 'CUDA is unavailable: cannot load' \
     "$ect" push-consumer --host 127.0.0.1 --port 1 --pool-device cuda --count 1
@@ -55,46 +41,23 @@ fi
 "$ect" push --help | grep -q -- '--device D'
 "$ect" bench gpu --help | grep -q 'goal >= 0.9'
 
-free_port() { # a base port with $1 free ports after it
-  python3 - "$1" <<'EOF'
-import socket, sys, random
-n = int(sys.argv[1])
-for _ in range(200):
-    base = random.randint(20000, 60000)
-    socks = []
-    try:
-        for i in range(n):
-            s = socket.socket(); s.bind(("127.0.0.1", base + i)); socks.append(s)
-        print(base); break
-    except OSError:
-        pass
-    finally:
-        for s in socks: s.close()
-EOF
-}
-
 run_e2e() { # run_e2e TP TRANSPORT COUNT SIZE PRODUCER-DEVICE
   local tp=$1 xp=$2 count=$3 size=$4 dev=$5
-  local port; port=$(free_port "$tp")
-  rm -f "$tmp/cons.out" "$tmp/cons.err" "$tmp/prod.out" "$tmp/prod.err"
-  "$ect" push-consumer --host 127.0.0.1 --port "$port" --tp "$tp" --transport "$xp" \
-    --pool-size 64MiB --pool-device cuda --count "$count" >"$tmp/cons.out" 2>"$tmp/cons.err" &
-  local cpid=$!
-  pids+=("$cpid")
-  for _ in $(seq 300); do grep -q 'ready' "$tmp/cons.err" 2>/dev/null && break; sleep 0.1; done
-  grep -q 'ready.*on cuda' "$tmp/cons.err" || { echo "push-consumer did not start"; cat "$tmp/cons.err"; exit 1; }
+  rm -f "$tmp/prod.out" "$tmp/prod.err"
+  start_consumer "$tmp/cons.out" "$tp" --transport "$xp" --pool-size 64MiB --pool-device cuda \
+    --count "$count"
+  [ "$(event_field "$tmp/cons.out" ready pool_device)" = cuda ] || { cat "$tmp/cons.out"; exit 1; }
   timeout 120 "$ect" push --to "127.0.0.1:$port" --count "$count" --size "$size" --step 3 \
     --seed 11 --control-timeout 20 --tp "$tp" --transport "$xp" --device "$dev" \
     >"$tmp/prod.out" 2>"$tmp/prod.err" \
-    || { echo "ect push failed (tp $tp $xp $dev)"; cat "$tmp/prod.out" "$tmp/prod.err" "$tmp/cons.err"; exit 1; }
-  for _ in $(seq 300); do kill -0 "$cpid" 2>/dev/null || break; sleep 0.1; done
-  kill "$cpid" 2>/dev/null || true
-  wait "$cpid" || true
+    || { echo "ect push failed (tp $tp $xp $dev)"; cat "$tmp/prod.out" "$tmp/prod.err" "$tmp/cons.out.err"; exit 1; }
+  wait_exit "$cpid" 60 # --count: it ends by itself once every item arrived
+  wait "$cpid" || { cat "$tmp/cons.out.err"; echo "push-consumer failed"; exit 1; }
   [ "$(grep -c '"status":"done"' "$tmp/prod.out")" -eq "$count" ]
   python3 - "$tmp/prod.out" "$tmp/cons.out" <<'EOF'
 import json, sys
 prod = {d["transfer_id"]: d["checksum"] for d in map(json.loads, open(sys.argv[1]))}
-cons = {d["transfer_id"]: d["checksum"] for d in map(json.loads, open(sys.argv[2]))}
+cons = {d["transfer_id"]: d["checksum"] for d in map(json.loads, open(sys.argv[2])) if "event" not in d}
 assert prod == cons and len(prod) > 0, (prod, cons)
 EOF
   grep -o '"checksum":"[0-9a-f]*"' "$tmp/prod.out" >"$tmp/sums.$tp.$xp.$dev"

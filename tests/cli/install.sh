@@ -2,10 +2,9 @@
 # Installs the build into a scratch prefix with `cmake --install`, then builds
 # an embedding program against it through the generated ectransfer.pc, both
 # shared and static, and runs them.
-set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 : "${ECT_BUILD_DIR:?}" "${ECT_SOURCE_DIR:?}"
-prefix=$(mktemp -d)
-trap 'rm -rf "$prefix"' EXIT
+prefix=$tmp
 cmake --install "$ECT_BUILD_DIR" --prefix "$prefix" >/dev/null
 libdir=$(ls -d "$prefix"/lib*/ | head -n1)
 test -f "$prefix/include/ectransfer.h"

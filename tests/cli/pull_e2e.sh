@@ -3,39 +3,26 @@
 # files; several `ect pull` processes load them at once over tcp and shm and
 # must print the checksums the producer printed. Also: an unknown hash fails
 # with exit 1, a producer restart is seen, SIGINT/SIGTERM end the producer
-# with exit 0. Every background process is killed on exit; waits are bounded.
-set -euo pipefail
-ect=${ECT_BIN:?}
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+# with exit 0. Every background process is killed on exit; waits are bounded (lib.sh).
+. "$(dirname "$0")/lib.sh"
 
 # start_producer OUTFILE ARGS...: starts a producer on an ephemeral port pair,
-# waits (10 s at most) for its "serving" line, sets $port and $ppid.
+# waits for its ready event, sets $port and $ppid.
 start_producer() {
-  local out=$1; shift
+  local out=$1
+  shift
   "$ect" pull-producer --host 127.0.0.1 --port 0 --pool-size 64MiB "$@" >"$out" 2>"$out.err" &
   ppid=$!
   pids+=("$ppid")
-  for _ in $(seq 1200); do
-    grep -q '"serving": true' "$out" 2>/dev/null && break
-    kill -0 "$ppid" 2>/dev/null || { cat "$out.err"; echo "producer died"; exit 1; }
-    sleep 0.05
-  done
-  grep -q '"serving": true' "$out" || { echo "producer never served"; exit 1; }
-  port=$(sed -n 's/.*"serving": true.*"port": \([0-9]*\),.*/\1/p' "$out")
+  wait_event "$out" ready "$ppid" || { cat "$out.err"; echo "producer never served"; exit 1; }
+  port=$(event_field "$out" ready port)
   [ -n "$port" ]
 }
 
-# stop_producer: SIGTERM (or $1), must exit 0 within 10 s.
+# stop_producer [SIGNAL]: SIGTERM (or SIGNAL); it must exit 0 within 60 s.
 stop_producer() {
   kill -"${1:-TERM}" "$ppid"
-  for _ in $(seq 1200); do kill -0 "$ppid" 2>/dev/null || break; sleep 0.05; done
-  if kill -0 "$ppid" 2>/dev/null; then echo "producer ignored SIG${1:-TERM}"; exit 1; fi
+  wait_exit "$ppid" 60
   wait "$ppid"
 }
 
@@ -94,7 +81,7 @@ stop_producer INT
   >"$tmp/prod.again" 2>/dev/null &
 ppid=$!
 pids+=("$ppid")
-for _ in $(seq 1200); do grep -q '"serving": true' "$tmp/prod.again" 2>/dev/null && break; sleep 0.05; done
+wait_event "$tmp/prod.again" ready "$ppid" || { echo "the restarted producer never served"; exit 1; }
 expect "$tmp/prod.again" >"$tmp/want.again"
 timeout 60 "$ect" pull --from "127.0.0.1:$old_port" --all --pool-size 1MiB >"$tmp/got.again"
 diff <(got "$tmp/got.again") "$tmp/want.again"

@@ -6,28 +6,12 @@
 # same checksum, and a re-run with the same seed prints the same checksums
 # (deterministic content); then --file, --transport / --tp mismatches and a
 # short `ect bench push`.
-set -euo pipefail
-ect=${ECT_BIN:?}
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+. "$(dirname "$0")/lib.sh"
 
 "$ect" push --help | grep -q '^usage: ect push --to HOST:PORT'
 "$ect" push --help | grep -q 'mm_hash     = xxh64-'
 
-expect_usage() { # expect_usage TEXT ARGS...
-  local text=$1; shift
-  set +e
-  err=$("$ect" push "$@" 2>&1 >/dev/null); rc=$?
-  set -e
-  [ $rc -eq 2 ] || { echo "ect push $*: exit $rc, want 2"; exit 1; }
-  grep -q -- "$text" <<<"$err" || { echo "ect push $*: '$err' lacks '$text'"; exit 1; }
-}
+expect_usage() { expect_exit 2 "$1" "$ect" push "${@:2}"; } # expect_usage TEXT ARGS...
 expect_usage '--to HOST:PORT is required'
 expect_usage 'try' --to 127.0.0.1:1 --bogus
 expect_usage '--shape' --to 127.0.0.1:1 --shape 576xx4096
@@ -49,47 +33,22 @@ set -e
 grep -q 'consumer 127.0.0.1:1 unreachable: control 127.0.0.1:1: connection refused' <<<"$out"
 grep -q '0 moved, 0 retried, 3 failed of 3 items' "$tmp/err"
 
-free_port() { # a base port with $1 free ports after it
-  python3 - "$1" <<'EOF'
-import socket, sys, random
-n = int(sys.argv[1])
-for _ in range(200):
-    base = random.randint(20000, 60000)
-    socks = []
-    try:
-        for i in range(n):
-            s = socket.socket(); s.bind(("127.0.0.1", base + i)); socks.append(s)
-        print(base); break
-    except OSError:
-        pass
-    finally:
-        for s in socks: s.close()
-EOF
-}
-
 run_e2e() { # run_e2e TP TRANSPORT COUNT SIZE
   local tp=$1 xp=$2 count=$3 size=$4
-  local port; port=$(free_port "$tp")
-  rm -f "$tmp/cons.out" "$tmp/cons.err" "$tmp/prod.out" "$tmp/prod.err"
-  "$ect" push-consumer --host 127.0.0.1 --port "$port" --tp "$tp" --transport "$xp" \
-    --pool-size 64MiB --count "$count" >"$tmp/cons.out" 2>"$tmp/cons.err" &
-  local cpid=$!
-  pids+=("$cpid")
-  for _ in $(seq 600); do grep -q 'ready' "$tmp/cons.err" 2>/dev/null && break; sleep 0.1; done
-  grep -q 'ready' "$tmp/cons.err" || { echo "push-consumer did not start"; cat "$tmp/cons.err"; exit 1; }
+  rm -f "$tmp/prod.out" "$tmp/prod.err"
+  start_consumer "$tmp/cons.out" "$tp" --transport "$xp" --pool-size 64MiB --count "$count"
   timeout 60 "$ect" push --to "127.0.0.1:$port" --count "$count" --size "$size" --step 4 \
     --seed 7 --control-timeout 5 --tp "$tp" --transport "$xp" >"$tmp/prod.out" 2>"$tmp/prod.err" \
     || { echo "ect push failed (tp $tp $xp)"; cat "$tmp/prod.out" "$tmp/prod.err"; exit 1; }
-  for _ in $(seq 600); do kill -0 "$cpid" 2>/dev/null || break; sleep 0.1; done
-  kill "$cpid" 2>/dev/null || true
-  wait "$cpid" || true
+  wait_exit "$cpid" 60 # --count: it ends by itself once every item arrived
+  wait "$cpid" || { cat "$tmp/cons.out.err"; echo "push-consumer failed"; exit 1; }
   [ "$(grep -c '"status":"done"' "$tmp/prod.out")" -eq "$count" ]
   [ "$(grep -c "\"shards\":$tp,\"transport\":\"$xp\"" "$tmp/prod.out")" -eq "$count" ]
   # the same (transfer_id, checksum) pairs on both sides
   python3 - "$tmp/prod.out" "$tmp/cons.out" <<'EOF'
 import json, sys
 prod = {d["transfer_id"]: d["checksum"] for d in map(json.loads, open(sys.argv[1]))}
-cons = {d["transfer_id"]: d["checksum"] for d in map(json.loads, open(sys.argv[2]))}
+cons = {d["transfer_id"]: d["checksum"] for d in map(json.loads, open(sys.argv[2])) if "event" not in d}
 assert prod == cons, (prod, cons)
 EOF
   grep -o '"checksum":"[0-9a-f]*"' "$tmp/prod.out" >"$tmp/sums.$tp.$xp"
@@ -104,16 +63,12 @@ cmp "$tmp/sums.1.tcp" "$tmp/sums.2.shm"
 # --file: the file's bytes, twice (the second is answered `cached` by the consumer);
 # both sides print the file's XXH64 (seed 0), recomputed here from the spec
 head -c 8192 /dev/urandom >"$tmp/item.bin"
-port=$(free_port 1)
-rm -f "$tmp/cons.out" "$tmp/cons.err"
-"$ect" push-consumer --host 127.0.0.1 --port "$port" --pool-size 16MiB --count 2 \
-  >"$tmp/cons.out" 2>"$tmp/cons.err" &
-pids+=("$!")
-for _ in $(seq 600); do grep -q 'ready' "$tmp/cons.err" 2>/dev/null && break; sleep 0.1; done
+start_consumer "$tmp/cons.out" 1 --pool-size 16MiB --count 2
 timeout 60 "$ect" push --to "127.0.0.1:$port" --file "$tmp/item.bin" --count 2 --step 1 \
   --control-timeout 5 >"$tmp/prod.out" 2>"$tmp/prod.err"
-for _ in $(seq 600); do [ "$(wc -l <"$tmp/cons.out")" -ge 2 ] && break; sleep 0.1; done
-python3 - "$tmp/item.bin" "$tmp/prod.out" "$tmp/cons.out" <<'EOF'
+wait_items "$tmp/cons.out" 2
+items "$tmp/cons.out" >"$tmp/cons.items"
+python3 - "$tmp/item.bin" "$tmp/prod.out" "$tmp/cons.items" <<'EOF'
 import json, sys
 M = 2**64 - 1
 P1, P2, P3, P4, P5 = 0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x85EBCA77C2B2AE63, 0x27D4EB2F165667C5
@@ -155,12 +110,7 @@ EOF
 
 # a consumer offering tcp to a producer that requires shm, and a wrong --tp:
 # every item fails with the cause, exit 1
-port=$(free_port 1)
-rm -f "$tmp/cons.err"
-"$ect" push-consumer --host 127.0.0.1 --port "$port" --pool-size 16MiB >/dev/null \
-  2>"$tmp/cons.err" &
-pids+=("$!")
-for _ in $(seq 600); do grep -q 'ready' "$tmp/cons.err" 2>/dev/null && break; sleep 0.1; done
+start_consumer "$tmp/cons.any" 1 --pool-size 16MiB
 set +e
 out=$(timeout 60 "$ect" push --to "127.0.0.1:$port" --count 2 --size 4KiB --transport shm \
   --control-timeout 5 2>/dev/null); rc=$?

@@ -9,49 +9,8 @@
 #  - consumer pool too small: an item larger than the whole pool fails at
 #    once with the spec's text (it could never fit, so it is not retried) and
 #    the consumer keeps serving.
-# Every background process is killed on exit; waits are bounded.
-set -euo pipefail
-ect=${ECT_BIN:?}
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  if [ -n "${KEEP:-}" ]; then echo "kept $tmp" >&2; else rm -rf "$tmp"; fi
-}
-trap cleanup EXIT
-
-start_consumer() {
-  local out=$1 tp=$2; shift 2
-  for _ in 1 2 3 4 5 6 7 8; do
-    port=$((20000 + RANDOM % 30000))
-    "$ect" push-consumer --host 127.0.0.1 --port "$port" --tp "$tp" "$@" >"$out" 2>"$out.err" &
-    cpid=$!
-    pids+=("$cpid")
-    for _ in $(seq 1200); do
-      grep -q 'scheduler connected' "$out.err" 2>/dev/null && return 0
-      kill -0 "$cpid" 2>/dev/null || break
-      sleep 0.05
-    done
-    if grep -q 'address in use' "$out.err"; then continue; fi
-    cat "$out.err"
-    echo "consumer did not start"
-    exit 1
-  done
-  echo "no free port range"
-  exit 1
-}
-
-wait_exit() { # PID SECONDS: waits for PID to end; fails when it does not
-  for _ in $(seq $(($2 * 20))); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.05; done
-  echo "process $1 still running after $2 s"
-  exit 1
-}
-
-wait_line() { # FILE: until FILE has a line (30 s at most)
-  for _ in $(seq 600); do [ -s "$1" ] && return 0; sleep 0.05; done
-  echo "nothing arrived in $1"
-  exit 1
-}
+# Every background process is killed on exit; waits are bounded (lib.sh).
+. "$(dirname "$0")/lib.sh"
 
 # 1. consumer killed mid-push: 200 items in 25 steps with the default 30 s
 # control timeout. A dead consumer fails fast (refused connect / closed
@@ -62,7 +21,7 @@ t0=$(date +%s)
 "$ect" push --to "127.0.0.1:$port" --count 200 --size 4MiB --step 8 >"$tmp/p1" 2>"$tmp/p1.err" &
 ppid=$!
 pids+=("$ppid")
-wait_line "$tmp/c1"
+wait_items "$tmp/c1" 1
 kill -KILL "$cpid"
 wait_exit "$ppid" 120 # generous; one control timeout per step would be 12.5 minutes
 if wait "$ppid"; then echo "push succeeded although the consumer died"; exit 1; fi
@@ -87,15 +46,9 @@ done
 kill -KILL "$ppid"
 # TTL 1 s, then the pending grace (1 s), reaper every 1 s: wait for the first
 # freed reservation, then two more reaper passes for any reserved a bit later
-for _ in $(seq 1200); do grep -q 'silent past its grace' "$tmp/c2.err" && break; sleep 0.05; done
+wait_grep 'silent past its grace' "$tmp/c2.err"
 sleep 2.5
-kill -TERM "$cpid"
-wait_exit "$cpid" 60
-wait "$cpid"
-if grep 'live reservations' "$tmp/c2.err" | grep -v ': 0 live reservations, 0 bytes in use'; then
-  echo "the killed producer's reservations kept memory"
-  exit 1
-fi
+stop_consumer "$tmp/c2" # no reservation of the killed producer keeps memory
 grep -q 'silent past its grace' "$tmp/c2.err" || { echo "no reservation was left to expire"; exit 1; }
 # what --help promises: expired reservations are reported on stderr
 grep -q 'ect push-consumer: rank [01]: [0-9]* reservation(s) expired' "$tmp/c2.err" ||
@@ -112,11 +65,6 @@ grep -q 'EC consumer buffer pool is full: more than the whole pool (2097152 byte
   { cat "$tmp/p3"; echo "no pool-full text"; exit 1; }
 grep -q '"retries":0' "$tmp/p3" || { cat "$tmp/p3"; echo "an item that can never fit was retried"; exit 1; }
 "$ect" push --to "127.0.0.1:$port" --size 256KiB --timeout 10 >"$tmp/p3b" 2>&1
-wait_line "$tmp/c3"
-kill -TERM "$cpid"
-wait_exit "$cpid" 60
-wait "$cpid"
-if grep 'live reservations' "$tmp/c3.err" | grep -v ': 0 live reservations, 0 bytes in use'; then
-  exit 1
-fi
+wait_items "$tmp/c3" 1
+stop_consumer "$tmp/c3"
 echo "pool full: refused with the spec's text, the consumer kept serving"

@@ -10,60 +10,9 @@
 #    reason (already delivered);
 #  - a transfer the producer abandons is reported on the consumer's stderr;
 #  - dtype: reserved as torch.float32, reported as float32.
-# Every background process is killed on exit; waits are bounded and generous.
-set -euo pipefail
-ect=${ECT_BIN:?}
+# Every background process is killed on exit; waits are bounded and generous (lib.sh).
+. "$(dirname "$0")/lib.sh"
 py=/usr/bin/python3 # Debian's, with python3-zmq (scripts/install-deps.sh)
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  if [ -n "${KEEP:-}" ]; then echo "kept $tmp" >&2; else rm -rf "$tmp"; fi
-}
-trap cleanup EXIT
-
-# start_consumer OUT TP ARGS...: sets $port and $cpid once the scheduler
-# reached every shard (60 s at most).
-start_consumer() {
-  local out=$1 tp=$2; shift 2
-  for _ in 1 2 3 4 5 6 7 8; do
-    port=$((20000 + RANDOM % 30000))
-    "$ect" push-consumer --host 127.0.0.1 --port "$port" --tp "$tp" "$@" >"$out" 2>"$out.err" &
-    cpid=$!
-    pids+=("$cpid")
-    for _ in $(seq 1200); do
-      grep -q 'scheduler connected' "$out.err" 2>/dev/null && return 0
-      kill -0 "$cpid" 2>/dev/null || break
-      sleep 0.05
-    done
-    if grep -q 'address in use' "$out.err"; then continue; fi
-    cat "$out.err"
-    echo "consumer did not start"
-    exit 1
-  done
-  echo "no free port range"
-  exit 1
-}
-
-# stop_consumer OUT: SIGTERM, exit 0 (60 s at most), nothing left on any rank.
-stop_consumer() {
-  kill -TERM "$cpid"
-  for _ in $(seq 1200); do kill -0 "$cpid" 2>/dev/null || break; sleep 0.05; done
-  if kill -0 "$cpid" 2>/dev/null; then echo "consumer ignored SIGTERM"; exit 1; fi
-  wait "$cpid"
-  if grep 'live reservations' "$1.err" | grep -v ': 0 live reservations, 0 bytes in use'; then
-    echo "consumer left reservations or memory behind"
-    exit 1
-  fi
-}
-
-# wait_grep PATTERN FILE: until FILE has a line matching PATTERN (60 s at most).
-wait_grep() {
-  for _ in $(seq 1200); do grep -q -- "$1" "$2" 2>/dev/null && return 0; sleep 0.05; done
-  cat "$2"
-  echo "no '$1' in $2"
-  exit 1
-}
 
 sent() { sed -n 's/^{"transfer_id":"\([^"]*\)","mm_hash":"[^"]*","nbytes":[0-9]*,"checksum":"\([0-9a-f]*\)","status":"done".*/\1 \2/p' "$1" | sort; }
 received() { sed -n 's/^{"transfer_id":"\([^"]*\)",.*"checksum":"\([0-9a-f]*\)"}$/\1 \2/p' "$1" | sort; }
@@ -75,7 +24,7 @@ start_consumer "$tmp/c1" 1 --pool-size 64MiB
 grep -Eq '^ect push: 20 moved, [1-9][0-9]* retried, 0 failed of 20 items$' "$tmp/p1.err" ||
   { cat "$tmp/p1.err"; echo "want 20 moved, some retried (the pool holds 14), 0 failed"; exit 1; }
 grep -q '"retries":[1-9]' "$tmp/p1" || { cat "$tmp/p1"; echo "no item says it retried"; exit 1; }
-for _ in $(seq 1200); do [ "$(wc -l <"$tmp/c1")" -ge 20 ] && break; sleep 0.05; done
+wait_items "$tmp/c1" 20
 [ "$(sent "$tmp/p1")" = "$(received "$tmp/c1")" ] ||
   { diff <(sent "$tmp/p1") <(received "$tmp/c1"); echo "checksums differ"; exit 1; }
 # the consumer said what it refused (once a second at most, with a count)

@@ -12,7 +12,7 @@
 # whole check is a full build, the full default demo and every other CLI test
 # (a few minutes on 2 cores); set ECT_README_FULL=1 to run the nested suite
 # unfiltered.
-set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 if [ "${ECT_README_TEST:-}" = 1 ]; then
   echo "readme: nested inside the README's own make test: skipped"
   exit 0
@@ -21,12 +21,10 @@ src=${ECT_SOURCE_DIR:?}
 # The README's commands build and test the plain build (build/), whatever
 # suite this is; under a sanitizer suite (make test-asan) that repeats the
 # plain suite's run for minutes, so only the plain suite runs it.
-if "${ECT_BIN:?}" info | grep -q 'sanitize='; then
+if "$ect" info | grep -q 'sanitize='; then
   echo "readme: sanitizer build: skipped (the plain suite runs the README's commands)"
   exit 0
 fi
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
 
 # the first fenced block of the README, verbatim
 awk '/^```/ { if (inb) exit; inb = 1; next } inb' "$src/README.md" >"$tmp/commands"

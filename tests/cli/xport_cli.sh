@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # ect info tries each compiled-in transport with a 1-byte loopback write;
 # ect bench xport prints its rows (JSON keys checked) and rejects bad flags.
-set -euo pipefail
-ect=${ECT_BIN:?}
+. "$(dirname "$0")/lib.sh"
 info=$("$ect" info)
 grep -Eq '^  tcp  works$' <<<"$info" || { echo "tcp does not work: $info"; exit 1; }
 grep -Eq '^  shm  works$' <<<"$info" || { echo "shm does not work: $info"; exit 1; }
@@ -10,14 +9,8 @@ if grep -q 'compiled in: .*ucx' <<<"$info"; then
   grep -Eq '^  ucx  (works|fails: .+)$' <<<"$info" || { echo "no ucx line: $info"; exit 1; }
 fi
 "$ect" bench xport --help | grep -q '^usage: ect bench xport'
-set +e
-err=$("$ect" bench xport --transport carrier 2>&1 >/dev/null); rc=$?
-set -e
-[ $rc -eq 2 ] && grep -q "not tcp, shm or ucx" <<<"$err"
-set +e
-err=$("$ect" bench xport --seconds 0 2>&1 >/dev/null); rc=$?
-set -e
-[ $rc -eq 2 ] && grep -q -- "--seconds" <<<"$err"
+expect_exit 2 'not tcp, shm or ucx' "$ect" bench xport --transport carrier
+expect_exit 2 '--seconds' "$ect" bench xport --seconds 0
 out=$("$ect" bench xport --transport tcp,shm --seconds 0.05 --json)
 [ "$(grep -c '"transport": ' <<<"$out")" -eq 10 ] || { echo "expected 10 rows: $out"; exit 1; }
 for k in transport size gbps limit_gbps ratio p50_us p99_us; do

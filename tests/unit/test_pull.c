@@ -398,11 +398,13 @@ static void send_pull(void *dealer, const char *h, uint64_t ptr, uint64_t off, c
     wire_transfer_pull m = {.mm_hash = (char *)h,
                             .dst_ptr = ptr,
                             .dst_offset = off,
-                            .consumer_session_id = (char *)sess};
-    pull_ext x = {.dst_key = (char *)key, .has_token = true, .token = token};
+                            .consumer_session_id = (char *)sess,
+                            .dst_key = (char *)key,
+                            .has_token = true,
+                            .token = token};
     void *buf;
     size_t len;
-    assert_int_equal(pull_ext_encode_pull(&m, &x, &buf, &len), 0);
+    assert_int_equal(wire_transfer_pull_encode(&m, &buf, &len), 0);
     assert_true(zmq_send(dealer, buf, len, 0) >= 0);
     free(buf);
 }
@@ -413,16 +415,14 @@ static int recv_complete(void *dealer, const char *h, uint64_t token, char *err,
     int n = zmq_recv(dealer, buf, sizeof buf, 0);
     assert_true(n > 0);
     wire_transfer_complete c;
-    pull_ext x;
     assert_int_equal(wire_transfer_complete_decode(buf, (size_t)n, &c), 0);
-    assert_int_equal(pull_ext_decode(buf, (size_t)n, "ECTransferComplete", &x), 0);
+    assert_null(c.ext_error);
     assert_string_equal(c.mm_hash, h);
-    assert_true(x.has_token);
-    assert_int_equal(x.token, token);
-    snprintf(err, cap, "%s", x.error ? x.error : "");
+    assert_true(c.has_token);
+    assert_int_equal(c.token, token);
+    snprintf(err, cap, "%s", c.error ? c.error : "");
     int st = c.status;
     wire_transfer_complete_free(&c);
-    pull_ext_free(&x);
     return st;
 }
 
@@ -476,11 +476,37 @@ static void test_raw_router(void **st) {
     /* overflow of dst_ptr + dst_offset */
     send_pull(d, "raw", UINT64_MAX, 1, ect_xport_session(x), key, 17);
     assert_int_equal(recv_complete(d, "raw", 17, err, sizeof err), ECT_EOVERFLOW);
+    /* a malformed extension key (dst_key: 5): answered -5 naming it, without a token */
+    wire_transfer_pull up = {.mm_hash = "raw",
+                             .dst_ptr = (uint64_t)(uintptr_t)r,
+                             .consumer_session_id = (char *)ect_xport_session(x)};
+    assert_int_equal(wire_transfer_pull_encode(&up, &buf, &len), 0);
+    uint8_t bad[512];
+    assert_true(len + 9 <= sizeof bad && ((uint8_t *)buf)[0] == 0x84);
+    memcpy(bad, buf, len);
+    free(buf);
+    bad[0] = 0x85;
+    memcpy(bad + len,
+           "\xa7"
+           "dst_key"
+           "\x05",
+           9);
+    assert_true(zmq_send(d, bad, len + 9, 0) >= 0);
+    char reply[4096];
+    int rn = zmq_recv(d, reply, sizeof reply, 0);
+    assert_true(rn > 0);
+    wire_transfer_complete bc;
+    assert_int_equal(wire_transfer_complete_decode(reply, (size_t)rn, &bc), 0);
+    assert_int_equal(bc.status, ECT_EPROTO);
+    assert_false(bc.has_token);
+    assert_non_null(bc.error);
+    assert_non_null(strstr(bc.error, "ECTransferPull.dst_key"));
+    wire_transfer_complete_free(&bc);
     ect_pull_producer_stat ps;
     ect_pull_producer_stats(p, &ps);
     assert_int_equal(ps.malformed, 3);
     assert_int_equal(ps.pulls_ok, 1);
-    assert_int_equal(ps.pulls_failed, 6);
+    assert_int_equal(ps.pulls_failed, 7);
     /* leases were all given back: the item can be removed */
     assert_int_equal(ect_pool_remove(ect_pull_producer_pool(p), "raw"), 0);
     assert_int_equal(used(ect_pull_producer_pool(p)), 0);
@@ -597,20 +623,19 @@ static void *slow_main(void *arg) {
     }
     for (int i = 0; i < 2; i++) {
         wire_transfer_pull pl;
-        pull_ext x;
         if (wire_transfer_pull_decode(msg[i], (size_t)ml[i], &pl) != 0) return NULL;
-        if (pull_ext_decode(msg[i], (size_t)ml[i], "ECTransferPull", &x) != 0) return NULL;
-        wire_transfer_complete c = {.mm_hash = pl.mm_hash, .status = i == 0 ? 0 : ECT_ENOTFOUND};
-        pull_ext cx = {.has_token = x.has_token, .token = x.token};
+        wire_transfer_complete c = {.mm_hash = pl.mm_hash,
+                                    .status = i == 0 ? 0 : ECT_ENOTFOUND,
+                                    .has_token = pl.has_token,
+                                    .token = pl.token};
         void *buf;
         size_t len;
-        if (pull_ext_encode_complete(&c, &cx, &buf, &len) == 0) {
+        if (wire_transfer_complete_encode(&c, &buf, &len) == 0) {
             zmq_send(sr->sock, id[i], (size_t)idl[i], ZMQ_SNDMORE);
             zmq_send(sr->sock, buf, len, 0);
             free(buf);
         }
         wire_transfer_pull_free(&pl);
-        pull_ext_free(&x);
     }
     return NULL;
 }
@@ -772,79 +797,6 @@ static void test_sub_malformed(void **st) {
     zmq_ctx_term(ctx);
 }
 
-/* ---- the extension codec */
-
-static void assert_hex(const void *buf, size_t len, const char *hex) {
-    char got[1024];
-    assert_true(len * 2 < sizeof got);
-    for (size_t i = 0; i < len; i++) snprintf(got + 2 * i, 3, "%02x", ((const uint8_t *)buf)[i]);
-    assert_string_equal(got, hex);
-}
-
-static void test_ext_codec(void **st) {
-    (void)st;
-    wire_transfer_pull m = {.mm_hash = "abc",
-                            .dst_ptr = 0x7f0000001000,
-                            .dst_offset = 4096,
-                            .consumer_session_id = "consumer-0"};
-    void *buf;
-    size_t len;
-    /* no extension: exactly the upstream bytes */
-    assert_int_equal(pull_ext_encode_pull(&m, NULL, &buf, &len), 0);
-    void *plain;
-    size_t plen;
-    assert_int_equal(wire_transfer_pull_encode(&m, &plain, &plen), 0);
-    assert_int_equal(len, plen);
-    assert_memory_equal(buf, plain, len);
-    free(buf);
-    free(plain);
-    pull_ext x = {.dst_key = "k1", .has_token = true, .token = 42};
-    assert_int_equal(pull_ext_encode_pull(&m, &x, &buf, &len), 0);
-    /* the golden bytes of docs/PROTOCOL.md */
-    static const char golden_pull[] =
-        "86a76d6d5f68617368a3616263a76473745f707472cf00007f0000001000aa6473745f6f6666736574cd1000"
-        "b3636f6e73756d65725f73657373696f6e5f6964aa636f6e73756d65722d30a76473745f6b6579a26b31a574"
-        "6f6b656e2a";
-    assert_hex(buf, len, golden_pull);
-    wire_transfer_pull back;
-    assert_int_equal(wire_transfer_pull_decode(buf, len, &back), 0); /* upstream view */
-    assert_string_equal(back.mm_hash, "abc");
-    wire_transfer_pull_free(&back);
-    wire_pull_msg any;
-    assert_int_equal(wire_pull_decode_any(buf, len, &any), 0);
-    assert_int_equal(any.type, WIRE_PULL_PULL);
-    wire_pull_msg_free(&any);
-    pull_ext y;
-    assert_int_equal(pull_ext_decode(buf, len, "ECTransferPull", &y), 0);
-    assert_string_equal(y.dst_key, "k1");
-    assert_true(y.has_token);
-    assert_int_equal(y.token, 42);
-    pull_ext_free(&y);
-    free(buf);
-    /* a wrong-typed extension key is named */
-    static const uint8_t bad[] = {0x81, 0xa5, 't', 'o', 'k', 'e', 'n', 0xa1, 'x'};
-    assert_err(pull_ext_decode(bad, sizeof bad, "ECTransferComplete", &y), ECT_EPROTO,
-               "ECTransferComplete.token");
-    /* an over-long error text is cut to 256 bytes */
-    char longerr[600];
-    memset(longerr, 'e', sizeof longerr - 1);
-    longerr[sizeof longerr - 1] = '\0';
-    wire_transfer_complete c = {.mm_hash = "abc", .status = -4};
-    pull_ext cx = {.has_token = true, .token = 1, .error = longerr};
-    assert_int_equal(pull_ext_encode_complete(&c, &cx, &buf, &len), 0);
-    assert_int_equal(pull_ext_decode(buf, len, "ECTransferComplete", &y), 0);
-    assert_int_equal(strlen(y.error), 256);
-    pull_ext_free(&y);
-    free(buf);
-    wire_transfer_complete c2 = {.mm_hash = "abc", .status = ECT_ENOTFOUND};
-    pull_ext cx2 = {.has_token = true, .token = 42, .error = "mm_hash abc is unknown or evicted"};
-    assert_int_equal(pull_ext_encode_complete(&c2, &cx2, &buf, &len), 0);
-    assert_hex(buf, len,
-               "84a76d6d5f68617368a3616263a6737461747573fca5746f6b656e2aa56572726f72d9216d6d5f68"
-               "6173682061626320697320756e6b6e6f776e206f722065766963746564");
-    free(buf);
-}
-
 /* ---- bad options and arguments */
 
 static void test_bad_args(void **st) {
@@ -924,7 +876,6 @@ static void test_save_queue_bound(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ext_codec),
         cmocka_unit_test(test_bad_args),
         cmocka_unit_test(test_save_queue_bound),
         cmocka_unit_test(test_basic_tcp),

@@ -554,22 +554,7 @@ static void test_goldens_are_the_documented_examples(void **state) {
         G_EV_READY,
         G_EV_ABANDONED,
     };
-    char path[1024];
-    const char *src = getenv("ECT_SOURCE_DIR");
-    if (src) {
-        snprintf(path, sizeof path, "%s/docs/PROTOCOL.md", src);
-    } else { /* run by hand: find the docs from this file's path */
-        snprintf(path, sizeof path, "%s", __FILE__);
-        char *cut = strstr(path, "tests/unit/");
-        assert_non_null(cut);
-        snprintf(cut, sizeof path - (size_t)(cut - path), "docs/PROTOCOL.md");
-    }
-    FILE *f = fopen(path, "rb");
-    if (!f) fail_msg("cannot open %s", path);
-    static char doc[256 * 1024];
-    size_t n = fread(doc, 1, sizeof doc - 1, f);
-    fclose(f);
-    doc[n] = '\0';
+    const char *doc = test_protocol_md();
     /* Each example is a line of its own in a code block. */
     for (size_t i = 0; i < ECT_ARRAY_LEN(goldens); i++) {
         char line[1024];

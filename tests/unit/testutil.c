@@ -1,5 +1,6 @@
 /* testutil — see testutil.h. */
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "testutil.h"
 
@@ -40,4 +41,24 @@ int test_check_pattern(const void *buf, size_t n, uint64_t seed) {
         if (p[i] != (unsigned char)(v >> ((i & 7) * 8))) return 0;
     }
     return 1;
+}
+
+const char *test_protocol_md(void) {
+    char path[1024];
+    const char *src = getenv("ECT_SOURCE_DIR");
+    if (src) {
+        snprintf(path, sizeof path, "%s/docs/PROTOCOL.md", src);
+    } else { /* run by hand: find the docs from this file's path */
+        snprintf(path, sizeof path, "%s", __FILE__);
+        char *cut = strstr(path, "tests/unit/");
+        assert_non_null(cut);
+        snprintf(cut, sizeof path - (size_t)(cut - path), "docs/PROTOCOL.md");
+    }
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("cannot open %s", path);
+    static char doc[256 * 1024];
+    size_t n = fread(doc, 1, sizeof doc - 1, f);
+    fclose(f);
+    doc[n] = '\0';
+    return doc;
 }

@@ -28,4 +28,9 @@ uint64_t test_rand(uint64_t *state);
 void test_fill_pattern(void *buf, size_t n, uint64_t seed);
 int test_check_pattern(const void *buf, size_t n, uint64_t seed);
 
+/* The text of docs/PROTOCOL.md ($ECT_SOURCE_DIR, else found from this
+ * source file's path), NUL-terminated; fails the test when unreadable. Static
+ * storage: valid until the next call. */
+const char *test_protocol_md(void);
+
 #endif

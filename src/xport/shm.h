@@ -1,0 +1,66 @@
+/*
+ * shm — the pieces of the shm back end (docs/PROTOCOL.md "shm") that its
+ * three files share: shm.c (socket messaging, the process token, the back
+ * end's table), shm_target.c (the listener, control segments, region slots,
+ * granting) and shm_initiator.c (connections, mappings, copies). The message
+ * layouts are shm_wire's.
+ */
+#ifndef ECT_XPORT_SHM_H
+#define ECT_XPORT_SHM_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include "xport/conncache.h"
+#include "xport/shm_wire.h"
+#include "xport/xport.h"
+
+/* Target side: a live connection's control segment. */
+typedef struct shm_seg {
+    shm_slot *slots;
+    struct shm_seg *next;
+} shm_seg;
+
+typedef struct shm_impl {
+    xp_server *srv;
+    pthread_mutex_t smu; /* guards segs and slot_state (target side) */
+    shm_seg *segs;
+    uint64_t slot_state[SHM_SLOTS]; /* master copy of every segment's states */
+    xp_conncache cache;             /* the initiator's connections */
+} shm_impl;
+
+/* ---- shm.c: messaging over the SOCK_SEQPACKET sockets. */
+/* The abstract address of session name `name` ("ect-..."). ECT_EINVAL when
+ * empty or too long. */
+int shm_make_addr(const char *name, struct sockaddr_un *sa, socklen_t *len);
+/* True when the peer of fd runs under our uid. */
+bool shm_same_uid(int fd);
+/* Sends one message with nfds fds attached, waiting for room at most
+ * timeout_ms. ECT_ECLOSED, ECT_ETIMEDOUT, ECT_EIO. */
+int shm_msg_send(int fd, const void *buf, size_t len, const int *fds, int nfds, int timeout_ms);
+/* Receives one message (and up to maxfds fds, the rest closed); *len gets
+ * its size. The socket's SO_RCVTIMEO (shm_set_timeouts) bounds the wait:
+ * with wait_forever the call keeps waiting (a server's stop shuts the
+ * socket down, which ends it), else it fails with ECT_ETIMEDOUT. ECT_ECLOSED
+ * at EOF; ECT_EPROTO for a message that did not fit. */
+int shm_msg_recv(int fd, void *buf, size_t cap, size_t *len, int *fds, int maxfds, int *nfds,
+                 bool wait_forever, int timeout_ms);
+void shm_set_timeouts(int fd, int timeout_ms);
+/* A random token of this process (drawn again after a fork): tells an
+ * initiator whether a CUDA region's target runs in its own process. */
+uint64_t shm_process_token(void);
+
+/* ---- shm_target.c */
+int shm_target_open(ect_xport *x, shm_impl *s, const char *name);
+int shm_target_reg(ect_xport *x, xp_region *r);
+void shm_target_unreg(ect_xport *x, xp_region *r);
+
+/* ---- shm_initiator.c */
+extern const xp_conn_ops shm_conn_ops;
+int shm_write_batch(ect_xport *x, const char *session, const ect_write *w, size_t n, int *st);
+
+#endif

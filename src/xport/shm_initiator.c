@@ -1,0 +1,397 @@
+/*
+ * shm_initiator — the initiator side of the shm transport: connections to
+ * targets (cached per session in conncache), the regions each connection
+ * mapped, and the copies (docs/PROTOCOL.md "shm").
+ *
+ * A host region arrives as an fd the first time a connection is granted it;
+ * the connection maps it once and keeps the mapping until the target
+ * reports the region gone. A CUDA device region arrives as its IPC handle
+ * instead, which the connection opens once (mem/cuda.c counts opens of one
+ * handle); its copies go through the driver: device-to-device from a device
+ * source, host-to-device from a host one, waited for before the write counts
+ * as landed. A target in the initiator's own process (the handle carries a
+ * per-process token) is written through its device address directly, since
+ * the driver refuses to open a handle in the process that exported it.
+ *
+ * A write into a region this connection mapped takes the fast path: no
+ * message, only the control segment's `users` count and `state` check;
+ * everything else goes through BEGIN / GRANT / copy / DONE, one round trip
+ * per chunk of up to SHM_CHUNK writes.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "mem/cuda.h"
+#include "mem/memkind.h"
+#include "util/util.h"
+#include "xport/shm.h"
+
+typedef struct shm_map {
+    uint64_t rid;   /* target's region id */
+    uint64_t token; /* its key */
+    uint32_t slot;  /* its slot in the control segment */
+    uint8_t *base;  /* mapping of the region (starts page-aligned before it); NULL for CUDA */
+    size_t maplen;
+    int kind;       /* ECT_MEM_CUDA: start is a device address (copies through the driver) */
+    int dev;        /* device the copies run on */
+    void *ipc_base; /* the opened IPC allocation (cuda_ipc_close), or NULL */
+    uint8_t *start; /* the region's first byte */
+    uint64_t raddr, rlen;
+    UT_hash_handle hh;     /* by rid */
+    UT_hash_handle hh_tok; /* by token */
+} shm_map;
+
+typedef struct shm_conn {
+    int fd;
+    shm_slot *seg; /* the target's control segment for this connection */
+    shm_map *maps; /* this connection's mappings, by region id */
+    shm_map *by_tok;
+} shm_conn;
+
+static void map_drop(shm_conn *c, shm_map *m) {
+    HASH_DEL(c->maps, m);
+    HASH_DELETE(hh_tok, c->by_tok, m);
+    if (m->base) munmap(m->base, m->maplen);
+    cuda_ipc_close(m->ipc_base);
+    free(m);
+}
+
+/* Adds a mapping to the connection's tables (by region id and by key). */
+static void map_add(shm_conn *c, shm_map *m) {
+    HASH_ADD(hh, c->maps, rid, sizeof m->rid, m);
+    shm_map *old;
+    HASH_FIND(hh_tok, c->by_tok, &m->token, sizeof m->token, old);
+    if (old) HASH_DELETE(hh_tok, c->by_tok, old);
+    HASH_ADD(hh_tok, c->by_tok, token, sizeof m->token, m);
+}
+
+/* Opens a granted CUDA region: its IPC handle, or, when the target is this
+ * very process, its device address as is. */
+static int map_ipc(shm_conn *c, const shm_grant_entry *e, uint64_t token) {
+    shm_map *m;
+    HASH_FIND(hh, c->maps, &e->rid, sizeof e->rid, m);
+    if (m) return 0;
+    uint64_t end;
+    if (e->rlen == 0 || !ect_add_u64(e->raddr, e->rlen, &end) || e->slot >= SHM_SLOTS)
+        return ect_set_error(ECT_EPROTO, "shm: CUDA region %" PRIu64 " is malformed", e->rid);
+    ect_cuda_info ci;
+    if (ect_cuda_get_info(&ci) != 0)
+        return ect_set_error(ECT_ENOTSUP,
+                             "shm: the target's region is CUDA memory and this "
+                             "process has no CUDA: %s",
+                             ci.why);
+    int dev = (int)e->device < ci.devices ? (int)e->device : 0;
+    void *base = NULL;
+    uint8_t *start;
+    if (e->proc_token == shm_process_token()) {
+        start = (uint8_t *)(uintptr_t)e->raddr;
+    } else {
+        int rc = cuda_ipc_open(e->ipc_handle, dev, &base);
+        if (rc) return ect_set_error(rc, "shm: %s", ect_last_error());
+        start = (uint8_t *)base + e->ipc_off;
+    }
+    if (!(m = calloc(1, sizeof *m))) {
+        cuda_ipc_close(base);
+        return ect_set_error(ECT_ENOMEM, "shm mapping");
+    }
+    m->rid = e->rid;
+    m->kind = ECT_MEM_CUDA;
+    m->dev = dev;
+    m->ipc_base = base;
+    m->start = start;
+    m->raddr = e->raddr;
+    m->rlen = e->rlen;
+    m->token = token;
+    m->slot = e->slot;
+    map_add(c, m);
+    return 0;
+}
+
+/* Puts len bytes from src (kind skind on device sdev) at dst inside map m:
+ * memcpy between host memory, else one driver copy, waited for. */
+static int put_bytes(const shm_map *m, uint8_t *dst, const void *src, uint64_t len, int skind,
+                     int sdev) {
+    if (!len) return 0;
+    if (m->kind != ECT_MEM_CUDA && skind != ECT_MEM_CUDA) {
+        memcpy(dst, src, (size_t)len);
+        return 0;
+    }
+    return cuda_copy(dst, src, len, m->kind == ECT_MEM_CUDA ? m->dev : sdev);
+}
+
+static void conn_free(shm_conn *c) {
+    shm_map *m, *tmp;
+    HASH_ITER(hh, c->maps, m, tmp) map_drop(c, m);
+    if (c->seg) munmap(c->seg, SHM_SEG_LEN);
+    if (c->fd >= 0) close(c->fd);
+    free(c);
+}
+
+/* A peer's address: the abstract socket its session "shm:@NAME" names. */
+typedef struct shm_addr {
+    struct sockaddr_un sa;
+    socklen_t salen;
+} shm_addr;
+
+static int parse_session(const char *session, void **addr) {
+    if (strncmp(session, "shm:@", 5) != 0)
+        return ect_set_error(ECT_EINVAL, "peer_session '%.100s' is not shm:@NAME", session);
+    shm_addr *a = malloc(sizeof *a);
+    if (!a) return ect_set_error(ECT_ENOMEM, "peer");
+    int rc = shm_make_addr(session + 5, &a->sa, &a->salen);
+    if (rc) {
+        free(a);
+        return rc;
+    }
+    *addr = a;
+    return 0;
+}
+
+static void close_conn(xp_conn c) { conn_free(c.ctx); }
+
+const xp_conn_ops shm_conn_ops = {parse_session, close_conn};
+
+/* A cached connection, or a new one: connect, HELLO, map the control
+ * segment the reply carries. */
+static int take_conn(ect_xport *x, xp_peer *p, shm_conn **out) {
+    shm_impl *s = x->impl;
+    xp_conn cached;
+    if (xp_cache_take(&s->cache, p, &cached)) {
+        *out = cached.ctx;
+        return 0;
+    }
+    const shm_addr *a = p->addr;
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd < 0) return ect_set_errno(errno, "shm: socket");
+    if (connect(fd, (const struct sockaddr *)&a->sa, a->salen) != 0) {
+        int rc =
+            ect_set_error(ECT_ECONNREFUSED, "shm: connect to %s: %s", p->session, strerror(errno));
+        close(fd);
+        return rc;
+    }
+    if (!shm_same_uid(fd)) {
+        close(fd);
+        return ect_set_error(ECT_EACCES, "shm: %s belongs to another user", p->session);
+    }
+    uint8_t h[16];
+    size_t len;
+    int segfd = -1, nf = 0;
+    void *seg = MAP_FAILED;
+    struct stat st;
+    shm_hello_encode(h);
+    int rc = shm_msg_send(fd, h, SHM_HELLO_LEN, NULL, 0, x->opts.io_timeout_ms);
+    shm_set_timeouts(fd, x->opts.io_timeout_ms);
+    if (!rc) rc = shm_msg_recv(fd, h, sizeof h, &len, &segfd, 1, &nf, false, x->opts.io_timeout_ms);
+    if (rc == ECT_ECLOSED)
+        rc = ect_set_error(ECT_ECONNREFUSED, "shm: %s refused the hello", p->session);
+    if (!rc && (shm_hello_reply_decode(h, len) != 0 || nf != 1 || fstat(segfd, &st) != 0 ||
+                (uint64_t)st.st_size < SHM_SEG_LEN))
+        rc = ect_set_error(ECT_EPROTO, "shm: bad hello from %s", p->session);
+    if (!rc) {
+        seg = mmap(NULL, SHM_SEG_LEN, PROT_READ | PROT_WRITE, MAP_SHARED, segfd, 0);
+        if (seg == MAP_FAILED) rc = ect_set_errno(errno, "shm: map of the control segment");
+    }
+    if (nf == 1) close(segfd);
+    shm_conn *c = rc ? NULL : calloc(1, sizeof *c);
+    if (!c) {
+        if (seg != MAP_FAILED) munmap(seg, SHM_SEG_LEN);
+        close(fd);
+        return rc ? rc : ect_set_error(ECT_ENOMEM, "shm connection");
+    }
+    c->fd = fd;
+    c->seg = seg;
+    *out = c;
+    return 0;
+}
+
+static int map_region(shm_conn *c, const shm_grant_entry *e, int fd, uint64_t token) {
+    uint64_t rid = e->rid, raddr = e->raddr, rlen = e->rlen, foff = e->fd_off;
+    uint32_t slot = e->slot;
+    shm_map *m;
+    HASH_FIND(hh, c->maps, &rid, sizeof rid, m);
+    if (m) { /* already mapped: the target sent it twice; keep ours */
+        close(fd);
+        return 0;
+    }
+    uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE), aoff = foff & ~(pg - 1), end;
+    struct stat st;
+    if (!ect_add_u64(foff, rlen, &end) || rlen == 0 || rlen > SIZE_MAX / 2 || fstat(fd, &st) != 0 ||
+        (uint64_t)st.st_size < end || slot >= SHM_SLOTS) {
+        close(fd);
+        return ect_set_error(ECT_EPROTO, "shm: region %" PRIu64 " does not fit its fd", rid);
+    }
+    size_t ml = (size_t)(rlen + (foff - aoff));
+    void *b = mmap(NULL, ml, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)aoff);
+    close(fd);
+    if (b == MAP_FAILED) return ect_set_errno(errno, "shm: mmap of region %" PRIu64, rid);
+    m = calloc(1, sizeof *m);
+    if (!m) {
+        munmap(b, ml);
+        return ect_set_error(ECT_ENOMEM, "shm mapping");
+    }
+    m->rid = rid;
+    m->base = b;
+    m->maplen = ml;
+    m->kind = ECT_MEM_HOST;
+    m->start = (uint8_t *)b + (foff - aoff);
+    m->raddr = raddr;
+    m->rlen = rlen;
+    m->token = token;
+    m->slot = slot;
+    map_add(c, m);
+    return 0;
+}
+
+/* A write's source: its kind (ECT_MEM_CUDA or host) and device. */
+typedef struct src_kind {
+    int kind, dev;
+} src_kind;
+
+/* One BEGIN/GRANT/copy/DONE/ACK round for idx[0..n). Fails only for
+ * connection-level errors; per-write refusals go to st. */
+static int chunk(ect_xport *x, shm_conn *c, const ect_write *w, const size_t *idx, uint32_t n,
+                 const uint64_t *tok, const src_kind *sk, int *st, uint8_t *buf) {
+    int to = x->opts.io_timeout_ms;
+    shm_begin_entry be[SHM_CHUNK];
+    for (uint32_t i = 0; i < n; i++)
+        be[i] = (shm_begin_entry){w[idx[i]].dst_addr, w[idx[i]].len, tok[idx[i]]};
+    size_t len = shm_begin_encode(buf, be, n);
+    int rc = shm_msg_send(c->fd, buf, len, NULL, 0, to);
+    int fds[SHM_CHUNK], nfds = 0;
+    if (!rc) rc = shm_msg_recv(c->fd, buf, SHM_GRANT_MAX, &len, fds, SHM_CHUNK, &nfds, false, to);
+    if (rc) return rc;
+    shm_grant g;
+    if ((rc = shm_grant_decode(buf, len, n, nfds, &g)) != 0) {
+        for (int i = 0; i < nfds; i++) close(fds[i]);
+        return rc;
+    }
+    for (uint32_t i = 0; i < g.ndrop; i++) {
+        uint64_t rid = xp_get_u64(g.drops + 8 * (size_t)i);
+        shm_map *m;
+        HASH_FIND(hh, c->maps, &rid, sizeof rid, m);
+        if (m) map_drop(c, m);
+    }
+    int fi = 0;
+    uint32_t ipc_seen = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        shm_grant_entry e;
+        shm_grant_entry_get(buf, &g, i, &ipc_seen, &e);
+        int32_t s = e.status;
+        size_t wi = idx[i];
+        if (e.flags & SHM_GF_FD) {
+            int err = map_region(c, &e, fds[fi++], tok[wi]);
+            if (err && s == 0) s = err;
+        } else if (e.flags & SHM_GF_IPC) {
+            int err = map_ipc(c, &e, tok[wi]);
+            if (err && s == 0) s = err;
+        }
+        if (s > 0 || s < ECT_EOVERFLOW) s = ECT_EPROTO;
+        if (s) {
+            st[wi] = s;
+            continue;
+        }
+        shm_map *m;
+        HASH_FIND(hh, c->maps, &e.rid, sizeof e.rid, m);
+        uint64_t a = w[wi].dst_addr, end;
+        /* Never trust the grant blindly: the copy must stay inside our map. */
+        if (!m || a < m->raddr || !ect_add_u64(a, w[wi].len, &end) || end > m->raddr + m->rlen) {
+            st[wi] = ect_set_error(ECT_EPROTO, "shm: GRANT for a region not mapped here");
+            continue;
+        }
+        st[wi] =
+            put_bytes(m, m->start + (a - m->raddr), w[wi].src, w[wi].len, sk[wi].kind, sk[wi].dev);
+    }
+    while (fi < nfds) close(fds[fi++]);
+    shm_done_encode(buf, n);
+    return shm_msg_send(c->fd, buf, SHM_DONE_LEN, NULL, 0, to);
+}
+
+/* The fast path: a write into a region this connection already mapped is
+ * checked here against the range and the region's live state in the
+ * control segment, and copied without a message. Returns 1 when it must
+ * ask the target instead, 0 once copied, or a copy's error. */
+static int fast_copy(shm_conn *c, const ect_write *w, uint64_t token, const src_kind *sk) {
+    shm_map *m;
+    HASH_FIND(hh_tok, c->by_tok, &token, sizeof token, m);
+    uint64_t a = w->dst_addr, end;
+    if (!m || a < m->raddr || !ect_add_u64(a, w->len, &end) || end > m->raddr + m->rlen) return 1;
+    shm_slot *sl = &c->seg[m->slot];
+    int rc = 1;
+    __atomic_fetch_add(&sl->users, 1, __ATOMIC_SEQ_CST);
+    bool live = __atomic_load_n(&sl->state, __ATOMIC_SEQ_CST) == ((m->rid << 1) | 1);
+    if (live) rc = put_bytes(m, m->start + (a - m->raddr), w->src, w->len, sk->kind, sk->dev);
+    __atomic_fetch_sub(&sl->users, 1, __ATOMIC_SEQ_CST);
+    return rc;
+}
+
+int shm_write_batch(ect_xport *x, const char *session, const ect_write *w, size_t n, int *st) {
+    shm_impl *s = x->impl;
+    xp_peer *p = NULL;
+    shm_conn *c = NULL;
+    int rc = xp_cache_peer(&s->cache, session, &p);
+    if (!rc) rc = take_conn(x, p, &c);
+    if (rc) {
+        for (size_t i = 0; i < n; i++) st[i] = rc;
+        return rc;
+    }
+    uint64_t *tok = malloc(n * sizeof *tok);
+    size_t *idx = malloc(n * sizeof *idx);
+    src_kind *sk = calloc(n, sizeof *sk);
+    uint8_t *buf = malloc(SHM_GRANT_MAX);
+    if (!tok || !idx || !sk || !buf) {
+        free(tok);
+        free(idx);
+        free(sk);
+        free(buf);
+        xp_cache_give(&s->cache, p, (xp_conn){c->fd, c});
+        return ect_set_error(ECT_ENOMEM, "batch");
+    }
+    size_t m = 0, fast = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (w[i].len && mem_is_device(w[i].src, &sk[i].dev)) sk[i].kind = ECT_MEM_CUDA;
+        int f;
+        if (xp_key_parse(w[i].dst_key, &tok[i]) != 0)
+            st[i] = ECT_EINVAL;
+        else if ((f = fast_copy(c, &w[i], tok[i], &sk[i])) == 0)
+            fast++;
+        else if (f < 0)
+            st[i] = f;
+        else
+            idx[m++] = i;
+    }
+    rc = 0;
+    for (size_t done = 0; done < m && !rc;) {
+        uint32_t k = (uint32_t)(m - done < SHM_CHUNK ? m - done : SHM_CHUNK);
+        rc = chunk(x, c, w, idx + done, k, tok, sk, st, buf);
+        if (rc) {
+            /* The target did not acknowledge: nothing from here on counts. */
+            for (size_t i = done; i < m; i++)
+                if (st[idx[i]] == 0) st[idx[i]] = rc;
+        }
+        done += k;
+    }
+    /* Copies need no answer, but a target that died meanwhile must not
+     * count as having received them. */
+    if (!rc && fast && !xp_fd_quiet(c->fd)) {
+        rc = ect_set_error(ECT_ECLOSED, "shm: %s went away during the batch", session);
+        for (size_t i = 0; i < n; i++)
+            if (st[i] == 0) st[i] = rc;
+    }
+    if (rc)
+        conn_free(c);
+    else
+        xp_cache_give(&s->cache, p, (xp_conn){c->fd, c});
+    free(tok);
+    free(idx);
+    free(sk);
+    free(buf);
+    return rc;
+}

@@ -1,0 +1,263 @@
+/*
+ * shm_target — the target side of the shm transport: the listening socket,
+ * one control segment per connection, a slot per registered region, and the
+ * connection threads that grant writes (docs/PROTOCOL.md "shm").
+ *
+ * For each chunk of a batch the initiator asks (BEGIN) and the target checks
+ * key and range, takes a reference on the region for each accepted write and
+ * answers (GRANT), attaching a region's fd (or, for CUDA memory, its IPC
+ * record) the first time the connection is granted that region; the
+ * initiator copies and says DONE; the target drops the references. So
+ * unregister waits for copies in progress, exactly as for tcp receives. The
+ * fast path (a region mapped before) asks nothing: unregister clears the
+ * region's state in every segment, then waits for the segments' `users` to
+ * drain.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "mem/cuda.h"
+#include "mem/memkind.h"
+#include "util/util.h"
+#include "xport/shm.h"
+
+typedef struct sent_ids {
+    uint64_t *v;
+    size_t n, cap;
+} sent_ids;
+
+static bool sent_has(const sent_ids *s, uint64_t id) {
+    for (size_t i = 0; i < s->n; i++)
+        if (s->v[i] == id) return true;
+    return false;
+}
+
+static bool region_alive(xp_regions *t, uint64_t id) {
+    xp_region *r, *tmp;
+    bool alive = false;
+    pthread_mutex_lock(&t->mu);
+    HASH_ITER(hh, t->by_token, r, tmp) {
+        if (r->id == id) alive = true;
+    }
+    pthread_mutex_unlock(&t->mu);
+    return alive;
+}
+
+/* Creates this connection's control segment and publishes it to reg/unreg. */
+static int seg_open(shm_impl *s, shm_seg *g, int *fd_out) {
+    int fd = memfd_create("ect-shm-ctl", MFD_CLOEXEC);
+    if (fd < 0) return ect_set_errno(errno, "shm: memfd for the control segment");
+    if (ftruncate(fd, SHM_SEG_LEN) != 0) {
+        close(fd);
+        return ect_set_errno(errno, "shm: control segment size");
+    }
+    g->slots = mmap(NULL, SHM_SEG_LEN, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (g->slots == MAP_FAILED) {
+        close(fd);
+        return ect_set_errno(errno, "shm: control segment map");
+    }
+    pthread_mutex_lock(&s->smu);
+    for (int i = 0; i < SHM_SLOTS; i++)
+        __atomic_store_n(&g->slots[i].state, s->slot_state[i], __ATOMIC_SEQ_CST);
+    g->next = s->segs;
+    s->segs = g;
+    pthread_mutex_unlock(&s->smu);
+    *fd_out = fd;
+    return 0;
+}
+
+static void seg_close(shm_impl *s, shm_seg *g) {
+    pthread_mutex_lock(&s->smu);
+    for (shm_seg **pp = &s->segs; *pp; pp = &(*pp)->next)
+        if (*pp == g) {
+            *pp = g->next;
+            break;
+        }
+    pthread_mutex_unlock(&s->smu);
+    munmap(g->slots, SHM_SEG_LEN);
+}
+
+/* Grants one BEGIN of n entries (in `in`) into `out`: takes a reference on
+ * each accepted write's region (held[i]), attaches what the connection has
+ * not been given yet and lists what it was given that is gone. Returns the
+ * GRANT's length and its fds, or 0 when out of memory. */
+static size_t grant(ect_xport *x, const uint8_t *in, uint32_t n, uint8_t *out, uint8_t *ipc,
+                    xp_region **held, sent_ids *sent, int *fds, int *nfds) {
+    uint32_t ndrop = 0, nipc = 0;
+    *nfds = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        shm_begin_entry b;
+        shm_begin_entry_get(in, i, &b);
+        shm_grant_entry e = {0};
+        xp_region *r = NULL;
+        e.status = xp_region_acquire(&x->regs, b.token, b.addr, b.len, &r);
+        held[i] = r;
+        if (r) {
+            if (!sent_has(sent, r->id)) {
+                if (sent->n == sent->cap) {
+                    size_t nc = sent->cap ? 2 * sent->cap : 16;
+                    uint64_t *nv = realloc(sent->v, nc * sizeof *nv);
+                    if (!nv) return 0;
+                    sent->v = nv;
+                    sent->cap = nc;
+                }
+                sent->v[sent->n++] = r->id;
+                if (r->kind == ECT_MEM_CUDA) {
+                    shm_grant_put_ipc(ipc + SHM_IPC_LEN * (size_t)nipc++, r->ipc, r->ipc_off,
+                                      shm_process_token(), (uint32_t)r->device);
+                    e.flags = SHM_GF_IPC;
+                } else {
+                    fds[(*nfds)++] = r->fd;
+                    e.flags = SHM_GF_FD;
+                }
+            }
+            e.rid = r->id;
+            e.raddr = (uint64_t)(uintptr_t)r->addr;
+            e.rlen = r->len;
+            e.fd_off = r->fd_off;
+            e.slot = (uint32_t)((uintptr_t)r->be - 1);
+        }
+        shm_grant_put_entry(out, i, &e);
+    }
+    /* Regions this connection was given that are gone: tell it to unmap. */
+    for (size_t i = 0; i < sent->n && ndrop < SHM_MAX_DROP;) {
+        if (region_alive(&x->regs, sent->v[i])) {
+            i++;
+            continue;
+        }
+        shm_grant_put_drop(out, n, ndrop++, sent->v[i]);
+        sent->v[i] = sent->v[--sent->n];
+    }
+    return shm_grant_finish(out, n, ndrop, (uint32_t)*nfds, ipc, nipc);
+}
+
+static void release_held(ect_xport *x, xp_region **held, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++)
+        if (held[i]) xp_region_release(&x->regs, held[i]);
+    memset(held, 0, sizeof *held * n);
+}
+
+static void serve_conn(void *ctx, int fd, int stopfd) {
+    ect_xport *x = ctx;
+    shm_impl *si = x->impl;
+    shm_seg seg = {0};
+    int segfd = -1;
+    int to = x->opts.io_timeout_ms;
+    uint8_t *in = malloc(SHM_BEGIN_MAX), *out = malloc(SHM_GRANT_MAX);
+    uint8_t *ipc = malloc(SHM_IPC_LEN * SHM_CHUNK);
+    xp_region **held = calloc(SHM_CHUNK, sizeof *held);
+    sent_ids sent = {0};
+    size_t len;
+    (void)stopfd; /* the server's stop shuts the socket down, which ends recvmsg */
+    if (!in || !out || !ipc || !held || !shm_same_uid(fd)) goto done;
+    shm_set_timeouts(fd, to);
+    if (shm_msg_recv(fd, in, SHM_BEGIN_MAX, &len, NULL, 0, NULL, true, to) != 0 ||
+        shm_hello_decode(in, len) != 0) {
+        ECT_LOGW("xport", "shm target: bad hello; closing");
+        goto done;
+    }
+    /* The hello reply carries the connection's control segment. */
+    if (seg_open(si, &seg, &segfd) != 0) goto done;
+    shm_hello_reply_encode(in);
+    int hrc = shm_msg_send(fd, in, SHM_HELLO_REPLY_LEN, &segfd, 1, to);
+    close(segfd);
+    if (hrc != 0) goto done;
+    for (;;) {
+        uint32_t n;
+        if (shm_msg_recv(fd, in, SHM_BEGIN_MAX, &len, NULL, 0, NULL, true, to) != 0) break;
+        if (shm_begin_decode(in, len, &n) != 0) {
+            ECT_LOGW("xport", "shm target: %s; closing", ect_last_error());
+            break;
+        }
+        int fds[SHM_CHUNK], nfds;
+        size_t glen = grant(x, in, n, out, ipc, held, &sent, fds, &nfds);
+        int rc = glen ? shm_msg_send(fd, out, glen, fds, nfds, to) : ECT_ENOMEM;
+        /* The initiator copies now; wait for DONE within the io timeout.
+         * DONE is not answered: the bytes landed when the initiator's copy
+         * returned, and DONE only ends the references. */
+        if (!rc) rc = shm_msg_recv(fd, in, SHM_BEGIN_MAX, &len, NULL, 0, NULL, false, to);
+        if (!rc) rc = shm_done_decode(in, len, n);
+        release_held(x, held, n);
+        if (rc) break;
+    }
+done:
+    if (seg.slots) seg_close(si, &seg);
+    free(in);
+    free(out);
+    free(ipc);
+    free(held);
+    free(sent.v);
+}
+
+/* A region gets a slot; every connection's segment shows it registered. A
+ * CUDA region also gets its IPC handle, handed to peers in the GRANT. */
+int shm_target_reg(ect_xport *x, xp_region *r) {
+    shm_impl *s = x->impl;
+    if (r->kind == ECT_MEM_CUDA) {
+        int rc = cuda_ipc_export(r->addr, r->ipc, &r->ipc_off);
+        if (rc) return ect_set_error(rc, "shm: %s", ect_last_error());
+    }
+    int slot = -1;
+    pthread_mutex_lock(&s->smu);
+    for (int i = 0; i < SHM_SLOTS && slot < 0; i++)
+        if (s->slot_state[i] == 0) slot = i;
+    if (slot >= 0) {
+        s->slot_state[slot] = (r->id << 1) | 1;
+        for (shm_seg *g = s->segs; g; g = g->next)
+            __atomic_store_n(&g->slots[slot].state, s->slot_state[slot], __ATOMIC_SEQ_CST);
+    }
+    pthread_mutex_unlock(&s->smu);
+    if (slot < 0) return ect_set_error(ECT_EFULL, "shm: at most %d regions per target", SHM_SLOTS);
+    r->be = (void *)(uintptr_t)(slot + 1);
+    return 0;
+}
+
+/* Clears the slot in every segment, then waits for copies in progress. */
+void shm_target_unreg(ect_xport *x, xp_region *r) {
+    shm_impl *s = x->impl;
+    int slot = (int)((uintptr_t)r->be - 1);
+    pthread_mutex_lock(&s->smu);
+    s->slot_state[slot] = 0;
+    for (shm_seg *g = s->segs; g; g = g->next)
+        __atomic_store_n(&g->slots[slot].state, 0, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&s->smu);
+    uint64_t t0 = ect_now_ms();
+    bool warned = false;
+    for (;;) {
+        bool busy = false;
+        pthread_mutex_lock(&s->smu);
+        for (shm_seg *g = s->segs; g && !busy; g = g->next)
+            busy = __atomic_load_n(&g->slots[slot].users, __ATOMIC_SEQ_CST) != 0;
+        pthread_mutex_unlock(&s->smu);
+        if (!busy) break;
+        if (!warned && ect_now_ms() - t0 > (uint64_t)x->opts.io_timeout_ms) {
+            ECT_LOGW("xport", "shm unregister: a peer has been copying for %d ms; waiting",
+                     x->opts.io_timeout_ms);
+            warned = true;
+        }
+        usleep(20);
+    }
+}
+
+/* Listens on the abstract name and starts the connection server. */
+int shm_target_open(ect_xport *x, shm_impl *s, const char *name) {
+    struct sockaddr_un sa;
+    socklen_t sl;
+    int rc = shm_make_addr(name, &sa, &sl);
+    if (rc) return rc;
+    int lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (lfd < 0) return ect_set_errno(errno, "shm: socket");
+    if (bind(lfd, (struct sockaddr *)&sa, sl) != 0 || listen(lfd, 64) != 0) {
+        rc = ect_set_errno(errno, "shm: listen on @%s", name);
+        close(lfd);
+        return rc;
+    }
+    return xp_server_start(lfd, serve_conn, x, &s->srv);
+}

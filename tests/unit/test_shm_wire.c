@@ -1,0 +1,137 @@
+/* Tests for xport/shm_wire, the shm transport's messages: the bytes each
+ * encoder writes (docs/PROTOCOL.md "shm"), round trips through the decoders,
+ * and one refusal per way a message can be wrong. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "testutil.h"
+#include "util/util.h"
+#include "xport/shm_wire.h"
+
+static void assert_hex(const uint8_t *buf, size_t len, const char *hex) {
+    char got[1024];
+    assert_true(2 * len < sizeof got);
+    for (size_t i = 0; i < len; i++) snprintf(got + 2 * i, 3, "%02x", buf[i]);
+    assert_string_equal(got, hex);
+}
+
+static void test_layouts(void **state) {
+    (void)state;
+    uint8_t b[SHM_BEGIN_MAX];
+    shm_hello_encode(b);
+    assert_hex(b, SHM_HELLO_LEN, "4543534801000000"); /* "ECSH", version 1 */
+    assert_int_equal(shm_hello_decode(b, SHM_HELLO_LEN), 0);
+    shm_hello_reply_encode(b);
+    assert_hex(b, SHM_HELLO_REPLY_LEN, "454353480100000000040000"); /* 1024 slots */
+    assert_int_equal(shm_hello_reply_decode(b, SHM_HELLO_REPLY_LEN), 0);
+    shm_begin_entry e[2] = {{0x1000, 16, 0x0102030405060708}, {0x2000, 1, 9}};
+    size_t len = shm_begin_encode(b, e, 2);
+    assert_int_equal(len, 8 + 2 * SHM_BENT);
+    assert_hex(b, len,
+               "4543534202000000"                                 /* "ECSB", n = 2 */
+               "001000000000000010000000000000000807060504030201" /* addr, len, key */
+               "002000000000000001000000000000000900000000000000");
+    uint32_t n;
+    assert_int_equal(shm_begin_decode(b, len, &n), 0);
+    assert_int_equal(n, 2);
+    shm_begin_entry back;
+    shm_begin_entry_get(b, 1, &back);
+    assert_true(back.addr == 0x2000 && back.len == 1 && back.token == 9);
+    shm_done_encode(b, 7);
+    assert_hex(b, SHM_DONE_LEN, "4543534407000000");
+    assert_int_equal(shm_done_decode(b, SHM_DONE_LEN, 7), 0);
+}
+
+/* A GRANT of three entries (an fd region, a refused write, a CUDA region),
+ * one dropped region, decoded back field by field. */
+static void test_grant_round_trip(void **state) {
+    (void)state;
+    uint8_t *b = malloc(SHM_GRANT_MAX), ipc[SHM_IPC_LEN], handle[64];
+    for (int i = 0; i < 64; i++) handle[i] = (uint8_t)i;
+    shm_grant_entry in[3] = {
+        {.status = 0,
+         .flags = SHM_GF_FD,
+         .rid = 1,
+         .raddr = 0x7f00,
+         .rlen = 4096,
+         .fd_off = 64,
+         .slot = 3},
+        {.status = ECT_EACCES},
+        {.status = 0, .flags = SHM_GF_IPC, .rid = 2, .raddr = 0x9000, .rlen = 512, .slot = 4},
+    };
+    for (uint32_t i = 0; i < 3; i++) shm_grant_put_entry(b, i, &in[i]);
+    shm_grant_put_drop(b, 3, 0, 77);
+    shm_grant_put_ipc(ipc, handle, 256, 0xabcdef, 1);
+    size_t len = shm_grant_finish(b, 3, 1, 1, ipc, 1);
+    assert_int_equal(len, 16 + 3 * SHM_GENT + 8 + SHM_IPC_LEN);
+    shm_grant g;
+    assert_int_equal(shm_grant_decode(b, len, 3, 1, &g), 0);
+    assert_true(g.n == 3 && g.ndrop == 1 && g.nfds == 1);
+    uint32_t seen = 0;
+    for (uint32_t i = 0; i < 3; i++) {
+        shm_grant_entry e;
+        shm_grant_entry_get(b, &g, i, &seen, &e);
+        assert_int_equal(e.status, in[i].status);
+        assert_int_equal(e.flags, in[i].flags);
+        assert_true(e.rid == in[i].rid && e.raddr == in[i].raddr && e.rlen == in[i].rlen &&
+                    e.fd_off == in[i].fd_off && e.slot == in[i].slot);
+        if (i == 2) {
+            assert_memory_equal(e.ipc_handle, handle, 64);
+            assert_true(e.ipc_off == 256 && e.proc_token == 0xabcdef && e.device == 1);
+        } else {
+            assert_null(e.ipc_handle);
+        }
+    }
+    assert_int_equal(seen, 1);
+    assert_int_equal(g.drops[0], 77);
+    free(b);
+}
+
+/* Each way a message can be wrong, refused with ECT_EPROTO. */
+static void test_refusals(void **state) {
+    (void)state;
+    uint8_t b[SHM_BEGIN_MAX];
+    shm_hello_encode(b);
+    assert_err(shm_hello_decode(b, SHM_HELLO_LEN - 1), ECT_EPROTO, "bad HELLO");
+    b[4] = 2; /* version 2 */
+    assert_err(shm_hello_decode(b, SHM_HELLO_LEN), ECT_EPROTO, "bad HELLO");
+    shm_hello_reply_encode(b);
+    b[8] = 1; /* 1025 slots */
+    assert_err(shm_hello_reply_decode(b, SHM_HELLO_REPLY_LEN), ECT_EPROTO, "bad HELLO reply");
+    shm_begin_entry e = {1, 2, 3};
+    size_t len = shm_begin_encode(b, &e, 1);
+    uint32_t n;
+    assert_err(shm_begin_decode(b, len + 1, &n), ECT_EPROTO, "malformed BEGIN");
+    assert_err(shm_begin_decode(b, 4, &n), ECT_EPROTO, "malformed BEGIN");
+    b[4] = 0; /* n = 0 */
+    assert_err(shm_begin_decode(b, 8, &n), ECT_EPROTO, "malformed BEGIN");
+    shm_done_encode(b, 3);
+    assert_err(shm_done_decode(b, SHM_DONE_LEN, 4), ECT_EPROTO, "malformed DONE");
+
+    uint8_t *g = malloc(SHM_GRANT_MAX);
+    shm_grant_entry fd = {.flags = SHM_GF_FD, .rid = 1, .rlen = 1};
+    shm_grant_put_entry(g, 0, &fd);
+    size_t glen = shm_grant_finish(g, 1, 0, 1, NULL, 0);
+    shm_grant d;
+    assert_int_equal(shm_grant_decode(g, glen, 1, 1, &d), 0);
+    assert_err(shm_grant_decode(g, glen, 2, 1, &d), ECT_EPROTO, "header"); /* answers another n */
+    assert_err(shm_grant_decode(g, glen, 1, 0, &d), ECT_EPROTO, "counts"); /* fd not received */
+    assert_err(shm_grant_decode(g, glen - 1, 1, 1, &d), ECT_EPROTO, "short");
+    assert_err(shm_grant_decode(g, glen + SHM_IPC_LEN, 1, 1, &d), ECT_EPROTO, "expected 64");
+    fd.flags = SHM_GF_FD | SHM_GF_IPC;
+    shm_grant_put_entry(g, 0, &fd);
+    assert_err(shm_grant_decode(g, glen, 1, 1, &d), ECT_EPROTO, "flags 0x3");
+    fd.flags = 0;
+    shm_grant_put_entry(g, 0, &fd);
+    assert_err(shm_grant_decode(g, glen, 1, 1, &d), ECT_EPROTO, "names 0 fds, carries 1");
+    free(g);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_layouts),
+        cmocka_unit_test(test_grant_round_trip),
+        cmocka_unit_test(test_refusals),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
