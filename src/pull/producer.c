@@ -30,6 +30,8 @@
 #include <zmq.h>
 
 #include "pull/pull_internal.h"
+#include "util/hostport.h"
+#include "util/sync.h"
 #include "util/util.h"
 #include "wire/dtype.h"
 
@@ -323,19 +325,12 @@ int ect_pull_producer_save(ect_pull_producer *p, const char *mm_hash, const void
 
 int ect_pull_producer_flush(ect_pull_producer *p, int timeout_ms) {
     if (!p) return ect_set_error(ECT_EINVAL, "pull flush: NULL producer");
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += timeout_ms / 1000;
-    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
+    uint64_t end = ect_deadline_ns(timeout_ms > 0 ? (uint64_t)timeout_ms : 0);
     int rc = 0;
     pthread_mutex_lock(&p->mu);
     uint64_t target = p->q_enqueued;
     while (p->q_done < target && rc == 0)
-        if (pthread_cond_timedwait(&p->cv, &p->mu, &dl) == ETIMEDOUT) rc = ECT_ETIMEDOUT;
+        if (ect_cond_wait_until(&p->cv, &p->mu, end) && p->q_done < target) rc = ECT_ETIMEDOUT;
     pthread_mutex_unlock(&p->mu);
     if (rc) return ect_set_error(rc, "pull flush: save queue not drained within %d ms", timeout_ms);
     return 0;
@@ -395,10 +390,8 @@ static void *lane_main(void *arg) {
     for (;;) {
         if (!l->head) {
             if (p->lanes_stop) break;
-            struct timespec dl;
-            clock_gettime(CLOCK_REALTIME, &dl);
-            dl.tv_sec += LANE_IDLE_MS / 1000;
-            if (pthread_cond_timedwait(&p->lane_cv, &p->lane_mu, &dl) == ETIMEDOUT && !l->head)
+            if (ect_cond_wait_until(&p->lane_cv, &p->lane_mu, ect_deadline_ns(LANE_IDLE_MS)) &&
+                !l->head)
                 break;
             continue;
         }
@@ -592,24 +585,23 @@ static int bind_pair(ect_pull_producer *p) {
     for (int attempt = 0; attempt < 64; attempt++) {
         int port = p->o.port;
         if (port == 0) {
-            snprintf(ep, sizeof ep, "tcp://%s:*", p->host);
+            ect_tcp_endpoint(p->host, 0, ep, sizeof ep); /* any free port */
             if (zmq_bind(p->router, ep) != 0) break;
             char last[320];
             size_t ll = sizeof last;
             zmq_getsockopt(p->router, ZMQ_LAST_ENDPOINT, last, &ll);
-            const char *colon = strrchr(last, ':');
-            port = colon ? atoi(colon + 1) : 0;
+            port = ect_tcp_endpoint_port(last);
             if (port <= 0 || port >= 65535) {
                 zmq_unbind(p->router, last);
                 continue;
             }
         } else {
-            snprintf(ep, sizeof ep, "tcp://%s:%d", p->host, port);
+            ect_tcp_endpoint(p->host, port, ep, sizeof ep);
             if (zmq_bind(p->router, ep) != 0)
                 return ect_set_error(ECT_EIO, "pull producer: cannot bind ROUTER %s: %s", ep,
                                      zmq_strerror(zmq_errno()));
         }
-        snprintf(ep, sizeof ep, "tcp://%s:%d", p->host, port + 1);
+        ect_tcp_endpoint(p->host, port + 1, ep, sizeof ep);
         if (zmq_bind(p->pub, ep) == 0) {
             p->port = port;
             return 0;
@@ -619,7 +611,7 @@ static int bind_pair(ect_pull_producer *p) {
             return ect_set_error(ECT_EIO, "pull producer: cannot bind PUB %s: %s", ep,
                                  zmq_strerror(e));
         char last[320];
-        snprintf(last, sizeof last, "tcp://%s:%d", p->host, port);
+        ect_tcp_endpoint(p->host, port, last, sizeof last);
         zmq_unbind(p->router, last);
     }
     return ect_set_error(ECT_EIO, "pull producer: cannot bind a ROUTER/PUB port pair on %s: %s",
@@ -664,9 +656,9 @@ int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer
     p->o.xport_listen = NULL;
     ect_random_id(p->session_id);
     pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->cv, NULL);
+    ect_cond_init(&p->cv);
     pthread_mutex_init(&p->lane_mu, NULL);
-    pthread_cond_init(&p->lane_cv, NULL);
+    ect_cond_init(&p->lane_cv);
     pthread_mutex_init(&p->stat_mu, NULL);
     if ((rc = pull_inv_init(&p->inv)) != 0) goto fail;
     p->inv_ok = true;
@@ -747,10 +739,7 @@ static void stop_save(ect_pull_producer *p) {
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     if (!p->save_started) return;
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += SAVE_JOIN_MS / 1000;
-    if (pthread_timedjoin_np(p->save_thread, NULL, &dl) != 0) {
+    if (ect_join_until(p->save_thread, ect_deadline_ns(SAVE_JOIN_MS)) != 0) {
         ECT_LOGE(MOD, "save thread did not stop within %d ms; waiting for it", SAVE_JOIN_MS);
         pthread_join(p->save_thread, NULL);
     }

@@ -25,6 +25,7 @@
 
 #include <zmq.h>
 
+#include "util/hostport.h"
 #include "util/util.h"
 #include "wire/control_msg.h"
 
@@ -442,11 +443,7 @@ static void *server_main(void *arg) {
 
 static int bind_socket(void *sock, const char *ip, int port, int *bound) {
     char ep[300];
-    bool v6 = strchr(ip, ':') != NULL;
-    if (port)
-        snprintf(ep, sizeof ep, v6 ? "tcp://[%s]:%d" : "tcp://%s:%d", ip, port);
-    else
-        snprintf(ep, sizeof ep, v6 ? "tcp://[%s]:*" : "tcp://%s:*", ip);
+    ect_tcp_endpoint(ip, port, ep, sizeof ep); /* port 0: any free port */
     if (zmq_bind(sock, ep) != 0) {
         int e = errno;
         if (e == EADDRINUSE) return ect_set_error(ECT_EEXIST, "%s: address in use", ep);
@@ -456,8 +453,7 @@ static int bind_socket(void *sock, const char *ip, int port, int *bound) {
     size_t sz = sizeof last;
     if (zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, last, &sz) != 0)
         return ect_set_error(ECT_EIO, "bind %s: cannot read the bound port", ep);
-    const char *colon = strrchr(last, ':');
-    *bound = colon ? atoi(colon + 1) : 0;
+    *bound = ect_tcp_endpoint_port(last);
     if (*bound <= 0) return ect_set_error(ECT_EIO, "bind %s: bad endpoint %s", ep, last);
     return 0;
 }

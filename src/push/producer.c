@@ -26,6 +26,8 @@
 #include "mem/memkind.h"
 #include "mem/pool.h"
 #include "push/producer.h"
+#include "util/hostport.h"
+#include "util/sync.h"
 #include "util/util.h"
 #include "wire/dtype.h"
 
@@ -116,9 +118,9 @@ int ect_push_producer_open(const ect_push_producer_opts *opts, ect_push_producer
     snprintf(p->transport, sizeof p->transport, "%s", opts->transport ? opts->transport : "");
     p->o.transport = p->transport;
     pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->wake, NULL);
-    pthread_cond_init(&p->results, NULL);
-    pthread_cond_init(&p->room, NULL);
+    ect_cond_init(&p->wake);
+    ect_cond_init(&p->results);
+    ect_cond_init(&p->room);
     if (opts->staging_size) {
         ect_pool_opts po;
         ect_pool_opts_init(&po);
@@ -210,13 +212,7 @@ static int staging_alloc(ect_push_producer *p, uint64_t n, uint64_t *off) {
         if ((rc = ect_pool_alloc(p->pool, n, off)) != ECT_EFULL) break;
         uint64_t now = ect_now_ms();
         if (now >= end) break;
-        uint64_t ms = end - now > 100 ? 100 : end - now;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t ns = (uint64_t)ts.tv_nsec + ms * 1000000ull;
-        ts.tv_sec += (time_t)(ns / 1000000000ull);
-        ts.tv_nsec = (long)(ns % 1000000000ull);
-        pthread_cond_timedwait(&p->room, &p->mu, &ts);
+        ect_cond_wait_until(&p->room, &p->mu, ect_deadline_ns(end - now > 100 ? 100 : end - now));
     }
     pthread_mutex_unlock(&p->mu);
     if (rc == ECT_EFULL)
@@ -279,24 +275,11 @@ int ect_push_producer_reserve(ect_push_producer *p, const ect_push_item *item) {
     snprintf(it->transfer_id, sizeof it->transfer_id, "%s", item->transfer_id);
     snprintf(it->mm_hash, sizeof it->mm_hash, "%s", item->mm_hash);
     snprintf(it->consumer, sizeof it->consumer, "%s", item->consumer);
-    /* "host:port", "[v6]:port" */
-    const char *colon = strrchr(item->consumer, ':');
-    char *end = NULL;
-    long port = colon ? strtol(colon + 1, &end, 10) : 0;
-    size_t hl = colon ? (size_t)(colon - item->consumer) : 0;
-    const char *h = item->consumer;
-    if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') {
-        h++;
-        hl -= 2;
-    }
-    if (!colon || hl == 0 || hl > PP_HOST_MAX || !end || *end || colon[1] == '\0' || port < 1 ||
-        port > 65535) {
+    if ((rc = ect_hostport_parse("consumer", item->consumer, 1, 65535, it->host, sizeof it->host,
+                                 &it->port))) {
         free(it);
-        return ect_set_error(ECT_EINVAL, "consumer must be \"HOST:PORT\", not '%.64s'",
-                             item->consumer);
+        return rc;
     }
-    memcpy(it->host, h, hl);
-    it->port = (int)port;
     it->ndim = item->ndim;
     if (item->ndim) memcpy(it->shape, item->shape, item->ndim * sizeof *item->shape);
     snprintf(it->dtype, sizeof it->dtype, "%s", wire_dtype_canonical(item->dtype));
@@ -529,13 +512,9 @@ size_t ect_push_producer_poll(ect_push_producer *p, ect_push_result *out, size_t
         if (timeout_ms < 0) {
             while (!p->res_n && !p->stop) pthread_cond_wait(&p->results, &p->mu);
         } else {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)timeout_ms * 1000000ull;
-            ts.tv_sec += (time_t)(ns / 1000000000ull);
-            ts.tv_nsec = (long)(ns % 1000000000ull);
+            uint64_t end = ect_deadline_ns((uint64_t)timeout_ms);
             while (!p->res_n && !p->stop)
-                if (pthread_cond_timedwait(&p->results, &p->mu, &ts)) break;
+                if (ect_cond_wait_until(&p->results, &p->mu, end)) break;
         }
     }
     size_t n = 0;

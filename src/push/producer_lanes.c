@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "push/producer.h"
+#include "util/hostport.h"
 #include "util/util.h"
 
 #define MOD "producer"
@@ -42,8 +43,7 @@ bool pp_unreachable_rc(int rc) {
 }
 
 void pp_addr_key(const char *host, int port, char *buf, size_t cap) {
-    bool v6 = strchr(host, ':') != NULL;
-    snprintf(buf, cap, v6 ? "[%s]:%d" : "%s:%d", host, port);
+    ect_hostport_format(host, port, buf, cap);
 }
 
 void pp_job_free(pp_job *j) {

@@ -43,6 +43,7 @@
 #include <zmq.h>
 
 #include "push/producer.h"
+#include "util/sync.h"
 #include "util/util.h"
 
 #define MOD "producer"
@@ -835,12 +836,7 @@ void *pp_dispatch_main(void *arg) {
         if (!p->stop && !p->handed && !p->stage_h && !p->n_cancels && !p->done) {
             uint64_t ms = WAKE_MS, wake = push_next_wake(p->table), now = ect_now_ms();
             if (wake) ms = wake <= now ? 0 : wake - now < ms ? wake - now : ms;
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            uint64_t ns = (uint64_t)ts.tv_nsec + ms * 1000000ull;
-            ts.tv_sec += (time_t)(ns / 1000000000ull);
-            ts.tv_nsec = (long)(ns % 1000000000ull);
-            pthread_cond_timedwait(&p->wake, &p->mu, &ts);
+            ect_cond_wait_until(&p->wake, &p->mu, ect_deadline_ns(ms));
         }
         if (p->stop) {
             pthread_mutex_unlock(&p->mu);
