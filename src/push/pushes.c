@@ -26,8 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <uthash.h>
-#include <utlist.h>
+#include "util/idtab.h"
 
 #include "push/pushes.h"
 
@@ -56,7 +55,7 @@ typedef struct prec {
     shard_st *sh;
     push_state state, ending; /* ending: 0, PUSH_FAILED or PUSH_CANCELLED */
     bool staged, released, finishing;
-    uint64_t created, deadline;
+    uint64_t created;
     char error[160];
     /* back-pressure */
     bool waiting_room;    /* a shard refused as full; not yet every shard reserved */
@@ -64,14 +63,15 @@ typedef struct prec {
     uint64_t backoff;     /* the last backoff (ms) */
     unsigned retries;     /* rounds refused as full */
     char full_error[120]; /* the latest refusal, for the failure text */
-    UT_hash_handle hh;
-    struct prec *prev, *next;
+    idt_node node;        /* by transfer_id; live records, then tombstones (dedup) */
 } prec;
+
+#define PREC(n) IDT_ENTRY(n, prec, node)
 
 struct push_table {
     push_opts o;
     uint64_t now, wake;
-    prec *by_id, *live, *tombs;
+    idtab ids;
     push_stats st;
 };
 
@@ -97,6 +97,20 @@ void push_opts_init(push_opts *o) {
     o->retry_max_ms = PUSH_DEFAULT_RETRY_MAX_MS;
 }
 
+static void rec_free(prec *r) {
+    free(r->transfer_id);
+    free(r->consumer);
+    free(r->mm_hash);
+    free(r->sh);
+    free(r);
+}
+
+/* idt_ops.drop: a tombstone expired or went over the cap (or close). */
+static void on_drop(void *ctx, idt_node *n) {
+    (void)ctx;
+    rec_free(PREC(n));
+}
+
 int push_open(const push_opts *o, push_table **out) {
     *out = NULL;
     if (!o) return ect_set_error(ECT_EINVAL, "push_opts: NULL");
@@ -114,44 +128,20 @@ int push_open(const push_opts *o, push_table **out) {
     push_table *t = calloc(1, sizeof *t);
     if (!t) return ect_set_error(ECT_ENOMEM, "push table: out of memory");
     t->o = *o;
+    idt_init(&t->ids, o->ttl_ms, o->max_tombstones, &(idt_ops){.drop = on_drop});
     *out = t;
     return 0;
 }
 
-static void rec_free(prec *r) {
-    free(r->transfer_id);
-    free(r->consumer);
-    free(r->mm_hash);
-    free(r->sh);
-    free(r);
-}
-
-static void rec_delete(push_table *t, prec *r) {
-    HASH_DELETE(hh, t->by_id, r);
-    if (is_final(r->state)) {
-        DL_DELETE(t->tombs, r);
-        t->st.tombstones--;
-    } else {
-        DL_DELETE(t->live, r);
-        t->st.live--;
-    }
-    rec_free(r);
-}
-
 void push_close(push_table *t) {
     if (!t) return;
-    prec *r, *tmp;
-    HASH_ITER(hh, t->by_id, r, tmp) {
-        HASH_DELETE(hh, t->by_id, r);
-        rec_free(r);
-    }
+    idt_clear(&t->ids);
     free(t);
 }
 
 static prec *find(const push_table *t, const char *id) {
-    prec *r = NULL;
-    if (id) HASH_FIND(hh, t->by_id, id, strlen(id), r);
-    return r;
+    idt_node *n = idt_find(&t->ids, id);
+    return n ? PREC(n) : NULL;
 }
 
 static int check_str(const char *s, size_t max, const char *field) {
@@ -190,9 +180,11 @@ int push_add(push_table *t, const push_item *it, uint64_t now_ms) {
     r->n = it->n_shards;
     r->state = PUSH_WAITING_INPUTS;
     r->created = t->now;
-    HASH_ADD_KEYPTR(hh, t->by_id, r->transfer_id, strlen(r->transfer_id), r);
-    DL_APPEND(t->live, r);
-    t->st.live++;
+    r->node.id = r->transfer_id;
+    if (idt_add(&t->ids, &r->node, IDT_LIVE, 0)) {
+        rec_free(r);
+        return ect_set_error(ECT_ENOMEM, "push: out of memory");
+    }
     return 0;
 }
 
@@ -304,19 +296,11 @@ static bool in_flight(const prec *r) {
 }
 
 static void entomb(push_table *t, prec *r, push_state s) {
-    DL_DELETE(t->live, r);
-    t->st.live--;
     r->state = s;
-    r->deadline = t->now + t->o.ttl_ms;
-    DL_APPEND(t->tombs, r);
-    t->st.tombstones++;
     if (s == PUSH_DONE) t->st.done++;
     if (s == PUSH_FAILED) t->st.failed++;
     if (s == PUSH_CANCELLED) t->st.cancelled++;
-    if (t->st.tombstones > t->o.max_tombstones) {
-        t->st.tombstones_dropped++;
-        rec_delete(t, t->tombs);
-    }
+    idt_move(&t->ids, &r->node, IDT_TOMBS, t->now);
 }
 
 /* Releases the source, then reports; each needs one slot of `o`, and a
@@ -480,12 +464,12 @@ static bool advance(push_table *t, prec *r, out_buf *o) {
 
 size_t push_next_actions(push_table *t, uint64_t now_ms, push_action *out, size_t max) {
     if (now_ms > t->now) t->now = now_ms;
-    while (t->tombs && t->tombs->deadline <= t->now) rec_delete(t, t->tombs);
+    idt_expire(&t->ids, t->now);
     t->wake = 0;
     out_buf o = {.a = out, .max = max};
-    prec *r, *tmp;
-    DL_FOREACH_SAFE(t->live, r, tmp) {
-        if (!advance(t, r, &o)) break;
+    for (idt_node *n = idt_first(&t->ids, IDT_LIVE), *next; n; n = next) {
+        next = n->next; /* advance may entomb it */
+        if (!advance(t, PREC(n), &o)) break;
     }
     return o.n;
 }
@@ -635,47 +619,53 @@ int push_get(const push_table *t, const char *transfer_id, push_info *info) {
     return 0;
 }
 
-void push_get_stats(const push_table *t, push_stats *st) { *st = t->st; }
+void push_get_stats(const push_table *t, push_stats *st) {
+    *st = t->st;
+    st->live = idt_live(&t->ids);
+    st->tombstones = idt_count(&t->ids, IDT_TOMBS);
+    st->tombstones_dropped = t->ids.dropped;
+}
 
 int push_check(const push_table *t) {
-    size_t live = 0, tombs = 0;
-    const prec *r, *tmp;
-    HASH_ITER(hh, t->by_id, r, tmp) {
-        if (is_final(r->state)) {
-            tombs++;
-            if (in_flight(r))
-                return ect_set_error(ECT_ESTATE, "%s ended with actions in flight", r->transfer_id);
-            if (r->staged != r->released)
-                return ect_set_error(ECT_ESTATE, "%s ended without releasing its source",
+    int rc = idt_check(&t->ids);
+    if (rc) return rc;
+    for (int l = IDT_TOMBS; l < IDT_LISTS; l++)
+        for (const idt_node *n = idt_first(&t->ids, l); n; n = n->next) {
+            const prec *r = PREC(n);
+            if (is_final(r->state) != (l == IDT_TOMBS))
+                return ect_set_error(ECT_ESTATE, "%s is %s on the wrong list", r->transfer_id,
+                                     push_state_name(r->state));
+            if (is_final(r->state)) {
+                if (in_flight(r))
+                    return ect_set_error(ECT_ESTATE, "%s ended with actions in flight",
+                                         r->transfer_id);
+                if (r->staged != r->released)
+                    return ect_set_error(ECT_ESTATE, "%s ended without releasing its source",
+                                         r->transfer_id);
+                continue;
+            }
+            if (r->released && !r->finishing)
+                return ect_set_error(ECT_ESTATE, "%s released its source while live",
                                      r->transfer_id);
-            continue;
+            for (size_t i = 0; i < r->n; i++) {
+                const shard_st *s = &r->sh[i];
+                bool past_reserve = r->state == PUSH_WRITING || r->state == PUSH_NOTIFYING;
+                if (past_reserve && !r->ending && (s->rsv != ST_OK || !r->staged))
+                    return ect_set_error(ECT_ESTATE, "%s is %s before every shard reserved",
+                                         r->transfer_id, push_state_name(r->state));
+                if ((s->write != ST_NONE || s->complete != ST_NONE) && !s->write_needed)
+                    return ect_set_error(ECT_ESTATE, "%s wrote to shard %zu that needs no write",
+                                         r->transfer_id, i);
+                if (s->complete != ST_NONE && s->write != ST_OK)
+                    return ect_set_error(ECT_ESTATE,
+                                         "%s completed shard %zu before its write landed",
+                                         r->transfer_id, i);
+                if (s->abandon != ST_NONE && !r->ending)
+                    return ect_set_error(ECT_ESTATE, "%s abandoned shard %zu while going on",
+                                         r->transfer_id, i);
+            }
         }
-        live++;
-        if (r->released && !r->finishing)
-            return ect_set_error(ECT_ESTATE, "%s released its source while live", r->transfer_id);
-        for (size_t i = 0; i < r->n; i++) {
-            const shard_st *s = &r->sh[i];
-            bool past_reserve = r->state == PUSH_WRITING || r->state == PUSH_NOTIFYING;
-            if (past_reserve && !r->ending && (s->rsv != ST_OK || !r->staged))
-                return ect_set_error(ECT_ESTATE, "%s is %s before every shard reserved",
-                                     r->transfer_id, push_state_name(r->state));
-            if ((s->write != ST_NONE || s->complete != ST_NONE) && !s->write_needed)
-                return ect_set_error(ECT_ESTATE, "%s wrote to shard %zu that needs no write",
-                                     r->transfer_id, i);
-            if (s->complete != ST_NONE && s->write != ST_OK)
-                return ect_set_error(ECT_ESTATE, "%s completed shard %zu before its write landed",
-                                     r->transfer_id, i);
-            if (s->abandon != ST_NONE && !r->ending)
-                return ect_set_error(ECT_ESTATE, "%s abandoned shard %zu while going on",
-                                     r->transfer_id, i);
-        }
-    }
-    size_t nl = 0, nt = 0;
-    for (r = t->live; r; r = r->next) nl++;
-    for (r = t->tombs; r; r = r->next) nt++;
-    if (live != t->st.live || tombs != t->st.tombstones || nl != live || nt != tombs)
-        return ect_set_error(ECT_ESTATE, "push table counters drifted");
-    if (tombs > t->o.max_tombstones)
+    if (idt_count(&t->ids, IDT_TOMBS) > t->o.max_tombstones)
         return ect_set_error(ECT_ESTATE, "push tombstone cap exceeded");
     return 0;
 }
