@@ -4,11 +4,11 @@
  *
  * Why lanes: upstream's save thread waited for each item's pull before the
  * next (head-of-line blocking). Here the ROUTER thread never writes: it hands
- * each accepted pull to the lane of its consumer session (started on demand,
- * ended after LANE_IDLE_MS without work), so a consumer that is slow or gone
- * holds up only its own lane. Lanes push finished jobs onto a completion
- * queue and wake the ROUTER thread through an eventfd it polls beside the
- * ROUTER socket; only the ROUTER thread sends on the ROUTER socket.
+ * each accepted pull to the lane of its consumer session (util/lanes: started
+ * on demand, ended after LANE_IDLE_MS without work), so a consumer that is
+ * slow or gone holds up only its own lane. Lanes push finished jobs onto a
+ * completion queue and wake the ROUTER thread through an eventfd it polls
+ * beside the ROUTER socket; only the ROUTER thread sends on the ROUTER socket.
  *
  * Memory: items are copied into a memfd pool (so the shm back end can map
  * it) and made resident without a lease; a pull leases its item for the
@@ -31,6 +31,7 @@
 
 #include "pull/pull_internal.h"
 #include "util/hostport.h"
+#include "util/lanes.h"
 #include "util/sync.h"
 #include "util/util.h"
 #include "wire/dtype.h"
@@ -47,14 +48,11 @@ typedef struct save_item {
     struct save_item *next;
 } save_item;
 
-typedef struct lane {
-    ect_pull_producer *p;
-    char *session;
-    pthread_t thread;
-    pull_job *head, *tail; /* guarded by p->lane_mu */
-    bool exiting;          /* no more jobs may be queued (guarded by p->lane_mu) */
-    struct lane *next;
-} lane;
+/* A pull on its way through a lane. */
+typedef struct lane_pull {
+    lane_job lj;
+    pull_job *j;
+} lane_pull;
 
 typedef struct completion {
     pull_peer peer;
@@ -92,11 +90,8 @@ struct ect_pull_producer {
     bool save_started, router_started;
     atomic_bool router_stop;
 
-    pthread_mutex_t lane_mu; /* lanes, zombies, completions */
-    pthread_cond_t lane_cv;
-    lane *lanes, *zombies;
-    uint32_t n_lanes;
-    bool lanes_stop;
+    lane_pool *lanes;        /* one write lane per consumer session */
+    pthread_mutex_t comp_mu; /* completions */
     completion *c_head, *c_tail;
 
     atomic_uint_fast64_t saved, save_failed, notifications, pulls_ok, pulls_failed, evicted;
@@ -373,108 +368,41 @@ static void run_job(ect_pull_producer *p, pull_job *j) {
     c->has_token = j->has_token;
     c->token = j->token;
     if (rc) snprintf(c->reason, sizeof c->reason, "write to %s failed: %s", j->session, why);
-    pthread_mutex_lock(&p->lane_mu);
+    pthread_mutex_lock(&p->comp_mu);
     if (p->c_tail)
         p->c_tail->next = c;
     else
         p->c_head = c;
     p->c_tail = c;
-    pthread_mutex_unlock(&p->lane_mu);
+    pthread_mutex_unlock(&p->comp_mu);
     wake_router(p);
 }
 
-static void *lane_main(void *arg) {
-    lane *l = arg;
-    ect_pull_producer *p = l->p;
-    pthread_mutex_lock(&p->lane_mu);
-    for (;;) {
-        if (!l->head) {
-            if (p->lanes_stop) break;
-            if (ect_cond_wait_until(&p->lane_cv, &p->lane_mu, ect_deadline_ns(LANE_IDLE_MS)) &&
-                !l->head)
-                break;
-            continue;
-        }
-        pull_job *j = l->head;
-        l->head = j->next;
-        if (!l->head) l->tail = NULL;
-        pthread_mutex_unlock(&p->lane_mu);
-        run_job(p, j);
-        pull_job_free(j);
-        pthread_mutex_lock(&p->lane_mu);
-    }
-    /* Leave the live list for the zombie list; whoever holds lane_mu next and
-     * looks for this session starts a fresh lane. */
-    l->exiting = true;
-    for (lane **pp = &p->lanes; *pp; pp = &(*pp)->next)
-        if (*pp == l) {
-            *pp = l->next;
-            break;
-        }
-    p->n_lanes--;
-    l->next = p->zombies;
-    p->zombies = l;
-    pthread_mutex_unlock(&p->lane_mu);
-    wake_router(p);
-    return NULL;
+/* lane_ops.run: one pull on its session's lane. */
+static void lane_run(void *ctx, lane *l, void *state, lane_job *lj) {
+    (void)l;
+    (void)state;
+    lane_pull *lp = (lane_pull *)lj;
+    run_job(ctx, lp->j);
+    pull_job_free(lp->j);
+    free(lp);
 }
 
 /* router ops.dispatch: queue on the session's lane (ROUTER thread). */
 static int dispatch(void *user, pull_job *j) {
     ect_pull_producer *p = user;
-    pthread_mutex_lock(&p->lane_mu);
-    lane *l = p->lanes;
-    while (l && strcmp(l->session, j->session) != 0) l = l->next;
-    if (!l) {
-        if (p->lanes_stop) {
-            pthread_mutex_unlock(&p->lane_mu);
-            return ect_set_error(ECT_ECLOSED, "producer is closing");
-        }
-        if (p->n_lanes >= p->o.max_lanes) {
-            pthread_mutex_unlock(&p->lane_mu);
+    lane_pull *lp = calloc(1, sizeof *lp);
+    if (!lp) return ect_set_error(ECT_ENOMEM, "producer out of memory for a lane");
+    lp->j = j;
+    int rc = lanes_submit(p->lanes, j->session, &lp->lj);
+    if (rc) {
+        free(lp);
+        if (rc == ECT_EBUSY)
             return ect_set_error(ECT_EBUSY, "producer serves %u consumer sessions already",
                                  p->o.max_lanes);
-        }
-        l = calloc(1, sizeof *l);
-        if (!l || !(l->session = strdup(j->session))) {
-            free(l);
-            pthread_mutex_unlock(&p->lane_mu);
-            return ect_set_error(ECT_ENOMEM, "producer out of memory for a lane");
-        }
-        l->p = p;
-        if (pthread_create(&l->thread, NULL, lane_main, l) != 0) {
-            free(l->session);
-            free(l);
-            pthread_mutex_unlock(&p->lane_mu);
-            return ect_set_error(ECT_ENOMEM, "producer cannot start a lane thread");
-        }
-        l->next = p->lanes;
-        p->lanes = l;
-        p->n_lanes++;
+        if (rc == ECT_ECLOSED) return ect_set_error(ECT_ECLOSED, "producer is closing");
     }
-    j->next = NULL;
-    if (l->tail)
-        l->tail->next = j;
-    else
-        l->head = j;
-    l->tail = j;
-    pthread_cond_broadcast(&p->lane_cv);
-    pthread_mutex_unlock(&p->lane_mu);
-    return 0;
-}
-
-static void reap_zombies(ect_pull_producer *p) {
-    pthread_mutex_lock(&p->lane_mu);
-    lane *z = p->zombies;
-    p->zombies = NULL;
-    pthread_mutex_unlock(&p->lane_mu);
-    while (z) {
-        lane *n = z->next;
-        pthread_join(z->thread, NULL);
-        free(z->session);
-        free(z);
-        z = n;
-    }
+    return rc;
 }
 
 /* ---- ROUTER thread */
@@ -492,10 +420,10 @@ static void drain_completions(ect_pull_producer *p) {
     uint64_t v;
     ssize_t r = read(p->efd, &v, sizeof v);
     (void)r;
-    pthread_mutex_lock(&p->lane_mu);
+    pthread_mutex_lock(&p->comp_mu);
     completion *c = p->c_head;
     p->c_head = p->c_tail = NULL;
-    pthread_mutex_unlock(&p->lane_mu);
+    pthread_mutex_unlock(&p->comp_mu);
     while (c) {
         completion *n = c->next;
         pull_router_complete(&p->r, &c->peer, c->mm_hash, c->status, c->has_token, c->token,
@@ -504,7 +432,6 @@ static void drain_completions(ect_pull_producer *p) {
         free(c);
         c = n;
     }
-    reap_zombies(p);
 }
 
 /* Reads one multipart message; frames beyond 3 are discarded. Returns the
@@ -657,8 +584,7 @@ int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer
     ect_random_id(p->session_id);
     pthread_mutex_init(&p->mu, NULL);
     ect_cond_init(&p->cv);
-    pthread_mutex_init(&p->lane_mu, NULL);
-    ect_cond_init(&p->lane_cv);
+    pthread_mutex_init(&p->comp_mu, NULL);
     pthread_mutex_init(&p->stat_mu, NULL);
     if ((rc = pull_inv_init(&p->inv)) != 0) goto fail;
     p->inv_ok = true;
@@ -671,6 +597,8 @@ int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer
     po.on_reclaim = on_reclaim;
     po.reclaim_user = p;
     if ((rc = ect_pool_open(&po, &p->pool)) != 0) goto fail;
+    lane_ops lo = {.run = lane_run, .ctx = p};
+    if ((rc = lanes_open(&lo, opts->max_lanes, LANE_IDLE_MS, &p->lanes)) != 0) goto fail;
 
     ect_xport_opts xo;
     ect_xport_opts_init(&xo);
@@ -752,20 +680,9 @@ void ect_pull_producer_close(ect_pull_producer *p) {
         atomic_store(&p->router_stop, true);
         pthread_join(p->router_thread, NULL);
     }
-    pthread_mutex_lock(&p->lane_mu);
-    p->lanes_stop = true;
-    pthread_cond_broadcast(&p->lane_cv);
-    pthread_mutex_unlock(&p->lane_mu);
     /* Lanes finish their queued jobs (each bounded by the data plane's
-     * timeouts) and move themselves to the zombie list. */
-    for (;;) {
-        pthread_mutex_lock(&p->lane_mu);
-        bool any = p->lanes != NULL;
-        pthread_mutex_unlock(&p->lane_mu);
-        reap_zombies(p);
-        if (!any) break;
-        usleep(1000);
-    }
+     * timeouts) and end. */
+    lanes_close(p->lanes, true);
     while (p->c_head) {
         completion *c = p->c_head;
         p->c_head = c->next;
@@ -787,8 +704,7 @@ void ect_pull_producer_close(ect_pull_producer *p) {
     if (p->inv_ok) pull_inv_destroy(&p->inv);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
-    pthread_mutex_destroy(&p->lane_mu);
-    pthread_cond_destroy(&p->lane_cv);
+    pthread_mutex_destroy(&p->comp_mu);
     pthread_mutex_destroy(&p->stat_mu);
     free(p);
 }
@@ -812,7 +728,5 @@ void ect_pull_producer_stats(ect_pull_producer *p, ect_pull_producer_stat *st) {
     st->requests = p->r.st.requests;
     pthread_mutex_unlock(&p->stat_mu);
     st->evicted = atomic_load(&p->evicted);
-    pthread_mutex_lock(&p->lane_mu);
-    st->lanes = p->n_lanes;
-    pthread_mutex_unlock(&p->lane_mu);
+    st->lanes = p->lanes ? (uint32_t)lanes_count(p->lanes) : 0;
 }

@@ -121,6 +121,8 @@ int ect_push_producer_open(const ect_push_producer_opts *opts, ect_push_producer
     ect_cond_init(&p->wake);
     ect_cond_init(&p->results);
     ect_cond_init(&p->room);
+    pthread_mutex_init(&p->wmu, NULL);
+    pthread_cond_init(&p->wcv, NULL);
     if (opts->staging_size) {
         ect_pool_opts po;
         ect_pool_opts_init(&po);
@@ -142,7 +144,8 @@ int ect_push_producer_open(const ect_push_producer_opts *opts, ect_push_producer
         goto fail;
     }
     if ((rc = down_open((uint64_t)opts->down_backoff_ms, (uint64_t)opts->down_backoff_max_ms,
-                        &p->downs)))
+                        &p->downs)) ||
+        (rc = pp_lanes_open(p)) || (rc = pp_write_lanes_open(p)))
         goto fail;
     if (pthread_create(&p->thread, NULL, pp_dispatch_main, p)) {
         rc = ect_set_error(ECT_ENOMEM, "push producer: cannot start the dispatcher thread");
@@ -560,6 +563,8 @@ void ect_push_producer_close(ect_push_producer *p) {
     }
     /* Single-threaded from here. The dispatcher closed the control lanes and
      * the transports on its way out (or never started). */
+    if (p->lanes) pp_lanes_close(p); /* the dispatcher never started */
+    lanes_close(p->wlanes, true);
     pitem *it, *tmp;
     HASH_ITER(hh, p->items, it, tmp) {
         pp_release_src(p, it);
@@ -581,6 +586,8 @@ void ect_push_producer_close(ect_push_producer *p) {
     pthread_cond_destroy(&p->wake);
     pthread_cond_destroy(&p->results);
     pthread_cond_destroy(&p->room);
+    pthread_cond_destroy(&p->wcv);
+    pthread_mutex_destroy(&p->wmu);
     pthread_mutex_destroy(&p->mu);
     free(p);
 }

@@ -23,6 +23,11 @@
 #include "push/control_client.h"
 #include "push/downs.h"
 #include "push/pushes.h"
+#include "util/lanes.h"
+
+/* Control lanes: at most this many addresses at once; an idle one ends. */
+#define PP_MAX_LANES 4096
+#define PP_LANE_IDLE_MS 60000
 
 #define PP_HOST_MAX 255
 
@@ -86,6 +91,7 @@ typedef struct pp_xport {
 typedef enum { PJ_PEERS = 1, PJ_RESERVE, PJ_COMPLETE, PJ_CANCEL } pp_job_kind;
 
 typedef struct pp_job {
+    lane_job lj; /* first: a lane_job * is a pp_job * */
     pp_job_kind kind;
     char host[PP_HOST_MAX + 1];
     int port;
@@ -144,8 +150,12 @@ struct ect_push_producer {
     pitem *disp_items;
     pp_consumer *consumers;
     pp_xport *xports;
-    struct pp_lane *lanes; /* control exchanges, one thread per shard address */
-    pp_disc *discs;        /* consumers whose discovery is in flight */
+    lane_pool *lanes;    /* control exchanges, one lane per shard address */
+    lane_pool *wlanes;   /* write batches, one lane per (transport, session) */
+    pthread_mutex_t wmu; /* write groups of the round in flight on wlanes */
+    pthread_cond_t wcv;
+    size_t wpending; /* [wmu] */
+    pp_disc *discs;  /* consumers whose discovery is in flight */
     push_action *acts;
     size_t acts_cap;
 };
@@ -153,12 +163,16 @@ struct ect_push_producer {
 /* Dispatcher thread body (producer_run.c). */
 void *pp_dispatch_main(void *arg);
 
+/* Starts the control lanes (p->lanes); the write lanes (p->wlanes,
+ * producer_run.c). */
+int pp_lanes_open(ect_push_producer *p);
+int pp_write_lanes_open(ect_push_producer *p);
+
 /* Queues job j on the lane of j->host:j->port (a thread started on first
- * use). The lane runs its jobs one at a time, in order, and appends each
- * finished one to p->done (under mu), signalling p->wake; a job failed for
- * want of the peer also fails the jobs queued behind it (held, same cause).
- * Takes ownership of j on success; ECT_ENOMEM leaves it with the caller.
- * Dispatcher thread. (producer_lanes.c) */
+ * use, ended after PP_LANE_IDLE_MS without work). The lane runs its jobs one at a time, in order,
+ * and appends each finished one to p->done (under mu), signalling p->wake; a job failed for want of
+ * the peer also fails the jobs queued behind it (held, same cause). Takes ownership of j on
+ * success; ECT_ENOMEM leaves it with the caller. Dispatcher thread. (producer_lanes.c) */
 int pp_lane_submit(ect_push_producer *p, pp_job *j);
 
 /* Stops and joins the lanes; each first ends the exchange it is in (up to

@@ -1,8 +1,10 @@
 /*
- * producer_lanes — the push producer's control lanes: one thread per control
- * address ("host:port" of a consumer shard), each with its own control client
- * (a REQ socket belongs to one thread), running that address's exchanges one
- * at a time, in the order the dispatcher queued them.
+ * producer_lanes — the push producer's control lanes (util/lanes): one lane
+ * per control address ("host:port" of a consumer shard), each with its own
+ * control client (a REQ socket belongs to one thread) made on its thread,
+ * running that address's exchanges one at a time, in the order the
+ * dispatcher queued them. A lane idle for PP_LANE_IDLE_MS ends (and its
+ * socket with it); the next exchange for the address starts a new one.
  *
  * Why lanes and not calls on the dispatcher: an exchange may take the whole
  * control timeout (a consumer alive but hung). Run on the dispatcher, it would
@@ -23,20 +25,10 @@
 
 #include "push/producer.h"
 #include "util/hostport.h"
+#include "util/lanes.h"
 #include "util/util.h"
 
 #define MOD "producer"
-
-typedef struct pp_lane {
-    char addr[PUSH_ADDR_MAX + 16];
-    ect_push_producer *p;
-    pthread_t th;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    pp_job *q, *q_tail; /* [mu] queued, not yet started */
-    bool stop;          /* [mu] */
-    UT_hash_handle hh;
-} pp_lane;
 
 bool pp_unreachable_rc(int rc) {
     return rc == ECT_ETIMEDOUT || rc == ECT_ECONNREFUSED || rc == ECT_EIO;
@@ -91,114 +83,84 @@ static void deliver(ect_push_producer *p, pp_job *j) {
     pthread_mutex_unlock(&p->mu);
 }
 
-static void *lane_main(void *arg) {
-    pp_lane *l = arg;
-    ctl_client *c = NULL;
-    int orc = ctl_client_open(l->p->zctx, l->p->o.control_timeout_ms, &c);
-    if (!orc) ctl_client_fail_fast(c, true);
-    char oerr[160];
-    snprintf(oerr, sizeof oerr, "%s", orc ? ect_last_error() : "");
-    pthread_mutex_lock(&l->mu);
-    for (;;) {
-        while (!l->stop && !l->q) pthread_cond_wait(&l->cv, &l->mu);
-        if (l->stop) break;
-        pp_job *j = l->q;
-        l->q = j->next;
-        if (!l->q) l->q_tail = NULL;
-        pthread_mutex_unlock(&l->mu);
-        if (orc) {
-            j->rc = orc;
-            snprintf(j->err, sizeof j->err, "control client: %s", oerr);
-        } else {
-            run_job(c, j);
-        }
-        pp_job *behind = NULL;
-        pthread_mutex_lock(&l->mu);
-        if (j->rc && pp_unreachable_rc(j->rc)) { /* see the top of the file */
-            behind = l->q;
-            l->q = l->q_tail = NULL;
-        }
-        pthread_mutex_unlock(&l->mu);
-        int rc = j->rc; /* j belongs to the dispatcher once delivered */
-        char cause[sizeof j->err];
-        memcpy(cause, j->err, sizeof cause);
-        deliver(l->p, j);
-        while (behind) {
-            pp_job *b = behind;
-            behind = b->next;
-            b->rc = rc;
-            b->held = true;
-            snprintf(b->err, sizeof b->err, "consumer %.100s unreachable: %.190s", l->addr, cause);
-            deliver(l->p, b);
-        }
-        pthread_mutex_lock(&l->mu);
-    }
-    /* closing: what never ran goes back to the dispatcher, which frees it */
-    pp_job *rest = l->q;
-    l->q = l->q_tail = NULL;
-    pthread_mutex_unlock(&l->mu);
-    while (rest) {
-        pp_job *b = rest;
-        rest = b->next;
-        b->rc = ECT_ECLOSED;
-        b->held = true;
-        snprintf(b->err, sizeof b->err, "push producer closed");
-        deliver(l->p, b);
-    }
-    ctl_client_close(c);
-    return NULL;
+/* A lane's own control client (a REQ socket belongs to one thread). */
+typedef struct lane_ctl {
+    ctl_client *c;
+    int orc;        /* opening it failed: every job fails with this */
+    char oerr[160]; /* and this text */
+} lane_ctl;
+
+static void *lane_start(void *ctx, const char *key) {
+    ect_push_producer *p = ctx;
+    (void)key;
+    lane_ctl *lc = calloc(1, sizeof *lc);
+    if (!lc) return NULL;
+    lc->orc = ctl_client_open(p->zctx, p->o.control_timeout_ms, &lc->c);
+    if (!lc->orc) ctl_client_fail_fast(lc->c, true);
+    snprintf(lc->oerr, sizeof lc->oerr, "%s", lc->orc ? ect_last_error() : "");
+    return lc;
 }
 
-static pp_lane *lane_for(ect_push_producer *p, const char *host, int port) {
-    char addr[PUSH_ADDR_MAX + 16];
-    pp_addr_key(host, port, addr, sizeof addr);
-    pp_lane *l = NULL;
-    HASH_FIND_STR(p->lanes, addr, l);
-    if (l) return l;
-    if (!(l = calloc(1, sizeof *l))) return NULL;
-    snprintf(l->addr, sizeof l->addr, "%s", addr);
-    l->p = p;
-    pthread_mutex_init(&l->mu, NULL);
-    pthread_cond_init(&l->cv, NULL);
-    if (pthread_create(&l->th, NULL, lane_main, l)) {
-        pthread_cond_destroy(&l->cv);
-        pthread_mutex_destroy(&l->mu);
-        free(l);
-        return NULL;
+static void lane_stop(void *ctx, void *state) {
+    (void)ctx;
+    lane_ctl *lc = state;
+    if (lc) ctl_client_close(lc->c);
+    free(lc);
+}
+
+static void lane_run(void *ctx, lane *l, void *state, lane_job *lj) {
+    ect_push_producer *p = ctx;
+    lane_ctl *lc = state;
+    pp_job *j = (pp_job *)lj;
+    if (!lc) {
+        j->rc = ECT_ENOMEM;
+        snprintf(j->err, sizeof j->err, "control client: out of memory");
+    } else if (lc->orc) {
+        j->rc = lc->orc;
+        snprintf(j->err, sizeof j->err, "control client: %s", lc->oerr);
+    } else {
+        run_job(lc->c, j);
     }
-    HASH_ADD_STR(p->lanes, addr, l);
-    return l;
+    lane_job *behind = NULL;
+    if (j->rc && pp_unreachable_rc(j->rc)) behind = lane_take_queued(l); /* see the top */
+    int rc = j->rc; /* j belongs to the dispatcher once delivered */
+    char cause[sizeof j->err];
+    memcpy(cause, j->err, sizeof cause);
+    deliver(p, j);
+    while (behind) {
+        pp_job *b = (pp_job *)behind;
+        behind = behind->next;
+        b->rc = rc;
+        b->held = true;
+        snprintf(b->err, sizeof b->err, "consumer %.100s unreachable: %.190s", lane_key(l), cause);
+        deliver(p, b);
+    }
+}
+
+/* Closing: what never ran goes back to the dispatcher, which frees it. */
+static void lane_cancel(void *ctx, lane_job *lj) {
+    pp_job *b = (pp_job *)lj;
+    b->rc = ECT_ECLOSED;
+    b->held = true;
+    snprintf(b->err, sizeof b->err, "push producer closed");
+    deliver(ctx, b);
+}
+
+int pp_lanes_open(ect_push_producer *p) {
+    lane_ops o = {lane_start, lane_run, lane_stop, lane_cancel, p};
+    return lanes_open(&o, PP_MAX_LANES, PP_LANE_IDLE_MS, &p->lanes);
 }
 
 int pp_lane_submit(ect_push_producer *p, pp_job *j) {
-    pp_lane *l = lane_for(p, j->host, j->port);
-    if (!l)
-        return ect_set_error(ECT_ENOMEM, "cannot start a control lane for %s:%d", j->host, j->port);
-    j->next = NULL;
-    pthread_mutex_lock(&l->mu);
-    if (l->q_tail)
-        l->q_tail->next = j;
-    else
-        l->q = j;
-    l->q_tail = j;
-    pthread_cond_signal(&l->cv);
-    pthread_mutex_unlock(&l->mu);
+    char addr[PUSH_ADDR_MAX + 16];
+    pp_addr_key(j->host, j->port, addr, sizeof addr);
+    int rc = lanes_submit(p->lanes, addr, &j->lj);
+    if (rc)
+        return ect_set_error(rc, "cannot start a control lane for %s: %s", addr, ect_last_error());
     return 0;
 }
 
 void pp_lanes_close(ect_push_producer *p) {
-    pp_lane *l, *tmp;
-    HASH_ITER(hh, p->lanes, l, tmp) { /* tell them all first: they end in parallel */
-        pthread_mutex_lock(&l->mu);
-        l->stop = true;
-        pthread_cond_broadcast(&l->cv);
-        pthread_mutex_unlock(&l->mu);
-    }
-    HASH_ITER(hh, p->lanes, l, tmp) {
-        pthread_join(l->th, NULL);
-        HASH_DEL(p->lanes, l);
-        pthread_cond_destroy(&l->cv);
-        pthread_mutex_destroy(&l->mu);
-        free(l);
-    }
+    lanes_close(p->lanes, false);
+    p->lanes = NULL;
 }

@@ -311,6 +311,8 @@ static void take_stages(ect_push_producer *p, pitem *list) {
 /* ---------------------------------------------------------------- rounds */
 
 typedef struct group {
+    lane_job lj; /* first: writes run on the write lane of `addr` */
+    ect_push_producer *p;
     char addr[PUSH_ADDR_MAX + 1 + 16]; /* shard "host:port", or "kind|session" */
     size_t *idx;
     size_t n;
@@ -655,10 +657,25 @@ static ect_xport *xport_for(ect_push_producer *p, const char *kind) {
     return x;
 }
 
-static void *write_group(void *arg) {
-    group *g = arg;
+static void write_group(group *g) {
     g->rc = ect_xport_write_batch(g->x, g->session, g->w, g->n, g->status);
-    return NULL;
+}
+
+/* lane_ops.run of the write lanes: one group, then the round hears of it. */
+static void write_lane_run(void *ctx, lane *l, void *state, lane_job *lj) {
+    ect_push_producer *p = ctx;
+    (void)l;
+    (void)state;
+    write_group((group *)lj);
+    pthread_mutex_lock(&p->wmu);
+    p->wpending--;
+    pthread_cond_signal(&p->wcv);
+    pthread_mutex_unlock(&p->wmu);
+}
+
+int pp_write_lanes_open(ect_push_producer *p) {
+    lane_ops o = {.run = write_lane_run, .ctx = p};
+    return lanes_open(&o, PP_MAX_LANES, PP_LANE_IDLE_MS, &p->wlanes);
 }
 
 static void do_writes(ect_push_producer *p, const push_action *a, size_t n) {
@@ -678,10 +695,6 @@ static void do_writes(ect_push_producer *p, const push_action *a, size_t n) {
         g->session = a[i].dst_session;
         g->idx[g->n++] = i;
     }
-    size_t nthreads = 0;
-    pthread_t *th = calloc(gs.n ? gs.n : 1, sizeof *th);
-    bool *started = calloc(gs.n ? gs.n : 1, sizeof *started);
-    if (!th || !started) oom = true;
     for (size_t gi = 0; !oom && gi < gs.n; gi++) {
         group *g = &gs.g[gi];
         g->w = calloc(g->n, sizeof *g->w);
@@ -730,16 +743,24 @@ static void do_writes(ect_push_producer *p, const push_action *a, size_t n) {
         pthread_mutex_lock(&p->mu);
         p->st.write_batches++;
         pthread_mutex_unlock(&p->mu);
-        /* the last group runs on this thread */
-        if (gi + 1 < gs.n && pthread_create(&th[gi], NULL, write_group, g) == 0) {
-            started[gi] = true;
-            nthreads++;
-        } else {
-            write_group(g);
+        /* sessions in parallel, each on its write lane; the last group runs on this thread */
+        bool queued = false;
+        if (gi + 1 < gs.n) {
+            pthread_mutex_lock(&p->wmu);
+            p->wpending++;
+            pthread_mutex_unlock(&p->wmu);
+            queued = lanes_submit(p->wlanes, g->addr, &g->lj) == 0;
+            if (!queued) {
+                pthread_mutex_lock(&p->wmu);
+                p->wpending--;
+                pthread_mutex_unlock(&p->wmu);
+            }
         }
+        if (!queued) write_group(g);
     }
-    for (size_t gi = 0; gi < gs.n; gi++)
-        if (started && started[gi]) pthread_join(th[gi], NULL);
+    pthread_mutex_lock(&p->wmu);
+    while (p->wpending) pthread_cond_wait(&p->wcv, &p->wmu);
+    pthread_mutex_unlock(&p->wmu);
     for (size_t gi = 0; gi < gs.n; gi++) {
         group *g = &gs.g[gi];
         for (size_t k = 0; k < g->n; k++) {
@@ -766,8 +787,6 @@ static void do_writes(ect_push_producer *p, const push_action *a, size_t n) {
             if (a[i].kind == PUSH_ACT_WRITE && !grouped)
                 push_write_done(p->table, a[i].transfer_id, a[i].shard, false);
         }
-    free(th);
-    free(started);
     groups_free(&gs);
 }
 
