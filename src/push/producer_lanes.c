@@ -10,83 +10,37 @@
  * control timeout (a consumer alive but hung). Run on the dispatcher, it would
  * hold up every other consumer's pushes; on its own lane it holds up only the
  * work queued for the same address. The dispatcher never waits for a lane: a
- * finished job goes to p->done (under mu) and wakes the dispatcher, which
- * applies the outcome to the push_ table.
+ * finished exchange goes to p->done (under mu) and wakes the dispatcher,
+ * which settles it (batch.c).
  *
- * A job that failed for want of the peer (timeout, refused, connection
- * closed) also fails the jobs queued behind it on that lane at once, with the
+ * An exchange that failed for want of the peer (timeout, refused, connection
+ * closed) also fails the ones queued behind it on that lane at once, with the
  * same cause: they were queued before anyone knew, and each would otherwise
- * wait out its own timeout. From then on the dispatcher's down table keeps
- * new work away from the address until its backoff runs out.
+ * wait out its own timeout. From then on the batcher's down table keeps new
+ * work away from the address until its backoff runs out.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "push/producer.h"
-#include "util/hostport.h"
-#include "util/lanes.h"
 #include "util/util.h"
 
 #define MOD "producer"
 
-bool pp_unreachable_rc(int rc) {
-    return rc == ECT_ETIMEDOUT || rc == ECT_ECONNREFUSED || rc == ECT_EIO;
-}
-
-void pp_addr_key(const char *host, int port, char *buf, size_t cap) {
-    ect_hostport_format(host, port, buf, cap);
-}
-
-void pp_job_free(pp_job *j) {
-    if (!j) return;
-    wire_ctl_reply_clear(&j->rep);
-    if (j->req.op == WIRE_OP_RESERVE_BATCH) free(j->req.u.reserve_batch.items);
-    if (j->req.op == WIRE_OP_COMPLETE_BATCH) free(j->req.u.complete_batch.items);
-    free(j->acts);
-    free(j);
-}
-
-static void run_job(ctl_client *c, pp_job *j) {
-    if (j->port <= 0) {
-        j->rc = ECT_ENOTFOUND;
-        snprintf(j->err, sizeof j->err, "shard address unknown");
-        return;
-    }
-    if (j->kind == PJ_PEERS) { /* a real exchange every time: it is the probe */
-        wire_ctl_request req = {.op = WIRE_OP_PEERS};
-        j->rc = ctl_call_ok(c, j->host, j->port, &req, &j->rep);
-        if (!j->rc && j->rep.u.peers.n > PUSH_MAX_SHARDS)
-            j->rc = ect_set_error(ECT_ERANGE, "%s:%d reports %zu shards, at most %d supported",
-                                  j->host, j->port, j->rep.u.peers.n, PUSH_MAX_SHARDS);
-        if (!j->rc) {
-            j->nports = j->rep.u.peers.n;
-            for (size_t i = 0; i < j->nports; i++) j->ports[i] = j->rep.u.peers.ports[i];
-            snprintf(j->transport, sizeof j->transport, "%s", j->rep.u.peers.transport);
-        }
-    } else {
-        j->rc = j->want_ok ? ctl_call_ok(c, j->host, j->port, &j->req, &j->rep)
-                           : ctl_call(c, j->host, j->port, &j->req, &j->rep);
-    }
-    if (j->rc) snprintf(j->err, sizeof j->err, "%.300s", ect_last_error());
-}
-
-static void deliver(ect_push_producer *p, pp_job *j) {
-    j->next = NULL;
+void pp_deliver(ect_push_producer *p, px *x) {
+    x->next = NULL;
     pthread_mutex_lock(&p->mu);
-    if (p->done_tail)
-        p->done_tail->next = j;
-    else
-        p->done = j;
-    p->done_tail = j;
+    *p->done_tail = x;
+    p->done_tail = &x->next;
     pthread_cond_signal(&p->wake);
     pthread_mutex_unlock(&p->mu);
 }
 
-/* A lane's own control client (a REQ socket belongs to one thread). */
+/* A lane's own control client. */
 typedef struct lane_ctl {
     ctl_client *c;
-    int orc;        /* opening it failed: every job fails with this */
+    int orc;        /* opening it failed: every exchange fails with this */
     char oerr[160]; /* and this text */
 } lane_ctl;
 
@@ -111,39 +65,41 @@ static void lane_stop(void *ctx, void *state) {
 static void lane_run(void *ctx, lane *l, void *state, lane_job *lj) {
     ect_push_producer *p = ctx;
     lane_ctl *lc = state;
-    pp_job *j = (pp_job *)lj;
+    px *x = (px *)lj;
     if (!lc) {
-        j->rc = ECT_ENOMEM;
-        snprintf(j->err, sizeof j->err, "control client: out of memory");
+        x->rc = ECT_ENOMEM;
+        snprintf(x->err, sizeof x->err, "control client: out of memory");
     } else if (lc->orc) {
-        j->rc = lc->orc;
-        snprintf(j->err, sizeof j->err, "control client: %s", lc->oerr);
+        x->rc = lc->orc;
+        snprintf(x->err, sizeof x->err, "control client: %s", lc->oerr);
     } else {
-        run_job(lc->c, j);
+        x->rc = x->want_ok ? ctl_call_ok(lc->c, x->host, x->port, &x->req, &x->rep)
+                           : ctl_call(lc->c, x->host, x->port, &x->req, &x->rep);
+        if (x->rc) snprintf(x->err, sizeof x->err, "%.300s", ect_last_error());
     }
     lane_job *behind = NULL;
-    if (j->rc && pp_unreachable_rc(j->rc)) behind = lane_take_queued(l); /* see the top */
-    int rc = j->rc; /* j belongs to the dispatcher once delivered */
-    char cause[sizeof j->err];
-    memcpy(cause, j->err, sizeof cause);
-    deliver(p, j);
+    if (x->rc && pb_unreachable_rc(x->rc)) behind = lane_take_queued(l); /* see the top */
+    int rc = x->rc; /* x belongs to the dispatcher once delivered */
+    char cause[PX_ERR_MAX];
+    memcpy(cause, x->err, sizeof cause);
+    pp_deliver(p, x);
     while (behind) {
-        pp_job *b = (pp_job *)behind;
+        px *b = (px *)behind;
         behind = behind->next;
         b->rc = rc;
         b->held = true;
         snprintf(b->err, sizeof b->err, "consumer %.100s unreachable: %.190s", lane_key(l), cause);
-        deliver(p, b);
+        pp_deliver(p, b);
     }
 }
 
 /* Closing: what never ran goes back to the dispatcher, which frees it. */
 static void lane_cancel(void *ctx, lane_job *lj) {
-    pp_job *b = (pp_job *)lj;
+    px *b = (px *)lj;
     b->rc = ECT_ECLOSED;
     b->held = true;
     snprintf(b->err, sizeof b->err, "push producer closed");
-    deliver(ctx, b);
+    pp_deliver(ctx, b);
 }
 
 int pp_lanes_open(ect_push_producer *p) {
@@ -151,12 +107,9 @@ int pp_lanes_open(ect_push_producer *p) {
     return lanes_open(&o, PP_MAX_LANES, PP_LANE_IDLE_MS, &p->lanes);
 }
 
-int pp_lane_submit(ect_push_producer *p, pp_job *j) {
-    char addr[PUSH_ADDR_MAX + 16];
-    pp_addr_key(j->host, j->port, addr, sizeof addr);
-    int rc = lanes_submit(p->lanes, addr, &j->lj);
-    if (rc)
-        return ect_set_error(rc, "cannot start a control lane for %s: %s", addr, ect_last_error());
+int pp_lane_submit(ect_push_producer *p, px *x) {
+    int rc = lanes_submit(p->lanes, x->key, &x->lj);
+    if (rc) return ect_set_error(rc, "no control lane for %s: %s", x->key, ect_last_error());
     return 0;
 }
 
