@@ -13,8 +13,9 @@
  * Memory: items are copied into a memfd pool (so the shm back end can map
  * it) and made resident without a lease; a pull leases its item for the
  * duration of the write. When the save thread needs room, the pool reclaims
- * unleased items least recently used first and the reclaim callback drops
- * them from the inventory.
+ * unleased items least recently used first. The inventory a consumer asks
+ * for is read from the pool's resident items (inventory.c): nothing to keep
+ * in step.
  */
 
 #include <errno.h>
@@ -75,8 +76,6 @@ struct ect_pull_producer {
     bool registered;
     void *zctx, *router, *pub;
     int efd;
-    pull_inventory inv;
-    bool inv_ok;
     pull_router r;           /* ROUTER thread only, except r.st under stat_mu */
     pthread_mutex_t stat_mu; /* held while the ROUTER thread handles a frame */
 
@@ -94,7 +93,7 @@ struct ect_pull_producer {
     pthread_mutex_t comp_mu; /* completions */
     completion *c_head, *c_tail;
 
-    atomic_uint_fast64_t saved, save_failed, notifications, pulls_ok, pulls_failed, evicted;
+    atomic_uint_fast64_t saved, save_failed, notifications, pulls_ok, pulls_failed;
 };
 
 void ect_pull_producer_opts_init(ect_pull_producer_opts *o) {
@@ -109,17 +108,6 @@ void ect_pull_producer_opts_init(ect_pull_producer_opts *o) {
     o->max_lanes = 256;
     o->page_items = WIRE_PULL_MAX_ITEMS;
     o->max_queued_bytes = 1ull << 30;
-}
-
-/* ---- reclaim callback (any thread that allocates: the save thread) */
-
-static void on_reclaim(void *user, const char *mm_hash, uint64_t offset, uint64_t nbytes) {
-    ect_pull_producer *p = user;
-    (void)offset;
-    (void)nbytes;
-    pull_inv_remove(&p->inv, mm_hash);
-    atomic_fetch_add(&p->evicted, 1);
-    ECT_LOGI(MOD, "evicted %s (least recently used) to make room", mm_hash);
 }
 
 /* ---- save thread */
@@ -137,10 +125,9 @@ static void release_item(save_item *s) {
 static int store(ect_pull_producer *p, save_item *s) {
     ect_resident_info info;
     if (ect_pool_lookup(p->pool, s->item.mm_hash, &info) == 0) {
-        if (info.nbytes == s->item.num_bytes) return pull_inv_add(&p->inv, &s->item);
+        if (info.nbytes == s->item.num_bytes) return 0;
         /* Same hash, other bytes: replace when nobody is reading it. */
         if (ect_pool_remove(p->pool, s->item.mm_hash) != 0) return ECT_EBUSY;
-        pull_inv_remove(&p->inv, s->item.mm_hash);
     }
     uint64_t off;
     int rc = ect_pool_alloc(p->pool, s->item.num_bytes, &off);
@@ -152,14 +139,9 @@ static int store(ect_pull_producer *p, save_item *s) {
         ect_pool_free(p->pool, off);
         return rc;
     }
-    rc = pull_inv_add(&p->inv, &s->item);
-    if (rc == 0)
-        rc = ect_pool_put(p->pool, s->item.mm_hash, off, s->item.num_bytes, s->item.shape,
-                          s->item.ndim, s->item.dtype, 0);
-    if (rc) {
-        pull_inv_remove(&p->inv, s->item.mm_hash);
-        ect_pool_free(p->pool, off);
-    }
+    rc = ect_pool_put(p->pool, s->item.mm_hash, off, s->item.num_bytes, s->item.shape, s->item.ndim,
+                      s->item.dtype, 0);
+    if (rc) ect_pool_free(p->pool, off);
     return rc;
 }
 
@@ -586,16 +568,12 @@ int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer
     ect_cond_init(&p->cv);
     pthread_mutex_init(&p->comp_mu, NULL);
     pthread_mutex_init(&p->stat_mu, NULL);
-    if ((rc = pull_inv_init(&p->inv)) != 0) goto fail;
-    p->inv_ok = true;
 
     ect_pool_opts po;
     ect_pool_opts_init(&po);
     po.capacity = opts->pool_size;
     po.alignment = opts->alignment;
     po.use_memfd = 1;
-    po.on_reclaim = on_reclaim;
-    po.reclaim_user = p;
     if ((rc = ect_pool_open(&po, &p->pool)) != 0) goto fail;
     lane_ops lo = {.run = lane_run, .ctx = p};
     if ((rc = lanes_open(&lo, opts->max_lanes, LANE_IDLE_MS, &p->lanes)) != 0) goto fail;
@@ -634,7 +612,6 @@ int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer
     if ((rc = bind_pair(p)) != 0) goto fail;
 
     p->r.pool = p->pool;
-    p->r.inv = &p->inv;
     p->r.session_id = p->session_id;
     p->r.page_items = opts->page_items;
     p->max_q = opts->max_queued_bytes;
@@ -701,7 +678,6 @@ void ect_pull_producer_close(ect_pull_producer *p) {
     if (p->zctx) zmq_ctx_term(p->zctx);
     if (p->efd >= 0) close(p->efd);
     ect_pool_close(p->pool);
-    if (p->inv_ok) pull_inv_destroy(&p->inv);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
     pthread_mutex_destroy(&p->comp_mu);
@@ -727,6 +703,8 @@ void ect_pull_producer_stats(ect_pull_producer *p, ect_pull_producer_stat *st) {
     st->malformed = p->r.st.malformed;
     st->requests = p->r.st.requests;
     pthread_mutex_unlock(&p->stat_mu);
-    st->evicted = atomic_load(&p->evicted);
+    ect_pool_stat ps;
+    ect_pool_stats(p->pool, &ps);
+    st->evicted = ps.reclaimed; /* least recently used items reclaimed to make room */
     st->lanes = p->lanes ? (uint32_t)lanes_count(p->lanes) : 0;
 }
