@@ -1,9 +1,10 @@
 /*
- * router — the pull producer's request handler. No sockets: the producer's ROUTER thread feeds it
- * one request frame at a time, and it answers through ops.reply (completions for refused pulls,
- * ECTransferReady pages) or hands accepted pulls to ops.dispatch. A pull is accepted only while the
- * item is resident: the handler takes a lease on it, so it cannot be evicted until the write lane
- * that owns the job releases it.
+ * router — the pull producer's request handler. No sockets: the producer's
+ * ROUTER thread feeds it one request frame at a time, and it answers through
+ * ops.reply (completions for refused pulls, ECTransferReady pages) or hands
+ * accepted pulls to ops.dispatch. A pull is accepted only while the item is
+ * resident: the handler takes a lease on it, so it cannot be evicted until
+ * the write lane that owns the job releases it.
  *
  * ECTransferRequest is answered from the pool's resident items
  * (inventory.c).
