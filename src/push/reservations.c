@@ -11,6 +11,14 @@
  * its ref through WRITING, CANCEL_PENDING and EXPIRE_PENDING, so memory a
  * remote writer may still be writing is never freed by construction.
  *
+ * Residency is mem/resident's (the one residency module; this table keeps
+ * its own cache of it, without an alloc: the memory stays this table's).
+ * Every published buffer is an item of the cache, with one lease while
+ * anything holds it (`held`: refs or leases); the cache orders the items by
+ * use and picks the least recently used unheld one when room is needed
+ * (evict_one). A published buffer nothing holds and that was never made
+ * resident is freed at once.
+ *
  * Entries live in the id table (util/idtab), each on exactly one of three
  * lists, each ordered by its deadline:
  *  - live (WRITING, READY): deadline = expiry. Every deadline is set to
@@ -21,8 +29,8 @@
  *    oldest goes first.
  *
  * Three indexes by mm_hash: `inflight` (the one WRITING writer of a hash,
- * which new reserves follow), `published` (the one completed buffer of a
- * hash, which new reserves are answered from, `cached`) and `orphans`
+ * which new reserves follow), the resident cache (the one completed buffer of
+ * a hash, which new reserves are answered from, `cached`) and `orphans`
  * (buffers whose writer refreshed away while followers waited on them: the
  * next reserve of the hash adopts them as their writer). A hash is in at
  * most one of the three.
@@ -50,6 +58,7 @@
 static _Thread_local int hash_oom;
 #define HASH_NONFATAL_OOM 1
 #define uthash_nonfatal_oom(obj) (hash_oom = 1)
+#include "mem/resident.h"
 #include "util/idtab.h"
 
 #include <utlist.h>
@@ -77,12 +86,10 @@ struct rsv_buf {
     tensor tn;
     unsigned refs, leases;
     bool published, resident;
+    bool held;                   /* published: it holds its lease in the cache (refs or leases) */
     bool orphan;                 /* in the orphans index: its writer refreshed away */
     rsv_entry *orphan_followers; /* orphan: the followers waiting for a new writer */
-    uint64_t last_used;
-    UT_hash_handle hh;        /* published index, by mm_hash */
-    UT_hash_handle hh_orphan; /* orphans index, by mm_hash */
-    rsv_buf *lru_prev, *lru_next;
+    UT_hash_handle hh_orphan;    /* orphans index, by mm_hash */
     rsv_buf *all_prev, *all_next;
 };
 
@@ -117,7 +124,8 @@ struct rsv_table {
     uint64_t now;
     idtab ids;
     rsv_entry *inflight;
-    rsv_buf *published, *orphans, *lru, *all;
+    resident_cache *cache; /* published buffers (mem/resident) */
+    rsv_buf *orphans, *all;
     ev_node *events;
     rsv_stats st;
 };
@@ -175,6 +183,10 @@ int rsv_open(const rsv_opts *o, rsv_table **out) {
     rsv_table *t = calloc(1, sizeof *t);
     if (!t) return ect_set_error(ECT_ENOMEM, "reservation table: out of memory");
     t->o = *o;
+    if (resident_create(NULL, &t->cache)) {
+        free(t);
+        return ECT_ENOMEM;
+    }
     idt_init(&t->ids, o->ttl_ms, o->max_tombstones, &(idt_ops){.drop = on_drop});
     *out = t;
     return 0;
@@ -195,13 +207,12 @@ static int list_of(rsv_state s) {
 
 /* ---- buffers */
 
+/* Frees b and its memory; a published one leaves the cache (unheld, or
+ * reclaimed from it already). */
 static void buf_free(rsv_table *t, rsv_buf *b) {
-    if (b->published) HASH_DELETE(hh, t->published, b);
+    if (b->published) (void)resident_remove(t->cache, b->mm_hash);
     if (b->orphan) HASH_DELETE(hh_orphan, t->orphans, b);
-    if (b->resident) {
-        DL_DELETE2(t->lru, b, lru_prev, lru_next);
-        t->st.resident--;
-    }
+    if (b->resident) t->st.resident--;
     DL_DELETE2(t->all, b, all_prev, all_next);
     t->o.mem->free(t->o.mem_ctx, b->offset, b->size);
     t->st.buffers--;
@@ -210,20 +221,29 @@ static void buf_free(rsv_table *t, rsv_buf *b) {
     free(b);
 }
 
-static void buf_maybe_free(rsv_table *t, rsv_buf *b) {
-    if (b->refs == 0 && b->leases == 0 && !b->resident) buf_free(t, b);
+/* After b's refs or leases changed: a published buffer takes or gives back
+ * its lease in the cache (giving it back counts as a use); one nothing holds
+ * any more is freed unless it is kept resident. */
+static void buf_settle(rsv_table *t, rsv_buf *b) {
+    bool held = b->refs || b->leases;
+    if (b->published && held != b->held) {
+        int rc = held ? resident_get(t->cache, b->mm_hash, true, NULL)
+                      : resident_release(t->cache, b->mm_hash);
+        assert(rc == 0);
+        (void)rc;
+        b->held = held;
+    }
+    if (!held && !b->resident) buf_free(t, b);
 }
 
 static void buf_unref(rsv_table *t, rsv_buf *b) {
     assert(b->refs > 0);
     b->refs--;
-    buf_maybe_free(t, b);
+    buf_settle(t, b);
 }
 
-static rsv_buf *find_published(rsv_table *t, const char *h) {
-    rsv_buf *b = NULL;
-    HASH_FIND(hh, t->published, h, strlen(h), b);
-    return b;
+static rsv_buf *find_published(const rsv_table *t, const char *h) {
+    return resident_user(t->cache, h);
 }
 
 static rsv_entry *find_inflight(rsv_table *t, const char *h) {
@@ -238,20 +258,16 @@ static rsv_buf *find_orphan(rsv_table *t, const char *h) {
     return b;
 }
 
-/* Frees one unleased, unreferenced resident buffer, oldest use first. */
+/* Frees the least recently used resident buffer nothing holds. */
 static bool evict_one(rsv_table *t) {
-    rsv_buf *b;
-    DL_FOREACH2(t->lru, b, lru_next) {
-        if (b->refs == 0 && b->leases == 0) {
-            b->resident = false;
-            DL_DELETE2(t->lru, b, lru_prev, lru_next);
-            t->st.resident--;
-            t->st.evictions++;
-            buf_free(t, b);
-            return true;
-        }
-    }
-    return false;
+    resident_victim v;
+    void *user = NULL;
+    if (resident_reclaim_one(t->cache, &v, &user)) return false;
+    rsv_buf *b = user;
+    b->published = false; /* the cache forgot it already */
+    t->st.evictions++;
+    buf_free(t, b);
+    return true;
 }
 
 size_t rsv_evict_resident(rsv_table *t, size_t max) {
@@ -445,12 +461,9 @@ static bool same_tensor(const tensor *a, const tensor *b) {
            memcmp(a->shape, b->shape, a->ndim * sizeof *a->shape) == 0;
 }
 
+/* A use of a published buffer: the most recently used in the cache. */
 static void touch(rsv_table *t, rsv_buf *b) {
-    b->last_used = t->now;
-    if (b->resident) {
-        DL_DELETE2(t->lru, b, lru_prev, lru_next);
-        DL_APPEND2(t->lru, b, lru_prev, lru_next);
-    }
+    (void)resident_get(t->cache, b->mm_hash, false, NULL);
 }
 
 static void reply_for(const rsv_entry *e, rsv_reply *r) {
@@ -521,6 +534,7 @@ static int reserve_new(rsv_table *t, const rsv_request *r, const tensor *tn, rsv
         }
         pub->refs++;
         touch(t, pub);
+        buf_settle(t, pub); /* held again */
         queue_event(t, e, RSV_EV_READY);
     } else if (w) { /* (2) follow the writer already writing this hash */
         e->role = ROLE_FOLLOWER;
@@ -656,21 +670,22 @@ int rsv_reserve(rsv_table *t, const rsv_request *req, uint64_t now_ms, rsv_reply
 
 /* ---- complete / cancel */
 
-/* False (nothing changed) when the published index cannot grow: the writer
+/* False (nothing changed) when the cache cannot take the buffer: the writer
  * stays WRITING and may complete again or abandon. */
 static bool publish(rsv_table *t, rsv_entry *w) {
     uint64_t expiry = t->now + t->o.ttl_ms;
     rsv_buf *b = w->buf;
     assert(!find_published(t, b->mm_hash));
-    hash_oom = 0;
-    HASH_ADD_KEYPTR(hh, t->published, b->mm_hash, strlen(b->mm_hash), b);
-    if (hash_oom) {
-        ECT_LOGE(MOD, "out of memory publishing transfer_id=%s; not completed", w->transfer_id);
+    if (resident_put(t->cache, b->mm_hash, b->offset, b->size, b->tn.shape, b->tn.ndim, b->tn.dtype,
+                     true)) {
+        ECT_LOGE(MOD, "publishing transfer_id=%s: %s; not completed", w->transfer_id,
+                 ect_last_error());
         return false;
     }
+    resident_bind(t->cache, b->mm_hash, b);
     HASH_DELETE(hh_inflight, t->inflight, w);
     b->published = true;
-    b->last_used = t->now;
+    b->held = true; /* its writer and followers */
     set_state(t, w, RSV_READY, expiry);
     queue_event(t, w, RSV_EV_READY);
     rsv_entry *f, *tmp;
@@ -829,7 +844,7 @@ int rsv_take(rsv_table *t, const char *transfer_id, uint64_t now_ms, rsv_status 
     if (e->state != RSV_READY)
         return ect_set_error(ECT_ESTATE, "take: transfer_id '%s' is %s, not READY", transfer_id,
                              rsv_state_name(e->state));
-    e->buf->leases++;
+    e->buf->leases++; /* READY: held already */
     touch(t, e->buf);
     fill_status(e, st);
     return 0;
@@ -846,10 +861,10 @@ int rsv_release(rsv_table *t, const char *mm_hash, uint64_t now_ms) {
     b->leases--;
     if (!b->resident) {
         b->resident = true;
-        DL_APPEND2(t->lru, b, lru_prev, lru_next);
         t->st.resident++;
     }
     touch(t, b);
+    buf_settle(t, b);
     return 0;
 }
 
@@ -866,7 +881,6 @@ int rsv_finish(rsv_table *t, const char *transfer_id, uint64_t now_ms) {
     rsv_buf *b = e->buf;
     if (!b->resident) { /* keep the bytes for dedup: resident, reclaimable */
         b->resident = true;
-        DL_APPEND2(t->lru, b, lru_prev, lru_next);
         t->st.resident++;
     }
     touch(t, b);
@@ -886,7 +900,7 @@ void rsv_close(rsv_table *t) {
     /* The index tables live inside their first element: clear them while the
      * entries and buffers still exist. */
     HASH_CLEAR(hh_inflight, t->inflight);
-    HASH_CLEAR(hh, t->published);
+    resident_destroy(t->cache);
     HASH_CLEAR(hh_orphan, t->orphans);
     idt_clear(&t->ids);
     rsv_buf *b, *btmp;
@@ -927,8 +941,14 @@ int rsv_check(const rsv_table *t) {
               b->refs, refs);
         CHECK(b->refs || b->leases || b->resident, "buffer @%" PRIu64 " is held by nobody",
               b->offset);
-        CHECK(!b->published || find_published((rsv_table *)t, b->mm_hash) == b,
-              "published buffer @%" PRIu64 " missing from the index", b->offset);
+        CHECK(!b->published || find_published(t, b->mm_hash) == b,
+              "published buffer @%" PRIu64 " missing from the cache", b->offset);
+        if (b->published) {
+            ect_resident_info info;
+            CHECK(resident_peek(t->cache, b->mm_hash, &info) == 0 &&
+                      (info.leases != 0) == (b->refs || b->leases) && b->held == (info.leases != 0),
+                  "published buffer @%" PRIu64 " holds the wrong lease in the cache", b->offset);
+        }
         if (b->orphan) {
             unsigned waiting = 0;
             for (const rsv_entry *f = b->orphan_followers; f; f = f->fol_next) {
