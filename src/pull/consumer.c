@@ -328,11 +328,8 @@ int ect_pull_consumer_open(const ect_pull_consumer_opts *o, ect_pull_consumer **
     }
     *out = c;
     return 0;
-fail:;
-    char saved[512];
-    snprintf(saved, sizeof saved, "%s", ect_last_error());
-    ect_pull_consumer_close(c);
-    return ect_set_error(rc, "%s", saved);
+fail:
+    ECT_RETURN_AFTER(rc, ect_pull_consumer_close(c));
 }
 
 void ect_pull_consumer_close(ect_pull_consumer *c) {

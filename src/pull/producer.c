@@ -631,11 +631,8 @@ int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer
              p->host, p->port, p->host, p->port + 1, p->transport, ect_xport_session(p->x));
     *out = p;
     return 0;
-fail:;
-    char saved[512];
-    snprintf(saved, sizeof saved, "%s", ect_last_error());
-    ect_pull_producer_close(p);
-    return ect_set_error(rc, "%s", saved);
+fail:
+    ECT_RETURN_AFTER(rc, ect_pull_producer_close(p));
 }
 
 static void stop_save(ect_pull_producer *p) {

@@ -335,65 +335,60 @@ static void build_peers(pbatch *b, const push_action *a, size_t n, uint64_t now,
     }
 }
 
-static void build_reserves(pbatch *b, const push_action *a, size_t n, uint64_t now, px ***tail) {
-    groups gs = {0};
-    if (!group_by_shard(a, n, PUSH_ACT_RESERVE, PX_RESERVE, &gs)) {
-        fail_groups(b, &gs, now);
-        fail_kind(b, a, n, PUSH_ACT_RESERVE, now);
-        return;
+/* The request items of a batch: one per member. */
+static bool reserve_items(px *x) {
+    wire_reserve_item *items = calloc(x->n, sizeof *items);
+    if (!items) return false;
+    for (size_t k = 0; k < x->n; k++) {
+        const push_rec *r = x->m[k].rec;
+        wire_reserve_req *q = &items[k].req;
+        snprintf(q->transfer_id, sizeof q->transfer_id, "%s", r->transfer_id);
+        snprintf(q->mm_hash, sizeof q->mm_hash, "%s", r->mm_hash);
+        q->tensor.nbytes = r->nbytes;
+        q->tensor.ndim = (uint32_t)r->ndim;
+        memcpy(q->tensor.shape, r->shape, sizeof q->tensor.shape);
+        snprintf(q->tensor.dtype, sizeof q->tensor.dtype, "%s", r->dtype);
     }
-    for (size_t gi = 0; gi < gs.n; gi++) {
-        px *x = gs.g[gi];
-        wire_reserve_item *items = calloc(x->n, sizeof *items);
-        if (!items) {
-            fail_members(b, x->m, x->n, now);
-            px_free(x);
-            continue;
-        }
-        for (size_t k = 0; k < x->n; k++) {
-            const push_rec *r = x->m[k].rec;
-            wire_reserve_req *q = &items[k].req;
-            snprintf(q->transfer_id, sizeof q->transfer_id, "%s", r->transfer_id);
-            snprintf(q->mm_hash, sizeof q->mm_hash, "%s", r->mm_hash);
-            q->tensor.nbytes = r->nbytes;
-            q->tensor.ndim = (uint32_t)r->ndim;
-            memcpy(q->tensor.shape, r->shape, sizeof q->tensor.shape);
-            snprintf(q->tensor.dtype, sizeof q->tensor.dtype, "%s", r->dtype);
-        }
-        x->req.op = WIRE_OP_RESERVE_BATCH;
-        x->req.u.reserve_batch.n = x->n;
-        x->req.u.reserve_batch.items = items;
-        launch(b, x, now, tail, &b->n.reserve_batches);
-    }
-    free(gs.g);
+    x->req.op = WIRE_OP_RESERVE_BATCH;
+    x->req.u.reserve_batch.n = x->n;
+    x->req.u.reserve_batch.items = items;
+    return true;
 }
 
-static void build_completes(pbatch *b, const push_action *a, size_t n, uint64_t now, px ***tail) {
+static bool complete_items(px *x) {
+    wire_complete_req *items = calloc(x->n, sizeof *items);
+    if (!items) return false;
+    for (size_t k = 0; k < x->n; k++) {
+        const push_rec *r = x->m[k].rec;
+        snprintf(items[k].transfer_id, sizeof items[k].transfer_id, "%s", r->transfer_id);
+        snprintf(items[k].reservation_id, sizeof items[k].reservation_id, "%s",
+                 r->sh[x->m[k].shard].rid);
+    }
+    x->want_ok = true;
+    x->req.op = WIRE_OP_COMPLETE_BATCH;
+    x->req.u.complete_batch.n = x->n;
+    x->req.u.complete_batch.items = items;
+    return true;
+}
+
+/* RESERVE and COMPLETE: one batch per shard address. */
+static void build_batches(pbatch *b, const push_action *a, size_t n, uint64_t now, px ***tail,
+                          push_action_kind kind) {
+    px_kind xk = kind == PUSH_ACT_RESERVE ? PX_RESERVE : PX_COMPLETE;
     groups gs = {0};
-    if (!group_by_shard(a, n, PUSH_ACT_COMPLETE, PX_COMPLETE, &gs)) {
+    if (!group_by_shard(a, n, kind, xk, &gs)) {
         fail_groups(b, &gs, now);
-        fail_kind(b, a, n, PUSH_ACT_COMPLETE, now);
+        fail_kind(b, a, n, kind, now);
         return;
     }
     for (size_t gi = 0; gi < gs.n; gi++) {
         px *x = gs.g[gi];
-        wire_complete_req *items = calloc(x->n, sizeof *items);
-        if (!items) {
+        if (!(xk == PX_RESERVE ? reserve_items(x) : complete_items(x))) {
             fail_members(b, x->m, x->n, now);
             px_free(x);
             continue;
         }
-        for (size_t k = 0; k < x->n; k++) {
-            const push_rec *r = x->m[k].rec;
-            snprintf(items[k].transfer_id, sizeof items[k].transfer_id, "%s", r->transfer_id);
-            snprintf(items[k].reservation_id, sizeof items[k].reservation_id, "%s",
-                     r->sh[x->m[k].shard].rid);
-        }
-        x->want_ok = true;
-        x->req.op = WIRE_OP_COMPLETE_BATCH;
-        x->req.u.complete_batch.n = x->n;
-        x->req.u.complete_batch.items = items;
-        launch(b, x, now, tail, &b->n.complete_batches);
+        launch(b, x, now, tail, xk == PX_RESERVE ? &b->n.reserve_batches : &b->n.complete_batches);
     }
     free(gs.g);
 }
@@ -493,8 +488,8 @@ void pb_build(pbatch *b, const push_action *a, size_t n, uint64_t now, px **out)
     px **tail = out;
     while (*tail) tail = &(*tail)->next;
     build_peers(b, a, n, now, &tail);
-    build_reserves(b, a, n, now, &tail);
+    build_batches(b, a, n, now, &tail, PUSH_ACT_RESERVE);
     build_cancels(b, a, n, now, &tail);
     build_writes(b, a, n, now, &tail);
-    build_completes(b, a, n, now, &tail);
+    build_batches(b, a, n, now, &tail, PUSH_ACT_COMPLETE);
 }

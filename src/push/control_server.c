@@ -186,6 +186,18 @@ static int do_reserve(ctl_server *s, const wire_reserve_req *r, uint64_t now,
     return 0;
 }
 
+static void out_of_memory(int *rc, char *errtext) {
+    *rc = ECT_ENOMEM;
+    snprintf(errtext, WIRE_ERROR_MAX + 1, "EC consumer out of memory");
+}
+
+/* n reply items of `size` bytes, or NULL with the error set. */
+static void *reply_items(size_t n, size_t size, int *rc, char *errtext) {
+    void *items = calloc(n ? n : 1, size);
+    if (!items) out_of_memory(rc, errtext);
+    return items;
+}
+
 static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now, char **reply) {
     wire_ctl_reply rep;
     memset(&rep, 0, sizeof rep);
@@ -201,12 +213,8 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
         break;
     case WIRE_OP_RESERVE_BATCH: {
         size_t n = q->u.reserve_batch.n;
-        rep.u.reserve_batch.items = calloc(n ? n : 1, sizeof *rep.u.reserve_batch.items);
-        if (!rep.u.reserve_batch.items) {
-            rc = ECT_ENOMEM;
-            snprintf(errtext, sizeof errtext, "EC consumer out of memory");
-            break;
-        }
+        rep.u.reserve_batch.items = reply_items(n, sizeof *rep.u.reserve_batch.items, &rc, errtext);
+        if (!rep.u.reserve_batch.items) break;
         rep.u.reserve_batch.n = n;
         for (size_t i = 0; i < n; i++) {
             const wire_reserve_item *it = &q->u.reserve_batch.items[i];
@@ -221,8 +229,7 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
                 oc->error = strdup(ect_last_error());
             }
             if (!oc->error) {
-                rc = ECT_ENOMEM;
-                snprintf(errtext, sizeof errtext, "EC consumer out of memory");
+                out_of_memory(&rc, errtext);
                 break;
             }
         }
@@ -252,12 +259,8 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
         int base = s->o.base_port ? s->o.base_port : s->port - s->o.tp_rank;
         size_t n = (s->o.base_port || s->o.port) ? (size_t)s->o.tp_size : 1;
         if (!s->o.base_port && !s->o.port) base = s->port;
-        rep.u.peers.ports = calloc(n, sizeof *rep.u.peers.ports);
-        if (!rep.u.peers.ports) {
-            rc = ECT_ENOMEM;
-            snprintf(errtext, sizeof errtext, "EC consumer out of memory");
-            break;
-        }
+        rep.u.peers.ports = reply_items(n, sizeof *rep.u.peers.ports, &rc, errtext);
+        if (!rep.u.peers.ports) break;
         rep.u.peers.n = n;
         snprintf(rep.u.peers.transport, sizeof rep.u.peers.transport, "%s", s->transport);
         for (size_t i = 0; i < n; i++) rep.u.peers.ports[i] = (uint16_t)(base + (int)i);
@@ -273,12 +276,9 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
         break;
     case WIRE_OP_COMPLETE_BATCH: {
         size_t n = q->u.complete_batch.n;
-        rep.u.complete_batch.items = calloc(n ? n : 1, sizeof *rep.u.complete_batch.items);
-        if (!rep.u.complete_batch.items) {
-            rc = ECT_ENOMEM;
-            snprintf(errtext, sizeof errtext, "EC consumer out of memory");
-            break;
-        }
+        rep.u.complete_batch.items =
+            reply_items(n, sizeof *rep.u.complete_batch.items, &rc, errtext);
+        if (!rep.u.complete_batch.items) break;
         rep.u.complete_batch.n = n;
         for (size_t i = 0; i < n; i++)
             rsv_complete(s->tab, q->u.complete_batch.items[i].transfer_id,
