@@ -162,15 +162,22 @@ static void note_failure(xfer_table *t, const xent *e, xfer_state s, const char 
     t->n_fails++;
 }
 
+/* Moves up to max payloads (member `field`) from the head of the node list
+ * `head` into out, counting them in n and off *count. */
+#define TAKE(n, head, field, out, max, count)                                                      \
+    do {                                                                                           \
+        while ((n) < (max) && (head)) {                                                            \
+            __typeof__(head) x_ = (head);                                                          \
+            (out)[(n)++] = x_->field;                                                              \
+            DL_DELETE((head), x_);                                                                 \
+            (*(count))--;                                                                          \
+            free(x_);                                                                              \
+        }                                                                                          \
+    } while (0)
+
 size_t xfer_take_failures(xfer_table *t, xfer_failure *out, size_t max) {
     size_t n = 0;
-    while (n < max && t->fails) {
-        fail_node *f = t->fails;
-        out[n++] = f->f;
-        DL_DELETE(t->fails, f);
-        t->n_fails--;
-        free(f);
-    }
+    TAKE(n, t->fails, f, out, max, &t->n_fails);
     return n;
 }
 
@@ -477,13 +484,7 @@ int xfer_get(const xfer_table *t, const char *id, xfer_info *info) {
 
 size_t xfer_take_cancels(xfer_table *t, xfer_cancel_job *out, size_t max) {
     size_t n = 0;
-    while (n < max && t->jobs) {
-        job_node *j = t->jobs;
-        out[n++] = j->job;
-        DL_DELETE(t->jobs, j);
-        t->st.cancels_queued--;
-        free(j);
-    }
+    TAKE(n, t->jobs, job, out, max, &t->st.cancels_queued);
     return n;
 }
 
