@@ -618,6 +618,60 @@ static void test_tombstone_cap(void **state) {
     push_close(t);
 }
 
+/* Steps: a held record sends nothing until push_flush; a source staged
+ * after the flush is used from the next one; a held record cancelled ends at
+ * once with its release and report; closing aborts every live record
+ * without abandoning anything. */
+static void test_steps_cancel_and_abort(void **state) {
+    (void)state;
+    push_table *t = open_default();
+    push_source src = {.data = "x"};
+    push_item it = {.transfer_id = "h",
+                    .consumer = "c:1",
+                    .mm_hash = "hash",
+                    .nbytes = 576 * 4096 * 2,
+                    .shape = SHAPE,
+                    .ndim = 2,
+                    .dtype = "bfloat16",
+                    .n_shards = 1,
+                    .held = true};
+    assert_int_equal(push_add(t, &it, 0, NULL), 0);
+    expect_kind(next(t, 1), 0, 0); /* held */
+    assert_int_equal(push_flush(t), 1);
+    assert_int_equal(push_flush(t), 0);
+    expect_kind(next(t, 2), PUSH_ACT_RESERVE, 1);
+    reserve_ok(t, "h", 0, true, 2);
+    assert_int_equal(push_stage_begin(t, "h", 1), ECT_EINVAL); /* nbytes differs */
+    assert_int_equal(push_stage_begin(t, "h", it.nbytes), 0);
+    assert_err(push_stage_begin(t, "h", it.nbytes), ECT_ESTATE, "already staged");
+    assert_int_equal(push_stage_end(t, "h", &src, 3), 0);
+    expect_kind(next(t, 3), 0, 0); /* staged after the flush: waits for the next */
+    push_flush(t);
+    expect_kind(next(t, 4), PUSH_ACT_WRITE, 1);
+    /* a held record cancelled: over at once, its source given back */
+    it.transfer_id = "g";
+    it.src = &src;
+    assert_int_equal(push_add(t, &it, 5, NULL), 0);
+    push_action fin[2];
+    size_t n = 0;
+    assert_int_equal(push_cancel(t, "g", 5, fin, &n), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(fin[0].kind, PUSH_ACT_RELEASE_SOURCE);
+    assert_ptr_equal(fin[0].fin.src.data, src.data);
+    assert_int_equal(fin[1].fin.status, ECT_ECANCELED);
+    assert_string_equal(fin[1].fin.error, "cancelled before it was sent");
+    assert_int_equal(state_of(t, "g"), PUSH_CANCELLED);
+    assert_err(push_stage_begin(t, "g", it.nbytes), ECT_ESTATE, "finished");
+    /* closing: the write in flight counts as failed, nothing is abandoned */
+    push_abort_all(t, "closed");
+    acts *A = next(t, 6);
+    assert_int_equal(A->n, 2);
+    assert_int_equal(A->a[0].kind, PUSH_ACT_RELEASE_SOURCE);
+    assert_int_equal(A->a[1].fin.status, ECT_ECLOSED);
+    assert_string_equal(A->a[1].fin.error, "closed");
+    push_close(t);
+}
+
 /* A random shell: outcomes at random, checks after every call; every record
  * ends, every staged source is released exactly once, before the report. */
 typedef struct shell {
@@ -757,6 +811,7 @@ int main(void) {
         cmocka_unit_test(test_input_wait_timeout),
         cmocka_unit_test(test_small_action_buffers),
         cmocka_unit_test(test_tombstone_cap),
+        cmocka_unit_test(test_steps_cancel_and_abort),
         cmocka_unit_test(test_random_shell),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
