@@ -85,6 +85,7 @@ struct ect_pull_producer {
     uint64_t q_enqueued, q_done; /* items ever queued / finished by the save thread */
     uint64_t q_bytes, max_q;     /* bytes saved but not yet stored, and their bound */
     bool save_stop;
+    bool save_exited; /* the save thread is past its last use of the producer */
     pthread_t save_thread, router_thread;
     bool save_started, router_started;
     atomic_bool router_stop;
@@ -207,6 +208,10 @@ static void *save_main(void *arg) {
         pthread_mutex_unlock(&p->mu);
         if (stop) break;
     }
+    pthread_mutex_lock(&p->mu);
+    p->save_exited = true;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
@@ -639,12 +644,14 @@ static void stop_save(ect_pull_producer *p) {
     pthread_mutex_lock(&p->mu);
     p->save_stop = true; /* the poison pill: the thread drains, releases and exits */
     pthread_cond_broadcast(&p->cv);
+    uint64_t end = ect_deadline_ns(SAVE_JOIN_MS);
+    while (p->save_started && !p->save_exited)
+        if (ect_cond_wait_until(&p->cv, &p->mu, end)) break;
+    bool late = p->save_started && !p->save_exited;
     pthread_mutex_unlock(&p->mu);
     if (!p->save_started) return;
-    if (ect_join_until(p->save_thread, ect_deadline_ns(SAVE_JOIN_MS)) != 0) {
-        ECT_LOGE(MOD, "save thread did not stop within %d ms; waiting for it", SAVE_JOIN_MS);
-        pthread_join(p->save_thread, NULL);
-    }
+    if (late) ECT_LOGE(MOD, "save thread did not stop within %d ms; waiting for it", SAVE_JOIN_MS);
+    pthread_join(p->save_thread, NULL);
 }
 
 void ect_pull_producer_close(ect_pull_producer *p) {

@@ -35,8 +35,3 @@ bool ect_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t deadl
     struct timespec ts = to_ts(deadline_ns);
     return pthread_cond_timedwait(cv, mu, &ts) == ETIMEDOUT;
 }
-
-int ect_join_until(pthread_t th, uint64_t deadline_ns) {
-    struct timespec ts = to_ts(deadline_ns);
-    return pthread_clockjoin_np(th, NULL, CLOCK_MONOTONIC, &ts);
-}

@@ -24,7 +24,4 @@ uint64_t ect_deadline_ns(uint64_t ms);
  * false when woken (or spuriously: re-check the condition). */
 bool ect_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t deadline_ns);
 
-/* pthread_join that gives up at deadline_ns (monotonic). 0 joined, ETIMEDOUT. */
-int ect_join_until(pthread_t th, uint64_t deadline_ns);
-
 #endif
