@@ -92,20 +92,17 @@ static void shard_reset(push_shard *s) {
     s->port = port;
 }
 
-static void rec_free(push_rec *r) {
+/* Frees a record (also idt_ops.drop: a tombstone expired or went over the
+ * cap, or close; one a stage still copies into stays, see on_pinned). */
+static void rec_free(void *ctx, idt_node *n) {
+    (void)ctx;
+    push_rec *r = REC(n);
     for (size_t i = 0; r->sh && i < r->n; i++) free(r->sh[i].dst_key);
     free(r->transfer_id);
     free(r->consumer);
     free(r->mm_hash);
     free(r->sh);
     free(r);
-}
-
-/* idt_ops: a tombstone expired or went over the cap (or close); one a stage
- * still copies into stays. */
-static void on_drop(void *ctx, idt_node *n) {
-    (void)ctx;
-    rec_free(REC(n));
 }
 
 static bool on_pinned(void *ctx, const idt_node *n) {
@@ -131,7 +128,7 @@ int push_open(const push_opts *o, push_table **out) {
     if (!t) return ect_set_error(ECT_ENOMEM, "push table: out of memory");
     t->o = *o;
     idt_init(&t->ids, o->ttl_ms, o->max_tombstones,
-             &(idt_ops){.drop = on_drop, .pinned = on_pinned});
+             &(idt_ops){.drop = rec_free, .pinned = on_pinned});
     *out = t;
     return 0;
 }
@@ -203,7 +200,7 @@ int push_add(push_table *t, const push_item *it, uint64_t now_ms, push_rec **out
     if (!(r = calloc(1, sizeof *r)) || !(r->transfer_id = strdup(it->transfer_id)) ||
         !(r->consumer = strdup(it->consumer)) || !(r->mm_hash = strdup(it->mm_hash)) ||
         (it->n_shards && set_shards(r, it->n_shards, it->ports))) {
-        if (r) rec_free(r);
+        if (r) rec_free(NULL, &r->node);
         return ect_set_error(ECT_ENOMEM, "push: out of memory");
     }
     snprintf(r->host, sizeof r->host, "%s", it->host ? it->host : "");
@@ -223,7 +220,7 @@ int push_add(push_table *t, const push_item *it, uint64_t now_ms, push_rec **out
     }
     r->node.id = r->transfer_id;
     if (idt_add(&t->ids, &r->node, IDT_LIVE, 0)) {
-        rec_free(r);
+        rec_free(NULL, &r->node);
         return ect_set_error(ECT_ENOMEM, "push: out of memory");
     }
     if (out) *out = r;
