@@ -362,10 +362,10 @@ static void flush_events(ctl_server *s) {
         wire_event we;
         memset(&we, 0, sizeof we);
         snprintf(we.transfer_id, sizeof we.transfer_id, "%s", copy.transfer_id);
-        snprintf(we.mm_hash, sizeof we.mm_hash, "%s", copy.mm_hash);
-        snprintf(we.reservation_id, sizeof we.reservation_id, "%s", copy.reservation_id);
+        snprintf(we.mm_hash, sizeof we.mm_hash, "%s", copy.st.mm_hash);
+        snprintf(we.reservation_id, sizeof we.reservation_id, "%s", copy.st.reservation_id);
         we.ready = copy.kind == RSV_EV_READY;
-        fill_tensor(&we.tensor, copy.nbytes, copy.shape, copy.ndim, copy.dtype);
+        fill_tensor(&we.tensor, copy.st.nbytes, copy.st.shape, copy.st.ndim, copy.st.dtype);
         we.shard = (uint16_t)s->port;
         int rc = wire_ctl_encode_event(&we, &frame);
         bool sent = false;

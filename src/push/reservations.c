@@ -278,24 +278,25 @@ size_t rsv_evict_resident(rsv_table *t, size_t max) {
 
 /* ---- events */
 
-/* What a status and an event both say of an entry: its hash, reservation
- * and tensor (the fields have the same sizes in both). */
-static void describe(const rsv_entry *e, char mm_hash[RSV_KEY_MAX + 1],
-                     char reservation_id[ECT_ID_LEN + 1], char dtype[RSV_DTYPE_MAX + 1],
-                     uint64_t shape[WIRE_MAX_NDIM], size_t *ndim, uint64_t *nbytes) {
-    snprintf(mm_hash, RSV_KEY_MAX + 1, "%s", e->mm_hash);
-    memcpy(reservation_id, e->reservation_id, ECT_ID_LEN + 1);
-    memcpy(dtype, e->tn.dtype, RSV_DTYPE_MAX + 1);
-    memcpy(shape, e->tn.shape, WIRE_MAX_NDIM * sizeof *shape);
-    *ndim = e->tn.ndim;
-    *nbytes = e->tn.nbytes;
+static void fill_status(const rsv_entry *e, rsv_status *st) {
+    memset(st, 0, sizeof *st);
+    snprintf(st->mm_hash, sizeof st->mm_hash, "%s", e->mm_hash);
+    memcpy(st->reservation_id, e->reservation_id, sizeof st->reservation_id);
+    memcpy(st->dtype, e->tn.dtype, sizeof st->dtype);
+    memcpy(st->shape, e->tn.shape, sizeof st->shape);
+    st->ndim = e->tn.ndim;
+    st->nbytes = e->tn.nbytes;
+    st->offset = e->buf ? e->buf->offset : 0;
+    st->state = e->state;
+    st->ready = e->state == RSV_READY;
+    st->writer = e->role == ROLE_WRITER;
 }
 
 static void fill_event(rsv_event *ev, const rsv_entry *e, rsv_event_kind kind) {
     memset(ev, 0, sizeof *ev);
     ev->kind = kind;
     snprintf(ev->transfer_id, sizeof ev->transfer_id, "%s", e->transfer_id);
-    describe(e, ev->mm_hash, ev->reservation_id, ev->dtype, ev->shape, &ev->ndim, &ev->nbytes);
+    fill_status(e, &ev->st);
 }
 
 static void queue_event(rsv_table *t, const rsv_entry *e, rsv_event_kind kind) {
@@ -819,15 +820,6 @@ int rsv_cancel(rsv_table *t, const char *transfer_id, const char *reservation_id
 }
 
 /* ---- status and residency */
-
-static void fill_status(const rsv_entry *e, rsv_status *st) {
-    memset(st, 0, sizeof *st);
-    describe(e, st->mm_hash, st->reservation_id, st->dtype, st->shape, &st->ndim, &st->nbytes);
-    st->offset = e->buf ? e->buf->offset : 0;
-    st->state = e->state;
-    st->ready = e->state == RSV_READY;
-    st->writer = e->role == ROLE_WRITER;
-}
 
 int rsv_status_get(const rsv_table *t, const char *transfer_id, rsv_status *st) {
     const rsv_entry *e = find_entry(t, transfer_id);
