@@ -1,7 +1,7 @@
 /*
  * fuzz_pull_router — feeds one ROUTER request frame to the pull producer's
  * request handler (pull_router_handle), with a real pool holding three
- * resident items and a matching inventory, and no sockets.
+ * resident items (which are its inventory), and no sockets.
  *
  * Input: byte 0 chooses how dispatch behaves (bit 0: refuse with ECT_EBUSY)
  * and the page size (bits 1..3: 1..8 items per ECTransferReady); the rest
@@ -26,7 +26,6 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static ect_pool *pool;
-static pull_inventory inv;
 static const char *held[3] = {"abc", "img-0", "video"};
 
 typedef struct state {
@@ -72,18 +71,12 @@ static void setup(void) {
     ect_pool_opts_init(&o);
     o.capacity = 1 << 20;
     o.alignment = 64;
-    if (ect_pool_open(&o, &pool) != 0 || pull_inv_init(&inv) != 0) abort();
+    if (ect_pool_open(&o, &pool) != 0) abort();
     for (int k = 0; k < 3; k++) {
         uint64_t off, shape[2] = {4, (uint64_t)k + 1};
         if (ect_pool_alloc(pool, 8 * ((uint64_t)k + 1), &off) != 0) abort();
         if (ect_pool_put(pool, held[k], off, 8 * ((uint64_t)k + 1), shape, 2, "bfloat16", 0) != 0)
             abort();
-        wire_pull_item it = {.mm_hash = (char *)held[k],
-                             .ndim = 2,
-                             .shape = {4, (uint64_t)k + 1},
-                             .num_bytes = 8 * ((uint64_t)k + 1)};
-        snprintf(it.dtype, sizeof it.dtype, "bfloat16");
-        if (pull_inv_add(&inv, &it) != 0) abort();
     }
 }
 
@@ -92,7 +85,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
     state s = {.refuse = data[0] & 1};
     pull_router r = {.pool = pool,
-                     .inv = &inv,
                      .session_id = "fuzz-session",
                      .page_items = 1 + ((data[0] >> 1) & 7),
                      .ops = {.user = &s, .reply = reply, .dispatch = dispatch}};

@@ -68,6 +68,16 @@ ECT_API const char *ect_version(void);
  *  found). A static string, or NULL for another name. Any thread. */
 ECT_API const char *ect_build_info(const char *what);
 
+/** Splits the address s, "HOST:PORT" or "[V6]:PORT" (brackets stripped from
+ *  the host), into host (room for cap bytes, NUL included) and *port, which
+ *  must lie in [min_port, max_port]. A bare IPv6 address without brackets is
+ *  refused (its last colon cannot be told from the port's). The library's one
+ *  address parser: every role and the `ect` tool read addresses with it.
+ *  Returns 0, or ECT_EINVAL with ect_last_error() "WHAT 'S' is not
+ *  HOST:PORT (port MIN..MAX)". Any thread. */
+ECT_API int ect_hostport_parse(const char *what, const char *s, int min_port, int max_port,
+                               char *host, size_t cap, int *port);
+
 /* ------------------------------------------- ABI checks for bindings */
 
 /** The binary interface's version: raised whenever a public struct changes

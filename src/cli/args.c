@@ -78,27 +78,8 @@ bad:
 }
 
 bool cli_parse_hostport(const char *flag, const char *s, char *host, size_t hostcap, int *port) {
-    const char *colon = s ? strrchr(s, ':') : NULL;
-    uint64_t p;
-    if (!colon || colon == s) goto bad;
-    const char *h = s;
-    size_t hlen = (size_t)(colon - s);
-    if (h[0] == '[' && hlen >= 2 && h[hlen - 1] == ']') {
-        h++;
-        hlen -= 2;
-    }
-    if (hlen == 0 || hlen >= hostcap) goto bad;
-    char *end;
-    errno = 0;
-    if (!isdigit((unsigned char)colon[1])) goto bad;
-    p = strtoull(colon + 1, &end, 10);
-    if (errno || *end || p > 65535) goto bad;
-    memcpy(host, h, hlen);
-    host[hlen] = '\0';
-    *port = (int)p;
-    return true;
-bad:
-    fprintf(stderr, "%s: '%s' is not HOST:PORT (e.g. 127.0.0.1:14579)\n", flag, s ? s : "");
+    if (!ect_hostport_parse(flag, s, 0, 65535, host, hostcap, port)) return true;
+    fprintf(stderr, "%s (e.g. 127.0.0.1:14579)\n", ect_last_error());
     return false;
 }
 

@@ -447,6 +447,25 @@ int ect_pool_release(ect_pool *p, const char *mm_hash) {
     return rc;
 }
 
+void pool_set_veto(ect_pool *p, bool (*busy)(void *ctx, uint64_t offset, uint64_t nbytes),
+                   void *ctx) {
+    pthread_mutex_lock(&p->mu);
+    resident_set_veto(p->res, busy, ctx);
+    pthread_mutex_unlock(&p->mu);
+}
+
+void pool_each_resident(ect_pool *p, char *const *filter, size_t n_filter,
+                        void (*fn)(void *ctx, const char *mm_hash, const ect_resident_info *info),
+                        void *ctx) {
+    pthread_mutex_lock(&p->mu);
+    if (!n_filter) resident_each(p->res, fn, ctx);
+    for (size_t i = 0; i < n_filter; i++) {
+        ect_resident_info info;
+        if (filter[i] && resident_peek(p->res, filter[i], &info) == 0) fn(ctx, filter[i], &info);
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
 int ect_pool_remove(ect_pool *p, const char *mm_hash) {
     if (!p) return ect_set_error(ECT_EINVAL, "pool must not be NULL");
     pthread_mutex_lock(&p->mu);

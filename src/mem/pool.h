@@ -5,6 +5,8 @@
 #ifndef ECT_MEM_POOL_H
 #define ECT_MEM_POOL_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "ectransfer.h"
@@ -21,5 +23,19 @@ uint64_t pool_map_length(const ect_pool *pool);
  * close. 0 when pinned (or a CUDA pool), else the driver's error. Takes the
  * pool's mutex. */
 int pool_pin(ect_pool *pool);
+
+/* The resident cache's writer veto (mem/resident.h): reclaim passes over an
+ * item whose range busy() says a remote write may still be landing in.
+ * busy runs under the pool's mutex and must not call the pool. */
+void pool_set_veto(ect_pool *pool, bool (*busy)(void *ctx, uint64_t offset, uint64_t nbytes),
+                   void *ctx);
+
+/* Reads the resident items without counting as a use: fn(ctx, mm_hash,
+ * info) for each of `filter` that is resident (in the filter's order), or for
+ * every item (n_filter 0, oldest put first). fn runs under the pool's mutex
+ * and must not call the pool. */
+void pool_each_resident(ect_pool *pool, char *const *filter, size_t n_filter,
+                        void (*fn)(void *ctx, const char *mm_hash, const ect_resident_info *info),
+                        void *ctx);
 
 #endif

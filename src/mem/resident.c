@@ -34,13 +34,16 @@ typedef struct rentry {
     uint64_t shape[ECT_POOL_MAX_NDIM];
     char dtype[ECT_POOL_DTYPE_MAX];
     uint32_t leases;
+    void *user;            /* resident_bind */
     UT_hash_handle hh;     /* by mm_hash */
     UT_hash_handle hh_off; /* by offset */
     struct rentry *prev, *next;
 } rentry;
 
 struct resident_cache {
-    alloc *a;
+    alloc *a; /* NULL: the owner keeps the memory */
+    bool (*busy)(void *ctx, uint64_t offset, uint64_t nbytes);
+    void *busy_ctx;
     rentry *by_hash;
     rentry *by_off;
     rentry *lru; /* head = least recently used */
@@ -52,6 +55,12 @@ int resident_create(alloc *a, resident_cache **out) {
     if (!*out) return ect_set_error(ECT_ENOMEM, "resident cache: out of memory");
     (*out)->a = a;
     return 0;
+}
+
+void resident_set_veto(resident_cache *c, bool (*busy)(void *ctx, uint64_t offset, uint64_t nbytes),
+                       void *ctx) {
+    c->busy = busy;
+    c->busy_ctx = ctx;
 }
 
 void resident_destroy(resident_cache *c) {
@@ -95,9 +104,9 @@ int resident_put(resident_cache *c, const char *mm_hash, uint64_t offset, uint64
     if (ndim > ECT_POOL_MAX_NDIM)
         return ect_set_error(ECT_EINVAL, "shape has %zu dimensions, at most %d", ndim,
                              ECT_POOL_MAX_NDIM);
-    rc = wire_check_nbytes(dtype, shape, ndim, nbytes, "nbytes");
+    rc = c->a ? wire_check_nbytes(dtype, shape, ndim, nbytes, "nbytes") : 0;
     if (rc) return rc;
-    uint64_t asize = alloc_size_of(c->a, offset);
+    uint64_t asize = c->a ? alloc_size_of(c->a, offset) : nbytes;
     if (asize == 0)
         return ect_set_error(ECT_ENOTFOUND, "offset %llu is not the start of an allocation",
                              (unsigned long long)offset);
@@ -191,10 +200,15 @@ static void drop(resident_cache *c, rentry *e) {
     DL_DELETE(c->lru, e);
     c->bytes -= e->alloc_size;
     c->unleased_bytes -= e->alloc_size;
+    if (!c->a) return; /* the owner frees it */
     /* The entry owned this allocation and nobody else could free it. */
     int rc = alloc_free(c->a, e->offset);
     assert(rc == 0);
     (void)rc;
+}
+
+static bool vetoed(const resident_cache *c, const rentry *e) {
+    return c->busy && c->busy(c->busy_ctx, e->offset, e->alloc_size);
 }
 
 int resident_remove(resident_cache *c, const char *mm_hash) {
@@ -216,8 +230,55 @@ const char *resident_owner(const resident_cache *c, uint64_t offset) {
     return e ? e->mm_hash : NULL;
 }
 
+int resident_bind(resident_cache *c, const char *mm_hash, void *user) {
+    rentry *e = find(c, mm_hash);
+    if (!e) return ect_set_error(ECT_ENOTFOUND, "mm_hash '%s' is not resident", mm_hash);
+    e->user = user;
+    return 0;
+}
+
+void *resident_user(const resident_cache *c, const char *mm_hash) {
+    rentry *e = find(c, mm_hash);
+    return e ? e->user : NULL;
+}
+
+int resident_peek(const resident_cache *c, const char *mm_hash, ect_resident_info *info) {
+    int rc = check_hash(mm_hash);
+    if (rc) return rc;
+    rentry *e = find(c, mm_hash);
+    if (!e) return ect_set_error(ECT_ENOTFOUND, "mm_hash '%s' is not resident", mm_hash);
+    fill_info(e, info);
+    return 0;
+}
+
+void resident_each(const resident_cache *c,
+                   void (*fn)(void *ctx, const char *mm_hash, const ect_resident_info *info),
+                   void *ctx) {
+    for (const rentry *e = c->by_hash; e; e = e->hh.next) {
+        ect_resident_info info;
+        fill_info(e, &info);
+        fn(ctx, e->mm_hash, &info);
+    }
+}
+
+int resident_reclaim_one(resident_cache *c, resident_victim *v, void **user) {
+    for (rentry *e = c->lru; e; e = e->next) {
+        if (e->leases || vetoed(c, e)) continue;
+        memcpy(v->mm_hash, e->mm_hash, sizeof v->mm_hash);
+        v->offset = e->offset;
+        v->nbytes = e->nbytes;
+        if (user) *user = e->user;
+        drop(c, e);
+        free(e);
+        c->reclaimed++;
+        return 0;
+    }
+    return ect_set_error(ECT_ENOTFOUND, "no resident item can be reclaimed");
+}
+
 int resident_reclaim(resident_cache *c, uint64_t nbytes, resident_victim **victims,
                      size_t *nvictims) {
+    if (!c->a) return ect_set_error(ECT_EINVAL, "resident cache: reclaim by size needs an alloc");
     if (nbytes == 0) return ect_set_error(ECT_EINVAL, "nbytes must be greater than 0");
     if (alloc_fits(c->a, nbytes)) return 0;
     uint64_t need = alloc_round(c->a, nbytes);
@@ -233,7 +294,7 @@ int resident_reclaim(resident_cache *c, uint64_t nbytes, resident_victim **victi
     size_t cap = 0;
     while (e && !alloc_fits(c->a, nbytes)) {
         next = e->next;
-        if (e->leases == 0) {
+        if (e->leases == 0 && !vetoed(c, e)) {
             if (*nvictims == cap || cap == 0) {
                 size_t ncap = *nvictims ? *nvictims * 2 : 8;
                 resident_victim *v = realloc(*victims, ncap * sizeof *v);

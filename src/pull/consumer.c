@@ -20,6 +20,7 @@
 #include <zmq.h>
 
 #include "pull/pull_internal.h"
+#include "util/hostport.h"
 #include "util/util.h"
 #include "wire/dtype.h"
 
@@ -275,13 +276,11 @@ int ect_pull_consumer_open(const ect_pull_consumer_opts *o, ect_pull_consumer **
         return ect_set_error(ECT_EINVAL, "pull consumer: pool_memory: shm needs an fd-backed "
                                          "pool; a caller's host buffer has none (use tcp, or a "
                                          "CUDA buffer)");
-    const char *colon = strrchr(o->producer, ':');
-    char *end = NULL;
-    long port = colon ? strtol(colon + 1, &end, 10) : 0;
-    size_t hl = colon ? (size_t)(colon - o->producer) : 0;
-    if (!colon || hl == 0 || hl >= 256 || !end || *end || port < 1 || port > 65535)
-        return ect_set_error(ECT_EINVAL, "pull consumer: producer '%s' is not HOST:PORT",
-                             o->producer);
+    char host[256];
+    int port;
+    int rc = ect_hostport_parse("pull consumer: producer", o->producer, 1, 65535, host, sizeof host,
+                                &port);
+    if (rc) return rc;
     ect_pull_consumer *c = calloc(1, sizeof *c);
     if (!c) return ect_set_error(ECT_ENOMEM, "pull consumer: out of memory");
     c->o = *o;
@@ -293,7 +292,6 @@ int ect_pull_consumer_open(const ect_pull_consumer_opts *o, ect_pull_consumer **
     snprintf(c->pool_device, sizeof c->pool_device, "%s", o->pool_device ? o->pool_device : "cpu");
     c->o.pool_device = c->pool_device;
     c->next_token = ect_random_u64() >> 16; /* distinct across restarts of this process */
-    int rc;
     ect_pool_opts po;
     ect_pool_opts_init(&po);
     po.capacity = o->pool_size;
@@ -320,7 +318,7 @@ int ect_pull_consumer_open(const ect_pull_consumer_opts *o, ect_pull_consumer **
     zmq_setsockopt(c->dealer, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(c->dealer, ZMQ_RCVTIMEO, &o->timeout_ms, sizeof o->timeout_ms);
     char ep[320];
-    snprintf(ep, sizeof ep, "tcp://%.*s:%ld", (int)hl, o->producer, port);
+    ect_tcp_endpoint(host, port, ep, sizeof ep);
     if (zmq_connect(c->dealer, ep) != 0) {
         rc = ect_set_error(ECT_EINVAL, "pull consumer: cannot connect DEALER to %s: %s", ep,
                            zmq_strerror(zmq_errno()));
@@ -328,11 +326,8 @@ int ect_pull_consumer_open(const ect_pull_consumer_opts *o, ect_pull_consumer **
     }
     *out = c;
     return 0;
-fail:;
-    char saved[512];
-    snprintf(saved, sizeof saved, "%s", ect_last_error());
-    ect_pull_consumer_close(c);
-    return ect_set_error(rc, "%s", saved);
+fail:
+    ECT_RETURN_AFTER(rc, ect_pull_consumer_close(c));
 }
 
 void ect_pull_consumer_close(ect_pull_consumer *c) {

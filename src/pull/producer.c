@@ -4,17 +4,18 @@
  *
  * Why lanes: upstream's save thread waited for each item's pull before the
  * next (head-of-line blocking). Here the ROUTER thread never writes: it hands
- * each accepted pull to the lane of its consumer session (started on demand,
- * ended after LANE_IDLE_MS without work), so a consumer that is slow or gone
- * holds up only its own lane. Lanes push finished jobs onto a completion
- * queue and wake the ROUTER thread through an eventfd it polls beside the
- * ROUTER socket; only the ROUTER thread sends on the ROUTER socket.
+ * each accepted pull to the lane of its consumer session (util/lanes: started
+ * on demand, ended after LANE_IDLE_MS without work), so a consumer that is
+ * slow or gone holds up only its own lane. Lanes push finished jobs onto a
+ * completion queue and wake the ROUTER thread through an eventfd it polls
+ * beside the ROUTER socket; only the ROUTER thread sends on the ROUTER socket.
  *
  * Memory: items are copied into a memfd pool (so the shm back end can map
  * it) and made resident without a lease; a pull leases its item for the
  * duration of the write. When the save thread needs room, the pool reclaims
- * unleased items least recently used first and the reclaim callback drops
- * them from the inventory.
+ * unleased items least recently used first. The inventory a consumer asks
+ * for is read from the pool's resident items (inventory.c): nothing to keep
+ * in step.
  */
 
 #include <errno.h>
@@ -30,6 +31,9 @@
 #include <zmq.h>
 
 #include "pull/pull_internal.h"
+#include "util/hostport.h"
+#include "util/lanes.h"
+#include "util/sync.h"
 #include "util/util.h"
 #include "wire/dtype.h"
 
@@ -45,14 +49,11 @@ typedef struct save_item {
     struct save_item *next;
 } save_item;
 
-typedef struct lane {
-    ect_pull_producer *p;
-    char *session;
-    pthread_t thread;
-    pull_job *head, *tail; /* guarded by p->lane_mu */
-    bool exiting;          /* no more jobs may be queued (guarded by p->lane_mu) */
-    struct lane *next;
-} lane;
+/* A pull on its way through a lane. */
+typedef struct lane_pull {
+    lane_job lj;
+    pull_job *j;
+} lane_pull;
 
 typedef struct completion {
     pull_peer peer;
@@ -75,8 +76,6 @@ struct ect_pull_producer {
     bool registered;
     void *zctx, *router, *pub;
     int efd;
-    pull_inventory inv;
-    bool inv_ok;
     pull_router r;           /* ROUTER thread only, except r.st under stat_mu */
     pthread_mutex_t stat_mu; /* held while the ROUTER thread handles a frame */
 
@@ -86,18 +85,16 @@ struct ect_pull_producer {
     uint64_t q_enqueued, q_done; /* items ever queued / finished by the save thread */
     uint64_t q_bytes, max_q;     /* bytes saved but not yet stored, and their bound */
     bool save_stop;
+    bool save_exited; /* the save thread is past its last use of the producer */
     pthread_t save_thread, router_thread;
     bool save_started, router_started;
     atomic_bool router_stop;
 
-    pthread_mutex_t lane_mu; /* lanes, zombies, completions */
-    pthread_cond_t lane_cv;
-    lane *lanes, *zombies;
-    uint32_t n_lanes;
-    bool lanes_stop;
+    lane_pool *lanes;        /* one write lane per consumer session */
+    pthread_mutex_t comp_mu; /* completions */
     completion *c_head, *c_tail;
 
-    atomic_uint_fast64_t saved, save_failed, notifications, pulls_ok, pulls_failed, evicted;
+    atomic_uint_fast64_t saved, save_failed, notifications, pulls_ok, pulls_failed;
 };
 
 void ect_pull_producer_opts_init(ect_pull_producer_opts *o) {
@@ -112,17 +109,6 @@ void ect_pull_producer_opts_init(ect_pull_producer_opts *o) {
     o->max_lanes = 256;
     o->page_items = WIRE_PULL_MAX_ITEMS;
     o->max_queued_bytes = 1ull << 30;
-}
-
-/* ---- reclaim callback (any thread that allocates: the save thread) */
-
-static void on_reclaim(void *user, const char *mm_hash, uint64_t offset, uint64_t nbytes) {
-    ect_pull_producer *p = user;
-    (void)offset;
-    (void)nbytes;
-    pull_inv_remove(&p->inv, mm_hash);
-    atomic_fetch_add(&p->evicted, 1);
-    ECT_LOGI(MOD, "evicted %s (least recently used) to make room", mm_hash);
 }
 
 /* ---- save thread */
@@ -140,10 +126,9 @@ static void release_item(save_item *s) {
 static int store(ect_pull_producer *p, save_item *s) {
     ect_resident_info info;
     if (ect_pool_lookup(p->pool, s->item.mm_hash, &info) == 0) {
-        if (info.nbytes == s->item.num_bytes) return pull_inv_add(&p->inv, &s->item);
+        if (info.nbytes == s->item.num_bytes) return 0;
         /* Same hash, other bytes: replace when nobody is reading it. */
         if (ect_pool_remove(p->pool, s->item.mm_hash) != 0) return ECT_EBUSY;
-        pull_inv_remove(&p->inv, s->item.mm_hash);
     }
     uint64_t off;
     int rc = ect_pool_alloc(p->pool, s->item.num_bytes, &off);
@@ -155,14 +140,9 @@ static int store(ect_pull_producer *p, save_item *s) {
         ect_pool_free(p->pool, off);
         return rc;
     }
-    rc = pull_inv_add(&p->inv, &s->item);
-    if (rc == 0)
-        rc = ect_pool_put(p->pool, s->item.mm_hash, off, s->item.num_bytes, s->item.shape,
-                          s->item.ndim, s->item.dtype, 0);
-    if (rc) {
-        pull_inv_remove(&p->inv, s->item.mm_hash);
-        ect_pool_free(p->pool, off);
-    }
+    rc = ect_pool_put(p->pool, s->item.mm_hash, off, s->item.num_bytes, s->item.shape, s->item.ndim,
+                      s->item.dtype, 0);
+    if (rc) ect_pool_free(p->pool, off);
     return rc;
 }
 
@@ -228,6 +208,10 @@ static void *save_main(void *arg) {
         pthread_mutex_unlock(&p->mu);
         if (stop) break;
     }
+    pthread_mutex_lock(&p->mu);
+    p->save_exited = true;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
@@ -323,19 +307,12 @@ int ect_pull_producer_save(ect_pull_producer *p, const char *mm_hash, const void
 
 int ect_pull_producer_flush(ect_pull_producer *p, int timeout_ms) {
     if (!p) return ect_set_error(ECT_EINVAL, "pull flush: NULL producer");
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += timeout_ms / 1000;
-    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
+    uint64_t end = ect_deadline_ns(timeout_ms > 0 ? (uint64_t)timeout_ms : 0);
     int rc = 0;
     pthread_mutex_lock(&p->mu);
     uint64_t target = p->q_enqueued;
     while (p->q_done < target && rc == 0)
-        if (pthread_cond_timedwait(&p->cv, &p->mu, &dl) == ETIMEDOUT) rc = ECT_ETIMEDOUT;
+        if (ect_cond_wait_until(&p->cv, &p->mu, end) && p->q_done < target) rc = ECT_ETIMEDOUT;
     pthread_mutex_unlock(&p->mu);
     if (rc) return ect_set_error(rc, "pull flush: save queue not drained within %d ms", timeout_ms);
     return 0;
@@ -378,110 +355,41 @@ static void run_job(ect_pull_producer *p, pull_job *j) {
     c->has_token = j->has_token;
     c->token = j->token;
     if (rc) snprintf(c->reason, sizeof c->reason, "write to %s failed: %s", j->session, why);
-    pthread_mutex_lock(&p->lane_mu);
+    pthread_mutex_lock(&p->comp_mu);
     if (p->c_tail)
         p->c_tail->next = c;
     else
         p->c_head = c;
     p->c_tail = c;
-    pthread_mutex_unlock(&p->lane_mu);
+    pthread_mutex_unlock(&p->comp_mu);
     wake_router(p);
 }
 
-static void *lane_main(void *arg) {
-    lane *l = arg;
-    ect_pull_producer *p = l->p;
-    pthread_mutex_lock(&p->lane_mu);
-    for (;;) {
-        if (!l->head) {
-            if (p->lanes_stop) break;
-            struct timespec dl;
-            clock_gettime(CLOCK_REALTIME, &dl);
-            dl.tv_sec += LANE_IDLE_MS / 1000;
-            if (pthread_cond_timedwait(&p->lane_cv, &p->lane_mu, &dl) == ETIMEDOUT && !l->head)
-                break;
-            continue;
-        }
-        pull_job *j = l->head;
-        l->head = j->next;
-        if (!l->head) l->tail = NULL;
-        pthread_mutex_unlock(&p->lane_mu);
-        run_job(p, j);
-        pull_job_free(j);
-        pthread_mutex_lock(&p->lane_mu);
-    }
-    /* Leave the live list for the zombie list; whoever holds lane_mu next and
-     * looks for this session starts a fresh lane. */
-    l->exiting = true;
-    for (lane **pp = &p->lanes; *pp; pp = &(*pp)->next)
-        if (*pp == l) {
-            *pp = l->next;
-            break;
-        }
-    p->n_lanes--;
-    l->next = p->zombies;
-    p->zombies = l;
-    pthread_mutex_unlock(&p->lane_mu);
-    wake_router(p);
-    return NULL;
+/* lane_ops.run: one pull on its session's lane. */
+static void lane_run(void *ctx, lane *l, void *state, lane_job *lj) {
+    (void)l;
+    (void)state;
+    lane_pull *lp = (lane_pull *)lj;
+    run_job(ctx, lp->j);
+    pull_job_free(lp->j);
+    free(lp);
 }
 
 /* router ops.dispatch: queue on the session's lane (ROUTER thread). */
 static int dispatch(void *user, pull_job *j) {
     ect_pull_producer *p = user;
-    pthread_mutex_lock(&p->lane_mu);
-    lane *l = p->lanes;
-    while (l && strcmp(l->session, j->session) != 0) l = l->next;
-    if (!l) {
-        if (p->lanes_stop) {
-            pthread_mutex_unlock(&p->lane_mu);
-            return ect_set_error(ECT_ECLOSED, "producer is closing");
-        }
-        if (p->n_lanes >= p->o.max_lanes) {
-            pthread_mutex_unlock(&p->lane_mu);
+    lane_pull *lp = calloc(1, sizeof *lp);
+    if (!lp) return ect_set_error(ECT_ENOMEM, "producer out of memory for a lane");
+    lp->j = j;
+    int rc = lanes_submit(p->lanes, j->session, &lp->lj);
+    if (rc) {
+        free(lp);
+        if (rc == ECT_EBUSY)
             return ect_set_error(ECT_EBUSY, "producer serves %u consumer sessions already",
                                  p->o.max_lanes);
-        }
-        l = calloc(1, sizeof *l);
-        if (!l || !(l->session = strdup(j->session))) {
-            free(l);
-            pthread_mutex_unlock(&p->lane_mu);
-            return ect_set_error(ECT_ENOMEM, "producer out of memory for a lane");
-        }
-        l->p = p;
-        if (pthread_create(&l->thread, NULL, lane_main, l) != 0) {
-            free(l->session);
-            free(l);
-            pthread_mutex_unlock(&p->lane_mu);
-            return ect_set_error(ECT_ENOMEM, "producer cannot start a lane thread");
-        }
-        l->next = p->lanes;
-        p->lanes = l;
-        p->n_lanes++;
+        if (rc == ECT_ECLOSED) return ect_set_error(ECT_ECLOSED, "producer is closing");
     }
-    j->next = NULL;
-    if (l->tail)
-        l->tail->next = j;
-    else
-        l->head = j;
-    l->tail = j;
-    pthread_cond_broadcast(&p->lane_cv);
-    pthread_mutex_unlock(&p->lane_mu);
-    return 0;
-}
-
-static void reap_zombies(ect_pull_producer *p) {
-    pthread_mutex_lock(&p->lane_mu);
-    lane *z = p->zombies;
-    p->zombies = NULL;
-    pthread_mutex_unlock(&p->lane_mu);
-    while (z) {
-        lane *n = z->next;
-        pthread_join(z->thread, NULL);
-        free(z->session);
-        free(z);
-        z = n;
-    }
+    return rc;
 }
 
 /* ---- ROUTER thread */
@@ -499,10 +407,10 @@ static void drain_completions(ect_pull_producer *p) {
     uint64_t v;
     ssize_t r = read(p->efd, &v, sizeof v);
     (void)r;
-    pthread_mutex_lock(&p->lane_mu);
+    pthread_mutex_lock(&p->comp_mu);
     completion *c = p->c_head;
     p->c_head = p->c_tail = NULL;
-    pthread_mutex_unlock(&p->lane_mu);
+    pthread_mutex_unlock(&p->comp_mu);
     while (c) {
         completion *n = c->next;
         pull_router_complete(&p->r, &c->peer, c->mm_hash, c->status, c->has_token, c->token,
@@ -511,7 +419,6 @@ static void drain_completions(ect_pull_producer *p) {
         free(c);
         c = n;
     }
-    reap_zombies(p);
 }
 
 /* Reads one multipart message; frames beyond 3 are discarded. Returns the
@@ -592,24 +499,23 @@ static int bind_pair(ect_pull_producer *p) {
     for (int attempt = 0; attempt < 64; attempt++) {
         int port = p->o.port;
         if (port == 0) {
-            snprintf(ep, sizeof ep, "tcp://%s:*", p->host);
+            ect_tcp_endpoint(p->host, 0, ep, sizeof ep); /* any free port */
             if (zmq_bind(p->router, ep) != 0) break;
             char last[320];
             size_t ll = sizeof last;
             zmq_getsockopt(p->router, ZMQ_LAST_ENDPOINT, last, &ll);
-            const char *colon = strrchr(last, ':');
-            port = colon ? atoi(colon + 1) : 0;
+            port = ect_tcp_endpoint_port(last);
             if (port <= 0 || port >= 65535) {
                 zmq_unbind(p->router, last);
                 continue;
             }
         } else {
-            snprintf(ep, sizeof ep, "tcp://%s:%d", p->host, port);
+            ect_tcp_endpoint(p->host, port, ep, sizeof ep);
             if (zmq_bind(p->router, ep) != 0)
                 return ect_set_error(ECT_EIO, "pull producer: cannot bind ROUTER %s: %s", ep,
                                      zmq_strerror(zmq_errno()));
         }
-        snprintf(ep, sizeof ep, "tcp://%s:%d", p->host, port + 1);
+        ect_tcp_endpoint(p->host, port + 1, ep, sizeof ep);
         if (zmq_bind(p->pub, ep) == 0) {
             p->port = port;
             return 0;
@@ -619,7 +525,7 @@ static int bind_pair(ect_pull_producer *p) {
             return ect_set_error(ECT_EIO, "pull producer: cannot bind PUB %s: %s", ep,
                                  zmq_strerror(e));
         char last[320];
-        snprintf(last, sizeof last, "tcp://%s:%d", p->host, port);
+        ect_tcp_endpoint(p->host, port, last, sizeof last);
         zmq_unbind(p->router, last);
     }
     return ect_set_error(ECT_EIO, "pull producer: cannot bind a ROUTER/PUB port pair on %s: %s",
@@ -664,21 +570,18 @@ int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer
     p->o.xport_listen = NULL;
     ect_random_id(p->session_id);
     pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->cv, NULL);
-    pthread_mutex_init(&p->lane_mu, NULL);
-    pthread_cond_init(&p->lane_cv, NULL);
+    ect_cond_init(&p->cv);
+    pthread_mutex_init(&p->comp_mu, NULL);
     pthread_mutex_init(&p->stat_mu, NULL);
-    if ((rc = pull_inv_init(&p->inv)) != 0) goto fail;
-    p->inv_ok = true;
 
     ect_pool_opts po;
     ect_pool_opts_init(&po);
     po.capacity = opts->pool_size;
     po.alignment = opts->alignment;
     po.use_memfd = 1;
-    po.on_reclaim = on_reclaim;
-    po.reclaim_user = p;
     if ((rc = ect_pool_open(&po, &p->pool)) != 0) goto fail;
+    lane_ops lo = {.run = lane_run, .ctx = p};
+    if ((rc = lanes_open(&lo, opts->max_lanes, LANE_IDLE_MS, &p->lanes)) != 0) goto fail;
 
     ect_xport_opts xo;
     ect_xport_opts_init(&xo);
@@ -714,7 +617,6 @@ int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer
     if ((rc = bind_pair(p)) != 0) goto fail;
 
     p->r.pool = p->pool;
-    p->r.inv = &p->inv;
     p->r.session_id = p->session_id;
     p->r.page_items = opts->page_items;
     p->max_q = opts->max_queued_bytes;
@@ -734,26 +636,22 @@ int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer
              p->host, p->port, p->host, p->port + 1, p->transport, ect_xport_session(p->x));
     *out = p;
     return 0;
-fail:;
-    char saved[512];
-    snprintf(saved, sizeof saved, "%s", ect_last_error());
-    ect_pull_producer_close(p);
-    return ect_set_error(rc, "%s", saved);
+fail:
+    ECT_RETURN_AFTER(rc, ect_pull_producer_close(p));
 }
 
 static void stop_save(ect_pull_producer *p) {
     pthread_mutex_lock(&p->mu);
     p->save_stop = true; /* the poison pill: the thread drains, releases and exits */
     pthread_cond_broadcast(&p->cv);
+    uint64_t end = ect_deadline_ns(SAVE_JOIN_MS);
+    while (p->save_started && !p->save_exited)
+        if (ect_cond_wait_until(&p->cv, &p->mu, end)) break;
+    bool late = p->save_started && !p->save_exited;
     pthread_mutex_unlock(&p->mu);
     if (!p->save_started) return;
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += SAVE_JOIN_MS / 1000;
-    if (pthread_timedjoin_np(p->save_thread, NULL, &dl) != 0) {
-        ECT_LOGE(MOD, "save thread did not stop within %d ms; waiting for it", SAVE_JOIN_MS);
-        pthread_join(p->save_thread, NULL);
-    }
+    if (late) ECT_LOGE(MOD, "save thread did not stop within %d ms; waiting for it", SAVE_JOIN_MS);
+    pthread_join(p->save_thread, NULL);
 }
 
 void ect_pull_producer_close(ect_pull_producer *p) {
@@ -763,20 +661,9 @@ void ect_pull_producer_close(ect_pull_producer *p) {
         atomic_store(&p->router_stop, true);
         pthread_join(p->router_thread, NULL);
     }
-    pthread_mutex_lock(&p->lane_mu);
-    p->lanes_stop = true;
-    pthread_cond_broadcast(&p->lane_cv);
-    pthread_mutex_unlock(&p->lane_mu);
     /* Lanes finish their queued jobs (each bounded by the data plane's
-     * timeouts) and move themselves to the zombie list. */
-    for (;;) {
-        pthread_mutex_lock(&p->lane_mu);
-        bool any = p->lanes != NULL;
-        pthread_mutex_unlock(&p->lane_mu);
-        reap_zombies(p);
-        if (!any) break;
-        usleep(1000);
-    }
+     * timeouts) and end. */
+    lanes_close(p->lanes, true);
     while (p->c_head) {
         completion *c = p->c_head;
         p->c_head = c->next;
@@ -795,11 +682,9 @@ void ect_pull_producer_close(ect_pull_producer *p) {
     if (p->zctx) zmq_ctx_term(p->zctx);
     if (p->efd >= 0) close(p->efd);
     ect_pool_close(p->pool);
-    if (p->inv_ok) pull_inv_destroy(&p->inv);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
-    pthread_mutex_destroy(&p->lane_mu);
-    pthread_cond_destroy(&p->lane_cv);
+    pthread_mutex_destroy(&p->comp_mu);
     pthread_mutex_destroy(&p->stat_mu);
     free(p);
 }
@@ -822,8 +707,8 @@ void ect_pull_producer_stats(ect_pull_producer *p, ect_pull_producer_stat *st) {
     st->malformed = p->r.st.malformed;
     st->requests = p->r.st.requests;
     pthread_mutex_unlock(&p->stat_mu);
-    st->evicted = atomic_load(&p->evicted);
-    pthread_mutex_lock(&p->lane_mu);
-    st->lanes = p->n_lanes;
-    pthread_mutex_unlock(&p->lane_mu);
+    ect_pool_stat ps;
+    ect_pool_stats(p->pool, &ps);
+    st->evicted = ps.reclaimed; /* least recently used items reclaimed to make room */
+    st->lanes = p->lanes ? (uint32_t)lanes_count(p->lanes) : 0;
 }

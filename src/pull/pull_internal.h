@@ -2,9 +2,8 @@
  * pull_internal — pieces shared by the generation-1 role objects (producer,
  * scheduler, consumer) and the fuzz target of the producer's request handler.
  *
- *  - inventory: the producer's table of published items (mm_hash -> shape,
- *    dtype, nbytes), guarded by its own mutex; kept in step with the pool's
- *    resident cache through the pool's reclaim callback.
+ *  - inventory: the producer's published items (mm_hash -> shape, dtype,
+ *    nbytes), read from its pool's resident items (inventory.c).
  *  - router: the ROUTER request handler, free of sockets: it decodes one
  *    request frame, answers through ops.reply and hands accepted pulls (with a
  *    lease on the item) to ops.dispatch. Runs on the ROUTER thread only.
@@ -22,26 +21,13 @@
 
 /* ------------------------------------------------------------ inventory */
 
-typedef struct pull_inv_entry pull_inv_entry;
-
-typedef struct pull_inventory {
-    pthread_mutex_t mu;
-    pull_inv_entry *head; /* uthash by mm_hash */
-    uint64_t count;
-} pull_inventory;
-
-int pull_inv_init(pull_inventory *inv);
-void pull_inv_destroy(pull_inventory *inv);
-/* Adds or replaces mm_hash. ECT_ENOMEM. */
-int pull_inv_add(pull_inventory *inv, const wire_pull_item *item);
-/* Removes mm_hash if present. */
-void pull_inv_remove(pull_inventory *inv, const char *mm_hash);
-/* Copies the items matching the filter (all when n_filter is 0) into a
- * malloc'd array the caller frees with pull_inv_items_free. */
-int pull_inv_snapshot(pull_inventory *inv, char *const *filter, size_t n_filter,
-                      wire_pull_item **items, size_t *n);
+/* Copies the resident items matching the filter (all when n_filter is 0;
+ * unknown hashes are left out) into a malloc'd array the caller frees with
+ * pull_inv_items_free. Reading does not count as a use of the items.
+ * ECT_ENOMEM. */
+int pull_inv_snapshot(ect_pool *pool, char *const *filter, size_t n_filter, wire_pull_item **items,
+                      size_t *n);
 void pull_inv_items_free(wire_pull_item *items, size_t n);
-uint64_t pull_inv_count(pull_inventory *inv);
 
 /* --------------------------------------------------------------- router */
 
@@ -84,8 +70,7 @@ typedef struct pull_router_stat {
 } pull_router_stat;
 
 typedef struct pull_router {
-    ect_pool *pool;
-    pull_inventory *inv;
+    ect_pool *pool;         /* its resident items are the inventory */
     const char *session_id; /* producer_session_id */
     size_t page_items;      /* items per ECTransferReady, 1..WIRE_PULL_MAX_ITEMS */
     pull_router_ops ops;

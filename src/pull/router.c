@@ -1,15 +1,13 @@
 /*
- * router — the pull producer's request handler and its inventory of
- * published items. No sockets: the producer's ROUTER thread feeds it one
- * request frame at a time, and it answers through ops.reply (completions for
- * refused pulls, ECTransferReady pages) or hands accepted pulls to
- * ops.dispatch. A pull is accepted only while the item is resident: the
- * handler takes a lease on it, so it cannot be evicted until the write lane
- * that owns the job releases it.
+ * router — the pull producer's request handler. No sockets: the producer's
+ * ROUTER thread feeds it one request frame at a time, and it answers through
+ * ops.reply (completions for refused pulls, ECTransferReady pages) or hands
+ * accepted pulls to ops.dispatch. A pull is accepted only while the item is
+ * resident: the handler takes a lease on it, so it cannot be evicted until
+ * the write lane that owns the job releases it.
  *
- * The inventory mirrors the pool's resident items with their announced
- * shape and dtype strings (the pool keeps only what ect_pool_put was given);
- * it answers ECTransferRequest without touching the pool's mutex for long.
+ * ECTransferRequest is answered from the pool's resident items
+ * (inventory.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,119 +18,6 @@
 #include "util/util.h"
 
 #define MOD "pull"
-
-struct pull_inv_entry {
-    wire_pull_item item; /* item.mm_hash owned */
-    UT_hash_handle hh;
-};
-
-int pull_inv_init(pull_inventory *inv) {
-    memset(inv, 0, sizeof *inv);
-    if (pthread_mutex_init(&inv->mu, NULL) != 0)
-        return ect_set_error(ECT_ENOMEM, "pull inventory: mutex init failed");
-    return 0;
-}
-
-void pull_inv_destroy(pull_inventory *inv) {
-    pull_inv_entry *e, *tmp;
-    HASH_ITER(hh, inv->head, e, tmp) {
-        HASH_DEL(inv->head, e);
-        free(e->item.mm_hash);
-        free(e);
-    }
-    pthread_mutex_destroy(&inv->mu);
-}
-
-int pull_inv_add(pull_inventory *inv, const wire_pull_item *item) {
-    pull_inv_entry *e = calloc(1, sizeof *e);
-    char *h = strdup(item->mm_hash);
-    if (!e || !h) {
-        free(e);
-        free(h);
-        return ect_set_error(ECT_ENOMEM, "pull inventory: out of memory");
-    }
-    e->item = *item;
-    e->item.mm_hash = h;
-    pthread_mutex_lock(&inv->mu);
-    pull_inv_entry *old = NULL;
-    HASH_FIND_STR(inv->head, h, old);
-    if (old) {
-        HASH_DEL(inv->head, old);
-        free(old->item.mm_hash);
-        free(old);
-        inv->count--;
-    }
-    HASH_ADD_KEYPTR(hh, inv->head, e->item.mm_hash, strlen(h), e);
-    inv->count++;
-    pthread_mutex_unlock(&inv->mu);
-    return 0;
-}
-
-void pull_inv_remove(pull_inventory *inv, const char *mm_hash) {
-    pthread_mutex_lock(&inv->mu);
-    pull_inv_entry *e = NULL;
-    HASH_FIND_STR(inv->head, mm_hash, e);
-    if (e) {
-        HASH_DEL(inv->head, e);
-        inv->count--;
-    }
-    pthread_mutex_unlock(&inv->mu);
-    if (e) {
-        free(e->item.mm_hash);
-        free(e);
-    }
-}
-
-uint64_t pull_inv_count(pull_inventory *inv) {
-    pthread_mutex_lock(&inv->mu);
-    uint64_t n = inv->count;
-    pthread_mutex_unlock(&inv->mu);
-    return n;
-}
-
-void pull_inv_items_free(wire_pull_item *items, size_t n) {
-    for (size_t i = 0; i < n; i++) free(items[i].mm_hash);
-    free(items);
-}
-
-static int snap_one(const pull_inv_entry *e, wire_pull_item *items, size_t *n) {
-    items[*n] = e->item;
-    items[*n].mm_hash = strdup(e->item.mm_hash);
-    if (!items[*n].mm_hash) return ECT_ENOMEM;
-    (*n)++;
-    return 0;
-}
-
-int pull_inv_snapshot(pull_inventory *inv, char *const *filter, size_t n_filter,
-                      wire_pull_item **items, size_t *n) {
-    *items = NULL;
-    *n = 0;
-    pthread_mutex_lock(&inv->mu);
-    size_t cap = n_filter ? n_filter : (size_t)inv->count;
-    wire_pull_item *arr = calloc(cap ? cap : 1, sizeof *arr);
-    int rc = arr ? 0 : ECT_ENOMEM;
-    if (rc == 0 && n_filter) {
-        for (size_t i = 0; i < n_filter && rc == 0; i++) {
-            pull_inv_entry *e = NULL;
-            HASH_FIND_STR(inv->head, filter[i], e);
-            if (e) rc = snap_one(e, arr, n);
-        }
-    } else if (rc == 0) {
-        pull_inv_entry *e, *tmp;
-        HASH_ITER(hh, inv->head, e, tmp) {
-            if (rc) break;
-            rc = snap_one(e, arr, n);
-        }
-    }
-    pthread_mutex_unlock(&inv->mu);
-    if (rc) {
-        if (arr) pull_inv_items_free(arr, *n);
-        *n = 0;
-        return ect_set_error(ECT_ENOMEM, "pull inventory: out of memory");
-    }
-    *items = arr;
-    return 0;
-}
 
 void pull_job_free(pull_job *j) {
     if (!j) return;
@@ -231,7 +116,7 @@ static void handle_request(pull_router *r, const pull_peer *peer, const wire_tra
     r->st.requests++;
     wire_pull_item *items;
     size_t n;
-    if (pull_inv_snapshot(r->inv, q->mm_hashes, q->n_mm_hashes, &items, &n) != 0) {
+    if (pull_inv_snapshot(r->pool, q->mm_hashes, q->n_mm_hashes, &items, &n) != 0) {
         ECT_LOGW(MOD, "ECTransferRequest %s not answered: %s", q->request_id, ect_last_error());
         return;
     }

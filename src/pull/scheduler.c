@@ -23,6 +23,7 @@
 #include <zmq.h>
 
 #include "pull/pull_internal.h"
+#include "util/hostport.h"
 #include "util/util.h"
 
 #define MOD "pull"
@@ -256,20 +257,18 @@ int ect_pull_scheduler_open(const ect_pull_scheduler_opts *o, ect_pull_scheduler
         return ect_set_error(ECT_EINVAL, "pull scheduler: producer (HOST:PORT) is required");
     if (o->request_retry_ms < 1)
         return ect_set_error(ECT_EINVAL, "pull scheduler: request_retry_ms must be >= 1");
-    const char *colon = strrchr(o->producer, ':');
-    char *end = NULL;
-    long port = colon ? strtol(colon + 1, &end, 10) : 0;
-    size_t hl = colon ? (size_t)(colon - o->producer) : 0;
-    if (!colon || hl == 0 || hl >= 256 || !end || *end || port < 1 || port > 65534)
-        return ect_set_error(ECT_EINVAL,
-                             "pull scheduler: producer '%s' is not HOST:PORT (port 1..65534)",
-                             o->producer);
+    /* the producer's PUB listens on port + 1, so its ROUTER port stops at 65534 */
+    char host[256];
+    int port;
+    int rc = ect_hostport_parse("pull scheduler: producer", o->producer, 1, 65534, host,
+                                sizeof host, &port);
+    if (rc) return rc;
     ect_pull_scheduler *s = calloc(1, sizeof *s);
     if (!s) return ect_set_error(ECT_ENOMEM, "pull scheduler: out of memory");
     snprintf(s->producer, sizeof s->producer, "%s", o->producer);
     s->retry_ms = o->request_retry_ms;
     char ep[320];
-    int zero = 0, rc = 0;
+    int zero = 0;
     s->zctx = zmq_ctx_new();
     if (!s->zctx) {
         free(s);
@@ -285,7 +284,7 @@ int ect_pull_scheduler_open(const ect_pull_scheduler_opts *o, ect_pull_scheduler
     zmq_setsockopt(s->dealer, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(s->sub, ZMQ_RCVTIMEO, &zero, sizeof zero);
     zmq_setsockopt(s->sub, ZMQ_SUBSCRIBE, "", 0);
-    snprintf(ep, sizeof ep, "tcp://%.*s:%ld", (int)hl, o->producer, port + 1);
+    ect_tcp_endpoint(host, port + 1, ep, sizeof ep);
     if (zmq_connect(s->sub, ep) != 0) {
         rc = ect_set_error(ECT_EINVAL, "pull scheduler: cannot connect SUB to %s: %s", ep,
                            zmq_strerror(zmq_errno()));
@@ -302,7 +301,7 @@ int ect_pull_scheduler_open(const ect_pull_scheduler_opts *o, ect_pull_scheduler
         }
     }
     if (!s->mon) ECT_LOGW(MOD, "no DEALER monitor: producer restarts are seen only on messages");
-    snprintf(ep, sizeof ep, "tcp://%.*s:%ld", (int)hl, o->producer, port);
+    ect_tcp_endpoint(host, port, ep, sizeof ep);
     if (zmq_connect(s->dealer, ep) != 0) {
         rc = ect_set_error(ECT_EINVAL, "pull scheduler: cannot connect DEALER to %s: %s", ep,
                            zmq_strerror(zmq_errno()));

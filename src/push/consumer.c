@@ -189,11 +189,8 @@ int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_consumer
     if ((rc = ctl_server_open(c->zctx, &so, &c->srv))) goto fail;
     *out = c;
     return 0;
-fail:;
-    char why[1024];
-    snprintf(why, sizeof why, "%s", ect_last_error());
-    ect_push_consumer_close(c);
-    return ect_set_error(rc, "%s", why);
+fail:
+    ECT_RETURN_AFTER(rc, ect_push_consumer_close(c));
 }
 
 void ect_push_consumer_close(ect_push_consumer *c) {

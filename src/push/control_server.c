@@ -25,6 +25,7 @@
 
 #include <zmq.h>
 
+#include "util/hostport.h"
 #include "util/util.h"
 #include "wire/control_msg.h"
 
@@ -185,6 +186,18 @@ static int do_reserve(ctl_server *s, const wire_reserve_req *r, uint64_t now,
     return 0;
 }
 
+static void out_of_memory(int *rc, char *errtext) {
+    *rc = ECT_ENOMEM;
+    snprintf(errtext, WIRE_ERROR_MAX + 1, "EC consumer out of memory");
+}
+
+/* n reply items of `size` bytes, or NULL with the error set. */
+static void *reply_items(size_t n, size_t size, int *rc, char *errtext) {
+    void *items = calloc(n ? n : 1, size);
+    if (!items) out_of_memory(rc, errtext);
+    return items;
+}
+
 static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now, char **reply) {
     wire_ctl_reply rep;
     memset(&rep, 0, sizeof rep);
@@ -200,12 +213,8 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
         break;
     case WIRE_OP_RESERVE_BATCH: {
         size_t n = q->u.reserve_batch.n;
-        rep.u.reserve_batch.items = calloc(n ? n : 1, sizeof *rep.u.reserve_batch.items);
-        if (!rep.u.reserve_batch.items) {
-            rc = ECT_ENOMEM;
-            snprintf(errtext, sizeof errtext, "EC consumer out of memory");
-            break;
-        }
+        rep.u.reserve_batch.items = reply_items(n, sizeof *rep.u.reserve_batch.items, &rc, errtext);
+        if (!rep.u.reserve_batch.items) break;
         rep.u.reserve_batch.n = n;
         for (size_t i = 0; i < n; i++) {
             const wire_reserve_item *it = &q->u.reserve_batch.items[i];
@@ -220,8 +229,7 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
                 oc->error = strdup(ect_last_error());
             }
             if (!oc->error) {
-                rc = ECT_ENOMEM;
-                snprintf(errtext, sizeof errtext, "EC consumer out of memory");
+                out_of_memory(&rc, errtext);
                 break;
             }
         }
@@ -251,12 +259,8 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
         int base = s->o.base_port ? s->o.base_port : s->port - s->o.tp_rank;
         size_t n = (s->o.base_port || s->o.port) ? (size_t)s->o.tp_size : 1;
         if (!s->o.base_port && !s->o.port) base = s->port;
-        rep.u.peers.ports = calloc(n, sizeof *rep.u.peers.ports);
-        if (!rep.u.peers.ports) {
-            rc = ECT_ENOMEM;
-            snprintf(errtext, sizeof errtext, "EC consumer out of memory");
-            break;
-        }
+        rep.u.peers.ports = reply_items(n, sizeof *rep.u.peers.ports, &rc, errtext);
+        if (!rep.u.peers.ports) break;
         rep.u.peers.n = n;
         snprintf(rep.u.peers.transport, sizeof rep.u.peers.transport, "%s", s->transport);
         for (size_t i = 0; i < n; i++) rep.u.peers.ports[i] = (uint16_t)(base + (int)i);
@@ -272,12 +276,9 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
         break;
     case WIRE_OP_COMPLETE_BATCH: {
         size_t n = q->u.complete_batch.n;
-        rep.u.complete_batch.items = calloc(n ? n : 1, sizeof *rep.u.complete_batch.items);
-        if (!rep.u.complete_batch.items) {
-            rc = ECT_ENOMEM;
-            snprintf(errtext, sizeof errtext, "EC consumer out of memory");
-            break;
-        }
+        rep.u.complete_batch.items =
+            reply_items(n, sizeof *rep.u.complete_batch.items, &rc, errtext);
+        if (!rep.u.complete_batch.items) break;
         rep.u.complete_batch.n = n;
         for (size_t i = 0; i < n; i++)
             rsv_complete(s->tab, q->u.complete_batch.items[i].transfer_id,
@@ -361,10 +362,10 @@ static void flush_events(ctl_server *s) {
         wire_event we;
         memset(&we, 0, sizeof we);
         snprintf(we.transfer_id, sizeof we.transfer_id, "%s", copy.transfer_id);
-        snprintf(we.mm_hash, sizeof we.mm_hash, "%s", copy.mm_hash);
-        snprintf(we.reservation_id, sizeof we.reservation_id, "%s", copy.reservation_id);
+        snprintf(we.mm_hash, sizeof we.mm_hash, "%s", copy.st.mm_hash);
+        snprintf(we.reservation_id, sizeof we.reservation_id, "%s", copy.st.reservation_id);
         we.ready = copy.kind == RSV_EV_READY;
-        fill_tensor(&we.tensor, copy.nbytes, copy.shape, copy.ndim, copy.dtype);
+        fill_tensor(&we.tensor, copy.st.nbytes, copy.st.shape, copy.st.ndim, copy.st.dtype);
         we.shard = (uint16_t)s->port;
         int rc = wire_ctl_encode_event(&we, &frame);
         bool sent = false;
@@ -442,11 +443,7 @@ static void *server_main(void *arg) {
 
 static int bind_socket(void *sock, const char *ip, int port, int *bound) {
     char ep[300];
-    bool v6 = strchr(ip, ':') != NULL;
-    if (port)
-        snprintf(ep, sizeof ep, v6 ? "tcp://[%s]:%d" : "tcp://%s:%d", ip, port);
-    else
-        snprintf(ep, sizeof ep, v6 ? "tcp://[%s]:*" : "tcp://%s:*", ip);
+    ect_tcp_endpoint(ip, port, ep, sizeof ep); /* port 0: any free port */
     if (zmq_bind(sock, ep) != 0) {
         int e = errno;
         if (e == EADDRINUSE) return ect_set_error(ECT_EEXIST, "%s: address in use", ep);
@@ -456,8 +453,7 @@ static int bind_socket(void *sock, const char *ip, int port, int *bound) {
     size_t sz = sizeof last;
     if (zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, last, &sz) != 0)
         return ect_set_error(ECT_EIO, "bind %s: cannot read the bound port", ep);
-    const char *colon = strrchr(last, ':');
-    *bound = colon ? atoi(colon + 1) : 0;
+    *bound = ect_tcp_endpoint_port(last);
     if (*bound <= 0) return ect_set_error(ECT_EIO, "bind %s: bad endpoint %s", ep, last);
     return 0;
 }

@@ -1,14 +1,14 @@
 /*
  * producer — the public calls of the push producer (see ectransfer.h). They
- * run on the caller's threads and only touch memory under the producer's
- * mutex: reserve queues an item (and copies its source into the staging pool
- * when it is not borrowed), flush hands the queue to the dispatcher
- * (producer_run.c) and wakes it, poll drains the results. Nothing here
- * touches a socket, so no call waits on the network.
+ * run on the caller's threads and touch the records table (pushes.h) only
+ * under the producer's mutex: reserve adds a held record (after copying its
+ * source into the staging pool when it is not borrowed), flush releases the
+ * held records and wakes the dispatcher (producer_run.c), poll drains the
+ * results. Nothing here touches a socket, so no call waits on the network.
  *
- * Dedup: every item stays in `items` from reserve until ttl_ms after it
- * finished (at most max_tombstones finished ones), so a repeated transfer_id
- * is refused at once on the caller's thread.
+ * Dedup: the table remembers every transfer_id from reserve until ttl_ms
+ * after it finished (at most max_tombstones finished ones), so a repeated
+ * transfer_id is refused at once on the caller's thread.
  *
  * Staging back-pressure: a copy that does not fit waits (staging_wait_ms) on
  * `room`, which every free of staging memory signals. Before waiting it
@@ -20,25 +20,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <utlist.h>
 #include <zmq.h>
 
 #include "mem/memkind.h"
 #include "mem/pool.h"
 #include "push/producer.h"
+#include "util/hostport.h"
+#include "util/sync.h"
 #include "util/util.h"
 #include "wire/dtype.h"
 
 #define MOD "producer"
-
-static void q_append(pitem **head, pitem **tail, pitem *it) {
-    it->next = NULL;
-    if (*tail)
-        (*tail)->next = it;
-    else
-        *head = it;
-    *tail = it;
-}
 
 void ect_push_producer_opts_init(ect_push_producer_opts *o) {
     if (!o) return;
@@ -89,7 +81,7 @@ static int check_opts(const ect_push_producer_opts *o) {
     if (o->expect_shards > PUSH_MAX_SHARDS)
         return ect_set_error(ECT_EINVAL, "expect_shards must be 0..%d, not %u", PUSH_MAX_SHARDS,
                              o->expect_shards);
-    if (!o->listen_host || !*o->listen_host || strlen(o->listen_host) > PP_HOST_MAX)
+    if (!o->listen_host || !*o->listen_host || strlen(o->listen_host) > PUSH_HOST_MAX)
         return ect_set_error(ECT_EINVAL, "listen_host must be a non-empty host name");
     if (o->transport && *o->transport && strcmp(o->transport, "tcp") &&
         strcmp(o->transport, "shm") && strcmp(o->transport, "ucx"))
@@ -115,10 +107,13 @@ int ect_push_producer_open(const ect_push_producer_opts *opts, ect_push_producer
     p->o.listen_host = p->listen_host;
     snprintf(p->transport, sizeof p->transport, "%s", opts->transport ? opts->transport : "");
     p->o.transport = p->transport;
+    p->done_tail = &p->done;
     pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->wake, NULL);
-    pthread_cond_init(&p->results, NULL);
-    pthread_cond_init(&p->room, NULL);
+    ect_cond_init(&p->wake);
+    ect_cond_init(&p->results);
+    ect_cond_init(&p->room);
+    pthread_mutex_init(&p->wmu, NULL);
+    pthread_cond_init(&p->wcv, NULL);
     if (opts->staging_size) {
         ect_pool_opts po;
         ect_pool_opts_init(&po);
@@ -134,13 +129,17 @@ int ect_push_producer_open(const ect_push_producer_opts *opts, ect_push_producer
     pso.max_tombstones = opts->max_tombstones;
     pso.push_wait_ms = opts->push_wait_ms;
     if ((rc = push_open(&pso, &p->table))) goto fail;
+    p->batch.t = p->table;
+    snprintf(p->batch.transport, sizeof p->batch.transport, "%s", p->transport);
+    p->batch.expect_shards = opts->expect_shards;
     p->acts_cap = 1024;
     if (!(p->acts = calloc(p->acts_cap, sizeof *p->acts)) || !(p->zctx = zmq_ctx_new())) {
         rc = ect_set_error(ECT_ENOMEM, "push producer: out of memory");
         goto fail;
     }
     if ((rc = down_open((uint64_t)opts->down_backoff_ms, (uint64_t)opts->down_backoff_max_ms,
-                        &p->downs)))
+                        &p->batch.downs)) ||
+        (rc = pp_lanes_open(p)) || (rc = pp_write_lanes_open(p)))
         goto fail;
     if (pthread_create(&p->thread, NULL, pp_dispatch_main, p)) {
         rc = ect_set_error(ECT_ENOMEM, "push producer: cannot start the dispatcher thread");
@@ -161,24 +160,12 @@ static int check_str(const char *s, size_t max, const char *field) {
     return 0;
 }
 
-/* Hands the unflushed queue to the dispatcher (flush's work). Caller holds mu. */
-static int hand_over_locked(ect_push_producer *p) {
-    int n = 0;
-    for (pitem *it = p->queued; it; it = it->next) {
-        it->phase = PI_HANDED;
-        n++;
-    }
-    if (p->queued) {
-        if (p->handed_tail)
-            p->handed_tail->next = p->queued;
-        else
-            p->handed = p->queued;
-        p->handed_tail = p->queued_tail;
-        p->queued = p->queued_tail = NULL;
-        p->st.steps++;
-    }
-    LL_CONCAT2(p->stage_h, p->stage_q, snext);
-    p->stage_q = NULL;
+/* Ends the step: releases the held records and stages and wakes the
+ * dispatcher. Returns how many records. Caller holds mu. */
+static size_t flush_locked(ect_push_producer *p) {
+    size_t n = push_flush(p->table);
+    if (n) p->st.steps++;
+    p->kick = true;
     pthread_cond_signal(&p->wake);
     return n;
 }
@@ -198,7 +185,7 @@ static int staging_alloc(ect_push_producer *p, uint64_t n, uint64_t *off) {
     uint64_t t0 = ect_now_ms(), end = t0 + p->o.staging_wait_ms;
     pthread_mutex_lock(&p->mu);
     p->st.staging_waits++;
-    hand_over_locked(p);
+    flush_locked(p);
     for (;;) {
         if (p->stop) {
             pthread_mutex_unlock(&p->mu);
@@ -210,13 +197,7 @@ static int staging_alloc(ect_push_producer *p, uint64_t n, uint64_t *off) {
         if ((rc = ect_pool_alloc(p->pool, n, off)) != ECT_EFULL) break;
         uint64_t now = ect_now_ms();
         if (now >= end) break;
-        uint64_t ms = end - now > 100 ? 100 : end - now;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t ns = (uint64_t)ts.tv_nsec + ms * 1000000ull;
-        ts.tv_sec += (time_t)(ns / 1000000000ull);
-        ts.tv_nsec = (long)(ns % 1000000000ull);
-        pthread_cond_timedwait(&p->room, &p->mu, &ts);
+        ect_cond_wait_until(&p->room, &p->mu, ect_deadline_ns(end - now > 100 ? 100 : end - now));
     }
     pthread_mutex_unlock(&p->mu);
     if (rc == ECT_EFULL)
@@ -228,13 +209,14 @@ static int staging_alloc(ect_push_producer *p, uint64_t n, uint64_t *off) {
 }
 
 /* Takes the source: borrowed, or copied into the staging pool. Caller holds no lock. */
-static int take_src(ect_push_producer *p, pitem *it, const void *data, uint64_t nbytes,
+static int take_src(ect_push_producer *p, push_source *src, const void *data, uint64_t nbytes,
                     ect_push_release_fn release, void *user) {
+    memset(src, 0, sizeof *src);
     if (!data && nbytes) return ect_set_error(ECT_EINVAL, "data is NULL");
     if (release) {
-        it->src = data;
-        it->release = release;
-        it->release_user = user;
+        src->data = data;
+        src->release = release;
+        src->user = user;
         return 0;
     }
     if (!p->pool)
@@ -255,10 +237,29 @@ static int take_src(ect_push_producer *p, pitem *it, const void *data, uint64_t 
         ect_pool_free(p->pool, off);
         return ect_set_error(rc, "staging the source: %s", why);
     }
-    it->src = (char *)ect_pool_base(p->pool) + off;
-    it->in_pool = true;
-    it->pool_off = off;
+    src->data = (char *)ect_pool_base(p->pool) + off;
+    src->pool_off = off;
     return 0;
+}
+
+/* Gives a source back: frees its staging copy (waking a staging wait) or
+ * fires its release callback. Call without mu. */
+static void release_src(ect_push_producer *p, const push_source *src, uint64_t nbytes) {
+    if (src->release) {
+        src->release(src->user, src->data, nbytes);
+        return;
+    }
+    if (!src->data) return;
+    ect_pool_free(p->pool, src->pool_off);
+    pthread_mutex_lock(&p->mu);
+    pthread_cond_broadcast(&p->room);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* A source never handed to the table: a staging copy is freed, a borrowed
+ * one stays the caller's (its callback never fires). */
+static void drop_src(ect_push_producer *p, const push_source *src) {
+    if (!src->release && src->data) release_src(p, src, 0);
 }
 
 int ect_push_producer_reserve(ect_push_producer *p, const ect_push_item *item) {
@@ -274,109 +275,57 @@ int ect_push_producer_reserve(ect_push_producer *p, const ect_push_item *item) {
     if (!item->dtype) return ect_set_error(ECT_EINVAL, "dtype is NULL");
     if ((rc = wire_check_nbytes(item->dtype, item->shape, item->ndim, item->nbytes, "item")))
         return rc;
-    pitem *it = calloc(1, sizeof *it);
-    if (!it) return ect_set_error(ECT_ENOMEM, "push producer: out of memory");
-    snprintf(it->transfer_id, sizeof it->transfer_id, "%s", item->transfer_id);
-    snprintf(it->mm_hash, sizeof it->mm_hash, "%s", item->mm_hash);
-    snprintf(it->consumer, sizeof it->consumer, "%s", item->consumer);
-    /* "host:port", "[v6]:port" */
-    const char *colon = strrchr(item->consumer, ':');
-    char *end = NULL;
-    long port = colon ? strtol(colon + 1, &end, 10) : 0;
-    size_t hl = colon ? (size_t)(colon - item->consumer) : 0;
-    const char *h = item->consumer;
-    if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') {
-        h++;
-        hl -= 2;
-    }
-    if (!colon || hl == 0 || hl > PP_HOST_MAX || !end || *end || colon[1] == '\0' || port < 1 ||
-        port > 65535) {
-        free(it);
-        return ect_set_error(ECT_EINVAL, "consumer must be \"HOST:PORT\", not '%.64s'",
-                             item->consumer);
-    }
-    memcpy(it->host, h, hl);
-    it->port = (int)port;
-    it->ndim = item->ndim;
-    if (item->ndim) memcpy(it->shape, item->shape, item->ndim * sizeof *item->shape);
-    snprintf(it->dtype, sizeof it->dtype, "%s", wire_dtype_canonical(item->dtype));
-    it->nbytes = item->nbytes;
-    it->t0_ns = ect_now_ns();
-
-    pthread_mutex_lock(&p->mu);
-    pitem *old = NULL;
-    HASH_FIND_STR(p->items, it->transfer_id, old);
-    bool closing = p->stop;
-    pthread_mutex_unlock(&p->mu);
-    if (closing) {
-        free(it);
-        return ect_set_error(ECT_ECLOSED, "push producer is closing");
-    }
-    if (old) {
-        free(it);
-        return ect_set_error(ECT_EEXIST, "transfer_id '%s' already pushed", item->transfer_id);
-    }
-    if (item->data &&
-        (rc = take_src(p, it, item->data, item->nbytes, item->release, item->release_user))) {
-        free(it);
+    char host[PUSH_HOST_MAX + 1];
+    int port;
+    if ((rc = ect_hostport_parse("consumer", item->consumer, 1, 65535, host, sizeof host, &port)))
         return rc;
-    }
-    it->src_held = item->data != NULL;
-    it->phase = PI_QUEUED;
     pthread_mutex_lock(&p->mu);
-    HASH_FIND_STR(p->items, it->transfer_id, old); /* a racing reserve of the same id */
-    if (old || p->stop) {
-        pthread_mutex_unlock(&p->mu);
-        if (it->in_pool) ect_pool_free(p->pool, it->pool_off);
-        free(it);
-        return old ? ect_set_error(ECT_EEXIST, "transfer_id '%s' already pushed", item->transfer_id)
-                   : ect_set_error(ECT_ECLOSED, "push producer is closing");
-    }
-    HASH_ADD_STR(p->items, transfer_id, it);
-    q_append(&p->queued, &p->queued_tail, it);
-    p->n_live++;
+    bool known = push_find(p->table, item->transfer_id) != NULL, closing = p->stop;
     pthread_mutex_unlock(&p->mu);
-    return 0;
+    if (closing) return ect_set_error(ECT_ECLOSED, "push producer is closing");
+    if (known)
+        return ect_set_error(ECT_EEXIST, "transfer_id '%s' already pushed", item->transfer_id);
+    push_source src = {0};
+    if (item->data &&
+        (rc = take_src(p, &src, item->data, item->nbytes, item->release, item->release_user)))
+        return rc;
+    push_item pi = {.transfer_id = item->transfer_id,
+                    .consumer = item->consumer,
+                    .host = host,
+                    .port = port,
+                    .mm_hash = item->mm_hash,
+                    .nbytes = item->nbytes,
+                    .shape = item->shape,
+                    .ndim = item->ndim,
+                    .dtype = item->dtype,
+                    .held = true,
+                    .src = item->data ? &src : NULL,
+                    .t0_ns = ect_now_ns()};
+    pthread_mutex_lock(&p->mu);
+    /* the table refuses a racing reserve of the same id (dedup) */
+    rc = p->stop ? ect_set_error(ECT_ECLOSED, "push producer is closing")
+                 : push_add(p->table, &pi, ect_now_ms(), NULL);
+    pthread_mutex_unlock(&p->mu);
+    if (rc) drop_src(p, &src);
+    if (rc == ECT_EEXIST)
+        return ect_set_error(ECT_EEXIST, "transfer_id '%s' already pushed", item->transfer_id);
+    return rc;
 }
 
 int ect_push_producer_stage(ect_push_producer *p, const char *transfer_id, const void *data,
                             uint64_t nbytes, ect_push_release_fn release, void *release_user) {
     if (!p || !transfer_id) return ect_set_error(ECT_EINVAL, "ect_push_producer_stage: NULL");
     pthread_mutex_lock(&p->mu);
-    pitem *it = NULL;
-    HASH_FIND_STR(p->items, transfer_id, it);
-    int rc = 0;
-    if (!it)
-        rc = ect_set_error(ECT_ENOTFOUND, "no push for transfer_id '%s'", transfer_id);
-    else if (it->phase == PI_DONE || it->src_held || it->stage_queued || it->src)
-        rc = ect_set_error(ECT_ESTATE, "transfer_id '%s' is %s", transfer_id,
-                           it->phase == PI_DONE ? "finished" : "already staged");
-    else if (nbytes != it->nbytes)
-        rc = ect_set_error(ECT_EINVAL, "nbytes %" PRIu64 " differs from the item's %" PRIu64,
-                           nbytes, it->nbytes);
-    if (!rc) it->stage_queued = true; /* holds the item while we copy unlocked */
+    int rc = push_stage_begin(p->table, transfer_id, nbytes); /* holds the record while we copy */
     pthread_mutex_unlock(&p->mu);
     if (rc) return rc;
-    pitem tmp = {0};
-    rc = take_src(p, &tmp, data, nbytes, release, release_user);
+    push_source src;
+    int crc = take_src(p, &src, data, nbytes, release, release_user);
     pthread_mutex_lock(&p->mu);
-    it->stage_queued = false;
-    if (!rc && it->phase == PI_DONE) /* cancelled while we copied */
-        rc = ect_set_error(ECT_ESTATE, "transfer_id '%s' finished while staging", transfer_id);
-    if (!rc) {
-        it->src = tmp.src;
-        it->release = tmp.release;
-        it->release_user = tmp.release_user;
-        it->in_pool = tmp.in_pool;
-        it->pool_off = tmp.pool_off;
-        it->src_held = true;
-        if (it->phase == PI_HANDED) { /* the dispatcher learns of it at the next flush */
-            it->stage_queued = true;
-            LL_APPEND2(p->stage_q, it, snext);
-        }
-    }
+    rc = push_stage_end(p->table, transfer_id, crc ? NULL : &src, ect_now_ms());
     pthread_mutex_unlock(&p->mu);
-    if (rc && tmp.in_pool) ect_pool_free(p->pool, tmp.pool_off); /* never fire the callback */
+    if (crc) return crc;
+    if (rc) drop_src(p, &src); /* cancelled while we copied: never fire the callback */
     return rc;
 }
 
@@ -387,27 +336,9 @@ int ect_push_producer_flush(ect_push_producer *p) {
         pthread_mutex_unlock(&p->mu);
         return ect_set_error(ECT_ECLOSED, "push producer is closing");
     }
-    int n = hand_over_locked(p);
+    size_t n = flush_locked(p);
     pthread_mutex_unlock(&p->mu);
-    return n;
-}
-
-void pp_release_src(ect_push_producer *p, pitem *it) {
-    pthread_mutex_lock(&p->mu);
-    bool held = it->src_held;
-    it->src_held = false;
-    const void *src = it->src;
-    it->src = NULL;
-    pthread_mutex_unlock(&p->mu);
-    if (!held) return;
-    if (it->in_pool) {
-        ect_pool_free(p->pool, it->pool_off);
-        pthread_mutex_lock(&p->mu);
-        pthread_cond_broadcast(&p->room);
-        pthread_mutex_unlock(&p->mu);
-    } else if (it->release)
-        it->release(it->release_user, src, it->nbytes);
-    it->in_pool = false;
+    return (int)n;
 }
 
 static void push_result(ect_push_producer *p, const ect_push_result *r) {
@@ -431,93 +362,60 @@ static void push_result(ect_push_producer *p, const ect_push_result *r) {
     p->res_n++;
 }
 
-void pp_finish_locked(ect_push_producer *p, pitem *it, int status, const char *error) {
-    if (it->phase == PI_DONE) return;
-    if (it->phase == PI_QUEUED) {
-        /* unlink from the queue */
-        pitem **pp = &p->queued, *prev = NULL;
-        while (*pp && *pp != it) {
-            prev = *pp;
-            pp = &(*pp)->next;
-        }
-        if (*pp) {
-            *pp = it->next;
-            if (p->queued_tail == it) p->queued_tail = prev;
-        }
-    }
-    it->phase = PI_DONE;
-    it->done_ms = ect_now_ms();
+void pp_count_finished_locked(ect_push_producer *p, const push_action *a, size_t n) {
+    for (size_t i = 0; i < n; i++) p->unreported += a[i].kind == PUSH_ACT_FINISHED;
+}
+
+/* The result of a finished record (mu held). */
+static void finish_locked(ect_push_producer *p, const push_final *f) {
     ect_push_result r;
     memset(&r, 0, sizeof r);
-    snprintf(r.transfer_id, sizeof r.transfer_id, "%s", it->transfer_id);
-    r.status = status;
-    snprintf(r.error, sizeof r.error, "%s", error ? error : "");
-    r.latency_ns = ect_now_ns() - it->t0_ns;
-    r.shards = (uint32_t)it->n_shards;
-    snprintf(r.transport, sizeof r.transport, "%s", it->used_kind);
-    r.retries = it->retries;
+    snprintf(r.transfer_id, sizeof r.transfer_id, "%s", f->transfer_id);
+    r.status = f->status;
+    snprintf(r.error, sizeof r.error, "%s", f->error);
+    r.latency_ns = ect_now_ns() - f->t0_ns;
+    r.shards = (uint32_t)f->n_shards;
+    snprintf(r.transport, sizeof r.transport, "%s", f->transport);
+    r.retries = f->retries;
     push_result(p, &r);
-    if (status == 0)
+    if (f->status == 0)
         p->st.done++;
-    else if (status == ECT_ECANCELED)
+    else if (f->status == ECT_ECANCELED)
         p->st.cancelled++;
     else
         p->st.failed++;
-    p->n_live--;
-    DL_APPEND2(p->tombs, it, tprev, tnext);
-    p->n_tombs++;
+    p->unreported--;
     pthread_cond_broadcast(&p->results);
 }
 
-void pp_expire_locked(ect_push_producer *p, uint64_t now_ms) {
-    while (p->tombs) {
-        pitem *it = p->tombs;
-        bool over = p->n_tombs > p->o.max_tombstones;
-        if (!over && now_ms - it->done_ms < p->o.ttl_ms) break;
-        if (it->stage_queued || it->src_held) break; /* a stage still refers to it */
-        DL_DELETE2(p->tombs, it, tprev, tnext);
-        p->n_tombs--;
-        HASH_DEL(p->items, it);
-        free(it->ports);
-        free(it->keys);
-        free(it->kinds);
-        free(it);
+void pp_local(ect_push_producer *p, const push_action *a, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (a[i].kind == PUSH_ACT_RELEASE_SOURCE) release_src(p, &a[i].fin.src, a[i].fin.nbytes);
+        if (a[i].kind != PUSH_ACT_FINISHED) continue;
+        pthread_mutex_lock(&p->mu);
+        finish_locked(p, &a[i].fin);
+        pthread_mutex_unlock(&p->mu);
     }
 }
 
 int ect_push_producer_cancel(ect_push_producer *p, const char *transfer_id) {
     if (!p || !transfer_id) return ect_set_error(ECT_EINVAL, "ect_push_producer_cancel: NULL");
     pthread_mutex_lock(&p->mu);
-    pitem *it = NULL;
-    HASH_FIND_STR(p->items, transfer_id, it);
-    if (!it || it->phase == PI_DONE) {
+    push_rec *r = push_find(p->table, transfer_id);
+    if (!r || r->state == PUSH_DONE || r->state == PUSH_CANCELLED || r->state == PUSH_FAILED) {
         pthread_mutex_unlock(&p->mu);
         return ect_set_error(ECT_ENOTFOUND, "no push in flight for transfer_id '%s'", transfer_id);
     }
-    if (it->phase == PI_QUEUED) { /* nothing went out yet: end it here */
-        pp_finish_locked(p, it, ECT_ECANCELED, "cancelled before it was sent");
-        pthread_mutex_unlock(&p->mu);
-        pp_release_src(p, it);
-        return 0;
-    }
-    int rc = 0;
-    if (p->n_cancels == p->cap_cancels) {
-        size_t cap = p->cap_cancels ? p->cap_cancels * 2 : 16;
-        char **n = realloc(p->cancels, cap * sizeof *n);
-        if (!n)
-            rc = ect_set_error(ECT_ENOMEM, "push producer: out of memory");
-        else {
-            p->cancels = n;
-            p->cap_cancels = cap;
-        }
-    }
-    if (!rc && !(p->cancels[p->n_cancels] = strdup(transfer_id)))
-        rc = ect_set_error(ECT_ENOMEM, "push producer: out of memory");
-    if (!rc) {
-        p->n_cancels++;
+    push_action fin[2];
+    size_t n = 0;
+    int rc = push_cancel(p->table, transfer_id, ect_now_ms(), fin, &n);
+    pp_count_finished_locked(p, fin, n);
+    if (!n) { /* it went out: the dispatcher abandons it */
+        p->kick = true;
         pthread_cond_signal(&p->wake);
     }
     pthread_mutex_unlock(&p->mu);
+    pp_local(p, fin, n); /* nothing went out: it ends here */
     return rc;
 }
 
@@ -529,13 +427,9 @@ size_t ect_push_producer_poll(ect_push_producer *p, ect_push_result *out, size_t
         if (timeout_ms < 0) {
             while (!p->res_n && !p->stop) pthread_cond_wait(&p->results, &p->mu);
         } else {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)timeout_ms * 1000000ull;
-            ts.tv_sec += (time_t)(ns / 1000000000ull);
-            ts.tv_nsec = (long)(ns % 1000000000ull);
+            uint64_t end = ect_deadline_ns((uint64_t)timeout_ms);
             while (!p->res_n && !p->stop)
-                if (pthread_cond_timedwait(&p->results, &p->mu, &ts)) break;
+                if (ect_cond_wait_until(&p->results, &p->mu, end)) break;
         }
     }
     size_t n = 0;
@@ -551,7 +445,9 @@ size_t ect_push_producer_poll(ect_push_producer *p, ect_push_result *out, size_t
 size_t ect_push_producer_pending(ect_push_producer *p) {
     if (!p) return 0;
     pthread_mutex_lock(&p->mu);
-    size_t n = p->n_live;
+    push_stats ps;
+    push_get_stats(p->table, &ps);
+    size_t n = ps.live + p->unreported;
     pthread_mutex_unlock(&p->mu);
     return n;
 }
@@ -560,11 +456,24 @@ void ect_push_producer_stats(ect_push_producer *p, ect_push_producer_stat *st) {
     if (!p || !st) return;
     pthread_mutex_lock(&p->mu);
     *st = p->st;
+    const pb_counts *c = &p->batch.n;
+    st->control_requests = c->control_requests;
+    st->peers_requests = c->peers_requests;
+    st->reserve_batches = c->reserve_batches;
+    st->complete_batches = c->complete_batches;
+    st->cancels = c->cancels;
+    st->write_batches = c->write_batches;
+    st->refreshes = c->refreshes;
+    push_stats ps;
+    push_get_stats(p->table, &ps);
+    st->full_refusals = ps.full_refusals;
+    st->retries = ps.retries;
+    st->give_backs = ps.give_backs;
     pthread_mutex_unlock(&p->mu);
     if (p->pool) {
-        ect_pool_stat ps;
-        ect_pool_stats(p->pool, &ps);
-        st->staged_bytes_in_use = ps.used;
+        ect_pool_stat pst;
+        ect_pool_stats(p->pool, &pst);
+        st->staged_bytes_in_use = pst.used;
     }
 }
 
@@ -579,29 +488,27 @@ void ect_push_producer_close(ect_push_producer *p) {
         pthread_mutex_unlock(&p->mu);
         pthread_join(p->thread, NULL);
     }
-    /* Single-threaded from here. The dispatcher closed the control lanes and
-     * the transports on its way out (or never started). */
-    pitem *it, *tmp;
-    HASH_ITER(hh, p->items, it, tmp) {
-        pp_release_src(p, it);
-        for (size_t i = 0; it->keys && i < it->n_shards; i++) free(it->keys[i]);
-        free(it->keys);
-        free(it->kinds);
-        free(it->ports);
-        HASH_DEL(p->items, it);
-        free(it);
+    /* Single-threaded from here. The dispatcher ended every record (their
+     * sources given back), closed the lanes and the transports on its way
+     * out (or never started). */
+    if (p->lanes) pp_lanes_close(p);
+    lanes_close(p->wlanes, true);
+    while (p->done) {
+        px *x = p->done;
+        p->done = x->next;
+        px_free(x);
     }
-    for (size_t i = 0; i < p->n_cancels; i++) free(p->cancels[i]);
-    free(p->cancels);
     free(p->res);
     free(p->acts);
     push_close(p->table);
-    down_close(p->downs);
+    down_close(p->batch.downs);
     if (p->zctx) zmq_ctx_term(p->zctx);
     ect_pool_close(p->pool);
     pthread_cond_destroy(&p->wake);
     pthread_cond_destroy(&p->results);
     pthread_cond_destroy(&p->room);
+    pthread_cond_destroy(&p->wcv);
+    pthread_mutex_destroy(&p->wmu);
     pthread_mutex_destroy(&p->mu);
     free(p);
 }

@@ -1,21 +1,23 @@
 /*
- * producer_lanes — the push producer's control lanes: one thread per control
- * address ("host:port" of a consumer shard), each with its own control client
- * (a REQ socket belongs to one thread), running that address's exchanges one
- * at a time, in the order the dispatcher queued them.
+ * producer_lanes — the push producer's control lanes (util/lanes): one lane
+ * per control address ("host:port" of a consumer shard), each with its own
+ * control client (a REQ socket belongs to one thread) made on its thread,
+ * running that address's exchanges one at a time, in the order the
+ * dispatcher queued them. A lane idle for PP_LANE_IDLE_MS ends (and its
+ * socket with it); the next exchange for the address starts a new one.
  *
  * Why lanes and not calls on the dispatcher: an exchange may take the whole
  * control timeout (a consumer alive but hung). Run on the dispatcher, it would
  * hold up every other consumer's pushes; on its own lane it holds up only the
  * work queued for the same address. The dispatcher never waits for a lane: a
- * finished job goes to p->done (under mu) and wakes the dispatcher, which
- * applies the outcome to the push_ table.
+ * finished exchange goes to p->done (under mu) and wakes the dispatcher,
+ * which settles it (batch.c).
  *
- * A job that failed for want of the peer (timeout, refused, connection
- * closed) also fails the jobs queued behind it on that lane at once, with the
+ * An exchange that failed for want of the peer (timeout, refused, connection
+ * closed) also fails the ones queued behind it on that lane at once, with the
  * same cause: they were queued before anyone knew, and each would otherwise
- * wait out its own timeout. From then on the dispatcher's down table keeps
- * new work away from the address until its backoff runs out.
+ * wait out its own timeout. From then on the batcher's down table keeps new
+ * work away from the address until its backoff runs out.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,179 +28,92 @@
 
 #define MOD "producer"
 
-typedef struct pp_lane {
-    char addr[PUSH_ADDR_MAX + 16];
-    ect_push_producer *p;
-    pthread_t th;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    pp_job *q, *q_tail; /* [mu] queued, not yet started */
-    bool stop;          /* [mu] */
-    UT_hash_handle hh;
-} pp_lane;
-
-bool pp_unreachable_rc(int rc) {
-    return rc == ECT_ETIMEDOUT || rc == ECT_ECONNREFUSED || rc == ECT_EIO;
-}
-
-void pp_addr_key(const char *host, int port, char *buf, size_t cap) {
-    bool v6 = strchr(host, ':') != NULL;
-    snprintf(buf, cap, v6 ? "[%s]:%d" : "%s:%d", host, port);
-}
-
-void pp_job_free(pp_job *j) {
-    if (!j) return;
-    wire_ctl_reply_clear(&j->rep);
-    if (j->req.op == WIRE_OP_RESERVE_BATCH) free(j->req.u.reserve_batch.items);
-    if (j->req.op == WIRE_OP_COMPLETE_BATCH) free(j->req.u.complete_batch.items);
-    free(j->acts);
-    free(j);
-}
-
-static void run_job(ctl_client *c, pp_job *j) {
-    if (j->port <= 0) {
-        j->rc = ECT_ENOTFOUND;
-        snprintf(j->err, sizeof j->err, "shard address unknown");
-        return;
-    }
-    if (j->kind == PJ_PEERS) { /* a real exchange every time: it is the probe */
-        wire_ctl_request req = {.op = WIRE_OP_PEERS};
-        j->rc = ctl_call_ok(c, j->host, j->port, &req, &j->rep);
-        if (!j->rc && j->rep.u.peers.n > PUSH_MAX_SHARDS)
-            j->rc = ect_set_error(ECT_ERANGE, "%s:%d reports %zu shards, at most %d supported",
-                                  j->host, j->port, j->rep.u.peers.n, PUSH_MAX_SHARDS);
-        if (!j->rc) {
-            j->nports = j->rep.u.peers.n;
-            for (size_t i = 0; i < j->nports; i++) j->ports[i] = j->rep.u.peers.ports[i];
-            snprintf(j->transport, sizeof j->transport, "%s", j->rep.u.peers.transport);
-        }
-    } else {
-        j->rc = j->want_ok ? ctl_call_ok(c, j->host, j->port, &j->req, &j->rep)
-                           : ctl_call(c, j->host, j->port, &j->req, &j->rep);
-    }
-    if (j->rc) snprintf(j->err, sizeof j->err, "%.300s", ect_last_error());
-}
-
-static void deliver(ect_push_producer *p, pp_job *j) {
-    j->next = NULL;
+void pp_deliver(ect_push_producer *p, px *x) {
+    x->next = NULL;
     pthread_mutex_lock(&p->mu);
-    if (p->done_tail)
-        p->done_tail->next = j;
-    else
-        p->done = j;
-    p->done_tail = j;
+    *p->done_tail = x;
+    p->done_tail = &x->next;
     pthread_cond_signal(&p->wake);
     pthread_mutex_unlock(&p->mu);
 }
 
-static void *lane_main(void *arg) {
-    pp_lane *l = arg;
-    ctl_client *c = NULL;
-    int orc = ctl_client_open(l->p->zctx, l->p->o.control_timeout_ms, &c);
-    if (!orc) ctl_client_fail_fast(c, true);
-    char oerr[160];
-    snprintf(oerr, sizeof oerr, "%s", orc ? ect_last_error() : "");
-    pthread_mutex_lock(&l->mu);
-    for (;;) {
-        while (!l->stop && !l->q) pthread_cond_wait(&l->cv, &l->mu);
-        if (l->stop) break;
-        pp_job *j = l->q;
-        l->q = j->next;
-        if (!l->q) l->q_tail = NULL;
-        pthread_mutex_unlock(&l->mu);
-        if (orc) {
-            j->rc = orc;
-            snprintf(j->err, sizeof j->err, "control client: %s", oerr);
-        } else {
-            run_job(c, j);
-        }
-        pp_job *behind = NULL;
-        pthread_mutex_lock(&l->mu);
-        if (j->rc && pp_unreachable_rc(j->rc)) { /* see the top of the file */
-            behind = l->q;
-            l->q = l->q_tail = NULL;
-        }
-        pthread_mutex_unlock(&l->mu);
-        int rc = j->rc; /* j belongs to the dispatcher once delivered */
-        char cause[sizeof j->err];
-        memcpy(cause, j->err, sizeof cause);
-        deliver(l->p, j);
-        while (behind) {
-            pp_job *b = behind;
-            behind = b->next;
-            b->rc = rc;
-            b->held = true;
-            snprintf(b->err, sizeof b->err, "consumer %.100s unreachable: %.190s", l->addr, cause);
-            deliver(l->p, b);
-        }
-        pthread_mutex_lock(&l->mu);
+/* A lane's own control client. */
+typedef struct lane_ctl {
+    ctl_client *c;
+    int orc;        /* opening it failed: every exchange fails with this */
+    char oerr[160]; /* and this text */
+} lane_ctl;
+
+static void *lane_start(void *ctx, const char *key) {
+    ect_push_producer *p = ctx;
+    (void)key;
+    lane_ctl *lc = calloc(1, sizeof *lc);
+    if (!lc) return NULL;
+    lc->orc = ctl_client_open(p->zctx, p->o.control_timeout_ms, &lc->c);
+    if (!lc->orc) ctl_client_fail_fast(lc->c, true);
+    snprintf(lc->oerr, sizeof lc->oerr, "%s", lc->orc ? ect_last_error() : "");
+    return lc;
+}
+
+static void lane_stop(void *ctx, void *state) {
+    (void)ctx;
+    lane_ctl *lc = state;
+    if (lc) ctl_client_close(lc->c);
+    free(lc);
+}
+
+static void lane_run(void *ctx, lane *l, void *state, lane_job *lj) {
+    ect_push_producer *p = ctx;
+    lane_ctl *lc = state;
+    px *x = (px *)lj;
+    if (!lc) {
+        x->rc = ECT_ENOMEM;
+        snprintf(x->err, sizeof x->err, "control client: out of memory");
+    } else if (lc->orc) {
+        x->rc = lc->orc;
+        snprintf(x->err, sizeof x->err, "control client: %s", lc->oerr);
+    } else {
+        x->rc = x->want_ok ? ctl_call_ok(lc->c, x->host, x->port, &x->req, &x->rep)
+                           : ctl_call(lc->c, x->host, x->port, &x->req, &x->rep);
+        if (x->rc) snprintf(x->err, sizeof x->err, "%.300s", ect_last_error());
     }
-    /* closing: what never ran goes back to the dispatcher, which frees it */
-    pp_job *rest = l->q;
-    l->q = l->q_tail = NULL;
-    pthread_mutex_unlock(&l->mu);
-    while (rest) {
-        pp_job *b = rest;
-        rest = b->next;
-        b->rc = ECT_ECLOSED;
+    lane_job *behind = NULL;
+    if (x->rc && pb_unreachable_rc(x->rc)) behind = lane_take_queued(l); /* see the top */
+    int rc = x->rc; /* x belongs to the dispatcher once delivered */
+    char cause[PX_ERR_MAX];
+    memcpy(cause, x->err, sizeof cause);
+    pp_deliver(p, x);
+    while (behind) {
+        px *b = (px *)behind;
+        behind = behind->next;
+        b->rc = rc;
         b->held = true;
-        snprintf(b->err, sizeof b->err, "push producer closed");
-        deliver(l->p, b);
+        snprintf(b->err, sizeof b->err, "consumer %.100s unreachable: %.190s", lane_key(l), cause);
+        pp_deliver(p, b);
     }
-    ctl_client_close(c);
-    return NULL;
 }
 
-static pp_lane *lane_for(ect_push_producer *p, const char *host, int port) {
-    char addr[PUSH_ADDR_MAX + 16];
-    pp_addr_key(host, port, addr, sizeof addr);
-    pp_lane *l = NULL;
-    HASH_FIND_STR(p->lanes, addr, l);
-    if (l) return l;
-    if (!(l = calloc(1, sizeof *l))) return NULL;
-    snprintf(l->addr, sizeof l->addr, "%s", addr);
-    l->p = p;
-    pthread_mutex_init(&l->mu, NULL);
-    pthread_cond_init(&l->cv, NULL);
-    if (pthread_create(&l->th, NULL, lane_main, l)) {
-        pthread_cond_destroy(&l->cv);
-        pthread_mutex_destroy(&l->mu);
-        free(l);
-        return NULL;
-    }
-    HASH_ADD_STR(p->lanes, addr, l);
-    return l;
+/* Closing: what never ran goes back to the dispatcher, which frees it. */
+static void lane_cancel(void *ctx, lane_job *lj) {
+    px *b = (px *)lj;
+    b->rc = ECT_ECLOSED;
+    b->held = true;
+    snprintf(b->err, sizeof b->err, "push producer closed");
+    pp_deliver(ctx, b);
 }
 
-int pp_lane_submit(ect_push_producer *p, pp_job *j) {
-    pp_lane *l = lane_for(p, j->host, j->port);
-    if (!l)
-        return ect_set_error(ECT_ENOMEM, "cannot start a control lane for %s:%d", j->host, j->port);
-    j->next = NULL;
-    pthread_mutex_lock(&l->mu);
-    if (l->q_tail)
-        l->q_tail->next = j;
-    else
-        l->q = j;
-    l->q_tail = j;
-    pthread_cond_signal(&l->cv);
-    pthread_mutex_unlock(&l->mu);
+int pp_lanes_open(ect_push_producer *p) {
+    lane_ops o = {lane_start, lane_run, lane_stop, lane_cancel, p};
+    return lanes_open(&o, PP_MAX_LANES, PP_LANE_IDLE_MS, &p->lanes);
+}
+
+int pp_lane_submit(ect_push_producer *p, px *x) {
+    int rc = lanes_submit(p->lanes, x->key, &x->lj);
+    if (rc) return ect_set_error(rc, "no control lane for %s: %s", x->key, ect_last_error());
     return 0;
 }
 
 void pp_lanes_close(ect_push_producer *p) {
-    pp_lane *l, *tmp;
-    HASH_ITER(hh, p->lanes, l, tmp) { /* tell them all first: they end in parallel */
-        pthread_mutex_lock(&l->mu);
-        l->stop = true;
-        pthread_cond_broadcast(&l->cv);
-        pthread_mutex_unlock(&l->mu);
-    }
-    HASH_ITER(hh, p->lanes, l, tmp) {
-        pthread_join(l->th, NULL);
-        HASH_DEL(p->lanes, l);
-        pthread_cond_destroy(&l->cv);
-        pthread_mutex_destroy(&l->mu);
-        free(l);
-    }
+    lanes_close(p->lanes, false);
+    p->lanes = NULL;
 }

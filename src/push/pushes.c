@@ -10,7 +10,12 @@
  * or CANCELLED). An ending record stops starting new work, waits until no
  * action is in flight, abandons every reservation it still holds, and only
  * then releases the source and reports. Finished records stay one TTL as
- * tombstones, so a repeated transfer_id is refused (dedup).
+ * tombstones in the id table, so a repeated transfer_id is refused (dedup).
+ *
+ * A record without shards waits for its consumer's discovery: the consumer
+ * table holds, per consumer address, either a discovery in flight or the
+ * shards it answered. A failed discovery fails the records still waiting
+ * (the walk finds them: discovery failures are rare, the live list short).
  *
  * Back-pressure lives in advance() too: a shard's reserve that came back
  * "full" is RS_FULL; once no reserve of the round is in flight the record
@@ -26,9 +31,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <uthash.h>
-#include <utlist.h>
-
 #include "push/pushes.h"
 
 #define MOD "push"
@@ -37,41 +39,26 @@ typedef enum { ST_NONE = 0, ST_SENT, ST_OK, ST_FAILED } step;
 /* reserve additionally: cancelled by the consumer, or being refreshed */
 enum { RS_CANCELLED = ST_FAILED + 1, RS_REFRESHING, RS_FULL, RS_GIVING_BACK };
 
-typedef struct shard_st {
-    int rsv;
-    step write, complete, abandon;
-    bool write_needed; /* the shard answered write: true */
-    char rid[ECT_ID_LEN + 1];
-    char session[PUSH_ADDR_MAX + 1];
-    uint64_t dst_ptr, dst_key, reserved_at;
-} shard_st;
+#define REC(n) IDT_ENTRY(n, push_rec, node)
 
-typedef struct prec {
-    char *transfer_id, *consumer, *mm_hash;
-    uint64_t nbytes;
-    uint64_t shape[WIRE_MAX_NDIM];
-    size_t ndim;
-    char dtype[PUSH_DTYPE_MAX + 1];
+/* What discovery knows of a consumer address. */
+typedef struct pcons {
+    char *consumer;
+    char host[PUSH_HOST_MAX + 1];
+    int port;
+    bool known; /* false: a PEERS is in flight */
     size_t n;
-    shard_st *sh;
-    push_state state, ending; /* ending: 0, PUSH_FAILED or PUSH_CANCELLED */
-    bool staged, released, finishing;
-    uint64_t created, deadline;
-    char error[160];
-    /* back-pressure */
-    bool waiting_room;    /* a shard refused as full; not yet every shard reserved */
-    uint64_t retry_at;    /* reserve again at this time (0: not backing off) */
-    uint64_t backoff;     /* the last backoff (ms) */
-    unsigned retries;     /* rounds refused as full */
-    char full_error[120]; /* the latest refusal, for the failure text */
+    int ports[PUSH_MAX_SHARDS];
+    char transport[PUSH_KIND_MAX + 1];
     UT_hash_handle hh;
-    struct prec *prev, *next;
-} prec;
+} pcons;
 
 struct push_table {
     push_opts o;
     uint64_t now, wake;
-    prec *by_id, *live, *tombs;
+    idtab ids;
+    pcons *cons;
+    bool aborting; /* push_abort_all: end without abandoning */
     push_stats st;
 };
 
@@ -97,6 +84,32 @@ void push_opts_init(push_opts *o) {
     o->retry_max_ms = PUSH_DEFAULT_RETRY_MAX_MS;
 }
 
+/* Forgets a shard's reservation (keeps its control port). */
+static void shard_reset(push_shard *s) {
+    int port = s->port;
+    free(s->dst_key);
+    memset(s, 0, sizeof *s);
+    s->port = port;
+}
+
+/* Frees a record (also idt_ops.drop: a tombstone expired or went over the
+ * cap, or close; one a stage still copies into stays, see on_pinned). */
+static void rec_free(void *ctx, idt_node *n) {
+    (void)ctx;
+    push_rec *r = REC(n);
+    for (size_t i = 0; r->sh && i < r->n; i++) free(r->sh[i].dst_key);
+    free(r->transfer_id);
+    free(r->consumer);
+    free(r->mm_hash);
+    free(r->sh);
+    free(r);
+}
+
+static bool on_pinned(void *ctx, const idt_node *n) {
+    (void)ctx;
+    return REC(n)->staging;
+}
+
 int push_open(const push_opts *o, push_table **out) {
     *out = NULL;
     if (!o) return ect_set_error(ECT_EINVAL, "push_opts: NULL");
@@ -114,44 +127,35 @@ int push_open(const push_opts *o, push_table **out) {
     push_table *t = calloc(1, sizeof *t);
     if (!t) return ect_set_error(ECT_ENOMEM, "push table: out of memory");
     t->o = *o;
+    idt_init(&t->ids, o->ttl_ms, o->max_tombstones,
+             &(idt_ops){.drop = rec_free, .pinned = on_pinned});
     *out = t;
     return 0;
 }
 
-static void rec_free(prec *r) {
-    free(r->transfer_id);
-    free(r->consumer);
-    free(r->mm_hash);
-    free(r->sh);
-    free(r);
-}
-
-static void rec_delete(push_table *t, prec *r) {
-    HASH_DELETE(hh, t->by_id, r);
-    if (is_final(r->state)) {
-        DL_DELETE(t->tombs, r);
-        t->st.tombstones--;
-    } else {
-        DL_DELETE(t->live, r);
-        t->st.live--;
-    }
-    rec_free(r);
+static void cons_free(push_table *t, pcons *c) {
+    HASH_DEL(t->cons, c);
+    free(c->consumer);
+    free(c);
 }
 
 void push_close(push_table *t) {
     if (!t) return;
-    prec *r, *tmp;
-    HASH_ITER(hh, t->by_id, r, tmp) {
-        HASH_DELETE(hh, t->by_id, r);
-        rec_free(r);
-    }
+    idt_clear(&t->ids);
+    pcons *c, *tmp;
+    HASH_ITER(hh, t->cons, c, tmp) cons_free(t, c);
     free(t);
 }
 
-static prec *find(const push_table *t, const char *id) {
-    prec *r = NULL;
-    if (id) HASH_FIND(hh, t->by_id, id, strlen(id), r);
-    return r;
+push_rec *push_find(const push_table *t, const char *id) {
+    idt_node *n = idt_find(&t->ids, id);
+    return n ? REC(n) : NULL;
+}
+
+static pcons *cons_find(const push_table *t, const char *consumer) {
+    pcons *c = NULL;
+    HASH_FIND_STR(t->cons, consumer, c);
+    return c;
 }
 
 static int check_str(const char *s, size_t max, const char *field) {
@@ -161,45 +165,85 @@ static int check_str(const char *s, size_t max, const char *field) {
     return 0;
 }
 
-int push_add(push_table *t, const push_item *it, uint64_t now_ms) {
+/* Gives r its n shards (control ports, or unknown). */
+static int set_shards(push_rec *r, size_t n, const int *ports) {
+    if (!(r->sh = calloc(n, sizeof *r->sh)))
+        return ect_set_error(ECT_ENOMEM, "push: out of memory");
+    r->n = n;
+    for (size_t i = 0; ports && i < n; i++) r->sh[i].port = ports[i];
+    return 0;
+}
+
+int push_add(push_table *t, const push_item *it, uint64_t now_ms, push_rec **out) {
     int rc;
+    if (out) *out = NULL;
     if ((rc = check_str(it->transfer_id, PUSH_KEY_MAX, "transfer_id")) ||
         (rc = check_str(it->consumer, PUSH_ADDR_MAX, "consumer")) ||
         (rc = check_str(it->mm_hash, PUSH_KEY_MAX, "mm_hash")))
         return rc;
-    if (it->n_shards < 1 || it->n_shards > PUSH_MAX_SHARDS)
-        return ect_set_error(ECT_EINVAL, "n_shards must be 1..%d, not %zu", PUSH_MAX_SHARDS,
-                             it->n_shards);
-    if (it->ndim && !it->shape) return ect_set_error(ECT_EINVAL, "shape is missing");
+    if (it->n_shards > PUSH_MAX_SHARDS || (!it->n_shards && (!it->host || !*it->host)))
+        return ect_set_error(ECT_EINVAL,
+                             "n_shards must be 1..%d (or 0 with the consumer's host and port), "
+                             "not %zu",
+                             PUSH_MAX_SHARDS, it->n_shards);
+    if (it->host && strlen(it->host) > PUSH_HOST_MAX)
+        return ect_set_error(ECT_EINVAL, "host is longer than %d bytes", PUSH_HOST_MAX);
+    if (it->ndim > WIRE_MAX_NDIM || (it->ndim && !it->shape))
+        return ect_set_error(ECT_EINVAL, "shape is missing or has more than %d dimensions",
+                             WIRE_MAX_NDIM);
     if ((rc = wire_check_nbytes(it->dtype, it->shape, it->ndim, it->nbytes, "push"))) return rc;
     if (now_ms > t->now) t->now = now_ms;
-    prec *r = find(t, it->transfer_id);
+    push_rec *r = push_find(t, it->transfer_id);
     if (r)
         return ect_set_error(ECT_EEXIST, "transfer_id '%s' already pushed (%s)", it->transfer_id,
                              push_state_name(r->state));
     if (!(r = calloc(1, sizeof *r)) || !(r->transfer_id = strdup(it->transfer_id)) ||
         !(r->consumer = strdup(it->consumer)) || !(r->mm_hash = strdup(it->mm_hash)) ||
-        !(r->sh = calloc(it->n_shards, sizeof *r->sh))) {
-        if (r) rec_free(r);
+        (it->n_shards && set_shards(r, it->n_shards, it->ports))) {
+        if (r) rec_free(NULL, &r->node);
         return ect_set_error(ECT_ENOMEM, "push: out of memory");
     }
+    snprintf(r->host, sizeof r->host, "%s", it->host ? it->host : "");
+    r->port = it->port;
     r->nbytes = it->nbytes;
     r->ndim = it->ndim;
     if (it->ndim) memcpy(r->shape, it->shape, it->ndim * sizeof *it->shape);
     snprintf(r->dtype, sizeof r->dtype, "%s", wire_dtype_canonical(it->dtype));
-    r->n = it->n_shards;
     r->state = PUSH_WAITING_INPUTS;
+    r->status = ECT_EIO;
     r->created = t->now;
-    HASH_ADD_KEYPTR(hh, t->by_id, r->transfer_id, strlen(r->transfer_id), r);
-    DL_APPEND(t->live, r);
-    t->st.live++;
+    r->t0_ns = it->t0_ns;
+    r->held = it->held;
+    if (it->src) {
+        r->src = *it->src;
+        r->staged = true;
+    }
+    r->node.id = r->transfer_id;
+    if (idt_add(&t->ids, &r->node, IDT_LIVE, 0)) {
+        rec_free(NULL, &r->node);
+        return ect_set_error(ECT_ENOMEM, "push: out of memory");
+    }
+    if (out) *out = r;
     return 0;
 }
 
-static void fail(prec *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void fail(prec *r, const char *fmt, ...) {
+size_t push_flush(push_table *t) {
+    size_t n = 0;
+    for (idt_node *nd = idt_first(&t->ids, IDT_LIVE); nd; nd = nd->next) {
+        push_rec *r = REC(nd);
+        n += r->held;
+        r->held = false;
+        r->stage_held = false;
+    }
+    return n;
+}
+
+static void fail_code(push_rec *r, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void fail_code(push_rec *r, int status, const char *fmt, ...) {
     if (r->ending) return; /* the first cause is the one reported */
     r->ending = PUSH_FAILED;
+    r->status = status;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(r->error, sizeof r->error, fmt, ap);
@@ -207,37 +251,78 @@ static void fail(prec *r, const char *fmt, ...) {
     ECT_LOGW(MOD, "transfer_id=%s failed: %s", r->transfer_id, r->error);
 }
 
-static void cancel_rec(prec *r, const char *why) {
+#define fail(r, ...) fail_code(r, ECT_EIO, __VA_ARGS__)
+
+static void cancel_rec(push_rec *r, const char *why) {
     if (r->ending) return;
     r->ending = PUSH_CANCELLED;
     r->state = PUSH_CANCEL_PENDING;
     snprintf(r->error, sizeof r->error, "%s", why);
 }
 
-int push_source_ready(push_table *t, const char *transfer_id, uint64_t now_ms) {
-    prec *r = find(t, transfer_id);
-    if (!r) return ect_set_error(ECT_ENOTFOUND, "no push for transfer_id '%s'", transfer_id);
-    if (now_ms > t->now) t->now = now_ms;
-    if (r->state != PUSH_WAITING_INPUTS || r->ending || r->staged)
+void push_note_cause(push_rec *r, const char *fmt, ...) {
+    if (r->cause[0]) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->cause, sizeof r->cause, fmt, ap);
+    va_end(ap);
+}
+
+/* ECT_ESTATE unless r waits for its source. */
+static int wants_source(const push_rec *r, const char *transfer_id) {
+    if (is_final(r->state))
+        return ect_set_error(ECT_ESTATE, "transfer_id '%s' is finished", transfer_id);
+    if (r->state != PUSH_WAITING_INPUTS || r->ending || r->staged || r->staging)
         return ect_set_error(ECT_ESTATE,
                              "push of transfer_id '%s' does not wait for its source (%s%s)",
                              transfer_id, push_state_name(r->state),
-                             r->ending   ? ", ending"
-                             : r->staged ? ", staged"
-                                         : "");
-    r->staged = true;
+                             r->ending                 ? ", ending"
+                             : r->staged || r->staging ? ", already staged"
+                                                       : "");
     return 0;
 }
 
-int push_cancel(push_table *t, const char *transfer_id, uint64_t now_ms) {
-    prec *r = find(t, transfer_id);
+static void stage(push_rec *r, const push_source *src) {
+    if (src) r->src = *src;
+    r->staged = true;
+    r->stage_held = !r->held; /* a flushed record uses it from the next flush */
+}
+
+int push_source_ready(push_table *t, const char *transfer_id, const push_source *src,
+                      uint64_t now_ms) {
+    push_rec *r = push_find(t, transfer_id);
     if (!r) return ect_set_error(ECT_ENOTFOUND, "no push for transfer_id '%s'", transfer_id);
     if (now_ms > t->now) t->now = now_ms;
-    if (r->state == PUSH_CANCELLED || r->state == PUSH_CANCEL_PENDING || r->ending) return 0;
-    if (is_final(r->state))
-        return ect_set_error(ECT_ESTATE, "push of transfer_id '%s' is already %s", transfer_id,
-                             push_state_name(r->state));
-    cancel_rec(r, "cancelled by the engine");
+    int rc = wants_source(r, transfer_id);
+    if (rc) return rc;
+    stage(r, src);
+    r->stage_held = false; /* no step boundary here: the table's own callers */
+    return 0;
+}
+
+int push_stage_begin(push_table *t, const char *transfer_id, uint64_t nbytes) {
+    push_rec *r = push_find(t, transfer_id);
+    if (!r) return ect_set_error(ECT_ENOTFOUND, "no push for transfer_id '%s'", transfer_id);
+    int rc = wants_source(r, transfer_id);
+    if (rc) return rc;
+    if (nbytes != r->nbytes)
+        return ect_set_error(ECT_EINVAL, "nbytes %" PRIu64 " differs from the item's %" PRIu64,
+                             nbytes, r->nbytes);
+    r->staging = true;
+    return 0;
+}
+
+int push_stage_end(push_table *t, const char *transfer_id, const push_source *src,
+                   uint64_t now_ms) {
+    push_rec *r = push_find(t, transfer_id);
+    if (!r || !r->staging)
+        return ect_set_error(ECT_ESTATE, "no stage of '%s' in progress", transfer_id);
+    if (now_ms > t->now) t->now = now_ms;
+    r->staging = false;
+    if (!src) return 0;
+    if (is_final(r->state) || r->ending)
+        return ect_set_error(ECT_ESTATE, "transfer_id '%s' finished while staging", transfer_id);
+    stage(r, src);
     return 0;
 }
 
@@ -268,34 +353,18 @@ static void note_wake(push_table *t, uint64_t at) {
     if (!t->wake || at < t->wake) t->wake = at;
 }
 
-static push_action *emit(out_buf *o, const prec *r, push_action_kind k, size_t shard) {
+static push_action *emit(out_buf *o, push_rec *r, push_action_kind k, size_t shard) {
     if (o->n >= o->max) return NULL;
     push_action *a = &o->a[o->n++];
-    memset(a, 0, sizeof *a);
     a->kind = k;
+    a->rec = r;
     a->shard = shard;
-    snprintf(a->transfer_id, sizeof a->transfer_id, "%s", r->transfer_id);
-    snprintf(a->consumer, sizeof a->consumer, "%s", r->consumer);
-    snprintf(a->mm_hash, sizeof a->mm_hash, "%s", r->mm_hash);
-    a->nbytes = r->nbytes;
-    a->ndim = r->ndim;
-    memcpy(a->shape, r->shape, sizeof a->shape);
-    memcpy(a->dtype, r->dtype, sizeof a->dtype);
-    if (shard < r->n) {
-        const shard_st *s = &r->sh[shard];
-        memcpy(a->reservation_id, s->rid, sizeof a->reservation_id);
-        memcpy(a->dst_session, s->session, sizeof a->dst_session);
-        a->dst_ptr = s->dst_ptr;
-        a->dst_key = s->dst_key;
-    }
-    a->state = r->state;
-    a->retries = r->retries;
     return a;
 }
 
-static bool in_flight(const prec *r) {
+static bool in_flight(const push_rec *r) {
     for (size_t i = 0; i < r->n; i++) {
-        const shard_st *s = &r->sh[i];
+        const push_shard *s = &r->sh[i];
         if (s->rsv == ST_SENT || s->rsv == RS_REFRESHING || s->rsv == RS_GIVING_BACK ||
             s->write == ST_SENT || s->complete == ST_SENT || s->abandon == ST_SENT)
             return true;
@@ -303,42 +372,81 @@ static bool in_flight(const prec *r) {
     return false;
 }
 
-static void entomb(push_table *t, prec *r, push_state s) {
-    DL_DELETE(t->live, r);
-    t->st.live--;
+static void entomb(push_table *t, push_rec *r, push_state s) {
     r->state = s;
-    r->deadline = t->now + t->o.ttl_ms;
-    DL_APPEND(t->tombs, r);
-    t->st.tombstones++;
     if (s == PUSH_DONE) t->st.done++;
     if (s == PUSH_FAILED) t->st.failed++;
     if (s == PUSH_CANCELLED) t->st.cancelled++;
-    if (t->st.tombstones > t->o.max_tombstones) {
-        t->st.tombstones_dropped++;
-        rec_delete(t, t->tombs);
-    }
+    idt_move(&t->ids, &r->node, IDT_TOMBS, t->now);
+}
+
+/* A local action: what it needs travels with it (the record may go). */
+static push_action *emit_final(out_buf *o, push_rec *r, push_action_kind k) {
+    push_action *a = emit(o, r, k, SIZE_MAX);
+    if (!a) return NULL;
+    a->rec = NULL;
+    push_final *f = &a->fin;
+    snprintf(f->transfer_id, sizeof f->transfer_id, "%s", r->transfer_id);
+    f->src = r->src;
+    f->nbytes = r->nbytes;
+    return a;
 }
 
 /* Releases the source, then reports; each needs one slot of `o`, and a
  * record whose report did not fit finishes on the next call. */
-static bool finish(push_table *t, prec *r, out_buf *o, push_state s) {
+static bool finish(push_table *t, push_rec *r, out_buf *o, push_state s) {
     r->finishing = true;
     if (r->staged && !r->released) {
-        if (!emit(o, r, PUSH_ACT_RELEASE_SOURCE, SIZE_MAX)) return false;
+        if (!emit_final(o, r, PUSH_ACT_RELEASE_SOURCE)) return false;
         r->released = true;
     }
-    push_action *a = emit(o, r, PUSH_ACT_FINISHED, SIZE_MAX);
+    push_action *a = emit_final(o, r, PUSH_ACT_FINISHED);
     if (!a) return false;
-    a->state = s;
-    snprintf(a->error, sizeof a->error, "%s", s == PUSH_DONE ? "" : r->error);
+    push_final *f = &a->fin;
+    f->state = s;
+    f->status = s == PUSH_DONE ? 0 : s == PUSH_CANCELLED ? ECT_ECANCELED : r->status;
+    snprintf(f->error, sizeof f->error, "%s",
+             s == PUSH_DONE                                                        ? ""
+             : r->cause[0] && (f->status == ECT_EIO || f->status == ECT_ECANCELED) ? r->cause
+                                                                                   : r->error);
+    f->retries = r->retries;
+    f->n_shards = r->n;
+    memcpy(f->transport, r->used_kind, sizeof f->transport);
+    f->t0_ns = r->t0_ns;
     entomb(t, r, s);
     return true;
+}
+
+/* A record without shards: its consumer's discovery. Returns 1 to wait, 0
+ * once it has its shards, -1 when `o` is out of room. */
+static int discover(push_table *t, push_rec *r, out_buf *o) {
+    pcons *c = cons_find(t, r->consumer);
+    if (c && !c->known) return 1;
+    if (c) {
+        if (!set_shards(r, c->n, c->ports)) return 0;
+        fail_code(r, ECT_ENOMEM, "out of memory");
+        return 1;
+    }
+    if (o->n >= o->max) return -1;
+    if (!(c = calloc(1, sizeof *c)) || !(c->consumer = strdup(r->consumer))) {
+        free(c);
+        fail_code(r, ECT_ENOMEM, "out of memory starting the discovery");
+        return 1;
+    }
+    snprintf(c->host, sizeof c->host, "%s", r->host);
+    c->port = r->port;
+    HASH_ADD_KEYPTR(hh, t->cons, c->consumer, strlen(c->consumer), c);
+    push_action *a = emit(o, NULL, PUSH_ACT_PEERS, SIZE_MAX);
+    a->consumer = c->consumer;
+    a->host = c->host;
+    a->port = c->port;
+    return 1;
 }
 
 /* The back-pressure step of a record waiting for room (see the top of the
  * file). Returns 1 to wait, 0 to go on and reserve, -1 when `o` is out of
  * room. May fail the record (its deadline passed). */
-static int back_pressure(push_table *t, prec *r, out_buf *o) {
+static int back_pressure(push_table *t, push_rec *r, out_buf *o) {
     uint64_t now = t->now;
     bool full = false;
     for (size_t i = 0; i < r->n; i++) {
@@ -349,7 +457,7 @@ static int back_pressure(push_table *t, prec *r, out_buf *o) {
     if (full) {
         bool any = false;
         for (size_t i = 0; i < r->n; i++) {
-            shard_st *s = &r->sh[i];
+            push_shard *s = &r->sh[i];
             if (s->rsv != ST_OK) continue;
             if (!emit(o, r, PUSH_ACT_GIVE_BACK, i)) return -1;
             s->rsv = RS_GIVING_BACK;
@@ -358,7 +466,7 @@ static int back_pressure(push_table *t, prec *r, out_buf *o) {
         }
         if (any) return 1;
         for (size_t i = 0; i < r->n; i++)
-            if (r->sh[i].rsv == RS_FULL) memset(&r->sh[i], 0, sizeof r->sh[i]);
+            if (r->sh[i].rsv == RS_FULL) shard_reset(&r->sh[i]);
         r->retries++;
         r->backoff = r->backoff ? r->backoff * 2 : t->o.retry_min_ms;
         if (r->backoff > t->o.retry_max_ms) r->backoff = t->o.retry_max_ms;
@@ -382,22 +490,28 @@ static int back_pressure(push_table *t, prec *r, out_buf *o) {
 }
 
 /* Hands out what r may do now. Returns false when `o` ran out of room. */
-static bool advance(push_table *t, prec *r, out_buf *o) {
+static bool advance(push_table *t, push_rec *r, out_buf *o) {
     uint64_t now = t->now;
-    if (!r->ending && r->state == PUSH_WAITING_INPUTS && !r->staged &&
+    bool staged = r->staged && !r->stage_held;
+    if (!r->ending && r->state == PUSH_WAITING_INPUTS && !staged &&
         now - r->created >= t->o.input_wait_ms)
         fail(r, "the encoder output was not saved within %" PRIu64 " ms", t->o.input_wait_ms);
     if (r->ending) {
         if (in_flight(r)) return true;
         bool any = false;
-        for (size_t i = 0; i < r->n; i++) {
-            shard_st *s = &r->sh[i];
+        for (size_t i = 0; i < r->n && !t->aborting; i++) {
+            push_shard *s = &r->sh[i];
             if (s->rsv != ST_OK || s->abandon != ST_NONE) continue;
             if (!emit(o, r, PUSH_ACT_ABANDON, i)) return false;
             s->abandon = ST_SENT;
             any = true;
         }
         return any ? true : finish(t, r, o, r->ending);
+    }
+    if (!r->n) {
+        int w = discover(t, r, o);
+        if (w < 0) return false;
+        if (w > 0) return r->ending ? advance(t, r, o) : true;
     }
     if (r->state == PUSH_WAITING_INPUTS && r->waiting_room) {
         int w = back_pressure(t, r, o);
@@ -423,7 +537,7 @@ static bool advance(push_table *t, prec *r, out_buf *o) {
     switch (r->state) {
     case PUSH_WAITING_INPUTS:
         for (size_t i = 0; i < r->n; i++) {
-            shard_st *s = &r->sh[i];
+            push_shard *s = &r->sh[i];
             if (s->rsv == ST_NONE) {
                 if (!emit(o, r, PUSH_ACT_RESERVE, i)) return false;
                 s->rsv = ST_SENT;
@@ -436,11 +550,11 @@ static bool advance(push_table *t, prec *r, out_buf *o) {
         } else if (r->waiting_room) { /* a retry round in flight */
             mark_congested(o, r->consumer);
         }
-        if (!all_reserved || !r->staged) return true;
+        if (!all_reserved || !staged) return true;
         /* A reservation older than the refresh age may expire under the
          * write: give it back and reserve anew first. */
         for (size_t i = 0; i < r->n; i++) {
-            shard_st *s = &r->sh[i];
+            push_shard *s = &r->sh[i];
             if (!s->write_needed || now - s->reserved_at < t->o.refresh_after_ms) continue;
             if (!emit(o, r, PUSH_ACT_REFRESH, i)) return false;
             s->rsv = RS_REFRESHING;
@@ -452,7 +566,7 @@ static bool advance(push_table *t, prec *r, out_buf *o) {
         /* fall through */
     case PUSH_WRITING:
         for (size_t i = 0; i < r->n; i++) {
-            shard_st *s = &r->sh[i];
+            push_shard *s = &r->sh[i];
             if (!s->write_needed) continue;
             if (s->write == ST_NONE) {
                 if (!emit(o, r, PUSH_ACT_WRITE, i)) return false;
@@ -465,7 +579,7 @@ static bool advance(push_table *t, prec *r, out_buf *o) {
         /* fall through */
     case PUSH_NOTIFYING:
         for (size_t i = 0; i < r->n; i++) {
-            shard_st *s = &r->sh[i];
+            push_shard *s = &r->sh[i];
             if (!s->write_needed) continue;
             if (s->complete == ST_NONE) {
                 if (!emit(o, r, PUSH_ACT_COMPLETE, i)) return false;
@@ -480,11 +594,13 @@ static bool advance(push_table *t, prec *r, out_buf *o) {
 
 size_t push_next_actions(push_table *t, uint64_t now_ms, push_action *out, size_t max) {
     if (now_ms > t->now) t->now = now_ms;
-    while (t->tombs && t->tombs->deadline <= t->now) rec_delete(t, t->tombs);
+    idt_expire(&t->ids, t->now);
     t->wake = 0;
     out_buf o = {.a = out, .max = max};
-    prec *r, *tmp;
-    DL_FOREACH_SAFE(t->live, r, tmp) {
+    for (idt_node *n = idt_first(&t->ids, IDT_LIVE), *next; n; n = next) {
+        next = n->next; /* advance may entomb it */
+        push_rec *r = REC(n);
+        if (r->held) continue;
         if (!advance(t, r, &o)) break;
     }
     return o.n;
@@ -492,29 +608,100 @@ size_t push_next_actions(push_table *t, uint64_t now_ms, push_action *out, size_
 
 uint64_t push_next_wake(const push_table *t) { return t->wake; }
 
-/* ---- outcomes */
-
-static int shard_of(push_table *t, const char *id, size_t shard, prec **rp) {
-    prec *r = find(t, id);
-    if (!r) return ect_set_error(ECT_ENOTFOUND, "no push for transfer_id '%s'", id ? id : "");
-    if (shard >= r->n)
-        return ect_set_error(ECT_ESTATE, "transfer_id '%s' has no shard %zu", id, shard);
-    *rp = r;
+int push_cancel(push_table *t, const char *transfer_id, uint64_t now_ms, push_action *out,
+                size_t *n) {
+    if (n) *n = 0;
+    push_rec *r = push_find(t, transfer_id);
+    if (!r) return ect_set_error(ECT_ENOTFOUND, "no push for transfer_id '%s'", transfer_id);
+    if (now_ms > t->now) t->now = now_ms;
+    if (r->state == PUSH_CANCELLED || r->state == PUSH_CANCEL_PENDING || r->ending) return 0;
+    if (is_final(r->state))
+        return ect_set_error(ECT_ESTATE, "push of transfer_id '%s' is already %s", transfer_id,
+                             push_state_name(r->state));
+    if (!r->held) {
+        cancel_rec(r, "cancelled by the engine");
+        return 0;
+    }
+    /* nothing went out: it ends here */
+    cancel_rec(r, "cancelled before it was sent");
+    r->held = false;
+    if (!out) return 0;
+    out_buf o = {.a = out, .max = 2};
+    bool ended = finish(t, r, &o, PUSH_CANCELLED);
+    (void)ended; /* two slots always fit a record with nothing in flight */
+    *n = o.n;
     return 0;
 }
 
-static int stray(const char *what, const char *id, size_t shard) {
-    return ect_set_error(ECT_ESTATE, "no %s in flight for transfer_id '%s' on shard %zu", what, id,
-                         shard);
+void push_abort_all(push_table *t, const char *why) {
+    t->aborting = true;
+    for (idt_node *n = idt_first(&t->ids, IDT_LIVE); n; n = n->next) {
+        push_rec *r = REC(n);
+        r->held = false;
+        r->ending = 0; /* closing overrides any cause */
+        fail_code(r, ECT_ECLOSED, "%s", why);
+        r->cause[0] = '\0';
+        for (size_t i = 0; i < r->n; i++) { /* what was in flight settles as failed */
+            push_shard *s = &r->sh[i];
+            if (s->rsv == ST_SENT || s->rsv == RS_REFRESHING || s->rsv == RS_GIVING_BACK)
+                s->rsv = ST_FAILED;
+            if (s->write == ST_SENT) s->write = ST_FAILED;
+            if (s->complete == ST_SENT) s->complete = ST_FAILED;
+            if (s->abandon == ST_SENT) s->abandon = ST_FAILED;
+        }
+    }
 }
 
-int push_reserve_done(push_table *t, const char *transfer_id, size_t shard,
-                      const push_reservation *res, const char *error, uint64_t now_ms) {
-    prec *r = NULL;
-    int rc = shard_of(t, transfer_id, shard, &r);
+/* ---- outcomes */
+
+int push_peers_done(push_table *t, const char *consumer, int rc, const char *why, const int *ports,
+                    size_t n, const char *transport) {
+    pcons *c = cons_find(t, consumer);
+    if (!c || c->known)
+        return ect_set_error(ECT_ESTATE, "no discovery in flight for consumer '%s'", consumer);
+    if (!rc && (n < 1 || n > PUSH_MAX_SHARDS)) {
+        rc = ECT_EPROTO;
+        why = "peers: the consumer reported no shards";
+    }
+    if (rc) {
+        for (idt_node *nd = idt_first(&t->ids, IDT_LIVE); nd; nd = nd->next) {
+            push_rec *r = REC(nd);
+            if (!r->n && !strcmp(r->consumer, consumer))
+                fail_code(r, rc, "%s", why ? why : ect_strerror(rc));
+        }
+        cons_free(t, c);
+        return 0;
+    }
+    c->known = true;
+    c->n = n;
+    memcpy(c->ports, ports, n * sizeof *ports);
+    snprintf(c->transport, sizeof c->transport, "%s", transport ? transport : "");
+    return 0;
+}
+
+void push_forget_consumer(push_table *t, const char *consumer) {
+    pcons *c = cons_find(t, consumer);
+    if (c && c->known) cons_free(t, c);
+}
+
+static int shard_of(push_rec *r, size_t shard) {
+    if (shard >= r->n)
+        return ect_set_error(ECT_ESTATE, "transfer_id '%s' has no shard %zu", r->transfer_id,
+                             shard);
+    return 0;
+}
+
+static int stray(const char *what, const push_rec *r, size_t shard) {
+    return ect_set_error(ECT_ESTATE, "no %s in flight for transfer_id '%s' on shard %zu", what,
+                         r->transfer_id, shard);
+}
+
+int push_reserve_done(push_table *t, push_rec *r, size_t shard, const push_reservation *res,
+                      const char *error, uint64_t now_ms) {
+    int rc = shard_of(r, shard);
     if (rc) return rc;
-    shard_st *s = &r->sh[shard];
-    if (s->rsv != ST_SENT) return stray("reserve", transfer_id, shard);
+    push_shard *s = &r->sh[shard];
+    if (s->rsv != ST_SENT) return stray("reserve", r, shard);
     if (now_ms > t->now) t->now = now_ms;
     if (!res) {
         s->rsv = ST_FAILED;
@@ -533,23 +720,31 @@ int push_reserve_done(push_table *t, const char *transfer_id, size_t shard,
         fail(r, "reserve on shard %zu: malformed reply", shard);
         return 0;
     }
+    char *key = res->dst_key ? strdup(res->dst_key) : NULL;
+    if (res->dst_key && !key) {
+        s->rsv = ST_FAILED;
+        fail_code(r, ECT_ENOMEM, "reserve on shard %zu: out of memory", shard);
+        return 0;
+    }
     s->rsv = ST_OK;
     snprintf(s->rid, sizeof s->rid, "%s", res->reservation_id);
     snprintf(s->session, sizeof s->session, "%s", res->dst_session ? res->dst_session : "");
     s->dst_ptr = res->dst_ptr;
-    s->dst_key = res->dst_key;
+    free(s->dst_key);
+    s->dst_key = key;
+    snprintf(s->kind, sizeof s->kind, "%s",
+             res->transport && *res->transport ? res->transport : "tcp");
     s->write_needed = res->write;
     s->reserved_at = t->now;
     return 0;
 }
 
-int push_reserve_full(push_table *t, const char *transfer_id, size_t shard, const char *error,
+int push_reserve_full(push_table *t, push_rec *r, size_t shard, const char *error,
                       uint64_t now_ms) {
-    prec *r = NULL;
-    int rc = shard_of(t, transfer_id, shard, &r);
+    int rc = shard_of(r, shard);
     if (rc) return rc;
-    shard_st *s = &r->sh[shard];
-    if (s->rsv != ST_SENT) return stray("reserve", transfer_id, shard);
+    push_shard *s = &r->sh[shard];
+    if (s->rsv != ST_SENT) return stray("reserve", r, shard);
     if (now_ms > t->now) t->now = now_ms;
     s->rsv = RS_FULL;
     r->waiting_room = true;
@@ -559,13 +754,12 @@ int push_reserve_full(push_table *t, const char *transfer_id, size_t shard, cons
     return 0;
 }
 
-int push_refresh_done(push_table *t, const char *transfer_id, size_t shard, bool ok) {
-    prec *r = NULL;
-    int rc = shard_of(t, transfer_id, shard, &r);
+int push_refresh_done(push_table *t, push_rec *r, size_t shard, bool ok) {
+    (void)t;
+    int rc = shard_of(r, shard);
     if (rc) return rc;
-    shard_st *s = &r->sh[shard];
-    if (s->rsv != RS_REFRESHING && s->rsv != RS_GIVING_BACK)
-        return stray("refresh", transfer_id, shard);
+    push_shard *s = &r->sh[shard];
+    if (s->rsv != RS_REFRESHING && s->rsv != RS_GIVING_BACK) return stray("refresh", r, shard);
     if (!ok) { /* the old reservation may live on: abandon it on the way out */
         bool give_back = s->rsv == RS_GIVING_BACK;
         s->rsv = ST_OK;
@@ -573,28 +767,28 @@ int push_refresh_done(push_table *t, const char *transfer_id, size_t shard, bool
              give_back ? "giving back (another shard was full)" : "refreshing", shard);
         return 0;
     }
-    memset(s, 0, sizeof *s); /* reserve again from scratch */
+    shard_reset(s); /* reserve again from scratch */
     return 0;
 }
 
-int push_write_done(push_table *t, const char *transfer_id, size_t shard, bool ok) {
-    prec *r = NULL;
-    int rc = shard_of(t, transfer_id, shard, &r);
+int push_write_done(push_table *t, push_rec *r, size_t shard, bool ok) {
+    (void)t;
+    int rc = shard_of(r, shard);
     if (rc) return rc;
-    shard_st *s = &r->sh[shard];
-    if (s->write != ST_SENT) return stray("write", transfer_id, shard);
+    push_shard *s = &r->sh[shard];
+    if (s->write != ST_SENT) return stray("write", r, shard);
     s->write = ok ? ST_OK : ST_FAILED;
+    if (ok && !r->used_kind[0]) memcpy(r->used_kind, s->kind, sizeof r->used_kind);
     if (!ok) fail(r, "writing to %.64s (shard %zu) failed", s->session, shard);
     return 0;
 }
 
-int push_complete_done(push_table *t, const char *transfer_id, size_t shard, bool ok,
-                       bool completed) {
-    prec *r = NULL;
-    int rc = shard_of(t, transfer_id, shard, &r);
+int push_complete_done(push_table *t, push_rec *r, size_t shard, bool ok, bool completed) {
+    (void)t;
+    int rc = shard_of(r, shard);
     if (rc) return rc;
-    shard_st *s = &r->sh[shard];
-    if (s->complete != ST_SENT) return stray("complete", transfer_id, shard);
+    push_shard *s = &r->sh[shard];
+    if (s->complete != ST_SENT) return stray("complete", r, shard);
     s->complete = ok && completed ? ST_OK : ST_FAILED;
     if (!ok)
         fail(r, "complete on shard %zu failed", shard);
@@ -604,21 +798,21 @@ int push_complete_done(push_table *t, const char *transfer_id, size_t shard, boo
     return 0;
 }
 
-int push_abandon_done(push_table *t, const char *transfer_id, size_t shard, bool ok) {
-    prec *r = NULL;
-    int rc = shard_of(t, transfer_id, shard, &r);
+int push_abandon_done(push_table *t, push_rec *r, size_t shard, bool ok) {
+    (void)t;
+    int rc = shard_of(r, shard);
     if (rc) return rc;
-    shard_st *s = &r->sh[shard];
-    if (s->abandon != ST_SENT) return stray("abandon", transfer_id, shard);
+    push_shard *s = &r->sh[shard];
+    if (s->abandon != ST_SENT) return stray("abandon", r, shard);
     s->abandon = ok ? ST_OK : ST_FAILED;
     if (!ok)
         ECT_LOGW(MOD, "abandoning transfer_id=%s on shard %zu failed; its TTL will end it",
-                 transfer_id, shard);
+                 r->transfer_id, shard);
     return 0;
 }
 
 int push_get(const push_table *t, const char *transfer_id, push_info *info) {
-    const prec *r = find(t, transfer_id);
+    const push_rec *r = push_find(t, transfer_id);
     if (!r) return ect_set_error(ECT_ENOTFOUND, "no push for transfer_id '%s'", transfer_id);
     memset(info, 0, sizeof *info);
     info->state = r->state;
@@ -635,47 +829,55 @@ int push_get(const push_table *t, const char *transfer_id, push_info *info) {
     return 0;
 }
 
-void push_get_stats(const push_table *t, push_stats *st) { *st = t->st; }
+void push_get_stats(const push_table *t, push_stats *st) {
+    *st = t->st;
+    st->live = idt_live(&t->ids);
+    st->tombstones = idt_count(&t->ids, IDT_TOMBS);
+    st->tombstones_dropped = t->ids.dropped;
+}
 
 int push_check(const push_table *t) {
-    size_t live = 0, tombs = 0;
-    const prec *r, *tmp;
-    HASH_ITER(hh, t->by_id, r, tmp) {
-        if (is_final(r->state)) {
-            tombs++;
-            if (in_flight(r))
-                return ect_set_error(ECT_ESTATE, "%s ended with actions in flight", r->transfer_id);
-            if (r->staged != r->released)
-                return ect_set_error(ECT_ESTATE, "%s ended without releasing its source",
+    int rc = idt_check(&t->ids);
+    if (rc) return rc;
+    for (int l = IDT_TOMBS; l < IDT_LISTS; l++)
+        for (const idt_node *n = idt_first(&t->ids, l); n; n = n->next) {
+            const push_rec *r = REC(n);
+            if (is_final(r->state) != (l == IDT_TOMBS))
+                return ect_set_error(ECT_ESTATE, "%s is %s on the wrong list", r->transfer_id,
+                                     push_state_name(r->state));
+            if (is_final(r->state)) {
+                if (in_flight(r))
+                    return ect_set_error(ECT_ESTATE, "%s ended with actions in flight",
+                                         r->transfer_id);
+                if (r->staged != r->released)
+                    return ect_set_error(ECT_ESTATE, "%s ended without releasing its source",
+                                         r->transfer_id);
+                continue;
+            }
+            if (r->released && !r->finishing)
+                return ect_set_error(ECT_ESTATE, "%s released its source while live",
                                      r->transfer_id);
-            continue;
+            if (r->held && r->n && r->sh[0].rsv != ST_NONE)
+                return ect_set_error(ECT_ESTATE, "%s went out while held", r->transfer_id);
+            for (size_t i = 0; i < r->n; i++) {
+                const push_shard *s = &r->sh[i];
+                bool past_reserve = r->state == PUSH_WRITING || r->state == PUSH_NOTIFYING;
+                if (past_reserve && !r->ending && (s->rsv != ST_OK || !r->staged))
+                    return ect_set_error(ECT_ESTATE, "%s is %s before every shard reserved",
+                                         r->transfer_id, push_state_name(r->state));
+                if ((s->write != ST_NONE || s->complete != ST_NONE) && !s->write_needed)
+                    return ect_set_error(ECT_ESTATE, "%s wrote to shard %zu that needs no write",
+                                         r->transfer_id, i);
+                if (s->complete != ST_NONE && s->write != ST_OK)
+                    return ect_set_error(ECT_ESTATE,
+                                         "%s completed shard %zu before its write landed",
+                                         r->transfer_id, i);
+                if (s->abandon != ST_NONE && !r->ending)
+                    return ect_set_error(ECT_ESTATE, "%s abandoned shard %zu while going on",
+                                         r->transfer_id, i);
+            }
         }
-        live++;
-        if (r->released && !r->finishing)
-            return ect_set_error(ECT_ESTATE, "%s released its source while live", r->transfer_id);
-        for (size_t i = 0; i < r->n; i++) {
-            const shard_st *s = &r->sh[i];
-            bool past_reserve = r->state == PUSH_WRITING || r->state == PUSH_NOTIFYING;
-            if (past_reserve && !r->ending && (s->rsv != ST_OK || !r->staged))
-                return ect_set_error(ECT_ESTATE, "%s is %s before every shard reserved",
-                                     r->transfer_id, push_state_name(r->state));
-            if ((s->write != ST_NONE || s->complete != ST_NONE) && !s->write_needed)
-                return ect_set_error(ECT_ESTATE, "%s wrote to shard %zu that needs no write",
-                                     r->transfer_id, i);
-            if (s->complete != ST_NONE && s->write != ST_OK)
-                return ect_set_error(ECT_ESTATE, "%s completed shard %zu before its write landed",
-                                     r->transfer_id, i);
-            if (s->abandon != ST_NONE && !r->ending)
-                return ect_set_error(ECT_ESTATE, "%s abandoned shard %zu while going on",
-                                     r->transfer_id, i);
-        }
-    }
-    size_t nl = 0, nt = 0;
-    for (r = t->live; r; r = r->next) nl++;
-    for (r = t->tombs; r; r = r->next) nt++;
-    if (live != t->st.live || tombs != t->st.tombstones || nl != live || nt != tombs)
-        return ect_set_error(ECT_ESTATE, "push table counters drifted");
-    if (tombs > t->o.max_tombstones)
+    if (idt_count(&t->ids, IDT_TOMBS) > t->o.max_tombstones)
         return ect_set_error(ECT_ESTATE, "push tombstone cap exceeded");
     return 0;
 }

@@ -11,7 +11,16 @@
  * its ref through WRITING, CANCEL_PENDING and EXPIRE_PENDING, so memory a
  * remote writer may still be writing is never freed by construction.
  *
- * Entries sit on exactly one of three lists, each ordered by `deadline`:
+ * Residency is mem/resident's (the one residency module; this table keeps
+ * its own cache of it, without an alloc: the memory stays this table's).
+ * Every published buffer is an item of the cache, with one lease while
+ * anything holds it (`held`: refs or leases); the cache orders the items by
+ * use and picks the least recently used unheld one when room is needed
+ * (evict_one). A published buffer nothing holds and that was never made
+ * resident is freed at once.
+ *
+ * Entries live in the id table (util/idtab), each on exactly one of three
+ * lists, each ordered by its deadline:
  *  - live (WRITING, READY): deadline = expiry. Every deadline is set to
  *    now + ttl with a clamped, non-decreasing now, so appending keeps the
  *    list sorted and the reaper only looks at its head;
@@ -20,8 +29,8 @@
  *    oldest goes first.
  *
  * Three indexes by mm_hash: `inflight` (the one WRITING writer of a hash,
- * which new reserves follow), `published` (the one completed buffer of a
- * hash, which new reserves are answered from, `cached`) and `orphans`
+ * which new reserves follow), the resident cache (the one completed buffer of
+ * a hash, which new reserves are answered from, `cached`) and `orphans`
  * (buffers whose writer refreshed away while followers waited on them: the
  * next reserve of the hash adopts them as their writer). A hash is in at
  * most one of the three.
@@ -49,7 +58,9 @@
 static _Thread_local int hash_oom;
 #define HASH_NONFATAL_OOM 1
 #define uthash_nonfatal_oom(obj) (hash_oom = 1)
-#include <uthash.h>
+#include "mem/resident.h"
+#include "util/idtab.h"
+
 #include <utlist.h>
 
 #include "push/reservations.h"
@@ -75,12 +86,10 @@ struct rsv_buf {
     tensor tn;
     unsigned refs, leases;
     bool published, resident;
+    bool held;                   /* published: it holds its lease in the cache (refs or leases) */
     bool orphan;                 /* in the orphans index: its writer refreshed away */
     rsv_entry *orphan_followers; /* orphan: the followers waiting for a new writer */
-    uint64_t last_used;
-    UT_hash_handle hh;        /* published index, by mm_hash */
-    UT_hash_handle hh_orphan; /* orphans index, by mm_hash */
-    rsv_buf *lru_prev, *lru_next;
+    UT_hash_handle hh_orphan;    /* orphans index, by mm_hash */
     rsv_buf *all_prev, *all_next;
 };
 
@@ -98,11 +107,12 @@ struct rsv_entry {
     rsv_entry *lead;       /* follower: its writer */
     rsv_entry *followers;  /* writer: its WRITING followers */
     rsv_entry *fol_prev, *fol_next;
-    uint64_t deadline;
-    rsv_entry *prev, *next; /* on live, pending or tombs */
-    UT_hash_handle hh;      /* by transfer_id */
+    idt_node node; /* by transfer_id, on live, pending or tombs */
     UT_hash_handle hh_inflight;
 };
+
+#define ENTRY(n) IDT_ENTRY(n, rsv_entry, node)
+#define LIST_PENDING (IDT_LIVE + 1)
 
 typedef struct ev_node {
     rsv_event ev;
@@ -112,9 +122,10 @@ typedef struct ev_node {
 struct rsv_table {
     rsv_opts o;
     uint64_t now;
-    rsv_entry *by_id, *inflight;
-    rsv_buf *published, *orphans, *lru, *all;
-    rsv_entry *live, *pending, *tombs;
+    idtab ids;
+    rsv_entry *inflight;
+    resident_cache *cache; /* published buffers (mem/resident) */
+    rsv_buf *orphans, *all;
     ev_node *events;
     rsv_stats st;
 };
@@ -159,6 +170,8 @@ void rsv_opts_init(rsv_opts *o) {
     o->max_events = RSV_DEFAULT_MAX_EVENTS;
 }
 
+static void on_drop(void *ctx, idt_node *n);
+
 int rsv_open(const rsv_opts *o, rsv_table **out) {
     *out = NULL;
     if (!o || !o->mem || !o->mem->alloc || !o->mem->free)
@@ -170,6 +183,11 @@ int rsv_open(const rsv_opts *o, rsv_table **out) {
     rsv_table *t = calloc(1, sizeof *t);
     if (!t) return ect_set_error(ECT_ENOMEM, "reservation table: out of memory");
     t->o = *o;
+    if (resident_create(NULL, &t->cache)) {
+        free(t);
+        return ECT_ENOMEM;
+    }
+    idt_init(&t->ids, o->ttl_ms, o->max_tombstones, &(idt_ops){.drop = on_drop});
     *out = t;
     return 0;
 }
@@ -183,19 +201,18 @@ static bool is_tomb(rsv_state s) { return s == RSV_CANCELLED || s == RSV_EXPIRED
 static bool is_pending(rsv_state s) { return s == RSV_CANCEL_PENDING || s == RSV_EXPIRE_PENDING; }
 static bool in_live(rsv_state s) { return s == RSV_WRITING || s == RSV_READY; }
 
-static rsv_entry **list_of(rsv_table *t, rsv_state s) {
-    return in_live(s) ? &t->live : is_pending(s) ? &t->pending : &t->tombs;
+static int list_of(rsv_state s) {
+    return in_live(s) ? IDT_LIVE : is_pending(s) ? LIST_PENDING : IDT_TOMBS;
 }
 
 /* ---- buffers */
 
+/* Frees b and its memory; a published one leaves the cache (unheld, or
+ * reclaimed from it already). */
 static void buf_free(rsv_table *t, rsv_buf *b) {
-    if (b->published) HASH_DELETE(hh, t->published, b);
+    if (b->published) (void)resident_remove(t->cache, b->mm_hash);
     if (b->orphan) HASH_DELETE(hh_orphan, t->orphans, b);
-    if (b->resident) {
-        DL_DELETE2(t->lru, b, lru_prev, lru_next);
-        t->st.resident--;
-    }
+    if (b->resident) t->st.resident--;
     DL_DELETE2(t->all, b, all_prev, all_next);
     t->o.mem->free(t->o.mem_ctx, b->offset, b->size);
     t->st.buffers--;
@@ -204,20 +221,29 @@ static void buf_free(rsv_table *t, rsv_buf *b) {
     free(b);
 }
 
-static void buf_maybe_free(rsv_table *t, rsv_buf *b) {
-    if (b->refs == 0 && b->leases == 0 && !b->resident) buf_free(t, b);
+/* After b's refs or leases changed: a published buffer takes or gives back
+ * its lease in the cache (giving it back counts as a use); one nothing holds
+ * any more is freed unless it is kept resident. */
+static void buf_settle(rsv_table *t, rsv_buf *b) {
+    bool held = b->refs || b->leases;
+    if (b->published && held != b->held) {
+        int rc = held ? resident_get(t->cache, b->mm_hash, true, NULL)
+                      : resident_release(t->cache, b->mm_hash);
+        assert(rc == 0);
+        (void)rc;
+        b->held = held;
+    }
+    if (!held && !b->resident) buf_free(t, b);
 }
 
 static void buf_unref(rsv_table *t, rsv_buf *b) {
     assert(b->refs > 0);
     b->refs--;
-    buf_maybe_free(t, b);
+    buf_settle(t, b);
 }
 
-static rsv_buf *find_published(rsv_table *t, const char *h) {
-    rsv_buf *b = NULL;
-    HASH_FIND(hh, t->published, h, strlen(h), b);
-    return b;
+static rsv_buf *find_published(const rsv_table *t, const char *h) {
+    return resident_user(t->cache, h);
 }
 
 static rsv_entry *find_inflight(rsv_table *t, const char *h) {
@@ -232,20 +258,16 @@ static rsv_buf *find_orphan(rsv_table *t, const char *h) {
     return b;
 }
 
-/* Frees one unleased, unreferenced resident buffer, oldest use first. */
+/* Frees the least recently used resident buffer nothing holds. */
 static bool evict_one(rsv_table *t) {
-    rsv_buf *b;
-    DL_FOREACH2(t->lru, b, lru_next) {
-        if (b->refs == 0 && b->leases == 0) {
-            b->resident = false;
-            DL_DELETE2(t->lru, b, lru_prev, lru_next);
-            t->st.resident--;
-            t->st.evictions++;
-            buf_free(t, b);
-            return true;
-        }
-    }
-    return false;
+    resident_victim v;
+    void *user = NULL;
+    if (resident_reclaim_one(t->cache, &v, &user)) return false;
+    rsv_buf *b = user;
+    b->published = false; /* the cache forgot it already */
+    t->st.evictions++;
+    buf_free(t, b);
+    return true;
 }
 
 size_t rsv_evict_resident(rsv_table *t, size_t max) {
@@ -256,16 +278,25 @@ size_t rsv_evict_resident(rsv_table *t, size_t max) {
 
 /* ---- events */
 
+static void fill_status(const rsv_entry *e, rsv_status *st) {
+    memset(st, 0, sizeof *st);
+    snprintf(st->mm_hash, sizeof st->mm_hash, "%s", e->mm_hash);
+    memcpy(st->reservation_id, e->reservation_id, sizeof st->reservation_id);
+    memcpy(st->dtype, e->tn.dtype, sizeof st->dtype);
+    memcpy(st->shape, e->tn.shape, sizeof st->shape);
+    st->ndim = e->tn.ndim;
+    st->nbytes = e->tn.nbytes;
+    st->offset = e->buf ? e->buf->offset : 0;
+    st->state = e->state;
+    st->ready = e->state == RSV_READY;
+    st->writer = e->role == ROLE_WRITER;
+}
+
 static void fill_event(rsv_event *ev, const rsv_entry *e, rsv_event_kind kind) {
     memset(ev, 0, sizeof *ev);
     ev->kind = kind;
     snprintf(ev->transfer_id, sizeof ev->transfer_id, "%s", e->transfer_id);
-    snprintf(ev->mm_hash, sizeof ev->mm_hash, "%s", e->mm_hash);
-    memcpy(ev->reservation_id, e->reservation_id, sizeof ev->reservation_id);
-    memcpy(ev->dtype, e->tn.dtype, sizeof ev->dtype);
-    memcpy(ev->shape, e->tn.shape, sizeof ev->shape);
-    ev->ndim = e->tn.ndim;
-    ev->nbytes = e->tn.nbytes;
+    fill_status(e, &ev->st);
 }
 
 static void queue_event(rsv_table *t, const rsv_entry *e, rsv_event_kind kind) {
@@ -306,34 +337,28 @@ static void free_entry_mem(rsv_entry *e) {
     free(e);
 }
 
+/* idt_ops.drop: a tombstone expired or went over the cap (or close). */
+static void on_drop(void *ctx, idt_node *n) {
+    (void)ctx;
+    free_entry_mem(ENTRY(n));
+}
+
 static void entry_free(rsv_table *t, rsv_entry *e) {
-    HASH_DELETE(hh, t->by_id, e);
-    DL_DELETE(*list_of(t, e->state), e);
-    if (is_tomb(e->state))
-        t->st.tombstones--;
-    else
-        t->st.live--;
+    idt_remove(&t->ids, &e->node);
     free_entry_mem(e);
 }
 
-/* Moves e to `s`, relinking it on the right list with `deadline`. */
+static rsv_entry *find_entry(const rsv_table *t, const char *id) {
+    idt_node *n = idt_find(&t->ids, id);
+    return n ? ENTRY(n) : NULL;
+}
+
+/* Moves e to `s`, relinking it on the right list with `deadline` (a
+ * tombstone: one TTL from now; the cap may drop the oldest one). */
 static void set_state(rsv_table *t, rsv_entry *e, rsv_state s, uint64_t deadline) {
-    DL_DELETE(*list_of(t, e->state), e);
-    if (is_tomb(s) && !is_tomb(e->state)) {
-        t->st.live--;
-        t->st.tombstones++;
-    }
     e->state = s;
-    e->deadline = deadline;
     if (is_tomb(s)) e->ended_at = t->now;
-    DL_APPEND(*list_of(t, s), e);
-    if (is_tomb(s) && t->st.tombstones > t->o.max_tombstones) {
-        rsv_entry *old = t->tombs;
-        ECT_LOGD(MOD, "tombstone cap %zu reached; forgetting transfer_id=%s", t->o.max_tombstones,
-                 old->transfer_id);
-        t->st.tombstones_dropped++;
-        entry_free(t, old);
-    }
+    idt_move(&t->ids, &e->node, list_of(s), is_tomb(s) ? t->now : deadline);
 }
 
 /* Makes e a tombstone (ended for `why`): drops its hold on the buffer and
@@ -389,8 +414,9 @@ static void orphan_followers(rsv_table *t, rsv_entry *w) {
 static size_t reap(rsv_table *t) {
     size_t n = 0;
     uint64_t now = t->now;
-    while (t->live && t->live->deadline <= now) {
-        rsv_entry *e = t->live;
+    idt_node *head;
+    while ((head = idt_first(&t->ids, IDT_LIVE)) && head->deadline <= now) {
+        rsv_entry *e = ENTRY(head);
         n++;
         if (e->state == RSV_READY) {
             t->st.expired_ready++;
@@ -408,9 +434,10 @@ static size_t reap(rsv_table *t) {
         }
     }
     if (t->o.mem->write_active) {
-        rsv_entry *e, *tmp;
-        DL_FOREACH_SAFE(t->pending, e, tmp) {
-            if (e->deadline > now ||
+        for (idt_node *nd = idt_first(&t->ids, LIST_PENDING), *next; nd; nd = next) {
+            next = nd->next;
+            rsv_entry *e = ENTRY(nd);
+            if (nd->deadline > now ||
                 t->o.mem->write_active(t->o.mem_ctx, e->buf->offset, e->buf->size))
                 continue;
             ECT_LOGW(MOD, "transfer_id=%s: writer silent past its grace; freeing its memory",
@@ -421,11 +448,7 @@ static size_t reap(rsv_table *t) {
             n++;
         }
     }
-    while (t->tombs && t->tombs->deadline <= now) {
-        entry_free(t, t->tombs);
-        n++;
-    }
-    return n;
+    return n + idt_expire(&t->ids, now);
 }
 
 size_t rsv_reap(rsv_table *t, uint64_t now_ms) {
@@ -447,12 +470,9 @@ static bool same_tensor(const tensor *a, const tensor *b) {
            memcmp(a->shape, b->shape, a->ndim * sizeof *a->shape) == 0;
 }
 
+/* A use of a published buffer: the most recently used in the cache. */
 static void touch(rsv_table *t, rsv_buf *b) {
-    b->last_used = t->now;
-    if (b->resident) {
-        DL_DELETE2(t->lru, b, lru_prev, lru_next);
-        DL_APPEND2(t->lru, b, lru_prev, lru_next);
-    }
+    (void)resident_get(t->cache, b->mm_hash, false, NULL);
 }
 
 static void reply_for(const rsv_entry *e, rsv_reply *r) {
@@ -493,16 +513,12 @@ static rsv_entry *new_entry(const rsv_request *r, const tensor *tn) {
 /* Indexes e by transfer_id and files it in state s. ECT_ENOMEM (nothing
  * changed) when the index cannot grow. */
 static int add_entry(rsv_table *t, rsv_entry *e, rsv_state s, uint64_t deadline) {
-    hash_oom = 0;
-    HASH_ADD_KEYPTR(hh, t->by_id, e->transfer_id, strlen(e->transfer_id), e);
-    if (hash_oom) return ect_set_error(ECT_ENOMEM, "reservation index: out of memory");
+    e->node.id = e->transfer_id;
     e->state = s;
-    e->deadline = deadline;
-    DL_APPEND(*list_of(t, s), e);
-    if (is_tomb(s))
-        t->st.tombstones++;
-    else if (++t->st.live > t->st.peak_live)
-        t->st.peak_live = t->st.live;
+    if (idt_add(&t->ids, &e->node, list_of(s), is_tomb(s) ? t->now : deadline))
+        return ect_set_error(ECT_ENOMEM, "reservation index: out of memory");
+    size_t live = idt_live(&t->ids);
+    if (live > t->st.peak_live) t->st.peak_live = live;
     return 0;
 }
 
@@ -527,6 +543,7 @@ static int reserve_new(rsv_table *t, const rsv_request *r, const tensor *tn, rsv
         }
         pub->refs++;
         touch(t, pub);
+        buf_settle(t, pub); /* held again */
         queue_event(t, e, RSV_EV_READY);
     } else if (w) { /* (2) follow the writer already writing this hash */
         e->role = ROLE_FOLLOWER;
@@ -583,7 +600,8 @@ static int reserve_new(rsv_table *t, const rsv_request *r, const tensor *tn, rsv
                                      "EC consumer buffer pool is full (%" PRIu64
                                      " bytes wanted for transfer_id '%s'; %zu reservations "
                                      "hold %" PRIu64 " bytes, nothing left to reclaim)",
-                                     tn->nbytes, r->transfer_id, t->st.live, t->st.bytes_held);
+                                     tn->nbytes, r->transfer_id, idt_live(&t->ids),
+                                     t->st.bytes_held);
             if (rc == ECT_ENOMEM) return ect_set_error(rc, "reserve: out of memory");
             return rc;
         }
@@ -630,8 +648,7 @@ int rsv_reserve(rsv_table *t, const rsv_request *req, uint64_t now_ms, rsv_reply
     if (req->ndim) memcpy(tn.shape, req->shape, req->ndim * sizeof *req->shape);
     clamp_now(t, now_ms);
     reap(t);
-    rsv_entry *e = NULL;
-    HASH_FIND(hh, t->by_id, req->transfer_id, strlen(req->transfer_id), e);
+    rsv_entry *e = find_entry(t, req->transfer_id);
     if (e) {
         switch (e->state) {
         case RSV_CANCELLED:
@@ -651,9 +668,7 @@ int rsv_reserve(rsv_table *t, const rsv_request *req, uint64_t now_ms, rsv_reply
                 return ect_set_error(ECT_EEXIST, "conflicting reservation for transfer_id '%s'",
                                      req->transfer_id);
             if (e->state == RSV_WRITING) {
-                DL_DELETE(t->live, e);
-                e->deadline = t->now + t->o.ttl_ms;
-                DL_APPEND(t->live, e);
+                idt_move(&t->ids, &e->node, IDT_LIVE, t->now + t->o.ttl_ms);
             }
             reply_for(e, reply);
             return 0;
@@ -664,27 +679,22 @@ int rsv_reserve(rsv_table *t, const rsv_request *req, uint64_t now_ms, rsv_reply
 
 /* ---- complete / cancel */
 
-static rsv_entry *find_entry(const rsv_table *t, const char *id) {
-    rsv_entry *e = NULL;
-    if (id) HASH_FIND(hh, t->by_id, id, strlen(id), e);
-    return e;
-}
-
-/* False (nothing changed) when the published index cannot grow: the writer
+/* False (nothing changed) when the cache cannot take the buffer: the writer
  * stays WRITING and may complete again or abandon. */
 static bool publish(rsv_table *t, rsv_entry *w) {
     uint64_t expiry = t->now + t->o.ttl_ms;
     rsv_buf *b = w->buf;
     assert(!find_published(t, b->mm_hash));
-    hash_oom = 0;
-    HASH_ADD_KEYPTR(hh, t->published, b->mm_hash, strlen(b->mm_hash), b);
-    if (hash_oom) {
-        ECT_LOGE(MOD, "out of memory publishing transfer_id=%s; not completed", w->transfer_id);
+    if (resident_put(t->cache, b->mm_hash, b->offset, b->size, b->tn.shape, b->tn.ndim, b->tn.dtype,
+                     true)) {
+        ECT_LOGE(MOD, "publishing transfer_id=%s: %s; not completed", w->transfer_id,
+                 ect_last_error());
         return false;
     }
+    resident_bind(t->cache, b->mm_hash, b);
     HASH_DELETE(hh_inflight, t->inflight, w);
     b->published = true;
-    b->last_used = t->now;
+    b->held = true; /* its writer and followers */
     set_state(t, w, RSV_READY, expiry);
     queue_event(t, w, RSV_EV_READY);
     rsv_entry *f, *tmp;
@@ -737,10 +747,6 @@ static int add_tombstone(rsv_table *t, const char *transfer_id) {
     if (add_entry(t, e, RSV_CANCELLED, t->now + t->o.ttl_ms)) {
         free_entry_mem(e);
         return ECT_ENOMEM;
-    }
-    if (t->st.tombstones > t->o.max_tombstones) {
-        t->st.tombstones_dropped++;
-        entry_free(t, t->tombs);
     }
     return 0;
 }
@@ -815,20 +821,6 @@ int rsv_cancel(rsv_table *t, const char *transfer_id, const char *reservation_id
 
 /* ---- status and residency */
 
-static void fill_status(const rsv_entry *e, rsv_status *st) {
-    memset(st, 0, sizeof *st);
-    snprintf(st->mm_hash, sizeof st->mm_hash, "%s", e->mm_hash);
-    memcpy(st->reservation_id, e->reservation_id, sizeof st->reservation_id);
-    memcpy(st->dtype, e->tn.dtype, sizeof st->dtype);
-    memcpy(st->shape, e->tn.shape, sizeof st->shape);
-    st->ndim = e->tn.ndim;
-    st->nbytes = e->tn.nbytes;
-    st->offset = e->buf ? e->buf->offset : 0;
-    st->state = e->state;
-    st->ready = e->state == RSV_READY;
-    st->writer = e->role == ROLE_WRITER;
-}
-
 int rsv_status_get(const rsv_table *t, const char *transfer_id, rsv_status *st) {
     const rsv_entry *e = find_entry(t, transfer_id);
     if (!e)
@@ -847,7 +839,7 @@ int rsv_take(rsv_table *t, const char *transfer_id, uint64_t now_ms, rsv_status 
     if (e->state != RSV_READY)
         return ect_set_error(ECT_ESTATE, "take: transfer_id '%s' is %s, not READY", transfer_id,
                              rsv_state_name(e->state));
-    e->buf->leases++;
+    e->buf->leases++; /* READY: held already */
     touch(t, e->buf);
     fill_status(e, st);
     return 0;
@@ -864,10 +856,10 @@ int rsv_release(rsv_table *t, const char *mm_hash, uint64_t now_ms) {
     b->leases--;
     if (!b->resident) {
         b->resident = true;
-        DL_APPEND2(t->lru, b, lru_prev, lru_next);
         t->st.resident++;
     }
     touch(t, b);
+    buf_settle(t, b);
     return 0;
 }
 
@@ -884,7 +876,6 @@ int rsv_finish(rsv_table *t, const char *transfer_id, uint64_t now_ms) {
     rsv_buf *b = e->buf;
     if (!b->resident) { /* keep the bytes for dedup: resident, reclaimable */
         b->resident = true;
-        DL_APPEND2(t->lru, b, lru_prev, lru_next);
         t->st.resident++;
     }
     touch(t, b);
@@ -892,20 +883,21 @@ int rsv_finish(rsv_table *t, const char *transfer_id, uint64_t now_ms) {
     return 0;
 }
 
-void rsv_get_stats(const rsv_table *t, rsv_stats *st) { *st = t->st; }
+void rsv_get_stats(const rsv_table *t, rsv_stats *st) {
+    *st = t->st;
+    st->live = idt_live(&t->ids);
+    st->tombstones = idt_count(&t->ids, IDT_TOMBS);
+    st->tombstones_dropped = t->ids.dropped;
+}
 
 void rsv_close(rsv_table *t) {
     if (!t) return;
     /* The index tables live inside their first element: clear them while the
      * entries and buffers still exist. */
     HASH_CLEAR(hh_inflight, t->inflight);
-    HASH_CLEAR(hh, t->published);
+    resident_destroy(t->cache);
     HASH_CLEAR(hh_orphan, t->orphans);
-    rsv_entry *e, *tmp;
-    HASH_ITER(hh, t->by_id, e, tmp) {
-        HASH_DELETE(hh, t->by_id, e);
-        free_entry_mem(e);
-    }
+    idt_clear(&t->ids);
     rsv_buf *b, *btmp;
     DL_FOREACH_SAFE2(t->all, b, btmp, all_next) {
         t->o.mem->free(t->o.mem_ctx, b->offset, b->size);
@@ -924,26 +916,34 @@ void rsv_close(rsv_table *t) {
         if (!(cond)) return ect_set_error(ECT_ESTATE, __VA_ARGS__);                                \
     } while (0)
 
-static size_t list_len(const rsv_entry *head) {
-    size_t n = 0;
-    for (const rsv_entry *e = head; e; e = e->next) n++;
-    return n;
-}
+/* Every entry e of table t, list by list. */
+#define FOR_EACH_ENTRY(t, e)                                                                       \
+    for (int l_ = 0; l_ < IDT_LISTS; l_++)                                                         \
+        for (const idt_node *n_ = idt_first(&(t)->ids, l_); n_ && ((e) = ENTRY(n_), 1);            \
+             n_ = n_->next)
 
 int rsv_check(const rsv_table *t) {
     size_t live = 0, tombs = 0, bufs = 0, resident = 0, events = 0;
     uint64_t bytes = 0;
-    const rsv_entry *e, *tmp;
+    const rsv_entry *e;
     const rsv_buf *b;
+    int rc = idt_check(&t->ids);
+    if (rc) return rc;
     DL_FOREACH2(t->all, b, all_next) {
         unsigned refs = 0;
-        HASH_ITER(hh, t->by_id, e, tmp) refs += e->buf == b;
+        FOR_EACH_ENTRY(t, e) refs += e->buf == b;
         CHECK(refs == b->refs, "buffer @%" PRIu64 " counts %u refs, %u entries hold it", b->offset,
               b->refs, refs);
         CHECK(b->refs || b->leases || b->resident, "buffer @%" PRIu64 " is held by nobody",
               b->offset);
-        CHECK(!b->published || find_published((rsv_table *)t, b->mm_hash) == b,
-              "published buffer @%" PRIu64 " missing from the index", b->offset);
+        CHECK(!b->published || find_published(t, b->mm_hash) == b,
+              "published buffer @%" PRIu64 " missing from the cache", b->offset);
+        if (b->published) {
+            ect_resident_info info;
+            CHECK(resident_peek(t->cache, b->mm_hash, &info) == 0 &&
+                      (info.leases != 0) == (b->refs || b->leases) && b->held == (info.leases != 0),
+                  "published buffer @%" PRIu64 " holds the wrong lease in the cache", b->offset);
+        }
         if (b->orphan) {
             unsigned waiting = 0;
             for (const rsv_entry *f = b->orphan_followers; f; f = f->fol_next) {
@@ -964,9 +964,11 @@ int rsv_check(const rsv_table *t) {
         resident += b->resident;
         bytes += b->size;
     }
-    HASH_ITER(hh, t->by_id, e, tmp) {
+    FOR_EACH_ENTRY(t, e) {
         CHECK(e->state >= RSV_WRITING && e->state <= RSV_EXPIRED, "entry %s: bad state",
               e->transfer_id);
+        CHECK(e->node.list == list_of(e->state), "entry %s (%s) on the wrong list", e->transfer_id,
+              rsv_state_name(e->state));
         if (is_tomb(e->state)) {
             tombs++;
             CHECK(!e->buf && !e->lead && !e->followers, "tombstone %s holds memory or links",
@@ -993,15 +995,14 @@ int rsv_check(const rsv_table *t) {
     CHECK(HASH_CNT(hh_inflight, t->inflight) <= live, "in-flight index larger than live set");
     CHECK(HASH_CNT(hh_orphan, t->orphans) <= bufs, "orphan index larger than the buffers");
     for (const ev_node *n = t->events; n; n = n->next) events++;
-    CHECK(live == t->st.live && tombs == t->st.tombstones, "entry counters drifted");
-    CHECK(list_len(t->live) + list_len(t->pending) == live && list_len(t->tombs) == tombs,
-          "lists do not partition the entries");
+    CHECK(live == idt_live(&t->ids) && tombs == idt_count(&t->ids, IDT_TOMBS),
+          "entry counters drifted");
     CHECK(bufs == t->st.buffers && resident == t->st.resident && bytes == t->st.bytes_held,
           "buffer counters drifted (%zu/%zu buffers, %" PRIu64 "/%" PRIu64 " bytes)", bufs,
           t->st.buffers, bytes, t->st.bytes_held);
     CHECK(events == t->st.events && events <= t->o.max_events, "event queue counter drifted");
     CHECK(tombs <= t->o.max_tombstones, "tombstone cap exceeded");
-    for (e = t->live; e && e->next; e = e->next)
-        CHECK(e->deadline <= e->next->deadline, "live list out of deadline order");
+    for (const idt_node *n = idt_first(&t->ids, IDT_LIVE); n && n->next; n = n->next)
+        CHECK(n->deadline <= n->next->deadline, "live list out of deadline order");
     return 0;
 }

@@ -232,12 +232,7 @@ typedef enum rsv_event_kind {
 typedef struct rsv_event {
     rsv_event_kind kind;
     char transfer_id[RSV_KEY_MAX + 1];
-    char mm_hash[RSV_KEY_MAX + 1];
-    char reservation_id[ECT_ID_LEN + 1];
-    char dtype[RSV_DTYPE_MAX + 1];
-    uint64_t shape[WIRE_MAX_NDIM];
-    size_t ndim;
-    uint64_t nbytes;
+    rsv_status st; /* the reservation as it was when the event was queued */
 } rsv_event;
 
 /* The oldest queued event, or NULL. Valid until the next call on the table.

@@ -187,11 +187,8 @@ int ect_push_scheduler_open(const ect_push_scheduler_opts *o, ect_push_scheduler
     s->thr_started = true;
     *out = s;
     return 0;
-fail:;
-    char why[512];
-    snprintf(why, sizeof why, "%s", ect_last_error());
-    ect_push_scheduler_close(s);
-    return ect_set_error(rc, "%s", why);
+fail:
+    ECT_RETURN_AFTER(rc, ect_push_scheduler_close(s));
 }
 
 void ect_push_scheduler_close(ect_push_scheduler *s) {

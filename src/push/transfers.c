@@ -2,13 +2,13 @@
  * transfers — the consumer scheduler's table. See transfers.h for the
  * contract; this file explains the bookkeeping.
  *
- * Entries sit on one of two lists. `live` holds every non-tombstone entry,
- * orphans included (items some shard reported before the scheduler expected
- * them; upstream's producer learns the transfer_id from the same request, so
- * its events can overtake the scheduler). Its deadlines differ by state
- * (push wait, TTL), so the reaper walks it whole; it holds only in-flight
- * requests. `tombs` holds tombstones in the order they were made, each due
- * one TTL later, so the reaper and the cap only look at its head.
+ * Entries live in the id table (util/idtab) on one of two lists. The live
+ * list holds every non-tombstone entry, orphans included (items some shard
+ * reported before the scheduler expected them; upstream's producer learns
+ * the transfer_id from the same request, so its events can overtake the
+ * scheduler). Its deadlines differ by state (push wait, TTL), so the reaper
+ * walks it whole; it holds only in-flight requests. Tombstones are the
+ * table's: each due one TTL after it was made, capped, oldest first.
  *
  * Remote cancels are jobs with their own copies of the ids, so an entry can
  * be forgotten while its cancels are still being sent and retried.
@@ -19,7 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <uthash.h>
+#include "util/idtab.h"
+
 #include <utlist.h>
 
 #include "push/transfers.h"
@@ -38,11 +39,11 @@ typedef struct xent {
     bool expected;
     uint64_t mask; /* shards that reported ready */
     char (*rids)[ECT_ID_LEN + 1];
-    uint64_t deadline;
     char error[160];
-    UT_hash_handle hh;
-    struct xent *prev, *next;
+    idt_node node; /* live: deadline = push wait or TTL by state */
 } xent;
+
+#define XENT(n) IDT_ENTRY(n, xent, node)
 
 typedef struct job_node {
     xfer_cancel_job job;
@@ -57,7 +58,7 @@ typedef struct fail_node {
 struct xfer_table {
     xfer_opts o;
     uint64_t now, all_mask;
-    xent *by_id, *live, *tombs;
+    idtab ids;
     job_node *jobs;
     fail_node *fails;
     size_t n_fails;
@@ -86,6 +87,21 @@ void xfer_opts_init(xfer_opts *o) {
     o->cancel_attempts = XFER_DEFAULT_CANCEL_ATTEMPTS;
 }
 
+static void ent_free_mem(xent *e) {
+    free(e->transfer_id);
+    free(e->mm_hash);
+    free(e->rids);
+    free(e);
+}
+
+/* idt_ops.drop: a tombstone expired or went over the cap (or close). */
+static void on_drop(void *ctx, idt_node *n) {
+    xfer_table *t = ctx;
+    xent *e = XENT(n);
+    if (!is_tomb(e->state) && !e->expected) t->st.orphans--;
+    ent_free_mem(e);
+}
+
 int xfer_open(const xfer_opts *o, xfer_table **out) {
     *out = NULL;
     if (!o) return ect_set_error(ECT_EINVAL, "xfer_opts: NULL");
@@ -104,37 +120,20 @@ int xfer_open(const xfer_opts *o, xfer_table **out) {
     if (!t) return ect_set_error(ECT_ENOMEM, "transfer table: out of memory");
     t->o = *o;
     t->all_mask = o->tp_size == 64 ? UINT64_MAX : (UINT64_C(1) << o->tp_size) - 1;
+    idt_init(&t->ids, o->ttl_ms, o->max_tombstones, &(idt_ops){.drop = on_drop, .ctx = t});
     *out = t;
     return 0;
 }
 
-static void ent_free_mem(xent *e) {
-    free(e->transfer_id);
-    free(e->mm_hash);
-    free(e->rids);
-    free(e);
-}
-
 static void ent_delete(xfer_table *t, xent *e) {
-    HASH_DELETE(hh, t->by_id, e);
-    if (is_tomb(e->state)) {
-        DL_DELETE(t->tombs, e);
-        t->st.tombstones--;
-    } else {
-        DL_DELETE(t->live, e);
-        t->st.live--;
-        if (!e->expected) t->st.orphans--;
-    }
+    idt_remove(&t->ids, &e->node);
+    if (!is_tomb(e->state) && !e->expected) t->st.orphans--;
     ent_free_mem(e);
 }
 
 void xfer_close(xfer_table *t) {
     if (!t) return;
-    xent *e, *tmp;
-    HASH_ITER(hh, t->by_id, e, tmp) {
-        HASH_DELETE(hh, t->by_id, e);
-        ent_free_mem(e);
-    }
+    idt_clear(&t->ids);
     job_node *j, *jt;
     DL_FOREACH_SAFE(t->jobs, j, jt) free(j);
     fail_node *f, *ft;
@@ -163,22 +162,28 @@ static void note_failure(xfer_table *t, const xent *e, xfer_state s, const char 
     t->n_fails++;
 }
 
+/* Moves up to max payloads (member `field`) from the head of the node list
+ * `head` into out, counting them in n and off *count. */
+#define TAKE(n, head, field, out, max, count)                                                      \
+    do {                                                                                           \
+        while ((n) < (max) && (head)) {                                                            \
+            __typeof__(head) x_ = (head);                                                          \
+            (out)[(n)++] = x_->field;                                                              \
+            DL_DELETE((head), x_);                                                                 \
+            (*(count))--;                                                                          \
+            free(x_);                                                                              \
+        }                                                                                          \
+    } while (0)
+
 size_t xfer_take_failures(xfer_table *t, xfer_failure *out, size_t max) {
     size_t n = 0;
-    while (n < max && t->fails) {
-        fail_node *f = t->fails;
-        out[n++] = f->f;
-        DL_DELETE(t->fails, f);
-        t->n_fails--;
-        free(f);
-    }
+    TAKE(n, t->fails, f, out, max, &t->n_fails);
     return n;
 }
 
 static xent *find(const xfer_table *t, const char *id) {
-    xent *e = NULL;
-    if (id) HASH_FIND(hh, t->by_id, id, strlen(id), e);
-    return e;
+    idt_node *n = idt_find(&t->ids, id);
+    return n ? XENT(n) : NULL;
 }
 
 static int check_key(const char *s, const char *field) {
@@ -211,18 +216,11 @@ static void entomb(xfer_table *t, xent *e, xfer_state s, const char *fmt, ...)
 static void entomb(xfer_table *t, xent *e, xfer_state s, const char *fmt, ...) {
     bool was_live = !is_tomb(e->state);
     if (was_live) {
-        DL_DELETE(t->live, e);
-        t->st.live--;
         if (!e->expected) t->st.orphans--;
-        t->st.tombstones++;
         for (size_t i = 0; i < t->o.tp_size && !t->no_cancels; i++)
             queue_job(t, e->transfer_id, (e->mask >> i) & 1 ? e->rids[i] : "", i, 1);
-    } else {
-        DL_DELETE(t->tombs, e);
     }
     e->state = s;
-    e->deadline = t->now + t->o.ttl_ms;
-    DL_APPEND(t->tombs, e);
     if (fmt) {
         va_list ap;
         va_start(ap, fmt);
@@ -230,10 +228,7 @@ static void entomb(xfer_table *t, xent *e, xfer_state s, const char *fmt, ...) {
         va_end(ap);
     }
     if (was_live && s != XFER_CANCELLED && !t->engine_fail) note_failure(t, e, s, e->error);
-    if (t->st.tombstones > t->o.max_tombstones) {
-        t->st.tombstones_dropped++;
-        ent_delete(t, t->tombs);
-    }
+    idt_move(&t->ids, &e->node, IDT_TOMBS, t->now); /* last: the cap may drop the oldest */
 }
 
 static xent *ent_new(xfer_table *t, const char *tid, const char *mm_hash, bool expected,
@@ -249,15 +244,17 @@ static xent *ent_new(xfer_table *t, const char *tid, const char *mm_hash, bool e
     }
     e->state = XFER_WAITING_EVENT;
     e->expected = expected;
-    e->deadline = deadline;
-    HASH_ADD_KEYPTR(hh, t->by_id, e->transfer_id, strlen(e->transfer_id), e);
-    DL_APPEND(t->live, e);
-    t->st.live++;
+    e->node.id = e->transfer_id;
+    if (idt_add(&t->ids, &e->node, IDT_LIVE, deadline)) {
+        ent_free_mem(e);
+        return NULL;
+    }
     if (!expected) {
         t->st.orphans++;
         if (t->st.orphans > t->o.max_orphans) {
-            xent *o = t->live;
-            while (o && o->expected) o = o->next;
+            idt_node *n = idt_first(&t->ids, IDT_LIVE);
+            while (n && XENT(n)->expected) n = n->next;
+            xent *o = XENT(n);
             ECT_LOGW(MOD, "%zu unexpected items kept; forgetting transfer_id=%s", t->o.max_orphans,
                      o->transfer_id);
             t->st.orphans_dropped++;
@@ -284,7 +281,7 @@ int xfer_expect(xfer_table *t, const char *transfer_id, const char *mm_hash, uin
     /* Adopt what the shards already reported. */
     e->expected = true;
     if (!is_tomb(e->state)) t->st.orphans--;
-    if (e->state == XFER_WAITING_EVENT) e->deadline = t->now + t->o.push_wait_ms;
+    if (e->state == XFER_WAITING_EVENT) e->node.deadline = t->now + t->o.push_wait_ms;
     if (mm_hash && *mm_hash && !*e->mm_hash) {
         char *h = strdup(mm_hash);
         if (!h) return ect_set_error(ECT_ENOMEM, "expect: out of memory");
@@ -344,7 +341,7 @@ static int apply_ready(xfer_table *t, xent *e, const xfer_event *ev) {
              ev->reservation_id ? ev->reservation_id : "");
     if (e->mask == t->all_mask) { /* arrived only once every shard has it */
         e->state = XFER_AVAILABLE;
-        e->deadline = t->now + t->o.ttl_ms;
+        e->node.deadline = t->now + t->o.ttl_ms;
     }
     return XFER_EV_APPLIED;
 }
@@ -440,9 +437,10 @@ int xfer_finished(xfer_table *t, const char *id, uint64_t now_ms) {
 size_t xfer_reap(xfer_table *t, uint64_t now_ms) {
     size_t n = 0;
     if (now_ms > t->now) t->now = now_ms;
-    xent *e, *tmp;
-    DL_FOREACH_SAFE(t->live, e, tmp) {
-        if (e->deadline > t->now) continue;
+    for (idt_node *nd = idt_first(&t->ids, IDT_LIVE), *next; nd; nd = next) {
+        next = nd->next;
+        xent *e = XENT(nd);
+        if (nd->deadline > t->now) continue;
         if (!e->expected) {
             if (e->mask) { /* some shards have it, the others never did */
                 char why[160];
@@ -464,11 +462,7 @@ size_t xfer_reap(xfer_table *t, uint64_t now_ms) {
             n++;
         }
     }
-    while (t->tombs && t->tombs->deadline <= t->now) {
-        ent_delete(t, t->tombs);
-        n++;
-    }
-    return n;
+    return n + idt_expire(&t->ids, t->now);
 }
 
 int xfer_get(const xfer_table *t, const char *id, xfer_info *info) {
@@ -490,13 +484,7 @@ int xfer_get(const xfer_table *t, const char *id, xfer_info *info) {
 
 size_t xfer_take_cancels(xfer_table *t, xfer_cancel_job *out, size_t max) {
     size_t n = 0;
-    while (n < max && t->jobs) {
-        job_node *j = t->jobs;
-        out[n++] = j->job;
-        DL_DELETE(t->jobs, j);
-        t->st.cancels_queued--;
-        free(j);
-    }
+    TAKE(n, t->jobs, job, out, max, &t->st.cancels_queued);
     return n;
 }
 
@@ -511,37 +499,41 @@ void xfer_cancel_done(xfer_table *t, const xfer_cancel_job *job, bool ok) {
     t->st.cancels_given_up++;
 }
 
-void xfer_get_stats(const xfer_table *t, xfer_stats *st) { *st = t->st; }
+void xfer_get_stats(const xfer_table *t, xfer_stats *st) {
+    *st = t->st;
+    st->live = idt_live(&t->ids);
+    st->tombstones = idt_count(&t->ids, IDT_TOMBS);
+    st->tombstones_dropped = t->ids.dropped;
+}
 
 int xfer_check(const xfer_table *t) {
-    size_t live = 0, tombs = 0, orphans = 0, jobs = 0;
-    const xent *e, *tmp;
-    HASH_ITER(hh, t->by_id, e, tmp) {
-        if (is_tomb(e->state)) {
-            tombs++;
-            continue;
+    int rc = idt_check(&t->ids);
+    if (rc) return rc;
+    size_t orphans = 0, jobs = 0;
+    for (int l = IDT_TOMBS; l < IDT_LISTS; l++)
+        for (const idt_node *n = idt_first(&t->ids, l); n; n = n->next) {
+            const xent *e = XENT(n);
+            if (is_tomb(e->state) != (l == IDT_TOMBS))
+                return ect_set_error(ECT_ESTATE, "%s is %s on the wrong list", e->transfer_id,
+                                     xfer_state_name(e->state));
+            if (is_tomb(e->state)) continue;
+            orphans += !e->expected;
+            if (e->state != XFER_WAITING_EVENT && e->mask != t->all_mask)
+                return ect_set_error(ECT_ESTATE, "%s is %s with shards %#" PRIx64 " of %#" PRIx64,
+                                     e->transfer_id, xfer_state_name(e->state), e->mask,
+                                     t->all_mask);
+            if (e->mask & ~t->all_mask)
+                return ect_set_error(ECT_ESTATE, "%s: shard bit out of range", e->transfer_id);
         }
-        live++;
-        orphans += !e->expected;
-        if (e->state != XFER_WAITING_EVENT && e->mask != t->all_mask)
-            return ect_set_error(ECT_ESTATE, "%s is %s with shards %#" PRIx64 " of %#" PRIx64,
-                                 e->transfer_id, xfer_state_name(e->state), e->mask, t->all_mask);
-        if (e->mask & ~t->all_mask)
-            return ect_set_error(ECT_ESTATE, "%s: shard bit out of range", e->transfer_id);
-    }
     for (const job_node *j = t->jobs; j; j = j->next) {
         jobs++;
         if (j->job.shard >= t->o.tp_size || j->job.attempt < 1 ||
             j->job.attempt > t->o.cancel_attempts)
             return ect_set_error(ECT_ESTATE, "bad cancel job for %s", j->job.transfer_id);
     }
-    size_t nl = 0, nt = 0;
-    for (e = t->live; e; e = e->next) nl++;
-    for (e = t->tombs; e; e = e->next) nt++;
-    if (live != t->st.live || tombs != t->st.tombstones || orphans != t->st.orphans ||
-        jobs != t->st.cancels_queued || nl != live || nt != tombs)
+    if (orphans != t->st.orphans || jobs != t->st.cancels_queued)
         return ect_set_error(ECT_ESTATE, "transfer table counters drifted");
-    if (tombs > t->o.max_tombstones || orphans > t->o.max_orphans)
+    if (idt_count(&t->ids, IDT_TOMBS) > t->o.max_tombstones || orphans > t->o.max_orphans)
         return ect_set_error(ECT_ESTATE, "transfer table over its caps");
     return 0;
 }

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "ectransfer.h"
 
@@ -20,6 +21,16 @@ int ect_set_error(int code, const char *fmt, ...) __attribute__((format(printf, 
 /* Wraps errno `e` as an ECT_E* code with "what: strerror(e)" as detail. */
 int ect_set_errno(int e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void ect_clear_error(void);
+
+/* A constructor's failure path: runs `cleanup` (its close, which may set
+ * errors of its own) and returns `rc` with the error detail from before. */
+#define ECT_RETURN_AFTER(rc, cleanup)                                                              \
+    do {                                                                                           \
+        char ect_saved_[1024];                                                                     \
+        snprintf(ect_saved_, sizeof ect_saved_, "%s", ect_last_error());                           \
+        cleanup;                                                                                   \
+        return ect_set_error((rc), "%s", ect_saved_);                                              \
+    } while (0)
 
 /* ---- logging: level from ECT_LOG=error|warn|info|debug (default warn) or
  * ect_log_set_level; lines go to the handler of ect_log_set_handler, else

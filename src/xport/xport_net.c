@@ -19,35 +19,12 @@
 #include <unistd.h>
 #include <fcntl.h>
 
+#include "util/hostport.h"
 #include "util/util.h"
 #include "xport/xport.h"
 
 int xp_parse_hostport(const char *what, const char *s, char *host, size_t cap, int *port) {
-    const char *colon;
-    const char *h = s;
-    size_t hl;
-    if (s[0] == '[') {
-        const char *rb = strchr(s, ']');
-        if (!rb || rb[1] != ':') goto bad;
-        h = s + 1;
-        hl = (size_t)(rb - h);
-        colon = rb + 1;
-    } else {
-        colon = strrchr(s, ':');
-        if (!colon) goto bad;
-        hl = (size_t)(colon - s);
-    }
-    if (hl == 0 || hl >= cap) goto bad;
-    char *end;
-    errno = 0;
-    long p = strtol(colon + 1, &end, 10);
-    if (colon[1] == '\0' || *end != '\0' || errno || p < 0 || p > 65535) goto bad;
-    memcpy(host, h, hl);
-    host[hl] = '\0';
-    *port = (int)p;
-    return 0;
-bad:
-    return ect_set_error(ECT_EINVAL, "%s '%.100s' is not HOST:PORT (port 0..65535)", what, s);
+    return ect_hostport_parse(what, s, 0, 65535, host, cap, port);
 }
 
 static int resolve(const char *host, int port, bool passive, struct addrinfo **res) {

@@ -306,6 +306,100 @@ static void test_resident_internal(void **state) {
     alloc_destroy(a);
 }
 
+/* A writer still active vetoes reclaiming its range: the next victim is
+ * taken instead, and the vetoed one goes once the writer is done. */
+static uint64_t busy_offset = UINT64_MAX;
+static bool busy_at(void *ctx, uint64_t offset, uint64_t nbytes) {
+    (void)ctx;
+    return busy_offset >= offset && busy_offset < offset + nbytes;
+}
+
+static void test_writer_veto(void **state) {
+    (void)state;
+    alloc *a;
+    resident_cache *c;
+    assert_int_equal(alloc_create(4096, 256, &a), 0);
+    assert_int_equal(resident_create(a, &c), 0);
+    resident_set_veto(c, busy_at, NULL);
+    uint64_t o[2], shape[1] = {256};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(alloc_alloc(a, 2048, &o[i]), 0);
+        char h[8];
+        snprintf(h, sizeof h, "h%d", i);
+        assert_int_equal(resident_put(c, h, o[i], 1024, shape, 1, "float32", false), 0);
+    }
+    busy_offset = o[0] + 100; /* the oldest is being written into */
+    resident_victim *v = NULL;
+    size_t nv = 0;
+    assert_int_equal(resident_reclaim(c, 2048, &v, &nv), 0);
+    assert_int_equal(nv, 1);
+    assert_string_equal(v[0].mm_hash, "h1"); /* passed over h0 */
+    free(v);
+    v = NULL;
+    nv = 0;
+    assert_int_equal(resident_reclaim(c, 4096, &v, &nv), ECT_EFULL);
+    resident_victim one;
+    assert_err(resident_reclaim_one(c, &one, NULL), ECT_ENOTFOUND, NULL);
+    busy_offset = UINT64_MAX; /* done writing */
+    assert_int_equal(resident_reclaim_one(c, &one, NULL), 0);
+    assert_string_equal(one.mm_hash, "h0");
+    assert_int_equal(alloc_check(a), 0);
+    free(v);
+    resident_destroy(c);
+    alloc_destroy(a);
+}
+
+/* Without an alloc the owner keeps the memory: the cache orders, leases,
+ * carries the owner's pointer and picks victims one at a time; peek and each
+ * read without counting as a use. */
+static int each_n;
+static void count_each(void *ctx, const char *mm_hash, const ect_resident_info *info) {
+    (void)ctx;
+    char want[8];
+    snprintf(want, sizeof want, "k%d", each_n);
+    assert_string_equal(mm_hash, want);
+    assert_int_equal(info->offset, (uint64_t)each_n * 100);
+    each_n++;
+}
+
+static void test_owner_keeps_memory(void **state) {
+    (void)state;
+    resident_cache *c;
+    assert_int_equal(resident_create(NULL, &c), 0);
+    int owners[3];
+    for (int i = 0; i < 3; i++) {
+        char h[8];
+        snprintf(h, sizeof h, "k%d", i);
+        /* no alloc: any offset, any size, no tensor check */
+        assert_int_equal(resident_put(c, h, (uint64_t)i * 100, 7, NULL, 0, "x", i == 1), 0);
+        assert_int_equal(resident_bind(c, h, &owners[i]), 0);
+    }
+    assert_err(resident_bind(c, "nope", NULL), ECT_ENOTFOUND, "nope");
+    assert_ptr_equal(resident_user(c, "k2"), &owners[2]);
+    assert_null(resident_user(c, "nope"));
+    each_n = 0;
+    resident_each(c, count_each, NULL);
+    assert_int_equal(each_n, 3);
+    ect_resident_info info;
+    assert_int_equal(resident_peek(c, "k0", &info), 0); /* not a use: k0 stays oldest */
+    assert_int_equal(info.nbytes, 7);
+    resident_victim v;
+    void *user = NULL;
+    assert_int_equal(resident_reclaim_one(c, &v, &user), 0);
+    assert_string_equal(v.mm_hash, "k0");
+    assert_ptr_equal(user, &owners[0]);
+    assert_int_equal(resident_get(c, "k2", false, NULL), 0); /* a use: k2 newest */
+    assert_int_equal(resident_release(c, "k1"), 0);          /* k1 released: newest */
+    assert_int_equal(resident_reclaim_one(c, &v, &user), 0);
+    assert_string_equal(v.mm_hash, "k2");
+    assert_int_equal(resident_remove(c, "k1"), 0);
+    assert_err(resident_reclaim_one(c, &v, &user), ECT_ENOTFOUND, NULL);
+    resident_victim *vs = NULL;
+    size_t nv = 0;
+    assert_err(resident_reclaim(c, 1, &vs, &nv), ECT_EINVAL, "alloc");
+    resident_destroy(c);
+}
+
 /* A producer thread keeps writing items into a small pool (so reclaim runs
  * all the time) while a reader thread leases recent items and checks their
  * bytes: a lease must keep an item's memory from being reclaimed and reused. */
@@ -402,6 +496,8 @@ int main(void) {
         cmocka_unit_test(test_leases_block_reclaim_then_full),
         cmocka_unit_test(test_fragmented_reclaim_still_full),
         cmocka_unit_test(test_resident_internal),
+        cmocka_unit_test(test_writer_veto),
+        cmocka_unit_test(test_owner_keeps_memory),
         cmocka_unit_test(test_threads_lease_protects_from_reclaim),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

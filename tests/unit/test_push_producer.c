@@ -54,6 +54,7 @@ typedef struct fake {
     shard sh[MAX_TP];
     char kind[8];
     bool peers_transport; /* answer `peers` with the transport extension */
+    char addr[64];        /* the consumer's address: rank 0's control port */
 } fake;
 
 /* Shards inside a delayed reserve_batch answer right now, and the most seen
@@ -220,6 +221,7 @@ static fake *fake_open(int tp, const char *kind) {
         s->port = atoi(strrchr(ep, ':') + 1);
     }
     for (int i = 0; i < tp; i++) pthread_create(&f->sh[i].th, NULL, serve, &f->sh[i]);
+    snprintf(f->addr, sizeof f->addr, "127.0.0.1:%d", f->sh[0].port);
     return f;
 }
 
@@ -321,8 +323,19 @@ static void wait_results(ect_push_producer *p, ect_push_result *r, size_t n, dou
     }
 }
 
-static void consumer_addr(const fake *f, char *buf, size_t cap) {
-    snprintf(buf, cap, "127.0.0.1:%d", f->sh[0].port);
+/* The end of a test with one fake consumer and one item. */
+static void close_all(fake *f, ect_push_producer *p, item_buf *b) {
+    ect_push_producer_close(p);
+    fake_close(f);
+    free(b->data);
+}
+
+/* Reserves one item, ends the step and waits for its result. */
+static void push_one(ect_push_producer *p, const ect_push_item *it, ect_push_result *r,
+                     double secs) {
+    assert_int_equal(ect_push_producer_reserve(p, it), 0);
+    assert_int_equal(ect_push_producer_flush(p), 1);
+    wait_results(p, r, 1, secs);
 }
 
 /* Nothing left on the producer side; every shard table passes its
@@ -342,8 +355,7 @@ static void expect_drained(fake *f, ect_push_producer *p) {
 static void happy(int tp, const char *kind, int k) {
     fake *f = fake_open(tp, kind);
     ect_push_producer *p = prod_open(5000, 150000);
-    char addr[64];
-    consumer_addr(f, addr, sizeof addr);
+    const char *addr = f->addr;
     item_buf *b = calloc((size_t)k, sizeof *b);
     for (int i = 0; i < k; i++) {
         item_make(&b[i], kind, i, 4096u + 512u * (unsigned)i);
@@ -379,21 +391,16 @@ static void happy(int tp, const char *kind, int k) {
     free(r);
 }
 
-static void test_happy_tp1(void **st) {
+/* One step of k items into tp shards: every byte lands, one reserve_batch
+ * and one complete_batch per shard, one write batch per session. */
+static void test_happy(void **st) {
     (void)st;
-    happy(1, "tcp", 8);
-}
-static void test_happy_tp2(void **st) {
-    (void)st;
-    happy(2, "tcp", 8);
-}
-static void test_happy_tp4(void **st) {
-    (void)st;
-    happy(4, "tcp", 5);
-}
-static void test_happy_shm_tp2(void **st) {
-    (void)st;
-    happy(2, "shm", 8);
+    static const struct {
+        int tp;
+        const char *kind;
+        int k;
+    } cases[] = {{1, "tcp", 8}, {2, "tcp", 8}, {4, "tcp", 5}, {2, "shm", 8}};
+    for (size_t i = 0; i < ECT_ARRAY_LEN(cases); i++) happy(cases[i].tp, cases[i].kind, cases[i].k);
 }
 
 /* A step of 32 items costs the shards what a step of 1 costs. */
@@ -401,8 +408,7 @@ static void test_round_trips_constant(void **st) {
     (void)st;
     fake *f = fake_open(2, "tcp");
     ect_push_producer *p = prod_open(5000, 150000);
-    char addr[64];
-    consumer_addr(f, addr, sizeof addr);
+    const char *addr = f->addr;
     item_buf b[33];
     ect_push_result r[33];
     int per_step[2][2];
@@ -443,6 +449,16 @@ static void on_release(void *user, const void *data, uint64_t nbytes) {
     atomic_fetch_add(&released, 1);
 }
 
+/* An item whose source is borrowed (released through on_release, counted
+ * from 0). */
+static ect_push_item borrowed(item_buf *b, const char *addr) {
+    ect_push_item it = item_of(b, addr);
+    it.release = on_release;
+    it.release_user = b->data;
+    atomic_store(&released, 0);
+    return it;
+}
+
 /* Shard 1 of 3 refuses: the item fails naming the cause, the reservations
  * made on shards 0 and 2 are abandoned (their pools drain), and the
  * borrowed source is released exactly once. */
@@ -451,18 +467,12 @@ static void test_failed_shard_abandons_others(void **st) {
     fake *f = fake_open(3, "tcp");
     atomic_store(&f->sh[1].fail_reserve, true);
     ect_push_producer *p = prod_open(5000, 150000);
-    char addr[64];
-    consumer_addr(f, addr, sizeof addr);
+    const char *addr = f->addr;
     item_buf b;
     item_make(&b, "fs", 0, 65536);
-    ect_push_item it = item_of(&b, addr);
-    it.release = on_release;
-    it.release_user = b.data;
-    atomic_store(&released, 0);
-    assert_int_equal(ect_push_producer_reserve(p, &it), 0);
-    assert_int_equal(ect_push_producer_flush(p), 1);
+    ect_push_item it = borrowed(&b, addr);
     ect_push_result r;
-    wait_results(p, &r, 1, 20);
+    push_one(p, &it, &r, 20);
     assert_int_equal(r.status, ECT_EIO);
     assert_non_null(strstr(r.error, "injected reserve failure"));
     assert_string_equal(r.transfer_id, "fs-0");
@@ -476,9 +486,7 @@ static void test_failed_shard_abandons_others(void **st) {
     assert_int_equal(atomic_load(&f->sh[1].n_op[WIRE_OP_CANCEL]), 0);
     assert_int_equal(atomic_load(&f->sh[0].n_op[WIRE_OP_COMPLETE_BATCH]), 0);
     expect_drained(f, p);
-    ect_push_producer_close(p);
-    fake_close(f);
-    free(b.data);
+    close_all(f, p, &b);
 }
 
 /* Shard 1 dies right after answering the reserves: the complete to it times
@@ -489,8 +497,7 @@ static void test_consumer_killed_mid_push(void **st) {
     fake *f = fake_open(2, "tcp");
     atomic_store(&f->sh[1].die_after_op, WIRE_OP_RESERVE_BATCH);
     ect_push_producer *p = prod_open(300, 150000);
-    char addr[64];
-    consumer_addr(f, addr, sizeof addr);
+    const char *addr = f->addr;
     item_buf b[3];
     for (int i = 0; i < 3; i++) {
         item_make(&b[i], "kill", i, 16384);
@@ -559,10 +566,8 @@ static void test_unreachable_consumer(void **st) {
     item_buf b;
     item_make(&b, "nobody", 0, 1024);
     ect_push_item it = item_of(&b, "127.0.0.1:1");
-    assert_int_equal(ect_push_producer_reserve(p, &it), 0);
-    assert_int_equal(ect_push_producer_flush(p), 1);
     ect_push_result r;
-    wait_results(p, &r, 1, 10);
+    push_one(p, &it, &r, 10);
     assert_int_not_equal(r.status, 0);
     assert_non_null(strstr(r.error, "127.0.0.1:1"));
     ect_push_producer_close(p);
@@ -575,8 +580,7 @@ static void test_dedup(void **st) {
     (void)st;
     fake *f = fake_open(1, "tcp");
     ect_push_producer *p = prod_open(5000, 150000);
-    char addr[64];
-    consumer_addr(f, addr, sizeof addr);
+    const char *addr = f->addr;
     item_buf b;
     item_make(&b, "dd", 0, 32768);
     ect_push_item it = item_of(&b, addr);
@@ -591,18 +595,14 @@ static void test_dedup(void **st) {
     ect_push_producer_stat before, after;
     ect_push_producer_stats(p, &before);
     it.transfer_id = "dd-1"; /* same mm_hash */
-    assert_int_equal(ect_push_producer_reserve(p, &it), 0);
-    assert_int_equal(ect_push_producer_flush(p), 1);
-    wait_results(p, &r, 1, 20);
+    push_one(p, &it, &r, 20);
     assert_int_equal(r.status, 0);
     assert_string_equal(r.transfer_id, "dd-1");
     assert_string_equal(r.transport, ""); /* cached: nothing written */
     ect_push_producer_stats(p, &after);
     assert_int_equal(after.write_batches, before.write_batches);
     assert_int_equal(after.staged_bytes_in_use, 0);
-    ect_push_producer_close(p);
-    fake_close(f);
-    free(b.data);
+    close_all(f, p, &b);
 }
 
 /* Cancel: an unflushed item ends at once; a reserved one is abandoned on
@@ -611,8 +611,7 @@ static void test_cancel(void **st) {
     (void)st;
     fake *f = fake_open(2, "tcp");
     ect_push_producer *p = prod_open(5000, 150000);
-    char addr[64];
-    consumer_addr(f, addr, sizeof addr);
+    const char *addr = f->addr;
     assert_err(ect_push_producer_cancel(p, "nope"), ECT_ENOTFOUND, "nope");
     item_buf b[2];
     item_make(&b[0], "cx", 0, 4096);
@@ -658,8 +657,7 @@ static void test_refresh(void **st) {
     (void)st;
     fake *f = fake_open(2, "tcp");
     ect_push_producer *p = prod_open(5000, 100);
-    char addr[64];
-    consumer_addr(f, addr, sizeof addr);
+    const char *addr = f->addr;
     item_buf b;
     item_make(&b, "rf", 0, 8192);
     ect_push_item it = item_of(&b, addr);
@@ -689,9 +687,7 @@ static void test_refresh(void **st) {
     ect_push_producer_stats(p, &ps);
     assert_int_equal(ps.refreshes, 2);
     expect_drained(f, p);
-    ect_push_producer_close(p);
-    fake_close(f);
-    free(b.data);
+    close_all(f, p, &b);
 }
 
 /* Closing with a push in flight (the shard answers slowly) returns once the
@@ -702,14 +698,10 @@ static void test_close_in_flight(void **st) {
     fake *f = fake_open(1, "tcp");
     atomic_store(&f->sh[0].delay_ms, 300);
     ect_push_producer *p = prod_open(2000, 150000);
-    char addr[64];
-    consumer_addr(f, addr, sizeof addr);
+    const char *addr = f->addr;
     item_buf b;
     item_make(&b, "cl", 0, 4096);
-    ect_push_item it = item_of(&b, addr);
-    it.release = on_release;
-    it.release_user = b.data;
-    atomic_store(&released, 0);
+    ect_push_item it = borrowed(&b, addr);
     assert_int_equal(ect_push_producer_reserve(p, &it), 0);
     assert_int_equal(ect_push_producer_flush(p), 1);
     uint64_t end = ect_now_ms() + 5000;
@@ -744,15 +736,12 @@ static void test_transport_mismatch(void **st) {
     o.transport = "shm";
     o.control_timeout_ms = 5000;
     assert_int_equal(ect_push_producer_open(&o, &p), 0);
-    char addr[64];
-    consumer_addr(f, addr, sizeof addr);
+    const char *addr = f->addr;
     item_buf b;
     item_make(&b, "tm", 0, 4096);
     ect_push_item it = item_of(&b, addr);
-    assert_int_equal(ect_push_producer_reserve(p, &it), 0);
-    assert_int_equal(ect_push_producer_flush(p), 1);
     ect_push_result r;
-    wait_results(p, &r, 1, 20);
+    push_one(p, &it, &r, 20);
     assert_int_equal(r.status, ECT_EIO);
     assert_non_null(strstr(r.error, "offers transport 'tcp'"));
     assert_non_null(strstr(r.error, "requires 'shm'"));
@@ -765,9 +754,7 @@ static void test_transport_mismatch(void **st) {
         assert_int_equal(shard_stats(&f->sh[s]).live, 0);
         assert_int_equal(atomic_load(&f->sh[s].n_op[WIRE_OP_COMPLETE_BATCH]), 0);
     }
-    ect_push_producer_close(p);
-    fake_close(f);
-    free(b.data);
+    close_all(f, p, &b);
 }
 
 /* The reserve_batch of a step goes to the shards in parallel: with every
@@ -781,21 +768,16 @@ static void test_shards_in_parallel(void **st) {
     atomic_store(&delaying_now, 0);
     atomic_store(&delaying_max, 0);
     ect_push_producer *p = prod_open(5000, 150000);
-    char addr[64];
-    consumer_addr(f, addr, sizeof addr);
+    const char *addr = f->addr;
     item_buf b;
     item_make(&b, "par", 0, 4096);
     ect_push_item it = item_of(&b, addr);
-    assert_int_equal(ect_push_producer_reserve(p, &it), 0);
-    assert_int_equal(ect_push_producer_flush(p), 1);
     ect_push_result r;
-    wait_results(p, &r, 1, 20);
+    push_one(p, &it, &r, 20);
     assert_int_equal(r.status, 0);
     assert_true(atomic_load(&delaying_max) >= 2);
     for (int s = 0; s < 4; s++) expect_bytes(&f->sh[s], "par-0", b.seed, b.nbytes);
-    ect_push_producer_close(p);
-    fake_close(f);
-    free(b.data);
+    close_all(f, p, &b);
 }
 
 /* A consumer that names its transport in `peers` (ours does), or has another
@@ -805,8 +787,7 @@ static void test_mismatch_costs_the_consumer_nothing(void **st) {
     (void)st;
     fake *f = fake_open(2, "tcp");
     f->peers_transport = true;
-    char addr[64];
-    consumer_addr(f, addr, sizeof addr);
+    const char *addr = f->addr;
     item_buf b;
     item_make(&b, "mm", 0, 4096);
     for (int round = 0; round < 2; round++) {
@@ -820,10 +801,8 @@ static void test_mismatch_costs_the_consumer_nothing(void **st) {
         ect_push_producer *p = NULL;
         assert_int_equal(ect_push_producer_open(&o, &p), 0);
         ect_push_item it = item_of(&b, addr);
-        assert_int_equal(ect_push_producer_reserve(p, &it), 0);
-        assert_int_equal(ect_push_producer_flush(p), 1);
         ect_push_result r;
-        wait_results(p, &r, 1, 20);
+        push_one(p, &it, &r, 20);
         assert_true(r.status != 0);
         assert_non_null(strstr(r.error, "nothing was reserved"));
         assert_non_null(strstr(r.error, round == 0 ? "offers transport 'tcp', this producer "
@@ -846,8 +825,8 @@ static void test_mismatch_costs_the_consumer_nothing(void **st) {
 static void test_staging_waits_for_room(void **st) {
     (void)st;
     fake *f = fake_open(1, "tcp");
-    char live[64], dead[32];
-    consumer_addr(f, live, sizeof live);
+    const char *live = f->addr;
+    char dead[32];
     snprintf(dead, sizeof dead, "127.0.0.1:%d", 1); /* refused at once */
     ect_push_producer_opts o;
     ect_push_producer_opts_init(&o);
@@ -903,6 +882,24 @@ static void test_staging_waits_for_room(void **st) {
     free(c.data);
 }
 
+/* Sets the option at offset `off` (of `size` bytes) to v. */
+static void set_opt(ect_push_producer_opts *o, size_t off, size_t size, int64_t v) {
+    char *f = (char *)o + off;
+    if (size == sizeof(int)) {
+        int i = (int)v;
+        memcpy(f, &i, sizeof i);
+    } else {
+        uint64_t u = (uint64_t)v;
+        memcpy(f, &u, sizeof u);
+    }
+}
+
+#define OPT(field, v)                                                                              \
+    {                                                                                              \
+        offsetof(ect_push_producer_opts, field), sizeof(((ect_push_producer_opts *)0)->field), v,  \
+            #field                                                                                 \
+    }
+
 static void test_bad_args(void **st) {
     (void)st;
     ect_push_producer_opts o;
@@ -910,45 +907,48 @@ static void test_bad_args(void **st) {
     assert_int_equal(o.push_wait_ms, 60000);
     assert_int_equal(o.staging_wait_ms, 60000);
     assert_int_equal(o.expect_shards, 0);
-    ect_push_producer *p = (ect_push_producer *)&o;
-    o.push_wait_ms = 0;
-    assert_err(ect_push_producer_open(&o, &p), ECT_EINVAL, "push_wait_ms");
-    ect_push_producer_opts_init(&o);
-    o.staging_wait_ms = 3600001;
-    assert_err(ect_push_producer_open(&o, &p), ECT_EINVAL, "staging_wait_ms");
-    ect_push_producer_opts_init(&o);
-    o.expect_shards = 65;
-    assert_err(ect_push_producer_open(&o, &p), ECT_EINVAL, "expect_shards");
-    ect_push_producer_opts_init(&o);
-    o.control_timeout_ms = 0;
-    assert_err(ect_push_producer_open(&o, &p), ECT_EINVAL, "control_timeout_ms");
-    assert_null(p);
-    ect_push_producer_opts_init(&o);
-    o.refresh_after_ms = 0;
-    assert_err(ect_push_producer_open(&o, &p), ECT_EINVAL, "refresh_after_ms");
-    ect_push_producer_opts_init(&o);
     assert_int_equal(o.down_backoff_ms, 1000);
     assert_int_equal(o.down_backoff_max_ms, 30000);
-    o.down_backoff_ms = 0;
-    assert_err(ect_push_producer_open(&o, &p), ECT_EINVAL, "down_backoff_ms");
-    ect_push_producer_opts_init(&o);
-    o.down_backoff_max_ms = 999;
-    assert_err(ect_push_producer_open(&o, &p), ECT_EINVAL, "down_backoff_max_ms");
-    p = prod_open(1000, 1000);
+    /* each option out of its range: refused, naming it */
+    static const struct {
+        size_t off, size;
+        int64_t v;
+        const char *name;
+    } bad_opts[] = {
+        OPT(push_wait_ms, 0),          OPT(staging_wait_ms, 3600001), OPT(expect_shards, 65),
+        OPT(control_timeout_ms, 0),    OPT(refresh_after_ms, 0),      OPT(down_backoff_ms, 0),
+        OPT(down_backoff_max_ms, 999),
+    };
+    for (size_t i = 0; i < ECT_ARRAY_LEN(bad_opts); i++) {
+        ect_push_producer *p = (ect_push_producer *)&o;
+        ect_push_producer_opts_init(&o);
+        set_opt(&o, bad_opts[i].off, bad_opts[i].size, bad_opts[i].v);
+        assert_err(ect_push_producer_open(&o, &p), ECT_EINVAL, bad_opts[i].name);
+        assert_null(p);
+    }
+    /* each item field wrong: refused at once, naming it, nothing queued */
+    static const struct {
+        const char *transfer_id, *consumer, *dtype;
+        uint64_t nbytes;
+        const char *text; /* NULL: any */
+    } bad_items[] = {
+        {"bad-0", "no-port", "bfloat16", 4096, "consumer 'no-port' is not HOST:PORT"},
+        {"bad-0", "127.0.0.1:0", "bfloat16", 4096, "consumer"},
+        {"bad-0", "::1:5000", "bfloat16", 4096, "consumer"}, /* IPv6 in brackets */
+        {"bad-0", "127.0.0.1:5000", "bfloat16", 4095, "nbytes"},
+        {"bad-0", "127.0.0.1:5000", "complex1024", 4096, NULL},
+        {"", "127.0.0.1:5000", "bfloat16", 4096, "transfer_id"},
+    };
+    ect_push_producer *p = prod_open(1000, 1000);
     item_buf b;
     item_make(&b, "bad", 0, 4096);
-    ect_push_item it = item_of(&b, "127.0.0.1:5000");
-    it.consumer = "no-port";
-    assert_err(ect_push_producer_reserve(p, &it), ECT_EINVAL, "consumer");
-    it.consumer = "127.0.0.1:5000";
-    it.nbytes = 4095;
-    assert_err(ect_push_producer_reserve(p, &it), ECT_EINVAL, "nbytes");
-    it.nbytes = 4096;
-    it.dtype = "complex1024";
-    assert_err(ect_push_producer_reserve(p, &it), ECT_EINVAL, NULL);
-    it.dtype = "bfloat16";
-    it.transfer_id = "";
-    assert_err(ect_push_producer_reserve(p, &it), ECT_EINVAL, "transfer_id");
+    for (size_t i = 0; i < ECT_ARRAY_LEN(bad_items); i++) {
+        ect_push_item it = item_of(&b, bad_items[i].consumer);
+        it.transfer_id = bad_items[i].transfer_id;
+        it.dtype = bad_items[i].dtype;
+        it.nbytes = bad_items[i].nbytes;
+        assert_err(ect_push_producer_reserve(p, &it), ECT_EINVAL, bad_items[i].text);
+    }
     assert_int_equal(ect_push_producer_pending(p), 0);
     ect_push_producer_close(p);
     ect_push_producer_close(NULL);
@@ -1043,12 +1043,9 @@ static void real_consumer(int tp, const char *kind) {
     for (int i = 0; i < K; i++) free(b[i].data);
 }
 
-static void test_real_consumer_tcp_tp2(void **st) {
+static void test_real_consumer(void **st) {
     (void)st;
     real_consumer(2, "tcp");
-}
-static void test_real_consumer_shm_tp4(void **st) {
-    (void)st;
     real_consumer(4, "shm");
 }
 
@@ -1100,16 +1097,12 @@ static void test_dead_consumer_fails_fast(void **st) {
     const int ctl_ms = 10000;
     fake *dead = fake_open(2, "tcp"), *live = fake_open(1, "tcp");
     ect_push_producer *p = prod_open_backoff(ctl_ms, 300, 1200);
-    char daddr[64], laddr[64];
-    consumer_addr(dead, daddr, sizeof daddr);
-    consumer_addr(live, laddr, sizeof laddr);
+    const char *daddr = dead->addr, *laddr = live->addr;
     item_buf warm;
     item_make(&warm, "warm", 0, 4096);
     ect_push_item wi = item_of(&warm, daddr);
-    assert_int_equal(ect_push_producer_reserve(p, &wi), 0);
-    assert_int_equal(ect_push_producer_flush(p), 1);
     ect_push_result wr;
-    wait_results(p, &wr, 1, 20);
+    push_one(p, &wi, &wr, 20);
     assert_int_equal(wr.status, 0); /* discovered, sockets connected */
     fake_kill(&dead->sh[0]);
     fake_kill(&dead->sh[1]);
@@ -1169,10 +1162,8 @@ static void test_dead_consumer_fails_fast(void **st) {
     item_buf again;
     item_make(&again, "again", 0, 4096);
     ect_push_item ai = item_of(&again, daddr);
-    assert_int_equal(ect_push_producer_reserve(p, &ai), 0);
-    assert_int_equal(ect_push_producer_flush(p), 1);
     ect_push_result ar;
-    wait_results(p, &ar, 1, 20);
+    push_one(p, &ai, &ar, 20);
     assert_int_equal(ar.status, 0);
     for (int s = 0; s < 2; s++) expect_bytes(&dead->sh[s], "again-0", again.seed, again.nbytes);
     expect_drained(live, p);
@@ -1204,7 +1195,7 @@ static void test_hung_consumer_does_not_block_others(void **st) {
     char haddr[64], laddr[64];
     snprintf(haddr, sizeof haddr, "127.0.0.1:%d", ntohs(a.sin_port));
     fake *live = fake_open(1, "tcp");
-    consumer_addr(live, laddr, sizeof laddr);
+    snprintf(laddr, sizeof laddr, "%s", live->addr);
     ect_push_producer *p = prod_open_backoff(ctl_ms, 5000, 5000);
     item_buf h, l[4];
     item_make(&h, "hung", 0, 1024);
@@ -1251,10 +1242,7 @@ static void test_hung_consumer_does_not_block_others(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_args),
-        cmocka_unit_test(test_happy_tp1),
-        cmocka_unit_test(test_happy_tp2),
-        cmocka_unit_test(test_happy_tp4),
-        cmocka_unit_test(test_happy_shm_tp2),
+        cmocka_unit_test(test_happy),
         cmocka_unit_test(test_round_trips_constant),
         cmocka_unit_test(test_failed_shard_abandons_others),
         cmocka_unit_test(test_consumer_killed_mid_push),
@@ -1269,8 +1257,7 @@ int main(void) {
         cmocka_unit_test(test_mismatch_costs_the_consumer_nothing),
         cmocka_unit_test(test_staging_waits_for_room),
         cmocka_unit_test(test_close_in_flight),
-        cmocka_unit_test(test_real_consumer_tcp_tp2),
-        cmocka_unit_test(test_real_consumer_shm_tp4),
+        cmocka_unit_test(test_real_consumer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -26,8 +26,27 @@ static push_table *open_default(void) {
 }
 
 static int add(push_table *t, const char *tid, size_t n, uint64_t now) {
-    push_item it = {tid, "127.0.0.1:14579", "hash", 576 * 4096 * 2, SHAPE, 2, "torch.bfloat16", n};
-    return push_add(t, &it, now);
+    push_item it = {.transfer_id = tid,
+                    .consumer = "127.0.0.1:14579",
+                    .mm_hash = "hash",
+                    .nbytes = 576 * 4096 * 2,
+                    .shape = SHAPE,
+                    .ndim = 2,
+                    .dtype = "torch.bfloat16",
+                    .n_shards = n};
+    return push_add(t, &it, now, NULL);
+}
+
+/* The record of tid. */
+static push_rec *R(push_table *t, const char *tid) {
+    push_rec *r = push_find(t, tid);
+    assert_non_null(r);
+    return r;
+}
+
+/* The transfer_id an action is about. */
+static const char *tid_of(const push_action *a) {
+    return a->rec ? a->rec->transfer_id : a->fin.transfer_id;
 }
 
 typedef struct acts {
@@ -54,8 +73,14 @@ static void reserve_ok(push_table *t, const char *tid, size_t shard, bool write,
     char rid[ECT_ID_LEN + 1], sess[32];
     snprintf(rid, sizeof rid, "rid%zu", shard);
     snprintf(sess, sizeof sess, "10.0.0.%zu:9000", shard);
-    push_reservation r = {rid, sess, 4096 * (shard + 1), 77, write, !write, !write, false};
-    assert_int_equal(push_reserve_done(t, tid, shard, &r, NULL, now), 0);
+    push_reservation r = {.reservation_id = rid,
+                          .dst_session = sess,
+                          .dst_ptr = 4096 * (shard + 1),
+                          .dst_key = "77",
+                          .write = write,
+                          .ready = !write,
+                          .cached = !write};
+    assert_int_equal(push_reserve_done(t, R(t, tid), shard, &r, NULL, now), 0);
     assert_int_equal(push_check(t), 0);
 }
 
@@ -76,27 +101,34 @@ static void test_opts_and_add(void **state) {
     assert_null(t);
     push_close(NULL);
     t = open_default();
-    push_item it = {"t", "c:1", "h", 10, SHAPE, 2, "bfloat16", 1};
-    assert_err(push_add(t, &it, 0), ECT_EINVAL, "shape and dtype do not match nbytes");
+    push_item it = {.transfer_id = "t",
+                    .consumer = "c:1",
+                    .mm_hash = "h",
+                    .nbytes = 10,
+                    .shape = SHAPE,
+                    .ndim = 2,
+                    .dtype = "bfloat16",
+                    .n_shards = 1};
+    assert_err(push_add(t, &it, 0, NULL), ECT_EINVAL, "shape and dtype do not match nbytes");
     it.nbytes = 576 * 4096 * 2;
     it.dtype = "nope";
-    assert_err(push_add(t, &it, 0), ECT_EINVAL, "Unsupported torch dtype string");
+    assert_err(push_add(t, &it, 0, NULL), ECT_EINVAL, "Unsupported torch dtype string");
     it.dtype = "bfloat16";
     it.n_shards = 0;
-    assert_err(push_add(t, &it, 0), ECT_EINVAL, "n_shards");
+    assert_err(push_add(t, &it, 0, NULL), ECT_EINVAL, "n_shards");
     it.n_shards = 65;
-    assert_err(push_add(t, &it, 0), ECT_EINVAL, "n_shards");
+    assert_err(push_add(t, &it, 0, NULL), ECT_EINVAL, "n_shards");
     it.n_shards = 1;
     it.consumer = "";
-    assert_err(push_add(t, &it, 0), ECT_EINVAL, "consumer");
+    assert_err(push_add(t, &it, 0, NULL), ECT_EINVAL, "consumer");
     it.consumer = "c:1";
     it.transfer_id = NULL;
-    assert_err(push_add(t, &it, 0), ECT_EINVAL, "transfer_id");
+    assert_err(push_add(t, &it, 0, NULL), ECT_EINVAL, "transfer_id");
     it.transfer_id = "t";
-    assert_int_equal(push_add(t, &it, 0), 0);
-    assert_err(push_add(t, &it, 0), ECT_EEXIST, "already pushed"); /* dedup */
-    assert_err(push_source_ready(t, "zz", 0), ECT_ENOTFOUND, "zz");
-    assert_err(push_cancel(t, "zz", 0), ECT_ENOTFOUND, "zz");
+    assert_int_equal(push_add(t, &it, 0, NULL), 0);
+    assert_err(push_add(t, &it, 0, NULL), ECT_EEXIST, "already pushed"); /* dedup */
+    assert_err(push_source_ready(t, "zz", NULL, 0), ECT_ENOTFOUND, "zz");
+    assert_err(push_cancel(t, "zz", 0, NULL, NULL), ECT_ENOTFOUND, "zz");
     push_close(t);
 }
 
@@ -108,46 +140,47 @@ static void test_happy_path(void **state) {
     expect_kind(A, PUSH_ACT_RESERVE, 2);
     assert_int_equal(A->a[0].shard, 0);
     assert_int_equal(A->a[1].shard, 1);
-    assert_string_equal(A->a[0].mm_hash, "hash");
-    assert_string_equal(A->a[0].dtype, "bfloat16");
-    assert_string_equal(A->a[0].consumer, "127.0.0.1:14579");
-    assert_int_equal(A->a[0].shape[0], 576);
+    assert_string_equal(A->a[0].rec->mm_hash, "hash");
+    assert_string_equal(A->a[0].rec->dtype, "bfloat16");
+    assert_string_equal(A->a[0].rec->consumer, "127.0.0.1:14579");
+    assert_int_equal(A->a[0].rec->shape[0], 576);
     expect_kind(next(t, 1), 0, 0); /* nothing handed out twice while in flight */
     reserve_ok(t, "t", 0, true, 2);
-    assert_err(push_reserve_done(t, "t", 0, NULL, "x", 2), ECT_ESTATE, "no reserve in flight");
-    assert_err(push_write_done(t, "t", 0, true), ECT_ESTATE, "no write in flight");
-    assert_err(push_reserve_done(t, "t", 5, NULL, "x", 2), ECT_ESTATE, "no shard 5");
+    assert_err(push_reserve_done(t, R(t, "t"), 0, NULL, "x", 2), ECT_ESTATE,
+               "no reserve in flight");
+    assert_err(push_write_done(t, R(t, "t"), 0, true), ECT_ESTATE, "no write in flight");
+    assert_err(push_reserve_done(t, R(t, "t"), 5, NULL, "x", 2), ECT_ESTATE, "no shard 5");
     reserve_ok(t, "t", 1, true, 2);
     expect_kind(next(t, 3), 0, 0); /* no source yet */
     assert_int_equal(state_of(t, "t"), PUSH_WAITING_INPUTS);
-    assert_int_equal(push_source_ready(t, "t", 4), 0);
-    assert_err(push_source_ready(t, "t", 4), ECT_ESTATE, "staged");
+    assert_int_equal(push_source_ready(t, "t", NULL, 4), 0);
+    assert_err(push_source_ready(t, "t", NULL, 4), ECT_ESTATE, "staged");
     A = next(t, 5);
     expect_kind(A, PUSH_ACT_WRITE, 2);
-    assert_string_equal(A->a[1].dst_session, "10.0.0.1:9000");
-    assert_int_equal(A->a[1].dst_ptr, 8192);
-    assert_int_equal(A->a[1].dst_key, 77);
-    assert_int_equal(A->a[1].nbytes, 576 * 4096 * 2);
+    assert_string_equal(A->a[1].rec->sh[A->a[1].shard].session, "10.0.0.1:9000");
+    assert_int_equal(A->a[1].rec->sh[A->a[1].shard].dst_ptr, 8192);
+    assert_string_equal(A->a[1].rec->sh[1].dst_key, "77");
+    assert_int_equal(A->a[1].rec->nbytes, 576 * 4096 * 2);
     assert_int_equal(state_of(t, "t"), PUSH_WRITING);
-    assert_int_equal(push_write_done(t, "t", 0, true), 0);
+    assert_int_equal(push_write_done(t, R(t, "t"), 0, true), 0);
     expect_kind(next(t, 6), 0, 0); /* completes wait for every write */
-    assert_int_equal(push_write_done(t, "t", 1, true), 0);
+    assert_int_equal(push_write_done(t, R(t, "t"), 1, true), 0);
     A = next(t, 7);
     expect_kind(A, PUSH_ACT_COMPLETE, 2);
-    assert_string_equal(A->a[0].reservation_id, "rid0");
+    assert_string_equal(A->a[0].rec->sh[A->a[0].shard].rid, "rid0");
     assert_int_equal(state_of(t, "t"), PUSH_NOTIFYING);
-    assert_int_equal(push_complete_done(t, "t", 0, true, true), 0);
-    assert_int_equal(push_complete_done(t, "t", 1, true, true), 0);
+    assert_int_equal(push_complete_done(t, R(t, "t"), 0, true, true), 0);
+    assert_int_equal(push_complete_done(t, R(t, "t"), 1, true, true), 0);
     A = next(t, 8);
     assert_int_equal(A->n, 2);
     assert_int_equal(A->a[0].kind, PUSH_ACT_RELEASE_SOURCE);
     assert_int_equal(A->a[1].kind, PUSH_ACT_FINISHED);
-    assert_int_equal(A->a[1].state, PUSH_DONE);
-    assert_string_equal(A->a[1].error, "");
+    assert_int_equal(A->a[1].fin.state, PUSH_DONE);
+    assert_string_equal(A->a[1].fin.error, "");
     assert_int_equal(state_of(t, "t"), PUSH_DONE);
     expect_kind(next(t, 9), 0, 0);
     assert_err(add(t, "t", 2, 10), ECT_EEXIST, "already pushed");
-    assert_err(push_cancel(t, "t", 10), ECT_ESTATE, "DONE");
+    assert_err(push_cancel(t, "t", 10, NULL, NULL), ECT_ESTATE, "DONE");
     /* remembered one TTL, then forgotten */
     next(t, 8 + 300 * S);
     assert_int_equal(state_of(t, "t"), 0);
@@ -165,25 +198,25 @@ static void test_cached_and_follower_shards_skip_writes(void **state) {
     next(t, 0);
     reserve_ok(t, "t", 0, true, 0);
     reserve_ok(t, "t", 1, false, 0); /* cached or follower */
-    assert_int_equal(push_source_ready(t, "t", 1), 0);
+    assert_int_equal(push_source_ready(t, "t", NULL, 1), 0);
     acts *A = next(t, 1);
     expect_kind(A, PUSH_ACT_WRITE, 1);
     assert_int_equal(A->a[0].shard, 0);
-    assert_int_equal(push_write_done(t, "t", 0, true), 0);
+    assert_int_equal(push_write_done(t, R(t, "t"), 0, true), 0);
     A = next(t, 2);
     expect_kind(A, PUSH_ACT_COMPLETE, 1);
-    assert_int_equal(push_complete_done(t, "t", 0, true, true), 0);
+    assert_int_equal(push_complete_done(t, R(t, "t"), 0, true, true), 0);
     A = next(t, 3);
-    assert_int_equal(A->a[A->n - 1].state, PUSH_DONE);
+    assert_int_equal(A->a[A->n - 1].fin.state, PUSH_DONE);
     /* nothing to write anywhere: straight to DONE */
     assert_int_equal(add(t, "u", 1, 4), 0);
     next(t, 4);
     reserve_ok(t, "u", 0, false, 4);
-    assert_int_equal(push_source_ready(t, "u", 5), 0);
+    assert_int_equal(push_source_ready(t, "u", NULL, 5), 0);
     A = next(t, 5);
     assert_int_equal(A->n, 2);
     assert_int_equal(A->a[0].kind, PUSH_ACT_RELEASE_SOURCE);
-    assert_int_equal(A->a[1].state, PUSH_DONE);
+    assert_int_equal(A->a[1].fin.state, PUSH_DONE);
     push_close(t);
 }
 
@@ -193,35 +226,44 @@ static void test_failed_shard_abandons_the_others(void **state) {
     assert_int_equal(add(t, "t", 3, 0), 0);
     next(t, 0);
     reserve_ok(t, "t", 0, true, 1);
-    assert_int_equal(push_reserve_done(t, "t", 1, NULL, "conflicting in-flight tensor", 1), 0);
+    assert_int_equal(push_reserve_done(t, R(t, "t"), 1, NULL, "conflicting in-flight tensor", 1),
+                     0);
     /* shard 2 still answering: nothing is abandoned yet */
     expect_kind(next(t, 2), 0, 0);
     reserve_ok(t, "t", 2, true, 3);
     acts *A = next(t, 3);
     expect_kind(A, PUSH_ACT_ABANDON, 2);
     assert_int_equal(A->a[0].shard, 0);
-    assert_string_equal(A->a[0].reservation_id, "rid0");
+    assert_string_equal(A->a[0].rec->sh[A->a[0].shard].rid, "rid0");
     assert_int_equal(A->a[1].shard, 2);
     /* the source arriving now is refused: the caller releases it */
-    assert_err(push_source_ready(t, "t", 3), ECT_ESTATE, "ending");
-    assert_int_equal(push_abandon_done(t, "t", 0, true), 0);
+    assert_err(push_source_ready(t, "t", NULL, 3), ECT_ESTATE, "ending");
+    assert_int_equal(push_abandon_done(t, R(t, "t"), 0, true), 0);
     expect_kind(next(t, 4), 0, 0);
-    assert_int_equal(push_abandon_done(t, "t", 2, false), 0); /* its TTL ends it */
+    assert_int_equal(push_abandon_done(t, R(t, "t"), 2, false), 0); /* its TTL ends it */
     A = next(t, 5);
     expect_kind(A, PUSH_ACT_FINISHED, 1); /* never staged: nothing to release */
-    assert_int_equal(A->a[0].state, PUSH_FAILED);
-    assert_non_null(strstr(A->a[0].error, "shard 1"));
-    assert_non_null(strstr(A->a[0].error, "conflicting in-flight tensor"));
+    assert_int_equal(A->a[0].fin.state, PUSH_FAILED);
+    assert_non_null(strstr(A->a[0].fin.error, "shard 1"));
+    assert_non_null(strstr(A->a[0].fin.error, "conflicting in-flight tensor"));
     push_close(t);
 }
 
 static void add_to(push_table *t, const char *tid, const char *consumer, size_t n, uint64_t now) {
-    push_item it = {tid, consumer, "hash", 576 * 4096 * 2, SHAPE, 2, "bfloat16", n};
-    assert_int_equal(push_add(t, &it, now), 0);
+    push_item it = {.transfer_id = tid,
+                    .consumer = consumer,
+                    .mm_hash = "hash",
+                    .nbytes = 576 * 4096 * 2,
+                    .shape = SHAPE,
+                    .ndim = 2,
+                    .dtype = "bfloat16",
+                    .n_shards = n};
+    assert_int_equal(push_add(t, &it, now, NULL), 0);
 }
 
 static void full(push_table *t, const char *tid, size_t shard, uint64_t now) {
-    assert_int_equal(push_reserve_full(t, tid, shard, "EC consumer buffer pool is full", now), 0);
+    assert_int_equal(push_reserve_full(t, R(t, tid), shard, "EC consumer buffer pool is full", now),
+                     0);
     assert_int_equal(push_check(t), 0);
 }
 
@@ -232,25 +274,25 @@ static void test_full_shard_backs_off_and_retries(void **state) {
     (void)state;
     push_table *t = open_default();
     assert_int_equal(add(t, "t", 3, 0), 0);
-    assert_int_equal(push_source_ready(t, "t", 0), 0);
+    assert_int_equal(push_source_ready(t, "t", NULL, 0), 0);
     expect_kind(next(t, 0), PUSH_ACT_RESERVE, 3);
     reserve_ok(t, "t", 0, true, 1);
     full(t, "t", 1, 1);
-    assert_err(push_reserve_full(t, "t", 1, "x", 1), ECT_ESTATE, "no reserve in flight");
+    assert_err(push_reserve_full(t, R(t, "t"), 1, "x", 1), ECT_ESTATE, "no reserve in flight");
     expect_kind(next(t, 1), 0, 0);   /* shard 2 still answering */
     reserve_ok(t, "t", 2, false, 2); /* cached there */
     acts *A = next(t, 2);
     expect_kind(A, PUSH_ACT_GIVE_BACK, 2);
     assert_int_equal(A->a[0].shard, 0);
-    assert_string_equal(A->a[0].reservation_id, "rid0");
+    assert_string_equal(A->a[0].rec->sh[A->a[0].shard].rid, "rid0");
     assert_int_equal(A->a[1].shard, 2);
     push_info in;
     assert_int_equal(push_get(t, "t", &in), 0);
     assert_true(in.waiting_room);
     assert_int_equal(in.state, PUSH_WAITING_INPUTS);
-    assert_int_equal(push_refresh_done(t, "t", 0, true), 0);
+    assert_int_equal(push_refresh_done(t, R(t, "t"), 0, true), 0);
     expect_kind(next(t, 3), 0, 0);
-    assert_int_equal(push_refresh_done(t, "t", 2, true), 0);
+    assert_int_equal(push_refresh_done(t, R(t, "t"), 2, true), 0);
     expect_kind(next(t, 3), 0, 0); /* backing off */
     assert_int_equal(push_next_wake(t), 3 + 2);
     expect_kind(next(t, 4), 0, 0);
@@ -261,7 +303,7 @@ static void test_full_shard_backs_off_and_retries(void **state) {
     full(t, "t", 1, 6);
     full(t, "t", 2, 6);
     expect_kind(next(t, 6), PUSH_ACT_GIVE_BACK, 1);
-    assert_int_equal(push_refresh_done(t, "t", 0, true), 0);
+    assert_int_equal(push_refresh_done(t, R(t, "t"), 0, true), 0);
     expect_kind(next(t, 7), 0, 0);
     assert_int_equal(push_next_wake(t), 7 + 4);
     expect_kind(next(t, 11), PUSH_ACT_RESERVE, 3);
@@ -271,13 +313,14 @@ static void test_full_shard_backs_off_and_retries(void **state) {
     assert_int_equal(push_get(t, "t", &in), 0);
     assert_false(in.waiting_room);
     assert_int_equal(in.retries, 2);
-    for (size_t s = 0; s < 3; s++) assert_int_equal(push_write_done(t, "t", s, true), 0);
+    for (size_t s = 0; s < 3; s++) assert_int_equal(push_write_done(t, R(t, "t"), s, true), 0);
     expect_kind(next(t, 13), PUSH_ACT_COMPLETE, 3);
-    for (size_t s = 0; s < 3; s++) assert_int_equal(push_complete_done(t, "t", s, true, true), 0);
+    for (size_t s = 0; s < 3; s++)
+        assert_int_equal(push_complete_done(t, R(t, "t"), s, true, true), 0);
     A = next(t, 14);
     assert_int_equal(A->a[1].kind, PUSH_ACT_FINISHED);
-    assert_int_equal(A->a[1].state, PUSH_DONE);
-    assert_int_equal(A->a[1].retries, 2);
+    assert_int_equal(A->a[1].fin.state, PUSH_DONE);
+    assert_int_equal(A->a[1].fin.retries, 2);
     push_stats st;
     push_get_stats(t, &st);
     assert_int_equal(st.full_refusals, 3);
@@ -298,18 +341,18 @@ static void test_full_until_the_push_wait(void **state) {
     push_table *t;
     assert_int_equal(push_open(&o, &t), 0);
     assert_int_equal(add(t, "t", 1, 0), 0);
-    assert_int_equal(push_source_ready(t, "t", 0), 0);
+    assert_int_equal(push_source_ready(t, "t", NULL, 0), 0);
     uint64_t now = 0;
     unsigned rounds = 0;
     for (;;) {
         acts *A = next(t, now);
         if (A->n && A->a[A->n - 1].kind == PUSH_ACT_FINISHED) {
             assert_int_equal(A->a[0].kind, PUSH_ACT_RELEASE_SOURCE);
-            assert_int_equal(A->a[1].state, PUSH_FAILED);
-            assert_non_null(strstr(A->a[1].error, "stayed full"));
-            assert_non_null(strstr(A->a[1].error, "push_wait_ms"));
-            assert_non_null(strstr(A->a[1].error, "pool is full"));
-            assert_int_equal(A->a[1].retries, rounds);
+            assert_int_equal(A->a[1].fin.state, PUSH_FAILED);
+            assert_non_null(strstr(A->a[1].fin.error, "stayed full"));
+            assert_non_null(strstr(A->a[1].fin.error, "push_wait_ms"));
+            assert_non_null(strstr(A->a[1].fin.error, "pool is full"));
+            assert_int_equal(A->a[1].fin.retries, rounds);
             break;
         }
         if (A->n) {
@@ -328,12 +371,12 @@ static void test_full_until_the_push_wait(void **state) {
     reserve_ok(t, "u", 0, true, now);
     full(t, "u", 1, now);
     expect_kind(next(t, now), PUSH_ACT_GIVE_BACK, 1);
-    assert_int_equal(push_refresh_done(t, "u", 0, false), 0);
+    assert_int_equal(push_refresh_done(t, R(t, "u"), 0, false), 0);
     expect_kind(next(t, now), PUSH_ACT_ABANDON, 1);
-    assert_int_equal(push_abandon_done(t, "u", 0, true), 0);
+    assert_int_equal(push_abandon_done(t, R(t, "u"), 0, true), 0);
     acts *A = next(t, now);
     expect_kind(A, PUSH_ACT_FINISHED, 1);
-    assert_non_null(strstr(A->a[0].error, "giving back"));
+    assert_non_null(strstr(A->a[0].fin.error, "giving back"));
     push_close(t);
 }
 
@@ -355,15 +398,15 @@ static void test_full_consumer_keeps_order(void **state) {
     add_to(t, "x", "c2:1", 1, 2);
     A = next(t, 2); /* a backs off, b waits behind it, x goes */
     expect_kind(A, PUSH_ACT_RESERVE, 1);
-    assert_string_equal(A->a[0].transfer_id, "x");
+    assert_string_equal(tid_of(&A->a[0]), "x");
     expect_kind(next(t, 3), 0, 0); /* a backs off 2 ms, b still waits */
     A = next(t, 4);                /* a retries alone */
     expect_kind(A, PUSH_ACT_RESERVE, 1);
-    assert_string_equal(A->a[0].transfer_id, "a");
+    assert_string_equal(tid_of(&A->a[0]), "a");
     reserve_ok(t, "a", 0, true, 4);
     A = next(t, 4); /* room for a: b may start */
     expect_kind(A, PUSH_ACT_RESERVE, 1);
-    assert_string_equal(A->a[0].transfer_id, "b");
+    assert_string_equal(tid_of(&A->a[0]), "b");
     /* b is refused, then its retry goes unanswered (a slow shard): c behind
      * it never starts and fails at its own push wait, saying why */
     full(t, "b", 0, 5);
@@ -371,19 +414,19 @@ static void test_full_consumer_keeps_order(void **state) {
     expect_kind(next(t, 6), 0, 0); /* backoff from here: 2 ms */
     A = next(t, 8);
     expect_kind(A, PUSH_ACT_RESERVE, 1);
-    assert_string_equal(A->a[0].transfer_id, "b");
+    assert_string_equal(tid_of(&A->a[0]), "b");
     for (uint64_t now = 9; now < 1005; now += 7) expect_kind(next(t, now), 0, 0);
     A = next(t, 1005);
     expect_kind(A, PUSH_ACT_FINISHED, 1);
-    assert_string_equal(A->a[0].transfer_id, "c");
-    assert_int_equal(A->a[0].state, PUSH_FAILED);
-    assert_non_null(strstr(A->a[0].error, "behind earlier items"));
-    assert_non_null(strstr(A->a[0].error, "stayed full"));
+    assert_string_equal(tid_of(&A->a[0]), "c");
+    assert_int_equal(A->a[0].fin.state, PUSH_FAILED);
+    assert_non_null(strstr(A->a[0].fin.error, "behind earlier items"));
+    assert_non_null(strstr(A->a[0].fin.error, "stayed full"));
     /* b's answer comes: still full, and its own push wait is over */
     full(t, "b", 0, 1006);
     A = next(t, 1006);
     expect_kind(A, PUSH_ACT_FINISHED, 1);
-    assert_non_null(strstr(A->a[0].error, "stayed full for 1004 ms"));
+    assert_non_null(strstr(A->a[0].fin.error, "stayed full for 1004 ms"));
     /* a consumer with nobody waiting any more takes new items at once */
     add_to(t, "d", "c1:1", 1, 1007);
     expect_kind(next(t, 1007), PUSH_ACT_RESERVE, 1);
@@ -395,17 +438,17 @@ static void test_consumer_cancelled_reply(void **state) {
     push_table *t = open_default();
     assert_int_equal(add(t, "t", 2, 0), 0);
     next(t, 0);
-    push_reservation c = {"", "", 0, 0, false, false, false, true};
-    assert_int_equal(push_reserve_done(t, "t", 1, &c, NULL, 1), 0);
+    push_reservation c = {.reservation_id = "", .dst_session = "", .cancelled = true};
+    assert_int_equal(push_reserve_done(t, R(t, "t"), 1, &c, NULL, 1), 0);
     assert_int_equal(state_of(t, "t"), PUSH_CANCEL_PENDING);
     reserve_ok(t, "t", 0, true, 1);
     acts *A = next(t, 2);
     expect_kind(A, PUSH_ACT_ABANDON, 1);
     assert_int_equal(A->a[0].shard, 0);
-    assert_int_equal(push_abandon_done(t, "t", 0, true), 0);
+    assert_int_equal(push_abandon_done(t, R(t, "t"), 0, true), 0);
     A = next(t, 3);
     expect_kind(A, PUSH_ACT_FINISHED, 1);
-    assert_int_equal(A->a[0].state, PUSH_CANCELLED);
+    assert_int_equal(A->a[0].fin.state, PUSH_CANCELLED);
     push_close(t);
 }
 
@@ -416,23 +459,23 @@ static void test_engine_cancel_while_writing(void **state) {
     next(t, 0);
     reserve_ok(t, "t", 0, true, 0);
     reserve_ok(t, "t", 1, true, 0);
-    assert_int_equal(push_source_ready(t, "t", 0), 0);
+    assert_int_equal(push_source_ready(t, "t", NULL, 0), 0);
     expect_kind(next(t, 1), PUSH_ACT_WRITE, 2);
-    assert_int_equal(push_cancel(t, "t", 2), 0);
-    assert_int_equal(push_cancel(t, "t", 2), 0); /* idempotent */
+    assert_int_equal(push_cancel(t, "t", 2, NULL, NULL), 0);
+    assert_int_equal(push_cancel(t, "t", 2, NULL, NULL), 0); /* idempotent */
     assert_int_equal(state_of(t, "t"), PUSH_CANCEL_PENDING);
-    assert_int_equal(push_write_done(t, "t", 0, true), 0);
+    assert_int_equal(push_write_done(t, R(t, "t"), 0, true), 0);
     /* the source is not released while a write may still read it */
     expect_kind(next(t, 3), 0, 0);
-    assert_int_equal(push_write_done(t, "t", 1, true), 0);
+    assert_int_equal(push_write_done(t, R(t, "t"), 1, true), 0);
     expect_kind(next(t, 4), PUSH_ACT_ABANDON, 2);
-    assert_int_equal(push_abandon_done(t, "t", 0, true), 0);
-    assert_int_equal(push_abandon_done(t, "t", 1, true), 0);
+    assert_int_equal(push_abandon_done(t, R(t, "t"), 0, true), 0);
+    assert_int_equal(push_abandon_done(t, R(t, "t"), 1, true), 0);
     acts *A = next(t, 5);
     assert_int_equal(A->n, 2);
     assert_int_equal(A->a[0].kind, PUSH_ACT_RELEASE_SOURCE);
-    assert_int_equal(A->a[1].state, PUSH_CANCELLED);
-    assert_int_equal(push_cancel(t, "t", 6), 0);
+    assert_int_equal(A->a[1].fin.state, PUSH_CANCELLED);
+    assert_int_equal(push_cancel(t, "t", 6, NULL, NULL), 0);
     push_close(t);
 }
 
@@ -443,14 +486,14 @@ static void test_refresh_before_write(void **state) {
     next(t, 0);
     reserve_ok(t, "t", 0, true, 0);
     reserve_ok(t, "t", 1, false, 0); /* a cached shard holds nothing to refresh */
-    assert_int_equal(push_source_ready(t, "t", 150 * S), 0);
+    assert_int_equal(push_source_ready(t, "t", NULL, 150 * S), 0);
     acts *A = next(t, 150 * S);
     expect_kind(A, PUSH_ACT_REFRESH, 1);
     assert_int_equal(A->a[0].shard, 0);
-    assert_string_equal(A->a[0].reservation_id, "rid0");
+    assert_string_equal(A->a[0].rec->sh[A->a[0].shard].rid, "rid0");
     expect_kind(next(t, 150 * S), 0, 0);
-    assert_int_equal(push_refresh_done(t, "t", 0, true), 0);
-    assert_err(push_refresh_done(t, "t", 0, true), ECT_ESTATE, "no refresh in flight");
+    assert_int_equal(push_refresh_done(t, R(t, "t"), 0, true), 0);
+    assert_err(push_refresh_done(t, R(t, "t"), 0, true), ECT_ESTATE, "no refresh in flight");
     expect_kind(next(t, 151 * S), PUSH_ACT_RESERVE, 1);
     reserve_ok(t, "t", 0, true, 151 * S);
     expect_kind(next(t, 152 * S), PUSH_ACT_WRITE, 1);
@@ -461,16 +504,16 @@ static void test_refresh_before_write(void **state) {
     assert_int_equal(add(t, "u", 1, 0), 0);
     next(t, 152 * S);
     reserve_ok(t, "u", 0, true, 152 * S);
-    assert_int_equal(push_source_ready(t, "u", 302 * S), 0);
+    assert_int_equal(push_source_ready(t, "u", NULL, 302 * S), 0);
     A = next(t, 302 * S);
     assert_int_equal(A->n, 1);
     assert_int_equal(A->a[0].kind, PUSH_ACT_REFRESH);
-    assert_int_equal(push_refresh_done(t, "u", 0, false), 0);
+    assert_int_equal(push_refresh_done(t, R(t, "u"), 0, false), 0);
     expect_kind(next(t, 303 * S), PUSH_ACT_ABANDON, 1);
-    assert_int_equal(push_abandon_done(t, "u", 0, true), 0);
+    assert_int_equal(push_abandon_done(t, R(t, "u"), 0, true), 0);
     A = next(t, 304 * S);
-    assert_int_equal(A->a[1].state, PUSH_FAILED);
-    assert_non_null(strstr(A->a[1].error, "refresh"));
+    assert_int_equal(A->a[1].fin.state, PUSH_FAILED);
+    assert_non_null(strstr(A->a[1].fin.error, "refresh"));
     push_close(t);
 }
 
@@ -481,35 +524,35 @@ static void test_write_and_complete_failures(void **state) {
     next(t, 0);
     reserve_ok(t, "w", 0, true, 0);
     reserve_ok(t, "w", 1, true, 0);
-    assert_int_equal(push_source_ready(t, "w", 0), 0);
+    assert_int_equal(push_source_ready(t, "w", NULL, 0), 0);
     next(t, 1);
-    assert_int_equal(push_write_done(t, "w", 1, false), 0);
+    assert_int_equal(push_write_done(t, R(t, "w"), 1, false), 0);
     expect_kind(next(t, 2), 0, 0); /* shard 0 still writing */
-    assert_int_equal(push_write_done(t, "w", 0, true), 0);
+    assert_int_equal(push_write_done(t, R(t, "w"), 0, true), 0);
     expect_kind(next(t, 3), PUSH_ACT_ABANDON, 2); /* both, the written one too */
-    assert_int_equal(push_abandon_done(t, "w", 0, true), 0);
-    assert_int_equal(push_abandon_done(t, "w", 1, true), 0);
+    assert_int_equal(push_abandon_done(t, R(t, "w"), 0, true), 0);
+    assert_int_equal(push_abandon_done(t, R(t, "w"), 1, true), 0);
     acts *A = next(t, 4);
     assert_int_equal(A->a[0].kind, PUSH_ACT_RELEASE_SOURCE);
-    assert_non_null(strstr(A->a[1].error, "writing to 10.0.0.1:9000 (shard 1) failed"));
+    assert_non_null(strstr(A->a[1].fin.error, "writing to 10.0.0.1:9000 (shard 1) failed"));
     /* a completion the shard refuses (expired meanwhile) fails the push */
     assert_int_equal(add(t, "c", 2, 5), 0);
     next(t, 5);
     reserve_ok(t, "c", 0, true, 5);
     reserve_ok(t, "c", 1, true, 5);
-    assert_int_equal(push_source_ready(t, "c", 5), 0);
+    assert_int_equal(push_source_ready(t, "c", NULL, 5), 0);
     next(t, 6);
-    assert_int_equal(push_write_done(t, "c", 0, true), 0);
-    assert_int_equal(push_write_done(t, "c", 1, true), 0);
+    assert_int_equal(push_write_done(t, R(t, "c"), 0, true), 0);
+    assert_int_equal(push_write_done(t, R(t, "c"), 1, true), 0);
     next(t, 7);
-    assert_int_equal(push_complete_done(t, "c", 0, true, true), 0);
-    assert_int_equal(push_complete_done(t, "c", 1, true, false), 0);
+    assert_int_equal(push_complete_done(t, R(t, "c"), 0, true, true), 0);
+    assert_int_equal(push_complete_done(t, R(t, "c"), 1, true, false), 0);
     expect_kind(next(t, 8), PUSH_ACT_ABANDON, 2);
-    assert_int_equal(push_abandon_done(t, "c", 0, true), 0);
-    assert_int_equal(push_abandon_done(t, "c", 1, true), 0);
+    assert_int_equal(push_abandon_done(t, R(t, "c"), 0, true), 0);
+    assert_int_equal(push_abandon_done(t, R(t, "c"), 1, true), 0);
     A = next(t, 9);
-    assert_int_equal(A->a[1].state, PUSH_FAILED);
-    assert_non_null(strstr(A->a[1].error, "did not accept the completion"));
+    assert_int_equal(A->a[1].fin.state, PUSH_FAILED);
+    assert_non_null(strstr(A->a[1].fin.error, "did not accept the completion"));
     push_close(t);
 }
 
@@ -521,10 +564,10 @@ static void test_input_wait_timeout(void **state) {
     reserve_ok(t, "t", 0, true, 0);
     expect_kind(next(t, 300 * S - 1), 0, 0);
     expect_kind(next(t, 300 * S), PUSH_ACT_ABANDON, 1);
-    assert_int_equal(push_abandon_done(t, "t", 0, true), 0);
+    assert_int_equal(push_abandon_done(t, R(t, "t"), 0, true), 0);
     acts *A = next(t, 300 * S);
     expect_kind(A, PUSH_ACT_FINISHED, 1);
-    assert_non_null(strstr(A->a[0].error, "not saved within 300000 ms"));
+    assert_non_null(strstr(A->a[0].fin.error, "not saved within 300000 ms"));
     push_close(t);
 }
 
@@ -540,7 +583,7 @@ static void test_small_action_buffers(void **state) {
     }
     assert_int_equal(push_next_actions(t, 0, a, 1), 0);
     for (size_t i = 0; i < 3; i++) reserve_ok(t, "t", i, false, 0);
-    assert_int_equal(push_source_ready(t, "t", 0), 0);
+    assert_int_equal(push_source_ready(t, "t", NULL, 0), 0);
     assert_int_equal(push_next_actions(t, 1, a, 1), 1);
     assert_int_equal(a[0].kind, PUSH_ACT_RELEASE_SOURCE);
     assert_int_equal(push_check(t), 0);
@@ -562,7 +605,7 @@ static void test_tombstone_cap(void **state) {
     for (int i = 0; i < 4; i++) {
         snprintf(id, sizeof id, "t%d", i);
         assert_int_equal(add(t, id, 1, 0), 0);
-        assert_int_equal(push_cancel(t, id, 0), 0);
+        assert_int_equal(push_cancel(t, id, 0, NULL, NULL), 0);
     }
     next(t, 1);
     push_stats st;
@@ -572,6 +615,60 @@ static void test_tombstone_cap(void **state) {
     assert_int_equal(st.cancelled, 4);
     assert_int_equal(state_of(t, "t0"), 0);
     assert_int_equal(state_of(t, "t3"), PUSH_CANCELLED);
+    push_close(t);
+}
+
+/* Steps: a held record sends nothing until push_flush; a source staged
+ * after the flush is used from the next one; a held record cancelled ends at
+ * once with its release and report; closing aborts every live record
+ * without abandoning anything. */
+static void test_steps_cancel_and_abort(void **state) {
+    (void)state;
+    push_table *t = open_default();
+    push_source src = {.data = "x"};
+    push_item it = {.transfer_id = "h",
+                    .consumer = "c:1",
+                    .mm_hash = "hash",
+                    .nbytes = 576 * 4096 * 2,
+                    .shape = SHAPE,
+                    .ndim = 2,
+                    .dtype = "bfloat16",
+                    .n_shards = 1,
+                    .held = true};
+    assert_int_equal(push_add(t, &it, 0, NULL), 0);
+    expect_kind(next(t, 1), 0, 0); /* held */
+    assert_int_equal(push_flush(t), 1);
+    assert_int_equal(push_flush(t), 0);
+    expect_kind(next(t, 2), PUSH_ACT_RESERVE, 1);
+    reserve_ok(t, "h", 0, true, 2);
+    assert_int_equal(push_stage_begin(t, "h", 1), ECT_EINVAL); /* nbytes differs */
+    assert_int_equal(push_stage_begin(t, "h", it.nbytes), 0);
+    assert_err(push_stage_begin(t, "h", it.nbytes), ECT_ESTATE, "already staged");
+    assert_int_equal(push_stage_end(t, "h", &src, 3), 0);
+    expect_kind(next(t, 3), 0, 0); /* staged after the flush: waits for the next */
+    push_flush(t);
+    expect_kind(next(t, 4), PUSH_ACT_WRITE, 1);
+    /* a held record cancelled: over at once, its source given back */
+    it.transfer_id = "g";
+    it.src = &src;
+    assert_int_equal(push_add(t, &it, 5, NULL), 0);
+    push_action fin[2];
+    size_t n = 0;
+    assert_int_equal(push_cancel(t, "g", 5, fin, &n), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(fin[0].kind, PUSH_ACT_RELEASE_SOURCE);
+    assert_ptr_equal(fin[0].fin.src.data, src.data);
+    assert_int_equal(fin[1].fin.status, ECT_ECANCELED);
+    assert_string_equal(fin[1].fin.error, "cancelled before it was sent");
+    assert_int_equal(state_of(t, "g"), PUSH_CANCELLED);
+    assert_err(push_stage_begin(t, "g", it.nbytes), ECT_ESTATE, "finished");
+    /* closing: the write in flight counts as failed, nothing is abandoned */
+    push_abort_all(t, "closed");
+    acts *A = next(t, 6);
+    assert_int_equal(A->n, 2);
+    assert_int_equal(A->a[0].kind, PUSH_ACT_RELEASE_SOURCE);
+    assert_int_equal(A->a[1].fin.status, ECT_ECLOSED);
+    assert_string_equal(A->a[1].fin.error, "closed");
     push_close(t);
 }
 
@@ -590,12 +687,12 @@ static void hand_out(push_table *t, shell *sh, uint64_t now) {
     size_t n = push_next_actions(t, now, a, 64);
     assert_int_equal(push_check(t), 0);
     for (size_t i = 0; i < n; i++) {
-        unsigned k = (unsigned)atoi(a[i].transfer_id + 1);
+        unsigned k = (unsigned)atoi(tid_of(&a[i]) + 1);
         if (a[i].kind == PUSH_ACT_RELEASE_SOURCE) {
             sh->released[k]++;
             assert_true(sh->released[k] <= sh->staged[k]);
         } else if (a[i].kind == PUSH_ACT_FINISHED) {
-            sh->ends[a[i].state]++;
+            sh->ends[a[i].fin.state]++;
             assert_int_equal(sh->released[k], sh->staged[k]);
         } else {
             assert_true(sh->np < 512);
@@ -609,7 +706,7 @@ static void settle(push_table *t, shell *sh, uint64_t *seed, uint64_t now, bool 
     push_action a = sh->pend[i];
     sh->pend[i] = sh->pend[--sh->np];
     bool ok = !all_fail && test_rand(seed) % 10 != 0;
-    const char *id = a.transfer_id;
+    push_rec *id = a.rec;
     switch (a.kind) {
     case PUSH_ACT_RESERVE:
         if (!all_fail && test_rand(seed) % 4 == 0) {
@@ -619,7 +716,11 @@ static void settle(push_table *t, shell *sh, uint64_t *seed, uint64_t now, bool 
             assert_int_equal(push_reserve_done(t, id, a.shard, NULL, "boom", now), 0);
         } else {
             bool w = test_rand(seed) % 3 != 0;
-            push_reservation r = {"rid", "s:1", 0, 0, w, !w, false, test_rand(seed) % 20 == 0};
+            push_reservation r = {.reservation_id = "rid",
+                                  .dst_session = "s:1",
+                                  .write = w,
+                                  .ready = !w,
+                                  .cancelled = test_rand(seed) % 20 == 0};
             assert_int_equal(push_reserve_done(t, id, a.shard, &r, NULL, now), 0);
         }
         break;
@@ -657,10 +758,10 @@ static void test_random_shell(void **state) {
         switch (test_rand(&seed) % 6) {
         case 0: (void)add(t, id, 1 + (size_t)(test_rand(&seed) % 3), now); break;
         case 1:
-            if (push_source_ready(t, id, now) == 0) sh->staged[k]++;
+            if (push_source_ready(t, id, NULL, now) == 0) sh->staged[k]++;
             break;
         case 2:
-            if (test_rand(&seed) % 8 == 0) (void)push_cancel(t, id, now);
+            if (test_rand(&seed) % 8 == 0) (void)push_cancel(t, id, now, NULL, NULL);
             break;
         case 3:
         case 4:
@@ -710,6 +811,7 @@ int main(void) {
         cmocka_unit_test(test_input_wait_timeout),
         cmocka_unit_test(test_small_action_buffers),
         cmocka_unit_test(test_tombstone_cap),
+        cmocka_unit_test(test_steps_cancel_and_abort),
         cmocka_unit_test(test_random_shell),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -220,11 +220,11 @@ static void test_reserve_complete_take_release(void **state) {
     complete(f, "t1", r.reservation_id, 3, true, false); /* idempotent */
     const rsv_event *ev = rsv_event_peek(f->t);
     assert_non_null(ev);
-    assert_string_equal(ev->mm_hash, "h1");
-    assert_string_equal(ev->reservation_id, r.reservation_id);
-    assert_string_equal(ev->dtype, "bfloat16");
-    assert_int_equal(ev->ndim, 2);
-    assert_int_equal(ev->shape[1], 8);
+    assert_string_equal(ev->st.mm_hash, "h1");
+    assert_string_equal(ev->st.reservation_id, r.reservation_id);
+    assert_string_equal(ev->st.dtype, "bfloat16");
+    assert_int_equal(ev->st.ndim, 2);
+    assert_int_equal(ev->st.shape[1], 8);
     expect_event(f, RSV_EV_READY, "t1");
     assert_null(rsv_event_peek(f->t));
     /* reserve of a READY transfer repeats the reply */

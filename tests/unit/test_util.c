@@ -1,9 +1,13 @@
-/* Tests for util: error codes and detail, ids, clock, checked arithmetic, logging level. */
+/* Tests for util: error codes and detail, ids, clock, checked arithmetic, logging level,
+ * the HOST:PORT parser and the monotonic timed waits. */
 #include <ctype.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "testutil.h"
+#include "util/hostport.h"
+#include "util/sync.h"
 #include "util/util.h"
 
 static void test_strerror_covers_every_code(void **state) {
@@ -74,6 +78,91 @@ static void test_log_level_from_env(void **state) {
     assert_false(ect_log_enabled(ECT_LOG_INFO));
 }
 
+/* One table of inputs: what each is parsed into, or that it is refused. */
+static void test_hostport_parse(void **state) {
+    (void)state;
+    static const struct {
+        const char *in;
+        int min, max;
+        const char *host; /* NULL: refused */
+        int port;
+    } cases[] = {
+        {"127.0.0.1:14579", 1, 65535, "127.0.0.1", 14579},
+        {"host:0", 0, 65535, "host", 0},
+        {"host:0", 1, 65535, NULL, 0},
+        {"host:65535", 0, 65535, "host", 65535},
+        {"host:65535", 1, 65534, NULL, 0},
+        {"host:65536", 0, 65535, NULL, 0},
+        {"host:99999999999999999999", 0, 65535, NULL, 0},
+        {"[::1]:80", 1, 65535, "::1", 80},
+        {"[fe80::1%eth0]:9", 1, 65535, "fe80::1%eth0", 9},
+        {"::1:80", 1, 65535, NULL, 0}, /* IPv6 needs brackets */
+        {"[::1]80", 1, 65535, NULL, 0},
+        {"[]:80", 1, 65535, NULL, 0},
+        {"[::1:80", 1, 65535, NULL, 0},
+        {":80", 1, 65535, NULL, 0},
+        {"host:", 1, 65535, NULL, 0},
+        {"host", 1, 65535, NULL, 0},
+        {"host:8x", 1, 65535, NULL, 0},
+        {"host:-1", 0, 65535, NULL, 0},
+        {"host: 80", 1, 65535, NULL, 0},
+        {"", 1, 65535, NULL, 0},
+    };
+    for (size_t i = 0; i < ECT_ARRAY_LEN(cases); i++) {
+        char host[64] = "";
+        int port = -1;
+        int rc = ect_hostport_parse("addr", cases[i].in, cases[i].min, cases[i].max, host,
+                                    sizeof host, &port);
+        if (!cases[i].host) {
+            assert_int_equal(rc, ECT_EINVAL);
+            char want[160];
+            snprintf(want, sizeof want, "addr '%s' is not HOST:PORT (port %d..%d)", cases[i].in,
+                     cases[i].min, cases[i].max);
+            assert_string_equal(ect_last_error(), want);
+            continue;
+        }
+        assert_int_equal(rc, 0);
+        assert_string_equal(host, cases[i].host);
+        assert_int_equal(port, cases[i].port);
+    }
+    char small[4];
+    int port;
+    assert_int_equal(ect_hostport_parse("a", "abcd:1", 1, 9, small, sizeof small, &port),
+                     ECT_EINVAL);
+    assert_int_equal(ect_hostport_parse("a", NULL, 1, 9, small, sizeof small, &port), ECT_EINVAL);
+    char buf[64];
+    ect_hostport_format("::1", 80, buf, sizeof buf);
+    assert_string_equal(buf, "[::1]:80");
+    ect_hostport_format("h", 80, buf, sizeof buf);
+    assert_string_equal(buf, "h:80");
+    ect_tcp_endpoint("::1", 0, buf, sizeof buf);
+    assert_string_equal(buf, "tcp://[::1]:*");
+    ect_tcp_endpoint("h", 7, buf, sizeof buf);
+    assert_string_equal(buf, "tcp://h:7");
+    assert_int_equal(ect_tcp_endpoint_port("tcp://127.0.0.1:5555"), 5555);
+    assert_int_equal(ect_tcp_endpoint_port("tcp://[::1]:5556"), 5556);
+    assert_int_equal(ect_tcp_endpoint_port("ipc://x"), 0);
+}
+
+/* A timed wait ends by itself at a deadline on the monotonic clock, and a
+ * signal ends it early; far deadlines saturate instead of wrapping. */
+static void test_monotonic_timed_wait(void **state) {
+    (void)state;
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t cv;
+    assert_int_equal(ect_cond_init(&cv), 0);
+    pthread_mutex_lock(&mu);
+    uint64_t end = ect_deadline_ns(20);
+    while (!ect_cond_wait_until(&cv, &mu, end)) {
+    }
+    assert_true(ect_now_ns() >= end);
+    assert_true(ect_cond_wait_until(&cv, &mu, end)); /* already past: at once */
+    pthread_mutex_unlock(&mu);
+    pthread_cond_destroy(&cv);
+    assert_int_equal(ect_deadline_ns(UINT64_MAX), UINT64_MAX);
+    assert_true(ect_deadline_ns(1) > ect_now_ns());
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_strerror_covers_every_code),
@@ -82,6 +171,8 @@ int main(void) {
         cmocka_unit_test(test_clock_is_monotonic),
         cmocka_unit_test(test_checked_arithmetic),
         cmocka_unit_test(test_log_level_from_env),
+        cmocka_unit_test(test_hostport_parse),
+        cmocka_unit_test(test_monotonic_timed_wait),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,208 @@
+/*
+ * lanes — see lanes.h. One mutex guards the pool: the index of live lanes by
+ * key, every lane's queue and flags, and the list of all threads not yet
+ * joined. Each lane waits on its own condition variable (a submit wakes only
+ * its lane). A lane that idles out leaves the index under the mutex, so a
+ * submit after that starts a fresh lane instead of queueing on one that is
+ * ending; its thread is joined by the next submit or by close.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include <uthash.h>
+
+#include "util/lanes.h"
+#include "util/sync.h"
+#include "util/util.h"
+
+struct lane {
+    lane_pool *lp;
+    char *key;
+    pthread_t th;
+    pthread_cond_t cv;
+    lane_job *head, *tail; /* [mu] queued, not started */
+    bool indexed;          /* [mu] in lp->by_key: accepts jobs */
+    bool done;             /* [mu] the thread is about to return: join it */
+    UT_hash_handle hh;     /* lp->by_key [mu] */
+    struct lane *next;     /* lp->all [mu] */
+};
+
+struct lane_pool {
+    lane_ops ops;
+    size_t max;
+    uint64_t idle_ms;
+    pthread_mutex_t mu;
+    lane *by_key; /* [mu] live lanes */
+    lane *all;    /* [mu] every thread not yet joined */
+    size_t live;  /* [mu] */
+    bool stop, drain;
+};
+
+int lanes_open(const lane_ops *ops, size_t max_lanes, uint64_t idle_ms, lane_pool **out) {
+    *out = NULL;
+    if (!ops || !ops->run || !max_lanes || !idle_ms)
+        return ect_set_error(ECT_EINVAL, "lanes: run, max_lanes and idle_ms are required");
+    lane_pool *lp = calloc(1, sizeof *lp);
+    if (!lp) return ect_set_error(ECT_ENOMEM, "lanes: out of memory");
+    lp->ops = *ops;
+    lp->max = max_lanes;
+    lp->idle_ms = idle_ms;
+    pthread_mutex_init(&lp->mu, NULL);
+    *out = lp;
+    return 0;
+}
+
+static void unindex(lane_pool *lp, lane *l) {
+    if (!l->indexed) return;
+    HASH_DELETE(hh, lp->by_key, l);
+    l->indexed = false;
+    lp->live--;
+}
+
+static void *lane_main(void *arg) {
+    lane *l = arg;
+    lane_pool *lp = l->lp;
+    void *state = lp->ops.start ? lp->ops.start(lp->ops.ctx, l->key) : NULL;
+    lane_job *cancelled = NULL;
+    pthread_mutex_lock(&lp->mu);
+    for (;;) {
+        if (!l->head) {
+            if (lp->stop) break;
+            uint64_t end = ect_deadline_ns(lp->idle_ms);
+            while (!l->head && !lp->stop)
+                if (ect_cond_wait_until(&l->cv, &lp->mu, end)) break;
+            if (!l->head) break; /* idle (or stopping): end */
+        }
+        if (lp->stop && !lp->drain) {
+            cancelled = l->head;
+            l->head = l->tail = NULL;
+            break;
+        }
+        lane_job *j = l->head;
+        l->head = j->next;
+        if (!l->head) l->tail = NULL;
+        j->next = NULL;
+        pthread_mutex_unlock(&lp->mu);
+        lp->ops.run(lp->ops.ctx, l, state, j);
+        pthread_mutex_lock(&lp->mu);
+    }
+    unindex(lp, l); /* from here a submit for the key starts a new lane */
+    pthread_mutex_unlock(&lp->mu);
+    while (cancelled) {
+        lane_job *j = cancelled;
+        cancelled = j->next;
+        j->next = NULL;
+        lp->ops.cancel(lp->ops.ctx, j);
+    }
+    if (lp->ops.stop) lp->ops.stop(lp->ops.ctx, state);
+    pthread_mutex_lock(&lp->mu);
+    l->done = true;
+    pthread_mutex_unlock(&lp->mu);
+    return NULL;
+}
+
+static void lane_free(lane *l) {
+    pthread_cond_destroy(&l->cv);
+    free(l->key);
+    free(l);
+}
+
+/* Joins the lanes whose threads returned (or are returning). Caller holds
+ * mu; it is dropped around each join. */
+static void reap_locked(lane_pool *lp) {
+    for (lane **pp = &lp->all; *pp;) {
+        lane *l = *pp;
+        if (!l->done) {
+            pp = &l->next;
+            continue;
+        }
+        *pp = l->next;
+        pthread_mutex_unlock(&lp->mu);
+        pthread_join(l->th, NULL);
+        lane_free(l);
+        pthread_mutex_lock(&lp->mu);
+        pp = &lp->all; /* the list may have changed meanwhile */
+    }
+}
+
+int lanes_submit(lane_pool *lp, const char *key, lane_job *j) {
+    pthread_mutex_lock(&lp->mu);
+    reap_locked(lp);
+    int rc = 0;
+    lane *l = NULL;
+    HASH_FIND_STR(lp->by_key, key, l);
+    if (!l) {
+        if (lp->stop)
+            rc = ect_set_error(ECT_ECLOSED, "lanes: closing");
+        else if (lp->live >= lp->max)
+            rc = ect_set_error(ECT_EBUSY, "%zu lanes run already", lp->max);
+        else if (!(l = calloc(1, sizeof *l)) || !(l->key = strdup(key)))
+            rc = ect_set_error(ECT_ENOMEM, "lanes: out of memory");
+        if (!rc) {
+            l->lp = lp;
+            ect_cond_init(&l->cv);
+            if (pthread_create(&l->th, NULL, lane_main, l) != 0)
+                rc = ect_set_error(ECT_ENOMEM, "lanes: cannot start a thread");
+        }
+        if (rc) {
+            if (l) {
+                if (l->key) pthread_cond_destroy(&l->cv);
+                free(l->key);
+                free(l);
+            }
+            pthread_mutex_unlock(&lp->mu);
+            return rc;
+        }
+        HASH_ADD_KEYPTR(hh, lp->by_key, l->key, strlen(l->key), l);
+        l->indexed = true;
+        lp->live++;
+        l->next = lp->all;
+        lp->all = l;
+    }
+    j->next = NULL;
+    if (l->tail)
+        l->tail->next = j;
+    else
+        l->head = j;
+    l->tail = j;
+    pthread_cond_signal(&l->cv);
+    pthread_mutex_unlock(&lp->mu);
+    return 0;
+}
+
+lane_job *lane_take_queued(lane *l) {
+    lane_pool *lp = l->lp;
+    pthread_mutex_lock(&lp->mu);
+    lane_job *q = l->head;
+    l->head = l->tail = NULL;
+    pthread_mutex_unlock(&lp->mu);
+    return q;
+}
+
+const char *lane_key(const lane *l) { return l->key; }
+
+size_t lanes_count(lane_pool *lp) {
+    pthread_mutex_lock(&lp->mu);
+    size_t n = lp->live;
+    pthread_mutex_unlock(&lp->mu);
+    return n;
+}
+
+void lanes_close(lane_pool *lp, bool drain) {
+    if (!lp) return;
+    pthread_mutex_lock(&lp->mu);
+    lp->stop = true;
+    lp->drain = drain;
+    for (lane *l = lp->all; l; l = l->next) pthread_cond_signal(&l->cv);
+    while (lp->all) {
+        lane *l = lp->all;
+        lp->all = l->next;
+        pthread_mutex_unlock(&lp->mu);
+        pthread_join(l->th, NULL); /* lanes end in parallel: each was told above */
+        lane_free(l);
+        pthread_mutex_lock(&lp->mu);
+    }
+    pthread_mutex_unlock(&lp->mu);
+    pthread_mutex_destroy(&lp->mu);
+    free(lp);
+}

@@ -1,0 +1,71 @@
+/*
+ * lanes — a pool of keyed worker lanes: one thread per key (a consumer
+ * session, a control address, a data-plane session), running the jobs
+ * queued for that key one at a time, in the order they were submitted. A
+ * lane starts on the first job for its key and ends after `idle_ms` without
+ * one; a later job starts a new lane.
+ *
+ * Why lanes: work for one peer may block for a long time (a slow or dead
+ * peer costs its whole timeout); on its own lane it holds up only the work
+ * for the same peer, never another peer's.
+ *
+ * Jobs are intrusive (embed a lane_job); the pool never allocates them. A
+ * lane may keep per-thread state (a socket belongs to one thread): ops.start
+ * makes it on the lane's thread, ops.stop ends it there.
+ *
+ * Threading: lanes_submit from any thread; the callbacks run on the lane's
+ * thread without the pool's lock, so they may call lanes_submit (another key)
+ * or lane_take_queued (their own lane). lanes_close from one thread, once.
+ * Waits are on the monotonic clock.
+ */
+#ifndef ECT_UTIL_LANES_H
+#define ECT_UTIL_LANES_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct lane_job {
+    struct lane_job *next; /* [pool] */
+} lane_job;
+
+typedef struct lane lane; /* one lane: its key, its thread, its queue */
+
+typedef struct lane_ops {
+    /* Optional: the lane's state, made on its thread before its first job. */
+    void *(*start)(void *ctx, const char *key);
+    /* Required: runs job j (the lane's thread); j belongs to run from here. */
+    void (*run)(void *ctx, lane *l, void *state, lane_job *j);
+    /* Optional: ends the state, on the lane's thread, after its last job. */
+    void (*stop)(void *ctx, void *state);
+    /* A job that will never run (lanes_close without drain): j belongs to
+     * cancel. Required unless every close drains. */
+    void (*cancel)(void *ctx, lane_job *j);
+    void *ctx;
+} lane_ops;
+
+typedef struct lane_pool lane_pool;
+
+/* max_lanes >= 1 lanes at once; idle_ms >= 1. Errors: ECT_EINVAL, ECT_ENOMEM.
+ * Caller owns *out (lanes_close). ops is copied. */
+int lanes_open(const lane_ops *ops, size_t max_lanes, uint64_t idle_ms, lane_pool **out);
+
+/* Queues j on the lane of `key`, starting one when there is none. Takes j on
+ * success; on failure the caller keeps it. Errors: ECT_EBUSY max_lanes lanes
+ * run already; ECT_ENOMEM (no thread); ECT_ECLOSED closing. */
+int lanes_submit(lane_pool *lp, const char *key, lane_job *j);
+
+/* On the lane's own thread (inside run): takes the jobs queued behind the
+ * running one, in order (they will not run on the lane), or NULL. */
+lane_job *lane_take_queued(lane *l);
+
+const char *lane_key(const lane *l);
+
+/* Lanes running now. */
+size_t lanes_count(lane_pool *lp);
+
+/* Stops every lane and joins it: the job each is running finishes; the
+ * queued ones run too when `drain`, else go to ops.cancel. NULL is fine. */
+void lanes_close(lane_pool *lp, bool drain);
+
+#endif

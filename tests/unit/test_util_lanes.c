@@ -1,0 +1,180 @@
+/*
+ * Tests for util/lanes, the keyed worker lanes: order per key on one thread,
+ * keys in parallel (a blocked key does not hold up another), the lane limit,
+ * per-lane state made and ended on the lane's thread, idle lanes ending, the
+ * jobs queued behind one taken back, and close with and without draining.
+ * Readiness by state (polls with generous deadlines), never by sleeping.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "testutil.h"
+#include "util/lanes.h"
+#include "util/util.h"
+
+typedef struct job {
+    lane_job lj; /* first: a lane_job * is a job * */
+    int key, seq;
+    pthread_t ran_on;
+    atomic_bool ran, cancelled;
+    atomic_bool *wait_for; /* run blocks until this is true */
+    atomic_bool *set;      /* run sets this */
+    bool take_behind;      /* run takes the jobs queued behind it */
+} job;
+
+static atomic_int starts, stops, order_errors, last_seq[8];
+static lane_job *taken;
+
+static void *on_start(void *ctx, const char *key) {
+    (void)ctx;
+    atomic_fetch_add(&starts, 1);
+    return strdup(key);
+}
+
+static void wait_true(atomic_bool *b) {
+    uint64_t end = ect_now_ms() + 20000;
+    while (!atomic_load(b)) {
+        assert_true(ect_now_ms() < end);
+        usleep(1000);
+    }
+}
+
+static void on_run(void *ctx, lane *l, void *state, lane_job *lj) {
+    (void)ctx;
+    job *j = (job *)lj;
+    char want[16];
+    snprintf(want, sizeof want, "k%d", j->key);
+    assert_string_equal(state, want); /* this lane's own state */
+    assert_string_equal(lane_key(l), want);
+    if (j->wait_for) wait_true(j->wait_for);
+    if (atomic_exchange(&last_seq[j->key], j->seq) != j->seq - 1)
+        atomic_fetch_add(&order_errors, 1);
+    j->ran_on = pthread_self();
+    if (j->take_behind) taken = lane_take_queued(l);
+    if (j->set) atomic_store(j->set, true);
+    atomic_store(&j->ran, true);
+}
+
+static void on_stop(void *ctx, void *state) {
+    (void)ctx;
+    free(state);
+    atomic_fetch_add(&stops, 1);
+}
+
+static void on_cancel(void *ctx, lane_job *lj) {
+    (void)ctx;
+    atomic_store(&((job *)lj)->cancelled, true);
+}
+
+static const lane_ops OPS = {on_start, on_run, on_stop, on_cancel, NULL};
+
+static void reset(void) {
+    atomic_store(&starts, 0);
+    atomic_store(&stops, 0);
+    atomic_store(&order_errors, 0);
+    for (int i = 0; i < 8; i++) atomic_store(&last_seq[i], 0);
+    taken = NULL;
+}
+
+static int submit(lane_pool *lp, job *j, int key, int seq) {
+    j->key = key;
+    j->seq = seq;
+    char k[16];
+    snprintf(k, sizeof k, "k%d", key);
+    return lanes_submit(lp, k, &j->lj);
+}
+
+static void test_order_parallel_and_limit(void **state) {
+    (void)state;
+    reset();
+    lane_pool *lp;
+    assert_err(lanes_open(&OPS, 0, 100, &lp), ECT_EINVAL, "max_lanes");
+    assert_int_equal(lanes_open(&OPS, 2, 60000, &lp), 0);
+    static job a[50], b;
+    atomic_bool b_ran = false;
+    /* key 0's first job waits until key 1's job ran: only lanes in parallel finish */
+    a[0].wait_for = &b_ran;
+    for (int i = 0; i < 50; i++) assert_int_equal(submit(lp, &a[i], 0, i + 1), 0);
+    b.set = &b_ran;
+    assert_int_equal(submit(lp, &b, 1, 1), 0);
+    job c = {0};
+    assert_err(submit(lp, &c, 2, 1), ECT_EBUSY, "2 lanes"); /* the limit; c stays ours */
+    for (int i = 0; i < 50; i++) wait_true(&a[i].ran);
+    wait_true(&b.ran);
+    assert_int_equal(atomic_load(&order_errors), 0);
+    for (int i = 1; i < 50; i++) assert_true(pthread_equal(a[i].ran_on, a[0].ran_on));
+    assert_false(pthread_equal(a[0].ran_on, b.ran_on));
+    assert_int_equal(lanes_count(lp), 2);
+    lanes_close(lp, false);
+    assert_int_equal(atomic_load(&starts), 2);
+    assert_int_equal(atomic_load(&stops), 2);
+}
+
+static void test_idle_lanes_end(void **state) {
+    (void)state;
+    reset();
+    lane_pool *lp;
+    assert_int_equal(lanes_open(&OPS, 1, 20, &lp), 0);
+    job j1 = {0}, j2 = {0};
+    assert_int_equal(submit(lp, &j1, 0, 1), 0);
+    wait_true(&j1.ran);
+    uint64_t end = ect_now_ms() + 20000;
+    while (lanes_count(lp) > 0) { /* it idles out after 20 ms */
+        assert_true(ect_now_ms() < end);
+        usleep(1000);
+    }
+    assert_int_equal(submit(lp, &j2, 1, 1), 0); /* room again: a new lane, its own state */
+    wait_true(&j2.ran);
+    lanes_close(lp, false);
+    assert_int_equal(atomic_load(&starts), 2);
+    assert_int_equal(atomic_load(&stops), 2);
+}
+
+static void test_take_queued_and_close(void **state) {
+    (void)state;
+    reset();
+    lane_pool *lp;
+    assert_int_equal(lanes_open(&OPS, 4, 60000, &lp), 0);
+    atomic_bool go = false;
+    static job j[4];
+    j[0].wait_for = &go;
+    j[0].take_behind = true;
+    for (int i = 0; i < 4; i++) assert_int_equal(submit(lp, &j[i], 0, i + 1), 0);
+    atomic_store(&go, true);
+    wait_true(&j[0].ran);
+    int n = 0;
+    for (lane_job *q = taken; q; q = q->next) assert_ptr_equal(q, &j[1 + n++].lj);
+    assert_int_equal(n, 3);
+    for (int i = 1; i < 4; i++) assert_false(atomic_load(&j[i].ran));
+
+    /* close without drain: a job either ran (it had started) or is cancelled */
+    atomic_bool go2 = false;
+    static job k[3];
+    k[0].wait_for = &go2;
+    for (int i = 0; i < 3; i++) assert_int_equal(submit(lp, &k[i], 1, i + 1), 0);
+    atomic_store(&go2, true);
+    lanes_close(lp, false);
+    for (int i = 0; i < 3; i++) assert_true(atomic_load(&k[i].ran) != atomic_load(&k[i].cancelled));
+
+    /* with drain: everything queued runs */
+    reset();
+    assert_int_equal(lanes_open(&OPS, 4, 60000, &lp), 0);
+    static job d[20];
+    for (int i = 0; i < 20; i++) assert_int_equal(submit(lp, &d[i], i % 3, i / 3 + 1), 0);
+    lanes_close(lp, true);
+    for (int i = 0; i < 20; i++) assert_true(atomic_load(&d[i].ran));
+    assert_int_equal(atomic_load(&order_errors), 0);
+    lanes_close(NULL, true);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_order_parallel_and_limit),
+        cmocka_unit_test(test_idle_lanes_end),
+        cmocka_unit_test(test_take_queued_and_close),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
