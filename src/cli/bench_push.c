@@ -18,6 +18,7 @@
  * afresh.
  */
 #include <getopt.h>
+#include <sys/resource.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdint.h>
@@ -78,6 +79,7 @@ static int shard_open(const char *kind, uint64_t pool_bytes, shard **out) {
 
 typedef struct row {
     double items_s, gbps, p50_ms, p99_ms, rt_per_step, raw_gbps, raw_p50_ms;
+    double cpu_us; /* process CPU time (every thread: producer and shard) per item */
     bool ok;
 } row;
 
@@ -88,6 +90,13 @@ static void no_release(void *u, const void *d, uint64_t n) {
 }
 
 #define MAX_LAT 200000
+
+static uint64_t cpu_ns(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (uint64_t)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000000ull +
+           (uint64_t)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1000ull;
+}
 
 /* Takes and releases one finished item on the shard (no round trip). */
 static int shard_clear_one(shard *s, const char *tid) {
@@ -121,7 +130,7 @@ static int run_push(shard *s, ect_push_producer *p, void **src, size_t k, uint64
     int rc = 0;
     for (int warm = 1; warm >= 0 && !rc; warm--) {
         ect_push_producer_stats(p, &st0);
-        uint64_t t_start = cli_now_ns(), clear_ns = 0;
+        uint64_t t_start = cli_now_ns(), clear_ns = 0, cpu0 = cpu_ns();
         uint64_t t_end = t_start + (uint64_t)(secs * 1e9);
         size_t started = 0, outstanding = 0, done_items = 0;
         size_t want_steps = warm ? inflight : 3;
@@ -175,6 +184,7 @@ static int run_push(shard *s, ect_push_producer *p, void **src, size_t k, uint64
         }
         if (!warm) {
             busy_ns = cli_now_ns() - t_start - clear_ns;
+            r->cpu_us = done_items ? (double)(cpu_ns() - cpu0) / 1e3 / (double)done_items : NAN;
             items = done_items;
             steps = started;
         }
@@ -241,7 +251,9 @@ static void help(void) {
            "transport's raw ect_xport_write_batch of the same k writes into a region of the\n"
            "same kind, measured in the same run. Columns: items/s, GB/s, per-item latency p50/p99 "
            "(reserve to result),\n"
-           "control round trips per step (every op the producer sent, per shard), raw GB/s and\n"
+           "control round trips per step (every op the producer sent, per shard), CPU time of\n"
+           "the whole process (producer and shard, every thread) per item in microseconds\n"
+           "(a per-item cost that a busy machine does not inflate much), raw GB/s and\n"
            "p50 of one raw batch, and ratio = push GB/s / raw GB/s.\n\n"
            "  --json            one JSON list of rows\n"
            "  --transport LIST  comma-separated back ends (default tcp,shm)\n"
@@ -338,8 +350,9 @@ int bench_push(int argc, char **argv) {
     if (json)
         printf("[");
     else
-        printf("%-4s %9s %4s %3s %9s %8s %8s %8s %6s   %8s %8s  %6s\n", "xprt", "size", "k", "fl",
-               "items/s", "GB/s", "p50 ms", "p99 ms", "rt/stp", "raw GB/s", "raw p50", "ratio");
+        printf("%-4s %9s %4s %3s %9s %8s %8s %8s %6s %8s   %8s %8s  %6s\n", "xprt", "size", "k",
+               "fl", "items/s", "GB/s", "p50 ms", "p99 ms", "rt/stp", "cpu us/i", "raw GB/s",
+               "raw p50", "ratio");
     int rc = CLI_EXIT_OK;
     bool first = true;
     uint64_t serial = 0;
@@ -391,6 +404,8 @@ int bench_push(int argc, char **argv) {
                     cli_json_num(r.p50_ms);
                     printf(",\"p99_ms\":");
                     cli_json_num(r.p99_ms);
+                    printf(",\"cpu_us_per_item\":");
+                    cli_json_num(r.cpu_us);
                     printf(",\"round_trips_per_step\":");
                     cli_json_num(r.rt_per_step);
                     printf(",\"raw_gbps\":");
@@ -402,10 +417,10 @@ int bench_push(int argc, char **argv) {
                     printf("}");
                     first = false;
                 } else {
-                    printf(
-                        "%-4s %9s %4zu %3zu %9.0f %8.2f %8.2f %8.2f %6.1f   %8.2f %8.2f  %6.2f\n",
-                        kind, sz, k, fl, r.items_s, r.gbps, r.p50_ms, r.p99_ms, r.rt_per_step,
-                        r.raw_gbps, r.raw_p50_ms, ratio);
+                    printf("%-4s %9s %4zu %3zu %9.0f %8.2f %8.2f %8.2f %6.1f %8.1f   %8.2f %8.2f  "
+                           "%6.2f\n",
+                           kind, sz, k, fl, r.items_s, r.gbps, r.p50_ms, r.p99_ms, r.rt_per_step,
+                           r.cpu_us, r.raw_gbps, r.raw_p50_ms, ratio);
                 }
                 fflush(stdout);
             }
