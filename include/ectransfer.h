@@ -906,7 +906,9 @@ ECT_API void ect_push_scheduler_stats(ect_push_scheduler *s, ect_push_scheduler_
  * transports and a control client; when a round has batches for several
  * shards, each shard address's batch runs on that address's lane thread
  * (started on first use, owning its own REQ socket), so the shards are asked
- * in parallel; write batches to different sessions run on short-lived helper
+ * in parallel; an address's complete_batch ops run on a second lane of their
+ * own, so the completes of one step travel beside the next step's reserve
+ * (steps in flight; order per address is kept); write batches to different sessions run on short-lived helper
  * threads. Every ect_push_producer_* call except _open and _close is
  * safe from any thread at once and never waits on the network (the only wait
  * is ect_push_producer_poll's timeout, chosen by the caller). _close must not

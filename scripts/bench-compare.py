@@ -20,8 +20,8 @@ BENCHES = {
 
 def rows(binary, bench):
     out = subprocess.run([binary] + BENCHES[bench], capture_output=True, text=True, check=True)
-    key = ("transport", "size", "step") if bench == "push" else ("transport", "size")
-    return {tuple(r[k] for k in key): r["ratio"] for r in json.loads(out.stdout)}
+    key = ("transport", "size", "step") if bench == "push" else ("transport", "size", "batch")
+    return {tuple(r.get(k, 1) for k in key): r["ratio"] for r in json.loads(out.stdout)}
 
 
 def main():

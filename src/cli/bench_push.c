@@ -18,6 +18,7 @@
  * afresh.
  */
 #include <getopt.h>
+#include <sys/resource.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdint.h>
@@ -74,23 +75,11 @@ static int shard_open(const char *kind, uint64_t pool_bytes, shard **out) {
     return 0;
 }
 
-/* Ends the step's transfers on the shard (take + release) and drops their
- * resident copies, so the next step allocates afresh. */
-static int shard_clear(shard *s, char (*tids)[64], size_t k) {
-    for (size_t j = 0; j < k; j++) {
-        ect_push_view v;
-        int rc = ect_push_consumer_take(s->c, tids[j], &v);
-        if (!rc) rc = ect_push_consumer_release(s->c, &v);
-        if (rc) return rc;
-    }
-    ect_push_consumer_evict(s->c, SIZE_MAX);
-    return 0;
-}
-
 /* --------------------------------------------------------------- timing */
 
 typedef struct row {
     double items_s, gbps, p50_ms, p99_ms, rt_per_step, raw_gbps, raw_p50_ms;
+    double cpu_us; /* process CPU time (every thread: producer and shard) per item */
     bool ok;
 } row;
 
@@ -102,73 +91,102 @@ static void no_release(void *u, const void *d, uint64_t n) {
 
 #define MAX_LAT 200000
 
-/* Pushes steps of k items of n bytes until `secs` pass (at least 3 steps). */
+static uint64_t cpu_ns(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (uint64_t)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000000ull +
+           (uint64_t)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1000ull;
+}
+
+/* Takes and releases one finished item on the shard (no round trip). */
+static int shard_clear_one(shard *s, const char *tid) {
+    ect_push_view v;
+    int rc = ect_push_consumer_take(s->c, tid, &v);
+    if (!rc) rc = ect_push_consumer_release(s->c, &v);
+    return rc;
+}
+
+/* Pushes steps of k items of n bytes until `secs` pass (at least 3 steps),
+ * keeping up to `inflight` steps in flight: a new step is queued and flushed
+ * as soon as fewer than `inflight` steps' items are unfinished. The time
+ * spent clearing the shard (take + release + evict, no round trip) is not
+ * counted. With inflight 1 every step waits for the previous one's results. */
 static int run_push(shard *s, ect_push_producer *p, void **src, size_t k, uint64_t n, double secs,
-                    uint64_t *serial, row *r) {
+                    size_t inflight, uint64_t *serial, row *r) {
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", ect_push_consumer_port(s->c));
     uint64_t shape[1] = {n / 2};
-    ect_push_result *res = calloc(k, sizeof *res);
+    size_t rcap = k * inflight;
+    ect_push_result *res = calloc(rcap, sizeof *res);
     uint64_t *lat = malloc(MAX_LAT * sizeof *lat);
-    char(*tids)[64] = calloc(k, sizeof *tids);
-    if (!res || !lat || !tids) {
+    if (!res || !lat) {
         free(res);
         free(lat);
-        free(tids);
         return ECT_ENOMEM;
     }
     size_t nlat = 0, steps = 0;
     uint64_t busy_ns = 0, items = 0;
     ect_push_producer_stat st0, st1;
     int rc = 0;
-    uint64_t t_end = 0;
     for (int warm = 1; warm >= 0 && !rc; warm--) {
         ect_push_producer_stats(p, &st0);
-        uint64_t t_start = cli_now_ns();
-        t_end = t_start + (uint64_t)(secs * 1e9);
-        for (size_t it = 0; !rc && (it < 3 || cli_now_ns() < t_end) && (!warm || it < 1); it++) {
-            uint64_t t0 = cli_now_ns();
-            for (size_t j = 0; j < k && !rc; j++) {
-                uint64_t id = (*serial)++;
-                snprintf(tids[j], sizeof tids[j], "b-%" PRIu64, id);
-                char hash[64];
-                snprintf(hash, sizeof hash, "bh-%" PRIu64, id);
-                ect_push_item item = {.transfer_id = tids[j],
-                                      .consumer = addr,
-                                      .mm_hash = hash,
-                                      .shape = shape,
-                                      .ndim = 1,
-                                      .dtype = "bfloat16",
-                                      .nbytes = n,
-                                      .data = src[j],
-                                      .release = no_release};
-                rc = ect_push_producer_reserve(p, &item);
-            }
-            if (rc) break;
-            ect_push_producer_flush(p);
-            size_t got = 0;
-            uint64_t deadline = cli_now_ms() + 60000;
-            while (got < k && cli_now_ms() < deadline) {
-                size_t m = ect_push_producer_poll(p, res + got, k - got, 1000);
-                for (size_t i = got; i < got + m; i++) {
-                    if (res[i].status) {
-                        fprintf(stderr, "ect bench push: %s failed: %s\n", res[i].transfer_id,
-                                res[i].error);
-                        rc = res[i].status;
-                    }
-                    if (!warm && nlat < MAX_LAT) lat[nlat++] = res[i].latency_ns;
+        uint64_t t_start = cli_now_ns(), clear_ns = 0, cpu0 = cpu_ns();
+        uint64_t t_end = t_start + (uint64_t)(secs * 1e9);
+        size_t started = 0, outstanding = 0, done_items = 0;
+        size_t want_steps = warm ? inflight : 3;
+        uint64_t deadline = cli_now_ms() + 60000;
+        for (;;) {
+            bool more = started < want_steps || (!warm && cli_now_ns() < t_end);
+            while (!rc && more && outstanding + k <= k * inflight) {
+                for (size_t j = 0; j < k && !rc; j++) {
+                    uint64_t id = (*serial)++;
+                    char tid[64], hash[64];
+                    snprintf(tid, sizeof tid, "b-%" PRIu64, id);
+                    snprintf(hash, sizeof hash, "bh-%" PRIu64, id);
+                    ect_push_item item = {.transfer_id = tid,
+                                          .consumer = addr,
+                                          .mm_hash = hash,
+                                          .shape = shape,
+                                          .ndim = 1,
+                                          .dtype = "bfloat16",
+                                          .nbytes = n,
+                                          .data = src[j],
+                                          .release = no_release};
+                    rc = ect_push_producer_reserve(p, &item);
                 }
-                got += m;
+                if (rc) break;
+                ect_push_producer_flush(p);
+                outstanding += k;
+                started++;
+                more = started < want_steps || (!warm && cli_now_ns() < t_end);
             }
-            if (got < k && !rc) rc = ECT_ETIMEDOUT;
-            uint64_t t1 = cli_now_ns();
-            if (!warm) {
-                busy_ns += t1 - t0;
-                items += k;
-                steps++;
+            if (rc || outstanding == 0) break;
+            if (cli_now_ms() > deadline) {
+                rc = ECT_ETIMEDOUT;
+                break;
             }
-            /* free the items on the shard, untimed and without a round trip */
-            if (!rc) rc = shard_clear(s, tids, k);
+            size_t m = ect_push_producer_poll(p, res, rcap, 1000);
+            uint64_t c0 = cli_now_ns();
+            for (size_t i = 0; i < m; i++) {
+                if (res[i].status) {
+                    fprintf(stderr, "ect bench push: %s failed: %s\n", res[i].transfer_id,
+                            res[i].error);
+                    rc = res[i].status;
+                }
+                if (!warm && nlat < MAX_LAT) lat[nlat++] = res[i].latency_ns;
+                /* free the item on the shard, untimed and without a round trip */
+                if (!rc) rc = shard_clear_one(s, res[i].transfer_id);
+            }
+            if (m) ect_push_consumer_evict(s->c, SIZE_MAX);
+            clear_ns += cli_now_ns() - c0;
+            outstanding -= m;
+            done_items += m;
+        }
+        if (!warm) {
+            busy_ns = cli_now_ns() - t_start - clear_ns;
+            r->cpu_us = done_items ? (double)(cpu_ns() - cpu0) / 1e3 / (double)done_items : NAN;
+            items = done_items;
+            steps = started;
         }
     }
     ect_push_producer_stats(p, &st1);
@@ -183,7 +201,6 @@ static int run_push(shard *s, ect_push_producer *p, void **src, size_t k, uint64
     }
     free(res);
     free(lat);
-    free(tids);
     return rc;
 }
 
@@ -234,13 +251,18 @@ static void help(void) {
            "transport's raw ect_xport_write_batch of the same k writes into a region of the\n"
            "same kind, measured in the same run. Columns: items/s, GB/s, per-item latency p50/p99 "
            "(reserve to result),\n"
-           "control round trips per step (every op the producer sent, per shard), raw GB/s and\n"
+           "control round trips per step (every op the producer sent, per shard), CPU time of\n"
+           "the whole process (producer and shard, every thread) per item in microseconds\n"
+           "(a per-item cost that a busy machine does not inflate much), raw GB/s and\n"
            "p50 of one raw batch, and ratio = push GB/s / raw GB/s.\n\n"
            "  --json            one JSON list of rows\n"
            "  --transport LIST  comma-separated back ends (default tcp,shm)\n"
            "  --seconds S       time per row and per raw limit, 0.05..60 (default 0.3)\n"
            "  --steps LIST      items per step (default 1,8,32; each 1..256)\n"
            "  --sizes LIST      item sizes (default 64KiB,4.5MiB,16MiB)\n"
+           "  --inflight LIST   steps kept in flight (default 1: each step waits for the\n"
+           "                    previous one's results; N: a new step starts whenever fewer\n"
+           "                    than N are unfinished); column `fl`\n"
            "Goals (issue 5): ratio >= 0.8 for 4.5 MiB items; round trips per step the same\n"
            "for k = 32 as for k = 1.\n");
 }
@@ -268,21 +290,20 @@ static bool parse_list(const char *flag, const char *s, uint64_t *v, size_t *n, 
 }
 
 int bench_push(int argc, char **argv) {
-    static const struct option opts[] = {{"json", no_argument, 0, 'j'},
-                                         {"transport", required_argument, 0, 't'},
-                                         {"seconds", required_argument, 0, 's'},
-                                         {"steps", required_argument, 0, 'k'},
-                                         {"sizes", required_argument, 0, 'z'},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
+    static const struct option opts[] = {
+        {"json", no_argument, 0, 'j'},          {"transport", required_argument, 0, 't'},
+        {"seconds", required_argument, 0, 's'}, {"steps", required_argument, 0, 'k'},
+        {"sizes", required_argument, 0, 'z'},   {"inflight", required_argument, 0, 'f'},
+        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
     bool json = false;
     double secs = 0.3;
     const char *list = "tcp,shm";
     uint64_t steps[MAX_LIST] = {1, 8, 32}, sizes[MAX_LIST] = {64 << 10, 4718592, 16 << 20};
-    size_t nsteps = 3, nsizes = 3;
+    uint64_t flights[MAX_LIST] = {1};
+    size_t nsteps = 3, nsizes = 3, nflights = 1;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "jt:s:k:z:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "jt:s:k:z:f:h", opts, NULL)) != -1) {
         switch (c) {
         case 'j': json = true; break;
         case 't': list = optarg; break;
@@ -294,6 +315,9 @@ int bench_push(int argc, char **argv) {
             break;
         case 'z':
             if (!parse_list("--sizes", optarg, sizes, &nsizes, true)) return CLI_EXIT_USAGE;
+            break;
+        case 'f':
+            if (!parse_list("--inflight", optarg, flights, &nflights, false)) return CLI_EXIT_USAGE;
             break;
         case 'h': help(); return CLI_EXIT_OK;
         default: return cli_bad_flag("bench push", opts);
@@ -307,7 +331,9 @@ int bench_push(int argc, char **argv) {
         if (strcmp(k, "tcp") && strcmp(k, "shm") && strcmp(k, "ucx"))
             return cli_usage_error("bench push", "--transport: '%s' is not tcp, shm or ucx", k);
     uint64_t maxk = 0, maxn = 0;
+    uint64_t maxf = 0;
     for (size_t i = 0; i < nsteps; i++) maxk = steps[i] > maxk ? steps[i] : maxk;
+    for (size_t i = 0; i < nflights; i++) maxf = flights[i] > maxf ? flights[i] : maxf;
     for (size_t i = 0; i < nsizes; i++) maxn = sizes[i] > maxn ? sizes[i] : maxn;
     void **src = calloc(maxk, sizeof *src);
     for (size_t j = 0; src && j < maxk; j++) {
@@ -324,8 +350,9 @@ int bench_push(int argc, char **argv) {
     if (json)
         printf("[");
     else
-        printf("%-4s %9s %4s %9s %8s %8s %8s %6s   %8s %8s  %6s\n", "xprt", "size", "k", "items/s",
-               "GB/s", "p50 ms", "p99 ms", "rt/stp", "raw GB/s", "raw p50", "ratio");
+        printf("%-4s %9s %4s %3s %9s %8s %8s %8s %6s %8s   %8s %8s  %6s\n", "xprt", "size", "k",
+               "fl", "items/s", "GB/s", "p50 ms", "p99 ms", "rt/stp", "cpu us/i", "raw GB/s",
+               "raw p50", "ratio");
     int rc = CLI_EXIT_OK;
     bool first = true;
     uint64_t serial = 0;
@@ -338,7 +365,7 @@ int bench_push(int argc, char **argv) {
         ect_push_producer_opts po;
         ect_push_producer_opts_init(&po);
         po.staging_size = 0;
-        if (shard_open(kind, maxk * maxn * 2 + (64u << 20), &s) ||
+        if (shard_open(kind, maxk * maxn * (maxf + 1) + (64u << 20), &s) ||
             ect_xport_open(kind, NULL, &ini) || ect_push_producer_open(&po, &p)) {
             fprintf(stderr, "ect bench push: %s: %s\n", kind, ect_last_error());
             ect_push_producer_close(p);
@@ -348,14 +375,14 @@ int bench_push(int argc, char **argv) {
             continue;
         }
         for (size_t zi = 0; zi < nsizes; zi++) {
-            for (size_t ki = 0; ki < nsteps; ki++) {
+            for (size_t ki = 0; ki < nsteps * nflights; ki++) {
                 uint64_t n = sizes[zi];
-                size_t k = (size_t)steps[ki];
+                size_t k = (size_t)steps[ki / nflights], fl = (size_t)flights[ki % nflights];
                 row r;
                 memset(&r, 0, sizeof r);
                 r.raw_gbps = NAN;
                 r.raw_p50_ms = NAN;
-                int e = run_push(s, p, src, k, n, secs, &serial, &r);
+                int e = run_push(s, p, src, k, n, secs, fl, &serial, &r);
                 if (!e) e = run_raw(s, ini, src, k, n, secs, &r);
                 if (e || !r.ok) {
                     fprintf(stderr, "ect bench push: %s %" PRIu64 " B x %zu: %s\n", kind, n, k,
@@ -368,8 +395,8 @@ int bench_push(int argc, char **argv) {
                 cli_fmt_size(n, sz, sizeof sz);
                 if (json) {
                     printf("%s\n {\"transport\":\"%s\",\"size\":%" PRIu64 ",\"step\":%zu,"
-                           "\"items_per_s\":",
-                           first ? "" : ",", kind, n, k);
+                           "\"inflight\":%zu,\"items_per_s\":",
+                           first ? "" : ",", kind, n, k, fl);
                     cli_json_num(r.items_s);
                     printf(",\"gbps\":");
                     cli_json_num(r.gbps);
@@ -377,6 +404,8 @@ int bench_push(int argc, char **argv) {
                     cli_json_num(r.p50_ms);
                     printf(",\"p99_ms\":");
                     cli_json_num(r.p99_ms);
+                    printf(",\"cpu_us_per_item\":");
+                    cli_json_num(r.cpu_us);
                     printf(",\"round_trips_per_step\":");
                     cli_json_num(r.rt_per_step);
                     printf(",\"raw_gbps\":");
@@ -388,9 +417,10 @@ int bench_push(int argc, char **argv) {
                     printf("}");
                     first = false;
                 } else {
-                    printf("%-4s %9s %4zu %9.0f %8.2f %8.2f %8.2f %6.1f   %8.2f %8.2f  %6.2f\n",
-                           kind, sz, k, r.items_s, r.gbps, r.p50_ms, r.p99_ms, r.rt_per_step,
-                           r.raw_gbps, r.raw_p50_ms, ratio);
+                    printf("%-4s %9s %4zu %3zu %9.0f %8.2f %8.2f %8.2f %6.1f %8.1f   %8.2f %8.2f  "
+                           "%6.2f\n",
+                           kind, sz, k, fl, r.items_s, r.gbps, r.p50_ms, r.p99_ms, r.rt_per_step,
+                           r.cpu_us, r.raw_gbps, r.raw_p50_ms, ratio);
                 }
                 fflush(stdout);
             }

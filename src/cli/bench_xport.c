@@ -33,6 +33,22 @@ typedef cli_timing stats;
 
 /* ---- the transport under test */
 
+/* ---- small writes in one batch */
+
+#define SMALL_N 32
+#define SMALL_LEN (64u << 10)
+
+typedef struct batch_ctx {
+    ect_xport *x;
+    const char *session;
+    ect_write w[SMALL_N];
+} batch_ctx;
+
+static int batch_iter(void *p) {
+    batch_ctx *c = p;
+    return ect_xport_write_batch(c->x, c->session, c->w, SMALL_N, NULL);
+}
+
 /* ---- limit: memcpy */
 
 typedef struct cp_ctx {
@@ -188,11 +204,82 @@ static void help(void) {
            "and initiator in this process, loopback), one write per batch, beside the limit\n"
            "measured in the same run: raw blocking TCP for tcp, single-thread memcpy for shm,\n"
            "ucx_perftest -t ucp_put_bw for ucx (UCX_TLS applies to both). GB/s is 10^9 B/s;\n"
-           "latency is per batch, call to acknowledgement.\n"
+           "latency is per batch, call to acknowledgement. The last row per transport is one\n"
+           "batch of 32 x 64 KiB writes beside one 2 MiB write (limit 1x2MiB), same run.\n"
            "  --transport LIST  comma-separated subset (default: every one compiled in)\n"
            "  --seconds S       time per measurement, 0.05..60 (default 0.5)\n"
            "  --json            one JSON list of rows: transport, size, gbps, limit, limit_gbps,\n"
            "                    ratio, p50_us, p99_us, limit_p50_us, limit_p99_us\n");
+}
+
+/* One write_batch of SMALL_N x 64 KiB beside one write of the same 2 MiB on
+ * the same transport, same buffers, same run: what small items cost the data
+ * plane itself (limit "1x2MiB"). */
+static int small_batch(const char *kind, ect_xport *t, ect_xport *i, double secs, bool json,
+                       bool *first) {
+    size_t n = (size_t)SMALL_N * SMALL_LEN;
+    int fd = memfd_create("bench_xport", MFD_CLOEXEC);
+    uint8_t *dst = MAP_FAILED, *src = malloc(n);
+    if (fd >= 0 && ftruncate(fd, (off_t)n) == 0)
+        dst = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    char key[ECT_XPORT_KEY_MAX];
+    int rc = CLI_EXIT_OK;
+    if (dst == MAP_FAILED || !src || ect_xport_register(t, dst, n, fd, 0, key) != 0) {
+        fprintf(stderr, "ect bench xport: %s: setup of %zu bytes failed: %s\n", kind, n,
+                ect_last_error());
+        rc = CLI_EXIT_FAIL;
+    }
+    stats us = {0}, lim = {0};
+    if (rc == CLI_EXIT_OK) {
+        memset(src, 0xab, n);
+        batch_ctx b = {.x = i, .session = ect_xport_session(t)};
+        for (size_t k = 0; k < SMALL_N; k++)
+            b.w[k] = (ect_write){.src = src + k * SMALL_LEN,
+                                 .dst_addr = (uint64_t)(uintptr_t)dst + k * SMALL_LEN,
+                                 .len = SMALL_LEN,
+                                 .dst_key = key};
+        cli_write_ctx c = {
+            .x = i,
+            .session = ect_xport_session(t),
+            .w = {.src = src, .dst_addr = (uint64_t)(uintptr_t)dst, .len = n, .dst_key = key}};
+        if (cli_timed(batch_iter, &b, n, secs, &us) != 0 ||
+            cli_timed(cli_write_iter, &c, n, secs, &lim) != 0) {
+            fprintf(stderr, "ect bench xport: %s: write failed: %s\n", kind, ect_last_error());
+            rc = CLI_EXIT_FAIL;
+        }
+        ect_xport_unregister(t, key);
+    }
+    if (rc == CLI_EXIT_OK) {
+        double ratio = lim.ok && lim.gbps > 0 ? us.gbps / lim.gbps : NAN;
+        if (json) {
+            printf("%s\n  {\"transport\": \"%s\", \"size\": %zu, \"batch\": %d, \"gbps\": ",
+                   *first ? "" : ",", kind, (size_t)SMALL_LEN, SMALL_N);
+            *first = false;
+            cli_json_num(us.gbps);
+            printf(", \"limit\": \"1x2MiB\", \"limit_gbps\": ");
+            cli_json_num(lim.gbps);
+            printf(", \"ratio\": ");
+            cli_json_num(ratio);
+            printf(", \"p50_us\": ");
+            cli_json_num(us.p50_us);
+            printf(", \"p99_us\": ");
+            cli_json_num(us.p99_us);
+            printf(", \"limit_p50_us\": ");
+            cli_json_num(lim.p50_us);
+            printf(", \"limit_p99_us\": ");
+            cli_json_num(lim.p99_us);
+            printf("}");
+        } else {
+            printf("%-4s %9s %8.2f %8.1f %8.1f   %-12s %8.2f %8.1f %8.1f   %6.2f\n", kind,
+                   "32x64KiB", us.gbps, us.p50_us, us.p99_us, "1x2MiB", lim.gbps, lim.p50_us,
+                   lim.p99_us, ratio);
+        }
+        fflush(stdout);
+    }
+    if (dst != MAP_FAILED) munmap(dst, n);
+    if (fd >= 0) close(fd);
+    free(src);
+    return rc;
 }
 
 static int one_kind(const char *kind, double secs, bool json, bool *first) {
@@ -277,6 +364,8 @@ static int one_kind(const char *kind, double secs, bool json, bool *first) {
         if (fd >= 0) close(fd);
         free(src);
     }
+    if (rc == CLI_EXIT_OK && strcmp(kind, "ucx") != 0)
+        rc = small_batch(kind, t, i, secs, json, first);
     ect_xport_close(i);
     ect_xport_close(t);
     return rc;

@@ -121,6 +121,9 @@ static bool parse_rows(const char *name, const char *text, rows *out) {
             if (len < sizeof r->what && strcmp(name, "push") == 0)
                 snprintf(r->what + len, sizeof r->what - len, ", step %" PRId64,
                          (int64_t)num(o, "step"));
+            else if (len < sizeof r->what && xp && json_object_get(o, "batch"))
+                snprintf(r->what + len, sizeof r->what - len, " x %" PRId64 " in one batch",
+                         (int64_t)num(o, "batch"));
             else if (len < sizeof r->what && strcmp(name, "pull") == 0)
                 snprintf(r->what + len, sizeof r->what - len, " x %" PRId64,
                          (int64_t)num(o, "items"));

@@ -23,6 +23,7 @@
 #include <inttypes.h>
 #include <link.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,11 +159,30 @@ typedef struct find_lib {
     const char *base; /* basename to find */
     bool prefix;      /* match it as a prefix (libcuda.so, libcuda.so.1, libcuda.so.580...) */
     bool found;
+    bool first; /* the walk's first object: its load counters are read */
+    bool same;  /* nothing was loaded or unloaded since the last full walk */
+    unsigned long long gen, last_gen;
 } find_lib;
 
+/* The last full walk: the loader's counters then (dlpi_adds + dlpi_subs +
+ * 1) shifted left by one, its answer in bit 0; one word, so racing walkers
+ * never pair one walk's counters with another's answer. While the counters
+ * stay the same so does the answer, and the walk stops at its first object.
+ * 0: no walk yet. */
+static unsigned long long g_walk;
+
 static int find_cb(struct dl_phdr_info *info, size_t size, void *arg) {
-    (void)size;
     find_lib *f = arg;
+    if (f->first) {
+        f->first = false;
+        if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof info->dlpi_subs) {
+            f->gen = info->dlpi_adds + info->dlpi_subs + 1;
+            if (f->gen == f->last_gen) {
+                f->same = true;
+                return 1;
+            }
+        }
+    }
     const char *n = info->dlpi_name ? info->dlpi_name : "", *b = strrchr(n, '/');
     b = b ? b + 1 : n;
     f->found = f->prefix ? strncmp(b, f->base, strlen(f->base)) == 0 : strcmp(b, f->base) == 0;
@@ -170,17 +190,24 @@ static int find_cb(struct dl_phdr_info *info, size_t size, void *arg) {
 }
 
 /* Whether the process already mapped the driver library. A walk of the
- * loaded objects (no system call, well under a microsecond), because this
- * runs per write; dlopen(RTLD_NOLOAD) costs ~30 us of path searching. */
+ * loaded objects (no system call), because this runs per write;
+ * dlopen(RTLD_NOLOAD) costs ~30 us of path searching. The walk stops at the
+ * first object while the loader's counters say nothing changed since the
+ * last full walk (a full walk compared every object's name: ~2% of the CPU
+ * of a 64 KiB push, see docs/BENCHMARKS.md "Small items"). */
 static bool driver_mapped(void) {
     const char *e = getenv("ECT_CUDA_LIBRARY");
-    find_lib f = {.base = "libcuda.so", .prefix = true};
-    if (e && *e) {
+    unsigned long long last = __atomic_load_n(&g_walk, __ATOMIC_RELAXED);
+    find_lib f = {.base = "libcuda.so", .prefix = true, .first = true, .last_gen = last >> 1};
+    if (e && *e) { /* a chosen library (tests, odd installs): always the full walk */
         const char *b = strrchr(e, '/');
         f.base = b ? b + 1 : e;
         f.prefix = false;
+        f.first = false;
     }
     dl_iterate_phdr(find_cb, &f);
+    if (f.same) return last & 1;
+    if (f.gen) __atomic_store_n(&g_walk, f.gen << 1 | (f.found ? 1 : 0), __ATOMIC_RELAXED);
     return f.found;
 }
 

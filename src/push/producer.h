@@ -80,8 +80,9 @@ void *pp_dispatch_main(void *arg);
 int pp_lanes_open(ect_push_producer *p);
 int pp_write_lanes_open(ect_push_producer *p);
 
-/* Queues the control exchange x on the lane of x->key (a thread started on
- * first use, ended after PP_LANE_IDLE_MS without work). The lane runs its
+/* Queues the control exchange x on the lane of x->key, or for a
+ * complete_batch on the address's completes lane "complete|" x->key (a
+ * thread started on first use, ended after PP_LANE_IDLE_MS without work). The lane runs its
  * exchanges one at a time, in order, and appends each finished one to
  * p->done (under mu), waking the dispatcher; one failed for want of the peer
  * also fails those queued behind it (held, same cause). Takes x on success;

@@ -13,6 +13,17 @@
  * finished exchange goes to p->done (under mu) and wakes the dispatcher,
  * which settles it (batch.c).
  *
+ * Steps in flight: an address has two lanes, each with its own REQ socket:
+ * "complete|host:port" carries its complete_batch exchanges, "host:port"
+ * everything else (peers, reserve_batch, cancel). So the completes of step n
+ * travel while the reserve of step n+1 does, and neither waits a round trip
+ * for the other; the consumer's REP socket takes both connections in turn.
+ * Each kind stays in order on its own lane, so completes reach the consumer
+ * in the order their items were reserved, and a record has one action in
+ * flight at a time (pushes.h), so nothing of one item overtakes another of
+ * the same item. No wire change: two REQ connections are two peers to a REP
+ * socket, as two producers are.
+ *
  * An exchange that failed for want of the peer (timeout, refused, connection
  * closed) also fails the ones queued behind it on that lane at once, with the
  * same cause: they were queued before anyone knew, and each would otherwise
@@ -88,7 +99,7 @@ static void lane_run(void *ctx, lane *l, void *state, lane_job *lj) {
         behind = behind->next;
         b->rc = rc;
         b->held = true;
-        snprintf(b->err, sizeof b->err, "consumer %.100s unreachable: %.190s", lane_key(l), cause);
+        snprintf(b->err, sizeof b->err, "consumer %.100s unreachable: %.190s", b->key, cause);
         pp_deliver(p, b);
     }
 }
@@ -108,7 +119,12 @@ int pp_lanes_open(ect_push_producer *p) {
 }
 
 int pp_lane_submit(ect_push_producer *p, px *x) {
-    int rc = lanes_submit(p->lanes, x->key, &x->lj);
+    /* complete_batch has a lane of its own per address, so the completes of
+     * step n and the reserves of step n+1 are in flight together (see the
+     * top); every other op keeps the address's lane. */
+    char key[PX_KEY_MAX + 16];
+    snprintf(key, sizeof key, "%s%s", x->kind == PX_COMPLETE ? "complete|" : "", x->key);
+    int rc = lanes_submit(p->lanes, key, &x->lj);
     if (rc) return ect_set_error(rc, "no control lane for %s: %s", x->key, ect_last_error());
     return 0;
 }

@@ -230,6 +230,11 @@ static void *accept_main(void *arg) {
             if (errno == EMFILE || errno == ENFILE) usleep(10000);
             continue;
         }
+        /* Acks and small frames go out at once: with Nagle on, an ack can sit
+         * behind a delayed ACK of the peer (40 ms class stalls). Harmless on
+         * a unix-domain socket, where the call fails. */
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         xp_conn *c = calloc(1, sizeof *c);
         if (!c) {
             close(fd);

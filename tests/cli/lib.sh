@@ -92,6 +92,9 @@ start_consumer() {
   shift 2
   for attempt in 1 2 3 4 5 6 7 8; do
     port=$(free_port "$tp")
+    # an earlier run's ready line must not pass for this one's: the
+    # background redirect truncates OUT only once the child runs
+    rm -f "$out" "$out.err"
     "$ect" push-consumer --host 127.0.0.1 --port "$port" --tp "$tp" "$@" >"$out" 2>"$out.err" &
     cpid=$!
     pids+=("$cpid")

@@ -11,7 +11,9 @@
  * anything took. Variants: a slowed engine (it sleeps before each take), and
  * an engine that never releases, where every further item must fail at its
  * push wait saying the consumer stayed full, and both pools must return to
- * zero used bytes once the held items are let go.
+ * zero used bytes once the held items are let go. And with many steps of
+ * small items in flight at once (no pressure), the consumer hands items out
+ * in exactly the order they were pushed.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -360,6 +362,133 @@ static void test_never_released(void **st) {
     inst_close_drained(&in);
 }
 
+/* ---- steps in flight keep per-consumer FIFO order */
+
+#define FIFO_N 240
+#define FIFO_STEP 8
+#define FIFO_BYTES (64u << 10)
+
+typedef struct orderly {
+    inst *in;
+    int seen[FIFO_N]; /* item indexes in the order the scheduler handed them out */
+    atomic_int n_seen;
+    atomic_bool stop;
+    pthread_t th;
+} orderly;
+
+/* The scheduler's thread: records the order items arrive in, takes and
+ * releases each on every rank (checking its bytes). */
+static void *orderly_main(void *arg) {
+    orderly *o = arg;
+    ect_push_scheduler_opts so;
+    ect_push_scheduler_opts_init(&so);
+    so.consumer_port = o->in->base;
+    so.tp_size = o->in->tp;
+    so.accept_any = 1;
+    ect_push_scheduler *s = NULL;
+    assert_int_equal(ect_push_scheduler_open(&so, &s), 0);
+    while (!atomic_load(&o->stop)) {
+        ect_push_scheduler_poll(s);
+        ect_push_sched_item it;
+        bool any = false;
+        while (ect_push_scheduler_next(s, &it) == 0) {
+            any = true;
+            int k = index_of(it.transfer_id), n = atomic_load(&o->n_seen);
+            assert_true(k >= 0 && k < FIFO_N && n < FIFO_N);
+            o->seen[n] = k;
+            for (int r = 0; r < o->in->tp; r++) {
+                ect_push_view v;
+                assert_int_equal(ect_push_consumer_take(o->in->c[r], it.transfer_id, &v), 0);
+                assert_int_equal(v.nbytes, FIFO_BYTES);
+                assert_int_equal(((const uint8_t *)v.data)[0], (uint8_t)k);
+                assert_int_equal(((const uint8_t *)v.data)[FIFO_BYTES - 1], (uint8_t)(k * 7));
+                assert_int_equal(ect_push_consumer_release(o->in->c[r], &v), 0);
+            }
+            assert_int_equal(ect_push_scheduler_loaded(s, it.transfer_id), 0);
+            assert_int_equal(ect_push_scheduler_cancel(s, it.transfer_id), 0);
+            atomic_store(&o->n_seen, n + 1);
+        }
+        if (!any) nap_ms(1);
+    }
+    ect_push_scheduler_close(s);
+    return NULL;
+}
+
+/* 240 items of 64 KiB in 30 steps of 8, every step flushed at once without
+ * waiting for the previous ones (many steps in flight; the pool holds them
+ * all, so no refusal reorders anything): every item lands, and the consumer
+ * hands them out in exactly the order they were pushed. */
+static void run_fifo(int tp, const char *transport) {
+    inst in;
+    inst_open(&in, tp, transport);
+    orderly o;
+    memset(&o, 0, sizeof o);
+    o.in = &in;
+    assert_int_equal(pthread_create(&o.th, NULL, orderly_main, &o), 0);
+    ect_push_producer *p = producer_open(0);
+    char consumer[64];
+    snprintf(consumer, sizeof consumer, "127.0.0.1:%d", in.base);
+    uint8_t *buf = malloc(FIFO_BYTES);
+    assert_non_null(buf);
+    const uint64_t shape[1] = {FIFO_BYTES / 2};
+    for (int i = 0; i < FIFO_N; i++) {
+        memset(buf, i, FIFO_BYTES);
+        buf[FIFO_BYTES - 1] = (uint8_t)(i * 7);
+        char tid[64], hash[64];
+        snprintf(tid, sizeof tid, "fifo-%d", i);
+        snprintf(hash, sizeof hash, "h-fifo-%d", i);
+        ect_push_item it = {.transfer_id = tid,
+                            .consumer = consumer,
+                            .mm_hash = hash,
+                            .shape = shape,
+                            .ndim = 1,
+                            .dtype = "torch.bfloat16",
+                            .nbytes = FIFO_BYTES,
+                            .data = buf}; /* copied into the staging pool */
+        assert_int_equal(ect_push_producer_reserve(p, &it), 0);
+        if (i % FIFO_STEP == FIFO_STEP - 1) ect_push_producer_flush(p);
+    }
+    ect_push_producer_flush(p);
+    free(buf);
+    int done = 0;
+    uint64_t end = ect_now_ms() + DEADLINE_MS;
+    ect_push_result r[16];
+    while (done < FIFO_N) {
+        assert_true(ect_now_ms() < end);
+        size_t got = ect_push_producer_poll(p, r, 16, 1000);
+        for (size_t i = 0; i < got; i++) {
+            if (r[i].status) fail_msg("%s failed: %s", r[i].transfer_id, r[i].error);
+            assert_int_equal(r[i].retries, 0);
+            done++;
+        }
+    }
+    while (atomic_load(&o.n_seen) < FIFO_N) {
+        assert_true(ect_now_ms() < end);
+        nap_ms(2);
+    }
+    atomic_store(&o.stop, true);
+    pthread_join(o.th, NULL);
+    for (int i = 0; i < FIFO_N; i++)
+        if (o.seen[i] != i) fail_msg("arrival %d is item %d, not %d", i, o.seen[i], i);
+    ect_push_producer_stat ps;
+    ect_push_producer_stats(p, &ps);
+    assert_int_equal(ps.done, FIFO_N);
+    assert_int_equal(ps.full_refusals, 0);
+    ect_push_producer_close(p);
+    inst_close_drained(&in);
+}
+
+static void test_fifo_steps_in_flight_tcp(void **st) {
+    (void)st;
+    run_fifo(1, "tcp");
+    run_fifo(2, "tcp");
+}
+
+static void test_fifo_steps_in_flight_shm(void **st) {
+    (void)st;
+    run_fifo(1, "shm");
+}
+
 int main(void) {
     ect_log_set_level(ECT_LOG_ERROR);
     const struct CMUnitTest tests[] = {
@@ -370,6 +499,8 @@ int main(void) {
         cmocka_unit_test(test_slow_engine_tcp_tp4),
         cmocka_unit_test(test_slow_engine_shm_tp1),
         cmocka_unit_test(test_never_released),
+        cmocka_unit_test(test_fifo_steps_in_flight_tcp),
+        cmocka_unit_test(test_fifo_steps_in_flight_shm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

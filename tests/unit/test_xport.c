@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -739,6 +741,37 @@ static void test_tcp_stall(void **state) {
         cmocka_unit_test_prestate(t_killed, (void *)k),                                            \
         cmocka_unit_test_prestate(t_256m, (void *)k)
 
+/* Both ends of a transport connection send small frames at once (acks,
+ * headers): the accepted socket and the connecting one have TCP_NODELAY, so
+ * no ack waits behind Nagle and the peer's delayed ACK (a 40 ms class stall
+ * of many small writes in one batch). */
+static atomic_int nodelay_seen = -1;
+
+static void nodelay_conn(void *ctx, int fd, int stopfd) {
+    (void)ctx;
+    (void)stopfd;
+    int v = 0;
+    socklen_t l = sizeof v;
+    atomic_store(&nodelay_seen, getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &v, &l) == 0 ? v : -2);
+}
+
+static void test_tcp_nodelay(void **st) {
+    (void)st;
+    int lfd = -1, port = 0, cfd = -1;
+    assert_int_equal(xp_tcp_listen("127.0.0.1", 0, &lfd, &port), 0);
+    xp_server *srv = NULL;
+    assert_int_equal(xp_server_start(lfd, nodelay_conn, NULL, &srv), 0);
+    assert_int_equal(xp_tcp_connect("127.0.0.1", port, 10000, &cfd), 0);
+    int v = 0;
+    socklen_t l = sizeof v;
+    assert_int_equal(getsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, &v, &l), 0);
+    assert_int_not_equal(v, 0);
+    for (int i = 0; i < 60000 && atomic_load(&nodelay_seen) == -1; i++) usleep(1000);
+    assert_true(atomic_load(&nodelay_seen) > 0);
+    close(cfd);
+    xp_server_stop(srv);
+}
+
 int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     if (argc == 4 && strcmp(argv[1], "--child-target") == 0) child_target(argv[2], atoi(argv[3]));
@@ -747,6 +780,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_garbage),
         cmocka_unit_test(test_tcp_unregister_waits),
         cmocka_unit_test(test_tcp_stall),
+        cmocka_unit_test(test_tcp_nodelay),
         KIND_TESTS("tcp"),
         KIND_TESTS("shm"),
 #if ECT_HAVE_UCX && !XP_TSAN
