@@ -150,6 +150,38 @@ ECT_API void ect_log_set_level(int level);
 /** The level in force now. */
 ECT_API int ect_log_get_level(void);
 
+/* -------------------------------------------------------------- metrics */
+
+/** The metrics of every role object open in this process (push consumer
+ *  shards, push schedulers and producers, pull producers and consumers), in
+ *  the Prometheus text exposition format 0.0.4: names ectransfer_*, labels
+ *  role, shard and, where it applies, transport / direction / reason /
+ *  state; never a label per transfer. Objects appear while open (counters
+ *  start at 0 when one opens). The list of names is in README "Operating".
+ *  Caller owns the result (free()); NULL when out of memory (ECT_ENOMEM in
+ *  ect_last_error()). Any thread; no object's progress waits on it. */
+ECT_API char *ect_metrics_text(void);
+
+typedef struct ect_metrics_server ect_metrics_server;
+
+/** Serves ect_metrics_text() over HTTP on host:port (port 0 = any free
+ *  port; host "0.0.0.0", "::" or "*" for every interface, as for a control
+ *  port) from a thread of its own: GET or HEAD /metrics answers 200
+ *  "text/plain; version=0.0.4"; another path 404, another method 405, a
+ *  request head that does not parse or is over 8 KiB 400. One connection at
+ *  a time, closed after each answer; a client silent for 2 s is dropped.
+ *  Errors: ECT_EINVAL (host, port); ECT_EEXIST "address in use"; ECT_EIO,
+ *  ECT_ENOMEM. Caller owns *out (ect_metrics_server_close); *out is NULL on
+ *  failure. */
+ECT_API int ect_metrics_serve(const char *host, int port, ect_metrics_server **out);
+
+/** The bound port (the one chosen when port 0 was asked). */
+ECT_API int ect_metrics_server_port(const ect_metrics_server *m);
+
+/** Stops the thread (at once; a connection being answered is finished
+ *  first) and closes the socket. NULL is fine. */
+ECT_API void ect_metrics_server_close(ect_metrics_server *m);
+
 /* --------------------------------------------------------------- dtypes */
 
 /** Element size in bytes of a torch dtype name ("bfloat16" or

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <zmq.h>
 
@@ -66,6 +67,9 @@ struct ctl_server {
     refusal rf[RF_N];
     uint64_t seen_expired_ready, seen_expired_writing, seen_abandoned; /* reaper log */
     uint64_t expiry_log_ms;
+    atomic_uint_fast64_t bytes_in, items_in, requests; /* metrics */
+    ctl_error last_err[CTL_LAST_ERRORS];               /* [mu] newest at last_err_head - 1 */
+    size_t last_err_head, last_err_n;                  /* [mu] */
 };
 
 void ctl_server_opts_init(ctl_server_opts *o) {
@@ -94,6 +98,23 @@ static void refused(ctl_server *s, int k, const char *text) {
     f->window++;
     atomic_fetch_add(&f->total, 1);
     snprintf(f->example, sizeof f->example, "%.200s", text);
+    if (k == RF_FULL) return; /* back-pressure, not an error worth a status line */
+    ctl_error *e = &s->last_err[s->last_err_head];
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    e->realtime_ms = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    snprintf(e->text, sizeof e->text, "%.200s", text);
+    s->last_err_head = (s->last_err_head + 1) % CTL_LAST_ERRORS;
+    if (s->last_err_n < CTL_LAST_ERRORS) s->last_err_n++;
+}
+
+/* Counts the bytes of a reservation that just became READY (its writer's
+ * complete): the shard's bytes received. Under the lock. */
+static void count_ready(ctl_server *s, const char *transfer_id) {
+    rsv_status st;
+    if (rsv_status_get(s->tab, transfer_id, &st) != 0) return;
+    atomic_fetch_add(&s->bytes_in, st.nbytes);
+    atomic_fetch_add(&s->items_in, 1);
 }
 
 static int refusal_class(int rc) {
@@ -273,6 +294,7 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
     case WIRE_OP_COMPLETE:
         rsv_complete(s->tab, q->u.complete.transfer_id, q->u.complete.reservation_id, now,
                      &rep.u.complete.completed, &rep.u.complete.became_ready);
+        if (rep.u.complete.became_ready) count_ready(s, q->u.complete.transfer_id);
         break;
     case WIRE_OP_COMPLETE_BATCH: {
         size_t n = q->u.complete_batch.n;
@@ -285,6 +307,9 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
                          q->u.complete_batch.items[i].reservation_id, now,
                          &rep.u.complete_batch.items[i].completed,
                          &rep.u.complete_batch.items[i].became_ready);
+        for (size_t i = 0; i < n; i++)
+            if (rep.u.complete_batch.items[i].became_ready)
+                count_ready(s, q->u.complete_batch.items[i].transfer_id);
         break;
     }
     case WIRE_OP_CANCEL: {
@@ -325,6 +350,7 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
 
 int ctl_server_handle(ctl_server *s, const void *buf, size_t len, uint64_t now_ms, char **reply) {
     *reply = NULL;
+    atomic_fetch_add(&s->requests, 1);
     wire_ctl_request q;
     int rc = wire_ctl_decode_request(buf, len, &q);
     if (rc) {
@@ -624,4 +650,25 @@ int ctl_server_check(ctl_server *s) {
 }
 
 uint64_t ctl_server_events_sent(ctl_server *s) { return atomic_load(&s->events_sent); }
+
+void ctl_server_counters(ctl_server *s, ctl_counters *c) {
+    c->bytes_in = atomic_load(&s->bytes_in);
+    c->items_in = atomic_load(&s->items_in);
+    c->requests = atomic_load(&s->requests);
+}
+
+void ctl_server_count_states(ctl_server *s, uint64_t counts[RSV_EXPIRED + 1]) {
+    pthread_mutex_lock(&s->mu);
+    rsv_count_states(s->tab, counts);
+    pthread_mutex_unlock(&s->mu);
+}
+
+size_t ctl_server_last_errors(ctl_server *s, ctl_error *out, size_t max) {
+    pthread_mutex_lock(&s->mu);
+    size_t n = s->last_err_n < max ? s->last_err_n : max;
+    for (size_t i = 0; i < n; i++) /* newest first */
+        out[i] = s->last_err[(s->last_err_head + CTL_LAST_ERRORS - 1 - i) % CTL_LAST_ERRORS];
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
 uint64_t ctl_server_bad_requests(ctl_server *s) { return atomic_load(&s->bad_requests); }

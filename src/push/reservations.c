@@ -888,6 +888,9 @@ void rsv_get_stats(const rsv_table *t, rsv_stats *st) {
     st->live = idt_live(&t->ids);
     st->tombstones = idt_count(&t->ids, IDT_TOMBS);
     st->tombstones_dropped = t->ids.dropped;
+    resident_stats r;
+    resident_get_stats(t->cache, &r);
+    st->published_bytes = r.bytes;
 }
 
 void rsv_close(rsv_table *t) {
@@ -1005,4 +1008,13 @@ int rsv_check(const rsv_table *t) {
     for (const idt_node *n = idt_first(&t->ids, IDT_LIVE); n && n->next; n = n->next)
         CHECK(n->deadline <= n->next->deadline, "live list out of deadline order");
     return 0;
+}
+
+void rsv_count_states(const rsv_table *t, uint64_t counts[RSV_EXPIRED + 1]) {
+    memset(counts, 0, sizeof(uint64_t) * (RSV_EXPIRED + 1));
+    for (int l = 0; l < IDT_LISTS; l++)
+        for (idt_node *n = idt_first(&t->ids, l); n; n = n->next) {
+            rsv_state s = ENTRY(n)->state;
+            if (s >= RSV_WRITING && s <= RSV_EXPIRED) counts[s]++;
+        }
 }
