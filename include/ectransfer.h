@@ -182,6 +182,21 @@ ECT_API int ect_metrics_server_port(const ect_metrics_server *m);
  *  first) and closes the socket. NULL is fine. */
 ECT_API void ect_metrics_server_close(ect_metrics_server *m);
 
+/** Asks the push consumer shard whose control port is host:port for its
+ *  status (the ect_status control op, an extension: docs/PROTOCOL.md) and
+ *  sets *json to the result, a compact JSON object: shard, tp_size, port,
+ *  transport, pool {capacity, used, resident}, reservations by state,
+ *  peers (the instance's control ports), events {queued, sent, dropped},
+ *  refused by reason, errors (the latest refusals other than "full", newest
+ *  first, each {time (RFC 3339), error}). Blocks up to about 2 x timeout_ms.
+ *  Caller owns *json (free()); *json is NULL on failure. Errors:
+ *  ECT_ECONNREFUSED (nothing listens there) or ECT_ETIMEDOUT (no answer),
+ *  both "no consumer answers at HOST:PORT ..."; ECT_ENOTSUP the peer
+ *  answered "unknown control op" (an upstream consumer, which has no such
+ *  op); ECT_EPROTO another refusal or an undecodable reply; ECT_EINVAL.
+ *  Any thread. */
+ECT_API int ect_push_status(const char *host, int port, int timeout_ms, char **json);
+
 /* --------------------------------------------------------------- dtypes */
 
 /** Element size in bytes of a torch dtype name ("bfloat16" or

@@ -111,6 +111,8 @@ int bench_push(int argc, char **argv);
 
 /* cmd_push_consumer.c: `ect push-consumer` (generation-2 consumer instance). */
 int cmd_push_consumer(int argc, char **argv);
+/* cmd_status.c: `ect status HOST:PORT` (a consumer shard's ect_status). */
+int cmd_status(int argc, char **argv);
 
 /* cmd_demo.c: `ect demo` (push or pull end to end in separate processes, verified). */
 int cmd_demo(int argc, char **argv);

@@ -17,6 +17,8 @@ static const cli_cmd commands[] = {
     {"pull-producer", "generation-1 producer: save items, announce them, serve pulls",
      cmd_pull_producer},
     {"pull", "generation-1 consumer: learn a producer's items, pull and verify them", cmd_pull},
+    {"status", "ask a running push consumer shard for its pool, reservations, peers and errors",
+     cmd_status},
     {"bench", "run benchmarks and print ratios against limits measured in the same run", cmd_bench},
 };
 

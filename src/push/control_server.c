@@ -207,6 +207,56 @@ static int do_reserve(ctl_server *s, const wire_reserve_req *r, uint64_t now,
     return 0;
 }
 
+/* The ect_status result (docs/PROTOCOL.md, extension) as compact JSON text,
+ * or NULL when out of memory. Under the lock. */
+static char *status_json(ctl_server *s) {
+    rsv_stats st;
+    rsv_get_stats(s->tab, &st);
+    uint64_t counts[RSV_EXPIRED + 1];
+    rsv_count_states(s->tab, counts);
+    json_t *o = json_object(), *pool = json_object(), *rs = json_object(), *peers = json_array(),
+           *ev = json_object(), *rf = json_object(), *errs = json_array();
+    int base = s->o.base_port ? s->o.base_port : s->port - s->o.tp_rank;
+    int n = (s->o.base_port || s->o.port) ? s->o.tp_size : 1;
+    if (!s->o.base_port && !s->o.port) base = s->port;
+    json_object_set_new(o, "shard", json_integer(s->o.tp_rank));
+    json_object_set_new(o, "tp_size", json_integer(s->o.tp_size));
+    json_object_set_new(o, "port", json_integer(s->port));
+    json_object_set_new(o, "transport", json_string(s->transport));
+    json_object_set_new(pool, "capacity", json_integer((json_int_t)s->o.rsv.capacity));
+    json_object_set_new(pool, "used", json_integer((json_int_t)st.bytes_held));
+    json_object_set_new(pool, "resident", json_integer((json_int_t)st.published_bytes));
+    json_object_set_new(o, "pool", pool);
+    for (int k = RSV_WRITING; k <= RSV_EXPIRED; k++)
+        json_object_set_new(rs, rsv_state_name((rsv_state)k), json_integer((json_int_t)counts[k]));
+    json_object_set_new(o, "reservations", rs);
+    for (int i = 0; i < n; i++) json_array_append_new(peers, json_integer(base + i));
+    json_object_set_new(o, "peers", peers);
+    json_object_set_new(ev, "queued", json_integer((json_int_t)st.events));
+    json_object_set_new(ev, "sent", json_integer((json_int_t)atomic_load(&s->events_sent)));
+    json_object_set_new(ev, "dropped", json_integer((json_int_t)st.events_dropped));
+    json_object_set_new(o, "events", ev);
+    static const char *const rf_name[RF_N] = {"full", "cancelled", "conflict",
+                                              "busy", "invalid",   "other"};
+    for (int k = 0; k < RF_N; k++)
+        json_object_set_new(rf, rf_name[k], json_integer((json_int_t)atomic_load(&s->rf[k].total)));
+    json_object_set_new(o, "refused", rf);
+    for (size_t i = 0; i < s->last_err_n; i++) {
+        const ctl_error *e =
+            &s->last_err[(s->last_err_head + CTL_LAST_ERRORS - 1 - i) % CTL_LAST_ERRORS];
+        char when[32];
+        json_t *je = json_object();
+        json_object_set_new(je, "time",
+                            json_string(ect_rfc3339_ms(e->realtime_ms, when, sizeof when)));
+        json_object_set_new(je, "error", json_string(e->text));
+        json_array_append_new(errs, je);
+    }
+    json_object_set_new(o, "errors", errs);
+    char *txt = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(o);
+    return txt;
+}
+
 static void out_of_memory(int *rc, char *errtext) {
     *rc = ECT_ENOMEM;
     snprintf(errtext, WIRE_ERROR_MAX + 1, "EC consumer out of memory");
@@ -319,6 +369,9 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
         if (rc) snprintf(errtext, sizeof errtext, "%s", ect_last_error());
         break;
     }
+    case WIRE_OP_ECT_STATUS:
+        if (!(rep.u.ect_status = status_json(s))) out_of_memory(&rc, errtext);
+        break;
     default:
         rc = ECT_ENOTSUP;
         snprintf(errtext, sizeof errtext, "unknown control op: '%d'", (int)q->op);

@@ -54,6 +54,11 @@ void ect_log(ect_log_level lvl, const char *mod, const char *fmt, ...)
 uint64_t ect_now_ns(void);
 uint64_t ect_now_ms(void);
 double ect_now_s(void);
+/* The wall clock (CLOCK_REALTIME) in ms since the epoch. */
+uint64_t ect_realtime_ms(void);
+/* RFC 3339 UTC time with milliseconds, "2026-12-01T03:04:05.678Z", into buf
+ * (room for at least 25 bytes); returns buf. */
+const char *ect_rfc3339_ms(uint64_t realtime_ms, char *buf, size_t cap);
 
 /* ---- ids: 32 lowercase hex digits from the OS random source (like uuid4().hex). */
 #define ECT_ID_LEN 32
