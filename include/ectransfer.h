@@ -125,10 +125,14 @@ typedef enum ect_log_level {
  *  (the library allocates the record; a handler only reads it). */
 typedef struct ect_log_record {
     ect_log_level level;
-    const char *module;   /* the part of the library: "consumer", "producer", "pool", ... */
-    const char *message;  /* one line, no trailing newline, at most 1023 bytes */
-    uint64_t realtime_ns; /* CLOCK_REALTIME when logged (nanoseconds since the epoch) */
-    uint64_t thread_id;   /* the logging thread's OS id (gettid) */
+    const char *module;      /* the part of the library: "consumer", "producer", "pool", ... */
+    const char *message;     /* one line, no trailing newline, at most 1023 bytes */
+    uint64_t realtime_ns;    /* CLOCK_REALTIME when logged (nanoseconds since the epoch) */
+    uint64_t thread_id;      /* the logging thread's OS id (gettid) */
+    const char *transfer_id; /* the transfer the line concerns, or NULL */
+    const char *mm_hash;     /* the item it concerns, or NULL */
+    const char *role;        /* ect_log_set_role's, else the program's name */
+    uint64_t pid;            /* the process id */
 } ect_log_record;
 
 /** Receives the library's log lines instead of stderr. Runs on whichever
@@ -137,11 +141,25 @@ typedef struct ect_log_record {
 typedef void (*ect_log_fn)(void *user, const ect_log_record *rec);
 
 /** Sends every log line that passes the level to fn(user, record); NULL
- *  restores the default (one line per message on stderr: "ect LEVEL [MODULE]
- *  MESSAGE"). When it returns, no call to the previous handler is still
+ *  restores the default (one line per message on stderr, as
+ *  ect_log_set_role describes). When it returns, no call to the previous handler is still
  *  running, so its user data may be freed. Any thread, except from inside a
  *  handler. */
 ECT_API void ect_log_set_handler(ect_log_fn fn, void *user);
+
+/** Names the process's role in every log line ("push-consumer", "encoder
+ *  worker 3"; at most 63 bytes kept); NULL or "" goes back to the program's
+ *  name, the default. The `ect` tool sets its command's name. Any thread.
+ *
+ *  Without a handler, lines go to stderr as
+ *  "2026-12-01T03:04:05.678Z warn pid=4242 role=ROLE module=MODULE
+ *  [transfer_id=T] [mm_hash=H]: MESSAGE" (RFC 3339 UTC time with
+ *  milliseconds; the id fields when the line concerns one transfer or item),
+ *  or, with the environment variable ECT_LOG_FORMAT=json, as one JSON object
+ *  a line with the keys time, level, pid, role, module, transfer_id and
+ *  mm_hash (when known), message. An ECT_LOG or ECT_LOG_FORMAT value that is
+ *  not understood is said once on stderr, and the default is used. */
+ECT_API void ect_log_set_role(const char *role);
 
 /** Sets the level (an ect_log_level); -1 goes back to reading ECT_LOG. Any
  *  thread. */

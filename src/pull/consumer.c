@@ -143,7 +143,8 @@ static int wait_complete(ect_pull_consumer *c, const char *mm_hash, uint64_t tok
         if (!mine) {
             c->st.stale++;
             if (done.has_token) quarantine_release(c, done.token);
-            ECT_LOGD(MOD, "stale ECTransferComplete for %s dropped", done.mm_hash);
+            ECT_LOGD_ID(MOD, NULL, done.mm_hash, "stale ECTransferComplete for %s dropped",
+                        done.mm_hash);
         }
         wire_transfer_complete_free(&done);
         if (mine) return status;

@@ -139,7 +139,8 @@ static int store(ect_pull_producer *p, save_item *s) {
     /* A source in device memory is copied by the driver (device to host). */
     rc = ect_mem_copy((char *)ect_pool_base(p->pool) + off, s->data, s->item.num_bytes);
     if (rc) {
-        ECT_LOGW(MOD, "save of %s: %s", s->item.mm_hash, ect_last_error());
+        ECT_LOGW_ID(MOD, NULL, s->item.mm_hash, "save of %s: %s", s->item.mm_hash,
+                    ect_last_error());
         ect_pool_free(p->pool, off);
         return rc;
     }
@@ -195,8 +196,8 @@ static void *save_main(void *arg) {
                 atomic_fetch_add(&p->saved, 1);
             } else {
                 atomic_fetch_add(&p->save_failed, 1);
-                ECT_LOGE(MOD, "save of %s failed (%s): %s", s->item.mm_hash, ect_strerror(rc),
-                         ect_last_error());
+                ECT_LOGE_ID(MOD, NULL, s->item.mm_hash, "save of %s failed (%s): %s",
+                            s->item.mm_hash, ect_strerror(rc), ect_last_error());
             }
             done_bytes += s->item.num_bytes;
             release_item(s);
@@ -341,15 +342,15 @@ static void run_job(ect_pull_producer *p, pull_job *j) {
     const char *why = rc ? ect_last_error() : "";
     ect_pool_release(p->pool, j->mm_hash);
     if (rc) {
-        ECT_LOGW(MOD, "write of %s to %s failed (%s): %s", j->mm_hash, j->session, ect_strerror(rc),
-                 why);
+        ECT_LOGW_ID(MOD, NULL, j->mm_hash, "write of %s to %s failed (%s): %s", j->mm_hash,
+                    j->session, ect_strerror(rc), why);
         atomic_fetch_add(&p->pulls_failed, 1);
     } else {
         atomic_fetch_add(&p->bytes_out, j->nbytes);
         atomic_fetch_add(&p->pulls_ok, 1);
     }
     if (!c) {
-        ECT_LOGE(MOD, "out of memory: completion of %s dropped", j->mm_hash);
+        ECT_LOGE_ID(MOD, NULL, j->mm_hash, "out of memory: completion of %s dropped", j->mm_hash);
         return;
     }
     c->peer = j->peer;

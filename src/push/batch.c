@@ -186,8 +186,8 @@ static void settle_cancel(pbatch *b, px *x, uint64_t now) {
     const px_member *m = &x->m[0];
     note_exchange(b, x, now);
     if (x->rc) {
-        ECT_LOGW(MOD, "cancel of %s on shard %zu failed: %s", m->rec->transfer_id, m->shard,
-                 x->err);
+        ECT_LOGW_ID(MOD, m->rec->transfer_id, NULL, "cancel of %s on shard %zu failed: %s",
+                    m->rec->transfer_id, m->shard, x->err);
         push_forget_consumer(b->t, m->rec->consumer);
     }
     if (m->kind == PUSH_ACT_ABANDON) {
@@ -205,8 +205,8 @@ static void settle_write(pbatch *b, px *x) {
         if (st) {
             push_note_cause(m->rec, "writing to %.100s (shard %zu) failed: %s", x->key, m->shard,
                             ect_strerror(st));
-            ECT_LOGW(MOD, "write of %s to %s failed: %s", m->rec->transfer_id, x->key,
-                     ect_strerror(st));
+            ECT_LOGW_ID(MOD, m->rec->transfer_id, m->rec->mm_hash, "write of %s to %s failed: %s",
+                        m->rec->transfer_id, x->key, ect_strerror(st));
         }
         push_write_done(b->t, m->rec, m->shard, st == 0);
     }

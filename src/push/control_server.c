@@ -453,8 +453,8 @@ static void flush_events(ctl_server *s) {
             free(frame);
             if (!sent && errno != EAGAIN) ECT_LOGW(MOD, "event send: %s", zmq_strerror(errno));
         } else {
-            ECT_LOGE(MOD, "dropping unencodable event for %s: %s", copy.transfer_id,
-                     ect_last_error());
+            ECT_LOGE_ID(MOD, copy.transfer_id, NULL, "dropping unencodable event for %s: %s",
+                        copy.transfer_id, ect_last_error());
         }
         if (!sent && rc == 0) return; /* stays queued */
         pthread_mutex_lock(&s->mu);

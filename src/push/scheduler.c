@@ -137,8 +137,8 @@ static void *cancel_main(void *arg) {
         if (j.ok)
             wire_ctl_reply_clear(&r);
         else
-            ECT_LOGW(MOD, "cancel %s on shard %d (attempt %u): %s", j.j.transfer_id, j.port,
-                     j.j.attempt, ect_last_error());
+            ECT_LOGW_ID(MOD, j.j.transfer_id, NULL, "cancel %s on shard %d (attempt %u): %s",
+                        j.j.transfer_id, j.port, j.j.attempt, ect_last_error());
         pthread_mutex_lock(&s->mu);
         if (jobq_push(&s->done, &j)) ECT_LOGE(MOD, "cancel thread: out of memory");
     }
@@ -265,7 +265,8 @@ static void push_ready(ect_push_scheduler *s, const char *tid) {
     s->ready[s->nready++] = d;
     return;
 oom:
-    ECT_LOGE(MOD, "out of memory queueing %s; it stays AVAILABLE until it expires", tid);
+    ECT_LOGE_ID(MOD, tid, NULL, "out of memory queueing %s; it stays AVAILABLE until it expires",
+                tid);
 }
 
 static void check_available(ect_push_scheduler *s, const char *tid) {
@@ -288,7 +289,8 @@ static void on_event(void *user, const wire_event *ev, size_t shard) {
     uint64_t now = ect_now_ms();
     int rc = xfer_on_event(s->t, &xe, now);
     if (rc < 0) {
-        ECT_LOGW(MOD, "event for %s refused: %s", ev->transfer_id, ect_last_error());
+        ECT_LOGW_ID(MOD, ev->transfer_id, NULL, "event for %s refused: %s", ev->transfer_id,
+                    ect_last_error());
         s->st.bad_frames++;
         return;
     }
