@@ -11,6 +11,7 @@
 
 #include "util/httpreq.h"
 
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* An exact-size copy, so ASan catches a read past the end. */
     char *buf = malloc(size ? size : 1);

@@ -184,6 +184,8 @@ static void put_text_val(line *l, const char *s) {
 }
 
 static void vlog(ect_log_level lvl, const char *mod, const char *tid, const char *hash,
+                 const char *fmt, va_list ap) __attribute__((format(printf, 5, 0)));
+static void vlog(ect_log_level lvl, const char *mod, const char *tid, const char *hash,
                  const char *fmt, va_list ap) {
     if (!ect_log_enabled(lvl)) return;
     char msg[1024];
