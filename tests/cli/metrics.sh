@@ -11,6 +11,12 @@
 # `prometheus`, installed by scripts/install-deps.sh).
 . "$(dirname "$0")/lib.sh"
 
+# the flag itself (no Prometheus needed)
+expect_exit 2 "metrics-port" "$ect" push-consumer --host 127.0.0.1 --port 1 --metrics-port 70000
+expect_exit 2 "metrics-port" "$ect" pull-producer --metrics-port x
+"$ect" push-consumer --help | grep -q -- '--metrics-port P'
+"$ect" pull-producer --help | grep -q -- '--metrics-port P'
+
 prom=$(command -v prometheus || true)
 if [ -z "$prom" ]; then
   echo "SKIP: no prometheus binary (apt-get install prometheus; scripts/install-deps.sh does)"
