@@ -89,7 +89,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_request(data, size);
-    for (int op = WIRE_OP_RESERVE; op <= WIRE_OP_CANCEL; op++)
+    for (int op = WIRE_OP_RESERVE; op <= WIRE_OP_LAST; op++)
         fuzz_reply((wire_ctl_op)op, data, size);
     fuzz_event(data, size);
     return 0;

@@ -125,10 +125,14 @@ typedef enum ect_log_level {
  *  (the library allocates the record; a handler only reads it). */
 typedef struct ect_log_record {
     ect_log_level level;
-    const char *module;   /* the part of the library: "consumer", "producer", "pool", ... */
-    const char *message;  /* one line, no trailing newline, at most 1023 bytes */
-    uint64_t realtime_ns; /* CLOCK_REALTIME when logged (nanoseconds since the epoch) */
-    uint64_t thread_id;   /* the logging thread's OS id (gettid) */
+    const char *module;      /* the part of the library: "consumer", "producer", "pool", ... */
+    const char *message;     /* one line, no trailing newline, at most 1023 bytes */
+    uint64_t realtime_ns;    /* CLOCK_REALTIME when logged (nanoseconds since the epoch) */
+    uint64_t thread_id;      /* the logging thread's OS id (gettid) */
+    const char *transfer_id; /* the transfer the line concerns, or NULL */
+    const char *mm_hash;     /* the item it concerns, or NULL */
+    const char *role;        /* ect_log_set_role's, else the program's name */
+    uint64_t pid;            /* the process id */
 } ect_log_record;
 
 /** Receives the library's log lines instead of stderr. Runs on whichever
@@ -137,11 +141,25 @@ typedef struct ect_log_record {
 typedef void (*ect_log_fn)(void *user, const ect_log_record *rec);
 
 /** Sends every log line that passes the level to fn(user, record); NULL
- *  restores the default (one line per message on stderr: "ect LEVEL [MODULE]
- *  MESSAGE"). When it returns, no call to the previous handler is still
+ *  restores the default (one line per message on stderr, as
+ *  ect_log_set_role describes). When it returns, no call to the previous handler is still
  *  running, so its user data may be freed. Any thread, except from inside a
  *  handler. */
 ECT_API void ect_log_set_handler(ect_log_fn fn, void *user);
+
+/** Names the process's role in every log line ("push-consumer", "encoder
+ *  worker 3"; at most 63 bytes kept); NULL or "" goes back to the program's
+ *  name, the default. The `ect` tool sets its command's name. Any thread.
+ *
+ *  Without a handler, lines go to stderr as
+ *  "2026-12-01T03:04:05.678Z warn pid=4242 role=ROLE module=MODULE
+ *  [transfer_id=T] [mm_hash=H]: MESSAGE" (RFC 3339 UTC time with
+ *  milliseconds; the id fields when the line concerns one transfer or item),
+ *  or, with the environment variable ECT_LOG_FORMAT=json, as one JSON object
+ *  a line with the keys time, level, pid, role, module, transfer_id and
+ *  mm_hash (when known), message. An ECT_LOG or ECT_LOG_FORMAT value that is
+ *  not understood is said once on stderr, and the default is used. */
+ECT_API void ect_log_set_role(const char *role);
 
 /** Sets the level (an ect_log_level); -1 goes back to reading ECT_LOG. Any
  *  thread. */
@@ -149,6 +167,53 @@ ECT_API void ect_log_set_level(int level);
 
 /** The level in force now. */
 ECT_API int ect_log_get_level(void);
+
+/* -------------------------------------------------------------- metrics */
+
+/** The metrics of every role object open in this process (push consumer
+ *  shards, push schedulers and producers, pull producers and consumers), in
+ *  the Prometheus text exposition format 0.0.4: names ectransfer_*, labels
+ *  role, shard and, where it applies, transport / direction / reason /
+ *  state; never a label per transfer. Objects appear while open (counters
+ *  start at 0 when one opens). The list of names is in README "Operating".
+ *  Caller owns the result (free()); NULL when out of memory (ECT_ENOMEM in
+ *  ect_last_error()). Any thread; no object's progress waits on it. */
+ECT_API char *ect_metrics_text(void);
+
+typedef struct ect_metrics_server ect_metrics_server;
+
+/** Serves ect_metrics_text() over HTTP on host:port (port 0 = any free
+ *  port; host "0.0.0.0", "::" or "*" for every interface, as for a control
+ *  port) from a thread of its own: GET or HEAD /metrics answers 200
+ *  "text/plain; version=0.0.4"; another path 404, another method 405, a
+ *  request head that does not parse or is over 8 KiB 400. One connection at
+ *  a time, closed after each answer; a client silent for 2 s is dropped.
+ *  Errors: ECT_EINVAL (host, port); ECT_EEXIST "address in use"; ECT_EIO,
+ *  ECT_ENOMEM. Caller owns *out (ect_metrics_server_close); *out is NULL on
+ *  failure. */
+ECT_API int ect_metrics_serve(const char *host, int port, ect_metrics_server **out);
+
+/** The bound port (the one chosen when port 0 was asked). */
+ECT_API int ect_metrics_server_port(const ect_metrics_server *m);
+
+/** Stops the thread (at once; a connection being answered is finished
+ *  first) and closes the socket. NULL is fine. */
+ECT_API void ect_metrics_server_close(ect_metrics_server *m);
+
+/** Asks the push consumer shard whose control port is host:port for its
+ *  status (the ect_status control op, an extension: docs/PROTOCOL.md) and
+ *  sets *json to the result, a compact JSON object: shard, tp_size, port,
+ *  transport, pool {capacity, used, resident}, reservations by state,
+ *  peers (the instance's control ports), events {queued, sent, dropped},
+ *  refused by reason, errors (the latest refusals other than "full", newest
+ *  first, each {time (RFC 3339), error}). Blocks up to about 2 x timeout_ms.
+ *  Caller owns *json (free()); *json is NULL on failure. Errors:
+ *  ECT_ECONNREFUSED (nothing listens there) or ECT_ETIMEDOUT (no answer),
+ *  both "no consumer answers at HOST:PORT ..."; ECT_ENOTSUP the peer
+ *  answered "unknown control op" (an upstream consumer, which has no such
+ *  op); ECT_EPROTO another refusal or an undecodable reply; ECT_EINVAL.
+ *  Any thread. */
+ECT_API int ect_push_status(const char *host, int port, int timeout_ms, char **json);
 
 /* --------------------------------------------------------------- dtypes */
 

@@ -11,6 +11,7 @@ pkgs=(
   iproute2 python3
   python3-zmq
   python3-numpy python3-torch python3-pytest
+  prometheus
 )
 
 missing=()

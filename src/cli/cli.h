@@ -63,6 +63,13 @@ static inline bool cli_mul_u64(uint64_t a, uint64_t b, uint64_t *out) {
     return !__builtin_mul_overflow(a, b, out);
 }
 
+/* metrics_port.c: `--metrics-port P` (0..65535, 0 = any free port) of the
+ * long-running commands; false after saying why on stderr. cli_metrics_start
+ * serves GET /metrics on host:port when port >= 0 (else *out stays NULL)
+ * and names the address on stderr; false after saying why. */
+bool cli_parse_metrics_port(const char *cmd, const char *s, int *port);
+bool cli_metrics_start(const char *cmd, const char *host, int port, ect_metrics_server **out);
+
 /* Commands. */
 int cmd_info(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
@@ -104,6 +111,8 @@ int bench_push(int argc, char **argv);
 
 /* cmd_push_consumer.c: `ect push-consumer` (generation-2 consumer instance). */
 int cmd_push_consumer(int argc, char **argv);
+/* cmd_status.c: `ect status HOST:PORT` (a consumer shard's ect_status). */
+int cmd_status(int argc, char **argv);
 
 /* cmd_demo.c: `ect demo` (push or pull end to end in separate processes, verified). */
 int cmd_demo(int argc, char **argv);

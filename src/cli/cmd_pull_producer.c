@@ -26,7 +26,7 @@ static void on_signal(int sig) {
 }
 
 static void help(void) {
-    printf("usage: ect pull-producer [--host H] [--port P] [--pool-size SIZE]\n"
+    printf("usage: ect pull-producer [--host H] [--port P] [--pool-size SIZE] [--metrics-port P]\n"
            "                         [--transport tcp|shm|ucx] [--count N --size SIZE | --file F "
            "...]\n"
            "\n"
@@ -43,7 +43,9 @@ static void help(void) {
            "  --transport T     data plane: tcp (default), shm, ucx\n"
            "  --count N         synthetic items (default 4 unless --file is given)\n"
            "  --size SIZE       bytes per synthetic item (default 4.5MiB)\n"
-           "  --file F          save file F (repeatable; items are saved in order)\n");
+           "  --file F          save file F (repeatable; items are saved in order)\n"
+           "  --metrics-port P  serve Prometheus metrics at http://H:P/metrics (0: any free\n"
+           "                    port, given as \"metrics_port\" in the readiness line)\n");
 }
 
 /* Deterministic synthetic bytes of item i (splitmix64 stream). */
@@ -96,13 +98,14 @@ int cmd_pull_producer(int argc, char **argv) {
                                          {"count", required_argument, 0, 'n'},
                                          {"size", required_argument, 0, 's'},
                                          {"file", required_argument, 0, 'f'},
+                                         {"metrics-port", required_argument, 0, 'M'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *host = "127.0.0.1", *transport = "tcp";
     uint64_t port = 14579, pool = 1ull << 30, count = 0, size = 4718592;
     bool have_count = false, have_size = false;
     const char *files[256];
-    int nfiles = 0;
+    int nfiles = 0, metrics_port = -1;
     optind = 1;
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -128,6 +131,10 @@ int cmd_pull_producer(int argc, char **argv) {
             if (nfiles == 256) return cli_usage_error("pull-producer", "at most 256 --file");
             files[nfiles++] = optarg;
             break;
+        case 'M':
+            if (!cli_parse_metrics_port("pull-producer", optarg, &metrics_port))
+                return CLI_EXIT_USAGE;
+            break;
         case 'h': help(); return CLI_EXIT_OK;
         default: return cli_bad_flag("pull-producer", opts);
         }
@@ -147,6 +154,11 @@ int cmd_pull_producer(int argc, char **argv) {
     ect_pull_producer *p = NULL;
     if (ect_pull_producer_open(&o, &p) != 0) {
         fprintf(stderr, "ect pull-producer: %s\n", ect_last_error());
+        return CLI_EXIT_FAIL;
+    }
+    ect_metrics_server *ms = NULL;
+    if (!cli_metrics_start("pull-producer", host, metrics_port, &ms)) {
+        ect_pull_producer_close(p);
         return CLI_EXIT_FAIL;
     }
     struct sigaction sa;
@@ -209,9 +221,11 @@ int cmd_pull_producer(int argc, char **argv) {
     if (rc == CLI_EXIT_OK) {
         printf("{\"event\": \"ready\", \"serving\": true, \"host\": \"%s\", \"port\": %d, "
                "\"pub_port\": %d, "
-               "\"transport\": \"%s\", \"session_id\": \"%s\"}\n",
+               "\"transport\": \"%s\", \"session_id\": \"%s\"",
                host, ect_pull_producer_port(p), ect_pull_producer_port(p) + 1, transport,
                ect_pull_producer_session_id(p));
+        if (ms) printf(", \"metrics_port\": %d", ect_metrics_server_port(ms));
+        printf("}\n");
         fflush(stdout);
         while (!stop_flag) usleep(50000);
     }
@@ -221,6 +235,7 @@ int cmd_pull_producer(int argc, char **argv) {
             "ect pull-producer: saved %" PRIu64 ", pulls ok %" PRIu64 ", failed %" PRIu64
             ", malformed %" PRIu64 ", evicted %" PRIu64 "\n",
             st.saved, st.pulls_ok, st.pulls_failed, st.malformed, st.evicted);
+    ect_metrics_server_close(ms);
     ect_pull_producer_close(p);
     return rc;
 }

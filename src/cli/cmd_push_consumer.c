@@ -45,7 +45,7 @@ static void help(void) {
     printf(
         "usage: ect push-consumer --host H --port P [--tp N] [--dp-index I] [--pool-size SIZE]\n"
         "                         [--transport tcp|shm|ucx] [--count N] [--ttl SECONDS]\n"
-        "                         [--pool-device cpu|pinned|cuda|cuda:N]\n"
+        "                         [--pool-device cpu|pinned|cuda|cuda:N] [--metrics-port P]\n"
         "\n"
         "Runs one push-protocol consumer instance: a control server per TP rank, bound on\n"
         "H at ports P + dp_index x N + rank, plus the instance's scheduler. Every transfer\n"
@@ -66,10 +66,13 @@ static void help(void) {
         "                    (default), pinned (host memory registered with CUDA), cuda or\n"
         "                    cuda:N (GPU memory: tcp lands bytes through a pinned bounce ring,\n"
         "                    shm by CUDA IPC; not with ucx). Needs the CUDA driver (`ect info`)\n"
+        "  --metrics-port P  serve Prometheus metrics at http://H:P/metrics (0: any free\n"
+        "                    port, given as \"metrics_port\" in the ready line)\n"
         "\n"
         "Output on stdout, one JSON object a line: first, once every shard listens and the\n"
         "scheduler reached every one (push from then on),\n"
-        "  {\"event\":\"ready\",\"host\",\"ports\",\"transport\",\"pool_size\",\"pool_device\"}\n"
+        "  {\"event\":\"ready\",\"host\",\"ports\",\"transport\",\"pool_size\",\"pool_device\"\n"
+        "   [,\"metrics_port\"]}\n"
         "then one line per item:\n"
         "  {\"transfer_id\",\"mm_hash\",\"nbytes\",\"shape\",\"dtype\",\"checksum\"}\n"
         "checksum is XXH64 (seed 0) of the bytes as 16 hex digits (as `ect push` prints);\n"
@@ -116,7 +119,7 @@ static void print_item(const ect_push_view *v, uint64_t ck) {
 /* The machine-readable readiness line (stdout): every shard listens and the
  * scheduler reached every one, so a producer may push now. */
 static void print_ready(const char *host, uint64_t first_port, uint64_t tp, const char *transport,
-                        uint64_t pool, const char *pool_device) {
+                        uint64_t pool, const char *pool_device, int metrics_port) {
     json_t *o = json_object(), *ports = json_array();
     for (uint64_t r = 0; r < tp; r++)
         json_array_append_new(ports, json_integer((json_int_t)(first_port + r)));
@@ -126,6 +129,7 @@ static void print_ready(const char *host, uint64_t first_port, uint64_t tp, cons
     json_object_set_new(o, "transport", json_string(transport));
     json_object_set_new(o, "pool_size", json_integer((json_int_t)pool));
     json_object_set_new(o, "pool_device", json_string(pool_device));
+    if (metrics_port >= 0) json_object_set_new(o, "metrics_port", json_integer(metrics_port));
     print_line(o);
 }
 
@@ -221,11 +225,12 @@ int cmd_push_consumer(int argc, char **argv) {
                                          {"count", required_argument, 0, 'n'},
                                          {"ttl", required_argument, 0, 'T'},
                                          {"pool-device", required_argument, 0, 'D'},
+                                         {"metrics-port", required_argument, 0, 'M'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *host = NULL, *transport = "tcp", *pool_device = "cpu";
     uint64_t port = 0, tp = 1, dp = 0, pool = 1000000000ull, count = 0, ttl = 300;
-    int c;
+    int c, metrics_port = -1;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -262,6 +267,10 @@ int cmd_push_consumer(int argc, char **argv) {
                                        optarg);
             pool_device = optarg;
             break;
+        case 'M':
+            if (!cli_parse_metrics_port("push-consumer", optarg, &metrics_port))
+                return CLI_EXIT_USAGE;
+            break;
         case 'h': help(); return CLI_EXIT_OK;
         default: return cli_bad_flag("push-consumer", opts);
         }
@@ -286,6 +295,7 @@ int cmd_push_consumer(int argc, char **argv) {
 
     ect_push_consumer *cons[MAX_TP] = {0};
     ect_push_scheduler *s = NULL;
+    ect_metrics_server *ms = NULL;
     int rc = CLI_EXIT_OK;
     uint64_t done = 0;
     for (uint64_t r = 0; r < tp; r++) {
@@ -306,6 +316,10 @@ int cmd_push_consumer(int argc, char **argv) {
             rc = CLI_EXIT_FAIL;
             goto out;
         }
+    }
+    if (!cli_metrics_start("push-consumer", host, metrics_port, &ms)) {
+        rc = CLI_EXIT_FAIL;
+        goto out;
     }
     ect_push_scheduler_opts so;
     ect_push_scheduler_opts_init(&so);
@@ -348,7 +362,8 @@ int cmd_push_consumer(int argc, char **argv) {
             if (st.shards == tp) {
                 fprintf(stderr, "ect push-consumer: scheduler connected to %u shard(s)\n",
                         st.shards);
-                print_ready(host, port + dp * tp, tp, transport, pool, pool_device);
+                print_ready(host, port + dp * tp, tp, transport, pool, pool_device,
+                            ms ? ect_metrics_server_port(ms) : -1);
                 announced = true;
             }
         }
@@ -396,6 +411,7 @@ int cmd_push_consumer(int argc, char **argv) {
     }
     fprintf(stderr, "ect push-consumer: %" PRIu64 " items\n", done);
 out:
+    ect_metrics_server_close(ms);
     ect_push_scheduler_close(s);
     for (uint64_t r = 0; r < tp; r++) ect_push_consumer_close(cons[r]);
     return rc;

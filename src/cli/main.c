@@ -17,6 +17,8 @@ static const cli_cmd commands[] = {
     {"pull-producer", "generation-1 producer: save items, announce them, serve pulls",
      cmd_pull_producer},
     {"pull", "generation-1 consumer: learn a producer's items, pull and verify them", cmd_pull},
+    {"status", "ask a running push consumer shard for its pool, reservations, peers and errors",
+     cmd_status},
     {"bench", "run benchmarks and print ratios against limits measured in the same run", cmd_bench},
 };
 
@@ -50,7 +52,10 @@ int main(int argc, char **argv) {
         return CLI_EXIT_OK;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (strcmp(argv[1], commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
+        if (strcmp(argv[1], commands[i].name) == 0) {
+            ect_log_set_role(commands[i].name); /* "role=push-consumer" in log lines */
+            return commands[i].run(argc - 1, argv + 1);
+        }
     fprintf(stderr, "ect: unknown command '%s'; commands are:", argv[1]);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(stderr, " %s", commands[i].name);

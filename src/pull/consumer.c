@@ -21,6 +21,7 @@
 
 #include "pull/pull_internal.h"
 #include "util/hostport.h"
+#include "util/metrics.h"
 #include "util/util.h"
 #include "wire/dtype.h"
 
@@ -42,6 +43,10 @@ struct ect_pull_consumer {
     uint64_t next_token;
     quarantined *q;
     ect_pull_consumer_stat st;
+    /* metrics: the caller's thread writes, a scrape reads */
+    met_source *met;
+    met_counter m_bytes, m_remote, m_local, m_failed, m_timeouts, m_requests;
+    met_hist m_latency; /* load -> complete of remote pulls */
 };
 
 void ect_pull_consumer_opts_init(ect_pull_consumer_opts *o) {
@@ -138,7 +143,8 @@ static int wait_complete(ect_pull_consumer *c, const char *mm_hash, uint64_t tok
         if (!mine) {
             c->st.stale++;
             if (done.has_token) quarantine_release(c, done.token);
-            ECT_LOGD(MOD, "stale ECTransferComplete for %s dropped", done.mm_hash);
+            ECT_LOGD_ID(MOD, NULL, done.mm_hash, "stale ECTransferComplete for %s dropped",
+                        done.mm_hash);
         }
         wire_transfer_complete_free(&done);
         if (mine) return status;
@@ -156,6 +162,7 @@ int ect_pull_consumer_load(ect_pull_consumer *c, const char *mm_hash, const ect_
     if (ect_pool_acquire(c->pool, mm_hash, &info) == 0) {
         view_from_info(c, &info, view, 1);
         c->st.local++;
+        met_add(&c->m_local, 1);
         return 0;
     }
     if (!meta)
@@ -173,6 +180,8 @@ int ect_pull_consumer_load(ect_pull_consumer *c, const char *mm_hash, const ect_
         return ect_set_error(rc, "pull load of %s: consumer pool: %s", mm_hash, ect_last_error());
 
     uint64_t token = ++c->next_token;
+    uint64_t t0 = ect_now_ns();
+    met_add(&c->m_requests, 1);
     wire_transfer_pull req = {.mm_hash = (char *)mm_hash,
                               .dst_ptr = (uint64_t)(uintptr_t)ect_pool_base(c->pool),
                               .dst_offset = off,
@@ -197,6 +206,7 @@ int ect_pull_consumer_load(ect_pull_consumer *c, const char *mm_hash, const ect_
     rc = wait_complete(c, mm_hash, token, reason, sizeof reason);
     if (rc == ECT_ETIMEDOUT) {
         c->st.timeouts++;
+        met_add(&c->m_timeouts, 1);
         quarantined *q = calloc(1, sizeof *q);
         if (q) {
             q->token = token;
@@ -214,6 +224,7 @@ int ect_pull_consumer_load(ect_pull_consumer *c, const char *mm_hash, const ect_
     }
     if (rc != 0) {
         c->st.failed++;
+        met_add(&c->m_failed, 1);
         ect_pool_free(c->pool, off);
         return ect_set_error(rc < 0 ? rc : ECT_EIO,
                              "pull load of %s: producer answered status %d (%s)%s%s", mm_hash, rc,
@@ -235,6 +246,9 @@ int ect_pull_consumer_load(ect_pull_consumer *c, const char *mm_hash, const ect_
         return ect_set_error(ECT_ESTATE, "pull load of %s: vanished after put", mm_hash);
     view_from_info(c, &info, view, 0);
     c->st.remote++;
+    met_add(&c->m_remote, 1);
+    met_add(&c->m_bytes, meta->nbytes);
+    met_observe_ns(&c->m_latency, ect_now_ns() - t0);
     return 0;
 }
 
@@ -248,6 +262,46 @@ ect_pool *ect_pull_consumer_pool(ect_pull_consumer *c) { return c ? c->pool : NU
 void ect_pull_consumer_stats(ect_pull_consumer *c, ect_pull_consumer_stat *st) {
     memset(st, 0, sizeof *st);
     if (c) *st = c->st;
+}
+
+static void collect(void *ctx, met_out *o) {
+    ect_pull_consumer *c = ctx;
+    ect_pool_stat ps;
+    ect_pool_stats(c->pool, &ps);
+    char l[128];
+    met_labels(l, sizeof l, "transport", c->transport, "direction", "in", (const char *)NULL);
+    met_out_counter(o, "ectransfer_bytes_total",
+                    "Bytes moved, by direction (in: received, out: sent; a push producer counts "
+                    "every shard) and transport.",
+                    l, met_get(&c->m_bytes));
+    met_out_counter(o, "ectransfer_items_total",
+                    "Items moved, by direction and transport (push consumer: reservations that "
+                    "became READY; push producer: transfers done with a write; pull: pulls).",
+                    l, met_get(&c->m_remote));
+    met_out_counter(o, "ectransfer_local_hits_total", "Loads answered by the resident cache.", NULL,
+                    met_get(&c->m_local));
+    met_out_hist(o, "ectransfer_transfer_seconds",
+                 "Transfer latency: push producer reserve -> done; pull consumer load -> complete.",
+                 met_labels(l, sizeof l, "phase", "load_to_complete", (const char *)NULL),
+                 &c->m_latency);
+    static const char *const fh = "Transfers that failed, by reason.";
+    met_out_counter(o, "ectransfer_failures_total", fh,
+                    met_labels(l, sizeof l, "reason", "pull_failed", (const char *)NULL),
+                    met_get(&c->m_failed));
+    met_out_counter(o, "ectransfer_failures_total", fh,
+                    met_labels(l, sizeof l, "reason", "timeout", (const char *)NULL),
+                    met_get(&c->m_timeouts));
+    met_out_counter(
+        o, "ectransfer_control_requests_total",
+        "Control round trips (sent by a producer or scheduler, served by a consumer shard).", NULL,
+        met_get(&c->m_requests));
+    met_out_gauge(o, "ectransfer_pool_capacity_bytes", "Usable bytes of the buffer pool.", NULL,
+                  (double)ps.capacity);
+    met_out_gauge(o, "ectransfer_pool_used_bytes",
+                  "Bytes allocated in the buffer pool, resident items included.", NULL,
+                  (double)ps.used);
+    met_out_gauge(o, "ectransfer_pool_resident_bytes", "Bytes held by resident (cached) items.",
+                  NULL, (double)ps.resident_bytes);
 }
 
 int ect_pull_consumer_open(const ect_pull_consumer_opts *o, ect_pull_consumer **out) {
@@ -324,6 +378,7 @@ int ect_pull_consumer_open(const ect_pull_consumer_opts *o, ect_pull_consumer **
                            zmq_strerror(zmq_errno()));
         goto fail;
     }
+    if ((rc = met_source_add("pull_consumer", NULL, collect, c, &c->met))) goto fail;
     *out = c;
     return 0;
 fail:
@@ -332,6 +387,7 @@ fail:
 
 void ect_pull_consumer_close(ect_pull_consumer *c) {
     if (!c) return;
+    met_source_remove(c->met);
     /* Unregister first: no late write can land once the pool is withdrawn. */
     if (c->registered) ect_xport_unregister(c->x, c->key);
     ect_xport_close(c->x);

@@ -34,6 +34,7 @@
 #include "util/hostport.h"
 #include "util/lanes.h"
 #include "util/sync.h"
+#include "util/metrics.h"
 #include "util/util.h"
 #include "wire/dtype.h"
 
@@ -95,6 +96,8 @@ struct ect_pull_producer {
     completion *c_head, *c_tail;
 
     atomic_uint_fast64_t saved, save_failed, notifications, pulls_ok, pulls_failed;
+    atomic_uint_fast64_t bytes_out; /* bytes of the pulls written */
+    met_source *met;
 };
 
 void ect_pull_producer_opts_init(ect_pull_producer_opts *o) {
@@ -136,7 +139,8 @@ static int store(ect_pull_producer *p, save_item *s) {
     /* A source in device memory is copied by the driver (device to host). */
     rc = ect_mem_copy((char *)ect_pool_base(p->pool) + off, s->data, s->item.num_bytes);
     if (rc) {
-        ECT_LOGW(MOD, "save of %s: %s", s->item.mm_hash, ect_last_error());
+        ECT_LOGW_ID(MOD, NULL, s->item.mm_hash, "save of %s: %s", s->item.mm_hash,
+                    ect_last_error());
         ect_pool_free(p->pool, off);
         return rc;
     }
@@ -192,8 +196,8 @@ static void *save_main(void *arg) {
                 atomic_fetch_add(&p->saved, 1);
             } else {
                 atomic_fetch_add(&p->save_failed, 1);
-                ECT_LOGE(MOD, "save of %s failed (%s): %s", s->item.mm_hash, ect_strerror(rc),
-                         ect_last_error());
+                ECT_LOGE_ID(MOD, NULL, s->item.mm_hash, "save of %s failed (%s): %s",
+                            s->item.mm_hash, ect_strerror(rc), ect_last_error());
             }
             done_bytes += s->item.num_bytes;
             release_item(s);
@@ -338,14 +342,15 @@ static void run_job(ect_pull_producer *p, pull_job *j) {
     const char *why = rc ? ect_last_error() : "";
     ect_pool_release(p->pool, j->mm_hash);
     if (rc) {
-        ECT_LOGW(MOD, "write of %s to %s failed (%s): %s", j->mm_hash, j->session, ect_strerror(rc),
-                 why);
+        ECT_LOGW_ID(MOD, NULL, j->mm_hash, "write of %s to %s failed (%s): %s", j->mm_hash,
+                    j->session, ect_strerror(rc), why);
         atomic_fetch_add(&p->pulls_failed, 1);
     } else {
+        atomic_fetch_add(&p->bytes_out, j->nbytes);
         atomic_fetch_add(&p->pulls_ok, 1);
     }
     if (!c) {
-        ECT_LOGE(MOD, "out of memory: completion of %s dropped", j->mm_hash);
+        ECT_LOGE_ID(MOD, NULL, j->mm_hash, "out of memory: completion of %s dropped", j->mm_hash);
         return;
     }
     c->peer = j->peer;
@@ -549,6 +554,47 @@ static int validate(const ect_pull_producer_opts *o) {
     return 0;
 }
 
+static void collect(void *ctx, met_out *o) {
+    ect_pull_producer *p = ctx;
+    ect_pull_producer_stat st;
+    ect_pull_producer_stats(p, &st);
+    ect_pool_stat ps;
+    ect_pool_stats(p->pool, &ps);
+    char l[128];
+    met_labels(l, sizeof l, "transport", p->transport, "direction", "out", (const char *)NULL);
+    met_out_counter(o, "ectransfer_bytes_total",
+                    "Bytes moved, by direction (in: received, out: sent; a push producer counts "
+                    "every shard) and transport.",
+                    l, atomic_load(&p->bytes_out));
+    met_out_counter(o, "ectransfer_items_total",
+                    "Items moved, by direction and transport (push consumer: reservations that "
+                    "became READY; push producer: transfers done with a write; pull: pulls).",
+                    l, st.pulls_ok);
+    met_out_gauge(o, "ectransfer_pool_capacity_bytes", "Usable bytes of the buffer pool.", NULL,
+                  (double)ps.capacity);
+    met_out_gauge(o, "ectransfer_pool_used_bytes",
+                  "Bytes allocated in the buffer pool, resident items included.", NULL,
+                  (double)ps.used);
+    met_out_gauge(o, "ectransfer_pool_resident_bytes", "Bytes held by resident (cached) items.",
+                  NULL, (double)ps.resident_bytes);
+    static const char *const fh = "Transfers that failed, by reason.";
+    met_out_counter(o, "ectransfer_failures_total", fh,
+                    met_labels(l, sizeof l, "reason", "pull_failed", (const char *)NULL),
+                    st.pulls_failed);
+    met_out_counter(o, "ectransfer_failures_total", fh,
+                    met_labels(l, sizeof l, "reason", "save_failed", (const char *)NULL),
+                    st.save_failed);
+    met_out_counter(o, "ectransfer_bad_requests_total",
+                    "Frames refused as malformed or an unknown op.", NULL, st.malformed);
+    met_out_counter(
+        o, "ectransfer_control_requests_total",
+        "Control round trips (sent by a producer or scheduler, served by a consumer shard).", NULL,
+        st.requests + st.pulls_ok + st.pulls_failed);
+    met_out_counter(o, "ectransfer_events_sent_total", "Events sent to the scheduler.", NULL,
+                    st.notifications);
+    met_out_counter(o, "ectransfer_evictions_total", "Resident items reclaimed.", NULL, st.evicted);
+}
+
 int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer **out) {
     if (!out) return ect_set_error(ECT_EINVAL, "pull producer: out is NULL");
     *out = NULL;
@@ -634,6 +680,7 @@ int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer
     p->router_started = true;
     ECT_LOGI(MOD, "pull producer %s: ROUTER %s:%d, PUB %s:%d, %s session %s", p->session_id,
              p->host, p->port, p->host, p->port + 1, p->transport, ect_xport_session(p->x));
+    if ((rc = met_source_add("pull_producer", NULL, collect, p, &p->met))) goto fail;
     *out = p;
     return 0;
 fail:
@@ -656,6 +703,7 @@ static void stop_save(ect_pull_producer *p) {
 
 void ect_pull_producer_close(ect_pull_producer *p) {
     if (!p) return;
+    met_source_remove(p->met);
     stop_save(p);
     if (p->router_started) {
         atomic_store(&p->router_stop, true);

@@ -37,11 +37,14 @@ void pull_router_complete(pull_router *r, const pull_peer *peer, const char *mm_
     void *buf = NULL;
     size_t len = 0;
     if (wire_transfer_complete_encode(&m, &buf, &len) != 0) {
-        ECT_LOGW(MOD, "cannot encode ECTransferComplete for %s: %s", mm_hash, ect_last_error());
+        ECT_LOGW_ID(MOD, NULL, mm_hash, "cannot encode ECTransferComplete for %s: %s", mm_hash,
+                    ect_last_error());
         return;
     }
     int rc = r->ops.reply(r->ops.user, peer, buf, len);
-    if (rc) ECT_LOGW(MOD, "ECTransferComplete for %s not sent: %s", mm_hash, ect_strerror(rc));
+    if (rc)
+        ECT_LOGW_ID(MOD, NULL, mm_hash, "ECTransferComplete for %s not sent: %s", mm_hash,
+                    ect_strerror(rc));
     free(buf);
 }
 
@@ -49,8 +52,8 @@ void pull_router_complete(pull_router *r, const pull_peer *peer, const char *mm_
 static void refuse(pull_router *r, const pull_peer *peer, const wire_transfer_pull *p, int status,
                    const char *reason) {
     r->st.pulls_refused++;
-    ECT_LOGW(MOD, "pull of %s for %s refused (%s): %s", p->mm_hash, p->consumer_session_id,
-             ect_strerror(status), reason);
+    ECT_LOGW_ID(MOD, NULL, p->mm_hash, "pull of %s for %s refused (%s): %s", p->mm_hash,
+                p->consumer_session_id, ect_strerror(status), reason);
     pull_router_complete(r, peer, p->mm_hash, status, p->has_token, p->token, reason);
 }
 

@@ -102,7 +102,8 @@ static void add_items(ect_pull_scheduler *s, const wire_pull_item *items, size_t
             a = calloc(1, sizeof *a);
             if (!a || !(a->mm_hash = strdup(items[i].mm_hash))) {
                 free(a);
-                ECT_LOGE(MOD, "out of memory: %s not recorded", items[i].mm_hash);
+                ECT_LOGE_ID(MOD, NULL, items[i].mm_hash, "out of memory: %s not recorded",
+                            items[i].mm_hash);
                 continue;
             }
             HASH_ADD_KEYPTR(hh, s->table, a->mm_hash, strlen(a->mm_hash), a);

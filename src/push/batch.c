@@ -50,12 +50,14 @@ static void note_exchange(pbatch *b, px *x, uint64_t now) {
     if (x->held) return;
     if (!x->rc) {
         down_ok(b->downs, x->key);
+        atomic_store(&b->held_down, down_count(b->downs));
         return;
     }
     if (!pb_unreachable_rc(x->rc)) return;
     char cause[PX_ERR_MAX];
     snprintf(cause, sizeof cause, "%s", x->err);
     uint64_t ms = down_fail(b->downs, x->key, cause, now);
+    atomic_store(&b->held_down, down_count(b->downs));
     snprintf(x->err, sizeof x->err, "consumer %.100s unreachable: %.190s", x->key, cause);
     ECT_LOGW(MOD, "consumer %s unreachable (%s); failing its pushes at once for %" PRIu64 " ms",
              x->key, cause, ms);
@@ -109,6 +111,7 @@ static void settle_peers(pbatch *b, px *x, uint64_t now) {
         ect_hostport_format(x->host, ports[i], key, sizeof key);
         down_ok(b->downs, key);
     }
+    atomic_store(&b->held_down, down_count(b->downs));
     push_peers_done(b->t, x->consumer, 0, NULL, ports, n, transport);
 }
 
@@ -183,8 +186,8 @@ static void settle_cancel(pbatch *b, px *x, uint64_t now) {
     const px_member *m = &x->m[0];
     note_exchange(b, x, now);
     if (x->rc) {
-        ECT_LOGW(MOD, "cancel of %s on shard %zu failed: %s", m->rec->transfer_id, m->shard,
-                 x->err);
+        ECT_LOGW_ID(MOD, m->rec->transfer_id, NULL, "cancel of %s on shard %zu failed: %s",
+                    m->rec->transfer_id, m->shard, x->err);
         push_forget_consumer(b->t, m->rec->consumer);
     }
     if (m->kind == PUSH_ACT_ABANDON) {
@@ -202,8 +205,8 @@ static void settle_write(pbatch *b, px *x) {
         if (st) {
             push_note_cause(m->rec, "writing to %.100s (shard %zu) failed: %s", x->key, m->shard,
                             ect_strerror(st));
-            ECT_LOGW(MOD, "write of %s to %s failed: %s", m->rec->transfer_id, x->key,
-                     ect_strerror(st));
+            ECT_LOGW_ID(MOD, m->rec->transfer_id, m->rec->mm_hash, "write of %s to %s failed: %s",
+                        m->rec->transfer_id, x->key, ect_strerror(st));
         }
         push_write_done(b->t, m->rec, m->shard, st == 0);
     }

@@ -31,6 +31,7 @@
 #ifndef ECT_PUSH_BATCH_H
 #define ECT_PUSH_BATCH_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -91,6 +92,7 @@ typedef struct pbatch {
     char transport[PUSH_KIND_MAX + 1]; /* required data plane, "" any */
     unsigned expect_shards;            /* 0 any */
     pb_counts n;                       /* what went out */
+    atomic_size_t held_down;           /* down_count after the latest change (metrics) */
 } pbatch;
 
 /* A timeout or a transport failure: the consumer may be gone (an answer, even

@@ -32,6 +32,7 @@
 
 #include "ectransfer.h"
 #include "push/control_server.h"
+#include "util/metrics.h"
 #include "util/util.h"
 #include "xport/xport.h"
 
@@ -48,6 +49,7 @@ struct ect_push_consumer {
     void *zctx;
     ctl_server *srv;
     rsv_mem_ops mem;
+    met_source *met;
 };
 
 void ect_push_consumer_opts_init(ect_push_consumer_opts *o) {
@@ -122,6 +124,78 @@ static int check_opts(const ect_push_consumer_opts *o) {
     return 0;
 }
 
+/* The shard's metrics (metrics.h): read at scrape time from the table, the
+ * pool and the control server's counters. */
+static void collect(void *ctx, met_out *o) {
+    ect_push_consumer *c = ctx;
+    ect_push_consumer_stat st;
+    ect_push_consumer_stats(c, &st);
+    ect_pool_stat ps;
+    ect_pool_stats(c->pool, &ps);
+    ctl_counters cc;
+    ctl_server_counters(c->srv, &cc);
+    rsv_stats rs;
+    ctl_server_stats(c->srv, &rs);
+    char l[160];
+    met_labels(l, sizeof l, "transport", ect_xport_kind(c->xp), "direction", "in",
+               (const char *)NULL);
+    met_out_counter(o, "ectransfer_bytes_total",
+                    "Bytes moved, by direction (in: received, out: sent; a push producer counts "
+                    "every shard) and transport.",
+                    l, cc.bytes_in);
+    met_out_counter(o, "ectransfer_items_total",
+                    "Items moved, by direction and transport (push consumer: reservations that "
+                    "became READY; push producer: transfers done with a write; pull: pulls).",
+                    l, cc.items_in);
+    met_out_gauge(o, "ectransfer_pool_capacity_bytes", "Usable bytes of the buffer pool.", NULL,
+                  (double)ps.capacity);
+    met_out_gauge(o, "ectransfer_pool_used_bytes",
+                  "Bytes allocated in the buffer pool, resident items included.", NULL,
+                  (double)ps.used);
+    met_out_gauge(o, "ectransfer_pool_resident_bytes", "Bytes held by resident (cached) items.",
+                  NULL, (double)rs.published_bytes);
+    uint64_t counts[RSV_EXPIRED + 1];
+    ctl_server_count_states(c->srv, counts);
+    for (int k = RSV_WRITING; k <= RSV_EXPIRED; k++)
+        met_out_gauge(
+            o, "ectransfer_reservations", "Reservations by state, tombstones included.",
+            met_labels(l, sizeof l, "state", rsv_state_name((rsv_state)k), (const char *)NULL),
+            (double)counts[k]);
+    ctl_refusals rf;
+    ctl_server_refusals(c->srv, &rf);
+    static const char *const rh =
+        "Reserves refused, by reason (full is back-pressure: producers retry).";
+    const struct {
+        const char *why;
+        uint64_t v;
+    } refs[] = {{"full", rf.full}, {"cancelled", rf.tomb},  {"conflict", rf.conflict},
+                {"busy", rf.busy}, {"invalid", rf.invalid}, {"other", rf.other}};
+    for (size_t i = 0; i < ECT_ARRAY_LEN(refs); i++)
+        met_out_counter(o, "ectransfer_refusals_total", rh,
+                        met_labels(l, sizeof l, "reason", refs[i].why, (const char *)NULL),
+                        refs[i].v);
+    static const char *const fh = "Transfers that failed, by reason.";
+    met_out_counter(o, "ectransfer_failures_total", fh,
+                    met_labels(l, sizeof l, "reason", "expired", (const char *)NULL), st.expired);
+    met_out_counter(o, "ectransfer_failures_total", fh,
+                    met_labels(l, sizeof l, "reason", "abandoned", (const char *)NULL),
+                    st.abandoned);
+    met_out_counter(
+        o, "ectransfer_control_requests_total",
+        "Control round trips (sent by a producer or scheduler, served by a consumer shard).", NULL,
+        cc.requests);
+    met_out_counter(o, "ectransfer_bad_requests_total",
+                    "Frames refused as malformed or an unknown op.", NULL, st.bad_requests);
+    met_out_counter(o, "ectransfer_events_sent_total", "Events sent to the scheduler.", NULL,
+                    st.events_sent);
+    met_out_counter(o, "ectransfer_events_dropped_total",
+                    "Events dropped because the backlog was full.", NULL, st.events_dropped);
+    met_out_counter(o, "ectransfer_delivered_total", "Transfers the engine took and finished.",
+                    NULL, st.finished);
+    met_out_counter(o, "ectransfer_evictions_total", "Resident items reclaimed.", NULL,
+                    st.evictions);
+}
+
 int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_consumer **out) {
     if (out) *out = NULL;
     if (!opts || !out) return ect_set_error(ECT_EINVAL, "push consumer: opts and out required");
@@ -187,6 +261,9 @@ int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_consumer
     so.dst_key = c->key;
     so.pool_base = (uint64_t)(uintptr_t)ect_pool_base(c->pool);
     if ((rc = ctl_server_open(c->zctx, &so, &c->srv))) goto fail;
+    char shard[16];
+    snprintf(shard, sizeof shard, "%d", opts->tp_rank);
+    if ((rc = met_source_add("push_consumer", shard, collect, c, &c->met))) goto fail;
     *out = c;
     return 0;
 fail:
@@ -195,8 +272,9 @@ fail:
 
 void ect_push_consumer_close(ect_push_consumer *c) {
     if (!c) return;
-    ctl_server_stop(c->srv); /* no new reservations, events or reaping */
-    ect_xport_close(c->xp);  /* no remote write lands after this */
+    met_source_remove(c->met); /* no scrape reads it any more */
+    ctl_server_stop(c->srv);   /* no new reservations, events or reaping */
+    ect_xport_close(c->xp);    /* no remote write lands after this */
     c->xp = NULL;
     c->registered = false;
     ctl_server_close(c->srv); /* gives every buffer back to the pool */

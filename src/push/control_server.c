@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <zmq.h>
 
@@ -66,6 +67,9 @@ struct ctl_server {
     refusal rf[RF_N];
     uint64_t seen_expired_ready, seen_expired_writing, seen_abandoned; /* reaper log */
     uint64_t expiry_log_ms;
+    atomic_uint_fast64_t bytes_in, items_in, requests; /* metrics */
+    ctl_error last_err[CTL_LAST_ERRORS];               /* [mu] newest at last_err_head - 1 */
+    size_t last_err_head, last_err_n;                  /* [mu] */
 };
 
 void ctl_server_opts_init(ctl_server_opts *o) {
@@ -94,6 +98,23 @@ static void refused(ctl_server *s, int k, const char *text) {
     f->window++;
     atomic_fetch_add(&f->total, 1);
     snprintf(f->example, sizeof f->example, "%.200s", text);
+    if (k == RF_FULL) return; /* back-pressure, not an error worth a status line */
+    ctl_error *e = &s->last_err[s->last_err_head];
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    e->realtime_ms = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    snprintf(e->text, sizeof e->text, "%.200s", text);
+    s->last_err_head = (s->last_err_head + 1) % CTL_LAST_ERRORS;
+    if (s->last_err_n < CTL_LAST_ERRORS) s->last_err_n++;
+}
+
+/* Counts the bytes of a reservation that just became READY (its writer's
+ * complete): the shard's bytes received. Under the lock. */
+static void count_ready(ctl_server *s, const char *transfer_id) {
+    rsv_status st;
+    if (rsv_status_get(s->tab, transfer_id, &st) != 0) return;
+    atomic_fetch_add(&s->bytes_in, st.nbytes);
+    atomic_fetch_add(&s->items_in, 1);
 }
 
 static int refusal_class(int rc) {
@@ -186,6 +207,56 @@ static int do_reserve(ctl_server *s, const wire_reserve_req *r, uint64_t now,
     return 0;
 }
 
+/* The ect_status result (docs/PROTOCOL.md, extension) as compact JSON text,
+ * or NULL when out of memory. Under the lock. */
+static char *status_json(ctl_server *s) {
+    rsv_stats st;
+    rsv_get_stats(s->tab, &st);
+    uint64_t counts[RSV_EXPIRED + 1];
+    rsv_count_states(s->tab, counts);
+    json_t *o = json_object(), *pool = json_object(), *rs = json_object(), *peers = json_array(),
+           *ev = json_object(), *rf = json_object(), *errs = json_array();
+    int base = s->o.base_port ? s->o.base_port : s->port - s->o.tp_rank;
+    int n = (s->o.base_port || s->o.port) ? s->o.tp_size : 1;
+    if (!s->o.base_port && !s->o.port) base = s->port;
+    json_object_set_new(o, "shard", json_integer(s->o.tp_rank));
+    json_object_set_new(o, "tp_size", json_integer(s->o.tp_size));
+    json_object_set_new(o, "port", json_integer(s->port));
+    json_object_set_new(o, "transport", json_string(s->transport));
+    json_object_set_new(pool, "capacity", json_integer((json_int_t)s->o.rsv.capacity));
+    json_object_set_new(pool, "used", json_integer((json_int_t)st.bytes_held));
+    json_object_set_new(pool, "resident", json_integer((json_int_t)st.published_bytes));
+    json_object_set_new(o, "pool", pool);
+    for (int k = RSV_WRITING; k <= RSV_EXPIRED; k++)
+        json_object_set_new(rs, rsv_state_name((rsv_state)k), json_integer((json_int_t)counts[k]));
+    json_object_set_new(o, "reservations", rs);
+    for (int i = 0; i < n; i++) json_array_append_new(peers, json_integer(base + i));
+    json_object_set_new(o, "peers", peers);
+    json_object_set_new(ev, "queued", json_integer((json_int_t)st.events));
+    json_object_set_new(ev, "sent", json_integer((json_int_t)atomic_load(&s->events_sent)));
+    json_object_set_new(ev, "dropped", json_integer((json_int_t)st.events_dropped));
+    json_object_set_new(o, "events", ev);
+    static const char *const rf_name[RF_N] = {"full", "cancelled", "conflict",
+                                              "busy", "invalid",   "other"};
+    for (int k = 0; k < RF_N; k++)
+        json_object_set_new(rf, rf_name[k], json_integer((json_int_t)atomic_load(&s->rf[k].total)));
+    json_object_set_new(o, "refused", rf);
+    for (size_t i = 0; i < s->last_err_n; i++) {
+        const ctl_error *e =
+            &s->last_err[(s->last_err_head + CTL_LAST_ERRORS - 1 - i) % CTL_LAST_ERRORS];
+        char when[32];
+        json_t *je = json_object();
+        json_object_set_new(je, "time",
+                            json_string(ect_rfc3339_ms(e->realtime_ms, when, sizeof when)));
+        json_object_set_new(je, "error", json_string(e->text));
+        json_array_append_new(errs, je);
+    }
+    json_object_set_new(o, "errors", errs);
+    char *txt = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(o);
+    return txt;
+}
+
 static void out_of_memory(int *rc, char *errtext) {
     *rc = ECT_ENOMEM;
     snprintf(errtext, WIRE_ERROR_MAX + 1, "EC consumer out of memory");
@@ -273,6 +344,7 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
     case WIRE_OP_COMPLETE:
         rsv_complete(s->tab, q->u.complete.transfer_id, q->u.complete.reservation_id, now,
                      &rep.u.complete.completed, &rep.u.complete.became_ready);
+        if (rep.u.complete.became_ready) count_ready(s, q->u.complete.transfer_id);
         break;
     case WIRE_OP_COMPLETE_BATCH: {
         size_t n = q->u.complete_batch.n;
@@ -285,6 +357,9 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
                          q->u.complete_batch.items[i].reservation_id, now,
                          &rep.u.complete_batch.items[i].completed,
                          &rep.u.complete_batch.items[i].became_ready);
+        for (size_t i = 0; i < n; i++)
+            if (rep.u.complete_batch.items[i].became_ready)
+                count_ready(s, q->u.complete_batch.items[i].transfer_id);
         break;
     }
     case WIRE_OP_CANCEL: {
@@ -294,6 +369,9 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
         if (rc) snprintf(errtext, sizeof errtext, "%s", ect_last_error());
         break;
     }
+    case WIRE_OP_ECT_STATUS:
+        if (!(rep.u.ect_status = status_json(s))) out_of_memory(&rc, errtext);
+        break;
     default:
         rc = ECT_ENOTSUP;
         snprintf(errtext, sizeof errtext, "unknown control op: '%d'", (int)q->op);
@@ -325,6 +403,7 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
 
 int ctl_server_handle(ctl_server *s, const void *buf, size_t len, uint64_t now_ms, char **reply) {
     *reply = NULL;
+    atomic_fetch_add(&s->requests, 1);
     wire_ctl_request q;
     int rc = wire_ctl_decode_request(buf, len, &q);
     if (rc) {
@@ -374,8 +453,8 @@ static void flush_events(ctl_server *s) {
             free(frame);
             if (!sent && errno != EAGAIN) ECT_LOGW(MOD, "event send: %s", zmq_strerror(errno));
         } else {
-            ECT_LOGE(MOD, "dropping unencodable event for %s: %s", copy.transfer_id,
-                     ect_last_error());
+            ECT_LOGE_ID(MOD, copy.transfer_id, NULL, "dropping unencodable event for %s: %s",
+                        copy.transfer_id, ect_last_error());
         }
         if (!sent && rc == 0) return; /* stays queued */
         pthread_mutex_lock(&s->mu);
@@ -624,4 +703,25 @@ int ctl_server_check(ctl_server *s) {
 }
 
 uint64_t ctl_server_events_sent(ctl_server *s) { return atomic_load(&s->events_sent); }
+
+void ctl_server_counters(ctl_server *s, ctl_counters *c) {
+    c->bytes_in = atomic_load(&s->bytes_in);
+    c->items_in = atomic_load(&s->items_in);
+    c->requests = atomic_load(&s->requests);
+}
+
+void ctl_server_count_states(ctl_server *s, uint64_t counts[RSV_EXPIRED + 1]) {
+    pthread_mutex_lock(&s->mu);
+    rsv_count_states(s->tab, counts);
+    pthread_mutex_unlock(&s->mu);
+}
+
+size_t ctl_server_last_errors(ctl_server *s, ctl_error *out, size_t max) {
+    pthread_mutex_lock(&s->mu);
+    size_t n = s->last_err_n < max ? s->last_err_n : max;
+    for (size_t i = 0; i < n; i++) /* newest first */
+        out[i] = s->last_err[(s->last_err_head + CTL_LAST_ERRORS - 1 - i) % CTL_LAST_ERRORS];
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
 uint64_t ctl_server_bad_requests(ctl_server *s) { return atomic_load(&s->bad_requests); }

@@ -111,6 +111,24 @@ size_t ctl_server_evict(ctl_server *s, size_t max);
 int ctl_server_check(ctl_server *s);
 /* Events sent on the PUSH socket and frames answered "malformed". */
 uint64_t ctl_server_events_sent(ctl_server *s);
+
+/* Totals since open for metrics: bytes and items that became READY (a
+ * writer's complete), control requests handled (every frame). Any thread. */
+typedef struct ctl_counters {
+    uint64_t bytes_in, items_in, requests;
+} ctl_counters;
+void ctl_server_counters(ctl_server *s, ctl_counters *c);
+/* rsv_count_states under the lock. */
+void ctl_server_count_states(ctl_server *s, uint64_t counts[RSV_EXPIRED + 1]);
+
+/* The latest refusals other than "pool is full" (which is back-pressure),
+ * newest first: at most max of the last CTL_LAST_ERRORS. Any thread. */
+#define CTL_LAST_ERRORS 8
+typedef struct ctl_error {
+    uint64_t realtime_ms; /* wall clock, ms since the epoch */
+    char text[208];
+} ctl_error;
+size_t ctl_server_last_errors(ctl_server *s, ctl_error *out, size_t max);
 uint64_t ctl_server_bad_requests(ctl_server *s);
 
 #endif

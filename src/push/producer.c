@@ -27,6 +27,7 @@
 #include "push/producer.h"
 #include "util/hostport.h"
 #include "util/sync.h"
+#include "util/metrics.h"
 #include "util/util.h"
 #include "wire/dtype.h"
 
@@ -90,6 +91,8 @@ static int check_opts(const ect_push_producer_opts *o) {
     return 0;
 }
 
+static void collect(void *ctx, met_out *o);
+
 int ect_push_producer_open(const ect_push_producer_opts *opts, ect_push_producer **out) {
     if (!out) return ect_set_error(ECT_EINVAL, "ect_push_producer_open: out is NULL");
     *out = NULL;
@@ -146,6 +149,7 @@ int ect_push_producer_open(const ect_push_producer_opts *opts, ect_push_producer
         goto fail;
     }
     p->thread_started = true;
+    if ((rc = met_source_add("push_producer", NULL, collect, p, &p->met))) goto fail;
     *out = p;
     return 0;
 fail:
@@ -366,6 +370,72 @@ void pp_count_finished_locked(ect_push_producer *p, const push_action *a, size_t
     for (size_t i = 0; i < n; i++) p->unreported += a[i].kind == PUSH_ACT_FINISHED;
 }
 
+static const char *const met_kinds[PP_MET_KINDS] = {"tcp", "shm", "ucx", "other"};
+
+static size_t met_kind(const char *t) {
+    for (size_t k = 0; k + 1 < PP_MET_KINDS; k++)
+        if (strcmp(t, met_kinds[k]) == 0) return k;
+    return PP_MET_KINDS - 1;
+}
+
+static void collect(void *ctx, met_out *o) {
+    ect_push_producer *p = ctx;
+    ect_push_producer_stat st;
+    ect_push_producer_stats(p, &st);
+    uint64_t b[PP_MET_KINDS], n[PP_MET_KINDS];
+    pthread_mutex_lock(&p->mu);
+    memcpy(b, p->moved_bytes, sizeof b);
+    memcpy(n, p->moved_items, sizeof n);
+    pthread_mutex_unlock(&p->mu);
+    char l[128];
+    for (size_t k = 0; k < PP_MET_KINDS; k++) {
+        met_labels(l, sizeof l, "transport", met_kinds[k], "direction", "out", (const char *)NULL);
+        met_out_counter(o, "ectransfer_bytes_total",
+                        "Bytes moved, by direction (in: received, out: sent; a push producer "
+                        "counts every shard) and transport.",
+                        l, b[k]);
+        met_out_counter(o, "ectransfer_items_total",
+                        "Items moved, by direction and transport (push consumer: reservations that "
+                        "became READY; push producer: transfers done with a write; pull: pulls).",
+                        l, n[k]);
+    }
+    met_out_hist(o, "ectransfer_transfer_seconds",
+                 "Transfer latency: push producer reserve -> done; pull consumer load -> complete.",
+                 met_labels(l, sizeof l, "phase", "reserve_to_done", (const char *)NULL),
+                 &p->latency);
+    static const char *const fh = "Transfers that failed, by reason.";
+    met_out_counter(o, "ectransfer_failures_total", fh,
+                    met_labels(l, sizeof l, "reason", "failed", (const char *)NULL), st.failed);
+    met_out_counter(o, "ectransfer_failures_total", fh,
+                    met_labels(l, sizeof l, "reason", "cancelled", (const char *)NULL),
+                    st.cancelled);
+    met_out_counter(o, "ectransfer_refusals_total",
+                    "Reserves refused, by reason (full is back-pressure: producers retry).",
+                    met_labels(l, sizeof l, "reason", "full", (const char *)NULL),
+                    st.full_refusals);
+    met_out_counter(o, "ectransfer_retries_total",
+                    "Reserve rounds started again after a full pool refused them.", NULL,
+                    st.retries);
+    met_out_counter(
+        o, "ectransfer_control_requests_total",
+        "Control round trips (sent by a producer or scheduler, served by a consumer shard).", NULL,
+        st.control_requests);
+    met_out_gauge(o, "ectransfer_peers_held_down",
+                  "Consumer addresses held down after failed exchanges (backoff running).", NULL,
+                  (double)atomic_load(&p->batch.held_down));
+    if (p->pool) {
+        ect_pool_stat ps;
+        ect_pool_stats(p->pool, &ps);
+        met_out_gauge(o, "ectransfer_pool_capacity_bytes", "Usable bytes of the buffer pool.", NULL,
+                      (double)ps.capacity);
+        met_out_gauge(o, "ectransfer_pool_used_bytes",
+                      "Bytes allocated in the buffer pool, resident items included.", NULL,
+                      (double)ps.used);
+        met_out_gauge(o, "ectransfer_pool_resident_bytes", "Bytes held by resident (cached) items.",
+                      NULL, (double)ps.resident_bytes);
+    }
+}
+
 /* The result of a finished record (mu held). */
 static void finish_locked(ect_push_producer *p, const push_final *f) {
     ect_push_result r;
@@ -378,6 +448,14 @@ static void finish_locked(ect_push_producer *p, const push_final *f) {
     snprintf(r.transport, sizeof r.transport, "%s", f->transport);
     r.retries = f->retries;
     push_result(p, &r);
+    if (f->status == 0) {
+        met_observe_ns(&p->latency, r.latency_ns);
+        if (f->transport[0]) { /* something was written (not every shard `cached`) */
+            size_t k = met_kind(f->transport);
+            p->moved_bytes[k] += f->nbytes * (f->n_shards ? f->n_shards : 1);
+            p->moved_items[k]++;
+        }
+    }
     if (f->status == 0)
         p->st.done++;
     else if (f->status == ECT_ECANCELED)
@@ -479,6 +557,7 @@ void ect_push_producer_stats(ect_push_producer *p, ect_push_producer_stat *st) {
 
 void ect_push_producer_close(ect_push_producer *p) {
     if (!p) return;
+    met_source_remove(p->met);
     if (p->thread_started) {
         pthread_mutex_lock(&p->mu);
         p->stop = true;

@@ -27,6 +27,7 @@
 #include "push/downs.h"
 #include "push/pushes.h"
 #include "util/lanes.h"
+#include "util/metrics.h"
 
 /* Lanes: at most this many addresses / sessions at once; an idle one ends. */
 #define PP_MAX_LANES 4096
@@ -37,6 +38,9 @@ typedef struct pp_xport {
     ect_xport *x;
     struct pp_xport *next;
 } pp_xport;
+
+/* Transports the metrics count bytes for (the last: any other name). */
+#define PP_MET_KINDS 4
 
 struct ect_push_producer {
     ect_push_producer_opts o;
@@ -70,6 +74,10 @@ struct ect_push_producer {
     pthread_mutex_t wmu; /* write groups of the round in flight on wlanes */
     pthread_cond_t wcv;
     size_t wpending; /* [wmu] */
+    /* metrics */
+    struct met_source *met;
+    uint64_t moved_bytes[PP_MET_KINDS], moved_items[PP_MET_KINDS]; /* [mu] by pp_met_kinds */
+    met_hist latency;                                              /* reserve -> done */
 };
 
 /* Dispatcher thread body (producer_run.c). */

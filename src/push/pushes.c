@@ -248,7 +248,8 @@ static void fail_code(push_rec *r, int status, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(r->error, sizeof r->error, fmt, ap);
     va_end(ap);
-    ECT_LOGW(MOD, "transfer_id=%s failed: %s", r->transfer_id, r->error);
+    ECT_LOGW_ID(MOD, r->transfer_id, r->mm_hash, "transfer_id=%s failed: %s", r->transfer_id,
+                r->error);
 }
 
 #define fail(r, ...) fail_code(r, ECT_EIO, __VA_ARGS__)
@@ -806,8 +807,9 @@ int push_abandon_done(push_table *t, push_rec *r, size_t shard, bool ok) {
     if (s->abandon != ST_SENT) return stray("abandon", r, shard);
     s->abandon = ok ? ST_OK : ST_FAILED;
     if (!ok)
-        ECT_LOGW(MOD, "abandoning transfer_id=%s on shard %zu failed; its TTL will end it",
-                 r->transfer_id, shard);
+        ECT_LOGW_ID(MOD, r->transfer_id, NULL,
+                    "abandoning transfer_id=%s on shard %zu failed; its TTL will end it",
+                    r->transfer_id, shard);
     return 0;
 }
 

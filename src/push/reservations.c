@@ -303,14 +303,16 @@ static void queue_event(rsv_table *t, const rsv_entry *e, rsv_event_kind kind) {
     ev_node *n;
     if (t->st.events >= t->o.max_events) {
         n = t->events; /* reuse the oldest node: no allocation can fail here */
-        ECT_LOGW(MOD, "EC event backlog full (%zu); dropping %s event for transfer_id=%s",
-                 t->o.max_events, n->ev.kind == RSV_EV_READY ? "readiness" : "abandoned",
-                 n->ev.transfer_id);
+        ECT_LOGW_ID(MOD, n->ev.transfer_id, NULL,
+                    "EC event backlog full (%zu); dropping %s event for transfer_id=%s",
+                    t->o.max_events, n->ev.kind == RSV_EV_READY ? "readiness" : "abandoned",
+                    n->ev.transfer_id);
         DL_DELETE(t->events, n);
         t->st.events--;
         t->st.events_dropped++;
     } else if (!(n = malloc(sizeof *n))) {
-        ECT_LOGE(MOD, "out of memory queueing an event for transfer_id=%s", e->transfer_id);
+        ECT_LOGE_ID(MOD, e->transfer_id, NULL, "out of memory queueing an event for transfer_id=%s",
+                    e->transfer_id);
         t->st.events_dropped++;
         return;
     }
@@ -440,8 +442,9 @@ static size_t reap(rsv_table *t) {
             if (nd->deadline > now ||
                 t->o.mem->write_active(t->o.mem_ctx, e->buf->offset, e->buf->size))
                 continue;
-            ECT_LOGW(MOD, "transfer_id=%s: writer silent past its grace; freeing its memory",
-                     e->transfer_id);
+            ECT_LOGW_ID(MOD, e->transfer_id, e->mm_hash,
+                        "transfer_id=%s: writer silent past its grace; freeing its memory",
+                        e->transfer_id);
             bool cancelled = e->state == RSV_CANCEL_PENDING || e->cancel_requested;
             entomb(t, e, cancelled ? RSV_CANCELLED : RSV_EXPIRED,
                    cancelled ? RSV_END_CANCELLED : RSV_END_EXPIRED);
@@ -687,8 +690,8 @@ static bool publish(rsv_table *t, rsv_entry *w) {
     assert(!find_published(t, b->mm_hash));
     if (resident_put(t->cache, b->mm_hash, b->offset, b->size, b->tn.shape, b->tn.ndim, b->tn.dtype,
                      true)) {
-        ECT_LOGE(MOD, "publishing transfer_id=%s: %s; not completed", w->transfer_id,
-                 ect_last_error());
+        ECT_LOGE_ID(MOD, w->transfer_id, w->mm_hash, "publishing transfer_id=%s: %s; not completed",
+                    w->transfer_id, ect_last_error());
         return false;
     }
     resident_bind(t->cache, b->mm_hash, b);
@@ -888,6 +891,9 @@ void rsv_get_stats(const rsv_table *t, rsv_stats *st) {
     st->live = idt_live(&t->ids);
     st->tombstones = idt_count(&t->ids, IDT_TOMBS);
     st->tombstones_dropped = t->ids.dropped;
+    resident_stats r;
+    resident_get_stats(t->cache, &r);
+    st->published_bytes = r.bytes;
 }
 
 void rsv_close(rsv_table *t) {
@@ -1005,4 +1011,13 @@ int rsv_check(const rsv_table *t) {
     for (const idt_node *n = idt_first(&t->ids, IDT_LIVE); n && n->next; n = n->next)
         CHECK(n->deadline <= n->next->deadline, "live list out of deadline order");
     return 0;
+}
+
+void rsv_count_states(const rsv_table *t, uint64_t counts[RSV_EXPIRED + 1]) {
+    memset(counts, 0, sizeof(uint64_t) * (RSV_EXPIRED + 1));
+    for (int l = 0; l < IDT_LISTS; l++)
+        for (idt_node *n = idt_first(&t->ids, l); n; n = n->next) {
+            rsv_state s = ENTRY(n)->state;
+            if (s >= RSV_WRITING && s <= RSV_EXPIRED) counts[s]++;
+        }
 }

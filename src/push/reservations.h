@@ -258,9 +258,15 @@ typedef struct rsv_stats {
     uint64_t expired_ready;      /* READY reservations the reaper ended (never finished) */
     uint64_t expired_writing;    /* writers past their TTL (EXPIRE_PENDING) */
     uint64_t adopted;            /* refreshed writers' followers taken over by a new writer */
+    uint64_t published_bytes;    /* bytes of published buffers (the resident cache: READY,
+                                    leased and released items; allocation sizes) */
 } rsv_stats;
 
 void rsv_get_stats(const rsv_table *t, rsv_stats *st);
+
+/* Entries by state, tombstones included: counts[RSV_WRITING .. RSV_EXPIRED]
+ * (counts[0] is 0). O(n); for metrics and the status op. */
+void rsv_count_states(const rsv_table *t, uint64_t counts[RSV_EXPIRED + 1]);
 
 /* Verifies the invariants above; ECT_ESTATE with the broken one in
  * ect_last_error(). O(n); for tests and the fuzzer. */

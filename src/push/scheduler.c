@@ -26,6 +26,7 @@
 #include "push/control_client.h"
 #include "push/event_inbox.h"
 #include "push/transfers.h"
+#include "util/metrics.h"
 #include "util/util.h"
 
 #define MOD "sched"
@@ -60,6 +61,11 @@ struct ect_push_scheduler {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     jobq todo, done; /* guarded by mu */
+    /* metrics: the stats as of the last poll, for a scrape on another thread
+     * (the scheduler itself belongs to the caller's thread) */
+    met_source *met;
+    pthread_mutex_t snap_mu;
+    ect_push_scheduler_stat snap; /* [snap_mu] */
 };
 
 static const char *const state_names[] = {"?",         "WAITING_EVENT", "AVAILABLE",   "LOADING",
@@ -131,14 +137,44 @@ static void *cancel_main(void *arg) {
         if (j.ok)
             wire_ctl_reply_clear(&r);
         else
-            ECT_LOGW(MOD, "cancel %s on shard %d (attempt %u): %s", j.j.transfer_id, j.port,
-                     j.j.attempt, ect_last_error());
+            ECT_LOGW_ID(MOD, j.j.transfer_id, NULL, "cancel %s on shard %d (attempt %u): %s",
+                        j.j.transfer_id, j.port, j.j.attempt, ect_last_error());
         pthread_mutex_lock(&s->mu);
         if (jobq_push(&s->done, &j)) ECT_LOGE(MOD, "cancel thread: out of memory");
     }
     pthread_mutex_unlock(&s->mu);
     ctl_client_close(cli);
     return NULL;
+}
+
+static void collect(void *ctx, met_out *o) {
+    ect_push_scheduler *s = ctx;
+    pthread_mutex_lock(&s->snap_mu);
+    ect_push_scheduler_stat st = s->snap;
+    pthread_mutex_unlock(&s->snap_mu);
+    char l[96];
+    met_out_gauge(o, "ectransfer_peers_up",
+                  "Peers reached (push scheduler: consumer shards discovered).", NULL, st.shards);
+    met_out_counter(o, "ectransfer_events_total", "Events applied by the scheduler.", NULL,
+                    st.events);
+    met_out_counter(o, "ectransfer_bad_requests_total",
+                    "Frames refused as malformed or an unknown op.", NULL, st.bad_frames);
+    met_out_counter(o, "ectransfer_late_events_total",
+                    "Events for transfers already ended, ignored.", NULL, st.late_events);
+    met_out_counter(
+        o, "ectransfer_control_requests_total",
+        "Control round trips (sent by a producer or scheduler, served by a consumer shard).", NULL,
+        st.cancels_sent + st.cancels_failed);
+    met_out_counter(o, "ectransfer_failures_total", "Transfers that failed, by reason.",
+                    met_labels(l, sizeof l, "reason", "cancel_failed", (const char *)NULL),
+                    st.cancels_failed);
+    met_out_gauge(o, "ectransfer_transfers",
+                  "Transfers the scheduler tracks (live) and remembers (tombstones).",
+                  met_labels(l, sizeof l, "state", "live", (const char *)NULL), (double)st.live);
+    met_out_gauge(o, "ectransfer_transfers",
+                  "Transfers the scheduler tracks (live) and remembers (tombstones).",
+                  met_labels(l, sizeof l, "state", "tombstone", (const char *)NULL),
+                  (double)st.tombstones);
 }
 
 int ect_push_scheduler_open(const ect_push_scheduler_opts *o, ect_push_scheduler **out) {
@@ -159,6 +195,7 @@ int ect_push_scheduler_open(const ect_push_scheduler_opts *o, ect_push_scheduler
     s->o.consumer_host = s->host;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
+    pthread_mutex_init(&s->snap_mu, NULL);
     int rc;
     xfer_opts xo;
     xfer_opts_init(&xo);
@@ -185,6 +222,7 @@ int ect_push_scheduler_open(const ect_push_scheduler_opts *o, ect_push_scheduler
         goto fail;
     }
     s->thr_started = true;
+    if ((rc = met_source_add("push_scheduler", NULL, collect, s, &s->met))) goto fail;
     *out = s;
     return 0;
 fail:
@@ -193,6 +231,7 @@ fail:
 
 void ect_push_scheduler_close(ect_push_scheduler *s) {
     if (!s) return;
+    met_source_remove(s->met);
     pthread_mutex_lock(&s->mu);
     atomic_store(&s->stop, true);
     pthread_cond_broadcast(&s->cv);
@@ -209,6 +248,7 @@ void ect_push_scheduler_close(ect_push_scheduler *s) {
     free(s->done.v);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->snap_mu);
     free(s);
 }
 
@@ -225,7 +265,8 @@ static void push_ready(ect_push_scheduler *s, const char *tid) {
     s->ready[s->nready++] = d;
     return;
 oom:
-    ECT_LOGE(MOD, "out of memory queueing %s; it stays AVAILABLE until it expires", tid);
+    ECT_LOGE_ID(MOD, tid, NULL, "out of memory queueing %s; it stays AVAILABLE until it expires",
+                tid);
 }
 
 static void check_available(ect_push_scheduler *s, const char *tid) {
@@ -248,7 +289,8 @@ static void on_event(void *user, const wire_event *ev, size_t shard) {
     uint64_t now = ect_now_ms();
     int rc = xfer_on_event(s->t, &xe, now);
     if (rc < 0) {
-        ECT_LOGW(MOD, "event for %s refused: %s", ev->transfer_id, ect_last_error());
+        ECT_LOGW_ID(MOD, ev->transfer_id, NULL, "event for %s refused: %s", ev->transfer_id,
+                    ect_last_error());
         s->st.bad_frames++;
         return;
     }
@@ -298,6 +340,11 @@ int ect_push_scheduler_poll(ect_push_scheduler *s) {
     }
     xfer_reap(s->t, ect_now_ms());
     pump_cancels(s);
+    ect_push_scheduler_stat st;
+    ect_push_scheduler_stats(s, &st);
+    pthread_mutex_lock(&s->snap_mu);
+    s->snap = st;
+    pthread_mutex_unlock(&s->snap_mu);
     return (int)got;
 }
 

@@ -197,7 +197,8 @@ static void queue_job(xfer_table *t, const char *tid, const char *rid, size_t sh
                       unsigned attempt) {
     job_node *j = calloc(1, sizeof *j);
     if (!j) {
-        ECT_LOGE(MOD, "out of memory queueing a remote cancel of transfer_id=%s", tid);
+        ECT_LOGE_ID(MOD, tid, NULL, "out of memory queueing a remote cancel of transfer_id=%s",
+                    tid);
         t->st.cancels_given_up++;
         return;
     }
@@ -255,8 +256,9 @@ static xent *ent_new(xfer_table *t, const char *tid, const char *mm_hash, bool e
             idt_node *n = idt_first(&t->ids, IDT_LIVE);
             while (n && XENT(n)->expected) n = n->next;
             xent *o = XENT(n);
-            ECT_LOGW(MOD, "%zu unexpected items kept; forgetting transfer_id=%s", t->o.max_orphans,
-                     o->transfer_id);
+            ECT_LOGW_ID(MOD, o->transfer_id, NULL,
+                        "%zu unexpected items kept; forgetting transfer_id=%s", t->o.max_orphans,
+                        o->transfer_id);
             t->st.orphans_dropped++;
             ent_delete(t, o);
         }
@@ -494,8 +496,9 @@ void xfer_cancel_done(xfer_table *t, const xfer_cancel_job *job, bool ok) {
         queue_job(t, job->transfer_id, job->reservation_id, job->shard, job->attempt + 1);
         return;
     }
-    ECT_LOGW(MOD, "giving up cancelling transfer_id=%s on shard %zu after %u attempts",
-             job->transfer_id, job->shard, job->attempt);
+    ECT_LOGW_ID(MOD, job->transfer_id, NULL,
+                "giving up cancelling transfer_id=%s on shard %zu after %u attempts",
+                job->transfer_id, job->shard, job->attempt);
     t->st.cancels_given_up++;
 }
 

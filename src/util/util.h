@@ -38,6 +38,21 @@ void ect_clear_error(void);
 bool ect_log_enabled(ect_log_level lvl);
 void ect_log(ect_log_level lvl, const char *mod, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* The same for a line about one transfer: transfer_id and/or mm_hash (NULL
+ * or "" when unknown) become fields of the line (log.c shows the format). */
+void ect_log_ids(ect_log_level lvl, const char *mod, const char *transfer_id, const char *mm_hash,
+                 const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+#define ECT_LOGE_ID(mod, tid, hash, ...) ect_log_ids(ECT_LOG_ERROR, mod, tid, hash, __VA_ARGS__)
+#define ECT_LOGW_ID(mod, tid, hash, ...) ect_log_ids(ECT_LOG_WARN, mod, tid, hash, __VA_ARGS__)
+#define ECT_LOGI_ID(mod, tid, hash, ...)                                                           \
+    do {                                                                                           \
+        if (ect_log_enabled(ECT_LOG_INFO)) ect_log_ids(ECT_LOG_INFO, mod, tid, hash, __VA_ARGS__); \
+    } while (0)
+#define ECT_LOGD_ID(mod, tid, hash, ...)                                                           \
+    do {                                                                                           \
+        if (ect_log_enabled(ECT_LOG_DEBUG))                                                        \
+            ect_log_ids(ECT_LOG_DEBUG, mod, tid, hash, __VA_ARGS__);                               \
+    } while (0)
 
 #define ECT_LOGE(mod, ...) ect_log(ECT_LOG_ERROR, mod, __VA_ARGS__)
 #define ECT_LOGW(mod, ...) ect_log(ECT_LOG_WARN, mod, __VA_ARGS__)
@@ -54,6 +69,11 @@ void ect_log(ect_log_level lvl, const char *mod, const char *fmt, ...)
 uint64_t ect_now_ns(void);
 uint64_t ect_now_ms(void);
 double ect_now_s(void);
+/* The wall clock (CLOCK_REALTIME) in ms since the epoch. */
+uint64_t ect_realtime_ms(void);
+/* RFC 3339 UTC time with milliseconds, "2026-12-01T03:04:05.678Z", into buf
+ * (room for at least 25 bytes); returns buf. */
+const char *ect_rfc3339_ms(uint64_t realtime_ms, char *buf, size_t cap);
 
 /* ---- ids: 32 lowercase hex digits from the OS random source (like uuid4().hex). */
 #define ECT_ID_LEN 32

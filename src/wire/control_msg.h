@@ -73,7 +73,11 @@ typedef enum wire_ctl_op {
     WIRE_OP_COMPLETE,
     WIRE_OP_COMPLETE_BATCH,
     WIRE_OP_CANCEL,
+    /* extension (docs/PROTOCOL.md): a shard's status for operators; an
+     * upstream consumer answers it "unknown control op: 'ect_status'" */
+    WIRE_OP_ECT_STATUS,
 } wire_ctl_op;
+#define WIRE_OP_LAST WIRE_OP_ECT_STATUS
 
 /* The wire name of an op ("reserve", ...), or NULL for a value outside the enum. */
 const char *wire_ctl_op_name(wire_ctl_op op);
@@ -224,6 +228,10 @@ typedef struct wire_ctl_reply {
             wire_complete_result *items;
         } complete_batch;
         bool cancelled; /* cancel: {"cancelled": bool} */
+        /* ect_status: the result object as compact JSON text; owned after
+         * decoding, borrowed (not freed by the clear) when the caller set it
+         * for encoding and cleared it before wire_ctl_reply_clear */
+        char *ect_status;
     } u;
 } wire_ctl_reply;
 

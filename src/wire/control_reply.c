@@ -34,6 +34,7 @@ void wire_ctl_reply_clear(wire_ctl_reply *rep) {
             break;
         case WIRE_OP_PEERS: free(rep->u.peers.ports); break;
         case WIRE_OP_COMPLETE_BATCH: free(rep->u.complete_batch.items); break;
+        case WIRE_OP_ECT_STATUS: free(rep->u.ect_status); break;
         default: break;
         }
     }
@@ -161,6 +162,16 @@ static json_t *result_json(const wire_ctl_reply *rep, int *rc) {
         o = new_obj(rc);
         wctl_put_bool(o, "cancelled", rep->u.cancelled, rc);
         return o;
+    case WIRE_OP_ECT_STATUS: {
+        json_error_t e;
+        o = rep->u.ect_status ? json_loads(rep->u.ect_status, 0, &e) : NULL;
+        if (!json_is_object(o)) {
+            json_decref(o);
+            *rc = ect_set_error(ECT_EINVAL, "result: ect_status needs a JSON object");
+            return NULL;
+        }
+        return o;
+    }
     }
     *rc = ect_set_error(ECT_EINVAL, "op: not a control op");
     return NULL;
@@ -343,6 +354,10 @@ static int decode_result(const json_t *res, size_t expect, wire_ctl_reply *out) 
     case WIRE_OP_CANCEL:
         if ((rc = expect_object(res, "result"))) return rc;
         return wctl_get_bool(res, "result.", "cancelled", true, &out->u.cancelled);
+    case WIRE_OP_ECT_STATUS:
+        if ((rc = expect_object(res, "result"))) return rc;
+        out->u.ect_status = json_dumps(res, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        return out->u.ect_status ? 0 : ect_set_error(ECT_ENOMEM, "result: out of memory");
     }
     return ect_set_error(ECT_EINVAL, "op: not a control op");
 }

@@ -107,6 +107,7 @@ int wire_ctl_encode_request(const wire_ctl_request *req, char **out) {
         break;
     case WIRE_OP_EVENT_PORT:
     case WIRE_OP_PEERS:
+    case WIRE_OP_ECT_STATUS:
         o = json_object();
         wctl_put_str(o, "op", op, OP_NAME_MAX, true, &rc);
         break;
@@ -188,7 +189,7 @@ static int unknown_op(const json_t *v) {
 static int parse_op(const json_t *root, wire_ctl_op *op) {
     const json_t *v = json_object_get(root, "op");
     if (json_is_string(v)) {
-        for (int i = WIRE_OP_RESERVE; i <= WIRE_OP_CANCEL; i++) {
+        for (int i = WIRE_OP_RESERVE; i <= WIRE_OP_LAST; i++) {
             const char *name = wire_ctl_op_name((wire_ctl_op)i);
             if (strlen(name) == json_string_length(v) && strcmp(name, json_string_value(v)) == 0) {
                 *op = (wire_ctl_op)i;
@@ -294,7 +295,8 @@ static int decode_body(const json_t *root, wire_ctl_request *out) {
         return wctl_get_str(root, "", "transfer_id", true, true, WIRE_ID_MAX,
                             out->u.status.transfer_id);
     case WIRE_OP_EVENT_PORT:
-    case WIRE_OP_PEERS: return 0;
+    case WIRE_OP_PEERS:
+    case WIRE_OP_ECT_STATUS: return 0;
     case WIRE_OP_COMPLETE: return decode_complete(root, "", &out->u.complete);
     case WIRE_OP_COMPLETE_BATCH: return decode_complete_batch(root, out);
     case WIRE_OP_CANCEL:

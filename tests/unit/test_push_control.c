@@ -475,12 +475,37 @@ static void test_peers_tp(void **state) {
     o.rsv.mem = &rsv_pool_ops;
     o.rsv.mem_ctx = f.pool;
     o.dst_session = "x:1";
+    o.transport = "tcp";
+    o.rsv.capacity = 1048576;
     o.detached = true;
     assert_int_equal(ctl_server_open(NULL, &o, &f.srv), 0);
     char *rep = NULL;
     assert_int_equal(ctl_server_handle(f.srv, "{\"op\":\"peers\"}", 14, 0, &rep), 0);
-    assert_string_equal(rep, "{\"ok\":true,\"result\":{\"ports\":[40000,40001,40002,40003]}}");
+    assert_string_equal(
+        rep,
+        "{\"ok\":true,\"result\":{\"ports\":[40000,40001,40002,40003],\"transport\":\"tcp\"}}");
     free(rep);
+    /* ect_status (extension): the documented answer, byte for byte (a detached
+     * shard has no port of its own: 0; docs/PROTOCOL.md shows rank 2's 40002) */
+#define STATUS_FMT                                                                                 \
+    "{\"ok\":true,\"result\":{\"shard\":2,\"tp_size\":4,\"port\":%d,\"transport\":\"tcp\","        \
+    "\"pool\":{\"capacity\":1048576,\"used\":0,\"resident\":0},\"reservations\":{"                 \
+    "\"WRITING\":0,\"READY\":0,\"CANCEL_PENDING\":0,\"EXPIRE_PENDING\":0,\"CANCELLED\":0,"         \
+    "\"EXPIRED\":0},\"peers\":[40000,40001,40002,40003],\"events\":{\"queued\":0,\"sent\":0,"      \
+    "\"dropped\":0},\"refused\":{\"full\":0,\"cancelled\":0,\"conflict\":0,\"busy\":0,"            \
+    "\"invalid\":0,\"other\":0},\"errors\":[]}}"
+    char want[1024];
+    snprintf(want, sizeof want, STATUS_FMT, 0);
+    assert_int_equal(ctl_server_handle(f.srv, "{\"op\":\"ect_status\"}", 19, 0, &rep), 0);
+    assert_string_equal(rep, want);
+    free(rep);
+    char doc_line[1100];
+    snprintf(want, sizeof want, STATUS_FMT, 40002);
+    snprintf(doc_line, sizeof doc_line, "\n%s\n", want);
+    if (!strstr(test_protocol_md(), doc_line))
+        fail_msg("docs/PROTOCOL.md lacks the ect_status example %s", want);
+    if (!strstr(test_protocol_md(), "\n{\"op\":\"ect_status\"}\n"))
+        fail_msg("docs/PROTOCOL.md lacks the ect_status request");
     assert_int_equal(ctl_server_handle(f.srv, "{\"op\":\"event_port\"}", 19, 0, &rep), 0);
     assert_non_null(strstr(rep, "\"ok\":false"));
     free(rep);

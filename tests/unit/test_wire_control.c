@@ -85,6 +85,7 @@ static void assert_request_eq(const wire_ctl_request *a, const wire_ctl_request 
         assert_int_equal(a->u.cancel.abandon, b->u.cancel.abandon);
         assert_int_equal(a->u.cancel.refresh, b->u.cancel.refresh);
         break;
+    case WIRE_OP_ECT_STATUS: break; /* no fields */
     }
 }
 
@@ -152,6 +153,7 @@ static void assert_reply_eq(const wire_ctl_reply *a, const wire_ctl_reply *b) {
         }
         break;
     case WIRE_OP_CANCEL: assert_int_equal(a->u.cancelled, b->u.cancelled); break;
+    case WIRE_OP_ECT_STATUS: assert_string_equal(a->u.ect_status, b->u.ect_status); break;
     }
 }
 
@@ -645,7 +647,7 @@ static void test_random_round_trips(void **state) {
     static char keys[RT_BATCH][80], errs[RT_BATCH][80];
     uint16_t ports[RT_BATCH];
     for (int iter = 0; iter < 400; iter++) {
-        wire_ctl_op op = (wire_ctl_op)(WIRE_OP_RESERVE + iter % 8);
+        wire_ctl_op op = (wire_ctl_op)(WIRE_OP_RESERVE + iter % WIRE_OP_LAST);
         size_t n = (size_t)(test_rand(&st) % RT_BATCH);
         wire_ctl_request q;
         memset(&q, 0, sizeof q);
@@ -742,6 +744,9 @@ static void test_random_round_trips(void **state) {
             r.u.complete_batch.items = cres;
             break;
         case WIRE_OP_CANCEL: r.u.cancelled = test_rand(&st) & 1; break;
+        case WIRE_OP_ECT_STATUS:
+            r.u.ect_status = (char *)"{\"shard\":0,\"pool\":{\"capacity\":5},\"errors\":[]}";
+            break;
         }
         reply_round_trip(&r, n, NULL);
 
