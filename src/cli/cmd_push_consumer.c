@@ -46,6 +46,7 @@ static void help(void) {
         "usage: ect push-consumer --host H --port P [--tp N] [--dp-index I] [--pool-size SIZE]\n"
         "                         [--transport tcp|shm|ucx] [--count N] [--ttl SECONDS]\n"
         "                         [--pool-device cpu|pinned|cuda|cuda:N]\n"
+        "                         [--advertise HOST] [--data-port P]\n"
         "\n"
         "Runs one push-protocol consumer instance: a control server per TP rank, bound on\n"
         "H at ports P + dp_index x N + rank, plus the instance's scheduler. Every transfer\n"
@@ -54,7 +55,13 @@ static void help(void) {
         "the resident cache (a later push of the same mm_hash is answered `cached`) and\n"
         "finished. Runs until SIGINT or SIGTERM (or --count items), then closes cleanly.\n"
         "\n"
-        "  --host H          address to bind the control sockets and transport on\n"
+        "  --host H          address to bind the control sockets and transport on (IPv4,\n"
+        "                    IPv6 as ::1 or [::1], a name; 0.0.0.0 or :: for every interface)\n"
+        "  --advertise HOST  host producers are told as the data-plane address (NAT, a\n"
+        "                    service name); default: --host, or for a wildcard --host the\n"
+        "                    address of the interface that routes to each producer\n"
+        "  --data-port P     fixed data-plane port (tcp, ucx) of rank 0; rank r listens on\n"
+        "                    P + dp_index x N + r, as the control ports; default: any free port\n"
         "  --port P          base control port (ec_port), e.g. 14579\n"
         "  --tp N            tensor-parallel ranks (shards), 1..64; default 1\n"
         "  --dp-index I      data-parallel index; default 0\n"
@@ -69,7 +76,8 @@ static void help(void) {
         "\n"
         "Output on stdout, one JSON object a line: first, once every shard listens and the\n"
         "scheduler reached every one (push from then on),\n"
-        "  {\"event\":\"ready\",\"host\",\"ports\",\"transport\",\"pool_size\",\"pool_device\"}\n"
+        "  {\"event\":\"ready\",\"host\",\"ports\",\"data_ports\",[\"advertise\"],\"transport\",\n"
+        "   \"pool_size\",\"pool_device\"}  (data_ports: each rank's data-plane port; [] for shm)\n"
         "then one line per item:\n"
         "  {\"transfer_id\",\"mm_hash\",\"nbytes\",\"shape\",\"dtype\",\"checksum\"}\n"
         "checksum is XXH64 (seed 0) of the bytes as 16 hex digits (as `ect push` prints);\n"
@@ -116,13 +124,25 @@ static void print_item(const ect_push_view *v, uint64_t ck) {
 /* The machine-readable readiness line (stdout): every shard listens and the
  * scheduler reached every one, so a producer may push now. */
 static void print_ready(const char *host, uint64_t first_port, uint64_t tp, const char *transport,
-                        uint64_t pool, const char *pool_device) {
-    json_t *o = json_object(), *ports = json_array();
-    for (uint64_t r = 0; r < tp; r++)
+                        uint64_t pool, const char *pool_device, const char *advertise,
+                        ect_push_consumer **cons) {
+    json_t *o = json_object(), *ports = json_array(), *dports = json_array();
+    for (uint64_t r = 0; r < tp; r++) {
         json_array_append_new(ports, json_integer((json_int_t)(first_port + r)));
+        /* the data-plane port each rank listens on (tcp, ucx; shm has none) */
+        const char *sess = ect_push_consumer_session(cons[r]);
+        const char *hp = strncmp(sess, "ucx:", 4) == 0 ? sess + 4 : sess;
+        char h[256];
+        int dport = 0;
+        if (strncmp(sess, "shm:", 4) != 0 &&
+            ect_hostport_parse("session", hp, 0, 65535, h, sizeof h, &dport) == 0)
+            json_array_append_new(dports, json_integer(dport));
+    }
     json_object_set_new(o, "event", json_string("ready"));
     json_object_set_new(o, "host", json_string(host));
     json_object_set_new(o, "ports", ports);
+    json_object_set_new(o, "data_ports", dports);
+    if (advertise) json_object_set_new(o, "advertise", json_string(advertise));
     json_object_set_new(o, "transport", json_string(transport));
     json_object_set_new(o, "pool_size", json_integer((json_int_t)pool));
     json_object_set_new(o, "pool_device", json_string(pool_device));
@@ -221,10 +241,12 @@ int cmd_push_consumer(int argc, char **argv) {
                                          {"count", required_argument, 0, 'n'},
                                          {"ttl", required_argument, 0, 'T'},
                                          {"pool-device", required_argument, 0, 'D'},
+                                         {"advertise", required_argument, 0, 'A'},
+                                         {"data-port", required_argument, 0, 'P'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    const char *host = NULL, *transport = "tcp", *pool_device = "cpu";
-    uint64_t port = 0, tp = 1, dp = 0, pool = 1000000000ull, count = 0, ttl = 300;
+    const char *host = NULL, *transport = "tcp", *pool_device = "cpu", *advertise = NULL;
+    uint64_t port = 0, tp = 1, dp = 0, pool = 1000000000ull, count = 0, ttl = 300, dport = 0;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -262,6 +284,18 @@ int cmd_push_consumer(int argc, char **argv) {
                                        optarg);
             pool_device = optarg;
             break;
+        case 'A':
+            if (!*optarg || strlen(optarg) > 255 || ect_host_is_wildcard(optarg))
+                return cli_usage_error("push-consumer",
+                                       "--advertise '%s': a host name or address producers can "
+                                       "reach, not a wildcard",
+                                       optarg);
+            advertise = optarg;
+            break;
+        case 'P':
+            if (!cli_parse_u64("ect push-consumer: --data-port", optarg, 1, 65535, &dport))
+                return CLI_EXIT_USAGE;
+            break;
         case 'h': help(); return CLI_EXIT_OK;
         default: return cli_bad_flag("push-consumer", opts);
         }
@@ -277,6 +311,11 @@ int cmd_push_consumer(int argc, char **argv) {
                                "--port %" PRIu64 " + --dp-index %" PRIu64 " x --tp %" PRIu64
                                ": control ports beyond 65535",
                                port, dp, tp);
+    if (dport && dport + (dp + 1) * tp - 1 > 65535)
+        return cli_usage_error("push-consumer",
+                               "--data-port %" PRIu64 " + --dp-index %" PRIu64 " x --tp %" PRIu64
+                               ": data ports beyond 65535",
+                               dport, dp, tp);
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -301,6 +340,8 @@ int cmd_push_consumer(int argc, char **argv) {
         o.ttl_ms = ttl * 1000;
         o.pending_grace_ms = ttl * 1000;
         o.pool_device = pool_device;
+        o.advertise = advertise;
+        o.data_port = (int)dport;
         if (ect_push_consumer_open(&o, &cons[r]) != 0) {
             fprintf(stderr, "ect push-consumer: rank %" PRIu64 ": %s\n", r, ect_last_error());
             rc = CLI_EXIT_FAIL;
@@ -309,7 +350,9 @@ int cmd_push_consumer(int argc, char **argv) {
     }
     ect_push_scheduler_opts so;
     ect_push_scheduler_opts_init(&so);
-    so.consumer_host = host;
+    /* The in-process scheduler reaches the shards on loopback when they bind
+     * every interface. */
+    so.consumer_host = !ect_host_is_wildcard(host) ? host : strchr(host, ':') ? "::1" : "127.0.0.1";
     so.consumer_port = (int)(port + dp * tp);
     so.tp_size = (int)tp;
     so.accept_any = 1;
@@ -348,7 +391,8 @@ int cmd_push_consumer(int argc, char **argv) {
             if (st.shards == tp) {
                 fprintf(stderr, "ect push-consumer: scheduler connected to %u shard(s)\n",
                         st.shards);
-                print_ready(host, port + dp * tp, tp, transport, pool, pool_device);
+                print_ready(host, port + dp * tp, tp, transport, pool, pool_device, advertise,
+                            cons);
                 announced = true;
             }
         }
