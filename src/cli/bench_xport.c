@@ -190,7 +190,7 @@ static void help(void) {
            "ucx_perftest -t ucp_put_bw for ucx (UCX_TLS applies to both). GB/s is 10^9 B/s;\n"
            "latency is per batch, call to acknowledgement.\n"
            "  --transport LIST  comma-separated subset (default: every one compiled in)\n"
-           "  --seconds S       time per measurement, 0.05..60 (default 0.5)\n"
+           "  --seconds S       time per measurement, 0.05..60, or 300ms (default 0.5)\n"
            "  --json            one JSON list of rows: transport, size, gbps, limit, limit_gbps,\n"
            "                    ratio, p50_us, p99_us, limit_p50_us, limit_p99_us\n");
 }

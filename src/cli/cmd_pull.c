@@ -26,7 +26,7 @@
 
 static void help(void) {
     printf("usage: ect pull --from HOST:PORT [--hash H ... | --all] [--transport tcp|shm|ucx]\n"
-           "                [--timeout MS] [--wait MS] [--pool-size SIZE]\n"
+           "                [--timeout D] [--wait D] [--pool-size SIZE]\n"
            "                [--listen HOST] [--advertise HOST] [--data-port P]\n"
            "\n"
            "Asks the producer at HOST:PORT (its ec_port) what it holds, pulls the named items\n"
@@ -41,9 +41,9 @@ static void help(void) {
            "  --hash H          an item to pull (repeatable)\n"
            "  --all             every item the producer holds\n"
            "  --transport T     data plane, as the producer's: tcp (default), shm, ucx\n"
-           "  --timeout MS      per-pull completion timeout, and how long a refused load is\n"
-           "                    retried (default 60000)\n"
-           "  --wait MS         how long to wait to learn the items (default 10000)\n"
+           "  --timeout D       per-pull completion timeout, and how long a refused load is\n"
+           "                    retried (500ms, 30s; bare: milliseconds; default 60s)\n"
+           "  --wait D          how long to wait to learn the items (default 10s)\n"
            "  --pool-size SIZE  consumer pool (default 1GiB)\n"
            "  --listen HOST     where this consumer's data plane (tcp, ucx) listens for the\n"
            "                    producer's writes: 127.0.0.1 (default), an address of this host,\n"
@@ -137,10 +137,12 @@ int cmd_pull(int argc, char **argv) {
         case 'a': all = true; break;
         case 't': transport = optarg; break;
         case 'T':
-            if (!cli_parse_u64("--timeout", optarg, 1, 3600000, &timeout)) return CLI_EXIT_USAGE;
+            if (!cli_parse_duration_u64("--timeout", optarg, 1, 1, 3600000, &timeout))
+                return CLI_EXIT_USAGE;
             break;
         case 'w':
-            if (!cli_parse_u64("--wait", optarg, 0, 3600000, &wait_ms)) return CLI_EXIT_USAGE;
+            if (!cli_parse_duration_u64("--wait", optarg, 1, 0, 3600000, &wait_ms))
+                return CLI_EXIT_USAGE;
             break;
         case 'P':
             if (!cli_parse_size("--pool-size", optarg, &pool)) return CLI_EXIT_USAGE;
@@ -159,8 +161,7 @@ int cmd_pull(int argc, char **argv) {
             advertise = optarg;
             break;
         case 'D':
-            if (!cli_parse_u64("ect pull: --data-port", optarg, 1, 65535, &dport))
-                return CLI_EXIT_USAGE;
+            if (!cli_parse_u64("--data-port", optarg, 1, 65535, &dport)) return CLI_EXIT_USAGE;
             break;
         case 'h': help(); return CLI_EXIT_OK;
         default: return cli_bad_flag("pull", opts);

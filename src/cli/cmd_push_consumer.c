@@ -44,7 +44,7 @@ static void on_signal(int sig) {
 static void help(void) {
     printf(
         "usage: ect push-consumer --host H --port P [--tp N] [--dp-index I] [--pool-size SIZE]\n"
-        "                         [--transport tcp|shm|ucx] [--count N] [--ttl SECONDS]\n"
+        "                         [--transport tcp|shm|ucx] [--count N] [--ttl D]\n"
         "                         [--pool-device cpu|pinned|cuda|cuda:N]\n"
         "                         [--advertise HOST] [--data-port P]\n"
         "\n"
@@ -68,7 +68,8 @@ static void help(void) {
         "  --pool-size SIZE  buffer pool per rank (\"1GiB\", \"64MiB\"); default 1000000000\n"
         "  --transport T     tcp (default), shm or ucx\n"
         "  --count N         exit 0 after N items (default: run until a signal)\n"
-        "  --ttl SECONDS     reservation TTL (default 300); the pending grace is the same\n"
+        "  --ttl D           reservation TTL (90s, 5m; bare: seconds; default 300s); the pending\n"
+        "                    grace is the same\n"
         "  --pool-device D   where each rank's pool lives (upstream ec_buffer_device): cpu\n"
         "                    (default), pinned (host memory registered with CUDA), cuda or\n"
         "                    cuda:N (GPU memory: tcp lands bytes through a pinned bounce ring,\n"
@@ -246,7 +247,7 @@ int cmd_push_consumer(int argc, char **argv) {
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *host = NULL, *transport = "tcp", *pool_device = "cpu", *advertise = NULL;
-    uint64_t port = 0, tp = 1, dp = 0, pool = 1000000000ull, count = 0, ttl = 300, dport = 0;
+    uint64_t port = 0, tp = 1, dp = 0, pool = 1000000000ull, count = 0, ttl = 300000, dport = 0;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -274,7 +275,8 @@ int cmd_push_consumer(int argc, char **argv) {
             if (!cli_parse_u64("--count", optarg, 1, UINT64_MAX, &count)) return CLI_EXIT_USAGE;
             break;
         case 'T':
-            if (!cli_parse_u64("--ttl", optarg, 1, 86400, &ttl)) return CLI_EXIT_USAGE;
+            if (!cli_parse_duration_u64("--ttl", optarg, 1000, 1, 86400000, &ttl))
+                return CLI_EXIT_USAGE;
             break;
         case 'D':
             if (ect_mem_parse_device(optarg, NULL, NULL) != 0)
@@ -293,8 +295,7 @@ int cmd_push_consumer(int argc, char **argv) {
             advertise = optarg;
             break;
         case 'P':
-            if (!cli_parse_u64("ect push-consumer: --data-port", optarg, 1, 65535, &dport))
-                return CLI_EXIT_USAGE;
+            if (!cli_parse_u64("--data-port", optarg, 1, 65535, &dport)) return CLI_EXIT_USAGE;
             break;
         case 'h': help(); return CLI_EXIT_OK;
         default: return cli_bad_flag("push-consumer", opts);
@@ -337,8 +338,8 @@ int cmd_push_consumer(int argc, char **argv) {
         o.dp_index = (int)dp;
         o.pool_size = pool;
         o.transport = transport;
-        o.ttl_ms = ttl * 1000;
-        o.pending_grace_ms = ttl * 1000;
+        o.ttl_ms = ttl;
+        o.pending_grace_ms = ttl;
         o.pool_device = pool_device;
         o.advertise = advertise;
         o.data_port = (int)dport;
@@ -356,7 +357,7 @@ int cmd_push_consumer(int argc, char **argv) {
     so.consumer_port = (int)(port + dp * tp);
     so.tp_size = (int)tp;
     so.accept_any = 1;
-    so.ttl_ms = ttl * 1000;
+    so.ttl_ms = ttl;
     if (ect_push_scheduler_open(&so, &s) != 0) {
         fprintf(stderr, "ect push-consumer: scheduler: %s\n", ect_last_error());
         rc = CLI_EXIT_FAIL;
