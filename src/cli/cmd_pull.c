@@ -280,11 +280,11 @@ int cmd_pull(int argc, char **argv) {
             }
         }
         if (strcmp(status, "ok") != 0) failed++;
-        printf("{\"mm_hash\": ");
+        printf("{\"mm_hash\":");
         json_str(h);
-        printf(", \"nbytes\": %" PRIu64 ", \"checksum\": \"%s\", \"status\": ", nbytes, sum_hex);
+        printf(",\"nbytes\":%" PRIu64 ",\"checksum\":\"%s\",\"status\":", nbytes, sum_hex);
         json_str(status);
-        printf(", \"latency_ms\": %.3f, \"attempts\": %u}\n", lat_ms, attempts);
+        printf(",\"latency_ms\":%.3f,\"attempts\":%u}\n", lat_ms, attempts);
         fflush(stdout);
     }
     fprintf(stderr, "ect pull: %zu moved, %zu verified, %zu retried, %zu failed of %zu items\n",
