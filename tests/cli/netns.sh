@@ -129,6 +129,36 @@ kill -TERM "$ppid"
 wait_exit "$ppid" 60
 wait "$ppid" || { cat "$tmp/prod.err"; echo "pull-producer exited non-zero"; exit 1; }
 
+# 6. the two-host benchmark: `ect bench xport --server` bound to 0.0.0.0 in
+# ns1, `--client` in ns2; every row has a rate and the raw-TCP limit measured
+# between the same two namespaces, and the session the client wrote to is the
+# veth address (no figures are asserted: this is a 2-core shared machine).
+ip netns exec "$ns1" "$ect" bench xport --server --host 0.0.0.0 --port 14590 --data-port 15300 \
+  >"$tmp/bsrv" 2>"$tmp/bsrv.err" &
+bpid=$!
+pids+=("$bpid")
+wait_event "$tmp/bsrv" ready "$bpid" || { cat "$tmp/bsrv.err"; echo "bench server not ready"; exit 1; }
+in2 timeout 120 "$ect" bench xport --client 192.0.2.1:14590 --seconds 50ms --warmup 20ms --json \
+  >"$tmp/bcli" 2>"$tmp/bcli.err" || { cat "$tmp/bcli.err" "$tmp/bsrv.err"; echo "bench client failed"; exit 1; }
+/usr/bin/python3 - "$tmp/bcli" <<'EOF2'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+assert len(rows) == 5, rows
+for r in rows:
+    assert r["transport"] == "tcp" and r["limit"] == "raw-tcp", r
+    assert r["gbps"] > 0 and r["limit_gbps"] > 0 and r["ratio"] > 0, r
+    assert r["session"] == "192.0.2.1:15300", r["session"]
+EOF2
+in2 "$ect" bench xport --client 192.0.2.1:14590 --seconds 50ms --warmup 0 >"$tmp/btab" 2>&1 ||
+  { cat "$tmp/btab"; echo "bench client (table) failed"; exit 1; }
+grep -q '^xprt .*ratio$' "$tmp/btab"
+[ "$(grep -c '^tcp .* raw-tcp ' "$tmp/btab")" -eq 5 ] || { cat "$tmp/btab"; echo "bench table rows"; exit 1; }
+kill -TERM "$bpid"
+wait_exit "$bpid" 60
+wait "$bpid" || { cat "$tmp/bsrv.err"; echo "bench server exited non-zero"; exit 1; }
+grep -q 'connection(s) served' "$tmp/bsrv.err"
+echo "bench: two-host xport rows with the raw-TCP limit between the namespaces"
+
 # a wildcard --advertise is refused, naming the flag
 expect_exit 2 '--advertise' "$ect" push-consumer --host 0.0.0.0 --port 14579 --advertise 0.0.0.0
 expect_exit 2 '--data-port' "$ect" push-consumer --host 0.0.0.0 --port 14579 --data-port x
