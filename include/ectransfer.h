@@ -87,7 +87,7 @@ ECT_API int ect_host_is_wildcard(const char *host);
 /** The binary interface's version: raised whenever a public struct changes
  *  its layout or a function its meaning, so a binding (ctypes, cffi) built
  *  against one version refuses another at load instead of misreading it. */
-#define ECT_ABI_VERSION 1
+#define ECT_ABI_VERSION 2
 
 /** ECT_ABI_VERSION of the library actually loaded. */
 ECT_API int ect_abi_version(void);
