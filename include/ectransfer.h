@@ -78,12 +78,16 @@ ECT_API const char *ect_build_info(const char *what);
 ECT_API int ect_hostport_parse(const char *what, const char *s, int min_port, int max_port,
                                char *host, size_t cap, int *port);
 
+/** Nonzero for a host that binds every interface and so can never be told to
+ *  a peer: "", "*", "0.0.0.0", "::", "::0", "[::]" (and NULL). Any thread. */
+ECT_API int ect_host_is_wildcard(const char *host);
+
 /* ------------------------------------------- ABI checks for bindings */
 
 /** The binary interface's version: raised whenever a public struct changes
  *  its layout or a function its meaning, so a binding (ctypes, cffi) built
  *  against one version refuses another at load instead of misreading it. */
-#define ECT_ABI_VERSION 1
+#define ECT_ABI_VERSION 2
 
 /** ECT_ABI_VERSION of the library actually loaded. */
 ECT_API int ect_abi_version(void);
@@ -677,6 +681,15 @@ typedef struct ect_push_consumer_opts {
                                   allocating one (an engine's own buffer); must outlive the
                                   consumer. A host buffer has no fd, so shm refuses it.
                                   Default NULL */
+    const char *advertise;     /* host (name, IPv4 or IPv6) producers are told in dst_session
+                                  instead of the bound one (NAT, a Kubernetes service). NULL
+                                  (default): the bound host; for a wildcard bind ("0.0.0.0",
+                                  "::") the local address of the interface that routes to each
+                                  requesting producer, never the wildcard. Copied */
+    int data_port;             /* fixed tcp/ucx data-plane port of rank 0 of dp_index 0; rank r
+                                  listens on data_port + dp_index x tp_size + tp_rank (as the
+                                  control ports). 0 (default): any free port. xport_listen,
+                                  when set, wins */
 } ect_push_consumer_opts;
 
 /** A READY item taken for reading: `data` points into the consumer's pool
@@ -730,7 +743,7 @@ ECT_API int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_
 /** ect_push_consumer_open from a JSON object (see "configuration as JSON
  *  text"). Reads ec_ip, ec_port, tp_size, tp_rank, dp_index, ec_buffer_size
  *  (pool_size), transport, ec_buffer_device (pool_device), and its own keys
- *  xport_listen (string), ttl_ms,
+ *  xport_listen and advertise (strings), data_port, ttl_ms,
  *  pending_grace_ms, reap_interval_ms, max_events, max_tombstones,
  *  pool_memory (integers; pool_memory for bindings, see "configuration as
  *  JSON text"). Caller owns *out. Errors: those of the configuration, then
@@ -1358,6 +1371,12 @@ typedef struct ect_pull_consumer_opts {
                                  kind, aligned to `alignment`, used as the pool instead of
                                  allocating one; must outlive the consumer. A host buffer
                                  has no fd, so shm refuses it. Default NULL */
+    const char *advertise;    /* host the producer is told in consumer_session_id instead of
+                                 the listen host. NULL (default): the listen host; for a
+                                 wildcard listen ("0.0.0.0", "::") the local address of the
+                                 interface that routes to the producer. Copied */
+    int data_port;            /* fixed tcp/ucx data-plane port; 0 (default): any free port.
+                                 The listen host is xport_listen's, or 127.0.0.1 */
 } ect_pull_consumer_opts;
 
 /** A loaded item: valid, and leased in the consumer's pool, until
@@ -1392,8 +1411,8 @@ ECT_API int ect_pull_consumer_open(const ect_pull_consumer_opts *opts, ect_pull_
 /** ect_pull_consumer_open from a JSON object (see "configuration as JSON
  *  text"): the producer is "ec_ip:ec_port" (port 1..65535); ec_buffer_size
  *  (pool_size), transport, ec_buffer_device (pool_device), and its own keys
- *  xport_listen (string), alignment, timeout_ms, quarantine_ms, pool_memory
- *  (integers). Caller owns *out. */
+ *  xport_listen and advertise (strings), data_port, alignment, timeout_ms,
+ *  quarantine_ms, pool_memory (integers). Caller owns *out. */
 ECT_API int ect_pull_consumer_open_config(const char *json, ect_pull_consumer **out);
 
 /** Loads mm_hash: from the resident cache if present, else allocates

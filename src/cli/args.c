@@ -12,6 +12,19 @@
 #include "cli/cli.h"
 #include "ectransfer.h"
 
+const char *cli_command = "";
+
+void cli_set_command(const char *name) { cli_command = name ? name : ""; }
+
+/* "ect CMD: " before a flag's error, so every number-parsing error names the
+ * command as well as the flag. */
+static void flag_prefix(void) {
+    if (*cli_command)
+        fprintf(stderr, "ect %s: ", cli_command);
+    else
+        fprintf(stderr, "ect: ");
+}
+
 int cli_usage_error(const char *cmd, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -41,6 +54,7 @@ bool cli_parse_u64(const char *flag, const char *s, uint64_t min, uint64_t max, 
     *out = v;
     return true;
 bad:
+    flag_prefix();
     fprintf(stderr, "%s: '%s' is not an integer in [%" PRIu64 ", %" PRIu64 "]\n", flag, s ? s : "",
             min, max);
     return false;
@@ -70,6 +84,7 @@ bool cli_parse_size(const char *flag, const char *s, uint64_t *out) {
         }
     }
 bad:
+    flag_prefix();
     fprintf(stderr,
             "%s: '%s' is not a size; use a whole number of bytes or forms like 64KiB, 4.5MiB, "
             "1GiB, 2GB\n",
@@ -79,6 +94,7 @@ bad:
 
 bool cli_parse_hostport(const char *flag, const char *s, char *host, size_t hostcap, int *port) {
     if (!ect_hostport_parse(flag, s, 0, 65535, host, hostcap, port)) return true;
+    flag_prefix();
     fprintf(stderr, "%s (e.g. 127.0.0.1:14579)\n", ect_last_error());
     return false;
 }
@@ -110,14 +126,71 @@ bool cli_have_transport(const char *kind) {
     return false;
 }
 
-bool cli_parse_seconds(const char *cmd, const char *s, double min, double max, double *out) {
+int cli_duration_ms(const char *s, double bare_ms, double *out_ms) {
+    static const struct {
+        const char *suffix;
+        double ms;
+    } units[] = {{"us", 1e-3}, {"ms", 1}, {"s", 1e3}, {"m", 60e3}, {"h", 3600e3}};
     char *end;
+    if (!s || !(isdigit((unsigned char)*s) || *s == '.')) return -1;
+    errno = 0;
     double v = strtod(s, &end);
-    if (end == s || *end || !(v >= min && v <= max)) {
-        cli_usage_error(cmd, "--seconds must be %g..%g, got '%s'", min, max, s);
+    if (errno || end == s || !isfinite(v) || v < 0) return -1;
+    if (!*end) {
+        *out_ms = v * bare_ms;
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcmp(end, units[i].suffix) == 0) {
+            *out_ms = v * units[i].ms;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static void fmt_ms(double ms, char *buf, size_t cap) {
+    if (ms >= 1000 && fmod(ms, 1000) == 0)
+        snprintf(buf, cap, "%gs", ms / 1000);
+    else
+        snprintf(buf, cap, "%gms", ms);
+}
+
+bool cli_parse_duration(const char *flag, const char *s, double bare_ms, double min_ms,
+                        double max_ms, double *out_ms) {
+    double v;
+    char lo[32], hi[32];
+    fmt_ms(min_ms, lo, sizeof lo);
+    fmt_ms(max_ms, hi, sizeof hi);
+    if (cli_duration_ms(s, bare_ms, &v) != 0) {
+        flag_prefix();
+        fprintf(stderr,
+                "%s: '%s' is not a duration; use 500ms, 30s, 2m, 1h (a bare number is %s)\n", flag,
+                s ? s : "", bare_ms == 1 ? "milliseconds" : "seconds");
         return false;
     }
-    *out = v;
+    if (!(v >= min_ms && v <= max_ms)) {
+        flag_prefix();
+        fprintf(stderr, "%s: '%s' is outside %s..%s\n", flag, s, lo, hi);
+        return false;
+    }
+    *out_ms = v;
+    return true;
+}
+
+bool cli_parse_duration_u64(const char *flag, const char *s, double bare_ms, uint64_t min_ms,
+                            uint64_t max_ms, uint64_t *out_ms) {
+    double v;
+    if (!cli_parse_duration(flag, s, bare_ms, (double)min_ms, (double)max_ms, &v)) return false;
+    *out_ms = (uint64_t)ceil(v);
+    return true;
+}
+
+bool cli_parse_seconds(const char *cmd, const char *s, double min, double max, double *out) {
+    (void)cmd;
+    double ms;
+    if (!cli_parse_duration("--seconds", s, 1000, min * 1000, max * 1000, &ms)) return false;
+    *out = ms / 1000;
     return true;
 }
 

@@ -202,7 +202,8 @@ static void help(void) {
            "(the linear list's worst case); 'head' requests 256 B that fit the first hole\n"
            "(its best case).\n\n"
            "  --json   one JSON object on stdout instead of the table\n"
-           "  --ms N   time each measurement for at least N ms (1..60000; default 300)\n"
+           "  --ms N   time each measurement for at least N (bare: ms, or 2s; up to 60s; default "
+           "300)\n"
            "  --help   this text\n");
 }
 
@@ -219,7 +220,7 @@ int bench_alloc(int argc, char **argv) {
         switch (c) {
         case 'j': json = true; break;
         case 'm':
-            if (!cli_parse_u64("--ms", optarg, 1, 60000, &ms)) return CLI_EXIT_USAGE;
+            if (!cli_parse_duration_u64("--ms", optarg, 1, 1, 60000, &ms)) return CLI_EXIT_USAGE;
             break;
         case 'h': help(); return CLI_EXIT_OK;
         default: return cli_usage_error("bench alloc", "accepted flags: --json, --ms N, --help");

@@ -142,7 +142,7 @@ static void help(void) {
            "One item per batch, timed call to acknowledgement (bytes on the device). GB/s is\n"
            "10^9 B/s. The two tcp pool cases alternate over two rounds, each keeping its best.\n"
            "  --sizes LIST   item sizes (default 4.5MiB,64MiB)\n"
-           "  --seconds S    time per measurement, 0.02..60 (default 0.5)\n"
+           "  --seconds S    time per measurement, 0.02..60, or 200ms (default 0.5)\n"
            "  --device N     CUDA device (default 0)\n"
            "  --json         one JSON list of rows: case, size, gbps, p50_us, limit,\n"
            "                 limit_gbps, ratio, goal (null when none)\n"

@@ -208,15 +208,16 @@ done:
 }
 
 static void help(void) {
-    printf("usage: ect bench pull [--json] [--ms N] [--transport tcp,shm]\n\n"
-           "Generation-1 pulls in this process over loopback: 1 and 32 items of 64 KiB, 4.5 MiB\n"
-           "and 16 MiB, loaded one after the other (pull round trip + write + completion),\n"
-           "beside the same bytes written with ect_xport_write_batch one item per call.\n\n"
-           "  --json         one JSON list of rows: transport, size, items, gbps (item bytes of a\n"
-           "                 round over its median time), p50_ms (per round of `items` loads),\n"
-           "                 raw_gbps, raw_p50_ms, ratio (gbps / raw_gbps)\n"
-           "  --ms N         time per measurement, pull and raw each (default 400)\n"
-           "  --transport L  comma-separated back ends (default tcp,shm)\n");
+    printf(
+        "usage: ect bench pull [--json] [--ms N] [--transport tcp,shm]\n\n"
+        "Generation-1 pulls in this process over loopback: 1 and 32 items of 64 KiB, 4.5 MiB\n"
+        "and 16 MiB, loaded one after the other (pull round trip + write + completion),\n"
+        "beside the same bytes written with ect_xport_write_batch one item per call.\n\n"
+        "  --json         one JSON list of rows: transport, size, items, gbps (item bytes of a\n"
+        "                 round over its median time), p50_ms (per round of `items` loads),\n"
+        "                 raw_gbps, raw_p50_ms, ratio (gbps / raw_gbps)\n"
+        "  --ms N         time per measurement, pull and raw each (bare: ms, or 1s; default 400)\n"
+        "  --transport L  comma-separated back ends (default tcp,shm)\n");
 }
 
 int bench_pull(int argc, char **argv) {
@@ -234,7 +235,7 @@ int bench_pull(int argc, char **argv) {
         switch (ch) {
         case 'j': json = true; break;
         case 'm':
-            if (!cli_parse_u64("--ms", optarg, 1, 60000, &ms)) return CLI_EXIT_USAGE;
+            if (!cli_parse_duration_u64("--ms", optarg, 1, 1, 60000, &ms)) return CLI_EXIT_USAGE;
             break;
         case 't': snprintf(kinds, sizeof kinds, "%s", optarg); break;
         case 'h': help(); return CLI_EXIT_OK;

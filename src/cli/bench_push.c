@@ -257,7 +257,7 @@ static void help(void) {
            "p50 of one raw batch, and ratio = push GB/s / raw GB/s.\n\n"
            "  --json            one JSON list of rows\n"
            "  --transport LIST  comma-separated back ends (default tcp,shm)\n"
-           "  --seconds S       time per row and per raw limit, 0.05..60 (default 0.3)\n"
+           "  --seconds S       time per row and per raw limit, 0.05..60, or 300ms (default 0.3)\n"
            "  --steps LIST      items per step (default 1,8,32; each 1..256)\n"
            "  --sizes LIST      item sizes (default 64KiB,4.5MiB,16MiB)\n"
            "  --inflight LIST   steps kept in flight (default 1: each step waits for the\n"

@@ -26,6 +26,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cli/bench_remote.h"
 #include "cli/cli.h"
 #include "ectransfer.h"
 
@@ -207,9 +208,24 @@ static void help(void) {
            "latency is per batch, call to acknowledgement. The last row per transport is one\n"
            "batch of 32 x 64 KiB writes beside one 2 MiB write (limit 1x2MiB), same run.\n"
            "  --transport LIST  comma-separated subset (default: every one compiled in)\n"
-           "  --seconds S       time per measurement, 0.05..60 (default 0.5)\n"
+           "  --seconds S       time per measurement, 0.05..60, or 300ms (default 0.5)\n"
            "  --json            one JSON list of rows: transport, size, gbps, limit, limit_gbps,\n"
-           "                    ratio, p50_us, p99_us, limit_p50_us, limit_p99_us\n");
+           "                    ratio, p50_us, p99_us, limit_p50_us, limit_p99_us\n"
+           "\n"
+           "Two hosts (tcp), as ucx_perftest: on one, `ect bench xport --server`; on the other,\n"
+           "`ect bench xport --client HOST:PORT` prints the same table (JSON rows add server,\n"
+           "session), the limit being raw TCP between the same two hosts in the same run.\n"
+           "  --server          serve writes and raw-TCP sinks until SIGINT/SIGTERM; prints\n"
+           "                    "
+           "{\"event\":\"ready\",\"bench\":\"xport\",\"host\",\"port\",\"session\"}\n"
+           "  --host H          server: bind address (default 0.0.0.0; :: for IPv6)\n"
+           "  --port P          server: control port (default 14590; 0: any free port)\n"
+           "  --data-port P     server: fixed data-plane port (default: any free port)\n"
+           "  --advertise HOST  server: the host clients are told to write to (default: the\n"
+           "                    local address of each client's control connection)\n"
+           "  --client H:P      run against the server at H:P ([v6]:P for IPv6)\n"
+           "  --warmup D        client: untimed writes before each measurement (default 200ms;\n"
+           "                    bare: seconds)\n");
 }
 
 /* One write_batch of SMALL_N x 64 KiB beside one write of the same 2 MiB on
@@ -375,10 +391,19 @@ int bench_xport(int argc, char **argv) {
     static const struct option opts[] = {{"json", no_argument, 0, 'j'},
                                          {"transport", required_argument, 0, 't'},
                                          {"seconds", required_argument, 0, 's'},
+                                         {"server", no_argument, 0, 'S'},
+                                         {"client", required_argument, 0, 'C'},
+                                         {"host", required_argument, 0, 'H'},
+                                         {"port", required_argument, 0, 'p'},
+                                         {"data-port", required_argument, 0, 'P'},
+                                         {"advertise", required_argument, 0, 'A'},
+                                         {"warmup", required_argument, 0, 'w'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    bool json = false;
-    double secs = 0.5;
+    bool json = false, server = false;
+    double secs = 0.5, warm_ms = 200;
+    const char *client = NULL, *host = "0.0.0.0", *advertise = NULL;
+    uint64_t port = 14590, dport = 0;
     const char *list = cli_have_transport("ucx") ? "tcp,shm,ucx" : "tcp,shm";
     int c;
     optind = 1;
@@ -389,12 +414,39 @@ int bench_xport(int argc, char **argv) {
         case 's':
             if (!cli_parse_seconds("bench xport", optarg, 0.05, 60, &secs)) return CLI_EXIT_USAGE;
             break;
+        case 'S': server = true; break;
+        case 'C': client = optarg; break;
+        case 'H': host = optarg; break;
+        case 'A':
+            if (ect_host_is_wildcard(optarg) || strlen(optarg) > 255)
+                return cli_usage_error("bench xport", "--advertise '%s': not a wildcard", optarg);
+            advertise = optarg;
+            break;
+        case 'p':
+            if (!cli_parse_u64("--port", optarg, 0, 65535, &port)) return CLI_EXIT_USAGE;
+            break;
+        case 'P':
+            if (!cli_parse_u64("--data-port", optarg, 0, 65535, &dport)) return CLI_EXIT_USAGE;
+            break;
+        case 'w':
+            if (!cli_parse_duration("--warmup", optarg, 1000, 0, 60000, &warm_ms))
+                return CLI_EXIT_USAGE;
+            break;
         case 'h': help(); return CLI_EXIT_OK;
         default: return cli_bad_flag("bench xport", opts);
         }
     }
     if (optind < argc)
         return cli_usage_error("bench xport", "unexpected argument '%s'", argv[optind]);
+    if (server && client)
+        return cli_usage_error("bench xport", "--server and --client exclude each other");
+    if (server) return bench_xport_server(host, (int)port, (int)dport, advertise);
+    if (client) {
+        char ch[256];
+        int cp;
+        if (!cli_parse_hostport("--client", client, ch, sizeof ch, &cp)) return CLI_EXIT_USAGE;
+        return bench_xport_client(ch, cp, secs, warm_ms / 1000, json);
+    }
     char kinds[64];
     snprintf(kinds, sizeof kinds, "%s", list);
     for (char *save = NULL, *k = strtok_r(kinds, ",", &save); k; k = strtok_r(NULL, ",", &save)) {

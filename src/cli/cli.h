@@ -26,6 +26,23 @@ typedef struct cli_cmd {
 #define CLI_EXIT_FAIL 1
 #define CLI_EXIT_USAGE 2
 
+/* The command being run ("push-consumer", "bench xport"): parse errors say
+ * "ect CMD: --flag: ...". main sets it; cmd_bench refines it. */
+extern const char *cli_command;
+void cli_set_command(const char *name);
+
+/* Durations: a number with a unit, us, ms, s, m or h ("500ms", "30s", "2m",
+ * "1.5s"); a bare number is in the flag's historical unit, bare_ms
+ * milliseconds each (1 for a flag that took milliseconds, 1000 for
+ * seconds). cli_duration_ms: 0, or -1 for text that is not one (no output).
+ * cli_parse_duration: also checks [min_ms, max_ms] and on error prints
+ * "ect CMD: FLAG: ..." and returns false. */
+int cli_duration_ms(const char *s, double bare_ms, double *out_ms);
+bool cli_parse_duration(const char *flag, const char *s, double bare_ms, double min_ms,
+                        double max_ms, double *out_ms);
+bool cli_parse_duration_u64(const char *flag, const char *s, double bare_ms, uint64_t min_ms,
+                            uint64_t max_ms, uint64_t *out_ms);
+
 /* Parses sizes like "4096", "64KiB", "4.5MiB", "1GiB", "1.5GB", "16k".
  * Binary suffixes (KiB, MiB, GiB, TiB, and K/M/G/T) are powers of 1024;
  * KB/MB/GB/TB are powers of 1000. Returns false with a message on stderr. */

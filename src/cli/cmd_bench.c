@@ -263,9 +263,19 @@ static void help(void) {
 int cmd_bench(int argc, char **argv) {
     if (argc >= 2 && argv[1][0] != '-') {
         for (const cli_bench *b = benches; b->name; b++)
-            if (strcmp(argv[1], b->name) == 0) return b->run(argc - 1, argv + 1);
+            if (strcmp(argv[1], b->name) == 0) {
+                static char name[64];
+                snprintf(name, sizeof name, "bench %s", b->name);
+                cli_set_command(name);
+                return b->run(argc - 1, argv + 1);
+            }
         for (const cli_bench *b = named_only; b->name; b++)
-            if (strcmp(argv[1], b->name) == 0) return b->run(argc - 1, argv + 1);
+            if (strcmp(argv[1], b->name) == 0) {
+                static char name[64];
+                snprintf(name, sizeof name, "bench %s", b->name);
+                cli_set_command(name);
+                return b->run(argc - 1, argv + 1);
+            }
         return cli_usage_error(
             "bench", "unknown benchmark '%s'; accepted: push, pull, xport, alloc, gpu", argv[1]);
     }

@@ -50,7 +50,7 @@ typedef struct seen_hash {
 typedef struct demo {
     /* flags */
     const char *protocol, *transport, *shape, *dtype;
-    uint64_t items, tp, timeout_s, item_bytes;
+    uint64_t items, tp, timeout_ms, item_bytes;
     /* run */
     demo_procs procs;
     entry *entries;
@@ -80,7 +80,7 @@ static long long now_ms(void) { return (long long)cli_now_ms(); }
 
 static void help(void) {
     printf("usage: ect demo [--protocol push|pull] [--transport tcp|shm|ucx] [--items N]\n"
-           "                [--shape 576x4096] [--dtype bfloat16] [--tp N] [--timeout S]\n"
+           "                [--shape 576x4096] [--dtype bfloat16] [--tp N] [--timeout D]\n"
            "\n"
            "Runs ectransfer end to end on loopback, in separate processes of this binary, and\n"
            "checks every byte. push (default): an `ect push-consumer` instance (scheduler + one\n"
@@ -97,7 +97,7 @@ static void help(void) {
            "  --dtype D       torch dtype name (default bfloat16); pull announces the bytes as\n"
            "                  uint8 [nbytes]\n"
            "  --tp N          consumer TP ranks (push only), 1..64 (default 1)\n"
-           "  --timeout S     give up after S seconds, 1..86400 (default 300)\n"
+           "  --timeout D     give up after D (90s, 5m; bare: seconds; up to 24h; default 300s)\n"
            "\n"
            "Prints a live progress line on a terminal (plain lines otherwise), then a report:\n"
            "items moved (the bytes arrived), verified (checksums equal), retried (moved after\n"
@@ -383,7 +383,7 @@ static bool push_round(demo *d, int port, uint64_t seed, uint64_t count, long lo
     snprintf(to, sizeof to, "127.0.0.1:%d", port);
     snprintf(cnt, sizeof cnt, "%" PRIu64, count);
     snprintf(sd, sizeof sd, "%" PRIu64, seed);
-    snprintf(tmo, sizeof tmo, "%" PRIu64, d->timeout_s);
+    snprintf(tmo, sizeof tmo, "%" PRIu64 "ms", d->timeout_ms);
     char *argv[] = {
         "push",    "--to",           to,        "--count",        cnt,      "--seed", sd,
         "--shape", (char *)d->shape, "--dtype", (char *)d->dtype, "--step", "8",      "--repeat",
@@ -413,7 +413,7 @@ static bool push_round(demo *d, int port, uint64_t seed, uint64_t count, long lo
 }
 
 static bool run_push(demo *d, const char **why) {
-    long long deadline = now_ms() + (long long)d->timeout_s * 1000;
+    long long deadline = now_ms() + (long long)d->timeout_ms;
     int port;
     if (!start_push_consumer(d, &port, deadline, why)) return false;
     d->t_start = now_ms();
@@ -448,7 +448,7 @@ static bool run_push(demo *d, const char **why) {
 /* ------------------------------------------------------------------ pull */
 
 static bool run_pull(demo *d, const char **why) {
-    long long deadline = now_ms() + (long long)d->timeout_s * 1000;
+    long long deadline = now_ms() + (long long)d->timeout_ms;
     /* the items the producer saves: BATCH_NEW of every batch */
     uint64_t uniq = 0, left = d->items;
     while (left > 0) {
@@ -634,7 +634,7 @@ int cmd_demo(int argc, char **argv) {
               .dtype = "bfloat16",
               .items = 300,
               .tp = 1,
-              .timeout_s = 300};
+              .timeout_ms = 300000};
     int c;
     optind = 1;
     opterr = 0;
@@ -662,7 +662,8 @@ int cmd_demo(int argc, char **argv) {
             if (!cli_parse_u64("--tp", optarg, 1, 64, &d.tp)) return CLI_EXIT_USAGE;
             break;
         case 'o':
-            if (!cli_parse_u64("--timeout", optarg, 1, 86400, &d.timeout_s)) return CLI_EXIT_USAGE;
+            if (!cli_parse_duration_u64("--timeout", optarg, 1000, 1, 86400000, &d.timeout_ms))
+                return CLI_EXIT_USAGE;
             break;
         case 'h': help(); return CLI_EXIT_OK;
         default:

@@ -7,6 +7,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "cli/cli.h"
 #include "ectransfer.h"
 
@@ -110,17 +112,76 @@ static void print_defaults(void) {
            lvl ? lvl : "(unset: warn)", tls ? tls : "(unset: UCX picks)");
 }
 
+/* `ect info --json`: one compact JSON object with the same facts. */
+static int print_json(void) {
+    json_t *o = json_object(), *tr = json_object(), *cu = json_object(), *def = json_object();
+    json_object_set_new(o, "version", json_string(ect_version()));
+    json_object_set_new(o, "abi_version", json_integer(ect_abi_version()));
+    json_object_set_new(o, "build_type", json_string(ect_build_info("build_type")));
+    json_object_set_new(o, "sanitize", json_string(ect_build_info("sanitize")));
+    static const char *const kinds[] = {"tcp", "shm", "ucx"};
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        if (k == 2 && !cli_have_transport("ucx")) break;
+        char why[200];
+        /* the status word: "ok", or the error text */
+        bool ok = probe_transport(kinds[k], why, sizeof why);
+        json_object_set_new(tr, kinds[k], json_string(ok ? "ok" : why));
+    }
+    json_object_set_new(o, "transports", tr);
+    ect_cuda_info ci;
+    if (ect_cuda_get_info(&ci) == 0) {
+        json_object_set_new(cu, "status", json_string("ok"));
+        json_object_set_new(cu, "driver_version", json_integer(ci.driver_version));
+        json_object_set_new(cu, "library", json_string(ci.library));
+        json_object_set_new(cu, "devices", json_integer(ci.devices));
+        json_object_set_new(cu, "device0", json_string(ci.device0));
+    } else {
+        json_object_set_new(cu, "status", json_string(ci.why));
+    }
+    json_object_set_new(o, "cuda", cu);
+    ect_push_consumer_opts co;
+    ect_push_consumer_opts_init(&co);
+    json_t *pc = json_object();
+    json_object_set_new(pc, "ec_ip", json_string(co.ec_ip ? co.ec_ip : ""));
+    json_object_set_new(pc, "ec_port", json_integer(co.ec_port));
+    json_object_set_new(pc, "pool_size", json_integer((json_int_t)co.pool_size));
+    json_object_set_new(pc, "transport", json_string(co.transport ? co.transport : "tcp"));
+    json_object_set_new(pc, "ttl_ms", json_integer((json_int_t)co.ttl_ms));
+    json_object_set_new(pc, "data_port", json_integer(co.data_port));
+    json_object_set_new(def, "push_consumer", pc);
+    ect_pull_producer_opts lp;
+    ect_pull_producer_opts_init(&lp);
+    json_t *pp = json_object();
+    json_object_set_new(pp, "host", json_string(lp.host ? lp.host : ""));
+    json_object_set_new(pp, "port", json_integer(lp.port));
+    json_object_set_new(pp, "pool_size", json_integer((json_int_t)lp.pool_size));
+    json_object_set_new(pp, "transport", json_string(lp.transport ? lp.transport : "tcp"));
+    json_object_set_new(def, "pull_producer", pp);
+    json_object_set_new(o, "defaults", def);
+    char *txt = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(o);
+    if (!txt) return CLI_EXIT_FAIL;
+    printf("%s\n", txt);
+    free(txt);
+    return CLI_EXIT_OK;
+}
+
 static void help(void) {
-    printf("usage: ect info\n\n"
+    printf("usage: ect info [--json]\n\n"
            "Prints the library version, the build, the transports compiled in (each tried\n"
            "with a 1-byte loopback write: 'works' or why it fails), whether CUDA is\n"
            "available (the driver, libcuda.so.1 or $ECT_CUDA_LIBRARY, is loaded at run time;\n"
-           "if it is not, why) and the protocol defaults.\n");
+           "if it is not, why) and the protocol defaults.\n"
+           "  --json   one compact JSON object: version, abi_version, build_type, sanitize,\n"
+           "           transports {NAME: \"ok\" or why it fails}, cuda {status: \"ok\" or why,\n"
+           "           ...}, defaults {push_consumer, pull_producer}\n");
 }
 
 int cmd_info(int argc, char **argv) {
-    static const struct option opts[] = {{"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    static const struct option opts[] = {
+        {"help", no_argument, 0, 'h'}, {"json", no_argument, 0, 'j'}, {0, 0, 0, 0}};
     int c;
+    bool json = false;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -128,9 +189,15 @@ int cmd_info(int argc, char **argv) {
             help();
             return CLI_EXIT_OK;
         }
-        return cli_usage_error("info", "unknown flag '%s'; accepted: --help", argv[optind - 1]);
+        if (c == 'j') {
+            json = true;
+            continue;
+        }
+        return cli_usage_error("info", "unknown flag '%s'; accepted: --json, --help",
+                               argv[optind - 1]);
     }
     if (optind < argc) return cli_usage_error("info", "unexpected argument '%s'", argv[optind]);
+    if (json) return print_json();
     printf("ectransfer %s\n", ect_version());
     const char *san = ect_build_info("sanitize");
     printf("build: %s%s%s\n", ect_build_info("build_type"), san[0] ? ", sanitize=" : "", san);

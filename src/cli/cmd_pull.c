@@ -26,7 +26,8 @@
 
 static void help(void) {
     printf("usage: ect pull --from HOST:PORT [--hash H ... | --all] [--transport tcp|shm|ucx]\n"
-           "                [--timeout MS] [--wait MS] [--pool-size SIZE]\n"
+           "                [--timeout D] [--wait D] [--pool-size SIZE]\n"
+           "                [--listen HOST] [--advertise HOST] [--data-port P]\n"
            "\n"
            "Asks the producer at HOST:PORT (its ec_port) what it holds, pulls the named items\n"
            "(or every item with --all), verifies them and prints one JSON line per item\n"
@@ -40,10 +41,16 @@ static void help(void) {
            "  --hash H          an item to pull (repeatable)\n"
            "  --all             every item the producer holds\n"
            "  --transport T     data plane, as the producer's: tcp (default), shm, ucx\n"
-           "  --timeout MS      per-pull completion timeout, and how long a refused load is\n"
-           "                    retried (default 60000)\n"
-           "  --wait MS         how long to wait to learn the items (default 10000)\n"
-           "  --pool-size SIZE  consumer pool (default 1GiB)\n");
+           "  --timeout D       per-pull completion timeout, and how long a refused load is\n"
+           "                    retried (500ms, 30s; bare: milliseconds; default 60s)\n"
+           "  --wait D          how long to wait to learn the items (default 10s)\n"
+           "  --pool-size SIZE  consumer pool (default 1GiB)\n"
+           "  --listen HOST     where this consumer's data plane (tcp, ucx) listens for the\n"
+           "                    producer's writes: 127.0.0.1 (default), an address of this host,\n"
+           "                    or 0.0.0.0 / :: (the producer is then told the address of the\n"
+           "                    interface that routes to it)\n"
+           "  --advertise HOST  the host the producer is told to write to (NAT, a name)\n"
+           "  --data-port P     fixed data-plane port (default: any free port)\n");
 }
 
 typedef struct item_list {
@@ -105,9 +112,13 @@ int cmd_pull(int argc, char **argv) {
                                          {"timeout", required_argument, 0, 'T'},
                                          {"wait", required_argument, 0, 'w'},
                                          {"pool-size", required_argument, 0, 'P'},
+                                         {"listen", required_argument, 0, 'L'},
+                                         {"advertise", required_argument, 0, 'A'},
+                                         {"data-port", required_argument, 0, 'D'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    const char *from = NULL, *transport = "tcp";
+    const char *from = NULL, *transport = "tcp", *listen_host = "127.0.0.1", *advertise = NULL;
+    uint64_t dport = 0;
     const char *hashes[1024];
     size_t nh = 0;
     bool all = false;
@@ -126,13 +137,31 @@ int cmd_pull(int argc, char **argv) {
         case 'a': all = true; break;
         case 't': transport = optarg; break;
         case 'T':
-            if (!cli_parse_u64("--timeout", optarg, 1, 3600000, &timeout)) return CLI_EXIT_USAGE;
+            if (!cli_parse_duration_u64("--timeout", optarg, 1, 1, 3600000, &timeout))
+                return CLI_EXIT_USAGE;
             break;
         case 'w':
-            if (!cli_parse_u64("--wait", optarg, 0, 3600000, &wait_ms)) return CLI_EXIT_USAGE;
+            if (!cli_parse_duration_u64("--wait", optarg, 1, 0, 3600000, &wait_ms))
+                return CLI_EXIT_USAGE;
             break;
         case 'P':
             if (!cli_parse_size("--pool-size", optarg, &pool)) return CLI_EXIT_USAGE;
+            break;
+        case 'L':
+            if (!*optarg || strlen(optarg) > 250)
+                return cli_usage_error("pull", "--listen: a host, 1..250 bytes");
+            listen_host = optarg;
+            break;
+        case 'A':
+            if (!*optarg || strlen(optarg) > 255 || ect_host_is_wildcard(optarg))
+                return cli_usage_error("pull",
+                                       "--advertise '%s': a host name or address the producer "
+                                       "can reach, not a wildcard",
+                                       optarg);
+            advertise = optarg;
+            break;
+        case 'D':
+            if (!cli_parse_u64("--data-port", optarg, 1, 65535, &dport)) return CLI_EXIT_USAGE;
             break;
         case 'h': help(); return CLI_EXIT_OK;
         default: return cli_bad_flag("pull", opts);
@@ -185,6 +214,13 @@ int cmd_pull(int argc, char **argv) {
     co.transport = transport;
     co.timeout_ms = (int)timeout;
     co.pool_size = pool;
+    char listen[300];
+    const char *lh = listen_host[0] == '[' ? listen_host + 1 : listen_host;
+    size_t lhl = strlen(lh) - (listen_host[0] == '[' && lh[strlen(lh) - 1] == ']');
+    snprintf(listen, sizeof listen, strchr(lh, ':') ? "[%.*s]:0" : "%.*s:0", (int)lhl, lh);
+    co.xport_listen = listen;
+    co.advertise = advertise;
+    co.data_port = (int)dport;
     ect_pull_consumer *cons = NULL;
     if (ect_pull_consumer_open(&co, &cons) != 0) {
         fprintf(stderr, "ect pull: %s\n", ect_last_error());
@@ -244,11 +280,11 @@ int cmd_pull(int argc, char **argv) {
             }
         }
         if (strcmp(status, "ok") != 0) failed++;
-        printf("{\"mm_hash\": ");
+        printf("{\"mm_hash\":");
         json_str(h);
-        printf(", \"nbytes\": %" PRIu64 ", \"checksum\": \"%s\", \"status\": ", nbytes, sum_hex);
+        printf(",\"nbytes\":%" PRIu64 ",\"checksum\":\"%s\",\"status\":", nbytes, sum_hex);
         json_str(status);
-        printf(", \"latency_ms\": %.3f, \"attempts\": %u}\n", lat_ms, attempts);
+        printf(",\"latency_ms\":%.3f,\"attempts\":%u}\n", lat_ms, attempts);
         fflush(stdout);
     }
     fprintf(stderr, "ect pull: %zu moved, %zu verified, %zu retried, %zu failed of %zu items\n",

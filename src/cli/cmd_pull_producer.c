@@ -33,7 +33,7 @@ static void help(void) {
            "Generation-1 producer: ROUTER on PORT, PUB on PORT+1. Saves N synthetic items of SIZE\n"
            "bytes (deterministic bytes; dtype uint8, shape [SIZE]) or the given files, prints one\n"
            "JSON line per published item {mm_hash, nbytes, checksum, dtype, shape}, then the\n"
-           "readiness line {\"event\": \"ready\", \"serving\": true, \"host\", \"port\", "
+           "readiness line {\"event\":\"ready\",\"serving\":true,\"host\",\"port\","
            "\"pub_port\",\n"
            "\"transport\", \"session_id\"} and serves pulls until SIGINT/SIGTERM (exit 0).\n"
            "\n"
@@ -213,18 +213,17 @@ int cmd_pull_producer(int argc, char **argv) {
             rc = CLI_EXIT_FAIL;
             break;
         }
-        printf("{\"mm_hash\": \"%s\", \"nbytes\": %" PRIu64 ", \"checksum\": \"%016" PRIx64
-               "\", \"dtype\": \"uint8\", \"shape\": [%" PRIu64 "]}\n",
+        printf("{\"mm_hash\":\"%s\",\"nbytes\":%" PRIu64 ",\"checksum\":\"%016" PRIx64
+               "\",\"dtype\":\"uint8\",\"shape\":[%" PRIu64 "]}\n",
                hash, n, sum, n);
         fflush(stdout);
     }
     if (rc == CLI_EXIT_OK) {
-        printf("{\"event\": \"ready\", \"serving\": true, \"host\": \"%s\", \"port\": %d, "
-               "\"pub_port\": %d, "
-               "\"transport\": \"%s\", \"session_id\": \"%s\"",
+        printf("{\"event\":\"ready\",\"serving\":true,\"host\":\"%s\",\"port\":%d,"
+               "\"pub_port\":%d,\"transport\":\"%s\",\"session_id\":\"%s\"",
                host, ect_pull_producer_port(p), ect_pull_producer_port(p) + 1, transport,
                ect_pull_producer_session_id(p));
-        if (ms) printf(", \"metrics_port\": %d", ect_metrics_server_port(ms));
+        if (ms) printf(",\"metrics_port\":%d", ect_metrics_server_port(ms));
         printf("}\n");
         fflush(stdout);
         while (!stop_flag) usleep(50000);

@@ -30,9 +30,9 @@
 static void help(void) {
     printf(
         "usage: ect push --to HOST:PORT [--count N] [--size SIZE | --shape AxB...] [--dtype D]\n"
-        "                [--file F] [--step K] [--seed S] [--id-prefix P] [--timeout S]\n"
-        "                [--control-timeout S] [--transport tcp|shm|ucx] [--tp N]\n"
-        "                [--repeat NEW:REP] [--push-wait S] [--device cpu|cuda|cuda:N]\n\n"
+        "                [--file F] [--step K] [--seed S] [--id-prefix P] [--timeout D]\n"
+        "                [--control-timeout D] [--transport tcp|shm|ucx] [--tp N]\n"
+        "                [--repeat NEW:REP] [--push-wait D] [--device cpu|cuda|cuda:N]\n\n"
         "Pushes items into the consumer instance whose TP rank 0 serves control requests at\n"
         "HOST:PORT (`ect push-consumer`): reserve on every shard (found through `peers`), one\n"
         "batched write per destination session, complete on every shard. The data plane\n"
@@ -52,11 +52,12 @@ static void help(void) {
         "                        content of the block's first REP (same mm_hash: dedup hits);\n"
         "                        REP <= NEW. Default: every item new\n"
         "  --id-prefix P         transfer_id prefix (default push-<pid>-<random>)\n"
-        "  --timeout S           give up on a step after S seconds (default 120)\n"
-        "  --push-wait S         how long an item may wait for room when the consumer's pool is\n"
-        "                        full (it retries meanwhile; default 60, upstream's\n"
+        "  --timeout D           give up on a step after D (30s, 2m; bare: seconds; default 120s)\n"
+        "  --push-wait D         how long an item may wait for room when the consumer's pool is\n"
+        "                        full (it retries meanwhile; bare: seconds; default 60s, upstream's\n"
         "                        push_wait_timeout_s); then it fails saying the pool stayed full\n"
-        "  --control-timeout S   each control exchange (default 30, as the spec says)\n"
+        "  --control-timeout D   each control exchange (bare: seconds; default 30s, as the spec "
+        "says)\n"
         "  --transport T         require data plane T: an item whose consumer offers another\n"
         "                        fails before anything is reserved (default: whatever the\n"
         "                        consumer offers)\n"
@@ -249,8 +250,8 @@ int cmd_push(int argc, char **argv) {
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *to = NULL, *file = NULL, *dtype = "bfloat16", *prefix = NULL;
-    uint64_t count = 1, size = 0, step = 0, seed = 1, timeout_s = 120, ctl_s = 30, tp = 0;
-    uint64_t push_wait_s = 60;
+    uint64_t count = 1, size = 0, step = 0, seed = 1, timeout_ms = 120000, ctl_ms = 30000, tp = 0;
+    uint64_t push_wait_ms = 60000;
     const char *transport = NULL;
     int dev = -1; /* --device cuda:N: N; -1: host */
     uint64_t shape[ECT_POOL_MAX_NDIM] = {576, 4096};
@@ -287,10 +288,12 @@ int cmd_push(int argc, char **argv) {
             break;
         case 'p': prefix = optarg; break;
         case 'T':
-            if (!cli_parse_u64("--timeout", optarg, 1, 86400, &timeout_s)) return CLI_EXIT_USAGE;
+            if (!cli_parse_duration_u64("--timeout", optarg, 1000, 1, 86400000, &timeout_ms))
+                return CLI_EXIT_USAGE;
             break;
         case 'C':
-            if (!cli_parse_u64("--control-timeout", optarg, 1, 3600, &ctl_s)) return CLI_EXIT_USAGE;
+            if (!cli_parse_duration_u64("--control-timeout", optarg, 1000, 1, 3600000, &ctl_ms))
+                return CLI_EXIT_USAGE;
             break;
         case 'x':
             if (strcmp(optarg, "tcp") && strcmp(optarg, "shm") && strcmp(optarg, "ucx"))
@@ -302,7 +305,7 @@ int cmd_push(int argc, char **argv) {
             if (!cli_parse_u64("--tp", optarg, 1, 64, &tp)) return CLI_EXIT_USAGE;
             break;
         case 'W':
-            if (!cli_parse_u64("--push-wait", optarg, 1, 86400, &push_wait_s))
+            if (!cli_parse_duration_u64("--push-wait", optarg, 1000, 1, 86400000, &push_wait_ms))
                 return CLI_EXIT_USAGE;
             break;
         case 'R': {
@@ -403,10 +406,10 @@ int cmd_push(int argc, char **argv) {
     ect_push_producer_opts po;
     ect_push_producer_opts_init(&po);
     po.staging_size = 0; /* sources are borrowed: each step's buffers outlive the step */
-    po.control_timeout_ms = (int)(ctl_s * 1000);
+    po.control_timeout_ms = (int)ctl_ms;
     po.transport = transport;
     po.expect_shards = (uint32_t)tp; /* checked at discovery: nothing reserved on a mismatch */
-    po.push_wait_ms = push_wait_s * 1000;
+    po.push_wait_ms = push_wait_ms;
     ect_push_producer *p = NULL;
     if (ect_push_producer_open(&po, &p)) {
         fprintf(stderr, "ect push: %s\n", ect_last_error());
@@ -471,7 +474,7 @@ int cmd_push(int argc, char **argv) {
                               fdata, fck, pfx, dtype, shape_txt, dev))
                 rc = CLI_EXIT_FAIL; /* after this step's results */
         }
-        uint64_t end = cli_now_ms() + timeout_s * 1000;
+        uint64_t end = cli_now_ms() + timeout_ms;
         size_t got = 0;
         bool cancelled = false;
         while (got < queued) {
@@ -480,7 +483,7 @@ int cmd_push(int argc, char **argv) {
                 for (size_t j = 0; j < k; j++)
                     if (!bank[j].reported) ect_push_producer_cancel(p, bank[j].tid);
                 cancelled = true;
-                end = cli_now_ms() + 2 * ctl_s * 1000 + 1000;
+                end = cli_now_ms() + 2 * ctl_ms + 1000;
                 continue;
             }
             if (left == 0) break;
@@ -490,7 +493,7 @@ int cmd_push(int argc, char **argv) {
                     if (bank[j].reported || strcmp(bank[j].tid, res[i].transfer_id)) continue;
                     if (cancelled && res[i].status == ECT_ECANCELED)
                         snprintf(res[i].error, sizeof res[i].error,
-                                 "timed out after %" PRIu64 " s (--timeout)", timeout_s);
+                                 "timed out after %" PRIu64 " ms (--timeout)", timeout_ms);
                     print_line(&bank[j], nbytes, &res[i]);
                     bank[j].reported = true;
                     if (res[i].status == 0) {

@@ -44,8 +44,9 @@ static void on_signal(int sig) {
 static void help(void) {
     printf(
         "usage: ect push-consumer --host H --port P [--tp N] [--dp-index I] [--pool-size SIZE]\n"
-        "                         [--transport tcp|shm|ucx] [--count N] [--ttl SECONDS]\n"
+        "                         [--transport tcp|shm|ucx] [--count N] [--ttl D]\n"
         "                         [--pool-device cpu|pinned|cuda|cuda:N] [--metrics-port P]\n"
+        "                         [--advertise HOST] [--data-port P]\n"
         "\n"
         "Runs one push-protocol consumer instance: a control server per TP rank, bound on\n"
         "H at ports P + dp_index x N + rank, plus the instance's scheduler. Every transfer\n"
@@ -54,14 +55,21 @@ static void help(void) {
         "the resident cache (a later push of the same mm_hash is answered `cached`) and\n"
         "finished. Runs until SIGINT or SIGTERM (or --count items), then closes cleanly.\n"
         "\n"
-        "  --host H          address to bind the control sockets and transport on\n"
+        "  --host H          address to bind the control sockets and transport on (IPv4,\n"
+        "                    IPv6 as ::1 or [::1], a name; 0.0.0.0 or :: for every interface)\n"
+        "  --advertise HOST  host producers are told as the data-plane address (NAT, a\n"
+        "                    service name); default: --host, or for a wildcard --host the\n"
+        "                    address of the interface that routes to each producer\n"
+        "  --data-port P     fixed data-plane port (tcp, ucx) of rank 0; rank r listens on\n"
+        "                    P + dp_index x N + r, as the control ports; default: any free port\n"
         "  --port P          base control port (ec_port), e.g. 14579\n"
         "  --tp N            tensor-parallel ranks (shards), 1..64; default 1\n"
         "  --dp-index I      data-parallel index; default 0\n"
         "  --pool-size SIZE  buffer pool per rank (\"1GiB\", \"64MiB\"); default 1000000000\n"
         "  --transport T     tcp (default), shm or ucx\n"
         "  --count N         exit 0 after N items (default: run until a signal)\n"
-        "  --ttl SECONDS     reservation TTL (default 300); the pending grace is the same\n"
+        "  --ttl D           reservation TTL (90s, 5m; bare: seconds; default 300s); the pending\n"
+        "                    grace is the same\n"
         "  --pool-device D   where each rank's pool lives (upstream ec_buffer_device): cpu\n"
         "                    (default), pinned (host memory registered with CUDA), cuda or\n"
         "                    cuda:N (GPU memory: tcp lands bytes through a pinned bounce ring,\n"
@@ -71,8 +79,9 @@ static void help(void) {
         "\n"
         "Output on stdout, one JSON object a line: first, once every shard listens and the\n"
         "scheduler reached every one (push from then on),\n"
-        "  {\"event\":\"ready\",\"host\",\"ports\",\"transport\",\"pool_size\",\"pool_device\"\n"
-        "   [,\"metrics_port\"]}\n"
+        "  {\"event\":\"ready\",\"host\",\"ports\",\"data_ports\",[\"advertise\"],\"transport\",\n"
+        "   \"pool_size\",\"pool_device\"[,\"metrics_port\"]}  (data_ports: each rank's data-plane\n"
+        "   port; [] for shm)\n"
         "then one line per item:\n"
         "  {\"transfer_id\",\"mm_hash\",\"nbytes\",\"shape\",\"dtype\",\"checksum\"}\n"
         "checksum is XXH64 (seed 0) of the bytes as 16 hex digits (as `ect push` prints);\n"
@@ -119,13 +128,25 @@ static void print_item(const ect_push_view *v, uint64_t ck) {
 /* The machine-readable readiness line (stdout): every shard listens and the
  * scheduler reached every one, so a producer may push now. */
 static void print_ready(const char *host, uint64_t first_port, uint64_t tp, const char *transport,
-                        uint64_t pool, const char *pool_device, int metrics_port) {
-    json_t *o = json_object(), *ports = json_array();
-    for (uint64_t r = 0; r < tp; r++)
+                        uint64_t pool, const char *pool_device, const char *advertise,
+                        ect_push_consumer **cons, int metrics_port) {
+    json_t *o = json_object(), *ports = json_array(), *dports = json_array();
+    for (uint64_t r = 0; r < tp; r++) {
         json_array_append_new(ports, json_integer((json_int_t)(first_port + r)));
+        /* the data-plane port each rank listens on (tcp, ucx; shm has none) */
+        const char *sess = ect_push_consumer_session(cons[r]);
+        const char *hp = strncmp(sess, "ucx:", 4) == 0 ? sess + 4 : sess;
+        char h[256];
+        int dport = 0;
+        if (strncmp(sess, "shm:", 4) != 0 &&
+            ect_hostport_parse("session", hp, 0, 65535, h, sizeof h, &dport) == 0)
+            json_array_append_new(dports, json_integer(dport));
+    }
     json_object_set_new(o, "event", json_string("ready"));
     json_object_set_new(o, "host", json_string(host));
     json_object_set_new(o, "ports", ports);
+    json_object_set_new(o, "data_ports", dports);
+    if (advertise) json_object_set_new(o, "advertise", json_string(advertise));
     json_object_set_new(o, "transport", json_string(transport));
     json_object_set_new(o, "pool_size", json_integer((json_int_t)pool));
     json_object_set_new(o, "pool_device", json_string(pool_device));
@@ -226,10 +247,12 @@ int cmd_push_consumer(int argc, char **argv) {
                                          {"ttl", required_argument, 0, 'T'},
                                          {"pool-device", required_argument, 0, 'D'},
                                          {"metrics-port", required_argument, 0, 'M'},
+                                         {"advertise", required_argument, 0, 'A'},
+                                         {"data-port", required_argument, 0, 'P'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    const char *host = NULL, *transport = "tcp", *pool_device = "cpu";
-    uint64_t port = 0, tp = 1, dp = 0, pool = 1000000000ull, count = 0, ttl = 300;
+    const char *host = NULL, *transport = "tcp", *pool_device = "cpu", *advertise = NULL;
+    uint64_t port = 0, tp = 1, dp = 0, pool = 1000000000ull, count = 0, ttl = 300000, dport = 0;
     int c, metrics_port = -1;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -257,7 +280,8 @@ int cmd_push_consumer(int argc, char **argv) {
             if (!cli_parse_u64("--count", optarg, 1, UINT64_MAX, &count)) return CLI_EXIT_USAGE;
             break;
         case 'T':
-            if (!cli_parse_u64("--ttl", optarg, 1, 86400, &ttl)) return CLI_EXIT_USAGE;
+            if (!cli_parse_duration_u64("--ttl", optarg, 1000, 1, 86400000, &ttl))
+                return CLI_EXIT_USAGE;
             break;
         case 'D':
             if (ect_mem_parse_device(optarg, NULL, NULL) != 0)
@@ -270,6 +294,17 @@ int cmd_push_consumer(int argc, char **argv) {
         case 'M':
             if (!cli_parse_metrics_port("push-consumer", optarg, &metrics_port))
                 return CLI_EXIT_USAGE;
+            break;
+        case 'A':
+            if (!*optarg || strlen(optarg) > 255 || ect_host_is_wildcard(optarg))
+                return cli_usage_error("push-consumer",
+                                       "--advertise '%s': a host name or address producers can "
+                                       "reach, not a wildcard",
+                                       optarg);
+            advertise = optarg;
+            break;
+        case 'P':
+            if (!cli_parse_u64("--data-port", optarg, 1, 65535, &dport)) return CLI_EXIT_USAGE;
             break;
         case 'h': help(); return CLI_EXIT_OK;
         default: return cli_bad_flag("push-consumer", opts);
@@ -286,6 +321,11 @@ int cmd_push_consumer(int argc, char **argv) {
                                "--port %" PRIu64 " + --dp-index %" PRIu64 " x --tp %" PRIu64
                                ": control ports beyond 65535",
                                port, dp, tp);
+    if (dport && dport + (dp + 1) * tp - 1 > 65535)
+        return cli_usage_error("push-consumer",
+                               "--data-port %" PRIu64 " + --dp-index %" PRIu64 " x --tp %" PRIu64
+                               ": data ports beyond 65535",
+                               dport, dp, tp);
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -308,9 +348,11 @@ int cmd_push_consumer(int argc, char **argv) {
         o.dp_index = (int)dp;
         o.pool_size = pool;
         o.transport = transport;
-        o.ttl_ms = ttl * 1000;
-        o.pending_grace_ms = ttl * 1000;
+        o.ttl_ms = ttl;
+        o.pending_grace_ms = ttl;
         o.pool_device = pool_device;
+        o.advertise = advertise;
+        o.data_port = (int)dport;
         if (ect_push_consumer_open(&o, &cons[r]) != 0) {
             fprintf(stderr, "ect push-consumer: rank %" PRIu64 ": %s\n", r, ect_last_error());
             rc = CLI_EXIT_FAIL;
@@ -323,11 +365,13 @@ int cmd_push_consumer(int argc, char **argv) {
     }
     ect_push_scheduler_opts so;
     ect_push_scheduler_opts_init(&so);
-    so.consumer_host = host;
+    /* The in-process scheduler reaches the shards on loopback when they bind
+     * every interface. */
+    so.consumer_host = !ect_host_is_wildcard(host) ? host : strchr(host, ':') ? "::1" : "127.0.0.1";
     so.consumer_port = (int)(port + dp * tp);
     so.tp_size = (int)tp;
     so.accept_any = 1;
-    so.ttl_ms = ttl * 1000;
+    so.ttl_ms = ttl;
     if (ect_push_scheduler_open(&so, &s) != 0) {
         fprintf(stderr, "ect push-consumer: scheduler: %s\n", ect_last_error());
         rc = CLI_EXIT_FAIL;
@@ -362,8 +406,8 @@ int cmd_push_consumer(int argc, char **argv) {
             if (st.shards == tp) {
                 fprintf(stderr, "ect push-consumer: scheduler connected to %u shard(s)\n",
                         st.shards);
-                print_ready(host, port + dp * tp, tp, transport, pool, pool_device,
-                            ms ? ect_metrics_server_port(ms) : -1);
+                print_ready(host, port + dp * tp, tp, transport, pool, pool_device, advertise,
+                            cons, ms ? ect_metrics_server_port(ms) : -1);
                 announced = true;
             }
         }

@@ -33,7 +33,11 @@ static void usage(FILE *f) {
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-16s %s\n", commands[i].name, commands[i].summary);
     fprintf(f, "\n'ect COMMAND --help' describes each command. ECT_LOG=error|warn|info|debug sets "
-               "the log level.\n");
+               "the log level.\n"
+               "Durations take units (500ms, 30s, 2m, 1h); a bare number keeps each flag's unit, "
+               "given in its --help.\nSizes: 4096, 64KiB, 4.5MiB, 1GiB, 2GB. Machine output "
+               "(--json, daemons' stdout) is compact JSON,\none object a line; daemons print "
+               "{\"event\":\"ready\",...} once they serve.\n");
 }
 
 int main(int argc, char **argv) {
@@ -54,6 +58,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (strcmp(argv[1], commands[i].name) == 0) {
             ect_log_set_role(commands[i].name); /* "role=push-consumer" in log lines */
+            cli_set_command(commands[i].name);
             return commands[i].run(argc - 1, argv + 1);
         }
     fprintf(stderr, "ect: unknown command '%s'; commands are:", argv[1]);

@@ -24,8 +24,9 @@ static const jc_key scheduler_keys[] = {JC_REQUEST_RETRY_MS};
 static const jc_role scheduler_role = {"pull scheduler", scheduler_keys,
                                        ECT_ARRAY_LEN(scheduler_keys)};
 
-static const jc_key consumer_keys[] = {JC_XPORT_LISTEN, JC_ALIGNMENT, JC_TIMEOUT_MS,
-                                       JC_QUARANTINE_MS, JC_POOL_MEMORY};
+static const jc_key consumer_keys[] = {JC_XPORT_LISTEN,  JC_ALIGNMENT,   JC_TIMEOUT_MS,
+                                       JC_QUARANTINE_MS, JC_POOL_MEMORY, JC_ADVERTISE,
+                                       JC_DATA_PORT};
 static const jc_role consumer_role = {"pull consumer", consumer_keys, ECT_ARRAY_LEN(consumer_keys)};
 
 /* "ec_ip:ec_port" (brackets around an IPv6 address); defaults 127.0.0.1
@@ -88,6 +89,8 @@ int pull_consumer_config(const char *json, ect_pull_consumer_opts *o, json_t **r
     if (v[JC_QUARANTINE_MS].set) o->quarantine_ms = v[JC_QUARANTINE_MS].i;
     if (v[JC_EC_BUFFER_DEVICE].set) o->pool_device = v[JC_EC_BUFFER_DEVICE].s;
     if (v[JC_POOL_MEMORY].set) o->pool_memory = (void *)(uintptr_t)v[JC_POOL_MEMORY].u;
+    if (v[JC_ADVERTISE].set) o->advertise = v[JC_ADVERTISE].s;
+    if (v[JC_DATA_PORT].set) o->data_port = v[JC_DATA_PORT].i;
     return 0;
 }
 

@@ -34,7 +34,8 @@ typedef struct quarantined {
 
 struct ect_pull_consumer {
     ect_pull_consumer_opts o;
-    char producer[300], transport[16], pool_device[32];
+    char producer[300], transport[16], pool_device[32], advertise[256];
+    char session[320]; /* the consumer_session_id the producer is told (advertised) */
     ect_pool *pool;
     ect_xport *x;
     char key[ECT_XPORT_KEY_MAX];
@@ -185,7 +186,7 @@ int ect_pull_consumer_load(ect_pull_consumer *c, const char *mm_hash, const ect_
     wire_transfer_pull req = {.mm_hash = (char *)mm_hash,
                               .dst_ptr = (uint64_t)(uintptr_t)ect_pool_base(c->pool),
                               .dst_offset = off,
-                              .consumer_session_id = (char *)ect_xport_session(c->x),
+                              .consumer_session_id = c->session,
                               .dst_key = c->key,
                               .has_token = true,
                               .token = token};
@@ -335,6 +336,21 @@ int ect_pull_consumer_open(const ect_pull_consumer_opts *o, ect_pull_consumer **
     int rc = ect_hostport_parse("pull consumer: producer", o->producer, 1, 65535, host, sizeof host,
                                 &port);
     if (rc) return rc;
+    if (o->advertise &&
+        (!*o->advertise || strlen(o->advertise) > 255 || ect_host_is_wildcard(o->advertise)))
+        return ect_set_error(ECT_EINVAL,
+                             "pull consumer: advertise '%.64s': a host name or "
+                             "address the producer can reach, not a wildcard",
+                             o->advertise);
+    if (o->data_port < 0 || o->data_port > 65535)
+        return ect_set_error(ECT_EINVAL, "pull consumer: data_port %d: 0..65535", o->data_port);
+    char lhost[256] = "127.0.0.1", lbuf[300];
+    int lport = 0;
+    if (o->xport_listen && (rc = ect_hostport_parse("pull consumer: xport_listen", o->xport_listen,
+                                                    0, 65535, lhost, sizeof lhost, &lport)))
+        return rc;
+    if (o->data_port) lport = o->data_port;
+    ect_hostport_format(lhost, lport, lbuf, sizeof lbuf);
     ect_pull_consumer *c = calloc(1, sizeof *c);
     if (!c) return ect_set_error(ECT_ENOMEM, "pull consumer: out of memory");
     c->o = *o;
@@ -343,6 +359,8 @@ int ect_pull_consumer_open(const ect_pull_consumer_opts *o, ect_pull_consumer **
     c->o.producer = c->producer;
     c->o.transport = c->transport;
     c->o.xport_listen = NULL;
+    snprintf(c->advertise, sizeof c->advertise, "%s", o->advertise ? o->advertise : "");
+    c->o.advertise = c->advertise[0] ? c->advertise : NULL;
     snprintf(c->pool_device, sizeof c->pool_device, "%s", o->pool_device ? o->pool_device : "cpu");
     c->o.pool_device = c->pool_device;
     c->next_token = ect_random_u64() >> 16; /* distinct across restarts of this process */
@@ -356,8 +374,11 @@ int ect_pull_consumer_open(const ect_pull_consumer_opts *o, ect_pull_consumer **
     if ((rc = ect_pool_open(&po, &c->pool)) != 0) goto fail;
     ect_xport_opts xo;
     ect_xport_opts_init(&xo);
-    if (o->xport_listen) xo.listen = o->xport_listen;
+    if (o->xport_listen || o->data_port) xo.listen = lbuf;
     if ((rc = ect_xport_open(c->transport, &xo, &c->x)) != 0) goto fail;
+    if ((rc = ect_session_advertise(ect_xport_session(c->x), c->o.advertise, host, c->session,
+                                    sizeof c->session)) != 0)
+        goto fail;
     if ((rc = ect_xport_register_mem(c->x, ect_pool_base(c->pool), ect_pool_capacity(c->pool),
                                      ect_pool_mem_kind(c->pool), ect_pool_fd(c->pool), 0,
                                      c->key)) != 0)
@@ -370,6 +391,10 @@ int ect_pull_consumer_open(const ect_pull_consumer_opts *o, ect_pull_consumer **
     }
     int zero = 0;
     zmq_setsockopt(c->dealer, ZMQ_LINGER, &zero, sizeof zero);
+    if (strchr(host, ':')) {
+        int one = 1;
+        zmq_setsockopt(c->dealer, ZMQ_IPV6, &one, sizeof one);
+    }
     zmq_setsockopt(c->dealer, ZMQ_RCVTIMEO, &o->timeout_ms, sizeof o->timeout_ms);
     char ep[320];
     ect_tcp_endpoint(host, port, ep, sizeof ep);

@@ -632,7 +632,7 @@ int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer
     ect_xport_opts xo;
     ect_xport_opts_init(&xo);
     char listen[300];
-    snprintf(listen, sizeof listen, "%s:0", p->host);
+    ect_hostport_format(p->host, 0, listen, sizeof listen);
     xo.listen = opts->xport_listen ? opts->xport_listen : listen;
     xo.connect_timeout_ms = opts->connect_timeout_ms;
     xo.io_timeout_ms = opts->io_timeout_ms;
@@ -660,6 +660,11 @@ int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer
     }
     set_linger0(p->router);
     set_linger0(p->pub);
+    if (strchr(p->host, ':')) { /* an IPv6 host: ZMQ needs to be told */
+        int one = 1;
+        zmq_setsockopt(p->router, ZMQ_IPV6, &one, sizeof one);
+        zmq_setsockopt(p->pub, ZMQ_IPV6, &one, sizeof one);
+    }
     if ((rc = bind_pair(p)) != 0) goto fail;
 
     p->r.pool = p->pool;

@@ -283,6 +283,11 @@ int ect_pull_scheduler_open(const ect_pull_scheduler_opts *o, ect_pull_scheduler
     }
     zmq_setsockopt(s->sub, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(s->dealer, ZMQ_LINGER, &zero, sizeof zero);
+    if (strchr(host, ':')) { /* an IPv6 host: ZMQ needs to be told */
+        int one = 1;
+        zmq_setsockopt(s->sub, ZMQ_IPV6, &one, sizeof one);
+        zmq_setsockopt(s->dealer, ZMQ_IPV6, &one, sizeof one);
+    }
     zmq_setsockopt(s->sub, ZMQ_RCVTIMEO, &zero, sizeof zero);
     zmq_setsockopt(s->sub, ZMQ_SUBSCRIBE, "", 0);
     ect_tcp_endpoint(host, port + 1, ep, sizeof ep);

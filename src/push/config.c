@@ -18,8 +18,8 @@
 #include "util/util.h"
 
 static const jc_key consumer_keys[] = {
-    JC_XPORT_LISTEN, JC_TTL_MS,         JC_PENDING_GRACE_MS, JC_REAP_INTERVAL_MS,
-    JC_MAX_EVENTS,   JC_MAX_TOMBSTONES, JC_POOL_MEMORY,
+    JC_XPORT_LISTEN,   JC_TTL_MS,      JC_PENDING_GRACE_MS, JC_REAP_INTERVAL_MS, JC_MAX_EVENTS,
+    JC_MAX_TOMBSTONES, JC_POOL_MEMORY, JC_ADVERTISE,        JC_DATA_PORT,
 };
 static const jc_role consumer_role = {"push consumer", consumer_keys, ECT_ARRAY_LEN(consumer_keys)};
 
@@ -61,6 +61,8 @@ int push_consumer_config(const char *json, ect_push_consumer_opts *o, json_t **r
     if (v[JC_MAX_EVENTS].set) o->max_events = (size_t)v[JC_MAX_EVENTS].u;
     if (v[JC_MAX_TOMBSTONES].set) o->max_tombstones = (size_t)v[JC_MAX_TOMBSTONES].u;
     if (v[JC_POOL_MEMORY].set) o->pool_memory = (void *)(uintptr_t)v[JC_POOL_MEMORY].u;
+    if (v[JC_ADVERTISE].set) o->advertise = v[JC_ADVERTISE].s;
+    if (v[JC_DATA_PORT].set) o->data_port = v[JC_DATA_PORT].i;
     return 0;
 }
 

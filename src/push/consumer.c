@@ -33,6 +33,7 @@
 #include "ectransfer.h"
 #include "push/control_server.h"
 #include "util/metrics.h"
+#include "util/hostport.h"
 #include "util/util.h"
 #include "xport/xport.h"
 
@@ -40,7 +41,7 @@
 
 struct ect_push_consumer {
     ect_push_consumer_opts o;
-    char ip[256];
+    char ip[256], advertise[256];
     char pool_device[32];
     ect_pool *pool;
     ect_xport *xp;
@@ -103,6 +104,18 @@ static int check_opts(const ect_push_consumer_opts *o) {
                              "ec_port %d + dp_index %d x tp_size %d: control ports beyond 65535",
                              o->ec_port, o->dp_index, o->tp_size);
     if (o->pool_size == 0) return ect_set_error(ECT_EINVAL, "pool_size must be > 0");
+    if (o->advertise &&
+        (!*o->advertise || strlen(o->advertise) > 255 || ect_host_is_wildcard(o->advertise)))
+        return ect_set_error(ECT_EINVAL,
+                             "advertise '%.64s': a host name or address peers can "
+                             "reach, 1..255 bytes, not a wildcard",
+                             o->advertise);
+    if (o->data_port < 0 || o->data_port > 65535 ||
+        (o->data_port && (long)o->data_port + (long)o->dp_index * o->tp_size + o->tp_rank > 65535))
+        return ect_set_error(ECT_EINVAL,
+                             "data_port %d + dp_index %d x tp_size %d + tp_rank %d: data ports "
+                             "beyond 65535",
+                             o->data_port, o->dp_index, o->tp_size, o->tp_rank);
     if (!o->transport) return ect_set_error(ECT_EINVAL, "transport: tcp, shm or ucx");
     if (o->ttl_ms == 0) return ect_set_error(ECT_EINVAL, "ttl_ms must be > 0");
     if (o->reap_interval_ms < 1) return ect_set_error(ECT_EINVAL, "reap_interval_ms must be >= 1");
@@ -205,6 +218,8 @@ int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_consumer
     if (!c) return ect_set_error(ECT_ENOMEM, "push consumer: out of memory");
     c->o = *opts;
     snprintf(c->ip, sizeof c->ip, "%s", opts->ec_ip);
+    snprintf(c->advertise, sizeof c->advertise, "%s", opts->advertise ? opts->advertise : "");
+    c->o.advertise = c->advertise[0] ? c->advertise : NULL;
     c->o.ec_ip = c->ip;
     c->o.transport = NULL;
     c->o.xport_listen = NULL;
@@ -223,8 +238,9 @@ int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_consumer
     ect_xport_opts xo;
     ect_xport_opts_init(&xo);
     char listen[300];
-    bool v6 = strchr(c->ip, ':') != NULL;
-    snprintf(listen, sizeof listen, v6 ? "[%s]:0" : "%s:0", c->ip);
+    int dport =
+        opts->data_port ? opts->data_port + opts->dp_index * opts->tp_size + opts->tp_rank : 0;
+    ect_hostport_format(c->ip, dport, listen, sizeof listen);
     xo.listen = opts->xport_listen ? opts->xport_listen : listen;
     if ((rc = ect_xport_open(opts->transport, &xo, &c->xp))) goto fail;
     if ((rc = ect_xport_register_mem(c->xp, ect_pool_base(c->pool), ect_pool_capacity(c->pool),
@@ -257,6 +273,7 @@ int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_consumer
     so.rsv.max_tombstones = opts->max_tombstones;
     so.rsv.capacity = ect_pool_capacity(c->pool);
     so.dst_session = ect_xport_session(c->xp);
+    so.advertise = c->advertise[0] ? c->advertise : NULL;
     so.transport = ect_xport_kind(c->xp);
     so.dst_key = c->key;
     so.pool_base = (uint64_t)(uintptr_t)ect_pool_base(c->pool);

@@ -55,6 +55,10 @@ typedef struct refusal {
 struct ctl_server {
     ctl_server_opts o;
     char ip[256], session[WIRE_SESSION_MAX + 1], transport[WIRE_TRANSPORT_MAX + 1];
+    char advertise[256];
+    /* The peer of the request being handled ("" unknown) and the session
+     * last told to a peer, cached per peer (the handling thread only). */
+    char peer[64], told_peer[64], told[WIRE_SESSION_MAX + 1];
     char *dst_key;
     pthread_mutex_t mu;
     rsv_table *tab;
@@ -89,6 +93,20 @@ static void fill_tensor(wire_tensor *t, uint64_t nbytes, const uint64_t *shape, 
     t->ndim = (uint32_t)ndim;
     memcpy(t->shape, shape, ndim * sizeof *shape);
     snprintf(t->dtype, sizeof t->dtype, "%s", dtype);
+}
+
+/* The data-plane session this request's peer is told: the bound one with
+ * its host replaced by the advertised host, or, for a wildcard bind, by the
+ * local address that routes to the peer (never 0.0.0.0). Handling thread. */
+static const char *told_session(ctl_server *s) {
+    if (s->told[0] && strcmp(s->told_peer, s->peer) == 0) return s->told;
+    if (ect_session_advertise(s->session, s->advertise, s->peer[0] ? s->peer : NULL, s->told,
+                              sizeof s->told) != 0) {
+        ect_clear_error();
+        snprintf(s->told, sizeof s->told, "%s", s->session);
+    }
+    snprintf(s->told_peer, sizeof s->told_peer, "%s", s->peer);
+    return s->told;
 }
 
 /* Counts a refusal of class k; the text is kept as the example. Caller: the
@@ -196,7 +214,7 @@ static int do_reserve(ctl_server *s, const wire_reserve_req *r, uint64_t now,
         return 0;
     }
     snprintf(res->reservation_id, sizeof res->reservation_id, "%s", rep.reservation_id);
-    snprintf(res->dst_session, sizeof res->dst_session, "%s", s->session);
+    snprintf(res->dst_session, sizeof res->dst_session, "%s", told_session(s));
     res->dst_ptr = s->o.pool_base + rep.offset;
     res->nbytes = rep.nbytes;
     res->write = rep.write;
@@ -473,6 +491,8 @@ static void serve_one(ctl_server *s) {
         return;
     }
     bool multi = zmq_msg_more(&msg);
+    const char *pa = zmq_msg_gets(&msg, "Peer-Address"); /* TCP peers: their address */
+    snprintf(s->peer, sizeof s->peer, "%s", pa ? pa : "");
     while (zmq_msg_more(&msg)) { /* a raw peer may send parts: drain them, answer once */
         zmq_msg_close(&msg);
         zmq_msg_init(&msg);
@@ -553,6 +573,8 @@ static int check_opts(const ctl_server_opts *o) {
     if (!o->dst_session || strlen(o->dst_session) > WIRE_SESSION_MAX)
         return ect_set_error(ECT_EINVAL, "dst_session: required, at most %d bytes",
                              WIRE_SESSION_MAX);
+    if (o->advertise && strlen(o->advertise) > 255)
+        return ect_set_error(ECT_EINVAL, "advertise: at most 255 bytes");
     if (o->transport && strlen(o->transport) > WIRE_TRANSPORT_MAX)
         return ect_set_error(ECT_EINVAL, "transport: at most %d bytes", WIRE_TRANSPORT_MAX);
     if (o->dst_key && strlen(o->dst_key) > WIRE_KEY_MAX)
@@ -572,6 +594,7 @@ int ctl_server_open(void *zctx, const ctl_server_opts *o, ctl_server **out) {
     snprintf(s->ip, sizeof s->ip, "%s", o->ip);
     s->o.ip = s->ip;
     snprintf(s->session, sizeof s->session, "%s", o->dst_session);
+    snprintf(s->advertise, sizeof s->advertise, "%s", o->advertise ? o->advertise : "");
     snprintf(s->transport, sizeof s->transport, "%s", o->transport ? o->transport : "");
     if (o->dst_key && !(s->dst_key = strdup(o->dst_key))) {
         free(s);

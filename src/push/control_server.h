@@ -46,6 +46,9 @@ typedef struct ctl_server_opts {
     int poll_ms;             /* 100 */
     rsv_opts rsv;            /* the table: mem ops (required), TTL, grace, caps */
     const char *dst_session; /* the transport session producers write to (required) */
+    const char *advertise;   /* host told to producers in dst_session instead of the bound
+                                one; NULL: the bound host, or for a wildcard bind the local
+                                address that routes to each requesting peer */
     const char *transport;   /* "tcp" | "shm" | "ucx" (reply extension), may be NULL */
     const char *dst_key;     /* the pool region's key (reply extension), may be NULL */
     uint64_t pool_base;      /* dst_ptr = pool_base + offset */

@@ -67,6 +67,8 @@ static const jc_spec specs[JC_NKEYS] = {
     [JC_EXPECT_SHARDS] = {"expect_shards", T_INT, 0, 64},
     /* an address: integral reals (doubles) cannot carry one exactly, see decode_value */
     [JC_POOL_MEMORY] = {"pool_memory", T_INT, 1, U64_LIM},
+    [JC_ADVERTISE] = {"advertise", T_STR, 1, 255},
+    [JC_DATA_PORT] = {"data_port", T_INT, 0, 65535},
 };
 
 const char *jc_key_name(jc_key k) { return k < JC_NKEYS ? specs[k].name : "?"; }

@@ -56,6 +56,8 @@ typedef enum jc_key {
     JC_STAGING_WAIT_MS,
     JC_EXPECT_SHARDS,
     JC_POOL_MEMORY,
+    JC_ADVERTISE,
+    JC_DATA_PORT,
     JC_NKEYS
 } jc_key;
 

@@ -27,8 +27,8 @@ stop_producer() {
 }
 
 # expected checksums: "mm_hash checksum" lines from the producer's output
-expect() { sed -n 's/^{"mm_hash": "\([^"]*\)", "nbytes": [0-9]*, "checksum": "\([0-9a-f]*\)".*/\1 \2/p' "$1" | sort; }
-got() { sed -n 's/^{"mm_hash": "\([^"]*\)", "nbytes": [0-9]*, "checksum": "\([0-9a-f]*\)", "status": "ok".*/\1 \2/p' "$1" | sort; }
+expect() { sed -n 's/^{"mm_hash":"\([^"]*\)","nbytes":[0-9]*,"checksum":"\([0-9a-f]*\)".*/\1 \2/p' "$1" | sort; }
+got() { sed -n 's/^{"mm_hash":"\([^"]*\)","nbytes":[0-9]*,"checksum":"\([0-9a-f]*\)","status":"ok".*/\1 \2/p' "$1" | sort; }
 
 head -c 300000 /dev/urandom >"$tmp/f1"
 printf 'hello, encoder cache' >"$tmp/f2"
@@ -60,7 +60,7 @@ for transport in tcp shm; do
   rc=$?
   set -e
   [ $rc -eq 1 ] || { echo "unknown hash gave exit $rc"; exit 1; }
-  grep -q '"status": "error: no-such-item is not available' "$tmp/unknown"
+  grep -q '"status":"error: no-such-item is not available' "$tmp/unknown"
   stop_producer TERM
 done
 
@@ -73,7 +73,7 @@ diff <(got "$tmp/got.files") "$tmp/want.files"
 # both files arrived whole: their sizes as the file system tells them
 for f in f1 f2; do
   n=$(stat -c %s "$tmp/$f")
-  grep -q "\"nbytes\": $n, .*\"status\": \"ok\"" "$tmp/got.files" || { echo "$f: no ok item of $n bytes"; exit 1; }
+  grep -q "\"nbytes\":$n,.*\"status\":\"ok\"" "$tmp/got.files" || { echo "$f: no ok item of $n bytes"; exit 1; }
 done
 old_port=$port
 stop_producer INT

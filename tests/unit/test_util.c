@@ -144,6 +144,50 @@ static void test_hostport_parse(void **state) {
     assert_int_equal(ect_tcp_endpoint_port("ipc://x"), 0);
 }
 
+/* What a peer is told: never a wildcard; --advertise wins; others unchanged. */
+static void test_session_advertise(void **state) {
+    (void)state;
+    assert_true(ect_host_is_wildcard("0.0.0.0"));
+    assert_true(ect_host_is_wildcard("::"));
+    assert_true(ect_host_is_wildcard("*"));
+    assert_true(ect_host_is_wildcard(""));
+    assert_false(ect_host_is_wildcard("127.0.0.1"));
+    assert_false(ect_host_is_wildcard("::1"));
+    char out[128];
+    /* a wildcard toward a loopback peer: the loopback interface's address */
+    assert_int_equal(ect_session_advertise("0.0.0.0:4000", NULL, "127.0.0.1", out, sizeof out), 0);
+    assert_string_equal(out, "127.0.0.1:4000");
+    assert_int_equal(ect_session_advertise("ucx:0.0.0.0:4000", NULL, "127.0.0.1", out, sizeof out),
+                     0);
+    assert_string_equal(out, "ucx:127.0.0.1:4000");
+    /* no peer known: loopback of the bound family, never the wildcard */
+    assert_int_equal(ect_session_advertise("0.0.0.0:4000", NULL, NULL, out, sizeof out), 0);
+    assert_string_equal(out, "127.0.0.1:4000");
+    assert_int_equal(ect_session_advertise("[::]:4000", NULL, NULL, out, sizeof out), 0);
+    assert_string_equal(out, "[::1]:4000");
+    /* advertise replaces any host, IPv6 gets brackets */
+    assert_int_equal(
+        ect_session_advertise("10.0.0.5:4000", "ec.example", "1.2.3.4", out, sizeof out), 0);
+    assert_string_equal(out, "ec.example:4000");
+    assert_int_equal(ect_session_advertise("0.0.0.0:4000", "2001:db8::7", NULL, out, sizeof out),
+                     0);
+    assert_string_equal(out, "[2001:db8::7]:4000");
+    /* a concrete host and shm sessions are told as they are */
+    assert_int_equal(ect_session_advertise("10.0.0.5:4000", NULL, "1.2.3.4", out, sizeof out), 0);
+    assert_string_equal(out, "10.0.0.5:4000");
+    assert_int_equal(ect_session_advertise("shm:@ect-1", "h", NULL, out, sizeof out), 0);
+    assert_string_equal(out, "shm:@ect-1");
+    /* too small an output is an error, not a truncated address */
+    char tiny[8];
+    assert_int_equal(ect_session_advertise("0.0.0.0:4000", "longhostname", NULL, tiny, sizeof tiny),
+                     ECT_EINVAL);
+    /* route source: loopback toward loopback; a v4-mapped peer reads as IPv4 */
+    assert_int_equal(ect_route_source("127.0.0.1", out, sizeof out), 0);
+    assert_string_equal(out, "127.0.0.1");
+    assert_int_equal(ect_route_source("0.0.0.0", out, sizeof out), ECT_EINVAL);
+    assert_int_equal(ect_route_source(NULL, out, sizeof out), ECT_EINVAL);
+}
+
 /* A timed wait ends by itself at a deadline on the monotonic clock, and a
  * signal ends it early; far deadlines saturate instead of wrapping. */
 static void test_monotonic_timed_wait(void **state) {
@@ -172,6 +216,7 @@ int main(void) {
         cmocka_unit_test(test_checked_arithmetic),
         cmocka_unit_test(test_log_level_from_env),
         cmocka_unit_test(test_hostport_parse),
+        cmocka_unit_test(test_session_advertise),
         cmocka_unit_test(test_monotonic_timed_wait),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

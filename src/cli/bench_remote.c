@@ -1,0 +1,369 @@
+/*
+ * bench_remote — `ect bench xport --server` / `--client HOST:PORT`: the tcp
+ * data plane measured between two hosts, as ucx_perftest does it: one host
+ * runs the server (a tcp target plus a small control listener), the other
+ * names it and drives the run, printing the same table and JSON as the
+ * loopback bench. The raw-TCP limit is measured between the same two hosts
+ * in the same run, against the same server.
+ *
+ * Control protocol (text lines on one TCP connection each, ours only):
+ *   "REG N\n"  the server maps and registers N bytes and answers
+ *              "OK KEY ADDR SESSION\n" (SESSION's host: --advertise, or the
+ *              local address of this control connection, never a wildcard);
+ *              the region lives until the client closes the connection.
+ *   "RAW N\n"  the connection becomes a raw sink: N bytes in, one byte back,
+ *              until the client closes it.
+ *   anything else: "ERR text\n" and the connection is closed.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "cli/bench_remote.h"
+#include "cli/cli.h"
+#include "ectransfer.h"
+
+#define MAX_REG (1ull << 30)
+
+static volatile sig_atomic_t stop_flag;
+static void on_signal(int sig) {
+    (void)sig;
+    stop_flag = 1;
+}
+
+static int read_line(int fd, char *buf, size_t cap) {
+    size_t n = 0;
+    while (n + 1 < cap) {
+        char ch;
+        ssize_t k = recv(fd, &ch, 1, 0);
+        if (k <= 0) return -1;
+        if (ch == '\n') break;
+        buf[n++] = ch;
+    }
+    buf[n] = '\0';
+    return (int)n;
+}
+
+static int send_all(int fd, const void *p, size_t n) {
+    const uint8_t *b = p;
+    while (n) {
+        ssize_t k = send(fd, b, n, MSG_NOSIGNAL);
+        if (k <= 0) return -1;
+        b += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* ---- server */
+
+typedef struct srv {
+    ect_xport *t;
+    const char *advertise;
+} srv;
+
+typedef struct conn {
+    srv *s;
+    int fd;
+} conn;
+
+/* The host part of the target's session, told as this connection's local
+ * address (or --advertise). */
+static void told_session(srv *s, int fd, char *out, size_t cap) {
+    const char *sess = ect_xport_session(s->t);
+    char host[256], local[NI_MAXHOST] = "";
+    int port = 0;
+    if (ect_hostport_parse("session", sess, 0, 65535, host, sizeof host, &port) != 0) {
+        snprintf(out, cap, "%s", sess);
+        return;
+    }
+    if (s->advertise) {
+        snprintf(local, sizeof local, "%s", s->advertise);
+    } else {
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        if (getsockname(fd, (struct sockaddr *)&ss, &sl) != 0 ||
+            getnameinfo((struct sockaddr *)&ss, sl, local, sizeof local, NULL, 0, NI_NUMERICHOST) !=
+                0)
+            snprintf(local, sizeof local, "%s", host);
+        if (strncmp(local, "::ffff:", 7) == 0 && strchr(local + 7, '.'))
+            memmove(local, local + 7, strlen(local + 7) + 1);
+    }
+    snprintf(out, cap, strchr(local, ':') ? "[%s]:%d" : "%s:%d", local, port);
+}
+
+static void *serve(void *p) {
+    conn *c = p;
+    char line[128];
+    uint64_t n = 0;
+    if (read_line(c->fd, line, sizeof line) < 0) goto out;
+    if (sscanf(line, "REG %" SCNu64, &n) == 1 && n > 0 && n <= MAX_REG) {
+        int fd = memfd_create("bench_remote", MFD_CLOEXEC);
+        void *dst = MAP_FAILED;
+        if (fd >= 0 && ftruncate(fd, (off_t)n) == 0)
+            dst = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        char key[ECT_XPORT_KEY_MAX], reply[ECT_XPORT_KEY_MAX + 400], sess[300];
+        if (dst == MAP_FAILED || ect_xport_register(c->s->t, dst, n, fd, 0, key) != 0) {
+            snprintf(reply, sizeof reply, "ERR cannot register %" PRIu64 " bytes: %s\n", n,
+                     dst == MAP_FAILED ? strerror(errno) : ect_last_error());
+            send_all(c->fd, reply, strlen(reply));
+        } else {
+            told_session(c->s, c->fd, sess, sizeof sess);
+            snprintf(reply, sizeof reply, "OK %s %" PRIu64 " %s\n", key, (uint64_t)(uintptr_t)dst,
+                     sess);
+            if (send_all(c->fd, reply, strlen(reply)) == 0) {
+                char ch;
+                while (recv(c->fd, &ch, 1, 0) > 0) {
+                } /* until the client is done */
+            }
+            ect_xport_unregister(c->s->t, key);
+        }
+        if (dst != MAP_FAILED) munmap(dst, n);
+        if (fd >= 0) close(fd);
+    } else if (sscanf(line, "RAW %" SCNu64, &n) == 1 && n > 0 && n <= MAX_REG) {
+        uint8_t *buf = malloc(n);
+        for (bool on = buf != NULL; on;) {
+            size_t got = 0;
+            while (got < n) {
+                ssize_t k = recv(c->fd, buf + got, n - got, 0);
+                if (k <= 0) {
+                    on = false;
+                    break;
+                }
+                got += (size_t)k;
+            }
+            uint8_t a = 1;
+            if (on && send(c->fd, &a, 1, MSG_NOSIGNAL) != 1) on = false;
+        }
+        free(buf);
+    } else {
+        static const char bad[] = "ERR expected REG N or RAW N (N 1..2^30)\n";
+        send_all(c->fd, bad, sizeof bad - 1);
+    }
+out:
+    close(c->fd);
+    free(c);
+    return NULL;
+}
+
+int bench_xport_server(const char *host, int port, int data_port, const char *advertise) {
+    ect_xport_opts o;
+    ect_xport_opts_init(&o);
+    char listen_addr[300];
+    snprintf(listen_addr, sizeof listen_addr, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host,
+             data_port);
+    o.listen = listen_addr;
+    srv s = {.advertise = advertise};
+    if (ect_xport_open("tcp", &o, &s.t) != 0) {
+        fprintf(stderr, "ect bench xport: server: %s\n", ect_last_error());
+        return CLI_EXIT_FAIL;
+    }
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV},
+                    *res = NULL;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    int l = -1, one = 1;
+    if (getaddrinfo(host, ps, &hints, &res) == 0) {
+        l = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (l >= 0) setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (l >= 0 && (bind(l, res->ai_addr, res->ai_addrlen) != 0 || listen(l, 16) != 0)) {
+            close(l);
+            l = -1;
+        }
+        freeaddrinfo(res);
+    }
+    if (l < 0) {
+        fprintf(stderr, "ect bench xport: server: cannot listen on %s port %d: %s\n", host, port,
+                strerror(errno));
+        ect_xport_close(s.t);
+        return CLI_EXIT_FAIL;
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    getsockname(l, (struct sockaddr *)&ss, &sl);
+    int bound = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                               : ((struct sockaddr_in *)&ss)->sin_port);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    printf("{\"event\":\"ready\",\"bench\":\"xport\",\"host\":\"%s\",\"port\":%d,"
+           "\"session\":\"%s\"}\n",
+           host, bound, ect_xport_session(s.t));
+    fflush(stdout);
+    unsigned served = 0;
+    while (!stop_flag) {
+        struct pollfd pf = {.fd = l, .events = POLLIN};
+        if (poll(&pf, 1, 200) <= 0) continue; /* EINTR on a signal: the loop tests stop_flag */
+        int fd = accept4(l, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0) continue;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        conn *c = malloc(sizeof *c);
+        pthread_t th;
+        if (!c) {
+            close(fd);
+            continue;
+        }
+        *c = (conn){.s = &s, .fd = fd};
+        if (pthread_create(&th, NULL, serve, c) != 0) {
+            close(fd);
+            free(c);
+            continue;
+        }
+        pthread_detach(th);
+        served++;
+    }
+    close(l);
+    /* Connections still open end with the process; the target closes first
+     * so no write lands after. */
+    ect_xport_close(s.t);
+    fprintf(stderr, "ect bench xport: server: %u connection(s) served\n", served);
+    return CLI_EXIT_OK;
+}
+
+/* ---- client */
+
+static int dial(const char *host, int port) {
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV},
+                    *res = NULL;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    if (getaddrinfo(host, ps, &hints, &res) != 0) return -1;
+    int fd = -1, one = 1;
+    for (struct addrinfo *a = res; a && fd < 0; a = a->ai_next) {
+        fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd >= 0 && connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(res);
+    if (fd >= 0) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return fd;
+}
+
+typedef struct raw_ctx {
+    int fd;
+    const uint8_t *src;
+    size_t n;
+} raw_ctx;
+
+static int raw_iter(void *p) {
+    raw_ctx *c = p;
+    if (send_all(c->fd, c->src, c->n) != 0) return -1;
+    uint8_t a;
+    return recv(c->fd, &a, 1, 0) == 1 ? 0 : -1;
+}
+
+/* Runs fn for `secs` untimed (warm-up), then cli_timed for `secs`. */
+static int warm_timed(cli_iter_fn fn, void *ctx, uint64_t bytes, double warm, double secs,
+                      cli_timing *s) {
+    uint64_t end = cli_now_ns() + (uint64_t)(warm * 1e9);
+    while (cli_now_ns() < end)
+        if (fn(ctx) != 0) return -1;
+    return cli_timed(fn, ctx, bytes, secs, s);
+}
+
+int bench_xport_client(const char *host, int port, double secs, double warm, bool json) {
+    static const uint64_t sizes[] = {64 << 10, 1 << 20, 9 << 19, 16 << 20, 64 << 20};
+    ect_xport *x = NULL;
+    ect_xport_opts o;
+    ect_xport_opts_init(&o);
+    if (ect_xport_open("tcp", &o, &x) != 0) {
+        fprintf(stderr, "ect bench xport: client: %s\n", ect_last_error());
+        return CLI_EXIT_FAIL;
+    }
+    if (json)
+        printf("[");
+    else
+        printf("%-4s %9s %8s %8s %8s   %-12s %8s %8s %8s   %6s\n", "xprt", "size", "GB/s", "p50 us",
+               "p99 us", "limit", "GB/s", "p50 us", "p99 us", "ratio");
+    int rc = CLI_EXIT_OK;
+    for (size_t k = 0; k < CLI_ARRAY_LEN(sizes) && rc == CLI_EXIT_OK; k++) {
+        size_t n = (size_t)sizes[k];
+        uint8_t *src = malloc(n);
+        int cfd = dial(host, port), rfd = -1;
+        char line[ECT_XPORT_KEY_MAX + 400], key[ECT_XPORT_KEY_MAX], sess[300];
+        uint64_t addr = 0;
+        cli_timing us = {0}, lim = {0};
+        if (!src || cfd < 0) {
+            fprintf(stderr, "ect bench xport: client: cannot reach the server at %s port %d: %s\n",
+                    host, port, strerror(errno));
+            rc = CLI_EXIT_FAIL;
+            goto next;
+        }
+        memset(src, 0xab, n);
+        snprintf(line, sizeof line, "REG %zu\n", n);
+        if (send_all(cfd, line, strlen(line)) != 0 || read_line(cfd, line, sizeof line) < 0 ||
+            sscanf(line, "OK %2047s %" SCNu64 " %299s", key, &addr, sess) != 3) {
+            fprintf(stderr, "ect bench xport: client: the server refused %zu bytes: %s\n", n, line);
+            rc = CLI_EXIT_FAIL;
+            goto next;
+        }
+        cli_write_ctx wc = {
+            .x = x, .session = sess, .w = {.src = src, .dst_addr = addr, .len = n, .dst_key = key}};
+        if (warm_timed(cli_write_iter, &wc, n, warm, secs, &us) != 0) {
+            fprintf(stderr, "ect bench xport: client: write to %s failed: %s\n", sess,
+                    ect_last_error());
+            rc = CLI_EXIT_FAIL;
+            goto next;
+        }
+        /* the limit: raw TCP to the same server host, same bytes, same sync */
+        rfd = dial(host, port);
+        snprintf(line, sizeof line, "RAW %zu\n", n);
+        raw_ctx rc_ = {.fd = rfd, .src = src, .n = n};
+        if (rfd < 0 || send_all(rfd, line, strlen(line)) != 0 ||
+            warm_timed(raw_iter, &rc_, n, warm, secs, &lim) != 0) {
+            fprintf(stderr, "ect bench xport: client: raw TCP limit to %s failed\n", host);
+            lim.ok = false;
+        }
+        double ratio = lim.ok && lim.gbps > 0 ? us.gbps / lim.gbps : NAN;
+        char sz[32];
+        if (json) {
+            printf("%s{\"transport\":\"tcp\",\"size\":%zu,\"gbps\":", k ? "," : "", n);
+            cli_json_num(us.gbps);
+            printf(",\"limit\":\"raw-tcp\",\"limit_gbps\":");
+            cli_json_num(lim.ok ? lim.gbps : NAN);
+            printf(",\"ratio\":");
+            cli_json_num(ratio);
+            printf(",\"p50_us\":");
+            cli_json_num(us.p50_us);
+            printf(",\"p99_us\":");
+            cli_json_num(us.p99_us);
+            printf(",\"limit_p50_us\":");
+            cli_json_num(lim.ok ? lim.p50_us : NAN);
+            printf(",\"limit_p99_us\":");
+            cli_json_num(lim.ok ? lim.p99_us : NAN);
+            printf(",\"server\":\"%s\",\"session\":\"%s\"}", host, sess);
+        } else {
+            printf("%-4s %9s %8.2f %8.1f %8.1f   %-12s %8.2f %8.1f %8.1f   %6.2f\n", "tcp",
+                   cli_fmt_size(n, sz, sizeof sz), us.gbps, us.p50_us, us.p99_us, "raw-tcp",
+                   lim.ok ? lim.gbps : NAN, lim.ok ? lim.p50_us : NAN, lim.ok ? lim.p99_us : NAN,
+                   ratio);
+        }
+        fflush(stdout);
+    next:
+        if (rfd >= 0) close(rfd);
+        if (cfd >= 0) close(cfd);
+        free(src);
+    }
+    if (json) printf("]\n");
+    ect_xport_close(x);
+    return rc;
+}
