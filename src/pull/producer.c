@@ -614,6 +614,9 @@ int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer
     }
     set_linger0(p->router);
     set_linger0(p->pub);
+    int64_t maxmsg = ECT_PULL_MAX_MSG_BYTES;
+    zmq_setsockopt(p->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    zmq_setsockopt(p->pub, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
     if ((rc = bind_pair(p)) != 0) goto fail;
 
     p->r.pool = p->pool;

@@ -19,6 +19,15 @@
 #include "ectransfer.h"
 #include "wire/pull_msg.h"
 
+/* Peer-facing bounds of the pull sockets (docs/PROTOCOL.md "Sockets"): a
+ * frame over ECT_PULL_MAX_MSG_BYTES makes ZMQ drop the sender's connection
+ * before the bytes are buffered (no message of ours is near it); the pull
+ * consumer's DEALER heartbeats so a producer host that went silent is noticed
+ * after the timeout (a closed connection is noticed at once). */
+#define ECT_PULL_MAX_MSG_BYTES (2 * (int64_t)WIRE_PULL_MAX_MSG)
+#define ECT_PULL_HEARTBEAT_IVL_MS 1000
+#define ECT_PULL_HEARTBEAT_TIMEOUT_MS 5000
+
 /* ------------------------------------------------------------ inventory */
 
 /* Copies the resident items matching the filter (all when n_filter is 0;

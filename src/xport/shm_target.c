@@ -206,8 +206,15 @@ int shm_target_reg(ect_xport *x, xp_region *r) {
     }
     int slot = -1;
     pthread_mutex_lock(&s->smu);
-    for (int i = 0; i < SHM_SLOTS && slot < 0; i++)
-        if (s->slot_state[i] == 0) slot = i;
+    /* A free slot: no region, and no copy of a closed window's still in
+     * progress in any connection's segment (window close does not wait). */
+    for (int i = 0; i < SHM_SLOTS && slot < 0; i++) {
+        if (s->slot_state[i] != 0) continue;
+        bool users = false;
+        for (shm_seg *g = s->segs; g && !users; g = g->next)
+            users = __atomic_load_n(&g->slots[i].users, __ATOMIC_SEQ_CST) != 0;
+        if (!users) slot = i;
+    }
     if (slot >= 0) {
         s->slot_state[slot] = (r->id << 1) | 1;
         for (shm_seg *g = s->segs; g; g = g->next)
@@ -228,6 +235,7 @@ void shm_target_unreg(ect_xport *x, xp_region *r) {
     for (shm_seg *g = s->segs; g; g = g->next)
         __atomic_store_n(&g->slots[slot].state, 0, __ATOMIC_SEQ_CST);
     pthread_mutex_unlock(&s->smu);
+    if (r->parent) return; /* a window: closing never waits (reg skips slots in use) */
     uint64_t t0 = ect_now_ms();
     bool warned = false;
     for (;;) {

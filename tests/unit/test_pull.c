@@ -11,7 +11,9 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/mman.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -754,6 +756,56 @@ static void test_peer_gone(void **st) {
     assert_true(ect_now_ms() - t0 < 60000); /* never waits for the producer forever */
 }
 
+/* ---- death detection: kill -9 of the producer fails the remaining loads
+ * at once with that cause. The consumer's timeout is 10 minutes, so a
+ * consumer that waited for it would hang the test past its ctest limit
+ * instead of passing; no timing bound is asserted. */
+
+static void test_producer_killed(void **st) {
+    (void)st;
+    enum { N = 31, SZ = 4096 };
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) { /* the producer: save N items, say the port, wait to be killed */
+        close(pfd[0]);
+        ect_pull_producer *p = open_producer("tcp", 4 * MiB, 0);
+        char name[32];
+        for (int i = 0; i < N; i++) {
+            snprintf(name, sizeof name, "k%d", i);
+            save_item(p, name, SZ, (uint64_t)i + 100);
+        }
+        if (ect_pull_producer_flush(p, 60000) != 0) _exit(2);
+        int port = ect_pull_producer_port(p);
+        if (write(pfd[1], &port, sizeof port) != (ssize_t)sizeof port) _exit(3);
+        for (;;) pause();
+    }
+    close(pfd[1]);
+    int port = 0;
+    assert_int_equal(read(pfd[0], &port, sizeof port), (ssize_t)sizeof port);
+    close(pfd[0]);
+    ect_pull_consumer *c = open_consumer("tcp", port, 1 * MiB, 600000);
+    ect_pull_meta m = {.nbytes = SZ, .ndim = 1, .shape = {SZ}};
+    snprintf(m.dtype, sizeof m.dtype, "uint8");
+    load_check(c, "k0", &m, SZ, 100); /* connected and serving */
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    ect_pull_view v;
+    char name[32];
+    for (int i = 1; i < N; i++) {
+        snprintf(name, sizeof name, "k%d", i);
+        assert_err(ect_pull_consumer_load(c, name, &m, &v), ECT_ECLOSED, "gone");
+    }
+    ect_pull_consumer_stat cs;
+    ect_pull_consumer_stats(c, &cs);
+    assert_int_equal(cs.producer_lost, 1);
+    assert_int_equal(cs.remote, 1);
+    assert_int_equal(cs.timeouts, 0);
+    ect_pull_consumer_close(c);
+}
+
 /* ---- garbage on SUB */
 
 static void test_sub_malformed(void **st) {
@@ -891,6 +943,7 @@ int main(void) {
         cmocka_unit_test(test_consumer_timeout),
         cmocka_unit_test(test_upstream_complete),
         cmocka_unit_test(test_peer_gone),
+        cmocka_unit_test(test_producer_killed),
         cmocka_unit_test(test_sub_malformed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
