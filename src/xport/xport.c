@@ -258,7 +258,7 @@ int xp_window_close(ect_xport *x, const char *key);
 
 static void region_free(ect_xport *x, xp_region *r) {
     if (x->be->unreg) x->be->unreg(x, r);
-    if (r->fd >= 0) close(r->fd);
+    if (r->fd >= 0 && !r->parent) close(r->fd); /* a window borrows its region's fd */
     free(r->keystr);
     free(r);
 }
@@ -291,6 +291,14 @@ int ect_xport_unregister(ect_xport *x, const char *key) {
     for (r = wins; r; r = r->next_dead)
         while (r->refs > 0) pthread_cond_wait(&x->regs.cv, &x->regs.mu);
     while (hit->refs > 0) pthread_cond_wait(&x->regs.cv, &x->regs.mu);
+    /* Closed windows still being written borrow the region's fd: wait for
+     * their last write too (their release frees them). */
+    for (;;) {
+        bool any = false;
+        for (r = x->regs.dead; r && !any; r = r->next_dead) any = r->parent == hit;
+        if (!any) break;
+        pthread_cond_wait(&x->regs.cv, &x->regs.mu);
+    }
     pthread_mutex_unlock(&x->regs.mu);
     while (wins) {
         r = wins;
@@ -383,8 +391,7 @@ int xp_window_open(ect_xport *x, const char *region_key, uint64_t offset, uint64
         w->kind = p->kind;
         w->device = p->device;
         w->fd_off = p->fd_off + offset;
-        if (p->fd >= 0 && (w->fd = fcntl(p->fd, F_DUPFD_CLOEXEC, 0)) < 0)
-            rc = ect_set_errno(errno, "window: dup of the region's fd");
+        w->fd = p->fd; /* borrowed: the region outlives its windows (unregister waits) */
     }
     if (!rc) {
         do {
@@ -398,7 +405,6 @@ int xp_window_open(ect_xport *x, const char *region_key, uint64_t offset, uint64
     if (!rc) snprintf(w->keystr, 17, "%016" PRIx64, w->token);
     if (!rc && x->be->reg) rc = x->be->reg(x, w);
     if (rc) {
-        if (w->fd >= 0) close(w->fd);
         free(w->keystr);
         free(w);
         return rc;
