@@ -441,7 +441,13 @@ typedef struct ect_xport_opts {
                                in pieces of at least this size; default 1 MiB */
     int connect_timeout_ms; /* connecting to a peer, 1..600000; default 5000 */
     int io_timeout_ms;      /* a connection that makes no progress this long fails its
-                               unfinished writes (both sides), 1..3600000; default 30000 */
+                               unfinished writes (both sides), 1..3600000; default 30000.
+                               A target also drops a connection that sends no hello
+                               within it */
+    int max_conns;          /* target: connections served at once (one thread each),
+                               1..65536; more are accepted and closed at once; default 512 */
+    int max_conns_per_peer; /* target, tcp/ucx: of those, from one peer IP address,
+                               1..max_conns; default 64 */
 } ect_xport_opts;
 
 /** One write of a batch: `len` bytes from local `src` to the peer's address
@@ -1155,6 +1161,12 @@ typedef struct ect_pull_producer_opts {
     uint64_t max_queued_bytes; /* bytes saved but not yet stored by the save thread;
                                default 1 GiB; a save that would pass it (unless nothing
                                waits) is refused with ECT_EBUSY */
+    const char *connect_allow; /* where a pull may make this producer write (the host of an
+                                  ECTransferPull's consumer_session_id): NULL (default) =
+                                  only the IP address the pull came from; "*" = anywhere;
+                                  else a comma-separated list of IP addresses. shm sessions
+                                  are same-host and always allowed. Others are refused with
+                                  ECT_EACCES before any connect. Copied */
 } ect_pull_producer_opts;
 
 typedef struct ect_pull_producer_stat {

@@ -29,6 +29,7 @@ static void help(void) {
     printf("usage: ect pull-producer [--host H] [--port P] [--pool-size SIZE]\n"
            "                         [--transport tcp|shm|ucx] [--count N --size SIZE | --file F "
            "...]\n"
+           "                         [--connect-allow ADDRS]\n"
            "\n"
            "Generation-1 producer: ROUTER on PORT, PUB on PORT+1. Saves N synthetic items of SIZE\n"
            "bytes (deterministic bytes; dtype uint8, shape [SIZE]) or the given files, prints one\n"
@@ -43,7 +44,10 @@ static void help(void) {
            "  --transport T     data plane: tcp (default), shm, ucx\n"
            "  --count N         synthetic items (default 4 unless --file is given)\n"
            "  --size SIZE       bytes per synthetic item (default 4.5MiB)\n"
-           "  --file F          save file F (repeatable; items are saved in order)\n");
+           "  --file F          save file F (repeatable; items are saved in order)\n"
+           "  --connect-allow A where pulls may make this producer write: '*' (anywhere) or\n"
+           "                    comma-separated IP addresses (default: only the address each\n"
+           "                    pull came from)\n");
 }
 
 /* Deterministic synthetic bytes of item i (splitmix64 stream). */
@@ -96,9 +100,10 @@ int cmd_pull_producer(int argc, char **argv) {
                                          {"count", required_argument, 0, 'n'},
                                          {"size", required_argument, 0, 's'},
                                          {"file", required_argument, 0, 'f'},
+                                         {"connect-allow", required_argument, 0, 'A'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    const char *host = "127.0.0.1", *transport = "tcp";
+    const char *host = "127.0.0.1", *transport = "tcp", *allow = NULL;
     uint64_t port = 14579, pool = 1ull << 30, count = 0, size = 4718592;
     bool have_count = false, have_size = false;
     const char *files[256];
@@ -115,6 +120,7 @@ int cmd_pull_producer(int argc, char **argv) {
             if (!cli_parse_size("--pool-size", optarg, &pool)) return CLI_EXIT_USAGE;
             break;
         case 't': transport = optarg; break;
+        case 'A': allow = optarg; break;
         case 'n':
             if (!cli_parse_u64("--count", optarg, 1, 1000000, &count)) return CLI_EXIT_USAGE;
             have_count = true;
@@ -144,6 +150,7 @@ int cmd_pull_producer(int argc, char **argv) {
     o.port = (int)port;
     o.pool_size = pool;
     o.transport = transport;
+    o.connect_allow = allow;
     ect_pull_producer *p = NULL;
     if (ect_pull_producer_open(&o, &p) != 0) {
         fprintf(stderr, "ect pull-producer: %s\n", ect_last_error());

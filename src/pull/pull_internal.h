@@ -46,6 +46,7 @@ typedef struct pull_peer {
     unsigned char id[256];
     size_t id_len;
     bool delim;
+    char addr[64]; /* the IP address the request came from (ZMQ "Peer-Address"); "" unknown */
 } pull_peer;
 
 /* One accepted pull: the item is leased in the pool (the job's owner
@@ -82,6 +83,7 @@ typedef struct pull_router {
     ect_pool *pool;         /* its resident items are the inventory */
     const char *session_id; /* producer_session_id */
     size_t page_items;      /* items per ECTransferReady, 1..WIRE_PULL_MAX_ITEMS */
+    const char *allow;      /* connect policy (ect_pull_producer_opts.connect_allow) */
     pull_router_ops ops;
     pull_router_stat st;
 } pull_router;

@@ -158,7 +158,8 @@ static void serve_conn(void *ctx, int fd, int stopfd) {
     (void)stopfd; /* the server's stop shuts the socket down, which ends recvmsg */
     if (!in || !out || !ipc || !held || !shm_same_uid(fd)) goto done;
     shm_set_timeouts(fd, to);
-    if (shm_msg_recv(fd, in, SHM_BEGIN_MAX, &len, NULL, 0, NULL, true, to) != 0 ||
+    /* The hello must come within io_timeout_ms (a silent peer is dropped). */
+    if (shm_msg_recv(fd, in, SHM_BEGIN_MAX, &len, NULL, 0, NULL, false, to) != 0 ||
         shm_hello_decode(in, len) != 0) {
         ECT_LOGW("xport", "shm target: bad hello; closing");
         goto done;
@@ -267,5 +268,6 @@ int shm_target_open(ect_xport *x, shm_impl *s, const char *name) {
         close(lfd);
         return rc;
     }
-    return xp_server_start(lfd, serve_conn, x, &s->srv);
+    return xp_server_start(lfd, serve_conn, x, x->opts.max_conns, x->opts.max_conns_per_peer,
+                           &s->srv);
 }

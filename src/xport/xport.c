@@ -36,6 +36,8 @@ void ect_xport_opts_init(ect_xport_opts *o) {
     o->stripe_min = 1u << 20;
     o->connect_timeout_ms = 5000;
     o->io_timeout_ms = 30000;
+    o->max_conns = 512;
+    o->max_conns_per_peer = 64;
 }
 
 static int check_opts(const ect_xport_opts *o) {
@@ -53,6 +55,12 @@ static int check_opts(const ect_xport_opts *o) {
     if (o->io_timeout_ms < 1 || o->io_timeout_ms > 3600000)
         return ect_set_error(ECT_EINVAL, "opts.io_timeout_ms must be 1..3600000, got %d",
                              o->io_timeout_ms);
+    if (o->max_conns < 1 || o->max_conns > 65536)
+        return ect_set_error(ECT_EINVAL, "opts.max_conns must be 1..65536, got %d", o->max_conns);
+    if (o->max_conns_per_peer < 1 || o->max_conns_per_peer > o->max_conns)
+        return ect_set_error(ECT_EINVAL,
+                             "opts.max_conns_per_peer must be 1..max_conns (%d), got %d",
+                             o->max_conns, o->max_conns_per_peer);
     return 0;
 }
 

@@ -162,12 +162,23 @@ int xp_send_all(int fd, const void *buf, size_t len, int timeout_ms);
 int xp_recv_all(int fd, void *buf, size_t len, int timeout_ms);
 
 /* ---- connection server (xport_net.c): an accept thread plus one thread per
- * connection. fn serves one connection until it returns; it should poll
- * stopfd (readable once stopping) besides its socket. The server closes fd. */
+ * connection, at most max_conns at once and max_per_peer from one peer IP
+ * address (a unix-socket peer counts against max_conns only); a connection
+ * over either cap is accepted and closed at once. Running out of
+ * descriptors on accept is logged (once a second) and waited out (10 ms
+ * back-off) while the connections already served go on. fn serves one
+ * connection until it returns; it should poll stopfd (readable once
+ * stopping) besides its socket. The server closes fd. */
 typedef struct xp_server xp_server;
 typedef void (*xp_conn_fn)(void *ctx, int fd, int stopfd);
 /* Takes ownership of listen_fd, also on failure. */
-int xp_server_start(int listen_fd, xp_conn_fn fn, void *ctx, xp_server **out);
+int xp_server_start(int listen_fd, xp_conn_fn fn, void *ctx, int max_conns, int max_per_peer,
+                    xp_server **out);
+/* Connections refused by the caps since start. */
+uint64_t xp_server_refused(xp_server *s);
+/* Logs a warning at most once a second per *last_ms (a caller's static). */
+void xp_log_limited(_Atomic uint64_t *last_ms, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 /* Stops accepting, wakes and joins every connection thread. Accepts NULL. */
 void xp_server_stop(xp_server *s);
 

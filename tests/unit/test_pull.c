@@ -806,6 +806,47 @@ static void test_producer_killed(void **st) {
     ect_pull_consumer_close(c);
 }
 
+/* The connect policy: by default a pull may name only a session on the
+ * address it came from (a DEALER on 127.0.0.1 naming 127.0.0.3 is refused
+ * ECT_EACCES before any connect); connect_allow widens it. */
+static void test_connect_policy(void **st) {
+    (void)st;
+    for (int widen = 0; widen < 2; widen++) {
+        ect_pull_producer_opts o;
+        ect_pull_producer_opts_init(&o);
+        o.port = 0;
+        o.pool_size = 4 * MiB;
+        o.transport = "tcp";
+        o.connect_allow = widen ? "127.0.0.3" : NULL;
+        ect_pull_producer *p = NULL;
+        assert_int_equal(ect_pull_producer_open(&o, &p), 0);
+        save_item(p, "pol", 4096, 5);
+        assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
+        void *ctx = zmq_ctx_new();
+        void *d = zsock(ctx, ZMQ_DEALER);
+        char ep[64], err[512];
+        snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", ect_pull_producer_port(p));
+        assert_int_equal(zmq_connect(d, ep), 0);
+        /* 127.0.0.3:1 has no listener: allowed, the write fails to connect */
+        send_pull(d, "pol", 4096, 0, "127.0.0.3:1", "0123456789abcdef", 1);
+        int rc = recv_complete(d, "pol", 1, err, sizeof err);
+        if (widen) {
+            assert_int_not_equal(rc, ECT_EACCES);
+            assert_int_not_equal(rc, 0);
+        } else {
+            assert_int_equal(rc, ECT_EACCES);
+            assert_non_null(strstr(err, "connect_allow"));
+        }
+        /* the pull's own address is always fine by default */
+        send_pull(d, "pol", 4096, 0, "127.0.0.1:1", "0123456789abcdef", 2);
+        rc = recv_complete(d, "pol", 2, err, sizeof err);
+        if (!widen) assert_int_not_equal(rc, ECT_EACCES);
+        zmq_close(d);
+        zmq_ctx_term(ctx);
+        ect_pull_producer_close(p);
+    }
+}
+
 /* ---- garbage on SUB */
 
 static void test_sub_malformed(void **st) {
@@ -944,6 +985,7 @@ int main(void) {
         cmocka_unit_test(test_upstream_complete),
         cmocka_unit_test(test_peer_gone),
         cmocka_unit_test(test_producer_killed),
+        cmocka_unit_test(test_connect_policy),
         cmocka_unit_test(test_sub_malformed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
