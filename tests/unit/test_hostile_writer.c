@@ -175,6 +175,27 @@ static void pick(hostile *h, uint64_t i, char *key, uint64_t *addr, uint64_t *le
     }
 }
 
+/* shm: how this process maps the consumers' pool files. The two consumers
+ * map their whole pools; an initiator that was granted a window maps only
+ * the pages that cover it. Counts mappings of at least `whole` bytes and
+ * of at most `window` bytes. */
+static void pool_maps(uint64_t whole, uint64_t window, int *n_whole, int *n_small) {
+    *n_whole = *n_small = 0;
+    FILE *f = fopen("/proc/self/maps", "r");
+    assert_non_null(f);
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        if (!strstr(line, "memfd:ectransfer-pool")) continue;
+        unsigned long long a, b;
+        if (sscanf(line, "%llx-%llx", &a, &b) != 2) continue;
+        if (b - a >= whole)
+            (*n_whole)++;
+        else if (b - a <= window)
+            (*n_small)++;
+    }
+    fclose(f);
+}
+
 static uint64_t attack(ect_xport *xp, const char *session, hostile *h, uint64_t n) {
     static uint8_t junk[64];
     memset(junk, 0xEE, sizeof junk);
@@ -303,6 +324,15 @@ static void run(const char *transport) {
     assert_true(test_check_pattern(v.data, NB, 7));
     assert_int_equal(ect_push_consumer_release(a, &v), 0);
 
+    if (strcmp(transport, "shm") == 0) {
+        /* The producer's side mapped the windows it wrote (C, L0), each
+         * within two pages of its size, and never a whole pool file. */
+        long pg = sysconf(_SC_PAGESIZE);
+        int whole, small;
+        pool_maps(POOL, NB + 2 * (uint64_t)pg, &whole, &small);
+        assert_int_equal(whole, 2); /* the two consumers' own pools */
+        assert_true(small >= 1);
+    }
     cancel(cli, pa, &L1);
     free(src);
     free(src2);
