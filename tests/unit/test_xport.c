@@ -700,6 +700,86 @@ static void test_tcp_unregister_waits(void **state) {
     ect_xport_close(t);
 }
 
+/* Write windows (docs/PROTOCOL.md "Write windows"): a private region
+ * refuses its own key; a window's key writes only inside the window; closing
+ * a window never waits, a write it accepted finishes landing (the range
+ * stays busy until then), and later writes with its key are refused. */
+static void test_tcp_window(void **state) {
+    (void)state;
+    ect_xport *t = open_kind("tcp");
+    region r;
+    mk_region(t, MiB, &r);
+    assert_int_equal(xp_region_set_private(t, r.key), 0);
+    char wk[ECT_XPORT_KEY_MAX], wk2[ECT_XPORT_KEY_MAX];
+    assert_int_equal(xp_window_open(t, r.key, 4096, 2000, wk), 0);
+    assert_err(xp_window_open(t, r.key, 5000, 10, wk2), ECT_EEXIST, "overlaps");
+    assert_err(xp_window_open(t, r.key, MiB - 10, 11, wk2), ECT_ERANGE, "outside");
+    assert_err(xp_window_open(t, "0000000000000001", 0, 10, wk2), ECT_ENOTFOUND, NULL);
+    assert_string_not_equal(wk, r.key);
+    uint64_t rtok, wtok;
+    assert_int_equal(xp_key_parse(r.key, &rtok), 0);
+    assert_int_equal(xp_key_parse(wk, &wtok), 0);
+    uint64_t base = (uint64_t)(uintptr_t)r.addr;
+    int fd = raw_connect(ect_xport_session(t));
+    raw_hello(fd);
+    uint8_t hdr[TCP_HDR_LEN], half[1000], ack[TCP_ACK_LEN];
+    test_fill_pattern(half, sizeof half, 3);
+    uint64_t id;
+    int32_t s;
+    /* The region's own key: refused (private), payload consumed. */
+    tcp_encode_write(hdr, 1, base + 4096, 16, rtok);
+    assert_int_equal(xp_send_all(fd, hdr, sizeof hdr, 2000), 0);
+    assert_int_equal(xp_send_all(fd, half, 16, 2000), 0);
+    assert_int_equal(xp_recv_all(fd, ack, sizeof ack, 2000), 0);
+    assert_int_equal(tcp_decode_ack(ack, &id, &s), 0);
+    assert_int_equal(s, ECT_EACCES);
+    /* The window's key, running one byte past the window: refused. */
+    tcp_encode_write(hdr, 2, base + 4096 + 1999, 2, wtok);
+    assert_int_equal(xp_send_all(fd, hdr, sizeof hdr, 2000), 0);
+    assert_int_equal(xp_send_all(fd, half, 2, 2000), 0);
+    assert_int_equal(xp_recv_all(fd, ack, sizeof ack, 2000), 0);
+    assert_int_equal(tcp_decode_ack(ack, &id, &s), 0);
+    assert_int_equal(s, ECT_EACCES);
+    /* The window's key elsewhere in the pool: refused. */
+    tcp_encode_write(hdr, 5, base, 2, wtok);
+    assert_int_equal(xp_send_all(fd, hdr, sizeof hdr, 2000), 0);
+    assert_int_equal(xp_send_all(fd, half, 2, 2000), 0);
+    assert_int_equal(xp_recv_all(fd, ack, sizeof ack, 2000), 0);
+    assert_int_equal(tcp_decode_ack(ack, &id, &s), 0);
+    assert_int_equal(s, ECT_EACCES);
+    /* Half a write into the window, then close it. */
+    tcp_encode_write(hdr, 3, base + 4096, 2000, wtok);
+    assert_int_equal(xp_send_all(fd, hdr, sizeof hdr, 2000), 0);
+    assert_int_equal(xp_send_all(fd, half, sizeof half, 2000), 0);
+    while (!xp_range_busy(t, r.addr + 4096, 2000)) usleep(1000); /* the target took it */
+    assert_int_equal(xp_window_close(t, wk), 0);                 /* never waits */
+    assert_true(xp_range_busy(t, r.addr + 4096, 2000));
+    assert_err(xp_window_close(t, wk), ECT_ENOTFOUND, NULL);
+    assert_int_equal(xp_send_all(fd, half, sizeof half, 2000), 0);
+    assert_int_equal(xp_recv_all(fd, ack, sizeof ack, 2000), 0);
+    assert_int_equal(tcp_decode_ack(ack, &id, &s), 0);
+    assert_int_equal(id, 3);
+    assert_int_equal(s, 0); /* accepted while open: it lands */
+    assert_memory_equal(r.addr + 4096, half, sizeof half);
+    assert_memory_equal(r.addr + 4096 + 1000, half, sizeof half);
+    while (xp_range_busy(t, r.addr + 4096, 2000)) usleep(1000);
+    /* The closed window's key: refused, bytes unchanged. */
+    uint8_t zero[1000] = {0};
+    tcp_encode_write(hdr, 4, base + 4096, 1000, wtok);
+    assert_int_equal(xp_send_all(fd, hdr, sizeof hdr, 2000), 0);
+    assert_int_equal(xp_send_all(fd, zero, sizeof zero, 2000), 0);
+    assert_int_equal(xp_recv_all(fd, ack, sizeof ack, 2000), 0);
+    assert_int_equal(tcp_decode_ack(ack, &id, &s), 0);
+    assert_int_equal(s, ECT_EACCES);
+    assert_memory_equal(r.addr + 4096, half, sizeof half);
+    assert_int_equal(xp_refused(t), 4);
+    close(fd);
+    /* A window left open goes with its region. */
+    assert_int_equal(xp_window_open(t, r.key, 0, 100, wk2), 0);
+    rm_region(t, &r);
+    ect_xport_close(t);
+}
+
 /* A peer that stalls mid-frame is dropped after io_timeout_ms. */
 static void test_tcp_stall(void **state) {
     (void)state;
@@ -746,6 +826,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_open_errors),
         cmocka_unit_test(test_tcp_garbage),
         cmocka_unit_test(test_tcp_unregister_waits),
+        cmocka_unit_test(test_tcp_window),
         cmocka_unit_test(test_tcp_stall),
         KIND_TESTS("tcp"),
         KIND_TESTS("shm"),
