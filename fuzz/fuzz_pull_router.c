@@ -87,8 +87,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     pull_router r = {.pool = pool,
                      .session_id = "fuzz-session",
                      .page_items = 1 + ((data[0] >> 1) & 7),
+                     .allow = (data[0] & 16) ? NULL : "*", /* both connect policies */
                      .ops = {.user = &s, .reply = reply, .dispatch = dispatch}};
-    pull_peer peer = {.id = {0, 1, 2, 3}, .id_len = 4};
+    pull_peer peer = {.id = {0, 1, 2, 3}, .id_len = 4, .addr = "127.0.0.1"};
     pull_router_handle(&r, &peer, data + 1, size - 1);
     if (r.st.frames != 1) abort();
     if (s.ready_open) abort();

@@ -510,7 +510,13 @@ typedef struct ect_xport_opts {
                                in pieces of at least this size; default 1 MiB */
     int connect_timeout_ms; /* connecting to a peer, 1..600000; default 5000 */
     int io_timeout_ms;      /* a connection that makes no progress this long fails its
-                               unfinished writes (both sides), 1..3600000; default 30000 */
+                               unfinished writes (both sides), 1..3600000; default 30000.
+                               A target also drops a connection that sends no hello
+                               within it */
+    int max_conns;          /* target: connections served at once (one thread each),
+                               1..65536; more are accepted and closed at once; default 512 */
+    int max_conns_per_peer; /* target, tcp/ucx: of those, from one peer IP address,
+                               1..max_conns; default 64 */
 } ect_xport_opts;
 
 /** One write of a batch: `len` bytes from local `src` to the peer's address
@@ -728,6 +734,9 @@ typedef struct ect_push_consumer_stat {
     uint64_t refused_full;   /* reserves refused "EC consumer buffer pool is full" */
     uint64_t refused_other;  /* reserves refused otherwise (a transfer_id ended within the
                                 TTL, a conflict, a bad field) */
+    uint64_t writes_refused; /* data-plane writes the transport refused: a key that is no
+                                live reservation's, a range outside it, a window closed by
+                                complete / cancel / expiry (docs/PROTOCOL.md "Write windows") */
 } ect_push_consumer_stat;
 
 /** Fills the defaults above. */
@@ -1232,6 +1241,12 @@ typedef struct ect_pull_producer_opts {
     uint64_t max_queued_bytes; /* bytes saved but not yet stored by the save thread;
                                default 1 GiB; a save that would pass it (unless nothing
                                waits) is refused with ECT_EBUSY */
+    const char *connect_allow; /* where a pull may make this producer write (the host of an
+                                  ECTransferPull's consumer_session_id): NULL (default) =
+                                  only the IP address the pull came from; "*" = anywhere;
+                                  else a comma-separated list of IP addresses. shm sessions
+                                  are same-host and always allowed. Others are refused with
+                                  ECT_EACCES before any connect. Copied */
 } ect_pull_producer_opts;
 
 typedef struct ect_pull_producer_stat {
@@ -1393,13 +1408,16 @@ typedef struct ect_pull_view {
 } ect_pull_view;
 
 typedef struct ect_pull_consumer_stat {
-    uint64_t local;       /* loads answered by the resident cache */
-    uint64_t remote;      /* loads pulled successfully */
-    uint64_t failed;      /* pulls answered with a non-zero status */
-    uint64_t timeouts;    /* pulls that timed out */
-    uint64_t stale;       /* completions dropped as not this request's */
-    uint64_t malformed;   /* undecodable frames dropped */
-    uint64_t quarantined; /* timed-out regions not yet freed */
+    uint64_t local;         /* loads answered by the resident cache */
+    uint64_t remote;        /* loads pulled successfully */
+    uint64_t failed;        /* pulls answered with a non-zero status */
+    uint64_t timeouts;      /* pulls that timed out */
+    uint64_t stale;         /* completions dropped as not this request's */
+    uint64_t malformed;     /* undecodable frames dropped */
+    uint64_t quarantined;   /* timed-out regions not yet freed */
+    uint64_t producer_lost; /* times the connection to the producer was lost (each fails the
+                               pull in flight and every later one at once, with that cause,
+                               until the producer is reachable again) */
 } ect_pull_consumer_stat;
 
 ECT_API void ect_pull_consumer_opts_init(ect_pull_consumer_opts *opts);
@@ -1417,11 +1435,16 @@ ECT_API int ect_pull_consumer_open_config(const char *json, ect_pull_consumer **
 
 /** Loads mm_hash: from the resident cache if present, else allocates
  *  meta->nbytes, sends ECTransferPull (dst_ptr = pool base, dst_offset = the
- *  region's offset, plus the region key and a fresh request token) and waits
+ *  region's offset, plus a write key valid for that range and this pull
+ *  only, and a fresh request token) and waits
  *  up to timeout_ms for the ECTransferComplete carrying the same mm_hash and
  *  token. On success the item is resident and leased and *view describes it.
  *  Errors: ECT_EINVAL (bad mm_hash or meta); ECT_EFULL (consumer pool full);
  *  ECT_ETIMEDOUT (no answer: the region is quarantined, see quarantine_ms);
+ *  ECT_ECLOSED (the connection to the producer was lost, noticed at once
+ *  from a closed connection or after a 5 s heartbeat timeout: the pull in
+ *  flight fails and so does every later load, without waiting, until the
+ *  producer is reachable again; stat.producer_lost counts the losses);
  *  the producer's non-zero status (ECT_ENOTFOUND unknown or evicted hash,
  *  ECT_EACCES / ECT_ERANGE write refused, ECT_ECONNREFUSED unreachable ...;
  *  the region is freed); ect_last_error() names the cause. */

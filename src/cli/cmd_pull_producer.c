@@ -29,6 +29,7 @@ static void help(void) {
     printf("usage: ect pull-producer [--host H] [--port P] [--pool-size SIZE] [--metrics-port P]\n"
            "                         [--transport tcp|shm|ucx] [--count N --size SIZE | --file F "
            "...]\n"
+           "                         [--connect-allow ADDRS]\n"
            "\n"
            "Generation-1 producer: ROUTER on PORT, PUB on PORT+1. Saves N synthetic items of SIZE\n"
            "bytes (deterministic bytes; dtype uint8, shape [SIZE]) or the given files, prints one\n"
@@ -45,7 +46,10 @@ static void help(void) {
            "  --size SIZE       bytes per synthetic item (default 4.5MiB)\n"
            "  --file F          save file F (repeatable; items are saved in order)\n"
            "  --metrics-port P  serve Prometheus metrics at http://H:P/metrics (0: any free\n"
-           "                    port, given as \"metrics_port\" in the readiness line)\n");
+           "                    port, given as \"metrics_port\" in the readiness line)\n"
+           "  --connect-allow A where pulls may make this producer write: '*' (anywhere) or\n"
+           "                    comma-separated IP addresses (default: only the address each\n"
+           "                    pull came from)\n");
 }
 
 /* Deterministic synthetic bytes of item i (splitmix64 stream). */
@@ -99,9 +103,10 @@ int cmd_pull_producer(int argc, char **argv) {
                                          {"size", required_argument, 0, 's'},
                                          {"file", required_argument, 0, 'f'},
                                          {"metrics-port", required_argument, 0, 'M'},
+                                         {"connect-allow", required_argument, 0, 'A'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    const char *host = "127.0.0.1", *transport = "tcp";
+    const char *host = "127.0.0.1", *transport = "tcp", *allow = NULL;
     uint64_t port = 14579, pool = 1ull << 30, count = 0, size = 4718592;
     bool have_count = false, have_size = false;
     const char *files[256];
@@ -118,6 +123,7 @@ int cmd_pull_producer(int argc, char **argv) {
             if (!cli_parse_size("--pool-size", optarg, &pool)) return CLI_EXIT_USAGE;
             break;
         case 't': transport = optarg; break;
+        case 'A': allow = optarg; break;
         case 'n':
             if (!cli_parse_u64("--count", optarg, 1, 1000000, &count)) return CLI_EXIT_USAGE;
             have_count = true;
@@ -151,6 +157,7 @@ int cmd_pull_producer(int argc, char **argv) {
     o.port = (int)port;
     o.pool_size = pool;
     o.transport = transport;
+    o.connect_allow = allow;
     ect_pull_producer *p = NULL;
     if (ect_pull_producer_open(&o, &p) != 0) {
         fprintf(stderr, "ect pull-producer: %s\n", ect_last_error());

@@ -14,6 +14,7 @@
  * freed) or quarantine_ms passes. A completion without a token (an upstream
  * producer) is matched by mm_hash alone.
  */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,11 +25,12 @@
 #include "util/metrics.h"
 #include "util/util.h"
 #include "wire/dtype.h"
+#include "xport/xport.h"
 
 #define MOD "pull"
 
 typedef struct quarantined {
-    uint64_t token, offset, until_ms;
+    uint64_t token, offset, nbytes, until_ms;
     struct quarantined *next;
 } quarantined;
 
@@ -40,7 +42,12 @@ struct ect_pull_consumer {
     ect_xport *x;
     char key[ECT_XPORT_KEY_MAX];
     bool registered;
+    bool windows; /* each pull gets its own write key (all but ucx) */
     void *zctx, *dealer;
+    void *mon;        /* PAIR reading the DEALER's socket monitor */
+    bool up;          /* a connection to the producer is established */
+    bool gone;        /* it was, and the producer went away (no reconnect yet) */
+    uint64_t gone_ms; /* when */
     uint64_t next_token;
     quarantined *q;
     ect_pull_consumer_stat st;
@@ -63,7 +70,11 @@ static void quarantine_sweep(ect_pull_consumer *c, bool all) {
     uint64_t now = ect_now_ms();
     for (quarantined **pp = &c->q; *pp;) {
         quarantined *e = *pp;
-        if (all || now >= e->until_ms) {
+        /* Past its time and no write still landing in it (its window is
+         * closed, but an accepted write finishes). */
+        if (all ||
+            (now >= e->until_ms &&
+             !xp_range_busy(c->x, (uint8_t *)ect_pool_base(c->pool) + e->offset, e->nbytes))) {
             ect_pool_free(c->pool, e->offset);
             *pp = e->next;
             free(e);
@@ -103,16 +114,63 @@ static void view_from_info(ect_pull_consumer *c, const ect_resident_info *in, ec
 
 /* Waits for the completion of (mm_hash, token). Returns the status, or
  * ECT_ETIMEDOUT; *reason gets the producer's error text if any. */
+/* Reads the DEALER's monitor events without blocking: CONNECTED marks the
+ * producer up, DISCONNECTED of an established connection marks it gone
+ * (logged once) until the next CONNECTED (ZMQ keeps reconnecting). */
+static void drain_monitor(ect_pull_consumer *c) {
+    for (;;) {
+        zmq_msg_t ev, addr;
+        zmq_msg_init(&ev);
+        if (zmq_msg_recv(&ev, c->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&ev);
+            return;
+        }
+        uint16_t id = 0;
+        if (zmq_msg_size(&ev) >= 2) memcpy(&id, zmq_msg_data(&ev), 2);
+        bool more = zmq_msg_more(&ev);
+        zmq_msg_close(&ev);
+        if (more) {
+            zmq_msg_init(&addr);
+            (void)zmq_msg_recv(&addr, c->mon, 0); /* the endpoint: always follows */
+            zmq_msg_close(&addr);
+        }
+        if (id == ZMQ_EVENT_CONNECTED) {
+            if (c->gone) ECT_LOGI(MOD, "producer %s reachable again", c->producer);
+            c->up = true;
+            c->gone = false;
+        } else if (id == ZMQ_EVENT_DISCONNECTED && c->up) {
+            c->up = false;
+            c->gone = true;
+            c->gone_ms = ect_now_ms();
+            c->st.producer_lost++;
+            ECT_LOGW(MOD, "producer %s gone (connection lost); pulls fail at once until it is back",
+                     c->producer);
+        }
+    }
+}
+
+static int gone_error(ect_pull_consumer *c, const char *mm_hash) {
+    return ect_set_error(ECT_ECLOSED,
+                         "pull load of %s: producer %s is gone (connection lost %" PRIu64
+                         " ms ago, not back yet)",
+                         mm_hash, c->producer, ect_now_ms() - c->gone_ms);
+}
+
 static int wait_complete(ect_pull_consumer *c, const char *mm_hash, uint64_t token, char *reason,
                          size_t cap) {
     uint64_t deadline = ect_now_ms() + (uint64_t)c->o.timeout_ms;
     for (;;) {
         uint64_t now = ect_now_ms();
         if (now >= deadline) return ECT_ETIMEDOUT;
-        zmq_pollitem_t it = {c->dealer, 0, ZMQ_POLLIN, 0};
+        zmq_pollitem_t it[2] = {{c->dealer, 0, ZMQ_POLLIN, 0}, {c->mon, 0, ZMQ_POLLIN, 0}};
         long wait = (long)(deadline - now);
-        int rc = zmq_poll(&it, 1, wait);
+        int rc = zmq_poll(it, 2, wait);
         if (rc <= 0) continue;
+        if (it[1].revents & ZMQ_POLLIN) {
+            drain_monitor(c);
+            if (c->gone) return ECT_ECLOSED;
+        }
+        if (!(it[0].revents & ZMQ_POLLIN)) continue;
         zmq_msg_t m;
         zmq_msg_init(&m);
         if (zmq_msg_recv(&m, c->dealer, ZMQ_DONTWAIT) < 0) {
@@ -180,38 +238,62 @@ int ect_pull_consumer_load(ect_pull_consumer *c, const char *mm_hash, const ect_
     if (rc)
         return ect_set_error(rc, "pull load of %s: consumer pool: %s", mm_hash, ect_last_error());
 
+    drain_monitor(c);
+    if (c->gone) {
+        ect_pool_free(c->pool, off);
+        c->st.failed++;
+        met_add(&c->m_failed, 1);
+        return gone_error(c, mm_hash);
+    }
     uint64_t token = ++c->next_token;
     uint64_t t0 = ect_now_ns();
     met_add(&c->m_requests, 1);
+    /* This pull's own write key over [off, off + nbytes) (docs/PROTOCOL.md
+     * "Write windows"); ucx has none and names the pool's key. */
+    char wkey[ECT_XPORT_KEY_MAX];
+    bool win = c->windows;
+    if (win && (rc = xp_window_open(c->x, c->key, off, meta->nbytes, wkey)) != 0) {
+        ect_pool_free(c->pool, off);
+        return ect_set_error(rc, "pull load of %s: write window: %s", mm_hash, ect_last_error());
+    }
     wire_transfer_pull req = {.mm_hash = (char *)mm_hash,
                               .dst_ptr = (uint64_t)(uintptr_t)ect_pool_base(c->pool),
                               .dst_offset = off,
                               .consumer_session_id = c->session,
-                              .dst_key = c->key,
+                              .dst_key = win ? wkey : c->key,
                               .has_token = true,
                               .token = token};
     void *buf;
     size_t len;
     if ((rc = wire_transfer_pull_encode(&req, &buf, &len)) != 0) {
+        if (win) xp_window_close(c->x, wkey);
         ect_pool_free(c->pool, off);
         return rc;
     }
     int s = zmq_send(c->dealer, buf, len, ZMQ_DONTWAIT);
     free(buf);
     if (s < 0) {
+        if (win) xp_window_close(c->x, wkey);
         ect_pool_free(c->pool, off);
         return ect_set_error(ECT_ECONNREFUSED, "pull load of %s: cannot send ECTransferPull: %s",
                              mm_hash, zmq_strerror(zmq_errno()));
     }
     char reason[WIRE_PULL_MAX_STR + 1] = "";
     rc = wait_complete(c, mm_hash, token, reason, sizeof reason);
-    if (rc == ECT_ETIMEDOUT) {
-        c->st.timeouts++;
-        met_add(&c->m_timeouts, 1);
+    if (win) xp_window_close(c->x, wkey); /* answered or not: no write lands from now on */
+    if (rc == ECT_ETIMEDOUT || rc == ECT_ECLOSED) {
+        if (rc == ECT_ETIMEDOUT) {
+            c->st.timeouts++;
+            met_add(&c->m_timeouts, 1);
+        } else {
+            c->st.failed++;
+            met_add(&c->m_failed, 1);
+        }
         quarantined *q = calloc(1, sizeof *q);
         if (q) {
             q->token = token;
             q->offset = off;
+            q->nbytes = meta->nbytes;
             q->until_ms = ect_now_ms() + (uint64_t)c->o.quarantine_ms;
             q->next = c->q;
             c->q = q;
@@ -219,6 +301,7 @@ int ect_pull_consumer_load(ect_pull_consumer *c, const char *mm_hash, const ect_
         } else {
             ect_pool_free(c->pool, off); /* cannot track it: best effort */
         }
+        if (rc == ECT_ECLOSED) return gone_error(c, mm_hash);
         return ect_set_error(ECT_ETIMEDOUT,
                              "pull load of %s: no ECTransferComplete from %s within %d ms", mm_hash,
                              c->producer, c->o.timeout_ms);
@@ -384,6 +467,8 @@ int ect_pull_consumer_open(const ect_pull_consumer_opts *o, ect_pull_consumer **
                                      c->key)) != 0)
         goto fail;
     c->registered = true;
+    c->windows = strcmp(c->transport, "ucx") != 0;
+    if (c->windows && (rc = xp_region_set_private(c->x, c->key)) != 0) goto fail;
     c->zctx = zmq_ctx_new();
     if (!c->zctx || !(c->dealer = zmq_socket(c->zctx, ZMQ_DEALER))) {
         rc = ect_set_error(ECT_ENOMEM, "pull consumer: cannot create the DEALER");
@@ -396,6 +481,21 @@ int ect_pull_consumer_open(const ect_pull_consumer_opts *o, ect_pull_consumer **
         zmq_setsockopt(c->dealer, ZMQ_IPV6, &one, sizeof one);
     }
     zmq_setsockopt(c->dealer, ZMQ_RCVTIMEO, &o->timeout_ms, sizeof o->timeout_ms);
+    /* Death detection: a closed connection shows at once as a monitor event;
+     * a silent one (host gone, link cut) after the heartbeat timeout. */
+    int hb_ivl = ECT_PULL_HEARTBEAT_IVL_MS, hb_to = ECT_PULL_HEARTBEAT_TIMEOUT_MS;
+    zmq_setsockopt(c->dealer, ZMQ_HEARTBEAT_IVL, &hb_ivl, sizeof hb_ivl);
+    zmq_setsockopt(c->dealer, ZMQ_HEARTBEAT_TIMEOUT, &hb_to, sizeof hb_to);
+    int64_t maxmsg = ECT_PULL_MAX_MSG_BYTES;
+    zmq_setsockopt(c->dealer, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    char monep[64];
+    snprintf(monep, sizeof monep, "inproc://ect-pull-consumer-mon-%p", (void *)c);
+    if (zmq_socket_monitor(c->dealer, monep, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0 ||
+        !(c->mon = zmq_socket(c->zctx, ZMQ_PAIR)) || zmq_connect(c->mon, monep) != 0) {
+        rc = ect_set_error(ECT_EIO, "pull consumer: socket monitor: %s", zmq_strerror(zmq_errno()));
+        goto fail;
+    }
+    zmq_setsockopt(c->mon, ZMQ_LINGER, &zero, sizeof zero);
     char ep[320];
     ect_tcp_endpoint(host, port, ep, sizeof ep);
     if (zmq_connect(c->dealer, ep) != 0) {
@@ -416,6 +516,8 @@ void ect_pull_consumer_close(ect_pull_consumer *c) {
     /* Unregister first: no late write can land once the pool is withdrawn. */
     if (c->registered) ect_xport_unregister(c->x, c->key);
     ect_xport_close(c->x);
+    if (c->dealer) zmq_socket_monitor(c->dealer, NULL, 0);
+    if (c->mon) zmq_close(c->mon);
     if (c->dealer) zmq_close(c->dealer);
     if (c->zctx) zmq_ctx_term(c->zctx);
     if (c->pool) quarantine_sweep(c, true);

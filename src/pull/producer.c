@@ -70,6 +70,7 @@ struct ect_pull_producer {
     ect_pull_producer_opts o;
     char host[256], transport[16];
     int port;
+    char *allow; /* copy of o.connect_allow, or NULL */
     char session_id[ECT_ID_LEN + 1];
     ect_pool *pool;
     ect_xport *x;
@@ -469,6 +470,8 @@ static void handle_frames(ect_pull_producer *p) {
         } else {
             memcpy(peer.id, zmq_msg_data(&f[0]), idl);
             peer.id_len = idl;
+            const char *pa = zmq_msg_gets(payload, "Peer-Address");
+            if (pa) snprintf(peer.addr, sizeof peer.addr, "%s", pa);
             pull_router_handle(&p->r, &peer, zmq_msg_data(payload), zmq_msg_size(payload));
         }
         pthread_mutex_unlock(&p->stat_mu);
@@ -613,6 +616,11 @@ int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer
     snprintf(p->transport, sizeof p->transport, "%s", opts->transport);
     p->o.host = p->host;
     p->o.transport = p->transport;
+    if (opts->connect_allow && !(p->allow = strdup(opts->connect_allow))) {
+        free(p);
+        return ect_set_error(ECT_ENOMEM, "pull producer: connect_allow");
+    }
+    p->o.connect_allow = p->allow;
     p->o.xport_listen = NULL;
     ect_random_id(p->session_id);
     pthread_mutex_init(&p->mu, NULL);
@@ -665,10 +673,14 @@ int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer
         zmq_setsockopt(p->router, ZMQ_IPV6, &one, sizeof one);
         zmq_setsockopt(p->pub, ZMQ_IPV6, &one, sizeof one);
     }
+    int64_t maxmsg = ECT_PULL_MAX_MSG_BYTES;
+    zmq_setsockopt(p->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    zmq_setsockopt(p->pub, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
     if ((rc = bind_pair(p)) != 0) goto fail;
 
     p->r.pool = p->pool;
     p->r.session_id = p->session_id;
+    p->r.allow = p->allow;
     p->r.page_items = opts->page_items;
     p->max_q = opts->max_queued_bytes;
     p->r.ops = (pull_router_ops){.user = p, .reply = reply, .dispatch = dispatch};
@@ -739,6 +751,7 @@ void ect_pull_producer_close(ect_pull_producer *p) {
     pthread_cond_destroy(&p->cv);
     pthread_mutex_destroy(&p->comp_mu);
     pthread_mutex_destroy(&p->stat_mu);
+    free(p->allow);
     free(p);
 }
 

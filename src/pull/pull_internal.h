@@ -19,6 +19,15 @@
 #include "ectransfer.h"
 #include "wire/pull_msg.h"
 
+/* Peer-facing bounds of the pull sockets (docs/PROTOCOL.md "Sockets"): a
+ * frame over ECT_PULL_MAX_MSG_BYTES makes ZMQ drop the sender's connection
+ * before the bytes are buffered (no message of ours is near it); the pull
+ * consumer's DEALER heartbeats so a producer host that went silent is noticed
+ * after the timeout (a closed connection is noticed at once). */
+#define ECT_PULL_MAX_MSG_BYTES (2 * (int64_t)WIRE_PULL_MAX_MSG)
+#define ECT_PULL_HEARTBEAT_IVL_MS 1000
+#define ECT_PULL_HEARTBEAT_TIMEOUT_MS 5000
+
 /* ------------------------------------------------------------ inventory */
 
 /* Copies the resident items matching the filter (all when n_filter is 0;
@@ -37,6 +46,7 @@ typedef struct pull_peer {
     unsigned char id[256];
     size_t id_len;
     bool delim;
+    char addr[64]; /* the IP address the request came from (ZMQ "Peer-Address"); "" unknown */
 } pull_peer;
 
 /* One accepted pull: the item is leased in the pool (the job's owner
@@ -73,6 +83,7 @@ typedef struct pull_router {
     ect_pool *pool;         /* its resident items are the inventory */
     const char *session_id; /* producer_session_id */
     size_t page_items;      /* items per ECTransferReady, 1..WIRE_PULL_MAX_ITEMS */
+    const char *allow;      /* connect policy (ect_pull_producer_opts.connect_allow) */
     pull_router_ops ops;
     pull_router_stat st;
 } pull_router;

@@ -9,6 +9,7 @@
  * ECTransferRequest is answered from the pool's resident items
  * (inventory.c).
  */
+#include <arpa/inet.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,60 @@ static void refuse(pull_router *r, const pull_peer *peer, const wire_transfer_pu
     pull_router_complete(r, peer, p->mm_hash, status, p->has_token, p->token, reason);
 }
 
+/* An IP address as 16 bytes (v4 mapped); false when s is not one. */
+static bool ip_bytes(const char *s, unsigned char out[16]) {
+    struct in_addr a4;
+    if (inet_pton(AF_INET, s, &a4) == 1) {
+        memset(out, 0, 10);
+        out[10] = out[11] = 0xff;
+        memcpy(out + 12, &a4, 4);
+        return true;
+    }
+    return inet_pton(AF_INET6, s, out) == 1;
+}
+
+static bool same_ip(const char *a, const char *b) {
+    unsigned char x[16], y[16];
+    return ip_bytes(a, x) && ip_bytes(b, y) && memcmp(x, y, 16) == 0;
+}
+
+/* The connect policy: may a pull from peer make us write to `session`? */
+static bool session_allowed(const pull_router *r, const pull_peer *peer, const char *session,
+                            char *why, size_t cap) {
+    if (strncmp(session, "shm:", 4) == 0) return true; /* same host by construction */
+    const char *hp = strncmp(session, "ucx:", 4) == 0 ? session + 4 : session;
+    char host[256];
+    int port;
+    if (ect_hostport_parse("consumer_session_id", hp, 1, 65535, host, sizeof host, &port) != 0) {
+        snprintf(why, cap, "%s", ect_last_error());
+        return false;
+    }
+    if (r->allow && strcmp(r->allow, "*") == 0) return true;
+    if (!r->allow) {
+        if (peer->addr[0] && same_ip(host, peer->addr)) return true;
+        snprintf(why, cap,
+                 "consumer_session_id %.120s: this producer writes only to the address the pull "
+                 "came from (%s); see connect_allow",
+                 session, peer->addr[0] ? peer->addr : "unknown");
+        return false;
+    }
+    const char *s = r->allow;
+    while (*s) {
+        const char *e = strchr(s, ',');
+        size_t n = e ? (size_t)(e - s) : strlen(s);
+        char item[128];
+        if (n < sizeof item) {
+            memcpy(item, s, n);
+            item[n] = '\0';
+            if (strcmp(item, host) == 0 || same_ip(item, host)) return true;
+        }
+        s += n + (e ? 1 : 0);
+    }
+    snprintf(why, cap, "consumer_session_id %.120s: host not in this producer's connect_allow",
+             session);
+    return false;
+}
+
 /* Takes p's extension fields (dst_key) into the job it dispatches. */
 static void handle_pull(pull_router *r, const pull_peer *peer, wire_transfer_pull *p) {
     if (p->ext_error) {
@@ -69,6 +124,10 @@ static void handle_pull(pull_router *r, const pull_peer *peer, wire_transfer_pul
     if (!p->dst_key) {
         refuse(r, peer, p, ECT_EINVAL,
                "ECTransferPull.dst_key: missing (this producer needs the region key)");
+        return;
+    }
+    if (!session_allowed(r, peer, p->consumer_session_id, why, sizeof why)) {
+        refuse(r, peer, p, ECT_EACCES, why);
         return;
     }
     if (!ect_add_u64(p->dst_ptr, p->dst_offset, &dst)) {

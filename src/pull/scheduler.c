@@ -290,6 +290,9 @@ int ect_pull_scheduler_open(const ect_pull_scheduler_opts *o, ect_pull_scheduler
     }
     zmq_setsockopt(s->sub, ZMQ_RCVTIMEO, &zero, sizeof zero);
     zmq_setsockopt(s->sub, ZMQ_SUBSCRIBE, "", 0);
+    int64_t maxmsg = ECT_PULL_MAX_MSG_BYTES;
+    zmq_setsockopt(s->sub, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    zmq_setsockopt(s->dealer, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
     ect_tcp_endpoint(host, port + 1, ep, sizeof ep);
     if (zmq_connect(s->sub, ep) != 0) {
         rc = ect_set_error(ECT_EINVAL, "pull scheduler: cannot connect SUB to %s: %s", ep,

@@ -85,7 +85,24 @@ static bool mem_write_active(void *ctx, uint64_t offset, uint64_t nbytes) {
     (void)offset;
     (void)nbytes;
     if (!c->xp || !c->registered) return false;
-    return xp_region_busy(c->xp, ect_pool_base(c->pool));
+    return xp_range_busy(c->xp, (uint8_t *)ect_pool_base(c->pool) + offset, nbytes);
+}
+
+/* One writer reservation's own key over its range (docs/PROTOCOL.md "Write
+ * windows"). */
+static int win_open(void *ctx, uint64_t offset, uint64_t nbytes, char key[32]) {
+    ect_push_consumer *c = ctx;
+    char k[ECT_XPORT_KEY_MAX];
+    int rc = xp_window_open(c->xp, c->key, offset, nbytes, k);
+    if (!rc && strlen(k) >= 32) rc = ect_set_error(ECT_EPROTO, "window key too long");
+    if (!rc) memcpy(key, k, strlen(k) + 1);
+    return rc;
+}
+
+static void win_close(void *ctx, const char *key) {
+    ect_push_consumer *c = ctx;
+    if (xp_window_close(c->xp, key) != 0)
+        ECT_LOGE(MOD, "closing write window %s: %s", key, ect_last_error());
 }
 
 static int check_opts(const ect_push_consumer_opts *o) {
@@ -247,6 +264,10 @@ int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_consumer
                                      ect_pool_mem_kind(c->pool), ect_pool_fd(c->pool), 0, c->key)))
         goto fail;
     c->registered = true;
+    /* Peers write only through a reservation's window; the pool's own key is
+     * not handed out (except by ucx, which has no windows). */
+    bool windows = strcmp(ect_xport_kind(c->xp), "ucx") != 0;
+    if (windows && (rc = xp_region_set_private(c->xp, c->key))) goto fail;
 
     c->mem.alloc = mem_alloc;
     c->mem.free = mem_free;
@@ -275,7 +296,10 @@ int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_consumer
     so.dst_session = ect_xport_session(c->xp);
     so.advertise = c->advertise[0] ? c->advertise : NULL;
     so.transport = ect_xport_kind(c->xp);
-    so.dst_key = c->key;
+    so.dst_key = windows ? NULL : c->key;
+    so.win_open = windows ? win_open : NULL;
+    so.win_close = win_close;
+    so.win_ctx = c;
     so.pool_base = (uint64_t)(uintptr_t)ect_pool_base(c->pool);
     if ((rc = ctl_server_open(c->zctx, &so, &c->srv))) goto fail;
     char shard[16];
@@ -368,6 +392,7 @@ void ect_push_consumer_stats(ect_push_consumer *c, ect_push_consumer_stat *st) {
     ctl_server_refusals(c->srv, &rf);
     st->refused_full = rf.full;
     st->refused_other = rf.tomb + rf.conflict + rf.busy + rf.invalid + rf.other;
+    st->writes_refused = c->xp ? xp_refused(c->xp) : 0;
 }
 
 ect_pool *ect_push_consumer_pool(ect_push_consumer *c) { return c ? c->pool : NULL; }

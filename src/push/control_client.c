@@ -189,6 +189,9 @@ static int conn_socket(ctl_client *c, ctl_conn *k, const char *host, int port) {
     zmq_setsockopt(s, ZMQ_IPV6, &one, sizeof one);
     zmq_setsockopt(s, ZMQ_RCVTIMEO, &c->timeout_ms, sizeof c->timeout_ms);
     zmq_setsockopt(s, ZMQ_SNDTIMEO, &c->timeout_ms, sizeof c->timeout_ms);
+    /* A reply is at most one control frame; more is not a consumer of ours. */
+    int64_t maxmsg = 2 * (int64_t)WIRE_CTL_MAX_FRAME;
+    zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
     k->mon = NULL;
     k->up = k->lost = false;
     if (c->fail_fast) conn_monitor(c, k, s, host, port);

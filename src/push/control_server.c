@@ -24,6 +24,7 @@
 #include <string.h>
 #include <time.h>
 
+#include <uthash.h>
 #include <zmq.h>
 
 #include "util/hostport.h"
@@ -52,8 +53,18 @@ typedef struct refusal {
     atomic_uint_fast64_t total;
 } refusal;
 
+/* An open write window: the writer reservation it belongs to and its key. */
+typedef struct ctl_window {
+    char transfer_id[RSV_KEY_MAX + 1];
+    char reservation_id[ECT_ID_LEN + 1];
+    char key[32];
+    UT_hash_handle hh; /* by transfer_id */
+} ctl_window;
+
 struct ctl_server {
     ctl_server_opts o;
+    ctl_window *wins; /* guarded by mu */
+    bool win_unsupported;
     char ip[256], session[WIRE_SESSION_MAX + 1], transport[WIRE_TRANSPORT_MAX + 1];
     char advertise[256];
     /* The peer of the request being handled ("" unknown) and the session
@@ -183,6 +194,74 @@ static void log_expiries(ctl_server *s, uint64_t now) {
     s->expiry_log_ms = now;
 }
 
+/* Closes every window whose reservation is no longer a WRITING writer with
+ * the same reservation id. Called with mu held, after every op that may
+ * change states and after each reap. */
+static void sweep_windows(ctl_server *s) {
+    ctl_window *w, *tmp;
+    HASH_ITER(hh, s->wins, w, tmp) {
+        rsv_status st;
+        if (rsv_status_get(s->tab, w->transfer_id, &st) == 0 && st.state == RSV_WRITING &&
+            st.writer && strcmp(st.reservation_id, w->reservation_id) == 0)
+            continue;
+        s->o.win_close(s->o.win_ctx, w->key);
+        HASH_DEL(s->wins, w);
+        free(w);
+    }
+}
+
+static void close_all_windows(ctl_server *s) {
+    ctl_window *w, *tmp;
+    HASH_ITER(hh, s->wins, w, tmp) {
+        if (s->o.win_close) s->o.win_close(s->o.win_ctx, w->key);
+        HASH_DEL(s->wins, w);
+        free(w);
+    }
+}
+
+/* Opens the window of a reservation told to write; *key points at its key.
+ * On failure the reservation is abandoned again (nothing stays held) and the
+ * error is set: ECT_EFULL when the transport has no room for another window. */
+static int open_window(ctl_server *s, const char *transfer_id, const rsv_reply *rep, uint64_t now,
+                       const char **key) {
+    *key = s->dst_key;
+    if (!s->o.win_open || s->win_unsupported) return 0;
+    ctl_window *w;
+    HASH_FIND_STR(s->wins, transfer_id, w);
+    if (w) { /* a stale entry (the op sweep has not run yet): replace it */
+        s->o.win_close(s->o.win_ctx, w->key);
+        HASH_DEL(s->wins, w);
+        free(w);
+    }
+    int rc = ECT_ENOMEM;
+    if ((w = calloc(1, sizeof *w))) {
+        snprintf(w->transfer_id, sizeof w->transfer_id, "%s", transfer_id);
+        snprintf(w->reservation_id, sizeof w->reservation_id, "%s", rep->reservation_id);
+        rc = s->o.win_open(s->o.win_ctx, rep->offset, rep->nbytes, w->key);
+    }
+    if (rc == ECT_ENOTSUP) { /* ucx: the pool key it is (docs/PROTOCOL.md) */
+        ECT_LOGW(MOD, "shard %d: the %s transport has no per-reservation write keys: %s", s->port,
+                 s->transport, ect_last_error());
+        s->win_unsupported = true;
+        free(w);
+        return 0;
+    }
+    if (rc) {
+        char why[300];
+        snprintf(why, sizeof why, "%s", w ? ect_last_error() : "out of memory");
+        free(w);
+        bool cancelled;
+        (void)rsv_cancel(s->tab, transfer_id, rep->reservation_id, true, false, now, &cancelled);
+        return ect_set_error(rc == ECT_ENOMEM ? ECT_ENOMEM : ECT_EFULL,
+                             "EC consumer buffer pool is full: no write window for "
+                             "transfer_id '%.64s' (%s)",
+                             transfer_id, why);
+    }
+    HASH_ADD_STR(s->wins, transfer_id, w);
+    *key = w->key;
+    return 0;
+}
+
 /* One reserve under the lock; on failure *err is the text for the reply. */
 static int do_reserve(ctl_server *s, const wire_reserve_req *r, uint64_t now,
                       wire_reserve_result *res) {
@@ -213,6 +292,18 @@ static int do_reserve(ctl_server *s, const wire_reserve_req *r, uint64_t now,
         refused(s, RF_TOMB, res->reason);
         return 0;
     }
+    const char *key = s->dst_key;
+    if (rep.write && (rc = open_window(s, r->transfer_id, &rep, now, &key)) != 0) {
+        refused(s, refusal_class(rc), ect_last_error());
+        return rc;
+    }
+    if (key && !(res->dst_key = strdup(key))) {
+        bool cancelled;
+        if (rep.write)
+            (void)rsv_cancel(s->tab, r->transfer_id, rep.reservation_id, true, false, now,
+                             &cancelled);
+        return ect_set_error(ECT_ENOMEM, "EC consumer out of memory");
+    }
     snprintf(res->reservation_id, sizeof res->reservation_id, "%s", rep.reservation_id);
     snprintf(res->dst_session, sizeof res->dst_session, "%s", told_session(s));
     res->dst_ptr = s->o.pool_base + rep.offset;
@@ -221,7 +312,6 @@ static int do_reserve(ctl_server *s, const wire_reserve_req *r, uint64_t now,
     res->ready = rep.ready;
     res->cached = rep.cached;
     snprintf(res->transport, sizeof res->transport, "%s", s->transport);
-    res->dst_key = s->dst_key; /* borrowed for encoding only */
     return 0;
 }
 
@@ -395,6 +485,8 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
         snprintf(errtext, sizeof errtext, "unknown control op: '%d'", (int)q->op);
         break;
     }
+    if (s->wins && q->op != WIRE_OP_STATUS && q->op != WIRE_OP_EVENT_PORT && q->op != WIRE_OP_PEERS)
+        sweep_windows(s);
     pthread_mutex_unlock(&s->mu);
     if (q->op == WIRE_OP_RESERVE || q->op == WIRE_OP_RESERVE_BATCH) log_refusals(s, now);
     int erc;
@@ -410,12 +502,7 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
             erc = wire_ctl_encode_error(why, reply);
         }
     }
-    /* Borrowed pointers are not ours to free; clear only what we allocated. */
-    if (q->op == WIRE_OP_RESERVE) rep.u.reserve.dst_key = NULL;
-    if (q->op == WIRE_OP_RESERVE_BATCH)
-        for (size_t i = 0; i < rep.u.reserve_batch.n; i++)
-            rep.u.reserve_batch.items[i].result.dst_key = NULL;
-    wire_ctl_reply_clear(&rep);
+    wire_ctl_reply_clear(&rep); /* dst_key is a copy (a window may close right after) */
     return erc;
 }
 
@@ -649,6 +736,9 @@ void ctl_server_stop(ctl_server *s) {
     if (s->rep) zmq_close(s->rep);
     if (s->push) zmq_close(s->push);
     s->rep = s->push = NULL;
+    pthread_mutex_lock(&s->mu);
+    close_all_windows(s);
+    pthread_mutex_unlock(&s->mu);
 }
 
 void ctl_server_close(ctl_server *s) {
@@ -668,6 +758,7 @@ int ctl_server_event_port(const ctl_server *s) { return s->event_port; }
 size_t ctl_server_reap(ctl_server *s, uint64_t now_ms) {
     pthread_mutex_lock(&s->mu);
     size_t n = rsv_reap(s->tab, now_ms);
+    if (s->wins) sweep_windows(s);
     pthread_mutex_unlock(&s->mu);
     return n;
 }

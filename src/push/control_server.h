@@ -53,6 +53,16 @@ typedef struct ctl_server_opts {
     const char *dst_key;     /* the pool region's key (reply extension), may be NULL */
     uint64_t pool_base;      /* dst_ptr = pool_base + offset */
     bool detached;           /* no sockets, no thread */
+    /* Write windows (docs/PROTOCOL.md "Write windows"): when win_open is set,
+     * every reservation told to write gets a key of its own, opened over
+     * [offset, offset + nbytes) of the pool and handed out as its dst_key
+     * instead of dst_key above; it is closed as soon as the reservation
+     * leaves WRITING (complete, cancel, abandon, expiry). Called with the
+     * table lock held; must not block. win_open returns 0 or an ECT_E* code
+     * (ECT_ENOTSUP: this transport has no windows, dst_key is handed out). */
+    int (*win_open)(void *ctx, uint64_t offset, uint64_t nbytes, char key[32]);
+    void (*win_close)(void *ctx, const char *key);
+    void *win_ctx;
 } ctl_server_opts;
 
 void ctl_server_opts_init(ctl_server_opts *o);

@@ -4,8 +4,12 @@
  * mapped, and the copies (docs/PROTOCOL.md "shm").
  *
  * A host region arrives as an fd the first time a connection is granted it;
- * the connection maps it once and keeps the mapping until the target
- * reports the region gone. A CUDA device region arrives as its IPC handle
+ * the connection maps the pages that cover it once and keeps the mapping
+ * until the target reports the region gone. A write window is such a region
+ * (one per reservation): when a GRANT drops a closed window and grants a new
+ * one on the same pages (or some of them), the new window takes over the old
+ * mapping, trimmed to its own pages, instead of an munmap and a fresh
+ * populated mmap (map_region). A CUDA device region arrives as its IPC handle
  * instead, which the connection opens once (mem/cuda.c counts opens of one
  * handle); its copies go through the driver: device-to-device from a device
  * source, host-to-device from a host one, waited for before the write counts
@@ -45,6 +49,9 @@ typedef struct shm_map {
     void *ipc_base; /* the opened IPC allocation (cuda_ipc_close), or NULL */
     uint8_t *start; /* the region's first byte */
     uint64_t raddr, rlen;
+    uint64_t fdev, ino,
+        aoff;              /* host: the mapped file and the mapping's page-aligned offset in it */
+    struct shm_map *next;  /* in a chunk's list of retired mappings */
     UT_hash_handle hh;     /* by rid */
     UT_hash_handle hh_tok; /* by token */
 } shm_map;
@@ -212,7 +219,25 @@ static int take_conn(ect_xport *x, xp_peer *p, shm_conn **out) {
     return 0;
 }
 
-static int map_region(shm_conn *c, const shm_grant_entry *e, int fd, uint64_t token) {
+/* Unmaps what a chunk retired and did not reuse. */
+static void retired_free(shm_map *r) {
+    while (r) {
+        shm_map *nx = r->next;
+        munmap(r->base, r->maplen);
+        free(r);
+        r = nx;
+    }
+}
+
+/* Maps a granted host region: exactly the pages that cover it. When a
+ * mapping retired by this same GRANT's drop list covers those pages of the
+ * same file (the pool handed a closed window's range, or part of it, to the
+ * new one), that mapping is taken over, its pages beyond the new window
+ * unmapped, instead of an munmap plus a populated mmap of the same pages:
+ * nothing is mapped beyond the new window, and nothing lives longer than it
+ * did (a retired mapping is unmapped by the end of its chunk either way). */
+static int map_region(shm_conn *c, const shm_grant_entry *e, int fd, uint64_t token,
+                      shm_map **retired) {
     uint64_t rid = e->rid, raddr = e->raddr, rlen = e->rlen, foff = e->fd_off;
     uint32_t slot = e->slot;
     shm_map *m;
@@ -221,25 +246,56 @@ static int map_region(shm_conn *c, const shm_grant_entry *e, int fd, uint64_t to
         close(fd);
         return 0;
     }
-    uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE), aoff = foff & ~(pg - 1), end;
+    uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE), aoff, end;
     struct stat st;
     if (!ect_add_u64(foff, rlen, &end) || rlen == 0 || rlen > SIZE_MAX / 2 || fstat(fd, &st) != 0 ||
         (uint64_t)st.st_size < end || slot >= SHM_SLOTS) {
         close(fd);
         return ect_set_error(ECT_EPROTO, "shm: region %" PRIu64 " does not fit its fd", rid);
     }
+    /* Map only the pages that cover the region (a write window is a few
+     * pages of a large pool file): the file's own page size, 2 MiB for a
+     * huge-page pool, where mmap offsets must be multiples of it. */
+    uint64_t bs = (uint64_t)st.st_blksize;
+    if (bs > pg && bs <= (1ull << 30) && (bs & (bs - 1)) == 0) pg = bs;
+    aoff = foff & ~(pg - 1);
     size_t ml = (size_t)(rlen + (foff - aoff));
-    void *b = mmap(NULL, ml, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)aoff);
-    close(fd);
-    if (b == MAP_FAILED) return ect_set_errno(errno, "shm: mmap of region %" PRIu64, rid);
-    m = calloc(1, sizeof *m);
-    if (!m) {
-        munmap(b, ml);
-        return ect_set_error(ECT_ENOMEM, "shm mapping");
+    ml = (ml + pg - 1) & ~(size_t)(pg - 1);
+    shm_map **pp = retired;
+    while (*pp && !((*pp)->fdev == (uint64_t)st.st_dev && (*pp)->ino == (uint64_t)st.st_ino &&
+                    (*pp)->aoff <= aoff && aoff + ml <= (*pp)->aoff + (*pp)->maplen))
+        pp = &(*pp)->next;
+    if (*pp) {
+        m = *pp;
+        *pp = m->next;
+        close(fd);
+        m->next = NULL;
+        size_t head = (size_t)(aoff - m->aoff), tail = m->maplen - head - ml;
+        if (head) munmap(m->base, head);
+        if (tail) munmap(m->base + head + ml, tail);
+        m->base += head;
+        m->maplen = ml;
+        m->aoff = aoff;
+    } else {
+        /* Populated at once: one kernel pass instead of a fault per page
+         * during the copy (each new window is a fresh mapping). */
+        void *b =
+            mmap(NULL, ml, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, (off_t)aoff);
+        close(fd);
+        if (b == MAP_FAILED) return ect_set_errno(errno, "shm: mmap of region %" PRIu64, rid);
+        m = calloc(1, sizeof *m);
+        if (!m) {
+            munmap(b, ml);
+            return ect_set_error(ECT_ENOMEM, "shm mapping");
+        }
+        m->base = b;
+        m->maplen = ml;
+        m->fdev = (uint64_t)st.st_dev;
+        m->ino = (uint64_t)st.st_ino;
+        m->aoff = aoff;
     }
+    uint8_t *b = m->base;
     m->rid = rid;
-    m->base = b;
-    m->maplen = ml;
     m->kind = ECT_MEM_HOST;
     m->start = (uint8_t *)b + (foff - aoff);
     m->raddr = raddr;
@@ -273,11 +329,22 @@ static int chunk(ect_xport *x, shm_conn *c, const ect_write *w, const size_t *id
         for (int i = 0; i < nfds; i++) close(fds[i]);
         return rc;
     }
+    /* Dropped host mappings leave the tables at once (no write can reach
+     * them any more) and are unmapped at the end of this chunk unless a new
+     * grant takes one over (map_region). */
+    shm_map *retired = NULL;
     for (uint32_t i = 0; i < g.ndrop; i++) {
         uint64_t rid = xp_get_u64(g.drops + 8 * (size_t)i);
         shm_map *m;
         HASH_FIND(hh, c->maps, &rid, sizeof rid, m);
-        if (m) map_drop(c, m);
+        if (m && m->base) {
+            HASH_DEL(c->maps, m);
+            HASH_DELETE(hh_tok, c->by_tok, m);
+            m->next = retired;
+            retired = m;
+        } else if (m) {
+            map_drop(c, m);
+        }
     }
     int fi = 0;
     uint32_t ipc_seen = 0;
@@ -287,7 +354,7 @@ static int chunk(ect_xport *x, shm_conn *c, const ect_write *w, const size_t *id
         int32_t s = e.status;
         size_t wi = idx[i];
         if (e.flags & SHM_GF_FD) {
-            int err = map_region(c, &e, fds[fi++], tok[wi]);
+            int err = map_region(c, &e, fds[fi++], tok[wi], &retired);
             if (err && s == 0) s = err;
         } else if (e.flags & SHM_GF_IPC) {
             int err = map_ipc(c, &e, tok[wi]);
@@ -310,6 +377,7 @@ static int chunk(ect_xport *x, shm_conn *c, const ect_write *w, const size_t *id
             put_bytes(m, m->start + (a - m->raddr), w[wi].src, w[wi].len, sk[wi].kind, sk[wi].dev);
     }
     while (fi < nfds) close(fds[fi++]);
+    retired_free(retired);
     shm_done_encode(buf, n);
     return shm_msg_send(c->fd, buf, SHM_DONE_LEN, NULL, 0, to);
 }

@@ -39,15 +39,26 @@ static bool sent_has(const sent_ids *s, uint64_t id) {
     return false;
 }
 
-static bool region_alive(xp_regions *t, uint64_t id) {
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The ids of every registered region and open window, sorted (one pass
+ * under the lock, so a GRANT's drop list costs O(n log n), not
+ * O(sent x regions)). NULL with *n = 0 when empty or out of memory. */
+static uint64_t *alive_ids(xp_regions *t, size_t *n) {
     xp_region *r, *tmp;
-    bool alive = false;
     pthread_mutex_lock(&t->mu);
-    HASH_ITER(hh, t->by_token, r, tmp) {
-        if (r->id == id) alive = true;
+    size_t cnt = HASH_COUNT(t->by_token), k = 0;
+    uint64_t *v = cnt ? malloc(cnt * sizeof *v) : NULL;
+    if (v) {
+        HASH_ITER(hh, t->by_token, r, tmp) v[k++] = r->id;
     }
     pthread_mutex_unlock(&t->mu);
-    return alive;
+    if (v) qsort(v, k, sizeof *v, cmp_u64);
+    *n = k;
+    return v;
 }
 
 /* Creates this connection's control segment and publishes it to reg/unreg. */
@@ -127,14 +138,19 @@ static size_t grant(ect_xport *x, const uint8_t *in, uint32_t n, uint8_t *out, u
         shm_grant_put_entry(out, i, &e);
     }
     /* Regions this connection was given that are gone: tell it to unmap. */
+    size_t nalive = 0;
+    uint64_t *alive = sent->n ? alive_ids(&x->regs, &nalive) : NULL;
+    /* (Out of memory: nothing counts as alive, so the peer unmaps what it was
+     * given and is granted it again on its next write: slower, still safe.) */
     for (size_t i = 0; i < sent->n && ndrop < SHM_MAX_DROP;) {
-        if (region_alive(&x->regs, sent->v[i])) {
+        if (alive && bsearch(&sent->v[i], alive, nalive, sizeof *alive, cmp_u64)) {
             i++;
             continue;
         }
         shm_grant_put_drop(out, n, ndrop++, sent->v[i]);
         sent->v[i] = sent->v[--sent->n];
     }
+    free(alive);
     return shm_grant_finish(out, n, ndrop, (uint32_t)*nfds, ipc, nipc);
 }
 
@@ -158,7 +174,8 @@ static void serve_conn(void *ctx, int fd, int stopfd) {
     (void)stopfd; /* the server's stop shuts the socket down, which ends recvmsg */
     if (!in || !out || !ipc || !held || !shm_same_uid(fd)) goto done;
     shm_set_timeouts(fd, to);
-    if (shm_msg_recv(fd, in, SHM_BEGIN_MAX, &len, NULL, 0, NULL, true, to) != 0 ||
+    /* The hello must come within io_timeout_ms (a silent peer is dropped). */
+    if (shm_msg_recv(fd, in, SHM_BEGIN_MAX, &len, NULL, 0, NULL, false, to) != 0 ||
         shm_hello_decode(in, len) != 0) {
         ECT_LOGW("xport", "shm target: bad hello; closing");
         goto done;
@@ -206,8 +223,15 @@ int shm_target_reg(ect_xport *x, xp_region *r) {
     }
     int slot = -1;
     pthread_mutex_lock(&s->smu);
-    for (int i = 0; i < SHM_SLOTS && slot < 0; i++)
-        if (s->slot_state[i] == 0) slot = i;
+    /* A free slot: no region, and no copy of a closed window's still in
+     * progress in any connection's segment (window close does not wait). */
+    for (int i = 0; i < SHM_SLOTS && slot < 0; i++) {
+        if (s->slot_state[i] != 0) continue;
+        bool users = false;
+        for (shm_seg *g = s->segs; g && !users; g = g->next)
+            users = __atomic_load_n(&g->slots[i].users, __ATOMIC_SEQ_CST) != 0;
+        if (!users) slot = i;
+    }
     if (slot >= 0) {
         s->slot_state[slot] = (r->id << 1) | 1;
         for (shm_seg *g = s->segs; g; g = g->next)
@@ -228,6 +252,7 @@ void shm_target_unreg(ect_xport *x, xp_region *r) {
     for (shm_seg *g = s->segs; g; g = g->next)
         __atomic_store_n(&g->slots[slot].state, 0, __ATOMIC_SEQ_CST);
     pthread_mutex_unlock(&s->smu);
+    if (r->parent) return; /* a window: closing never waits (reg skips slots in use) */
     uint64_t t0 = ect_now_ms();
     bool warned = false;
     for (;;) {
@@ -259,5 +284,6 @@ int shm_target_open(ect_xport *x, shm_impl *s, const char *name) {
         close(lfd);
         return rc;
     }
-    return xp_server_start(lfd, serve_conn, x, &s->srv);
+    return xp_server_start(lfd, serve_conn, x, x->opts.max_conns, x->opts.max_conns_per_peer,
+                           &s->srv);
 }

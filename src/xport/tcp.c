@@ -107,7 +107,17 @@ static void serve_conn(void *ctx, int fd, int stopfd) {
             continue;
         }
         if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            if (tcp_rx_idle(&rx)) continue; /* an idle connection may wait forever */
+            /* Between frames a connection may idle forever (initiators cache
+             * them); one that never sent its hello is dropped. */
+            if (tcp_rx_idle(&rx) && rx.state != TCP_RX_HELLO) continue;
+            if (rx.state == TCP_RX_HELLO && rx.have == 0) {
+                static _Atomic uint64_t silent_log;
+                xp_log_limited(&silent_log,
+                               "tcp target: a peer sent nothing for %d ms after connecting; "
+                               "dropping it",
+                               to);
+                break;
+            }
             ECT_LOGW("xport", "tcp target: peer stalled mid-frame for %d ms; closing", to);
             break;
         }
@@ -156,7 +166,9 @@ static int tcp_open(ect_xport *x) {
     tcp_impl *t = calloc(1, sizeof *t);
     if (!t) return ect_set_error(ECT_ENOMEM, "tcp transport");
     rc = xp_tcp_listen(host, port, &lfd, &bound);
-    if (!rc) rc = xp_server_start(lfd, serve_conn, x, &t->srv);
+    if (!rc)
+        rc = xp_server_start(lfd, serve_conn, x, x->opts.max_conns, x->opts.max_conns_per_peer,
+                             &t->srv);
     if (rc) {
         free(t);
         return rc;

@@ -182,7 +182,9 @@ static int ucx_open(ect_xport *x) {
     }
     u->prog_started = true;
     rc = xp_tcp_listen(host, port, &lfd, &bound);
-    if (!rc) rc = xp_server_start(lfd, serve_addr, u, &u->srv);
+    if (!rc)
+        rc = xp_server_start(lfd, serve_addr, u, x->opts.max_conns, x->opts.max_conns_per_peer,
+                             &u->srv);
     if (rc) goto fail;
     if (strchr(host, ':'))
         snprintf(x->session, sizeof x->session, "ucx:[%s]:%d", host, bound);

@@ -36,6 +36,8 @@ void ect_xport_opts_init(ect_xport_opts *o) {
     o->stripe_min = 1u << 20;
     o->connect_timeout_ms = 5000;
     o->io_timeout_ms = 30000;
+    o->max_conns = 512;
+    o->max_conns_per_peer = 64;
 }
 
 static int check_opts(const ect_xport_opts *o) {
@@ -53,6 +55,12 @@ static int check_opts(const ect_xport_opts *o) {
     if (o->io_timeout_ms < 1 || o->io_timeout_ms > 3600000)
         return ect_set_error(ECT_EINVAL, "opts.io_timeout_ms must be 1..3600000, got %d",
                              o->io_timeout_ms);
+    if (o->max_conns < 1 || o->max_conns > 65536)
+        return ect_set_error(ECT_EINVAL, "opts.max_conns must be 1..65536, got %d", o->max_conns);
+    if (o->max_conns_per_peer < 1 || o->max_conns_per_peer > o->max_conns)
+        return ect_set_error(ECT_EINVAL,
+                             "opts.max_conns_per_peer must be 1..max_conns (%d), got %d",
+                             o->max_conns, o->max_conns_per_peer);
     return 0;
 }
 
@@ -83,6 +91,7 @@ int ect_xport_open(const char *kind, const ect_xport_opts *opts, ect_xport **out
     pthread_mutex_init(&x->regs.mu, NULL);
     pthread_cond_init(&x->regs.cv, NULL);
     x->regs.next_id = 1;
+    x->regs.owner = x;
     rc = be->open(x);
     if (rc) {
         pthread_mutex_destroy(&x->regs.mu);
@@ -208,7 +217,7 @@ int ect_xport_register_mem(ect_xport *x, void *addr, uint64_t len, int mem_kind,
     xp_region *o, *tmp, *found;
     int rc = 0;
     HASH_ITER(hh, x->regs.by_token, o, tmp) {
-        if ((uint64_t)(uintptr_t)o->addr < end &&
+        if (!o->parent && (uint64_t)(uintptr_t)o->addr < end &&
             (uint64_t)(uintptr_t)addr < (uint64_t)(uintptr_t)o->addr + o->len) {
             rc = ect_set_error(ECT_EEXIST, "region [%p, +%" PRIu64 ") overlaps a registered one",
                                addr, len);
@@ -235,7 +244,7 @@ int ect_xport_register_mem(ect_xport *x, void *addr, uint64_t len, int mem_kind,
      * so two racing registers of the same memory cannot both win. */
     pthread_mutex_lock(&x->regs.mu);
     HASH_ITER(hh, x->regs.by_token, o, tmp) {
-        if ((uint64_t)(uintptr_t)o->addr < end &&
+        if (!o->parent && (uint64_t)(uintptr_t)o->addr < end &&
             (uint64_t)(uintptr_t)addr < (uint64_t)(uintptr_t)o->addr + o->len)
             rc = ECT_EEXIST;
     }
@@ -253,9 +262,11 @@ int ect_xport_register_mem(ect_xport *x, void *addr, uint64_t len, int mem_kind,
     return 0;
 }
 
+int xp_window_close(ect_xport *x, const char *key);
+
 static void region_free(ect_xport *x, xp_region *r) {
     if (x->be->unreg) x->be->unreg(x, r);
-    if (r->fd >= 0) close(r->fd);
+    if (r->fd >= 0 && !r->parent) close(r->fd); /* a window borrows its region's fd */
     free(r->keystr);
     free(r);
 }
@@ -271,10 +282,165 @@ int ect_xport_unregister(ect_xport *x, const char *key) {
         pthread_mutex_unlock(&x->regs.mu);
         return ect_set_error(ECT_ENOTFOUND, "no registered region has key '%.40s'", key);
     }
+    if (hit->parent) { /* a window: ect_xport_unregister closes it, without waiting */
+        pthread_mutex_unlock(&x->regs.mu);
+        return xp_window_close(x, key);
+    }
     HASH_DEL(x->regs.by_token, hit);
+    /* Its windows go with it (each waited for like the region). */
+    xp_region *wins = NULL;
+    HASH_ITER(hh, x->regs.by_token, r, tmp) {
+        if (r->parent == hit) {
+            HASH_DEL(x->regs.by_token, r);
+            r->next_dead = wins;
+            wins = r;
+        }
+    }
+    for (r = wins; r; r = r->next_dead)
+        while (r->refs > 0) pthread_cond_wait(&x->regs.cv, &x->regs.mu);
     while (hit->refs > 0) pthread_cond_wait(&x->regs.cv, &x->regs.mu);
+    /* Closed windows still being written borrow the region's fd: wait for
+     * their last write too (their release frees them). */
+    for (;;) {
+        bool any = false;
+        for (r = x->regs.dead; r && !any; r = r->next_dead) any = r->parent == hit;
+        if (!any) break;
+        pthread_cond_wait(&x->regs.cv, &x->regs.mu);
+    }
     pthread_mutex_unlock(&x->regs.mu);
+    while (wins) {
+        r = wins;
+        wins = r->next_dead;
+        region_free(x, r);
+    }
     region_free(x, hit);
+    return 0;
+}
+
+/* Counts a refused write and logs the count at most once a second. Called
+ * with t->mu held. */
+static void refused_note(xp_regions *t, int rc) {
+    t->refused++;
+    uint64_t now = ect_now_ms();
+    if (now - t->refused_log_ms >= 1000) {
+        ECT_LOGW("xport",
+                 "data plane refused %" PRIu64 " write(s) since the last such line (%" PRIu64
+                 " since open); latest: %s: %s",
+                 t->refused - t->refused_logged, t->refused, ect_strerror(rc), ect_last_error());
+        t->refused_logged = t->refused;
+        t->refused_log_ms = now;
+    }
+}
+
+uint64_t xp_refused(ect_xport *x) {
+    pthread_mutex_lock(&x->regs.mu);
+    uint64_t n = x->regs.refused;
+    pthread_mutex_unlock(&x->regs.mu);
+    return n;
+}
+
+static xp_region *find_key(xp_regions *t, const char *key) {
+    uint64_t tok;
+    if (xp_key_parse(key, &tok) != 0) return NULL;
+    xp_region *r;
+    HASH_FIND(hh, t->by_token, &tok, sizeof tok, r);
+    return r;
+}
+
+int xp_region_set_private(ect_xport *x, const char *region_key) {
+    if (!x || !region_key) return ect_set_error(ECT_EINVAL, "x and region_key must not be NULL");
+    pthread_mutex_lock(&x->regs.mu);
+    xp_region *r = find_key(&x->regs, region_key);
+    if (r && !r->parent) r->priv = true;
+    pthread_mutex_unlock(&x->regs.mu);
+    if (!r || r->parent)
+        return ect_set_error(ECT_ENOTFOUND, "no registered region has key '%.40s'", region_key);
+    return 0;
+}
+
+int xp_window_open(ect_xport *x, const char *region_key, uint64_t offset, uint64_t len,
+                   char key[ECT_XPORT_KEY_MAX]) {
+    if (!x || !region_key || !key)
+        return ect_set_error(ECT_EINVAL, "x, region_key and key must not be NULL");
+    key[0] = '\0';
+    if (strcmp(x->be->name, "ucx") == 0)
+        return ect_set_error(ECT_ENOTSUP, "ucx: an rkey cannot be narrowed to one reservation");
+    if (len == 0) return ect_set_error(ECT_EINVAL, "window len must be at least 1");
+    xp_region *w = calloc(1, sizeof *w);
+    if (!w) return ect_set_error(ECT_ENOMEM, "window");
+    w->fd = -1;
+    pthread_mutex_lock(&x->regs.mu);
+    xp_region *p = find_key(&x->regs, region_key), *o, *tmp, *found;
+    int rc = 0;
+    uint64_t end;
+    if (!p || p->parent)
+        rc = ect_set_error(ECT_ENOTFOUND, "no registered region has key '%.40s'", region_key);
+    else if (!ect_add_u64(offset, len, &end) || end > p->len)
+        rc = ect_set_error(ECT_ERANGE,
+                           "window [%" PRIu64 ", +%" PRIu64 ") is outside the region (%" PRIu64
+                           " bytes)",
+                           offset, len, p->len);
+    if (!rc) {
+        uint64_t a = (uint64_t)(uintptr_t)p->addr + offset;
+        HASH_ITER(hh, x->regs.by_token, o, tmp) {
+            uint64_t b = (uint64_t)(uintptr_t)o->addr;
+            if (o->parent == p && b < a + len && a < b + o->len) {
+                rc = ect_set_error(ECT_EEXIST,
+                                   "window [%" PRIu64 ", +%" PRIu64 ") overlaps an open one",
+                                   offset, len);
+                break;
+            }
+        }
+    }
+    if (!rc) {
+        w->parent = p;
+        w->addr = p->addr + offset;
+        w->len = len;
+        w->kind = p->kind;
+        w->device = p->device;
+        w->fd_off = p->fd_off + offset;
+        w->fd = p->fd; /* borrowed: the region outlives its windows (unregister waits) */
+    }
+    if (!rc) {
+        do {
+            w->token = ect_random_u64();
+            HASH_FIND(hh, x->regs.by_token, &w->token, sizeof w->token, found);
+        } while (found || w->token == 0);
+        w->id = x->regs.next_id++;
+    }
+    pthread_mutex_unlock(&x->regs.mu);
+    if (!rc && !(w->keystr = malloc(17))) rc = ect_set_error(ECT_ENOMEM, "window key");
+    if (!rc) snprintf(w->keystr, 17, "%016" PRIx64, w->token);
+    if (!rc && x->be->reg) rc = x->be->reg(x, w);
+    if (rc) {
+        free(w->keystr);
+        free(w);
+        return rc;
+    }
+    pthread_mutex_lock(&x->regs.mu);
+    HASH_ADD(hh, x->regs.by_token, token, sizeof w->token, w);
+    pthread_mutex_unlock(&x->regs.mu);
+    snprintf(key, ECT_XPORT_KEY_MAX, "%s", w->keystr);
+    return 0;
+}
+
+int xp_window_close(ect_xport *x, const char *key) {
+    if (!x || !key) return ect_set_error(ECT_EINVAL, "x and key must not be NULL");
+    pthread_mutex_lock(&x->regs.mu);
+    xp_region *w = find_key(&x->regs, key);
+    if (!w || !w->parent) {
+        pthread_mutex_unlock(&x->regs.mu);
+        return ect_set_error(ECT_ENOTFOUND, "no open window has key '%.40s'", key);
+    }
+    HASH_DEL(x->regs.by_token, w);
+    bool now = w->refs == 0;
+    if (!now) {
+        w->dead = true;
+        w->next_dead = x->regs.dead;
+        x->regs.dead = w;
+    }
+    pthread_mutex_unlock(&x->regs.mu);
+    if (now) region_free(x, w);
     return 0;
 }
 
@@ -298,6 +464,11 @@ int xp_region_acquire(xp_regions *t, uint64_t token, uint64_t addr, uint64_t len
         }
         if (rc)
             rc = ect_set_error(ECT_EACCES, "wrong key for the region at 0x%" PRIx64, addr);
+        else if (r->priv)
+            rc = ect_set_error(ECT_EACCES,
+                               "region at 0x%" PRIx64 " accepts writes only with a reservation's "
+                               "key",
+                               addr);
         else if (addr < base || end > base + r->len)
             rc = ect_set_error(ECT_ERANGE,
                                "write [0x%" PRIx64 ", +%" PRIu64 ") is outside region [0x%" PRIx64
@@ -318,15 +489,43 @@ int xp_region_acquire(xp_regions *t, uint64_t token, uint64_t addr, uint64_t len
             rc = ect_set_error(ECT_ENOTFOUND, "no registered region with that key at 0x%" PRIx64,
                                addr);
     }
+    if (rc) refused_note(t, rc);
     pthread_mutex_unlock(&t->mu);
     *out = rc ? NULL : r;
     return rc;
 }
 
 void xp_region_release(xp_regions *t, xp_region *r) {
+    bool free_it = false;
     pthread_mutex_lock(&t->mu);
-    if (--r->refs == 0) pthread_cond_broadcast(&t->cv);
+    if (--r->refs == 0) {
+        pthread_cond_broadcast(&t->cv);
+        if (r->dead && t->owner) {
+            xp_region **pp = &t->dead;
+            while (*pp && *pp != r) pp = &(*pp)->next_dead;
+            if (*pp) *pp = r->next_dead;
+            free_it = true;
+        }
+    }
     pthread_mutex_unlock(&t->mu);
+    if (free_it) region_free(t->owner, r);
+}
+
+bool xp_range_busy(ect_xport *x, const void *addr, uint64_t len) {
+    bool busy = false;
+    uint64_t a = (uint64_t)(uintptr_t)addr;
+    xp_region *r, *tmp;
+    pthread_mutex_lock(&x->regs.mu);
+    HASH_ITER(hh, x->regs.by_token, r, tmp) {
+        uint64_t b = (uint64_t)(uintptr_t)r->addr;
+        if (r->refs > 0 && b < a + len && a < b + r->len) busy = true;
+    }
+    for (r = x->regs.dead; r && !busy; r = r->next_dead) {
+        uint64_t b = (uint64_t)(uintptr_t)r->addr;
+        if (b < a + len && a < b + r->len) busy = true;
+    }
+    pthread_mutex_unlock(&x->regs.mu);
+    return busy;
 }
 
 bool xp_region_busy(ect_xport *x, const void *addr) {
@@ -446,6 +645,10 @@ void ect_xport_close(ect_xport *x) {
     xp_region *r, *tmp;
     HASH_ITER(hh, x->regs.by_token, r, tmp) {
         HASH_DEL(x->regs.by_token, r);
+        region_free(x, r);
+    }
+    while ((r = x->regs.dead)) { /* the back end is stopped: nothing references them */
+        x->regs.dead = r->next_dead;
         region_free(x, r);
     }
     if (x->be->destroy) x->be->destroy(x);

@@ -35,6 +35,12 @@ typedef struct xp_region {
      * offset in it (filled by the back end's reg) */
     uint8_t ipc[64];
     uint64_t ipc_off;
+    /* A window (xp_window_open): a sub-range of a registered region with its
+     * own token, the one key a peer may write one reservation with. */
+    struct xp_region *parent; /* the region it lies in; NULL for a region */
+    bool priv;                /* region: refuses its own token (only windows write) */
+    bool dead;                /* window closed while written: freed by the last release */
+    struct xp_region *next_dead;
     UT_hash_handle hh; /* by token */
 } xp_region;
 
@@ -43,6 +49,11 @@ typedef struct xp_regions {
     pthread_cond_t cv;  /* signalled when a region's refs drop to 0 */
     xp_region *by_token;
     uint64_t next_id;
+    struct ect_xport *owner; /* frees dead windows (NULL: standalone table, fuzzers) */
+    xp_region *dead;         /* closed windows still referenced */
+    uint64_t refused;        /* writes refused (wrong key, range, dead window) */
+    uint64_t refused_logged; /* refused as of the last log line */
+    uint64_t refused_log_ms; /* when that line went out */
 } xp_regions;
 
 typedef struct xp_backend xp_backend;
@@ -105,6 +116,35 @@ void xp_region_release(xp_regions *t, xp_region *r);
  * take no reference, so they are invisible here. Thread-safe; takes
  * regs.mu for the lookup only. */
 bool xp_region_busy(ect_xport *x, const void *addr);
+/* True while a write into some region or window overlapping
+ * [addr, addr + len) holds a reference (closed windows included until their
+ * last write ends). Thread-safe. */
+bool xp_range_busy(ect_xport *x, const void *addr, uint64_t len);
+
+/* ---- windows: one reservation's write key (docs/PROTOCOL.md "Write
+ * windows"). A window is [offset, offset + len) of the registered region
+ * whose key is region_key, with a fresh random 64-bit token (getrandom) of
+ * its own; a peer's write is accepted with that token only inside the
+ * window and only until xp_window_close. Windows of one region never
+ * overlap. Over shm the window is its own region to the peer (its own slot,
+ * and a grant that maps only its pages). ECT_ENOTSUP for ucx (an rkey
+ * cannot be narrowed per write without a memory registration per
+ * reservation; the caller keeps the region key), ECT_ENOTFOUND (no such
+ * region), ECT_ERANGE, ECT_EEXIST (overlaps a live window), ECT_EFULL (shm:
+ * no free slot), ECT_ENOMEM. key gets the window's key string (16 hex
+ * digits). Thread-safe; never blocks on I/O. */
+int xp_window_open(ect_xport *x, const char *region_key, uint64_t offset, uint64_t len,
+                   char key[ECT_XPORT_KEY_MAX]);
+/* Closes a window: from now on every write naming its token is refused
+ * (ECT_ENOTFOUND, counted). Never waits: a write already accepted finishes
+ * landing and the window's memory is released after it (xp_range_busy says
+ * when). ECT_ENOTFOUND for an unknown key. Thread-safe. */
+int xp_window_close(ect_xport *x, const char *key);
+/* Makes the region whose key is region_key refuse writes naming its own
+ * token (ECT_EACCES): only its windows accept writes. */
+int xp_region_set_private(ect_xport *x, const char *region_key);
+/* Writes refused by this target since it opened. Thread-safe. */
+uint64_t xp_refused(ect_xport *x);
 /* Parses a 16-hex-digit tcp/shm key; ECT_EINVAL with "dst_key" otherwise. */
 int xp_key_parse(const char *s, uint64_t *token);
 
@@ -122,12 +162,23 @@ int xp_send_all(int fd, const void *buf, size_t len, int timeout_ms);
 int xp_recv_all(int fd, void *buf, size_t len, int timeout_ms);
 
 /* ---- connection server (xport_net.c): an accept thread plus one thread per
- * connection. fn serves one connection until it returns; it should poll
- * stopfd (readable once stopping) besides its socket. The server closes fd. */
+ * connection, at most max_conns at once and max_per_peer from one peer IP
+ * address (a unix-socket peer counts against max_conns only); a connection
+ * over either cap is accepted and closed at once. Running out of
+ * descriptors on accept is logged (once a second) and waited out (10 ms
+ * back-off) while the connections already served go on. fn serves one
+ * connection until it returns; it should poll stopfd (readable once
+ * stopping) besides its socket. The server closes fd. */
 typedef struct xp_server xp_server;
 typedef void (*xp_conn_fn)(void *ctx, int fd, int stopfd);
 /* Takes ownership of listen_fd, also on failure. */
-int xp_server_start(int listen_fd, xp_conn_fn fn, void *ctx, xp_server **out);
+int xp_server_start(int listen_fd, xp_conn_fn fn, void *ctx, int max_conns, int max_per_peer,
+                    xp_server **out);
+/* Connections refused by the caps since start. */
+uint64_t xp_server_refused(xp_server *s);
+/* Logs a warning at most once a second per *last_ms (a caller's static). */
+void xp_log_limited(_Atomic uint64_t *last_ms, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 /* Stops accepting, wakes and joins every connection thread. Accepts NULL. */
 void xp_server_stop(xp_server *s);
 

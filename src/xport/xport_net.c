@@ -4,13 +4,18 @@
  * and a small connection server (one accept thread, one thread per
  * connection). Connection threads are expected to be few (one per peer
  * connection), so a thread each keeps the receive path a plain blocking loop
- * that reads straight into its destination.
+ * that reads straight into its destination; the server caps them (in total
+ * and per peer address) so a flood of connections costs a bounded number of
+ * threads and descriptors.
  */
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <inttypes.h>
 #include <poll.h>
+#include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -172,7 +177,9 @@ typedef struct xp_conn {
     struct xp_server *srv;
     pthread_t th;
     int fd;
-    bool done; /* guarded by srv->mu */
+    bool done;        /* guarded by srv->mu */
+    uint8_t peer[16]; /* the peer's IP address (v4 mapped into 16 bytes); */
+    bool has_peer;    /* false for a unix-socket peer */
     struct xp_conn *next;
 } xp_conn;
 
@@ -185,7 +192,40 @@ struct xp_server {
     pthread_mutex_t mu;
     xp_conn *conns;
     bool stopping;
+    int max_conns, max_per_peer;
+    atomic_uint_fast64_t refused;
 };
+
+void xp_log_limited(_Atomic uint64_t *last_ms, const char *fmt, ...) {
+    uint64_t now = ect_now_ms(), last = atomic_load(last_ms);
+    if (last && now - last < 1000) return;
+    if (!atomic_compare_exchange_strong(last_ms, &last, now)) return;
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    ECT_LOGW("xport", "%s", buf);
+}
+
+uint64_t xp_server_refused(xp_server *s) { return s ? atomic_load(&s->refused) : 0; }
+
+/* The peer's IP address as 16 bytes (IPv4 as ::ffff:a.b.c.d); false for a
+ * unix socket or an unknown family. */
+static bool peer_ip(const struct sockaddr_storage *ss, uint8_t ip[16]) {
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
+        memset(ip, 0, 10);
+        ip[10] = ip[11] = 0xff;
+        memcpy(ip + 12, &a->sin_addr, 4);
+        return true;
+    }
+    if (ss->ss_family == AF_INET6) {
+        memcpy(ip, &((const struct sockaddr_in6 *)ss)->sin6_addr, 16);
+        return true;
+    }
+    return false;
+}
 
 static void *conn_main(void *arg) {
     xp_conn *c = arg;
@@ -225,9 +265,18 @@ static void *accept_main(void *arg) {
         if (p[1].revents) break;
         reap(s, false);
         if (pr <= 0 || !(p[0].revents & POLLIN)) continue;
-        int fd = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC);
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        int fd = accept4(s->lfd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
         if (fd < 0) {
-            if (errno == EMFILE || errno == ENFILE) usleep(10000);
+            if (errno == EMFILE || errno == ENFILE) {
+                static _Atomic uint64_t emfile_log;
+                xp_log_limited(&emfile_log,
+                               "transport target: out of file descriptors on accept (%s); "
+                               "backing off, existing connections keep being served",
+                               strerror(errno));
+                usleep(10000);
+            }
             continue;
         }
         /* Acks and small frames go out at once: with Nagle on, an ack can sit
@@ -242,8 +291,29 @@ static void *accept_main(void *arg) {
         }
         c->srv = s;
         c->fd = fd;
+        c->has_peer = peer_ip(&ss, c->peer);
         pthread_mutex_lock(&s->mu);
         bool stop = s->stopping;
+        int total = 0, same = 0;
+        for (xp_conn *o = s->conns; o; o = o->next) {
+            if (o->done) continue;
+            total++;
+            if (c->has_peer && o->has_peer && memcmp(o->peer, c->peer, 16) == 0) same++;
+        }
+        bool over = total >= s->max_conns || (c->has_peer && same >= s->max_per_peer);
+        if (over && !stop) {
+            pthread_mutex_unlock(&s->mu);
+            atomic_fetch_add(&s->refused, 1);
+            static _Atomic uint64_t cap_log;
+            xp_log_limited(&cap_log,
+                           "transport target: connection refused: %d connections open (cap %d), "
+                           "%d from this peer (cap %d); %" PRIu64 " refused so far",
+                           total, s->max_conns, same, s->max_per_peer,
+                           (uint64_t)atomic_load(&s->refused));
+            close(fd);
+            free(c);
+            continue;
+        }
         if (!stop && pthread_create(&c->th, NULL, conn_main, c) == 0) {
             c->next = s->conns;
             s->conns = c;
@@ -259,7 +329,8 @@ static void *accept_main(void *arg) {
     return NULL;
 }
 
-int xp_server_start(int lfd, xp_conn_fn fn, void *ctx, xp_server **out) {
+int xp_server_start(int lfd, xp_conn_fn fn, void *ctx, int max_conns, int max_per_peer,
+                    xp_server **out) {
     *out = NULL;
     xp_server *s = calloc(1, sizeof *s);
     if (!s) {
@@ -269,6 +340,8 @@ int xp_server_start(int lfd, xp_conn_fn fn, void *ctx, xp_server **out) {
     s->lfd = lfd;
     s->fn = fn;
     s->ctx = ctx;
+    s->max_conns = max_conns > 0 ? max_conns : 512;
+    s->max_per_peer = max_per_peer > 0 ? max_per_peer : s->max_conns;
     s->stopfd = eventfd(0, EFD_CLOEXEC);
     pthread_mutex_init(&s->mu, NULL);
     if (s->stopfd < 0 || pthread_create(&s->th, NULL, accept_main, s) != 0) {

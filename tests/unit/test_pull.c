@@ -11,7 +11,9 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/mman.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -754,6 +756,97 @@ static void test_peer_gone(void **st) {
     assert_true(ect_now_ms() - t0 < 60000); /* never waits for the producer forever */
 }
 
+/* ---- death detection: kill -9 of the producer fails the remaining loads
+ * at once with that cause. The consumer's timeout is 10 minutes, so a
+ * consumer that waited for it would hang the test past its ctest limit
+ * instead of passing; no timing bound is asserted. */
+
+static void test_producer_killed(void **st) {
+    (void)st;
+    enum { N = 31, SZ = 4096 };
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) { /* the producer: save N items, say the port, wait to be killed */
+        close(pfd[0]);
+        ect_pull_producer *p = open_producer("tcp", 4 * MiB, 0);
+        char name[32];
+        for (int i = 0; i < N; i++) {
+            snprintf(name, sizeof name, "k%d", i);
+            save_item(p, name, SZ, (uint64_t)i + 100);
+        }
+        if (ect_pull_producer_flush(p, 60000) != 0) _exit(2);
+        int port = ect_pull_producer_port(p);
+        if (write(pfd[1], &port, sizeof port) != (ssize_t)sizeof port) _exit(3);
+        for (;;) pause();
+    }
+    close(pfd[1]);
+    int port = 0;
+    assert_int_equal(read(pfd[0], &port, sizeof port), (ssize_t)sizeof port);
+    close(pfd[0]);
+    ect_pull_consumer *c = open_consumer("tcp", port, 1 * MiB, 600000);
+    ect_pull_meta m = {.nbytes = SZ, .ndim = 1, .shape = {SZ}};
+    snprintf(m.dtype, sizeof m.dtype, "uint8");
+    load_check(c, "k0", &m, SZ, 100); /* connected and serving */
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    ect_pull_view v;
+    char name[32];
+    for (int i = 1; i < N; i++) {
+        snprintf(name, sizeof name, "k%d", i);
+        assert_err(ect_pull_consumer_load(c, name, &m, &v), ECT_ECLOSED, "gone");
+    }
+    ect_pull_consumer_stat cs;
+    ect_pull_consumer_stats(c, &cs);
+    assert_int_equal(cs.producer_lost, 1);
+    assert_int_equal(cs.remote, 1);
+    assert_int_equal(cs.timeouts, 0);
+    ect_pull_consumer_close(c);
+}
+
+/* The connect policy: by default a pull may name only a session on the
+ * address it came from (a DEALER on 127.0.0.1 naming 127.0.0.3 is refused
+ * ECT_EACCES before any connect); connect_allow widens it. */
+static void test_connect_policy(void **st) {
+    (void)st;
+    for (int widen = 0; widen < 2; widen++) {
+        ect_pull_producer_opts o;
+        ect_pull_producer_opts_init(&o);
+        o.port = 0;
+        o.pool_size = 4 * MiB;
+        o.transport = "tcp";
+        o.connect_allow = widen ? "127.0.0.3" : NULL;
+        ect_pull_producer *p = NULL;
+        assert_int_equal(ect_pull_producer_open(&o, &p), 0);
+        save_item(p, "pol", 4096, 5);
+        assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
+        void *ctx = zmq_ctx_new();
+        void *d = zsock(ctx, ZMQ_DEALER);
+        char ep[64], err[512];
+        snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", ect_pull_producer_port(p));
+        assert_int_equal(zmq_connect(d, ep), 0);
+        /* 127.0.0.3:1 has no listener: allowed, the write fails to connect */
+        send_pull(d, "pol", 4096, 0, "127.0.0.3:1", "0123456789abcdef", 1);
+        int rc = recv_complete(d, "pol", 1, err, sizeof err);
+        if (widen) {
+            assert_int_not_equal(rc, ECT_EACCES);
+            assert_int_not_equal(rc, 0);
+        } else {
+            assert_int_equal(rc, ECT_EACCES);
+            assert_non_null(strstr(err, "connect_allow"));
+        }
+        /* the pull's own address is always fine by default */
+        send_pull(d, "pol", 4096, 0, "127.0.0.1:1", "0123456789abcdef", 2);
+        rc = recv_complete(d, "pol", 2, err, sizeof err);
+        if (!widen) assert_int_not_equal(rc, ECT_EACCES);
+        zmq_close(d);
+        zmq_ctx_term(ctx);
+        ect_pull_producer_close(p);
+    }
+}
+
 /* ---- garbage on SUB */
 
 static void test_sub_malformed(void **st) {
@@ -891,6 +984,8 @@ int main(void) {
         cmocka_unit_test(test_consumer_timeout),
         cmocka_unit_test(test_upstream_complete),
         cmocka_unit_test(test_peer_gone),
+        cmocka_unit_test(test_producer_killed),
+        cmocka_unit_test(test_connect_policy),
         cmocka_unit_test(test_sub_malformed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -702,6 +702,165 @@ static void test_tcp_unregister_waits(void **state) {
     ect_xport_close(t);
 }
 
+/* Write windows (docs/PROTOCOL.md "Write windows"): a private region
+ * refuses its own key; a window's key writes only inside the window; closing
+ * a window never waits, a write it accepted finishes landing (the range
+ * stays busy until then), and later writes with its key are refused. */
+static void test_tcp_window(void **state) {
+    (void)state;
+    ect_xport *t = open_kind("tcp");
+    region r;
+    mk_region(t, MiB, &r);
+    assert_int_equal(xp_region_set_private(t, r.key), 0);
+    char wk[ECT_XPORT_KEY_MAX], wk2[ECT_XPORT_KEY_MAX];
+    assert_int_equal(xp_window_open(t, r.key, 4096, 2000, wk), 0);
+    assert_err(xp_window_open(t, r.key, 5000, 10, wk2), ECT_EEXIST, "overlaps");
+    assert_err(xp_window_open(t, r.key, MiB - 10, 11, wk2), ECT_ERANGE, "outside");
+    assert_err(xp_window_open(t, "0000000000000001", 0, 10, wk2), ECT_ENOTFOUND, NULL);
+    assert_string_not_equal(wk, r.key);
+    uint64_t rtok, wtok;
+    assert_int_equal(xp_key_parse(r.key, &rtok), 0);
+    assert_int_equal(xp_key_parse(wk, &wtok), 0);
+    uint64_t base = (uint64_t)(uintptr_t)r.addr;
+    int fd = raw_connect(ect_xport_session(t));
+    raw_hello(fd);
+    uint8_t hdr[TCP_HDR_LEN], half[1000], ack[TCP_ACK_LEN];
+    test_fill_pattern(half, sizeof half, 3);
+    uint64_t id;
+    int32_t s;
+    /* The region's own key: refused (private), payload consumed. */
+    tcp_encode_write(hdr, 1, base + 4096, 16, rtok);
+    assert_int_equal(xp_send_all(fd, hdr, sizeof hdr, 2000), 0);
+    assert_int_equal(xp_send_all(fd, half, 16, 2000), 0);
+    assert_int_equal(xp_recv_all(fd, ack, sizeof ack, 2000), 0);
+    assert_int_equal(tcp_decode_ack(ack, &id, &s), 0);
+    assert_int_equal(s, ECT_EACCES);
+    /* The window's key, running one byte past the window: refused. */
+    tcp_encode_write(hdr, 2, base + 4096 + 1999, 2, wtok);
+    assert_int_equal(xp_send_all(fd, hdr, sizeof hdr, 2000), 0);
+    assert_int_equal(xp_send_all(fd, half, 2, 2000), 0);
+    assert_int_equal(xp_recv_all(fd, ack, sizeof ack, 2000), 0);
+    assert_int_equal(tcp_decode_ack(ack, &id, &s), 0);
+    assert_int_equal(s, ECT_EACCES);
+    /* The window's key elsewhere in the pool: refused. */
+    tcp_encode_write(hdr, 5, base, 2, wtok);
+    assert_int_equal(xp_send_all(fd, hdr, sizeof hdr, 2000), 0);
+    assert_int_equal(xp_send_all(fd, half, 2, 2000), 0);
+    assert_int_equal(xp_recv_all(fd, ack, sizeof ack, 2000), 0);
+    assert_int_equal(tcp_decode_ack(ack, &id, &s), 0);
+    assert_int_equal(s, ECT_EACCES);
+    /* Half a write into the window, then close it. */
+    tcp_encode_write(hdr, 3, base + 4096, 2000, wtok);
+    assert_int_equal(xp_send_all(fd, hdr, sizeof hdr, 2000), 0);
+    assert_int_equal(xp_send_all(fd, half, sizeof half, 2000), 0);
+    while (!xp_range_busy(t, r.addr + 4096, 2000)) usleep(1000); /* the target took it */
+    assert_int_equal(xp_window_close(t, wk), 0);                 /* never waits */
+    assert_true(xp_range_busy(t, r.addr + 4096, 2000));
+    assert_err(xp_window_close(t, wk), ECT_ENOTFOUND, NULL);
+    assert_int_equal(xp_send_all(fd, half, sizeof half, 2000), 0);
+    assert_int_equal(xp_recv_all(fd, ack, sizeof ack, 2000), 0);
+    assert_int_equal(tcp_decode_ack(ack, &id, &s), 0);
+    assert_int_equal(id, 3);
+    assert_int_equal(s, 0); /* accepted while open: it lands */
+    assert_memory_equal(r.addr + 4096, half, sizeof half);
+    assert_memory_equal(r.addr + 4096 + 1000, half, sizeof half);
+    while (xp_range_busy(t, r.addr + 4096, 2000)) usleep(1000);
+    /* The closed window's key: refused, bytes unchanged. */
+    uint8_t zero[1000] = {0};
+    tcp_encode_write(hdr, 4, base + 4096, 1000, wtok);
+    assert_int_equal(xp_send_all(fd, hdr, sizeof hdr, 2000), 0);
+    assert_int_equal(xp_send_all(fd, zero, sizeof zero, 2000), 0);
+    assert_int_equal(xp_recv_all(fd, ack, sizeof ack, 2000), 0);
+    assert_int_equal(tcp_decode_ack(ack, &id, &s), 0);
+    assert_int_equal(s, ECT_EACCES);
+    assert_memory_equal(r.addr + 4096, half, sizeof half);
+    assert_int_equal(xp_refused(t), 4);
+    close(fd);
+    /* A window left open goes with its region. */
+    assert_int_equal(xp_window_open(t, r.key, 0, 100, wk2), 0);
+    rm_region(t, &r);
+    ect_xport_close(t);
+}
+
+/* This process's mappings of the test's memfds smaller than `below` bytes
+ * (the shm initiator's window mappings; the regions' own are larger):
+ * how many, and the size of the last one. */
+static int small_maps(size_t below, size_t *size) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    assert_non_null(f);
+    char line[512];
+    int n = 0;
+    *size = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long a, b;
+        if (!strstr(line, "memfd:test_xport") || sscanf(line, "%llx-%llx", &a, &b) != 2) continue;
+        if (b - a < below) {
+            n++;
+            *size = (size_t)(b - a);
+        }
+    }
+    fclose(f);
+    return n;
+}
+
+/* shm: a new window on the pages of a closed one (the pool reuses ranges)
+ * takes over the closed window's mapping instead of mapping afresh; what
+ * the initiator maps is still only the pages that cover the live window
+ * (a smaller window trims it), the bytes land, and the closed window's key
+ * is refused. */
+static void test_shm_window_reuse(void **state) {
+    (void)state;
+    ect_xport *t = open_kind("shm"), *i = open_kind("shm");
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), sz;
+    region r;
+    mk_region(t, 64 * pg, &r);
+    assert_int_equal(xp_region_set_private(t, r.key), 0);
+    const char *ses = ect_xport_session(t);
+    uint64_t base = (uint64_t)(uintptr_t)r.addr;
+    static uint8_t src[16 * 4096];
+    int st;
+    char ka[ECT_XPORT_KEY_MAX], kb[ECT_XPORT_KEY_MAX], kc[ECT_XPORT_KEY_MAX];
+    /* A: 4 pages and 100 bytes from page 2 (5 pages mapped). */
+    size_t alen = 4 * pg + 100;
+    assert_int_equal(xp_window_open(t, r.key, 2 * pg, alen, ka), 0);
+    test_fill_pattern(src, alen, 1);
+    ect_write w = {src, base + 2 * pg, alen, ka};
+    assert_int_equal(ect_xport_write_batch(i, ses, &w, 1, &st), 0);
+    assert_memory_equal(r.addr + 2 * pg, src, alen);
+    assert_int_equal(small_maps(64 * pg, &sz), 1);
+    assert_int_equal(sz, 5 * pg);
+    /* B: one page inside A's, after A closed. */
+    assert_int_equal(xp_window_close(t, ka), 0);
+    assert_int_equal(xp_window_open(t, r.key, 3 * pg, pg, kb), 0);
+    test_fill_pattern(src, pg, 2);
+    w = (ect_write){src, base + 3 * pg, pg, kb};
+    assert_int_equal(ect_xport_write_batch(i, ses, &w, 1, &st), 0);
+    assert_memory_equal(r.addr + 3 * pg, src, pg);
+    assert_int_equal(small_maps(64 * pg, &sz), 1); /* A's pages beyond B's are gone */
+    assert_int_equal(sz, pg);
+    /* A's key (closed) on A's first page, and B's key past B: refused, nothing lands. */
+    uint8_t before[64];
+    memcpy(before, r.addr + 2 * pg, sizeof before);
+    w = (ect_write){src, base + 2 * pg, sizeof before, ka};
+    assert_err(ect_xport_write_batch(i, ses, &w, 1, &st), ECT_EACCES, NULL);
+    w = (ect_write){src, base + 4 * pg - 1, 2, kb};
+    assert_err(ect_xport_write_batch(i, ses, &w, 1, &st), ECT_EACCES, NULL);
+    assert_memory_equal(r.addr + 2 * pg, before, sizeof before);
+    /* C: larger than B, on B's page and the next 8: mapped afresh, B's unmapped. */
+    assert_int_equal(xp_window_close(t, kb), 0);
+    assert_int_equal(xp_window_open(t, r.key, 3 * pg, 9 * pg, kc), 0);
+    test_fill_pattern(src, 9 * pg, 3);
+    w = (ect_write){src, base + 3 * pg, 9 * pg, kc};
+    assert_int_equal(ect_xport_write_batch(i, ses, &w, 1, &st), 0);
+    assert_memory_equal(r.addr + 3 * pg, src, 9 * pg);
+    assert_int_equal(small_maps(64 * pg, &sz), 1);
+    assert_int_equal(sz, 9 * pg);
+    assert_int_equal(xp_window_close(t, kc), 0);
+    rm_region(t, &r);
+    ect_xport_close(i);
+    ect_xport_close(t);
+}
+
 /* A peer that stalls mid-frame is dropped after io_timeout_ms. */
 static void test_tcp_stall(void **state) {
     (void)state;
@@ -779,6 +938,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_open_errors),
         cmocka_unit_test(test_tcp_garbage),
         cmocka_unit_test(test_tcp_unregister_waits),
+        cmocka_unit_test(test_tcp_window),
+        cmocka_unit_test(test_shm_window_reuse),
         cmocka_unit_test(test_tcp_stall),
         cmocka_unit_test(test_tcp_nodelay),
         KIND_TESTS("tcp"),
