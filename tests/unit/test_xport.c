@@ -919,7 +919,7 @@ static void test_tcp_nodelay(void **st) {
     int lfd = -1, port = 0, cfd = -1;
     assert_int_equal(xp_tcp_listen("127.0.0.1", 0, &lfd, &port), 0);
     xp_server *srv = NULL;
-    assert_int_equal(xp_server_start(lfd, nodelay_conn, NULL, &srv), 0);
+    assert_int_equal(xp_server_start(lfd, nodelay_conn, NULL, 0, 0, &srv), 0);
     assert_int_equal(xp_tcp_connect("127.0.0.1", port, 10000, &cfd), 0);
     int v = 0;
     socklen_t l = sizeof v;
