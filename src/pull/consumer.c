@@ -112,28 +112,11 @@ static void view_from_info(ect_pull_consumer *c, const ect_resident_info *in, ec
     v->device = ect_pool_device(c->pool);
 }
 
-/* Waits for the completion of (mm_hash, token). Returns the status, or
- * ECT_ETIMEDOUT; *reason gets the producer's error text if any. */
 /* Reads the DEALER's monitor events without blocking: CONNECTED marks the
  * producer up, DISCONNECTED of an established connection marks it gone
  * (logged once) until the next CONNECTED (ZMQ keeps reconnecting). */
 static void drain_monitor(ect_pull_consumer *c) {
-    for (;;) {
-        zmq_msg_t ev, addr;
-        zmq_msg_init(&ev);
-        if (zmq_msg_recv(&ev, c->mon, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&ev);
-            return;
-        }
-        uint16_t id = 0;
-        if (zmq_msg_size(&ev) >= 2) memcpy(&id, zmq_msg_data(&ev), 2);
-        bool more = zmq_msg_more(&ev);
-        zmq_msg_close(&ev);
-        if (more) {
-            zmq_msg_init(&addr);
-            (void)zmq_msg_recv(&addr, c->mon, 0); /* the endpoint: always follows */
-            zmq_msg_close(&addr);
-        }
+    for (int id; (id = pull_monitor_next(c->mon)) >= 0;) {
         if (id == ZMQ_EVENT_CONNECTED) {
             if (c->gone) ECT_LOGI(MOD, "producer %s reachable again", c->producer);
             c->up = true;
@@ -156,6 +139,8 @@ static int gone_error(ect_pull_consumer *c, const char *mm_hash) {
                          mm_hash, c->producer, ect_now_ms() - c->gone_ms);
 }
 
+/* Waits for the completion of (mm_hash, token). Returns the status, or
+ * ECT_ETIMEDOUT; *reason gets the producer's error text if any. */
 static int wait_complete(ect_pull_consumer *c, const char *mm_hash, uint64_t token, char *reason,
                          size_t cap) {
     uint64_t deadline = ect_now_ms() + (uint64_t)c->o.timeout_ms;
@@ -354,38 +339,14 @@ static void collect(void *ctx, met_out *o) {
     ect_pool_stats(c->pool, &ps);
     char l[128];
     met_labels(l, sizeof l, "transport", c->transport, "direction", "in", (const char *)NULL);
-    met_out_counter(o, "ectransfer_bytes_total",
-                    "Bytes moved, by direction (in: received, out: sent; a push producer counts "
-                    "every shard) and transport.",
-                    l, met_get(&c->m_bytes));
-    met_out_counter(o, "ectransfer_items_total",
-                    "Items moved, by direction and transport (push consumer: reservations that "
-                    "became READY; push producer: transfers done with a write; pull: pulls).",
-                    l, met_get(&c->m_remote));
+    met_out_moved(o, l, met_get(&c->m_bytes), met_get(&c->m_remote));
     met_out_counter(o, "ectransfer_local_hits_total", "Loads answered by the resident cache.", NULL,
                     met_get(&c->m_local));
-    met_out_hist(o, "ectransfer_transfer_seconds",
-                 "Transfer latency: push producer reserve -> done; pull consumer load -> complete.",
-                 met_labels(l, sizeof l, "phase", "load_to_complete", (const char *)NULL),
-                 &c->m_latency);
-    static const char *const fh = "Transfers that failed, by reason.";
-    met_out_counter(o, "ectransfer_failures_total", fh,
-                    met_labels(l, sizeof l, "reason", "pull_failed", (const char *)NULL),
-                    met_get(&c->m_failed));
-    met_out_counter(o, "ectransfer_failures_total", fh,
-                    met_labels(l, sizeof l, "reason", "timeout", (const char *)NULL),
-                    met_get(&c->m_timeouts));
-    met_out_counter(
-        o, "ectransfer_control_requests_total",
-        "Control round trips (sent by a producer or scheduler, served by a consumer shard).", NULL,
-        met_get(&c->m_requests));
-    met_out_gauge(o, "ectransfer_pool_capacity_bytes", "Usable bytes of the buffer pool.", NULL,
-                  (double)ps.capacity);
-    met_out_gauge(o, "ectransfer_pool_used_bytes",
-                  "Bytes allocated in the buffer pool, resident items included.", NULL,
-                  (double)ps.used);
-    met_out_gauge(o, "ectransfer_pool_resident_bytes", "Bytes held by resident (cached) items.",
-                  NULL, (double)ps.resident_bytes);
+    met_out_latency(o, "load_to_complete", &c->m_latency);
+    met_out_failure(o, "pull_failed", met_get(&c->m_failed));
+    met_out_failure(o, "timeout", met_get(&c->m_timeouts));
+    met_out_control_requests(o, met_get(&c->m_requests));
+    met_out_pool(o, (double)ps.capacity, (double)ps.used, (double)ps.resident_bytes);
 }
 
 int ect_pull_consumer_open(const ect_pull_consumer_opts *o, ect_pull_consumer **out) {

@@ -565,34 +565,13 @@ static void collect(void *ctx, met_out *o) {
     ect_pool_stats(p->pool, &ps);
     char l[128];
     met_labels(l, sizeof l, "transport", p->transport, "direction", "out", (const char *)NULL);
-    met_out_counter(o, "ectransfer_bytes_total",
-                    "Bytes moved, by direction (in: received, out: sent; a push producer counts "
-                    "every shard) and transport.",
-                    l, atomic_load(&p->bytes_out));
-    met_out_counter(o, "ectransfer_items_total",
-                    "Items moved, by direction and transport (push consumer: reservations that "
-                    "became READY; push producer: transfers done with a write; pull: pulls).",
-                    l, st.pulls_ok);
-    met_out_gauge(o, "ectransfer_pool_capacity_bytes", "Usable bytes of the buffer pool.", NULL,
-                  (double)ps.capacity);
-    met_out_gauge(o, "ectransfer_pool_used_bytes",
-                  "Bytes allocated in the buffer pool, resident items included.", NULL,
-                  (double)ps.used);
-    met_out_gauge(o, "ectransfer_pool_resident_bytes", "Bytes held by resident (cached) items.",
-                  NULL, (double)ps.resident_bytes);
-    static const char *const fh = "Transfers that failed, by reason.";
-    met_out_counter(o, "ectransfer_failures_total", fh,
-                    met_labels(l, sizeof l, "reason", "pull_failed", (const char *)NULL),
-                    st.pulls_failed);
-    met_out_counter(o, "ectransfer_failures_total", fh,
-                    met_labels(l, sizeof l, "reason", "save_failed", (const char *)NULL),
-                    st.save_failed);
+    met_out_moved(o, l, atomic_load(&p->bytes_out), st.pulls_ok);
+    met_out_pool(o, (double)ps.capacity, (double)ps.used, (double)ps.resident_bytes);
+    met_out_failure(o, "pull_failed", st.pulls_failed);
+    met_out_failure(o, "save_failed", st.save_failed);
     met_out_counter(o, "ectransfer_bad_requests_total",
                     "Frames refused as malformed or an unknown op.", NULL, st.malformed);
-    met_out_counter(
-        o, "ectransfer_control_requests_total",
-        "Control round trips (sent by a producer or scheduler, served by a consumer shard).", NULL,
-        st.requests + st.pulls_ok + st.pulls_failed);
+    met_out_control_requests(o, st.requests + st.pulls_ok + st.pulls_failed);
     met_out_counter(o, "ectransfer_events_sent_total", "Events sent to the scheduler.", NULL,
                     st.notifications);
     met_out_counter(o, "ectransfer_evictions_total", "Resident items reclaimed.", NULL, st.evicted);

@@ -28,6 +28,13 @@
 #define ECT_PULL_HEARTBEAT_IVL_MS 1000
 #define ECT_PULL_HEARTBEAT_TIMEOUT_MS 5000
 
+/* -------------------------------------------------------------- monitor */
+
+/* The id of the next event waiting on a ZMQ socket monitor (a PAIR socket
+ * connected to zmq_socket_monitor's endpoint), its endpoint frame read and
+ * dropped; -1 when none is waiting. Never blocks. */
+int pull_monitor_next(void *mon);
+
 /* ------------------------------------------------------------ inventory */
 
 /* Copies the resident items matching the filter (all when n_filter is 0;

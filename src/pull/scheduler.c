@@ -172,25 +172,7 @@ static void drain(ect_pull_scheduler *s, void *sock, bool from_dealer) {
 
 /* Drains the DEALER's monitor: a reconnection means perhaps a new producer. */
 static void drain_monitor(ect_pull_scheduler *s) {
-    for (;;) {
-        zmq_msg_t ev, addr;
-        zmq_msg_init(&ev);
-        if (zmq_msg_recv(&ev, s->mon, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&ev);
-            return;
-        }
-        uint16_t id = 0;
-        if (zmq_msg_size(&ev) >= 2) memcpy(&id, zmq_msg_data(&ev), 2);
-        bool more = zmq_msg_more(&ev);
-        zmq_msg_close(&ev);
-        while (more) { /* the endpoint frame */
-            zmq_msg_init(&addr);
-            if (zmq_msg_recv(&addr, s->mon, ZMQ_DONTWAIT) < 0)
-                more = false;
-            else
-                more = zmq_msg_more(&addr);
-            zmq_msg_close(&addr);
-        }
+    for (int id; (id = pull_monitor_next(s->mon)) >= 0;) {
         if (id == ZMQ_EVENT_CONNECTED && s->connects++ > 0) {
             ECT_LOGD(MOD, "reconnected to %s: asking its inventory", s->producer);
             ask_inventory(s);

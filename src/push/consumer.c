@@ -169,21 +169,8 @@ static void collect(void *ctx, met_out *o) {
     char l[160];
     met_labels(l, sizeof l, "transport", ect_xport_kind(c->xp), "direction", "in",
                (const char *)NULL);
-    met_out_counter(o, "ectransfer_bytes_total",
-                    "Bytes moved, by direction (in: received, out: sent; a push producer counts "
-                    "every shard) and transport.",
-                    l, cc.bytes_in);
-    met_out_counter(o, "ectransfer_items_total",
-                    "Items moved, by direction and transport (push consumer: reservations that "
-                    "became READY; push producer: transfers done with a write; pull: pulls).",
-                    l, cc.items_in);
-    met_out_gauge(o, "ectransfer_pool_capacity_bytes", "Usable bytes of the buffer pool.", NULL,
-                  (double)ps.capacity);
-    met_out_gauge(o, "ectransfer_pool_used_bytes",
-                  "Bytes allocated in the buffer pool, resident items included.", NULL,
-                  (double)ps.used);
-    met_out_gauge(o, "ectransfer_pool_resident_bytes", "Bytes held by resident (cached) items.",
-                  NULL, (double)rs.published_bytes);
+    met_out_moved(o, l, cc.bytes_in, cc.items_in);
+    met_out_pool(o, (double)ps.capacity, (double)ps.used, (double)rs.published_bytes);
     uint64_t counts[RSV_EXPIRED + 1];
     ctl_server_count_states(c->srv, counts);
     for (int k = RSV_WRITING; k <= RSV_EXPIRED; k++)
@@ -204,16 +191,9 @@ static void collect(void *ctx, met_out *o) {
         met_out_counter(o, "ectransfer_refusals_total", rh,
                         met_labels(l, sizeof l, "reason", refs[i].why, (const char *)NULL),
                         refs[i].v);
-    static const char *const fh = "Transfers that failed, by reason.";
-    met_out_counter(o, "ectransfer_failures_total", fh,
-                    met_labels(l, sizeof l, "reason", "expired", (const char *)NULL), st.expired);
-    met_out_counter(o, "ectransfer_failures_total", fh,
-                    met_labels(l, sizeof l, "reason", "abandoned", (const char *)NULL),
-                    st.abandoned);
-    met_out_counter(
-        o, "ectransfer_control_requests_total",
-        "Control round trips (sent by a producer or scheduler, served by a consumer shard).", NULL,
-        cc.requests);
+    met_out_failure(o, "expired", st.expired);
+    met_out_failure(o, "abandoned", st.abandoned);
+    met_out_control_requests(o, cc.requests);
     met_out_counter(o, "ectransfer_bad_requests_total",
                     "Frames refused as malformed or an unknown op.", NULL, st.bad_requests);
     met_out_counter(o, "ectransfer_events_sent_total", "Events sent to the scheduler.", NULL,

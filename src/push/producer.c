@@ -390,25 +390,11 @@ static void collect(void *ctx, met_out *o) {
     char l[128];
     for (size_t k = 0; k < PP_MET_KINDS; k++) {
         met_labels(l, sizeof l, "transport", met_kinds[k], "direction", "out", (const char *)NULL);
-        met_out_counter(o, "ectransfer_bytes_total",
-                        "Bytes moved, by direction (in: received, out: sent; a push producer "
-                        "counts every shard) and transport.",
-                        l, b[k]);
-        met_out_counter(o, "ectransfer_items_total",
-                        "Items moved, by direction and transport (push consumer: reservations that "
-                        "became READY; push producer: transfers done with a write; pull: pulls).",
-                        l, n[k]);
+        met_out_moved(o, l, b[k], n[k]);
     }
-    met_out_hist(o, "ectransfer_transfer_seconds",
-                 "Transfer latency: push producer reserve -> done; pull consumer load -> complete.",
-                 met_labels(l, sizeof l, "phase", "reserve_to_done", (const char *)NULL),
-                 &p->latency);
-    static const char *const fh = "Transfers that failed, by reason.";
-    met_out_counter(o, "ectransfer_failures_total", fh,
-                    met_labels(l, sizeof l, "reason", "failed", (const char *)NULL), st.failed);
-    met_out_counter(o, "ectransfer_failures_total", fh,
-                    met_labels(l, sizeof l, "reason", "cancelled", (const char *)NULL),
-                    st.cancelled);
+    met_out_latency(o, "reserve_to_done", &p->latency);
+    met_out_failure(o, "failed", st.failed);
+    met_out_failure(o, "cancelled", st.cancelled);
     met_out_counter(o, "ectransfer_refusals_total",
                     "Reserves refused, by reason (full is back-pressure: producers retry).",
                     met_labels(l, sizeof l, "reason", "full", (const char *)NULL),
@@ -416,23 +402,14 @@ static void collect(void *ctx, met_out *o) {
     met_out_counter(o, "ectransfer_retries_total",
                     "Reserve rounds started again after a full pool refused them.", NULL,
                     st.retries);
-    met_out_counter(
-        o, "ectransfer_control_requests_total",
-        "Control round trips (sent by a producer or scheduler, served by a consumer shard).", NULL,
-        st.control_requests);
+    met_out_control_requests(o, st.control_requests);
     met_out_gauge(o, "ectransfer_peers_held_down",
                   "Consumer addresses held down after failed exchanges (backoff running).", NULL,
                   (double)atomic_load(&p->batch.held_down));
     if (p->pool) {
         ect_pool_stat ps;
         ect_pool_stats(p->pool, &ps);
-        met_out_gauge(o, "ectransfer_pool_capacity_bytes", "Usable bytes of the buffer pool.", NULL,
-                      (double)ps.capacity);
-        met_out_gauge(o, "ectransfer_pool_used_bytes",
-                      "Bytes allocated in the buffer pool, resident items included.", NULL,
-                      (double)ps.used);
-        met_out_gauge(o, "ectransfer_pool_resident_bytes", "Bytes held by resident (cached) items.",
-                      NULL, (double)ps.resident_bytes);
+        met_out_pool(o, (double)ps.capacity, (double)ps.used, (double)ps.resident_bytes);
     }
 }
 

@@ -161,13 +161,8 @@ static void collect(void *ctx, met_out *o) {
                     "Frames refused as malformed or an unknown op.", NULL, st.bad_frames);
     met_out_counter(o, "ectransfer_late_events_total",
                     "Events for transfers already ended, ignored.", NULL, st.late_events);
-    met_out_counter(
-        o, "ectransfer_control_requests_total",
-        "Control round trips (sent by a producer or scheduler, served by a consumer shard).", NULL,
-        st.cancels_sent + st.cancels_failed);
-    met_out_counter(o, "ectransfer_failures_total", "Transfers that failed, by reason.",
-                    met_labels(l, sizeof l, "reason", "cancel_failed", (const char *)NULL),
-                    st.cancels_failed);
+    met_out_control_requests(o, st.cancels_sent + st.cancels_failed);
+    met_out_failure(o, "cancel_failed", st.cancels_failed);
     met_out_gauge(o, "ectransfer_transfers",
                   "Transfers the scheduler tracks (live) and remembers (tombstones).",
                   met_labels(l, sizeof l, "state", "live", (const char *)NULL), (double)st.live);

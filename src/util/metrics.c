@@ -277,3 +277,43 @@ char *met_render(void) {
 }
 
 char *ect_metrics_text(void) { return met_render(); }
+
+void met_out_moved(met_out *o, const char *labels, uint64_t bytes, uint64_t items) {
+    met_out_counter(o, "ectransfer_bytes_total",
+                    "Bytes moved, by direction (in: received, out: sent; a push producer counts "
+                    "every shard) and transport.",
+                    labels, bytes);
+    met_out_counter(o, "ectransfer_items_total",
+                    "Items moved, by direction and transport (push consumer: reservations that "
+                    "became READY; push producer: transfers done with a write; pull: pulls).",
+                    labels, items);
+}
+
+void met_out_pool(met_out *o, double capacity, double used, double resident) {
+    met_out_gauge(o, "ectransfer_pool_capacity_bytes", "Usable bytes of the buffer pool.", NULL,
+                  capacity);
+    met_out_gauge(o, "ectransfer_pool_used_bytes",
+                  "Bytes allocated in the buffer pool, resident items included.", NULL, used);
+    met_out_gauge(o, "ectransfer_pool_resident_bytes", "Bytes held by resident (cached) items.",
+                  NULL, resident);
+}
+
+void met_out_failure(met_out *o, const char *reason, uint64_t n) {
+    char l[96];
+    met_out_counter(o, "ectransfer_failures_total", "Transfers that failed, by reason.",
+                    met_labels(l, sizeof l, "reason", reason, (const char *)NULL), n);
+}
+
+void met_out_latency(met_out *o, const char *phase, const met_hist *h) {
+    char l[96];
+    met_out_hist(o, "ectransfer_transfer_seconds",
+                 "Transfer latency: push producer reserve -> done; pull consumer load -> complete.",
+                 met_labels(l, sizeof l, "phase", phase, (const char *)NULL), h);
+}
+
+void met_out_control_requests(met_out *o, uint64_t n) {
+    met_out_counter(
+        o, "ectransfer_control_requests_total",
+        "Control round trips (sent by a producer or scheduler, served by a consumer shard).", NULL,
+        n);
+}

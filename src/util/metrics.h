@@ -69,6 +69,18 @@ void met_out_gauge(met_out *o, const char *name, const char *help, const char *l
 void met_out_hist(met_out *o, const char *name, const char *help, const char *labels,
                   const met_hist *h);
 
+/* The series every role shares, each named and described here once.
+ * moved: ectransfer_bytes_total and ectransfer_items_total with labels (the
+ * transport and direction, from met_labels). pool: the buffer pool's
+ * capacity, used and resident bytes. failure: ectransfer_failures_total
+ * {reason}. latency: ectransfer_transfer_seconds {phase}. control_requests:
+ * ectransfer_control_requests_total. */
+void met_out_moved(met_out *o, const char *labels, uint64_t bytes, uint64_t items);
+void met_out_pool(met_out *o, double capacity, double used, double resident);
+void met_out_failure(met_out *o, const char *reason, uint64_t n);
+void met_out_latency(met_out *o, const char *phase, const met_hist *h);
+void met_out_control_requests(met_out *o, uint64_t n);
+
 /* Writes k1="v1",k2="v2",... (values escaped as the format wants) into buf
  * from NULL-terminated key, value pairs; returns buf. Truncates silently at
  * cap (label values here are short fixed words). */
