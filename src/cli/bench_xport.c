@@ -268,21 +268,21 @@ static int small_batch(const char *kind, ect_xport *t, ect_xport *i, double secs
     if (rc == CLI_EXIT_OK) {
         double ratio = lim.ok && lim.gbps > 0 ? us.gbps / lim.gbps : NAN;
         if (json) {
-            printf("%s\n  {\"transport\": \"%s\", \"size\": %zu, \"batch\": %d, \"gbps\": ",
-                   *first ? "" : ",", kind, (size_t)SMALL_LEN, SMALL_N);
+            printf("%s{\"transport\":\"%s\",\"size\":%zu,\"batch\":%d,\"gbps\":", *first ? "" : ",",
+                   kind, (size_t)SMALL_LEN, SMALL_N);
             *first = false;
             cli_json_num(us.gbps);
-            printf(", \"limit\": \"1x2MiB\", \"limit_gbps\": ");
+            printf(",\"limit\":\"1x2MiB\",\"limit_gbps\":");
             cli_json_num(lim.gbps);
-            printf(", \"ratio\": ");
+            printf(",\"ratio\":");
             cli_json_num(ratio);
-            printf(", \"p50_us\": ");
+            printf(",\"p50_us\":");
             cli_json_num(us.p50_us);
-            printf(", \"p99_us\": ");
+            printf(",\"p99_us\":");
             cli_json_num(us.p99_us);
-            printf(", \"limit_p50_us\": ");
+            printf(",\"limit_p50_us\":");
             cli_json_num(lim.p50_us);
-            printf(", \"limit_p99_us\": ");
+            printf(",\"limit_p99_us\":");
             cli_json_num(lim.p99_us);
             printf("}");
         } else {
@@ -351,21 +351,21 @@ static int one_kind(const char *kind, double secs, bool json, bool *first) {
             double ratio = lim.ok && lim.gbps > 0 ? us.gbps / lim.gbps : NAN;
             char sz[32];
             if (json) {
-                printf("%s\n  {\"transport\": \"%s\", \"size\": %zu, \"gbps\": ", *first ? "" : ",",
-                       kind, n);
+                printf("%s{\"transport\":\"%s\",\"size\":%zu,\"gbps\":", *first ? "" : ",", kind,
+                       n);
                 *first = false;
                 cli_json_num(us.gbps);
-                printf(", \"limit\": \"%s\", \"limit_gbps\": ", limit);
+                printf(",\"limit\":\"%s\",\"limit_gbps\":", limit);
                 cli_json_num(lim.ok ? lim.gbps : NAN);
-                printf(", \"ratio\": ");
+                printf(",\"ratio\":");
                 cli_json_num(ratio);
-                printf(", \"p50_us\": ");
+                printf(",\"p50_us\":");
                 cli_json_num(us.p50_us);
-                printf(", \"p99_us\": ");
+                printf(",\"p99_us\":");
                 cli_json_num(us.p99_us);
-                printf(", \"limit_p50_us\": ");
+                printf(",\"limit_p50_us\":");
                 cli_json_num(lim.ok ? lim.p50_us : NAN);
-                printf(", \"limit_p99_us\": ");
+                printf(",\"limit_p99_us\":");
                 cli_json_num(lim.ok ? lim.p99_us : NAN);
                 printf("}");
             } else {
@@ -441,6 +441,6 @@ int bench_xport(int argc, char **argv) {
         int r = one_kind(k, secs, json, &first);
         if (r != CLI_EXIT_OK) rc = r;
     }
-    if (json) printf("\n]\n");
+    if (json) printf("]\n");
     return rc;
 }

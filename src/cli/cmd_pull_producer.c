@@ -214,7 +214,7 @@ int cmd_pull_producer(int argc, char **argv) {
             break;
         }
         printf("{\"mm_hash\":\"%s\",\"nbytes\":%" PRIu64 ",\"checksum\":\"%016" PRIx64
-               "\",\"dtype\":\"uint8\",\"shape\":[%" PRIu64 "]}\n",
+               "\",\"dtype\":\"uint8\",\"shape\":[%" PRIu64 "],\"status\":\"ok\"}\n",
                hash, n, sum, n);
         fflush(stdout);
     }

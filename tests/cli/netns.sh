@@ -51,8 +51,8 @@ in2 ip -6 addr add 2001:db8::2/64 dev "$veth2" nodad 2>/dev/null || have_v6=0
 in1 ip link set "$veth1" up
 in2 ip link set "$veth2" up
 
-sent() { sed -n 's/^{"transfer_id":"\([^"]*\)","mm_hash":"[^"]*","nbytes":[0-9]*,"checksum":"\([0-9a-f]*\)","status":"done".*/\1 \2/p' "$1" | sort; }
-received() { sed -n 's/^{"transfer_id":"\([^"]*\)","mm_hash":"[^"]*","nbytes":[0-9]*,"shape":\[[0-9,]*\],"dtype":"[a-z0-9_.]*","checksum":"\([0-9a-f]*\)"}$/\1 \2/p' "$1" | sort; }
+sent() { sed -n 's/^{"transfer_id":"\([^"]*\)","mm_hash":"[^"]*","nbytes":[0-9]*,"checksum":"\([0-9a-f]*\)","status":"ok","state":"done".*/\1 \2/p' "$1" | sort; }
+received() { sed -n 's/^{"transfer_id":"\([^"]*\)","mm_hash":"[^"]*","nbytes":[0-9]*,"shape":\[[0-9,]*\],"dtype":"[a-z0-9_.]*","checksum":"\([0-9a-f]*\)","status":"ok"}$/\1 \2/p' "$1" | sort; }
 
 # run TAG BIND TO [CONSUMER ARGS...]: a consumer in ns1 bound to BIND, a
 # producer in ns2 pushing to TO; 4 items must arrive checksum-equal.
