@@ -337,8 +337,11 @@ int bench_remote_arg(const char *name, int c, const char *arg, bench_remote_args
     case 'C': a->client = arg; return 1;
     case 'H': a->host = arg; return 1;
     case 'A':
-        if (ect_host_is_wildcard(arg) || strlen(arg) > 255) {
-            cli_usage_error(cmd, "--advertise '%s': not a wildcard", arg);
+        if (!*arg || ect_host_is_wildcard(arg) || strlen(arg) > 255) {
+            cli_usage_error(cmd,
+                            "--advertise '%s': a host name or address clients can reach, not a "
+                            "wildcard",
+                            arg);
             return -1;
         }
         a->advertise = arg;
