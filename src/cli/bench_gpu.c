@@ -160,13 +160,13 @@ static void print_row(const row *r, bool json, bool *first) {
     double ratio = r->s.ok && r->lim.ok && r->lim.gbps > 0 ? r->s.gbps / r->lim.gbps : NAN;
     char sz[32];
     if (json) {
-        printf("%s\n  {\"case\": \"%s\", \"size\": %" PRIu64 ", \"gbps\": %.3f, \"p50_us\": %.1f, "
-               "\"limit\": \"%s\", ",
+        printf("%s{\"case\":\"%s\",\"size\":%" PRIu64 ",\"gbps\":%.3f,\"p50_us\":%.1f,"
+               "\"limit\":\"%s\",",
                *first ? "" : ",", r->name, r->size, r->s.gbps, r->s.p50_us, r->limit);
         if (r->lim.ok)
-            printf("\"limit_gbps\": %.3f, \"ratio\": %.3f, \"goal\": ", r->lim.gbps, ratio);
+            printf("\"limit_gbps\":%.3f,\"ratio\":%.3f,\"goal\":", r->lim.gbps, ratio);
         else
-            printf("\"limit_gbps\": null, \"ratio\": null, \"goal\": ");
+            printf("\"limit_gbps\":null,\"ratio\":null,\"goal\":");
         if (isnan(r->goal))
             printf("null}");
         else
@@ -331,7 +331,7 @@ int bench_gpu(int argc, char **argv) {
         };
         for (size_t i = 0; i < CLI_ARRAY_LEN(rows); i++) print_row(&rows[i], json, &first);
     }
-    if (json && rc == CLI_EXIT_OK) printf("\n]\n");
+    if (json && rc == CLI_EXIT_OK) printf("]\n");
     ect_xport_close(tcp);
     ect_xport_close(shm);
     ect_mem_free(ECT_MEM_HOST, hsrc);

@@ -179,9 +179,9 @@ static int one_kind(const char *kind, int ms, bool json, bool *first) {
             cli_fmt_size(size, sz, sizeof sz);
             double ratio = r.gbps / r.raw_gbps;
             if (json) {
-                printf("%s\n  {\"transport\": \"%s\", \"size\": %" PRIu64
-                       ", \"items\": %d, \"gbps\": %.17g, \"p50_ms\": %.17g, \"raw_gbps\": %.17g, "
-                       "\"raw_p50_ms\": %.17g, \"ratio\": %.17g}",
+                printf("%s{\"transport\":\"%s\",\"size\":%" PRIu64
+                       ",\"items\":%d,\"gbps\":%.17g,\"p50_ms\":%.17g,\"raw_gbps\":%.17g,"
+                       "\"raw_p50_ms\":%.17g,\"ratio\":%.17g}",
                        *first ? "" : ",", kind, size, counts[ci], r.gbps, r.p50_ms, r.raw_gbps,
                        r.raw_p50_ms, ratio);
                 *first = false;
@@ -252,6 +252,6 @@ int bench_pull(int argc, char **argv) {
     char *save = NULL;
     for (char *k = strtok_r(kinds, ",", &save); k; k = strtok_r(NULL, ",", &save))
         if (one_kind(k, (int)ms, json, &first) != 0) rc = CLI_EXIT_FAIL;
-    if (json) printf("\n]\n");
+    if (json) printf("]\n");
     return rc;
 }

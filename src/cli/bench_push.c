@@ -16,16 +16,27 @@
  * and releases every item on the shard and evicts the resident copies,
  * outside the timed span and without a round trip, so every step allocates
  * afresh.
+ *
+ * Two hosts (tcp): `--server` runs one consumer shard and its scheduler (as
+ * `ect push-consumer` does: every ready item accepted, taken and released as
+ * it arrives, resident copies evicted) beside bench_remote's control
+ * listener, which tells clients the shard's port and serves the raw-TCP
+ * limit; `--client H:P` pushes the same steps to it and measures that limit
+ * (k x n bytes, one byte back) between the same two hosts in the same run.
  */
 #include <getopt.h>
-#include <sys/resource.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <time.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/bench_remote.h"
 #include "cli/cli.h"
 #include "ectransfer.h"
 
@@ -110,11 +121,12 @@ static int shard_clear_one(shard *s, const char *tid) {
  * keeping up to `inflight` steps in flight: a new step is queued and flushed
  * as soon as fewer than `inflight` steps' items are unfinished. The time
  * spent clearing the shard (take + release + evict, no round trip) is not
- * counted. With inflight 1 every step waits for the previous one's results. */
-static int run_push(shard *s, ect_push_producer *p, void **src, size_t k, uint64_t n, double secs,
-                    size_t inflight, uint64_t *serial, row *r) {
-    char addr[64];
-    snprintf(addr, sizeof addr, "127.0.0.1:%d", ect_push_consumer_port(s->c));
+ * counted. With inflight 1 every step waits for the previous one's results.
+ * The warm-up runs `inflight` steps, and for warm_s seconds. With s NULL (a
+ * remote consumer) nothing is cleared here: the server does it. */
+static int run_push(shard *s, const char *addr, ect_push_producer *p, void **src, size_t k,
+                    uint64_t n, double secs, double warm_s, size_t inflight, uint64_t *serial,
+                    row *r) {
     uint64_t shape[1] = {n / 2};
     size_t rcap = k * inflight;
     ect_push_result *res = calloc(rcap, sizeof *res);
@@ -132,11 +144,12 @@ static int run_push(shard *s, ect_push_producer *p, void **src, size_t k, uint64
         ect_push_producer_stats(p, &st0);
         uint64_t t_start = cli_now_ns(), clear_ns = 0, cpu0 = cpu_ns();
         uint64_t t_end = t_start + (uint64_t)(secs * 1e9);
+        uint64_t warm_end = t_start + (uint64_t)(warm_s * 1e9);
         size_t started = 0, outstanding = 0, done_items = 0;
         size_t want_steps = warm ? inflight : 3;
         uint64_t deadline = cli_now_ms() + 60000;
         for (;;) {
-            bool more = started < want_steps || (!warm && cli_now_ns() < t_end);
+            bool more = started < want_steps || cli_now_ns() < (warm ? warm_end : t_end);
             while (!rc && more && outstanding + k <= k * inflight) {
                 for (size_t j = 0; j < k && !rc; j++) {
                     uint64_t id = (*serial)++;
@@ -158,7 +171,7 @@ static int run_push(shard *s, ect_push_producer *p, void **src, size_t k, uint64
                 ect_push_producer_flush(p);
                 outstanding += k;
                 started++;
-                more = started < want_steps || (!warm && cli_now_ns() < t_end);
+                more = started < want_steps || cli_now_ns() < (warm ? warm_end : t_end);
             }
             if (rc || outstanding == 0) break;
             if (cli_now_ms() > deadline) {
@@ -175,9 +188,9 @@ static int run_push(shard *s, ect_push_producer *p, void **src, size_t k, uint64
                 }
                 if (!warm && nlat < MAX_LAT) lat[nlat++] = res[i].latency_ns;
                 /* free the item on the shard, untimed and without a round trip */
-                if (!rc) rc = shard_clear_one(s, res[i].transfer_id);
+                if (!rc && s) rc = shard_clear_one(s, res[i].transfer_id);
             }
-            if (m) ect_push_consumer_evict(s->c, SIZE_MAX);
+            if (m && s) ect_push_consumer_evict(s->c, SIZE_MAX);
             clear_ns += cli_now_ns() - c0;
             outstanding -= m;
             done_items += m;
@@ -243,6 +256,243 @@ static int run_raw(shard *s, ect_xport *ini, void **src, size_t k, uint64_t n, d
     return rc;
 }
 
+/* One row of the table, or one JSON object of the list (server: the remote
+ * host, or NULL on loopback). */
+static void print_row(bool json, bool *first, const char *kind, uint64_t n, size_t k, size_t fl,
+                      const row *r, const char *server) {
+    double ratio = r->gbps / r->raw_gbps;
+    char sz[32];
+    cli_fmt_size(n, sz, sizeof sz);
+    if (json) {
+        printf("%s{\"transport\":\"%s\",\"size\":%" PRIu64 ",\"step\":%zu,"
+               "\"inflight\":%zu,\"items_per_s\":",
+               *first ? "" : ",", kind, n, k, fl);
+        const char *names[] = {
+            "gbps",     "p50_ms",     "p99_ms", "cpu_us_per_item", "round_trips_per_step",
+            "raw_gbps", "raw_p50_ms", "ratio"};
+        const double vals[] = {r->gbps,        r->p50_ms,   r->p99_ms,     r->cpu_us,
+                               r->rt_per_step, r->raw_gbps, r->raw_p50_ms, ratio};
+        cli_json_num(r->items_s);
+        for (size_t i = 0; i < CLI_ARRAY_LEN(vals); i++) {
+            printf(",\"%s\":", names[i]);
+            cli_json_num(vals[i]);
+        }
+        if (server) printf(",\"limit\":\"raw-tcp\",\"server\":\"%s\"", server);
+        printf("}");
+        *first = false;
+    } else {
+        printf("%-4s %9s %4zu %3zu %9.0f %8.2f %8.2f %8.2f %6.1f %8.1f   %8.2f %8.2f  %6.2f\n",
+               kind, sz, k, fl, r->items_s, r->gbps, r->p50_ms, r->p99_ms, r->rt_per_step,
+               r->cpu_us, r->raw_gbps, r->raw_p50_ms, ratio);
+    }
+    fflush(stdout);
+}
+
+/* The cases of one run: every size x step x inflight, in that order. */
+typedef struct cases {
+    const uint64_t *sizes, *steps, *flights;
+    size_t nsizes, nsteps, nflights;
+    bool json, *first;
+    void **src;
+    double secs, warm;
+    uint64_t *serial;
+} cases;
+
+/* Measures one case into r (r->ok when it did); returns 0 or an error. */
+typedef int (*case_fn)(void *ctx, const cases *cs, uint64_t n, size_t k, size_t fl, row *r);
+
+/* Runs fn on every case and prints its row (kind: the transport; server:
+ * the remote host or NULL). Returns CLI_EXIT_OK or CLI_EXIT_FAIL. */
+static int run_cases(const cases *cs, const char *kind, const char *server, case_fn fn, void *ctx) {
+    int rc = CLI_EXIT_OK;
+    for (size_t zi = 0; zi < cs->nsizes; zi++) {
+        for (size_t ki = 0; ki < cs->nsteps * cs->nflights; ki++) {
+            uint64_t n = cs->sizes[zi];
+            size_t k = (size_t)cs->steps[ki / cs->nflights];
+            size_t fl = (size_t)cs->flights[ki % cs->nflights];
+            row r;
+            memset(&r, 0, sizeof r);
+            r.raw_gbps = NAN;
+            r.raw_p50_ms = NAN;
+            if (fn(ctx, cs, n, k, fl, &r) != 0 || !r.ok) {
+                fprintf(stderr, "ect bench push: %s%s%s %" PRIu64 " B x %zu: %s\n", kind,
+                        server ? " to " : "", server ? server : "", n, k, ect_last_error());
+                rc = CLI_EXIT_FAIL;
+                continue;
+            }
+            print_row(cs->json, cs->first, kind, n, k, fl, &r, server);
+        }
+    }
+    return rc;
+}
+
+typedef struct local_ctx {
+    shard *s;
+    ect_push_producer *p;
+    ect_xport *ini;
+} local_ctx;
+
+/* Loopback: the push, then the transport's raw write_batch of the same k writes. */
+static int local_case(void *ctx, const cases *cs, uint64_t n, size_t k, size_t fl, row *r) {
+    local_ctx *l = ctx;
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", ect_push_consumer_port(l->s->c));
+    int e = run_push(l->s, addr, l->p, cs->src, k, n, cs->secs, 0, fl, cs->serial, r);
+    return e ? e : run_raw(l->s, l->ini, cs->src, k, n, cs->secs, r);
+}
+
+typedef struct remote_ctx {
+    const char *host, *addr;
+    int port;
+    ect_push_producer *p;
+} remote_ctx;
+
+/* Two hosts: the push to the server's shard, then raw TCP to the same server. */
+static int remote_case(void *ctx, const cases *cs, uint64_t n, size_t k, size_t fl, row *r) {
+    remote_ctx *m = ctx;
+    int e = run_push(NULL, m->addr, m->p, cs->src, k, n, cs->secs, cs->warm, fl, cs->serial, r);
+    if (e) return e;
+    cli_timing lim = {0};
+    if (bench_remote_raw(m->host, m->port, cs->src, k, (size_t)n, cs->warm, cs->secs, &lim) == 0) {
+        r->raw_gbps = lim.gbps;
+        r->raw_p50_ms = lim.p50_us / 1e3;
+    } else {
+        fprintf(stderr, "ect bench push: client: raw TCP limit to %s failed\n", m->host);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ two hosts */
+
+typedef struct push_srv {
+    ect_push_consumer *c;
+    ect_push_scheduler *s;
+    volatile bool stop;
+    uint64_t items;
+} push_srv;
+
+/* Accepts every ready item, takes and releases it, evicts the resident
+ * copies (each step allocates afresh, as on loopback). */
+static void *push_srv_loop(void *p) {
+    push_srv *v = p;
+    while (!v->stop) {
+        ect_push_scheduler_poll(v->s);
+        ect_push_sched_item it;
+        bool any = false;
+        while (ect_push_scheduler_next(v->s, &it) == 0) {
+            any = true;
+            ect_push_view view;
+            if (ect_push_consumer_take(v->c, it.transfer_id, &view) != 0 ||
+                ect_push_consumer_release(v->c, &view) != 0) {
+                fprintf(stderr, "ect bench push: server: %s: %s\n", it.transfer_id,
+                        ect_last_error());
+                ect_push_scheduler_fail(v->s, it.transfer_id, "consumer could not take the item");
+                continue;
+            }
+            ect_push_scheduler_loaded(v->s, it.transfer_id);
+            ect_push_scheduler_finished(v->s, it.transfer_id);
+            v->items++;
+        }
+        while (ect_push_scheduler_next_failed(v->s, &it) == 0)
+            fprintf(stderr, "ect bench push: server: transfer %s failed: %s: %s\n", it.transfer_id,
+                    ect_push_state_name(it.state), it.error);
+        if (any) {
+            ect_push_consumer_evict(v->c, SIZE_MAX);
+        } else {
+            struct timespec ts = {0, 200 * 1000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return NULL;
+}
+
+static int push_server(const bench_remote_args *a, uint64_t pool) {
+    if (!getenv("ECT_LOG")) ect_log_set_level(ECT_LOG_ERROR);
+    push_srv v = {0};
+    ect_push_consumer_opts co;
+    ect_push_consumer_opts_init(&co);
+    co.ec_ip = a->host;
+    co.ec_port = 0;
+    co.pool_size = pool;
+    co.transport = "tcp";
+    co.advertise = a->advertise;
+    co.data_port = (int)a->data_port;
+    int rc = CLI_EXIT_FAIL;
+    pthread_t th;
+    bool started = false;
+    if (ect_push_consumer_open(&co, &v.c) != 0) {
+        fprintf(stderr, "ect bench push: server: %s\n", ect_last_error());
+        goto out;
+    }
+    ect_push_scheduler_opts so;
+    ect_push_scheduler_opts_init(&so);
+    so.consumer_host = !ect_host_is_wildcard(a->host) ? a->host
+                       : strchr(a->host, ':')         ? "::1"
+                                                      : "127.0.0.1";
+    so.consumer_port = ect_push_consumer_port(v.c);
+    so.tp_size = 1;
+    so.accept_any = 1;
+    if (ect_push_scheduler_open(&so, &v.s) != 0) {
+        fprintf(stderr, "ect bench push: server: scheduler: %s\n", ect_last_error());
+        goto out;
+    }
+    /* ready only once the scheduler reached the shard */
+    for (uint64_t end = cli_now_ms() + 60000;;) {
+        ect_push_scheduler_poll(v.s);
+        ect_push_scheduler_stat st;
+        ect_push_scheduler_stats(v.s, &st);
+        if (st.shards == 1) break;
+        if (cli_now_ms() > end) {
+            fprintf(stderr, "ect bench push: server: the scheduler did not reach the shard\n");
+            goto out;
+        }
+        struct timespec ts = {0, 2 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    if (pthread_create(&th, NULL, push_srv_loop, &v) != 0) goto out;
+    started = true;
+    /* the xport target of the listener takes any port: --data-port is the shard's */
+    rc = bench_remote_serve("push", a->host, (int)a->port, 0, a->advertise,
+                            ect_push_consumer_port(v.c));
+out:
+    v.stop = true;
+    if (started) pthread_join(th, NULL);
+    if (started) fprintf(stderr, "ect bench push: server: %" PRIu64 " items\n", v.items);
+    ect_push_scheduler_close(v.s);
+    ect_push_consumer_close(v.c);
+    return rc;
+}
+
+/* Pushes every case to the server at host:port and beside each row the
+ * raw-TCP limit between the same two hosts. */
+static int push_client(const char *host, int port, cases *cs) {
+    if (!getenv("ECT_LOG")) ect_log_set_level(ECT_LOG_ERROR);
+    int pp = 0;
+    if (bench_remote_push_port(host, port, &pp) != 0) {
+        fprintf(stderr,
+                "ect bench push: client: no push server at %s port %d (ect bench push --server)\n",
+                host, port);
+        return CLI_EXIT_FAIL;
+    }
+    char addr[300];
+    snprintf(addr, sizeof addr, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, pp);
+    remote_ctx m = {.host = host, .addr = addr, .port = port};
+    ect_push_producer_opts po;
+    ect_push_producer_opts_init(&po);
+    po.staging_size = 0;
+    if (ect_push_producer_open(&po, &m.p) != 0) {
+        fprintf(stderr, "ect bench push: client: %s\n", ect_last_error());
+        return CLI_EXIT_FAIL;
+    }
+    /* transfer ids new to the server on every run (it remembers them a TTL) */
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    *cs->serial = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+    int rc = run_cases(cs, "tcp", host, remote_case, &m);
+    ect_push_producer_close(m.p);
+    return rc;
+}
+
 static void help(void) {
     printf("usage: ect bench push [--json] [--transport tcp,shm] [--seconds S] [--steps 1,8,32]\n"
            "                      [--sizes 64KiB,4.5MiB,16MiB]\n\n"
@@ -263,6 +513,20 @@ static void help(void) {
            "  --inflight LIST   steps kept in flight (default 1: each step waits for the\n"
            "                    previous one's results; N: a new step starts whenever fewer\n"
            "                    than N are unfinished); column `fl`\n"
+           "  --pool-size SIZE  server: the shard's pool (default 1GiB)\n\n"
+           "Two hosts (tcp), as `ect bench xport`: on one, `ect bench push --server`; on the\n"
+           "other, `ect bench push --client HOST:PORT` pushes the same steps to it (JSON rows\n"
+           "add limit and server); the raw column is then raw TCP between the same two hosts\n"
+           "(k x n bytes, one byte back), measured in the same run; cpu is the client's.\n"
+           "  --server          run one consumer shard and its scheduler (items released as\n"
+           "                    they arrive) and the raw-TCP sink until SIGINT/SIGTERM;\n"
+           "                    prints {\"event\":\"ready\",...,\"push_port\":N} once it listens\n"
+           "  --host H          server: bind address (default 0.0.0.0; :: for IPv6)\n"
+           "  --port P          server: control port (default 14590; 0: any free port)\n"
+           "  --data-port P     server: the shard's fixed data-plane port (default: any)\n"
+           "  --advertise HOST  server: the host producers are told to write to\n"
+           "  --client H:P      run against the server at H:P ([v6]:P for IPv6)\n"
+           "  --warmup D        client: untimed pushes before each measurement (default 200ms)\n"
            "Goals (issue 5): ratio >= 0.8 for 4.5 MiB items; round trips per step the same\n"
            "for k = 32 as for k = 1.\n");
 }
@@ -290,11 +554,19 @@ static bool parse_list(const char *flag, const char *s, uint64_t *v, size_t *n, 
 }
 
 int bench_push(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"json", no_argument, 0, 'j'},          {"transport", required_argument, 0, 't'},
-        {"seconds", required_argument, 0, 's'}, {"steps", required_argument, 0, 'k'},
-        {"sizes", required_argument, 0, 'z'},   {"inflight", required_argument, 0, 'f'},
-        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+    static const struct option opts[] = {{"json", no_argument, 0, 'j'},
+                                         {"transport", required_argument, 0, 't'},
+                                         {"seconds", required_argument, 0, 's'},
+                                         {"steps", required_argument, 0, 'k'},
+                                         {"sizes", required_argument, 0, 'z'},
+                                         {"inflight", required_argument, 0, 'f'},
+                                         {"pool-size", required_argument, 0, 'Z'},
+                                         BENCH_REMOTE_OPTIONS,
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    bench_remote_args ra;
+    bench_remote_args_init(&ra);
+    uint64_t pool = 1ull << 30;
     bool json = false;
     double secs = 0.3;
     const char *list = "tcp,shm";
@@ -304,7 +576,14 @@ int bench_push(int argc, char **argv) {
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "jt:s:k:z:f:h", opts, NULL)) != -1) {
+        int ar = bench_remote_arg("push", c, optarg, &ra);
+        if (ar < 0) return CLI_EXIT_USAGE;
+        if (ar > 0) continue;
         switch (c) {
+        case 'Z':
+            if (!cli_parse_size("--pool-size", optarg, &pool) || pool < (1u << 20))
+                return cli_usage_error("bench push", "--pool-size: at least 1MiB");
+            break;
         case 'j': json = true; break;
         case 't': list = optarg; break;
         case 's':
@@ -325,6 +604,10 @@ int bench_push(int argc, char **argv) {
     }
     if (optind < argc)
         return cli_usage_error("bench push", "unexpected argument '%s'", argv[optind]);
+    char ch[256];
+    int cp = 0;
+    if (bench_remote_check("push", &ra, ch, sizeof ch, &cp) != CLI_EXIT_OK) return CLI_EXIT_USAGE;
+    if (ra.server) return push_server(&ra, pool);
     char kinds[64];
     snprintf(kinds, sizeof kinds, "%s", list);
     for (char *save = NULL, *k = strtok_r(kinds, ",", &save); k; k = strtok_r(NULL, ",", &save))
@@ -356,80 +639,38 @@ int bench_push(int argc, char **argv) {
     int rc = CLI_EXIT_OK;
     bool first = true;
     uint64_t serial = 0;
-    snprintf(kinds, sizeof kinds, "%s", list);
+    cases cs = {.sizes = sizes,
+                .steps = steps,
+                .flights = flights,
+                .nsizes = nsizes,
+                .nsteps = nsteps,
+                .nflights = nflights,
+                .json = json,
+                .first = &first,
+                .src = src,
+                .secs = secs,
+                .warm = ra.warm_ms / 1000,
+                .serial = &serial};
+    if (ra.client) rc = push_client(ch, cp, &cs);
+    snprintf(kinds, sizeof kinds, "%s", ra.client ? "" : list);
     for (char *save = NULL, *kind = strtok_r(kinds, ",", &save); kind;
          kind = strtok_r(NULL, ",", &save)) {
-        shard *s = NULL;
-        ect_xport *ini = NULL;
-        ect_push_producer *p = NULL;
+        local_ctx l = {0};
         ect_push_producer_opts po;
         ect_push_producer_opts_init(&po);
         po.staging_size = 0;
-        if (shard_open(kind, maxk * maxn * (maxf + 1) + (64u << 20), &s) ||
-            ect_xport_open(kind, NULL, &ini) || ect_push_producer_open(&po, &p)) {
+        if (shard_open(kind, maxk * maxn * (maxf + 1) + (64u << 20), &l.s) ||
+            ect_xport_open(kind, NULL, &l.ini) || ect_push_producer_open(&po, &l.p)) {
             fprintf(stderr, "ect bench push: %s: %s\n", kind, ect_last_error());
-            ect_push_producer_close(p);
-            ect_xport_close(ini);
-            shard_close(s);
             rc = CLI_EXIT_FAIL;
-            continue;
+        } else if (run_cases(&cs, kind, NULL, local_case, &l) != CLI_EXIT_OK) {
+            rc = CLI_EXIT_FAIL;
         }
-        for (size_t zi = 0; zi < nsizes; zi++) {
-            for (size_t ki = 0; ki < nsteps * nflights; ki++) {
-                uint64_t n = sizes[zi];
-                size_t k = (size_t)steps[ki / nflights], fl = (size_t)flights[ki % nflights];
-                row r;
-                memset(&r, 0, sizeof r);
-                r.raw_gbps = NAN;
-                r.raw_p50_ms = NAN;
-                int e = run_push(s, p, src, k, n, secs, fl, &serial, &r);
-                if (!e) e = run_raw(s, ini, src, k, n, secs, &r);
-                if (e || !r.ok) {
-                    fprintf(stderr, "ect bench push: %s %" PRIu64 " B x %zu: %s\n", kind, n, k,
-                            ect_last_error());
-                    rc = CLI_EXIT_FAIL;
-                    continue;
-                }
-                double ratio = r.gbps / r.raw_gbps;
-                char sz[32];
-                cli_fmt_size(n, sz, sizeof sz);
-                if (json) {
-                    printf("%s\n {\"transport\":\"%s\",\"size\":%" PRIu64 ",\"step\":%zu,"
-                           "\"inflight\":%zu,\"items_per_s\":",
-                           first ? "" : ",", kind, n, k, fl);
-                    cli_json_num(r.items_s);
-                    printf(",\"gbps\":");
-                    cli_json_num(r.gbps);
-                    printf(",\"p50_ms\":");
-                    cli_json_num(r.p50_ms);
-                    printf(",\"p99_ms\":");
-                    cli_json_num(r.p99_ms);
-                    printf(",\"cpu_us_per_item\":");
-                    cli_json_num(r.cpu_us);
-                    printf(",\"round_trips_per_step\":");
-                    cli_json_num(r.rt_per_step);
-                    printf(",\"raw_gbps\":");
-                    cli_json_num(r.raw_gbps);
-                    printf(",\"raw_p50_ms\":");
-                    cli_json_num(r.raw_p50_ms);
-                    printf(",\"ratio\":");
-                    cli_json_num(ratio);
-                    printf("}");
-                    first = false;
-                } else {
-                    printf("%-4s %9s %4zu %3zu %9.0f %8.2f %8.2f %8.2f %6.1f %8.1f   %8.2f %8.2f  "
-                           "%6.2f\n",
-                           kind, sz, k, fl, r.items_s, r.gbps, r.p50_ms, r.p99_ms, r.rt_per_step,
-                           r.cpu_us, r.raw_gbps, r.raw_p50_ms, ratio);
-                }
-                fflush(stdout);
-            }
-        }
-        ect_push_producer_close(p);
-        ect_xport_close(ini);
-        shard_close(s);
+        ect_push_producer_close(l.p);
+        ect_xport_close(l.ini);
+        shard_close(l.s);
     }
-    if (json) printf("\n]\n");
+    if (json) printf("]\n");
     for (size_t j = 0; j < maxk; j++) free(src[j]);
     free(src);
     return rc;

@@ -4,7 +4,9 @@
  * runs the server (a tcp target plus a small control listener), the other
  * names it and drives the run, printing the same table and JSON as the
  * loopback bench. The raw-TCP limit is measured between the same two hosts
- * in the same run, against the same server.
+ * in the same run, against the same server. `ect bench push --server` runs
+ * the same listener beside a push consumer (bench_push.c) and tells its
+ * control port.
  *
  * Control protocol (text lines on one TCP connection each, ours only):
  *   "REG N\n"  the server maps and registers N bytes and answers
@@ -13,6 +15,7 @@
  *              the region lives until the client closes the connection.
  *   "RAW N\n"  the connection becomes a raw sink: N bytes in, one byte back,
  *              until the client closes it.
+ *   "PUSH\n"   (push server) "OK PORT\n": the push consumer's control port.
  *   anything else: "ERR text\n" and the connection is closed.
  */
 #include <errno.h>
@@ -71,6 +74,7 @@ static int send_all(int fd, const void *p, size_t n) {
 typedef struct srv {
     ect_xport *t;
     const char *advertise;
+    int push_port;
 } srv;
 
 typedef struct conn {
@@ -147,6 +151,10 @@ static void *serve(void *p) {
             if (on && send(c->fd, &a, 1, MSG_NOSIGNAL) != 1) on = false;
         }
         free(buf);
+    } else if (strcmp(line, "PUSH") == 0 && c->s->push_port > 0) {
+        char reply[32];
+        snprintf(reply, sizeof reply, "OK %d\n", c->s->push_port);
+        send_all(c->fd, reply, strlen(reply));
     } else {
         static const char bad[] = "ERR expected REG N or RAW N (N 1..2^30)\n";
         send_all(c->fd, bad, sizeof bad - 1);
@@ -157,16 +165,17 @@ out:
     return NULL;
 }
 
-int bench_xport_server(const char *host, int port, int data_port, const char *advertise) {
+int bench_remote_serve(const char *name, const char *host, int port, int data_port,
+                       const char *advertise, int push_port) {
     ect_xport_opts o;
     ect_xport_opts_init(&o);
     char listen_addr[300];
     snprintf(listen_addr, sizeof listen_addr, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host,
              data_port);
     o.listen = listen_addr;
-    srv s = {.advertise = advertise};
+    srv s = {.advertise = advertise, .push_port = push_port};
     if (ect_xport_open("tcp", &o, &s.t) != 0) {
-        fprintf(stderr, "ect bench xport: server: %s\n", ect_last_error());
+        fprintf(stderr, "ect bench %s: server: %s\n", name, ect_last_error());
         return CLI_EXIT_FAIL;
     }
     struct addrinfo hints = {.ai_family = AF_UNSPEC,
@@ -186,7 +195,7 @@ int bench_xport_server(const char *host, int port, int data_port, const char *ad
         freeaddrinfo(res);
     }
     if (l < 0) {
-        fprintf(stderr, "ect bench xport: server: cannot listen on %s port %d: %s\n", host, port,
+        fprintf(stderr, "ect bench %s: server: cannot listen on %s port %d: %s\n", name, host, port,
                 strerror(errno));
         ect_xport_close(s.t);
         return CLI_EXIT_FAIL;
@@ -201,9 +210,11 @@ int bench_xport_server(const char *host, int port, int data_port, const char *ad
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    printf("{\"event\":\"ready\",\"bench\":\"xport\",\"host\":\"%s\",\"port\":%d,"
-           "\"session\":\"%s\"}\n",
-           host, bound, ect_xport_session(s.t));
+    printf("{\"event\":\"ready\",\"bench\":\"%s\",\"host\":\"%s\",\"port\":%d,"
+           "\"session\":\"%s\"",
+           name, host, bound, ect_xport_session(s.t));
+    if (push_port > 0) printf(",\"push_port\":%d", push_port);
+    printf("}\n");
     fflush(stdout);
     unsigned served = 0;
     while (!stop_flag) {
@@ -231,8 +242,12 @@ int bench_xport_server(const char *host, int port, int data_port, const char *ad
     /* Connections still open end with the process; the target closes first
      * so no write lands after. */
     ect_xport_close(s.t);
-    fprintf(stderr, "ect bench xport: server: %u connection(s) served\n", served);
+    fprintf(stderr, "ect bench %s: server: %u connection(s) served\n", name, served);
     return CLI_EXIT_OK;
+}
+
+int bench_xport_server(const char *host, int port, int data_port, const char *advertise) {
+    return bench_remote_serve("xport", host, port, data_port, advertise, 0);
 }
 
 /* ---- client */
@@ -260,13 +275,14 @@ static int dial(const char *host, int port) {
 
 typedef struct raw_ctx {
     int fd;
-    const uint8_t *src;
-    size_t n;
+    void *const *src;
+    size_t k, n;
 } raw_ctx;
 
 static int raw_iter(void *p) {
     raw_ctx *c = p;
-    if (send_all(c->fd, c->src, c->n) != 0) return -1;
+    for (size_t j = 0; j < c->k; j++)
+        if (send_all(c->fd, c->src[j], c->n) != 0) return -1;
     uint8_t a;
     return recv(c->fd, &a, 1, 0) == 1 ? 0 : -1;
 }
@@ -278,6 +294,74 @@ static int warm_timed(cli_iter_fn fn, void *ctx, uint64_t bytes, double warm, do
     while (cli_now_ns() < end)
         if (fn(ctx) != 0) return -1;
     return cli_timed(fn, ctx, bytes, secs, s);
+}
+
+int bench_remote_raw(const char *host, int port, void *const *src, size_t k, size_t n, double warm,
+                     double secs, cli_timing *out) {
+    char line[64];
+    int fd = dial(host, port);
+    snprintf(line, sizeof line, "RAW %zu\n", k * n);
+    raw_ctx rc = {.fd = fd, .src = src, .k = k, .n = n};
+    int e = fd < 0 || k * n > MAX_REG || send_all(fd, line, strlen(line)) != 0 ||
+                    warm_timed(raw_iter, &rc, k * n, warm, secs, out) != 0
+                ? -1
+                : 0;
+    if (fd >= 0) close(fd);
+    if (e) out->ok = false;
+    return e;
+}
+
+int bench_remote_push_port(const char *host, int port, int *push_port) {
+    char line[128] = "";
+    int fd = dial(host, port);
+    int e = fd < 0 || send_all(fd, "PUSH\n", 5) != 0 || read_line(fd, line, sizeof line) < 0 ||
+                    sscanf(line, "OK %d", push_port) != 1
+                ? -1
+                : 0;
+    if (fd >= 0) close(fd);
+    return e;
+}
+
+void bench_remote_args_init(bench_remote_args *a) {
+    memset(a, 0, sizeof *a);
+    a->host = "0.0.0.0";
+    a->port = 14590;
+    a->warm_ms = 200;
+}
+
+int bench_remote_arg(const char *name, int c, const char *arg, bench_remote_args *a) {
+    char cmd[32];
+    snprintf(cmd, sizeof cmd, "bench %s", name);
+    switch (c) {
+    case 'S': a->server = true; return 1;
+    case 'C': a->client = arg; return 1;
+    case 'H': a->host = arg; return 1;
+    case 'A':
+        if (!*arg || ect_host_is_wildcard(arg) || strlen(arg) > 255) {
+            cli_usage_error(cmd,
+                            "--advertise '%s': a host name or address clients can reach, not a "
+                            "wildcard",
+                            arg);
+            return -1;
+        }
+        a->advertise = arg;
+        return 1;
+    case 'p': return cli_parse_u64("--port", arg, 0, 65535, &a->port) ? 1 : -1;
+    case 'P': return cli_parse_u64("--data-port", arg, 0, 65535, &a->data_port) ? 1 : -1;
+    case 'w': return cli_parse_duration("--warmup", arg, 1000, 0, 60000, &a->warm_ms) ? 1 : -1;
+    default: return 0;
+    }
+}
+
+int bench_remote_check(const char *name, bench_remote_args *a, char *host, size_t hostcap,
+                       int *port) {
+    char cmd[32];
+    snprintf(cmd, sizeof cmd, "bench %s", name);
+    if (a->server && a->client)
+        return cli_usage_error(cmd, "--server and --client exclude each other");
+    if (a->client && !cli_parse_hostport("--client", a->client, host, hostcap, port))
+        return CLI_EXIT_USAGE;
+    return CLI_EXIT_OK;
 }
 
 int bench_xport_client(const char *host, int port, double secs, double warm, bool json) {
@@ -298,7 +382,7 @@ int bench_xport_client(const char *host, int port, double secs, double warm, boo
     for (size_t k = 0; k < CLI_ARRAY_LEN(sizes) && rc == CLI_EXIT_OK; k++) {
         size_t n = (size_t)sizes[k];
         uint8_t *src = malloc(n);
-        int cfd = dial(host, port), rfd = -1;
+        int cfd = dial(host, port);
         char line[ECT_XPORT_KEY_MAX + 400], key[ECT_XPORT_KEY_MAX], sess[300];
         uint64_t addr = 0;
         cli_timing us = {0}, lim = {0};
@@ -325,14 +409,9 @@ int bench_xport_client(const char *host, int port, double secs, double warm, boo
             goto next;
         }
         /* the limit: raw TCP to the same server host, same bytes, same sync */
-        rfd = dial(host, port);
-        snprintf(line, sizeof line, "RAW %zu\n", n);
-        raw_ctx rc_ = {.fd = rfd, .src = src, .n = n};
-        if (rfd < 0 || send_all(rfd, line, strlen(line)) != 0 ||
-            warm_timed(raw_iter, &rc_, n, warm, secs, &lim) != 0) {
+        void *one[1] = {src};
+        if (bench_remote_raw(host, port, one, 1, n, warm, secs, &lim) != 0)
             fprintf(stderr, "ect bench xport: client: raw TCP limit to %s failed\n", host);
-            lim.ok = false;
-        }
         double ratio = lim.ok && lim.gbps > 0 ? us.gbps / lim.gbps : NAN;
         char sz[32];
         if (json) {
@@ -359,7 +438,6 @@ int bench_xport_client(const char *host, int port, double secs, double warm, boo
         }
         fflush(stdout);
     next:
-        if (rfd >= 0) close(rfd);
         if (cfd >= 0) close(cfd);
         free(src);
     }

@@ -268,21 +268,21 @@ static int small_batch(const char *kind, ect_xport *t, ect_xport *i, double secs
     if (rc == CLI_EXIT_OK) {
         double ratio = lim.ok && lim.gbps > 0 ? us.gbps / lim.gbps : NAN;
         if (json) {
-            printf("%s\n  {\"transport\": \"%s\", \"size\": %zu, \"batch\": %d, \"gbps\": ",
-                   *first ? "" : ",", kind, (size_t)SMALL_LEN, SMALL_N);
+            printf("%s{\"transport\":\"%s\",\"size\":%zu,\"batch\":%d,\"gbps\":", *first ? "" : ",",
+                   kind, (size_t)SMALL_LEN, SMALL_N);
             *first = false;
             cli_json_num(us.gbps);
-            printf(", \"limit\": \"1x2MiB\", \"limit_gbps\": ");
+            printf(",\"limit\":\"1x2MiB\",\"limit_gbps\":");
             cli_json_num(lim.gbps);
-            printf(", \"ratio\": ");
+            printf(",\"ratio\":");
             cli_json_num(ratio);
-            printf(", \"p50_us\": ");
+            printf(",\"p50_us\":");
             cli_json_num(us.p50_us);
-            printf(", \"p99_us\": ");
+            printf(",\"p99_us\":");
             cli_json_num(us.p99_us);
-            printf(", \"limit_p50_us\": ");
+            printf(",\"limit_p50_us\":");
             cli_json_num(lim.p50_us);
-            printf(", \"limit_p99_us\": ");
+            printf(",\"limit_p99_us\":");
             cli_json_num(lim.p99_us);
             printf("}");
         } else {
@@ -351,21 +351,21 @@ static int one_kind(const char *kind, double secs, bool json, bool *first) {
             double ratio = lim.ok && lim.gbps > 0 ? us.gbps / lim.gbps : NAN;
             char sz[32];
             if (json) {
-                printf("%s\n  {\"transport\": \"%s\", \"size\": %zu, \"gbps\": ", *first ? "" : ",",
-                       kind, n);
+                printf("%s{\"transport\":\"%s\",\"size\":%zu,\"gbps\":", *first ? "" : ",", kind,
+                       n);
                 *first = false;
                 cli_json_num(us.gbps);
-                printf(", \"limit\": \"%s\", \"limit_gbps\": ", limit);
+                printf(",\"limit\":\"%s\",\"limit_gbps\":", limit);
                 cli_json_num(lim.ok ? lim.gbps : NAN);
-                printf(", \"ratio\": ");
+                printf(",\"ratio\":");
                 cli_json_num(ratio);
-                printf(", \"p50_us\": ");
+                printf(",\"p50_us\":");
                 cli_json_num(us.p50_us);
-                printf(", \"p99_us\": ");
+                printf(",\"p99_us\":");
                 cli_json_num(us.p99_us);
-                printf(", \"limit_p50_us\": ");
+                printf(",\"limit_p50_us\":");
                 cli_json_num(lim.ok ? lim.p50_us : NAN);
-                printf(", \"limit_p99_us\": ");
+                printf(",\"limit_p99_us\":");
                 cli_json_num(lim.ok ? lim.p99_us : NAN);
                 printf("}");
             } else {
@@ -388,49 +388,26 @@ static int one_kind(const char *kind, double secs, bool json, bool *first) {
 }
 
 int bench_xport(int argc, char **argv) {
-    static const struct option opts[] = {{"json", no_argument, 0, 'j'},
-                                         {"transport", required_argument, 0, 't'},
-                                         {"seconds", required_argument, 0, 's'},
-                                         {"server", no_argument, 0, 'S'},
-                                         {"client", required_argument, 0, 'C'},
-                                         {"host", required_argument, 0, 'H'},
-                                         {"port", required_argument, 0, 'p'},
-                                         {"data-port", required_argument, 0, 'P'},
-                                         {"advertise", required_argument, 0, 'A'},
-                                         {"warmup", required_argument, 0, 'w'},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
-    bool json = false, server = false;
-    double secs = 0.5, warm_ms = 200;
-    const char *client = NULL, *host = "0.0.0.0", *advertise = NULL;
-    uint64_t port = 14590, dport = 0;
+    static const struct option opts[] = {
+        {"json", no_argument, 0, 'j'},          {"transport", required_argument, 0, 't'},
+        {"seconds", required_argument, 0, 's'}, BENCH_REMOTE_OPTIONS,
+        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+    bool json = false;
+    double secs = 0.5;
+    bench_remote_args ra;
+    bench_remote_args_init(&ra);
     const char *list = cli_have_transport("ucx") ? "tcp,shm,ucx" : "tcp,shm";
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "jt:s:h", opts, NULL)) != -1) {
+        int r = bench_remote_arg("xport", c, optarg, &ra);
+        if (r < 0) return CLI_EXIT_USAGE;
+        if (r > 0) continue;
         switch (c) {
         case 'j': json = true; break;
         case 't': list = optarg; break;
         case 's':
             if (!cli_parse_seconds("bench xport", optarg, 0.05, 60, &secs)) return CLI_EXIT_USAGE;
-            break;
-        case 'S': server = true; break;
-        case 'C': client = optarg; break;
-        case 'H': host = optarg; break;
-        case 'A':
-            if (ect_host_is_wildcard(optarg) || strlen(optarg) > 255)
-                return cli_usage_error("bench xport", "--advertise '%s': not a wildcard", optarg);
-            advertise = optarg;
-            break;
-        case 'p':
-            if (!cli_parse_u64("--port", optarg, 0, 65535, &port)) return CLI_EXIT_USAGE;
-            break;
-        case 'P':
-            if (!cli_parse_u64("--data-port", optarg, 0, 65535, &dport)) return CLI_EXIT_USAGE;
-            break;
-        case 'w':
-            if (!cli_parse_duration("--warmup", optarg, 1000, 0, 60000, &warm_ms))
-                return CLI_EXIT_USAGE;
             break;
         case 'h': help(); return CLI_EXIT_OK;
         default: return cli_bad_flag("bench xport", opts);
@@ -438,15 +415,12 @@ int bench_xport(int argc, char **argv) {
     }
     if (optind < argc)
         return cli_usage_error("bench xport", "unexpected argument '%s'", argv[optind]);
-    if (server && client)
-        return cli_usage_error("bench xport", "--server and --client exclude each other");
-    if (server) return bench_xport_server(host, (int)port, (int)dport, advertise);
-    if (client) {
-        char ch[256];
-        int cp;
-        if (!cli_parse_hostport("--client", client, ch, sizeof ch, &cp)) return CLI_EXIT_USAGE;
-        return bench_xport_client(ch, cp, secs, warm_ms / 1000, json);
-    }
+    char ch[256];
+    int cp = 0;
+    if (bench_remote_check("xport", &ra, ch, sizeof ch, &cp) != CLI_EXIT_OK) return CLI_EXIT_USAGE;
+    if (ra.server)
+        return bench_xport_server(ra.host, (int)ra.port, (int)ra.data_port, ra.advertise);
+    if (ra.client) return bench_xport_client(ch, cp, secs, ra.warm_ms / 1000, json);
     char kinds[64];
     snprintf(kinds, sizeof kinds, "%s", list);
     for (char *save = NULL, *k = strtok_r(kinds, ",", &save); k; k = strtok_r(NULL, ",", &save)) {
@@ -467,6 +441,6 @@ int bench_xport(int argc, char **argv) {
         int r = one_kind(k, secs, json, &first);
         if (r != CLI_EXIT_OK) rc = r;
     }
-    if (json) printf("\n]\n");
+    if (json) printf("]\n");
     return rc;
 }

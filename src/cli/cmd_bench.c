@@ -237,7 +237,7 @@ static void print_json(const rows *r) {
     }
     /* 17 significant digits: the numbers as measured, so a reader checking a
      * ratio against value / limit gets it exactly (rounded values do not) */
-    char *s = json_dumps(list, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    char *s = json_dumps(list, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
     if (s) printf("%s\n", s);
     free(s);
     json_decref(list);

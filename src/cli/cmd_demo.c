@@ -182,9 +182,9 @@ static void push_line(demo *d, int child, json_t *o) {
     } else {
         d->sent++;
         add_latency(d, json_number_value(json_object_get(o, "latency_ms")));
-        if (strcmp(jstr(o, "status"), "done") != 0) {
+        if (strcmp(jstr(o, "status"), "ok") != 0) { /* "ok" or the error text */
             e->settled = true;
-            item_failed(d, id, *jstr(o, "error") ? jstr(o, "error") : jstr(o, "status"));
+            item_failed(d, id, jstr(o, "status"));
             return;
         }
         d->moved++;

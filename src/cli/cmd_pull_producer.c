@@ -33,10 +33,10 @@ static void help(void) {
            "\n"
            "Generation-1 producer: ROUTER on PORT, PUB on PORT+1. Saves N synthetic items of SIZE\n"
            "bytes (deterministic bytes; dtype uint8, shape [SIZE]) or the given files, prints one\n"
-           "JSON line per published item {mm_hash, nbytes, checksum, dtype, shape}, then the\n"
-           "readiness line {\"event\":\"ready\",\"serving\":true,\"host\",\"port\","
-           "\"pub_port\",\n"
-           "\"transport\", \"session_id\"} and serves pulls until SIGINT/SIGTERM (exit 0).\n"
+           "JSON line per published item {mm_hash, nbytes, checksum, dtype, shape, status}\n"
+           "(status \"ok\"), then the readiness line {\"event\":\"ready\",\"serving\":true,\n"
+           "\"host\",\"port\",\"pub_port\",\"transport\",\"session_id\"} and serves pulls until "
+           "SIGINT/SIGTERM (exit 0).\n"
            "\n"
            "  --host H          address to bind (default 127.0.0.1)\n"
            "  --port P          ec_port (default 14579; 0 = an ephemeral pair, printed)\n"
@@ -221,7 +221,7 @@ int cmd_pull_producer(int argc, char **argv) {
             break;
         }
         printf("{\"mm_hash\":\"%s\",\"nbytes\":%" PRIu64 ",\"checksum\":\"%016" PRIx64
-               "\",\"dtype\":\"uint8\",\"shape\":[%" PRIu64 "]}\n",
+               "\",\"dtype\":\"uint8\",\"shape\":[%" PRIu64 "],\"status\":\"ok\"}\n",
                hash, n, sum, n);
         fflush(stdout);
     }

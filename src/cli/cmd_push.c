@@ -54,7 +54,8 @@ static void help(void) {
         "  --id-prefix P         transfer_id prefix (default push-<pid>-<random>)\n"
         "  --timeout D           give up on a step after D (30s, 2m; bare: seconds; default 120s)\n"
         "  --push-wait D         how long an item may wait for room when the consumer's pool is\n"
-        "                        full (it retries meanwhile; bare: seconds; default 60s, upstream's\n"
+        "                        full (it retries meanwhile; bare: seconds; default 60s, "
+        "upstream's\n"
         "                        push_wait_timeout_s); then it fails saying the pool stayed full\n"
         "  --control-timeout D   each control exchange (bare: seconds; default 30s, as the spec "
         "says)\n"
@@ -75,7 +76,8 @@ static void help(void) {
         "                content dedups at the consumer, which answers it `cached`)\n"
         "  checksum    = XXH64 (seed 0) of the bytes, 16 hex digits (as ect push-consumer prints)\n"
         "Output: one JSON line per item: transfer_id, mm_hash, nbytes, checksum, status\n"
-        "(done | failed | cancelled), error (when not done), latency_ms (reserve to outcome),\n"
+        "(ok | the error text), state (done | failed | cancelled), error (when not done),\n"
+        "latency_ms (reserve to outcome),\n"
         "shards (TP ranks it went to), transport (\"\" when nothing moved: answered cached),\n"
         "retries (reserve rounds the consumer refused as full before the outcome). Then on\n"
         "stderr: \"ect push: M moved, R retried, F failed of N items\" (moved: done on every\n"
@@ -133,8 +135,11 @@ static void print_line(const slot *s, uint64_t nbytes, const ect_push_result *r)
     json_object_set_new(o, "mm_hash", json_string(s->hash));
     json_object_set_new(o, "nbytes", json_integer((json_int_t)nbytes));
     json_object_set_new(o, "checksum", json_string(ck));
+    /* status: "ok" or the error text, as every command says it; state: how
+     * the item ended; error: the error text again (kept for older parsers) */
     const char *st = r->status == 0 ? "done" : r->status == ECT_ECANCELED ? "cancelled" : "failed";
-    json_object_set_new(o, "status", json_string(st));
+    json_object_set_new(o, "status", json_string(r->status ? r->error : "ok"));
+    json_object_set_new(o, "state", json_string(st));
     if (r->status) json_object_set_new(o, "error", json_string(r->error));
     json_object_set_new(o, "latency_ms", json_real((double)r->latency_ns / 1e6));
     json_object_set_new(o, "shards", json_integer((json_int_t)r->shards));

@@ -80,10 +80,11 @@ static void help(void) {
         "Output on stdout, one JSON object a line: first, once every shard listens and the\n"
         "scheduler reached every one (push from then on),\n"
         "  {\"event\":\"ready\",\"host\",\"ports\",\"data_ports\",[\"advertise\"],\"transport\",\n"
-        "   \"pool_size\",\"pool_device\"[,\"metrics_port\"]}  (data_ports: each rank's data-plane\n"
-        "   port; [] for shm)\n"
+        "   \"pool_size\",\"pool_device\"[,\"metrics_port\"]}  (data_ports: each rank's\n"
+        "   data-plane port; [] for shm)\n"
         "then one line per item:\n"
-        "  {\"transfer_id\",\"mm_hash\",\"nbytes\",\"shape\",\"dtype\",\"checksum\"}\n"
+        "  {\"transfer_id\",\"mm_hash\",\"nbytes\",\"shape\",\"dtype\",\"checksum\",\"status\"}\n"
+        "status is \"ok\" (only items read and verified are printed);\n"
         "checksum is XXH64 (seed 0) of the bytes as 16 hex digits (as `ect push` prints);\n"
         "dtype is the canonical name (\"float32\" for a reserve of \"torch.float32\").\n"
         "On stderr, as they happen: \"ect push-consumer: transfer T failed: ...\" for every\n"
@@ -122,6 +123,7 @@ static void print_item(const ect_push_view *v, uint64_t ck) {
     json_object_set_new(o, "shape", shape);
     json_object_set_new(o, "dtype", json_string(v->dtype));
     json_object_set_new(o, "checksum", json_string(cks));
+    json_object_set_new(o, "status", json_string("ok"));
     print_line(o);
 }
 
@@ -406,8 +408,8 @@ int cmd_push_consumer(int argc, char **argv) {
             if (st.shards == tp) {
                 fprintf(stderr, "ect push-consumer: scheduler connected to %u shard(s)\n",
                         st.shards);
-                print_ready(host, port + dp * tp, tp, transport, pool, pool_device, advertise,
-                            cons, ms ? ect_metrics_server_port(ms) : -1);
+                print_ready(host, port + dp * tp, tp, transport, pool, pool_device, advertise, cons,
+                            ms ? ect_metrics_server_port(ms) : -1);
                 announced = true;
             }
         }

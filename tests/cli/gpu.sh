@@ -53,7 +53,7 @@ run_e2e() { # run_e2e TP TRANSPORT COUNT SIZE PRODUCER-DEVICE
     || { echo "ect push failed (tp $tp $xp $dev)"; cat "$tmp/prod.out" "$tmp/prod.err" "$tmp/cons.out.err"; exit 1; }
   wait_exit "$cpid" 60 # --count: it ends by itself once every item arrived
   wait "$cpid" || { cat "$tmp/cons.out.err"; echo "push-consumer failed"; exit 1; }
-  [ "$(grep -c '"status":"done"' "$tmp/prod.out")" -eq "$count" ]
+  [ "$(grep -c '"status":"ok","state":"done"' "$tmp/prod.out")" -eq "$count" ]
   python3 - "$tmp/prod.out" "$tmp/cons.out" <<'EOF'
 import json, sys
 prod = {d["transfer_id"]: d["checksum"] for d in map(json.loads, open(sys.argv[1]))}

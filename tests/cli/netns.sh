@@ -51,8 +51,8 @@ in2 ip -6 addr add 2001:db8::2/64 dev "$veth2" nodad 2>/dev/null || have_v6=0
 in1 ip link set "$veth1" up
 in2 ip link set "$veth2" up
 
-sent() { sed -n 's/^{"transfer_id":"\([^"]*\)","mm_hash":"[^"]*","nbytes":[0-9]*,"checksum":"\([0-9a-f]*\)","status":"done".*/\1 \2/p' "$1" | sort; }
-received() { sed -n 's/^{"transfer_id":"\([^"]*\)","mm_hash":"[^"]*","nbytes":[0-9]*,"shape":\[[0-9,]*\],"dtype":"[a-z0-9_.]*","checksum":"\([0-9a-f]*\)"}$/\1 \2/p' "$1" | sort; }
+sent() { sed -n 's/^{"transfer_id":"\([^"]*\)","mm_hash":"[^"]*","nbytes":[0-9]*,"checksum":"\([0-9a-f]*\)","status":"ok","state":"done".*/\1 \2/p' "$1" | sort; }
+received() { sed -n 's/^{"transfer_id":"\([^"]*\)","mm_hash":"[^"]*","nbytes":[0-9]*,"shape":\[[0-9,]*\],"dtype":"[a-z0-9_.]*","checksum":"\([0-9a-f]*\)","status":"ok"}$/\1 \2/p' "$1" | sort; }
 
 # run TAG BIND TO [CONSUMER ARGS...]: a consumer in ns1 bound to BIND, a
 # producer in ns2 pushing to TO; 4 items must arrive checksum-equal.
@@ -153,11 +153,48 @@ in2 "$ect" bench xport --client 192.0.2.1:14590 --seconds 50ms --warmup 0 >"$tmp
   { cat "$tmp/btab"; echo "bench client (table) failed"; exit 1; }
 grep -q '^xprt .*ratio$' "$tmp/btab"
 [ "$(grep -c '^tcp .* raw-tcp ' "$tmp/btab")" -eq 5 ] || { cat "$tmp/btab"; echo "bench table rows"; exit 1; }
+# a push client against the xport server: refused, naming what it needs
+expect_exit 1 'no push server' in2 "$ect" bench push --client 192.0.2.1:14590 --seconds 50ms
 kill -TERM "$bpid"
 wait_exit "$bpid" 60
 wait "$bpid" || { cat "$tmp/bsrv.err"; echo "bench server exited non-zero"; exit 1; }
 grep -q 'connection(s) served' "$tmp/bsrv.err"
 echo "bench: two-host xport rows with the raw-TCP limit between the namespaces"
+
+# 7. the two-host push benchmark: `ect bench push --server` (a consumer shard
+# and its scheduler, items released as they arrive) bound to 0.0.0.0 in ns1,
+# `--client` in ns2 pushing the same steps; every row has a rate and the
+# raw-TCP limit between the same two namespaces. The items reach the shard
+# only if it told the producer a routable data-plane address.
+ip netns exec "$ns1" "$ect" bench push --server --host 0.0.0.0 --port 14591 --data-port 15310 \
+  --pool-size 128MiB >"$tmp/psrv" 2>"$tmp/psrv.err" &
+bpid=$!
+pids+=("$bpid")
+wait_event "$tmp/psrv" ready "$bpid" || { cat "$tmp/psrv.err"; echo "push bench server not ready"; exit 1; }
+[ "$(event_field "$tmp/psrv" ready bench)" = push ] || { cat "$tmp/psrv"; echo "ready: bench"; exit 1; }
+in2 timeout 120 "$ect" bench push --client 192.0.2.1:14591 --sizes 64KiB,1MiB --steps 1,8 \
+  --seconds 50ms --warmup 20ms --json >"$tmp/pcli" 2>"$tmp/pcli.err" ||
+  { cat "$tmp/pcli.err" "$tmp/psrv.err"; echo "push bench client failed"; exit 1; }
+[ "$(wc -l <"$tmp/pcli")" -eq 1 ] || { cat "$tmp/pcli"; echo "push bench --json: not one line"; exit 1; }
+/usr/bin/python3 - "$tmp/pcli" <<'EOF2'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+assert [(r["size"], r["step"]) for r in rows] == [(65536, 1), (65536, 8), (1 << 20, 1), (1 << 20, 8)], rows
+for r in rows:
+    assert r["transport"] == "tcp" and r["limit"] == "raw-tcp" and r["server"] == "192.0.2.1", r
+    assert r["items_per_s"] > 0 and r["gbps"] > 0 and r["raw_gbps"] > 0 and r["ratio"] > 0, r
+    assert r["round_trips_per_step"] > 0, r
+EOF2
+in2 "$ect" bench push --client 192.0.2.1:14591 --sizes 64KiB --steps 1,8 --inflight 1,2 \
+  --seconds 50ms --warmup 0 >"$tmp/ptab" 2>&1 || { cat "$tmp/ptab"; echo "push bench (table) failed"; exit 1; }
+grep -q '^xprt .*ratio$' "$tmp/ptab"
+[ "$(grep -c '^tcp ' "$tmp/ptab")" -eq 4 ] || { cat "$tmp/ptab"; echo "push bench table rows"; exit 1; }
+kill -TERM "$bpid"
+wait_exit "$bpid" 60
+wait "$bpid" || { cat "$tmp/psrv.err"; echo "push bench server exited non-zero"; exit 1; }
+n=$(sed -n 's/^ect bench push: server: \([0-9]*\) items$/\1/p' "$tmp/psrv.err")
+[ "${n:-0}" -gt 0 ] || { cat "$tmp/psrv.err"; echo "push bench server took no items"; exit 1; }
+echo "bench: two-host push rows ($n items) with the raw-TCP limit between the namespaces"
 
 # a wildcard --advertise is refused, naming the flag
 expect_exit 2 '--advertise' "$ect" push-consumer --host 0.0.0.0 --port 14579 --advertise 0.0.0.0

@@ -29,9 +29,15 @@ out=$(timeout 30 "$ect" push --to 127.0.0.1:1 --count 3 --size 4KiB --control-ti
 rc=$?
 set -e
 [ $rc -eq 1 ] || { echo "unreachable consumer: exit $rc, want 1"; cat "$tmp/err"; exit 1; }
-[ "$(grep -c '"status":"failed"' <<<"$out")" -eq 3 ]
+[ "$(grep -c '"state":"failed"' <<<"$out")" -eq 3 ]
 grep -q 'consumer 127.0.0.1:1 unreachable: control 127.0.0.1:1: connection refused' <<<"$out"
 grep -q '0 moved, 0 retried, 3 failed of 3 items' "$tmp/err"
+# status is the error text (as in ect pull), state how the item ended
+/usr/bin/python3 -c '
+import json, sys
+for r in map(json.loads, sys.stdin):
+    assert r["state"] == "failed" and r["status"] == r["error"] and "unreachable" in r["status"], r
+' <<<"$out"
 
 run_e2e() { # run_e2e TP TRANSPORT COUNT SIZE
   local tp=$1 xp=$2 count=$3 size=$4
@@ -42,7 +48,7 @@ run_e2e() { # run_e2e TP TRANSPORT COUNT SIZE
     || { echo "ect push failed (tp $tp $xp)"; cat "$tmp/prod.out" "$tmp/prod.err"; exit 1; }
   wait_exit "$cpid" 60 # --count: it ends by itself once every item arrived
   wait "$cpid" || { cat "$tmp/cons.out.err"; echo "push-consumer failed"; exit 1; }
-  [ "$(grep -c '"status":"done"' "$tmp/prod.out")" -eq "$count" ]
+  [ "$(grep -c '"status":"ok","state":"done"' "$tmp/prod.out")" -eq "$count" ]
   [ "$(grep -c "\"shards\":$tp,\"transport\":\"$xp\"" "$tmp/prod.out")" -eq "$count" ]
   # the same (transfer_id, checksum) pairs on both sides
   python3 - "$tmp/prod.out" "$tmp/cons.out" <<'EOF'

@@ -7,8 +7,8 @@
 # Every background process is killed on exit; waits are bounded (lib.sh).
 . "$(dirname "$0")/lib.sh"
 
-sent() { sed -n 's/^{"transfer_id":"\([^"]*\)","mm_hash":"[^"]*","nbytes":[0-9]*,"checksum":"\([0-9a-f]*\)","status":"done".*/\1 \2/p' "$1" | sort; }
-received() { sed -n 's/^{"transfer_id":"\([^"]*\)","mm_hash":"[^"]*","nbytes":[0-9]*,"shape":\[[0-9,]*\],"dtype":"[a-z0-9_.]*","checksum":"\([0-9a-f]*\)"}$/\1 \2/p' "$1" | sort; }
+sent() { sed -n 's/^{"transfer_id":"\([^"]*\)","mm_hash":"[^"]*","nbytes":[0-9]*,"checksum":"\([0-9a-f]*\)","status":"ok","state":"done".*/\1 \2/p' "$1" | sort; }
+received() { sed -n 's/^{"transfer_id":"\([^"]*\)","mm_hash":"[^"]*","nbytes":[0-9]*,"shape":\[[0-9,]*\],"dtype":"[a-z0-9_.]*","checksum":"\([0-9a-f]*\)","status":"ok"}$/\1 \2/p' "$1" | sort; }
 
 run() {
   local tp=$1 transport=$2 sig=${3:-TERM} n=6

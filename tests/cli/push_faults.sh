@@ -26,7 +26,7 @@ kill -KILL "$cpid"
 wait_exit "$ppid" 120 # generous; one control timeout per step would be 12.5 minutes
 if wait "$ppid"; then echo "push succeeded although the consumer died"; exit 1; fi
 [ "$(wc -l <"$tmp/p1")" -eq 200 ] || { cat "$tmp/p1.err"; echo "not every item reported"; exit 1; }
-grep -q '"status":"failed".*unreachable.*127.0.0.1:' "$tmp/p1" ||
+grep -q '"state":"failed".*unreachable.*127.0.0.1:' "$tmp/p1" ||
   { cat "$tmp/p1" "$tmp/p1.err"; echo "no failed item naming the unreachable consumer"; exit 1; }
 echo "consumer killed mid-push: producer failed the rest in $(($(date +%s) - t0)) s and exited"
 

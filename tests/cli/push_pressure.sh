@@ -14,8 +14,8 @@
 . "$(dirname "$0")/lib.sh"
 py=/usr/bin/python3 # Debian's, with python3-zmq (scripts/install-deps.sh)
 
-sent() { sed -n 's/^{"transfer_id":"\([^"]*\)","mm_hash":"[^"]*","nbytes":[0-9]*,"checksum":"\([0-9a-f]*\)","status":"done".*/\1 \2/p' "$1" | sort; }
-received() { sed -n 's/^{"transfer_id":"\([^"]*\)",.*"checksum":"\([0-9a-f]*\)"}$/\1 \2/p' "$1" | sort; }
+sent() { sed -n 's/^{"transfer_id":"\([^"]*\)","mm_hash":"[^"]*","nbytes":[0-9]*,"checksum":"\([0-9a-f]*\)","status":"ok","state":"done".*/\1 \2/p' "$1" | sort; }
+received() { sed -n 's/^{"transfer_id":"\([^"]*\)",.*"checksum":"\([0-9a-f]*\)","status":"ok"}$/\1 \2/p' "$1" | sort; }
 
 # 1. a full pool: items wait and retry, none fails
 start_consumer "$tmp/c1" 1 --pool-size 64MiB
@@ -37,7 +37,7 @@ set +e
 rc=$?
 set -e
 [ $rc -eq 1 ] || { cat "$tmp/p2"; echo "a reused transfer_id was accepted"; exit 1; }
-grep -q "\"status\":\"cancelled\",\"error\":\"refused by shard 0: transfer_id 'full-0' was already delivered" "$tmp/p2" ||
+grep -q "\"state\":\"cancelled\",\"error\":\"refused by shard 0: transfer_id 'full-0' was already delivered" "$tmp/p2" ||
   { cat "$tmp/p2"; echo "the producer does not say why"; exit 1; }
 wait_grep "answered \`cancelled\`; latest: transfer_id 'full-0' was already delivered" "$tmp/c1.err"
 
@@ -53,7 +53,7 @@ start_consumer "$tmp/c4" 2 --pool-size 16MiB
 check_mismatch() { # WANT ARGS...: every item fails naming WANT, nothing reserved
   local want=$1 rc=0; shift
   "$ect" push --to "127.0.0.1:$port" --count 2 --size 4KiB "$@" >"$tmp/p4" 2>"$tmp/p4.err" || rc=$?
-  [ $rc -eq 1 ] && [ "$(grep -c "\"status\":\"failed\".*$want.*nothing was reserved" "$tmp/p4")" -eq 2 ] ||
+  [ $rc -eq 1 ] && [ "$(grep -c "\"state\":\"failed\".*$want.*nothing was reserved" "$tmp/p4")" -eq 2 ] ||
     { cat "$tmp/p4"; echo "$*: items not failed before reserving"; exit 1; }
 }
 check_mismatch 'has 2 shard(s) (TP ranks), this producer expects 3' --tp 3

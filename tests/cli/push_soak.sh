@@ -16,7 +16,7 @@ n=20000
 start_consumer "$tmp/c" 2
 t0=$(date +%s)
 "$ect" push --to "127.0.0.1:$port" --count $n --size 64KiB >"$tmp/p" 2>"$tmp/p.err" ||
-  { tail -5 "$tmp/p.err"; grep -m3 '"status":"failed"' "$tmp/p"; echo "soak: items failed"; exit 1; }
+  { tail -5 "$tmp/p.err"; grep -m3 '"state":"failed"' "$tmp/p"; echo "soak: items failed"; exit 1; }
 grep -q "^ect push: $n moved, [0-9]* retried, 0 failed of $n items$" "$tmp/p.err" ||
   { cat "$tmp/p.err"; exit 1; }
 wait_items "$tmp/c" $n 300
@@ -26,7 +26,7 @@ import json, sys
 sent = {}
 for l in open(sys.argv[1]):
     r = json.loads(l)
-    assert r["status"] == "done", r
+    assert r["status"] == "ok" and r["state"] == "done", r
     sent[r["transfer_id"]] = r["checksum"]
 got = {}
 for l in open(sys.argv[2]):

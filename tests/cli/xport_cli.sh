@@ -12,13 +12,21 @@ fi
 expect_exit 2 'not tcp, shm or ucx' "$ect" bench xport --transport carrier
 expect_exit 2 '--seconds' "$ect" bench xport --seconds 0
 out=$("$ect" bench xport --transport tcp,shm --seconds 0.05 --json)
-# 5 sizes and one 32 x 64 KiB batch (beside one 2 MiB write) per transport
-[ "$(grep -c '"transport": ' <<<"$out")" -eq 12 ] || { echo "expected 12 rows: $out"; exit 1; }
-for k in transport size gbps limit_gbps ratio p50_us p99_us; do
-  [ "$(grep -c "\"$k\": " <<<"$out")" -eq 12 ] || { echo "key $k missing: $out"; exit 1; }
-done
-[ "$(grep -c '"batch": 32, .*"limit": "1x2MiB"' <<<"$out")" -eq 2 ] || { echo "no batch rows: $out"; exit 1; }
-grep -q '"size": 4718592' <<<"$out"
-# Every throughput figure is a positive number.
-if grep -Eq '"gbps": (null|0\.000|-)' <<<"$out"; then echo "bad gbps: $out"; exit 1; fi
+# one compact line: 5 sizes and one 32 x 64 KiB batch (beside one 2 MiB
+# write) per transport; every throughput figure a positive number
+[ "$(wc -l <<<"$out")" -eq 1 ] || { echo "--json is not one line: $out"; exit 1; }
+/usr/bin/python3 -c '
+import json, sys
+text = sys.stdin.read().strip()
+rows = json.loads(text)
+assert "\": " not in text and ", \"" not in text, "not compact"
+assert len(rows) == 12, rows
+for r in rows:
+    for k in ("transport", "size", "gbps", "limit_gbps", "ratio", "p50_us", "p99_us"):
+        assert k in r, (k, r)
+    assert r["gbps"] is not None and r["gbps"] > 0, r
+batch = [r for r in rows if r.get("batch") == 32]
+assert len(batch) == 2 and all(r["limit"] == "1x2MiB" for r in batch), rows
+assert any(r["size"] == 4718592 for r in rows), rows
+' <<<"$out" || { echo "xport --json: $out"; exit 1; }
 echo "xport_cli: ok"
