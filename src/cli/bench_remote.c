@@ -412,31 +412,10 @@ int bench_xport_client(const char *host, int port, double secs, double warm, boo
         void *one[1] = {src};
         if (bench_remote_raw(host, port, one, 1, n, warm, secs, &lim) != 0)
             fprintf(stderr, "ect bench xport: client: raw TCP limit to %s failed\n", host);
-        double ratio = lim.ok && lim.gbps > 0 ? us.gbps / lim.gbps : NAN;
-        char sz[32];
-        if (json) {
-            printf("%s{\"transport\":\"tcp\",\"size\":%zu,\"gbps\":", k ? "," : "", n);
-            cli_json_num(us.gbps);
-            printf(",\"limit\":\"raw-tcp\",\"limit_gbps\":");
-            cli_json_num(lim.ok ? lim.gbps : NAN);
-            printf(",\"ratio\":");
-            cli_json_num(ratio);
-            printf(",\"p50_us\":");
-            cli_json_num(us.p50_us);
-            printf(",\"p99_us\":");
-            cli_json_num(us.p99_us);
-            printf(",\"limit_p50_us\":");
-            cli_json_num(lim.ok ? lim.p50_us : NAN);
-            printf(",\"limit_p99_us\":");
-            cli_json_num(lim.ok ? lim.p99_us : NAN);
-            printf(",\"server\":\"%s\",\"session\":\"%s\"}", host, sess);
-        } else {
-            printf("%-4s %9s %8.2f %8.1f %8.1f   %-12s %8.2f %8.1f %8.1f   %6.2f\n", "tcp",
-                   cli_fmt_size(n, sz, sizeof sz), us.gbps, us.p50_us, us.p99_us, "raw-tcp",
-                   lim.ok ? lim.gbps : NAN, lim.ok ? lim.p50_us : NAN, lim.ok ? lim.p99_us : NAN,
-                   ratio);
-        }
-        fflush(stdout);
+        char sz[32], extra[600];
+        snprintf(extra, sizeof extra, ",\"server\":\"%s\",\"session\":\"%s\"", host, sess);
+        xport_row(json, k > 0, "tcp", n, cli_fmt_size(n, sz, sizeof sz), 0, &us, "raw-tcp", &lim,
+                  extra);
     next:
         if (cfd >= 0) close(cfd);
         free(src);

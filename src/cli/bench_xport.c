@@ -266,31 +266,8 @@ static int small_batch(const char *kind, ect_xport *t, ect_xport *i, double secs
         ect_xport_unregister(t, key);
     }
     if (rc == CLI_EXIT_OK) {
-        double ratio = lim.ok && lim.gbps > 0 ? us.gbps / lim.gbps : NAN;
-        if (json) {
-            printf("%s{\"transport\":\"%s\",\"size\":%zu,\"batch\":%d,\"gbps\":", *first ? "" : ",",
-                   kind, (size_t)SMALL_LEN, SMALL_N);
-            *first = false;
-            cli_json_num(us.gbps);
-            printf(",\"limit\":\"1x2MiB\",\"limit_gbps\":");
-            cli_json_num(lim.gbps);
-            printf(",\"ratio\":");
-            cli_json_num(ratio);
-            printf(",\"p50_us\":");
-            cli_json_num(us.p50_us);
-            printf(",\"p99_us\":");
-            cli_json_num(us.p99_us);
-            printf(",\"limit_p50_us\":");
-            cli_json_num(lim.p50_us);
-            printf(",\"limit_p99_us\":");
-            cli_json_num(lim.p99_us);
-            printf("}");
-        } else {
-            printf("%-4s %9s %8.2f %8.1f %8.1f   %-12s %8.2f %8.1f %8.1f   %6.2f\n", kind,
-                   "32x64KiB", us.gbps, us.p50_us, us.p99_us, "1x2MiB", lim.gbps, lim.p50_us,
-                   lim.p99_us, ratio);
-        }
-        fflush(stdout);
+        xport_row(json, !*first, kind, SMALL_LEN, "32x64KiB", SMALL_N, &us, "1x2MiB", &lim, "");
+        *first = false;
     }
     if (dst != MAP_FAILED) munmap(dst, n);
     if (fd >= 0) close(fd);
@@ -348,33 +325,10 @@ static int one_kind(const char *kind, double secs, bool json, bool *first) {
                 int iters = (int)(secs * us.gbps * 1e9 / (double)n);
                 perftest_limit(n, iters < 20 ? 20 : iters > 20000 ? 20000 : iters, &lim);
             }
-            double ratio = lim.ok && lim.gbps > 0 ? us.gbps / lim.gbps : NAN;
             char sz[32];
-            if (json) {
-                printf("%s{\"transport\":\"%s\",\"size\":%zu,\"gbps\":", *first ? "" : ",", kind,
-                       n);
-                *first = false;
-                cli_json_num(us.gbps);
-                printf(",\"limit\":\"%s\",\"limit_gbps\":", limit);
-                cli_json_num(lim.ok ? lim.gbps : NAN);
-                printf(",\"ratio\":");
-                cli_json_num(ratio);
-                printf(",\"p50_us\":");
-                cli_json_num(us.p50_us);
-                printf(",\"p99_us\":");
-                cli_json_num(us.p99_us);
-                printf(",\"limit_p50_us\":");
-                cli_json_num(lim.ok ? lim.p50_us : NAN);
-                printf(",\"limit_p99_us\":");
-                cli_json_num(lim.ok ? lim.p99_us : NAN);
-                printf("}");
-            } else {
-                printf("%-4s %9s %8.2f %8.1f %8.1f   %-12s %8.2f %8.1f %8.1f   %6.2f\n", kind,
-                       cli_fmt_size(n, sz, sizeof sz), us.gbps, us.p50_us, us.p99_us, limit,
-                       lim.ok ? lim.gbps : NAN, lim.ok ? lim.p50_us : NAN,
-                       lim.ok ? lim.p99_us : NAN, ratio);
-            }
-            fflush(stdout);
+            xport_row(json, !*first, kind, n, cli_fmt_size(n, sz, sizeof sz), 0, &us, limit, &lim,
+                      "");
+            *first = false;
         }
         if (dst != MAP_FAILED) munmap(dst, n);
         if (fd >= 0) close(fd);
@@ -443,4 +397,34 @@ int bench_xport(int argc, char **argv) {
     }
     if (json) printf("]\n");
     return rc;
+}
+
+void xport_row(bool json, bool comma, const char *kind, size_t size, const char *label, int batch,
+               const cli_timing *us, const char *limit, const cli_timing *lim, const char *extra) {
+    double ratio = lim->ok && lim->gbps > 0 ? us->gbps / lim->gbps : NAN;
+    double lg = lim->ok ? lim->gbps : NAN, l50 = lim->ok ? lim->p50_us : NAN,
+           l99 = lim->ok ? lim->p99_us : NAN;
+    if (json) {
+        printf("%s{\"transport\":\"%s\",\"size\":%zu,", comma ? "," : "", kind, size);
+        if (batch) printf("\"batch\":%d,", batch);
+        printf("\"gbps\":");
+        cli_json_num(us->gbps);
+        printf(",\"limit\":\"%s\",\"limit_gbps\":", limit);
+        cli_json_num(lg);
+        printf(",\"ratio\":");
+        cli_json_num(ratio);
+        printf(",\"p50_us\":");
+        cli_json_num(us->p50_us);
+        printf(",\"p99_us\":");
+        cli_json_num(us->p99_us);
+        printf(",\"limit_p50_us\":");
+        cli_json_num(l50);
+        printf(",\"limit_p99_us\":");
+        cli_json_num(l99);
+        printf("%s}", extra);
+    } else {
+        printf("%-4s %9s %8.2f %8.1f %8.1f   %-12s %8.2f %8.1f %8.1f   %6.2f\n", kind, label,
+               us->gbps, us->p50_us, us->p99_us, limit, lg, l50, l99, ratio);
+    }
+    fflush(stdout);
 }

@@ -162,4 +162,12 @@ int cli_timed(cli_iter_fn fn, void *ctx, uint64_t bytes, double secs, cli_timing
 /* Fills s from n per-call times (ns; sorted here) and the run's total. */
 void cli_summarize(uint64_t *lat, size_t n, uint64_t bytes, uint64_t total_ns, cli_timing *s);
 
+/* bench_xport.c: one row of `ect bench xport` (loopback and two-host): the
+ * table line, or one JSON object when json (comma: a ',' before it). label is
+ * the size column's text, batch the writes in one batch (0: no "batch"
+ * field), extra more JSON fields (",\"k\":v", or ""). The limit's figures
+ * are NaN unless lim->ok. Flushes stdout. */
+void xport_row(bool json, bool comma, const char *kind, size_t size, const char *label, int batch,
+               const cli_timing *us, const char *limit, const cli_timing *lim, const char *extra);
+
 #endif
