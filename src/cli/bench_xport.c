@@ -228,23 +228,46 @@ static void help(void) {
            "                    bare: seconds)\n");
 }
 
+/* The buffers of one row: a source of n bytes and a target region of n bytes
+ * (memfd, shared mapping) registered with t under key. */
+typedef struct row_bufs {
+    size_t n;
+    int fd;
+    uint8_t *dst, *src; /* dst is NULL when not mapped */
+    char key[ECT_XPORT_KEY_MAX];
+} row_bufs;
+
+/* CLI_EXIT_OK, or CLI_EXIT_FAIL said on stderr; row_bufs_close either way. */
+static int row_bufs_open(row_bufs *b, ect_xport *t, const char *kind, size_t n) {
+    *b = (row_bufs){.n = n, .fd = memfd_create("bench_xport", MFD_CLOEXEC), .src = malloc(n)};
+    if (b->fd >= 0 && ftruncate(b->fd, (off_t)n) == 0) {
+        void *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, b->fd, 0);
+        b->dst = m == MAP_FAILED ? NULL : m;
+    }
+    if (!b->dst || !b->src || ect_xport_register(t, b->dst, n, b->fd, 0, b->key) != 0) {
+        fprintf(stderr, "ect bench xport: %s: setup of %zu bytes failed: %s\n", kind, n,
+                ect_last_error());
+        return CLI_EXIT_FAIL;
+    }
+    return CLI_EXIT_OK;
+}
+
+static void row_bufs_close(row_bufs *b) {
+    if (b->dst) munmap(b->dst, b->n);
+    if (b->fd >= 0) close(b->fd);
+    free(b->src);
+}
+
 /* One write_batch of SMALL_N x 64 KiB beside one write of the same 2 MiB on
  * the same transport, same buffers, same run: what small items cost the data
  * plane itself (limit "1x2MiB"). */
 static int small_batch(const char *kind, ect_xport *t, ect_xport *i, double secs, bool json,
                        bool *first) {
     size_t n = (size_t)SMALL_N * SMALL_LEN;
-    int fd = memfd_create("bench_xport", MFD_CLOEXEC);
-    uint8_t *dst = MAP_FAILED, *src = malloc(n);
-    if (fd >= 0 && ftruncate(fd, (off_t)n) == 0)
-        dst = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    char key[ECT_XPORT_KEY_MAX];
-    int rc = CLI_EXIT_OK;
-    if (dst == MAP_FAILED || !src || ect_xport_register(t, dst, n, fd, 0, key) != 0) {
-        fprintf(stderr, "ect bench xport: %s: setup of %zu bytes failed: %s\n", kind, n,
-                ect_last_error());
-        rc = CLI_EXIT_FAIL;
-    }
+    row_bufs rb;
+    int rc = row_bufs_open(&rb, t, kind, n);
+    uint8_t *dst = rb.dst, *src = rb.src;
+    char *key = rb.key;
     stats us = {0}, lim = {0};
     if (rc == CLI_EXIT_OK) {
         memset(src, 0xab, n);
@@ -269,9 +292,7 @@ static int small_batch(const char *kind, ect_xport *t, ect_xport *i, double secs
         xport_row(json, !*first, kind, SMALL_LEN, "32x64KiB", SMALL_N, &us, "1x2MiB", &lim, "");
         *first = false;
     }
-    if (dst != MAP_FAILED) munmap(dst, n);
-    if (fd >= 0) close(fd);
-    free(src);
+    row_bufs_close(&rb);
     return rc;
 }
 
@@ -291,16 +312,10 @@ static int one_kind(const char *kind, double secs, bool json, bool *first) {
     int rc = CLI_EXIT_OK;
     for (size_t k = 0; k < CLI_ARRAY_LEN(sizes) && rc == CLI_EXIT_OK; k++) {
         size_t n = (size_t)sizes[k];
-        int fd = memfd_create("bench_xport", MFD_CLOEXEC);
-        uint8_t *dst = MAP_FAILED, *src = malloc(n);
-        if (fd >= 0 && ftruncate(fd, (off_t)n) == 0)
-            dst = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        char key[ECT_XPORT_KEY_MAX];
-        if (dst == MAP_FAILED || !src || ect_xport_register(t, dst, n, fd, 0, key) != 0) {
-            fprintf(stderr, "ect bench xport: %s: setup of %zu bytes failed: %s\n", kind, n,
-                    ect_last_error());
-            rc = CLI_EXIT_FAIL;
-        }
+        row_bufs rb;
+        rc = row_bufs_open(&rb, t, kind, n);
+        uint8_t *dst = rb.dst, *src = rb.src;
+        char *key = rb.key;
         stats us = {0}, lim = {0};
         if (rc == CLI_EXIT_OK) {
             memset(src, 0xab, n);
@@ -330,9 +345,7 @@ static int one_kind(const char *kind, double secs, bool json, bool *first) {
                       "");
             *first = false;
         }
-        if (dst != MAP_FAILED) munmap(dst, n);
-        if (fd >= 0) close(fd);
-        free(src);
+        row_bufs_close(&rb);
     }
     if (rc == CLI_EXIT_OK && strcmp(kind, "ucx") != 0)
         rc = small_batch(kind, t, i, secs, json, first);
