@@ -22,6 +22,7 @@
 
 #include "testutil.h"
 #include "push/control_client.h"
+#include "ctl_req.h"
 #include "util/util.h"
 
 #define ROWS 8                        /* 8 x 256 bf16 = 4096 bytes per item */
@@ -60,16 +61,7 @@ typedef struct rsv {
 
 static void reserve(ctl_client *cli, int port, const char *tid, const char *hash, rsv *out,
                     bool want_write) {
-    wire_ctl_request q;
-    memset(&q, 0, sizeof q);
-    q.op = WIRE_OP_RESERVE;
-    snprintf(q.u.reserve.transfer_id, sizeof q.u.reserve.transfer_id, "%s", tid);
-    snprintf(q.u.reserve.mm_hash, sizeof q.u.reserve.mm_hash, "%s", hash);
-    q.u.reserve.tensor.ndim = 2;
-    q.u.reserve.tensor.shape[0] = ROWS;
-    q.u.reserve.tensor.shape[1] = 256;
-    snprintf(q.u.reserve.tensor.dtype, sizeof q.u.reserve.tensor.dtype, "torch.bfloat16");
-    q.u.reserve.tensor.nbytes = NB;
+    wire_ctl_request q = test_reserve_req(tid, hash, ROWS, 256, "torch.bfloat16");
     wire_ctl_reply r;
     assert_int_equal(ctl_call_ok(cli, "127.0.0.1", port, &q, &r), 0);
     assert_int_equal(r.u.reserve.write, want_write);

@@ -17,6 +17,7 @@
 
 #include "testutil.h"
 #include "push/control_client.h"
+#include "ctl_req.h"
 #include "util/util.h"
 
 #define MAXTP 4
@@ -108,17 +109,7 @@ static void prod_close(prod *p) {
 }
 
 static wire_ctl_request reserve_req(const char *tid, const char *hash, uint64_t rows) {
-    wire_ctl_request q;
-    memset(&q, 0, sizeof q);
-    q.op = WIRE_OP_RESERVE;
-    snprintf(q.u.reserve.transfer_id, sizeof q.u.reserve.transfer_id, "%s", tid);
-    snprintf(q.u.reserve.mm_hash, sizeof q.u.reserve.mm_hash, "%s", hash);
-    q.u.reserve.tensor.ndim = 2;
-    q.u.reserve.tensor.shape[0] = rows;
-    q.u.reserve.tensor.shape[1] = 256;
-    snprintf(q.u.reserve.tensor.dtype, sizeof q.u.reserve.tensor.dtype, "torch.bfloat16");
-    q.u.reserve.tensor.nbytes = rows * 256 * 2;
-    return q;
+    return test_reserve_req(tid, hash, rows, 256, "torch.bfloat16");
 }
 
 /* Pushes one item to every shard: reserve, write (if asked), complete.

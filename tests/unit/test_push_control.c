@@ -13,6 +13,7 @@
 
 #include "testutil.h"
 #include "push/control_client.h"
+#include "ctl_req.h"
 #include "push/control_server.h"
 #include "util/util.h"
 
@@ -69,17 +70,7 @@ static void fx_close(fx *f) {
 }
 
 static wire_ctl_request reserve_req(const char *tid, const char *hash, uint64_t rows) {
-    wire_ctl_request q;
-    memset(&q, 0, sizeof q);
-    q.op = WIRE_OP_RESERVE;
-    snprintf(q.u.reserve.transfer_id, sizeof q.u.reserve.transfer_id, "%s", tid);
-    snprintf(q.u.reserve.mm_hash, sizeof q.u.reserve.mm_hash, "%s", hash);
-    q.u.reserve.tensor.ndim = 2;
-    q.u.reserve.tensor.shape[0] = rows;
-    q.u.reserve.tensor.shape[1] = 64;
-    snprintf(q.u.reserve.tensor.dtype, sizeof q.u.reserve.tensor.dtype, "bfloat16");
-    q.u.reserve.tensor.nbytes = rows * 64 * 2;
-    return q;
+    return test_reserve_req(tid, hash, rows, 64, "bfloat16");
 }
 
 /* Raw request over a fresh REQ socket; returns the reply text (caller frees). */
