@@ -78,6 +78,15 @@ ECT_API const char *ect_build_info(const char *what);
 ECT_API int ect_hostport_parse(const char *what, const char *s, int min_port, int max_port,
                                char *host, size_t cap, int *port);
 
+/** Creates the key directory dir (mode 0700, and dir/accept/) and a new CURVE
+ *  key pair in it: dir/self.secret (mode 0600) and dir/self.public, each 40
+ *  characters of Z85 and a newline (docs/SECURITY.md has the layout; a peer
+ *  is accepted by copying its self.public to dir/accept/NAME.public). Never
+ *  replaces an existing pair: ECT_EEXIST. Writes the public key's Z85 text
+ *  to public_z85 (41 bytes with the NUL) unless NULL. ECT_ENOTSUP when libzmq
+ *  lacks CURVE. Any thread. */
+ECT_API int ect_keygen(const char *dir, char public_z85[41]);
+
 /** Nonzero for a host that binds every interface and so can never be told to
  *  a peer: "", "*", "0.0.0.0", "::", "::0", "[::]" (and NULL). Any thread. */
 ECT_API int ect_host_is_wildcard(const char *host);
@@ -87,7 +96,7 @@ ECT_API int ect_host_is_wildcard(const char *host);
 /** The binary interface's version: raised whenever a public struct changes
  *  its layout or a function its meaning, so a binding (ctypes, cffi) built
  *  against one version refuses another at load instead of misreading it. */
-#define ECT_ABI_VERSION 2
+#define ECT_ABI_VERSION 3
 
 /** ECT_ABI_VERSION of the library actually loaded. */
 ECT_API int ect_abi_version(void);
@@ -517,6 +526,9 @@ typedef struct ect_xport_opts {
                                1..65536; more are accepted and closed at once; default 512 */
     int max_conns_per_peer; /* target, tcp/ucx: of those, from one peer IP address,
                                1..max_conns; default 64 */
+    const char *curve_keys; /* key directory (docs/SECURITY.md): each session starts with a
+                               handshake in which both sides prove they hold a key the other
+                               accepts, before any byte lands. NULL (default): off */
 } ect_xport_opts;
 
 /** One write of a batch: `len` bytes from local `src` to the peer's address
@@ -696,6 +708,11 @@ typedef struct ect_push_consumer_opts {
                                   listens on data_port + dp_index x tp_size + tp_rank (as the
                                   control ports). 0 (default): any free port. xport_listen,
                                   when set, wins */
+    const char *curve_keys;    /* key directory (docs/SECURITY.md, `ect keygen`): with it,
+                                  every ZMQ socket speaks CurveZMQ and every data-plane
+                                  session starts with a key handshake; a peer without an
+                                  accepted key gets nothing. NULL (default): off, plain
+                                  ZMQ as upstream speaks it. Copied at open */
 } ect_push_consumer_opts;
 
 /** A READY item taken for reading: `data` points into the consumer's pool
@@ -865,6 +882,11 @@ typedef struct ect_push_scheduler_opts {
     uint64_t min_drain_interval_ms; /* poll() drains events at most this often, default 5 */
     int accept_any;                 /* nonzero: a transfer reported by every shard is accepted
                                        (expected on arrival) even if never expected; default 0 */
+    const char *curve_keys;         /* key directory (docs/SECURITY.md, `ect keygen`): with it,
+                                       every ZMQ socket speaks CurveZMQ and every data-plane
+                                       session starts with a key handshake; a peer without an
+                                       accepted key gets nothing. NULL (default): off, plain
+                                       ZMQ as upstream speaks it. Copied at open */
 } ect_push_scheduler_opts;
 
 /** What the scheduler knows of one transfer. */
@@ -995,11 +1017,10 @@ ECT_API void ect_push_scheduler_stats(ect_push_scheduler *s, ect_push_scheduler_
  * (started on first use, owning its own REQ socket), so the shards are asked
  * in parallel; an address's complete_batch ops run on a second lane of their
  * own, so the completes of one step travel beside the next step's reserve
- * (steps in flight; order per address is kept); write batches to different sessions run on short-lived helper
- * threads. Every ect_push_producer_* call except _open and _close is
- * safe from any thread at once and never waits on the network (the only wait
- * is ect_push_producer_poll's timeout, chosen by the caller). _close must not
- * race with any other call.
+ * (steps in flight; order per address is kept); write batches to different sessions run on
+ * short-lived helper threads. Every ect_push_producer_* call except _open and _close is safe from
+ * any thread at once and never waits on the network (the only wait is ect_push_producer_poll's
+ * timeout, chosen by the caller). _close must not race with any other call.
  *
  * Finished transfers (done, failed, cancelled) are reported once each by
  * ect_push_producer_poll; until polled, results wait in a queue that grows
@@ -1067,6 +1088,11 @@ typedef struct ect_push_producer_opts {
     uint32_t expect_shards;    /* 0 (default): any; else the consumer must report exactly this
                                   many shards (TP ranks): an item for one that reports
                                   another number fails before anything is reserved */
+    const char *curve_keys;    /* key directory (docs/SECURITY.md, `ect keygen`): with it,
+                                  every ZMQ socket speaks CurveZMQ and every data-plane
+                                  session starts with a key handshake; a peer without an
+                                  accepted key gets nothing. NULL (default): off, plain
+                                  ZMQ as upstream speaks it. Copied at open */
 } ect_push_producer_opts;
 
 /** One item to push. Every pointer is read during the call only, except
@@ -1247,6 +1273,11 @@ typedef struct ect_pull_producer_opts {
                                   else a comma-separated list of IP addresses. shm sessions
                                   are same-host and always allowed. Others are refused with
                                   ECT_EACCES before any connect. Copied */
+    const char *curve_keys;    /* key directory (docs/SECURITY.md, `ect keygen`): with it,
+                                  every ZMQ socket speaks CurveZMQ and every data-plane
+                                  session starts with a key handshake; a peer without an
+                                  accepted key gets nothing. NULL (default): off, plain
+                                  ZMQ as upstream speaks it. Copied at open */
 } ect_pull_producer_opts;
 
 typedef struct ect_pull_producer_stat {
@@ -1321,8 +1352,13 @@ ECT_API void ect_pull_producer_close(ect_pull_producer *p);
 typedef struct ect_pull_scheduler ect_pull_scheduler;
 
 typedef struct ect_pull_scheduler_opts {
-    const char *producer; /* "HOST:PORT" of the producer's ec_port; required; copied */
-    int request_retry_ms; /* re-ask the inventory when unanswered this long; default 2000 */
+    const char *producer;   /* "HOST:PORT" of the producer's ec_port; required; copied */
+    int request_retry_ms;   /* re-ask the inventory when unanswered this long; default 2000 */
+    const char *curve_keys; /* key directory (docs/SECURITY.md, `ect keygen`): with it,
+                               every ZMQ socket speaks CurveZMQ and every data-plane
+                               session starts with a key handshake; a peer without an
+                               accepted key gets nothing. NULL (default): off, plain
+                               ZMQ as upstream speaks it. Copied at open */
 } ect_pull_scheduler_opts;
 
 typedef struct ect_pull_scheduler_stat {
@@ -1392,6 +1428,11 @@ typedef struct ect_pull_consumer_opts {
                                  interface that routes to the producer. Copied */
     int data_port;            /* fixed tcp/ucx data-plane port; 0 (default): any free port.
                                  The listen host is xport_listen's, or 127.0.0.1 */
+    const char *curve_keys;   /* key directory (docs/SECURITY.md, `ect keygen`): with it,
+                                 every ZMQ socket speaks CurveZMQ and every data-plane
+                                 session starts with a key handshake; a peer without an
+                                 accepted key gets nothing. NULL (default): off, plain
+                                 ZMQ as upstream speaks it. Copied at open */
 } ect_pull_consumer_opts;
 
 /** A loaded item: valid, and leased in the consumer's pool, until

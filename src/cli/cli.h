@@ -130,6 +130,8 @@ int bench_push(int argc, char **argv);
 int cmd_push_consumer(int argc, char **argv);
 /* cmd_status.c: `ect status HOST:PORT` (a consumer shard's ect_status). */
 int cmd_status(int argc, char **argv);
+/* cmd_keygen.c: `ect keygen DIR` (a key directory for --curve-keys). */
+int cmd_keygen(int argc, char **argv);
 
 /* cmd_demo.c: `ect demo` (push or pull end to end in separate processes, verified). */
 int cmd_demo(int argc, char **argv);

@@ -19,6 +19,7 @@ static const cli_cmd commands[] = {
     {"pull", "generation-1 consumer: learn a producer's items, pull and verify them", cmd_pull},
     {"status", "ask a running push consumer shard for its pool, reservations, peers and errors",
      cmd_status},
+    {"keygen", "create a key directory (CURVE key pair) for --curve-keys", cmd_keygen},
     {"bench", "run benchmarks and print ratios against limits measured in the same run", cmd_bench},
 };
 
