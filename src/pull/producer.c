@@ -671,6 +671,7 @@ int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer
                     (rc = zauth_curve_server(p->pub, p->keys))))
         goto fail;
     if ((rc = bind_pair(p)) != 0) goto fail;
+    if (p->keys) zauth_local_server(p->port, p->keys);
 
     p->r.pool = p->pool;
     p->r.session_id = p->session_id;
@@ -738,6 +739,7 @@ void ect_pull_producer_close(ect_pull_producer *p) {
     ect_xport_close(p->x);
     if (p->router) zmq_close(p->router);
     if (p->pub) zmq_close(p->pub);
+    if (p->keys && p->port) zauth_local_server_gone(p->port);
     zauth_close(p->auth); /* after the sockets it checks, before the context */
     if (p->zctx) zmq_ctx_term(p->zctx);
     ect_keys_free(p->keys);

@@ -733,6 +733,10 @@ int ctl_server_open(void *zctx, const ctl_server_opts *o, ctl_server **out) {
     if (!rc) rc = bind_socket(s->rep, o->ip, o->port, &s->port);
     if (!rc) rc = bind_socket(s->push, o->ip, 0, &s->event_port);
     if (rc) goto fail;
+    if (o->keys) {
+        zauth_local_server(s->port, o->keys);
+        zauth_local_server(s->event_port, o->keys);
+    }
     if (pthread_create(&s->thr, NULL, server_main, s) != 0) {
         rc = ect_set_error(ECT_EIO, "control server: cannot start its thread");
         goto fail;
@@ -754,6 +758,10 @@ void ctl_server_stop(ctl_server *s) {
     s->thr_started = false;
     if (s->rep) zmq_close(s->rep);
     if (s->push) zmq_close(s->push);
+    if (s->o.keys && s->rep) {
+        zauth_local_server_gone(s->port);
+        zauth_local_server_gone(s->event_port);
+    }
     s->rep = s->push = NULL;
     pthread_mutex_lock(&s->mu);
     close_all_windows(s);

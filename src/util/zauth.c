@@ -134,6 +134,10 @@ static bool decide(zauth *a, zap_req *r, char *user, size_t cap) {
             note_refusal(a, mech, addr, "no CURVE keys accepted here");
             return false;
         }
+        if (memcmp(zmq_msg_data(&r->f[6]), a->ks->pub, ECT_KEY_BYTES) == 0) {
+            snprintf(user, cap, "self");
+            return true;
+        }
         int i = ect_keys_find(a->ks, zmq_msg_data(&r->f[6]));
         if (i < 0) {
             char z[ECT_KEY_Z85_LEN + 1];
@@ -344,6 +348,50 @@ static void cache_put(const char *ep, const char *self, const char *server) {
     pthread_mutex_unlock(&cache_mu);
 }
 
+/* Local CURVE servers: port -> that server's own public key. */
+#define LOCAL_MAX 256
+static struct {
+    int port;
+    char pub[ECT_KEY_Z85_LEN + 1];
+} local[LOCAL_MAX];
+
+void zauth_local_server(int port, const ect_keyset *ks) {
+    pthread_mutex_lock(&cache_mu);
+    for (int i = 0; i < LOCAL_MAX; i++)
+        if (local[i].port == 0 || local[i].port == port) {
+            local[i].port = port;
+            memcpy(local[i].pub, ks->pub_z85, sizeof local[i].pub);
+            break;
+        }
+    pthread_mutex_unlock(&cache_mu);
+}
+
+void zauth_local_server_gone(int port) {
+    pthread_mutex_lock(&cache_mu);
+    for (int i = 0; i < LOCAL_MAX; i++)
+        if (local[i].port == port) local[i].port = 0;
+    pthread_mutex_unlock(&cache_mu);
+}
+
+/* The port of "tcp://HOST:PORT", or 0. */
+static int endpoint_port(const char *ep) {
+    const char *c = strrchr(ep, ':');
+    return c ? atoi(c + 1) : 0;
+}
+
+static bool local_get(const char *ep, char out[ECT_KEY_Z85_LEN + 1]) {
+    int port = endpoint_port(ep);
+    bool hit = false;
+    pthread_mutex_lock(&cache_mu);
+    for (int i = 0; i < LOCAL_MAX && port > 0 && !hit; i++)
+        if (local[i].port == port) {
+            memcpy(out, local[i].pub, ECT_KEY_Z85_LEN + 1);
+            hit = true;
+        }
+    pthread_mutex_unlock(&cache_mu);
+    return hit;
+}
+
 void zauth_forget(const char *endpoint) {
     pthread_mutex_lock(&cache_mu);
     for (unsigned i = 0; i < PROBE_CACHE; i++)
@@ -410,6 +458,7 @@ out:
 
 int zauth_server_key(void *zctx, const ect_keyset *ks, int probe_type, const char *endpoint,
                      int timeout_ms, char out[ECT_KEY_Z85_LEN + 1]) {
+    if (local_get(endpoint, out)) return 0;
     memcpy(out, ks->accept_z85[0], ECT_KEY_Z85_LEN + 1);
     if (ks->n_accept <= 1) return 0;
     if (cache_get(endpoint, ks->pub_z85, out)) return 0;

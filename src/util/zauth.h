@@ -7,6 +7,7 @@
  * the context's ZAP handler (RFC 27, inproc://zeromq.zap.01) about every
  * new connection; zauth_open starts that handler on one context. It accepts
  *   CURVE  a client whose public key is one of the key set's accepted keys,
+ *          or the set's own public key (a peer holding our own pair is us),
  *   PLAIN  a client that gives the registered secret for the socket's domain,
  * and refuses everything else, counting each refusal and logging the first
  * one and then at most one summary line per ZAUTH_LOG_EVERY_MS.
@@ -81,6 +82,13 @@ int zauth_curve_client(void *sock, const ect_keyset *ks, const char *server_z85)
  * Returns 0 (never fails without keys to choose from). */
 int zauth_server_key(void *zctx, const ect_keyset *ks, int probe_type, const char *endpoint,
                      int timeout_ms, char out[ECT_KEY_Z85_LEN + 1]);
+
+/* This process serves CURVE on port with ks's key pair (register after
+ * bind, withdraw before close). zauth_server_key answers ks's own public key
+ * for an endpoint on such a port, so a client in the same process (the push
+ * consumer command's scheduler) needs no accept/ entry for its own server. */
+void zauth_local_server(int port, const ect_keyset *ks);
+void zauth_local_server_gone(int port);
 
 /* Forgets a cached server key (the server may have new keys). */
 void zauth_forget(const char *endpoint);
