@@ -143,7 +143,8 @@ static int conn_read_events(ctl_conn *k) {
         } else if (ev == ZMQ_EVENT_DISCONNECTED) {
             k->lost = k->lost || k->up;
             k->up = false;
-            gone = ZMQ_EVENT_DISCONNECTED;
+            /* a refused key is the cause of the disconnect that follows it */
+            if (gone != ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) gone = ZMQ_EVENT_DISCONNECTED;
         } else if (ev == ZMQ_EVENT_CONNECT_RETRIED && !k->up) {
             if (!gone) gone = ZMQ_EVENT_CONNECT_RETRIED;
         } else if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
