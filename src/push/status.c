@@ -56,7 +56,10 @@ int ect_push_status_keyed(const char *host, int port, int timeout_ms, const char
                                                   : "no reply within the timeout",
                            curve_keys);
     } else if (rc == ECT_ECONNREFUSED || rc == ECT_ETIMEDOUT) {
-        rc = ect_set_error(rc, "no consumer answers at %s:%d (%s): is it running?", host, port,
+        rc = ect_set_error(rc,
+                           "no consumer answers at %s:%d (%s): is it running? (one that runs "
+                           "with --curve-keys answers only clients with an accepted key)",
+                           host, port,
                            rc == ECT_ECONNREFUSED ? "connection refused"
                                                   : "no reply within the timeout");
     } else if (rc) {
