@@ -76,25 +76,25 @@ static int req_read(void *sock, zap_req *r) {
     return 0;
 }
 
-static bool frame_is(zmq_msg_t *m, const char *s) {
+static bool frame_is(const zauth_frame *f, const char *s) {
     size_t n = strlen(s);
-    return zmq_msg_size(m) == n && memcmp(zmq_msg_data(m), s, n) == 0;
+    return f->n == n && memcmp(f->p, s, n) == 0;
 }
 
-static void frame_str(zmq_msg_t *m, char *buf, size_t cap) {
-    size_t n = zmq_msg_size(m);
+static void frame_str(const zauth_frame *f, char *buf, size_t cap) {
+    size_t n = f->n;
     if (n >= cap) n = cap - 1;
-    memcpy(buf, zmq_msg_data(m), n);
+    if (n) memcpy(buf, f->p, n);
     buf[n] = '\0';
     for (size_t i = 0; i < n; i++)
         if ((unsigned char)buf[i] < 32 || (unsigned char)buf[i] > 126) buf[i] = '?';
 }
 
 /* Constant time in the length of the expected secret. */
-static bool secret_eq(zmq_msg_t *m, const char *secret) {
+static bool secret_eq(const zauth_frame *f, const char *secret) {
     size_t n = strlen(secret);
-    if (zmq_msg_size(m) != n || n == 0) return false;
-    const unsigned char *p = zmq_msg_data(m);
+    if (f->n != n || n == 0) return false;
+    const unsigned char *p = f->p;
     unsigned char d = 0;
     for (size_t i = 0; i < n; i++) d |= (unsigned char)(p[i] ^ (unsigned char)secret[i]);
     return d == 0;
@@ -119,29 +119,30 @@ static void note_refusal(zauth *a, const char *mech, const char *addr, const cha
     }
 }
 
-/* Decides one request: frames are version, request id, domain, address,
- * identity, mechanism, credentials... (RFC 27). */
-static bool decide(zauth *a, zap_req *r, char *user, size_t cap) {
+/* Frames are version, request id, domain, address, identity, mechanism,
+ * credentials... (RFC 27). */
+bool zauth_decide(zauth *a, const zauth_frame *f, int n, char *user, size_t cap) {
     char mech[16] = "?", addr[64] = "?";
-    if (r->n >= 6) frame_str(&r->f[5], mech, sizeof mech);
-    if (r->n >= 4) frame_str(&r->f[3], addr, sizeof addr);
-    if (r->n < 6 || !frame_is(&r->f[0], "1.0")) {
+    if (cap) user[0] = '\0';
+    if (n >= 6) frame_str(&f[5], mech, sizeof mech);
+    if (n >= 4) frame_str(&f[3], addr, sizeof addr);
+    if (n < 6 || !frame_is(&f[0], "1.0")) {
         note_refusal(a, mech, addr, "malformed ZAP request");
         return false;
     }
-    if (frame_is(&r->f[5], "CURVE")) {
-        if (r->n < 7 || zmq_msg_size(&r->f[6]) != ECT_KEY_BYTES || !a->ks) {
+    if (frame_is(&f[5], "CURVE")) {
+        if (n < 7 || f[6].n != ECT_KEY_BYTES || !a->ks) {
             note_refusal(a, mech, addr, "no CURVE keys accepted here");
             return false;
         }
-        if (memcmp(zmq_msg_data(&r->f[6]), a->ks->pub, ECT_KEY_BYTES) == 0) {
+        if (memcmp(f[6].p, a->ks->pub, ECT_KEY_BYTES) == 0) {
             snprintf(user, cap, "self");
             return true;
         }
-        int i = ect_keys_find(a->ks, zmq_msg_data(&r->f[6]));
+        int i = ect_keys_find(a->ks, f[6].p);
         if (i < 0) {
             char z[ECT_KEY_Z85_LEN + 1];
-            ect_key_z85(zmq_msg_data(&r->f[6]), z);
+            ect_key_z85(f[6].p, z);
             char why[96];
             snprintf(why, sizeof why, "public key %s is not in accept/", z);
             note_refusal(a, mech, addr, why);
@@ -150,10 +151,10 @@ static bool decide(zauth *a, zap_req *r, char *user, size_t cap) {
         snprintf(user, cap, "%s", a->ks->accept_names[i]);
         return true;
     }
-    if (frame_is(&r->f[5], "PLAIN")) {
+    if (frame_is(&f[5], "PLAIN")) {
         pthread_mutex_lock(&a->mu);
-        bool ok = r->n >= 8 && a->secret[0] && frame_is(&r->f[6], ZAUTH_PLAIN_USER) &&
-                  secret_eq(&r->f[7], a->secret);
+        bool ok = n >= 8 && a->secret[0] && frame_is(&f[6], ZAUTH_PLAIN_USER) &&
+                  secret_eq(&f[7], a->secret);
         pthread_mutex_unlock(&a->mu);
         if (!ok) {
             note_refusal(a, mech, addr, "wrong event-port secret");
@@ -168,7 +169,10 @@ static bool decide(zauth *a, zap_req *r, char *user, size_t cap) {
 
 static void answer(zauth *a, zap_req *r) {
     char user[128] = "";
-    bool ok = decide(a, r, user, sizeof user);
+    zauth_frame f[ZAP_MAX_FRAMES];
+    for (int i = 0; i < r->n; i++)
+        f[i] = (zauth_frame){zmq_msg_data(&r->f[i]), zmq_msg_size(&r->f[i])};
+    bool ok = zauth_decide(a, f, r->n, user, sizeof user);
     const char *code = ok ? "200" : "400";
     const char *text = ok ? "OK" : "not accepted";
     zmq_send(a->rep, "1.0", 3, ZMQ_SNDMORE);
@@ -219,6 +223,10 @@ int zauth_open(void *zctx, const ect_keyset *ks, const char *who, zauth **out) {
     snprintf(a->who, sizeof a->who, "%s", who ? who : "?");
     snprintf(a->stop_ep, sizeof a->stop_ep, "inproc://ect-zauth-stop-%p", (void *)a);
     pthread_mutex_init(&a->mu, NULL);
+    if (!zctx) { /* detached: zauth_decide only */
+        *out = a;
+        return 0;
+    }
     int rc = 0, zero = 0;
     a->rep = zmq_socket(zctx, ZMQ_REP);
     a->stop = zmq_socket(zctx, ZMQ_PAIR);
@@ -282,10 +290,14 @@ int zauth_curve_server(void *sock, const ect_keyset *ks) {
     return rc;
 }
 
-int zauth_plain_server(zauth *a, void *sock, const char *secret) {
+void zauth_set_secret(zauth *a, const char *secret) {
     pthread_mutex_lock(&a->mu);
     snprintf(a->secret, sizeof a->secret, "%s", secret);
     pthread_mutex_unlock(&a->mu);
+}
+
+int zauth_plain_server(zauth *a, void *sock, const char *secret) {
+    zauth_set_secret(a, secret);
     int one = 1;
     int rc = setopt(sock, ZMQ_ZAP_DOMAIN, ZAP_DOMAIN, strlen(ZAP_DOMAIN), "ZAP_DOMAIN");
     if (!rc) rc = setopt(sock, ZMQ_PLAIN_SERVER, &one, sizeof one, "PLAIN_SERVER");

@@ -29,6 +29,7 @@
 #define ECT_UTIL_ZAUTH_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "util/keys.h"
@@ -39,7 +40,9 @@
 
 typedef struct zauth zauth;
 
-/* Starts the ZAP handler on zctx (not owned; must outlive the handler).
+/* Starts the ZAP handler on zctx (not owned; must outlive the handler);
+ * zctx NULL: a detached handler with no socket and no thread, for
+ * zauth_decide alone (tests, the fuzzer).
  * ks (may be NULL: no CURVE client is accepted) is borrowed and must outlive
  * the handler. `who` names the role in log lines. At most one per context:
  * a second bind of the ZAP endpoint fails with ECT_EEXIST. Caller owns *out
@@ -49,6 +52,21 @@ int zauth_open(void *zctx, const ect_keyset *ks, const char *who, zauth **out);
 /* Stops the handler and closes its socket; call it after the context's
  * server sockets are closed and before zmq_ctx_term. NULL is fine. */
 void zauth_close(zauth *a);
+
+/* One ZAP request's frames (RFC 27: version, request id, domain, address,
+ * identity, mechanism, credentials...). */
+typedef struct zauth_frame {
+    const void *p;
+    size_t n;
+} zauth_frame;
+
+/* The handler's decision on one request: true (status 200) with the user id
+ * in user, or false (400), counted and logged as a refusal. Any bytes are
+ * fine. Handler thread (or a detached handler's caller) only. */
+bool zauth_decide(zauth *a, const zauth_frame *f, int n, char *user, size_t cap);
+
+/* The PLAIN secret the handler checks (zauth_plain_server sets it). */
+void zauth_set_secret(zauth *a, const char *secret);
 
 /* Connections refused since open (CURVE and PLAIN). Any thread. */
 uint64_t zauth_refusals(zauth *a);

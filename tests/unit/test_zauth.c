@@ -500,8 +500,52 @@ static void test_pull_keys_on(void **state) {
     free_keys(k);
 }
 
+/* The ZAP decision alone (a detached handler): the two ways in, every other
+ * request refused and counted. */
+static void test_decide(void **state) {
+    (void)state;
+    keydirs *k = make_keys();
+    ect_keyset *srv = load(k->srv), *cli = load(k->cli), *unk = load(k->unk);
+    zauth *a = NULL;
+    assert_int_equal(zauth_open(NULL, srv, "t", &a), 0);
+    zauth_set_secret(a, "s3cret");
+    char user[64];
+#define F(s) {s, sizeof s - 1}
+    zauth_frame curve_ok[] = {F("1.0"), F("1"),     F("ect"),      F("127.0.0.1"),
+                              F(""),    F("CURVE"), {cli->pub, 32}};
+    assert_true(zauth_decide(a, curve_ok, 7, user, sizeof user));
+    assert_string_equal(user, "cli");
+    zauth_frame curve_self[] = {F("1.0"), F("1"),     F("ect"),      F("127.0.0.1"),
+                                F(""),    F("CURVE"), {srv->pub, 32}};
+    assert_true(zauth_decide(a, curve_self, 7, user, sizeof user));
+    zauth_frame curve_unk[] = {F("1.0"), F("1"),     F("ect"),      F("127.0.0.1"),
+                               F(""),    F("CURVE"), {unk->pub, 32}};
+    assert_false(zauth_decide(a, curve_unk, 7, user, sizeof user));
+    zauth_frame plain_ok[] = {F("1.0"), F("1"),     F("ect"), F("x"),
+                              F(""),    F("PLAIN"), F("ect"), F("s3cret")};
+    assert_true(zauth_decide(a, plain_ok, 8, user, sizeof user));
+    zauth_frame plain_bad[] = {F("1.0"), F("1"),     F("ect"), F("x"),
+                               F(""),    F("PLAIN"), F("ect"), F("s3creT")};
+    assert_false(zauth_decide(a, plain_bad, 8, user, sizeof user));
+    assert_false(zauth_decide(a, plain_ok, 7, user, sizeof user)); /* no password frame */
+    zauth_frame null_mech[] = {F("1.0"), F("1"), F("ect"), F("x"), F(""), F("NULL")};
+    assert_false(zauth_decide(a, null_mech, 6, user, sizeof user));
+    zauth_frame bad_version[] = {F("2.0"), F("1"),     F("ect"), F("x"),
+                                 F(""),    F("PLAIN"), F("ect"), F("s3cret")};
+    assert_false(zauth_decide(a, bad_version, 8, user, sizeof user));
+    assert_false(zauth_decide(a, curve_ok, 0, user, sizeof user));
+#undef F
+    assert_int_equal(zauth_refusals(a), 6);
+    zauth_close(a);
+    ect_keys_free(srv);
+    ect_keys_free(cli);
+    ect_keys_free(unk);
+    free_keys(k);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_decide),
         cmocka_unit_test(test_push_keys_on),
         cmocka_unit_test(test_push_plain_event_port),
         cmocka_unit_test(test_push_event_auth_off_serves_upstream),
