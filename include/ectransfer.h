@@ -228,6 +228,14 @@ ECT_API void ect_metrics_server_close(ect_metrics_server *m);
  *  Any thread. */
 ECT_API int ect_push_status(const char *host, int port, int timeout_ms, char **json);
 
+/** ect_push_status with CurveZMQ: curve_keys is a key directory
+ *  (docs/SECURITY.md) whose accept/ holds the consumer's public key, and
+ *  whose self.public the consumer accepts; NULL: as ect_push_status. A
+ *  consumer that refuses our key: ECT_EACCES. A key directory that does not
+ *  load: its loader's ECT_EINVAL / ECT_EIO. Any thread. */
+ECT_API int ect_push_status_keyed(const char *host, int port, int timeout_ms,
+                                  const char *curve_keys, char **json);
+
 /* --------------------------------------------------------------- dtypes */
 
 /** Element size in bytes of a torch dtype name ("bfloat16" or
@@ -713,6 +721,12 @@ typedef struct ect_push_consumer_opts {
                                   session starts with a key handshake; a peer without an
                                   accepted key gets nothing. NULL (default): off, plain
                                   ZMQ as upstream speaks it. Copied at open */
+    int event_auth_off;        /* without curve_keys only: nonzero makes the event port plain
+                                  ZMQ with no handshake, as upstream's scheduler needs; then
+                                  any PULL that connects takes a share of the events. 0
+                                  (default): the port asks a per-shard secret that our
+                                  scheduler learns from the event_port reply
+                                  (docs/SECURITY.md "Plain mode") */
 } ect_push_consumer_opts;
 
 /** A READY item taken for reading: `data` points into the consumer's pool

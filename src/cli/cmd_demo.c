@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <uthash.h>
@@ -51,6 +52,10 @@ typedef struct demo {
     /* flags */
     const char *protocol, *transport, *shape, *dtype;
     uint64_t items, tp, timeout_ms, item_bytes;
+    bool keys;                         /* --keys: CurveZMQ on both sides */
+    char keyroot[256];                 /* the temporary directory holding both key dirs */
+    char ckeys[300], pkeys[300];       /* consumer-side and producer-side key dirs */
+    const char *cons_keys, *prod_keys; /* NULL, or ckeys / pkeys */
     /* run */
     demo_procs procs;
     entry *entries;
@@ -78,9 +83,63 @@ static void on_signal(int sig) {
 
 static long long now_ms(void) { return (long long)cli_now_ms(); }
 
+/* --keys: two fresh key directories under one temporary directory, each
+ * accepting the other's public key (what an operator does by hand with `ect
+ * keygen` and a copy, README "Turning authentication on"). */
+static bool write_accept(const char *dir, const char *name, const char *pub) {
+    char path[400];
+    snprintf(path, sizeof path, "%s/accept/%s.public", dir, name);
+    FILE *f = fopen(path, "w");
+    if (!f) return false;
+    bool ok = fprintf(f, "%s\n", pub) > 0;
+    return fclose(f) == 0 && ok;
+}
+
+static bool make_keys(demo *d) {
+    const char *tmp = getenv("TMPDIR");
+    snprintf(d->keyroot, sizeof d->keyroot, "%s/ect-demo-keys-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(d->keyroot)) {
+        fprintf(stderr, "ect demo: --keys: mkdtemp %s: %s\n", d->keyroot, strerror(errno));
+        d->keyroot[0] = '\0';
+        return false;
+    }
+    snprintf(d->ckeys, sizeof d->ckeys, "%s/consumer", d->keyroot);
+    snprintf(d->pkeys, sizeof d->pkeys, "%s/producer", d->keyroot);
+    char cpub[41], ppub[41];
+    if (ect_keygen(d->ckeys, cpub) != 0 || ect_keygen(d->pkeys, ppub) != 0) {
+        fprintf(stderr, "ect demo: --keys: %s\n", ect_last_error());
+        return false;
+    }
+    if (!write_accept(d->ckeys, "producer", ppub) || !write_accept(d->pkeys, "consumer", cpub)) {
+        fprintf(stderr, "ect demo: --keys: cannot write accept/: %s\n", strerror(errno));
+        return false;
+    }
+    d->cons_keys = d->ckeys;
+    d->prod_keys = d->pkeys;
+    return true;
+}
+
+static void remove_keys(demo *d) {
+    if (!d->keyroot[0]) return;
+    const char *dirs[] = {d->ckeys, d->pkeys};
+    const char *files[] = {"self.public", "self.secret", "accept/producer.public",
+                           "accept/consumer.public"};
+    char path[400];
+    for (size_t i = 0; i < 2; i++) {
+        for (size_t j = 0; j < sizeof files / sizeof *files; j++) {
+            snprintf(path, sizeof path, "%s/%s", dirs[i], files[j]);
+            unlink(path);
+        }
+        snprintf(path, sizeof path, "%s/accept", dirs[i]);
+        rmdir(path);
+        rmdir(dirs[i]);
+    }
+    rmdir(d->keyroot);
+}
+
 static void help(void) {
     printf("usage: ect demo [--protocol push|pull] [--transport tcp|shm|ucx] [--items N]\n"
-           "                [--shape 576x4096] [--dtype bfloat16] [--tp N] [--timeout D]\n"
+           "                [--shape 576x4096] [--dtype bfloat16] [--tp N] [--timeout D] [--keys]\n"
            "\n"
            "Runs ectransfer end to end on loopback, in separate processes of this binary, and\n"
            "checks every byte. push (default): an `ect push-consumer` instance (scheduler + one\n"
@@ -98,6 +157,8 @@ static void help(void) {
            "                  uint8 [nbytes]\n"
            "  --tp N          consumer TP ranks (push only), 1..64 (default 1)\n"
            "  --timeout D     give up after D (90s, 5m; bare: seconds; up to 24h; default 300s)\n"
+           "  --keys          authentication on: makes two key directories (`ect keygen`) that\n"
+           "                  accept each other and runs both sides with --curve-keys\n"
            "\n"
            "Prints a live progress line on a terminal (plain lines otherwise), then a report:\n"
            "items moved (the bytes arrived), verified (checksums equal), retried (moved after\n"
@@ -351,6 +412,8 @@ static bool start_push_consumer(demo *d, int *port, long long deadline, const ch
                         (char *)d->transport,
                         "--pool-size",
                         pool,
+                        d->cons_keys ? "--curve-keys" : NULL,
+                        (char *)d->cons_keys,
                         NULL};
         if (!demo_spawn(&d->procs, SLOT_CONSUMER, "ect push-consumer", argv)) {
             *why = "cannot start ect push-consumer";
@@ -384,10 +447,28 @@ static bool push_round(demo *d, int port, uint64_t seed, uint64_t count, long lo
     snprintf(cnt, sizeof cnt, "%" PRIu64, count);
     snprintf(sd, sizeof sd, "%" PRIu64, seed);
     snprintf(tmo, sizeof tmo, "%" PRIu64 "ms", d->timeout_ms);
-    char *argv[] = {
-        "push",    "--to",           to,        "--count",        cnt,      "--seed", sd,
-        "--shape", (char *)d->shape, "--dtype", (char *)d->dtype, "--step", "8",      "--repeat",
-        repeat,    "--timeout",      tmo,       "--tp",           tp,       NULL};
+    char *argv[] = {"push",
+                    "--to",
+                    to,
+                    "--count",
+                    cnt,
+                    "--seed",
+                    sd,
+                    "--shape",
+                    (char *)d->shape,
+                    "--dtype",
+                    (char *)d->dtype,
+                    "--step",
+                    "8",
+                    "--repeat",
+                    repeat,
+                    "--timeout",
+                    tmo,
+                    "--tp",
+                    tp,
+                    d->prod_keys ? "--curve-keys" : NULL,
+                    (char *)d->prod_keys,
+                    NULL};
     uint64_t before = d->sent;
     if (!demo_spawn(&d->procs, SLOT_PRODUCER, "ect push", argv)) {
         *why = "cannot start ect push";
@@ -464,9 +545,20 @@ static bool run_pull(demo *d, const char **why) {
     snprintf(size, sizeof size, "%" PRIu64, d->item_bytes);
     snprintf(ppool, sizeof ppool, "%" PRIu64, per_item * uniq + (64u << 20));
     snprintf(cpool, sizeof cpool, "%" PRIu64, per_item * (BATCH_NEW + 8) + (64u << 20));
-    char *pargv[] = {"pull-producer", "--port", "0",      "--transport", (char *)d->transport,
-                     "--count",       cnt,      "--size", size,          "--pool-size",
-                     ppool,           NULL};
+    char *pargv[] = {"pull-producer",
+                     "--port",
+                     "0",
+                     "--transport",
+                     (char *)d->transport,
+                     "--count",
+                     cnt,
+                     "--size",
+                     size,
+                     "--pool-size",
+                     ppool,
+                     d->prod_keys ? "--curve-keys" : NULL,
+                     (char *)d->prod_keys,
+                     NULL};
     if (!demo_spawn(&d->procs, SLOT_CONSUMER, "ect pull-producer", pargv)) {
         *why = "cannot start ect pull-producer";
         return false;
@@ -487,7 +579,7 @@ static bool run_pull(demo *d, const char **why) {
     /* One `ect pull` per round of whole batches (it takes at most 1024 --hash;
      * a batch's repeats stay in the process that loaded its first items). */
     enum { ROUND_BATCHES = 1000 / (BATCH_NEW + BATCH_REP) };
-    char **argv = calloc(9 + 2 * ROUND_BATCHES * (BATCH_NEW + BATCH_REP) + 1, sizeof *argv);
+    char **argv = calloc(11 + 2 * ROUND_BATCHES * (BATCH_NEW + BATCH_REP) + 1, sizeof *argv);
     if (!argv) {
         *why = "out of memory";
         return false;
@@ -507,6 +599,10 @@ static bool run_pull(demo *d, const char **why) {
         argv[k++] = cpool;
         argv[k++] = "--timeout";
         argv[k++] = "60000";
+        if (d->cons_keys) {
+            argv[k++] = "--curve-keys";
+            argv[k++] = (char *)d->cons_keys;
+        }
         uint64_t before = d->sent, round = 0;
         for (int nb = 0; nb < ROUND_BATCHES && left > 0; nb++, batch++) {
             uint64_t fresh = left < BATCH_NEW ? left : BATCH_NEW;
@@ -619,15 +715,12 @@ static bool parse_shape(const char *s, uint64_t *elems) {
 }
 
 int cmd_demo(int argc, char **argv) {
-    static const struct option opts[] = {{"protocol", required_argument, 0, 'P'},
-                                         {"transport", required_argument, 0, 't'},
-                                         {"items", required_argument, 0, 'n'},
-                                         {"shape", required_argument, 0, 's'},
-                                         {"dtype", required_argument, 0, 'd'},
-                                         {"tp", required_argument, 0, 'T'},
-                                         {"timeout", required_argument, 0, 'o'},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
+    static const struct option opts[] = {
+        {"protocol", required_argument, 0, 'P'}, {"transport", required_argument, 0, 't'},
+        {"items", required_argument, 0, 'n'},    {"shape", required_argument, 0, 's'},
+        {"dtype", required_argument, 0, 'd'},    {"tp", required_argument, 0, 'T'},
+        {"timeout", required_argument, 0, 'o'},  {"keys", no_argument, 0, 'K'},
+        {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
     demo d = {.protocol = "push",
               .transport = "tcp",
               .shape = "576x4096",
@@ -665,12 +758,13 @@ int cmd_demo(int argc, char **argv) {
             if (!cli_parse_duration_u64("--timeout", optarg, 1000, 1, 86400000, &d.timeout_ms))
                 return CLI_EXIT_USAGE;
             break;
+        case 'K': d.keys = true; break;
         case 'h': help(); return CLI_EXIT_OK;
         default:
             return cli_usage_error(
                 "demo",
                 "unknown flag or missing value '%s'; accepted: --protocol, "
-                "--transport, --items, --shape, --dtype, --tp, --timeout, --help",
+                "--transport, --items, --shape, --dtype, --tp, --timeout, --keys, --help",
                 argv[optind - 1]);
         }
     }
@@ -697,6 +791,11 @@ int cmd_demo(int argc, char **argv) {
         fprintf(stderr, "ect demo: out of memory\n");
         return CLI_EXIT_FAIL;
     }
+    if (d.keys && !make_keys(&d)) {
+        remove_keys(&d);
+        free(d.lat_ns);
+        return CLI_EXIT_FAIL;
+    }
     d.tty = isatty(STDOUT_FILENO);
     d.next_plain = d.items / 4 ? d.items / 4 : 1;
     d.procs.on_line = on_line;
@@ -718,6 +817,10 @@ int cmd_demo(int argc, char **argv) {
         printf("ect demo: starting ect pull-producer (%s), saving the items, then pulling %" PRIu64
                " items of %s (%s %s) with ect pull\n",
                d.transport, d.items, isz, d.shape, d.dtype);
+    if (d.keys)
+        printf("ect demo: CurveZMQ on: consumer keys %s, producer keys %s (each accepts the "
+               "other)\n",
+               d.ckeys, d.pkeys);
     fflush(stdout);
     long long t0 = now_ms();
     d.t_start = t0;
@@ -749,5 +852,6 @@ int cmd_demo(int argc, char **argv) {
     for (size_t i = 0; i < d.n_pull_hashes; i++) free(d.pull_hashes[i]);
     free(d.pull_hashes);
     free(d.lat_ns);
+    remove_keys(&d);
     return pass ? CLI_EXIT_OK : CLI_EXIT_FAIL;
 }

@@ -25,32 +25,35 @@
 #include "ectransfer.h"
 
 static void help(void) {
-    printf("usage: ect pull --from HOST:PORT [--hash H ... | --all] [--transport tcp|shm|ucx]\n"
-           "                [--timeout D] [--wait D] [--pool-size SIZE]\n"
-           "                [--listen HOST] [--advertise HOST] [--data-port P]\n"
-           "\n"
-           "Asks the producer at HOST:PORT (its ec_port) what it holds, pulls the named items\n"
-           "(or every item with --all), verifies them and prints one JSON line per item\n"
-           "{mm_hash, nbytes, checksum, status, latency_ms, attempts}, then on stderr\n"
-           "\"ect pull: M moved, V verified, R retried, F failed of N items\". A load the\n"
-           "producer or this pool refuses for want of room or lanes (busy, full) is asked\n"
-           "again with a backoff until --timeout (attempts > 1: retried). Exit 1 if any item\n"
-           "failed.\n"
-           "\n"
-           "  --from HOST:PORT  the producer (required)\n"
-           "  --hash H          an item to pull (repeatable)\n"
-           "  --all             every item the producer holds\n"
-           "  --transport T     data plane, as the producer's: tcp (default), shm, ucx\n"
-           "  --timeout D       per-pull completion timeout, and how long a refused load is\n"
-           "                    retried (500ms, 30s; bare: milliseconds; default 60s)\n"
-           "  --wait D          how long to wait to learn the items (default 10s)\n"
-           "  --pool-size SIZE  consumer pool (default 1GiB)\n"
-           "  --listen HOST     where this consumer's data plane (tcp, ucx) listens for the\n"
-           "                    producer's writes: 127.0.0.1 (default), an address of this host,\n"
-           "                    or 0.0.0.0 / :: (the producer is then told the address of the\n"
-           "                    interface that routes to it)\n"
-           "  --advertise HOST  the host the producer is told to write to (NAT, a name)\n"
-           "  --data-port P     fixed data-plane port (default: any free port)\n");
+    printf(
+        "usage: ect pull --from HOST:PORT [--hash H ... | --all] [--transport tcp|shm|ucx]\n"
+        "                [--timeout D] [--wait D] [--pool-size SIZE]\n"
+        "                [--listen HOST] [--advertise HOST] [--data-port P] [--curve-keys DIR]\n"
+        "\n"
+        "Asks the producer at HOST:PORT (its ec_port) what it holds, pulls the named items\n"
+        "(or every item with --all), verifies them and prints one JSON line per item\n"
+        "{mm_hash, nbytes, checksum, status, latency_ms, attempts}, then on stderr\n"
+        "\"ect pull: M moved, V verified, R retried, F failed of N items\". A load the\n"
+        "producer or this pool refuses for want of room or lanes (busy, full) is asked\n"
+        "again with a backoff until --timeout (attempts > 1: retried). Exit 1 if any item\n"
+        "failed.\n"
+        "\n"
+        "  --from HOST:PORT  the producer (required)\n"
+        "  --hash H          an item to pull (repeatable)\n"
+        "  --all             every item the producer holds\n"
+        "  --transport T     data plane, as the producer's: tcp (default), shm, ucx\n"
+        "  --timeout D       per-pull completion timeout, and how long a refused load is\n"
+        "                    retried (500ms, 30s; bare: milliseconds; default 60s)\n"
+        "  --wait D          how long to wait to learn the items (default 10s)\n"
+        "  --pool-size SIZE  consumer pool (default 1GiB)\n"
+        "  --listen HOST     where this consumer's data plane (tcp, ucx) listens for the\n"
+        "                    producer's writes: 127.0.0.1 (default), an address of this host,\n"
+        "                    or 0.0.0.0 / :: (the producer is then told the address of the\n"
+        "                    interface that routes to it)\n"
+        "  --advertise HOST  the host the producer is told to write to (NAT, a name)\n"
+        "  --data-port P     fixed data-plane port (default: any free port)\n"
+        "  --curve-keys DIR  CurveZMQ on every ZMQ socket (docs/SECURITY.md): DIR from `ect\n"
+        "                    keygen`, with the peers' public keys in DIR/accept/; default off\n");
 }
 
 typedef struct item_list {
@@ -115,8 +118,10 @@ int cmd_pull(int argc, char **argv) {
                                          {"listen", required_argument, 0, 'L'},
                                          {"advertise", required_argument, 0, 'A'},
                                          {"data-port", required_argument, 0, 'D'},
+                                         {"curve-keys", required_argument, 0, 'K'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
+    const char *curve_keys = NULL;
     const char *from = NULL, *transport = "tcp", *listen_host = "127.0.0.1", *advertise = NULL;
     uint64_t dport = 0;
     const char *hashes[1024];
@@ -163,6 +168,7 @@ int cmd_pull(int argc, char **argv) {
         case 'D':
             if (!cli_parse_u64("--data-port", optarg, 1, 65535, &dport)) return CLI_EXIT_USAGE;
             break;
+        case 'K': curve_keys = optarg; break;
         case 'h': help(); return CLI_EXIT_OK;
         default: return cli_bad_flag("pull", opts);
         }
@@ -176,6 +182,7 @@ int cmd_pull(int argc, char **argv) {
 
     ect_pull_scheduler_opts so;
     ect_pull_scheduler_opts_init(&so);
+    so.curve_keys = curve_keys;
     so.producer = from;
     ect_pull_scheduler *s = NULL;
     if (ect_pull_scheduler_open(&so, &s) != 0) {
@@ -210,6 +217,7 @@ int cmd_pull(int argc, char **argv) {
     }
     ect_pull_consumer_opts co;
     ect_pull_consumer_opts_init(&co);
+    co.curve_keys = curve_keys;
     co.producer = from;
     co.transport = transport;
     co.timeout_ms = (int)timeout;

@@ -26,30 +26,33 @@ static void on_signal(int sig) {
 }
 
 static void help(void) {
-    printf("usage: ect pull-producer [--host H] [--port P] [--pool-size SIZE] [--metrics-port P]\n"
-           "                         [--transport tcp|shm|ucx] [--count N --size SIZE | --file F "
-           "...]\n"
-           "                         [--connect-allow ADDRS]\n"
-           "\n"
-           "Generation-1 producer: ROUTER on PORT, PUB on PORT+1. Saves N synthetic items of SIZE\n"
-           "bytes (deterministic bytes; dtype uint8, shape [SIZE]) or the given files, prints one\n"
-           "JSON line per published item {mm_hash, nbytes, checksum, dtype, shape, status}\n"
-           "(status \"ok\"), then the readiness line {\"event\":\"ready\",\"serving\":true,\n"
-           "\"host\",\"port\",\"pub_port\",\"transport\",\"session_id\"} and serves pulls until "
-           "SIGINT/SIGTERM (exit 0).\n"
-           "\n"
-           "  --host H          address to bind (default 127.0.0.1)\n"
-           "  --port P          ec_port (default 14579; 0 = an ephemeral pair, printed)\n"
-           "  --pool-size SIZE  producer pool (default 1GiB)\n"
-           "  --transport T     data plane: tcp (default), shm, ucx\n"
-           "  --count N         synthetic items (default 4 unless --file is given)\n"
-           "  --size SIZE       bytes per synthetic item (default 4.5MiB)\n"
-           "  --file F          save file F (repeatable; items are saved in order)\n"
-           "  --metrics-port P  serve Prometheus metrics at http://H:P/metrics (0: any free\n"
-           "                    port, given as \"metrics_port\" in the readiness line)\n"
-           "  --connect-allow A where pulls may make this producer write: '*' (anywhere) or\n"
-           "                    comma-separated IP addresses (default: only the address each\n"
-           "                    pull came from)\n");
+    printf(
+        "usage: ect pull-producer [--host H] [--port P] [--pool-size SIZE] [--metrics-port P]\n"
+        "                         [--transport tcp|shm|ucx] [--count N --size SIZE | --file F "
+        "...]\n"
+        "                         [--connect-allow ADDRS] [--curve-keys DIR]\n"
+        "\n"
+        "Generation-1 producer: ROUTER on PORT, PUB on PORT+1. Saves N synthetic items of SIZE\n"
+        "bytes (deterministic bytes; dtype uint8, shape [SIZE]) or the given files, prints one\n"
+        "JSON line per published item {mm_hash, nbytes, checksum, dtype, shape, status}\n"
+        "(status \"ok\"), then the readiness line {\"event\":\"ready\",\"serving\":true,\n"
+        "\"host\",\"port\",\"pub_port\",\"transport\",\"session_id\"} and serves pulls until "
+        "SIGINT/SIGTERM (exit 0).\n"
+        "\n"
+        "  --host H          address to bind (default 127.0.0.1)\n"
+        "  --port P          ec_port (default 14579; 0 = an ephemeral pair, printed)\n"
+        "  --pool-size SIZE  producer pool (default 1GiB)\n"
+        "  --transport T     data plane: tcp (default), shm, ucx\n"
+        "  --count N         synthetic items (default 4 unless --file is given)\n"
+        "  --size SIZE       bytes per synthetic item (default 4.5MiB)\n"
+        "  --file F          save file F (repeatable; items are saved in order)\n"
+        "  --metrics-port P  serve Prometheus metrics at http://H:P/metrics (0: any free\n"
+        "                    port, given as \"metrics_port\" in the readiness line)\n"
+        "  --connect-allow A where pulls may make this producer write: '*' (anywhere) or\n"
+        "                    comma-separated IP addresses (default: only the address each\n"
+        "                    pull came from)\n"
+        "  --curve-keys DIR  CurveZMQ on every ZMQ socket (docs/SECURITY.md): DIR from `ect\n"
+        "                    keygen`, with the peers' public keys in DIR/accept/; default off\n");
 }
 
 /* Deterministic synthetic bytes of item i (splitmix64 stream). */
@@ -104,8 +107,10 @@ int cmd_pull_producer(int argc, char **argv) {
                                          {"file", required_argument, 0, 'f'},
                                          {"metrics-port", required_argument, 0, 'M'},
                                          {"connect-allow", required_argument, 0, 'A'},
+                                         {"curve-keys", required_argument, 0, 'K'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
+    const char *curve_keys = NULL;
     const char *host = "127.0.0.1", *transport = "tcp", *allow = NULL;
     uint64_t port = 14579, pool = 1ull << 30, count = 0, size = 4718592;
     bool have_count = false, have_size = false;
@@ -141,6 +146,7 @@ int cmd_pull_producer(int argc, char **argv) {
             if (!cli_parse_metrics_port("pull-producer", optarg, &metrics_port))
                 return CLI_EXIT_USAGE;
             break;
+        case 'K': curve_keys = optarg; break;
         case 'h': help(); return CLI_EXIT_OK;
         default: return cli_bad_flag("pull-producer", opts);
         }
@@ -153,6 +159,7 @@ int cmd_pull_producer(int argc, char **argv) {
 
     ect_pull_producer_opts o;
     ect_pull_producer_opts_init(&o);
+    o.curve_keys = curve_keys;
     o.host = host;
     o.port = (int)port;
     o.pool_size = pool;

@@ -32,7 +32,8 @@ static void help(void) {
         "usage: ect push --to HOST:PORT [--count N] [--size SIZE | --shape AxB...] [--dtype D]\n"
         "                [--file F] [--step K] [--seed S] [--id-prefix P] [--timeout D]\n"
         "                [--control-timeout D] [--transport tcp|shm|ucx] [--tp N]\n"
-        "                [--repeat NEW:REP] [--push-wait D] [--device cpu|cuda|cuda:N]\n\n"
+        "                [--repeat NEW:REP] [--push-wait D] [--device cpu|cuda|cuda:N]\n"
+        "                [--curve-keys DIR]\n\n"
         "Pushes items into the consumer instance whose TP rank 0 serves control requests at\n"
         "HOST:PORT (`ect push-consumer`): reserve on every shard (found through `peers`), one\n"
         "batched write per destination session, complete on every shard. The data plane\n"
@@ -67,7 +68,11 @@ static void help(void) {
         "  --device D            where the items live: cpu (default), or cuda / cuda:N (GPU\n"
         "                        memory, borrowed: tcp stages each with one device-to-host\n"
         "                        copy, shm into a GPU pool copies device to device by CUDA\n"
-        "                        IPC). Needs the CUDA driver (`ect info`)\n\n"
+        "                        IPC). Needs the CUDA driver (`ect info`)\n"
+        "  --curve-keys DIR      CurveZMQ on every ZMQ socket (docs/SECURITY.md): DIR from `ect\n"
+        "                        keygen`, with the peers' public keys in DIR/accept/; default\n"
+        "                        off\n"
+        "\n"
         "Item i: bytes = a splitmix64 stream seeded with (seed, c), or the file's bytes; c = i,\n"
         "  or with --repeat: block b = i / (NEW + REP), r = i %% (NEW + REP),\n"
         "  c = b x NEW + (r < NEW ? r : r - NEW).\n"
@@ -252,8 +257,10 @@ int cmd_push(int argc, char **argv) {
                                          {"repeat", required_argument, 0, 'R'},
                                          {"push-wait", required_argument, 0, 'W'},
                                          {"device", required_argument, 0, 'D'},
+                                         {"curve-keys", required_argument, 0, 'K'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
+    const char *curve_keys = NULL;
     const char *to = NULL, *file = NULL, *dtype = "bfloat16", *prefix = NULL;
     uint64_t count = 1, size = 0, step = 0, seed = 1, timeout_ms = 120000, ctl_ms = 30000, tp = 0;
     uint64_t push_wait_ms = 60000;
@@ -332,6 +339,7 @@ int cmd_push(int argc, char **argv) {
             dev = kind == ECT_MEM_CUDA ? ord : -1;
             break;
         }
+        case 'K': curve_keys = optarg; break;
         case 'h': help(); return CLI_EXIT_OK;
         default: return cli_bad_flag(CMD, opts);
         }
@@ -410,6 +418,7 @@ int cmd_push(int argc, char **argv) {
 
     ect_push_producer_opts po;
     ect_push_producer_opts_init(&po);
+    po.curve_keys = curve_keys;
     po.staging_size = 0; /* sources are borrowed: each step's buffers outlive the step */
     po.control_timeout_ms = (int)ctl_ms;
     po.transport = transport;

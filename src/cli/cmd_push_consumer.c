@@ -47,6 +47,7 @@ static void help(void) {
         "                         [--transport tcp|shm|ucx] [--count N] [--ttl D]\n"
         "                         [--pool-device cpu|pinned|cuda|cuda:N] [--metrics-port P]\n"
         "                         [--advertise HOST] [--data-port P]\n"
+        "                         [--curve-keys DIR] [--event-auth secret|none]\n"
         "\n"
         "Runs one push-protocol consumer instance: a control server per TP rank, bound on\n"
         "H at ports P + dp_index x N + rank, plus the instance's scheduler. Every transfer\n"
@@ -76,6 +77,14 @@ static void help(void) {
         "                    shm by CUDA IPC; not with ucx). Needs the CUDA driver (`ect info`)\n"
         "  --metrics-port P  serve Prometheus metrics at http://H:P/metrics (0: any free\n"
         "                    port, given as \"metrics_port\" in the ready line)\n"
+        "  --curve-keys DIR  authenticate every peer (docs/SECURITY.md): DIR is a key\n"
+        "                    directory made by `ect keygen`; only producers and schedulers\n"
+        "                    whose public key is in DIR/accept/ get any answer or event.\n"
+        "                    Default: off, plain ZMQ as upstream speaks it\n"
+        "  --event-auth M    without --curve-keys: secret (default) makes each rank's event\n"
+        "                    port ask a per-rank secret our scheduler learns from the\n"
+        "                    event_port reply, so a stray PULL gets no events; none serves\n"
+        "                    any PULL (an upstream scheduler needs it)\n"
         "\n"
         "Output on stdout, one JSON object a line: first, once every shard listens and the\n"
         "scheduler reached every one (push from then on),\n"
@@ -251,9 +260,13 @@ int cmd_push_consumer(int argc, char **argv) {
                                          {"metrics-port", required_argument, 0, 'M'},
                                          {"advertise", required_argument, 0, 'A'},
                                          {"data-port", required_argument, 0, 'P'},
+                                         {"curve-keys", required_argument, 0, 'K'},
+                                         {"event-auth", required_argument, 0, 'E'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *host = NULL, *transport = "tcp", *pool_device = "cpu", *advertise = NULL;
+    const char *curve_keys = NULL;
+    int event_auth_off = 0;
     uint64_t port = 0, tp = 1, dp = 0, pool = 1000000000ull, count = 0, ttl = 300000, dport = 0;
     int c, metrics_port = -1;
     optind = 1;
@@ -308,6 +321,13 @@ int cmd_push_consumer(int argc, char **argv) {
         case 'P':
             if (!cli_parse_u64("--data-port", optarg, 1, 65535, &dport)) return CLI_EXIT_USAGE;
             break;
+        case 'K': curve_keys = optarg; break;
+        case 'E':
+            if (strcmp(optarg, "secret") && strcmp(optarg, "none"))
+                return cli_usage_error("push-consumer", "--event-auth %s: expected secret or none",
+                                       optarg);
+            event_auth_off = strcmp(optarg, "none") == 0;
+            break;
         case 'h': help(); return CLI_EXIT_OK;
         default: return cli_bad_flag("push-consumer", opts);
         }
@@ -355,6 +375,8 @@ int cmd_push_consumer(int argc, char **argv) {
         o.pool_device = pool_device;
         o.advertise = advertise;
         o.data_port = (int)dport;
+        o.curve_keys = curve_keys;
+        o.event_auth_off = event_auth_off;
         if (ect_push_consumer_open(&o, &cons[r]) != 0) {
             fprintf(stderr, "ect push-consumer: rank %" PRIu64 ": %s\n", r, ect_last_error());
             rc = CLI_EXIT_FAIL;
@@ -374,6 +396,7 @@ int cmd_push_consumer(int argc, char **argv) {
     so.tp_size = (int)tp;
     so.accept_any = 1;
     so.ttl_ms = ttl;
+    so.curve_keys = curve_keys; /* the shards accept their own key when DIR/accept/ has it */
     if (ect_push_scheduler_open(&so, &s) != 0) {
         fprintf(stderr, "ect push-consumer: scheduler: %s\n", ect_last_error());
         rc = CLI_EXIT_FAIL;

@@ -16,7 +16,7 @@
 #include "cli/cli.h"
 
 static void help(void) {
-    printf("usage: ect status HOST:PORT [--json] [--timeout SECONDS]\n"
+    printf("usage: ect status HOST:PORT [--json] [--timeout SECONDS] [--curve-keys DIR]\n"
            "\n"
            "Asks the push consumer shard whose control port is HOST:PORT (an `ect push-consumer`\n"
            "or any consumer built on libectransfer) for its pool, reservations by state, peers\n"
@@ -27,6 +27,8 @@ static void help(void) {
            "{\"status\":\"ok\",\"shard\",\"tp_size\",\"port\",\"transport\",\"pool\",\n"
            "                    \"reservations\",\"peers\",\"events\",\"refused\",\"errors\"}\n"
            "  --timeout SECONDS how long to wait for the answer (default 5)\n"
+           "  --curve-keys DIR  CurveZMQ on every ZMQ socket (docs/SECURITY.md): DIR from `ect\n"
+           "                    keygen`, with the peers' public keys in DIR/accept/; default off\n"
            "\n"
            "Exit status: 0 answered; 1 no consumer answers there (stopped, wrong port), or it\n"
            "does not know ect_status (an upstream consumer), with the reason on stderr\n"
@@ -73,8 +75,10 @@ static void print_table(const json_t *r, const char *addr) {
 int cmd_status(int argc, char **argv) {
     static const struct option opts[] = {{"json", no_argument, 0, 'j'},
                                          {"timeout", required_argument, 0, 't'},
+                                         {"curve-keys", required_argument, 0, 'K'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
+    const char *curve_keys = NULL;
     bool as_json = false;
     double timeout = 5;
     int c;
@@ -85,6 +89,7 @@ int cmd_status(int argc, char **argv) {
         case 't':
             if (!cli_parse_seconds("status", optarg, 0.001, 3600, &timeout)) return CLI_EXIT_USAGE;
             break;
+        case 'K': curve_keys = optarg; break;
         case 'h': help(); return CLI_EXIT_OK;
         default: return cli_bad_flag("status", opts);
         }
@@ -97,7 +102,7 @@ int cmd_status(int argc, char **argv) {
     if (!cli_parse_hostport("HOST:PORT", argv[optind], host, sizeof host, &port))
         return CLI_EXIT_USAGE;
     char *txt = NULL;
-    if (ect_push_status(host, port, (int)(timeout * 1000 + 0.5), &txt) != 0) {
+    if (ect_push_status_keyed(host, port, (int)(timeout * 1000 + 0.5), curve_keys, &txt) != 0) {
         const char *why = ect_last_error();
         fprintf(stderr, "ect status: %s\n", why);
         if (as_json) {

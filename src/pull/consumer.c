@@ -24,6 +24,7 @@
 #include "util/hostport.h"
 #include "util/metrics.h"
 #include "util/util.h"
+#include "util/zauth.h"
 #include "wire/dtype.h"
 #include "xport/xport.h"
 
@@ -44,6 +45,8 @@ struct ect_pull_consumer {
     bool registered;
     bool windows; /* each pull gets its own write key (all but ucx) */
     void *zctx, *dealer;
+    char *curve_keys;
+    ect_keyset *keys; /* NULL: keys off */
     void *mon;        /* PAIR reading the DEALER's socket monitor */
     bool up;          /* a connection to the producer is established */
     bool gone;        /* it was, and the producer went away (no reconnect yet) */
@@ -408,6 +411,13 @@ int ect_pull_consumer_open(const ect_pull_consumer_opts *o, ect_pull_consumer **
     snprintf(c->pool_device, sizeof c->pool_device, "%s", o->pool_device ? o->pool_device : "cpu");
     c->o.pool_device = c->pool_device;
     c->next_token = ect_random_u64() >> 16; /* distinct across restarts of this process */
+    c->o.curve_keys = NULL;
+    if (o->curve_keys && (!(c->curve_keys = strdup(o->curve_keys)) ||
+                          (rc = ect_keys_load(c->curve_keys, &c->keys)))) {
+        if (!rc) rc = ect_set_error(ECT_ENOMEM, "pull consumer: out of memory");
+        goto fail;
+    }
+    c->o.curve_keys = c->curve_keys;
     ect_pool_opts po;
     ect_pool_opts_init(&po);
     po.capacity = o->pool_size;
@@ -459,6 +469,7 @@ int ect_pull_consumer_open(const ect_pull_consumer_opts *o, ect_pull_consumer **
     zmq_setsockopt(c->mon, ZMQ_LINGER, &zero, sizeof zero);
     char ep[320];
     ect_tcp_endpoint(host, port, ep, sizeof ep);
+    if ((rc = zauth_client(c->zctx, c->dealer, c->keys, ZMQ_DEALER, ep, o->timeout_ms))) goto fail;
     if (zmq_connect(c->dealer, ep) != 0) {
         rc = ect_set_error(ECT_EINVAL, "pull consumer: cannot connect DEALER to %s: %s", ep,
                            zmq_strerror(zmq_errno()));
@@ -483,5 +494,7 @@ void ect_pull_consumer_close(ect_pull_consumer *c) {
     if (c->zctx) zmq_ctx_term(c->zctx);
     if (c->pool) quarantine_sweep(c, true);
     ect_pool_close(c->pool);
+    ect_keys_free(c->keys);
+    free(c->curve_keys);
     free(c);
 }

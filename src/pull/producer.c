@@ -36,6 +36,7 @@
 #include "util/sync.h"
 #include "util/metrics.h"
 #include "util/util.h"
+#include "util/zauth.h"
 #include "wire/dtype.h"
 
 #define MOD "pull"
@@ -77,6 +78,9 @@ struct ect_pull_producer {
     char key[ECT_XPORT_KEY_MAX];
     bool registered;
     void *zctx, *router, *pub;
+    char *curve_keys;
+    ect_keyset *keys; /* NULL: keys off */
+    zauth *auth;      /* ZAP handler on zctx with keys */
     int efd;
     pull_router r;           /* ROUTER thread only, except r.st under stat_mu */
     pthread_mutex_t stat_mu; /* held while the ROUTER thread handles a frame */
@@ -606,6 +610,13 @@ int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer
     ect_cond_init(&p->cv);
     pthread_mutex_init(&p->comp_mu, NULL);
     pthread_mutex_init(&p->stat_mu, NULL);
+    p->o.curve_keys = NULL;
+    if (opts->curve_keys && (!(p->curve_keys = strdup(opts->curve_keys)) ||
+                             (rc = ect_keys_load(p->curve_keys, &p->keys)))) {
+        if (!rc) rc = ect_set_error(ECT_ENOMEM, "pull producer: out of memory");
+        goto fail;
+    }
+    p->o.curve_keys = p->curve_keys;
 
     ect_pool_opts po;
     ect_pool_opts_init(&po);
@@ -655,7 +666,12 @@ int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer
     int64_t maxmsg = ECT_PULL_MAX_MSG_BYTES;
     zmq_setsockopt(p->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
     zmq_setsockopt(p->pub, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    if (p->keys && ((rc = zauth_open(p->zctx, p->keys, "pull producer", &p->auth)) ||
+                    (rc = zauth_curve_server(p->router, p->keys)) ||
+                    (rc = zauth_curve_server(p->pub, p->keys))))
+        goto fail;
     if ((rc = bind_pair(p)) != 0) goto fail;
+    if (p->keys) zauth_local_server(p->port, p->keys);
 
     p->r.pool = p->pool;
     p->r.session_id = p->session_id;
@@ -723,7 +739,11 @@ void ect_pull_producer_close(ect_pull_producer *p) {
     ect_xport_close(p->x);
     if (p->router) zmq_close(p->router);
     if (p->pub) zmq_close(p->pub);
+    if (p->keys && p->port) zauth_local_server_gone(p->port);
+    zauth_close(p->auth); /* after the sockets it checks, before the context */
     if (p->zctx) zmq_ctx_term(p->zctx);
+    ect_keys_free(p->keys);
+    free(p->curve_keys);
     if (p->efd >= 0) close(p->efd);
     ect_pool_close(p->pool);
     pthread_mutex_destroy(&p->mu);

@@ -25,6 +25,7 @@
 #include "pull/pull_internal.h"
 #include "util/hostport.h"
 #include "util/util.h"
+#include "util/zauth.h"
 
 #define MOD "pull"
 
@@ -38,6 +39,7 @@ struct ect_pull_scheduler {
     char producer[300];
     int retry_ms;
     void *zctx, *sub, *dealer;
+    ect_keyset *keys;                    /* NULL: keys off */
     void *mon;                           /* PAIR reading the DEALER's connection events */
     uint64_t connects;                   /* DEALER connections made so far */
     char session[WIRE_PULL_MAX_STR + 1]; /* "" until the first message */
@@ -252,10 +254,22 @@ int ect_pull_scheduler_open(const ect_pull_scheduler_opts *o, ect_pull_scheduler
     s->retry_ms = o->request_retry_ms;
     char ep[320];
     int zero = 0;
+    if (o->curve_keys && (rc = ect_keys_load(o->curve_keys, &s->keys))) {
+        free(s);
+        return rc;
+    }
     s->zctx = zmq_ctx_new();
     if (!s->zctx) {
+        ect_keys_free(s->keys);
         free(s);
         return ect_set_error(ECT_ENOMEM, "pull scheduler: zmq_ctx_new failed");
+    }
+    /* One server key for both sockets: the producer's ROUTER and PUB hold the
+     * same pair; a DEALER probes it (a SUB would do, but sends nothing either). */
+    char srvkey[ECT_KEY_Z85_LEN + 1];
+    if (s->keys) {
+        ect_tcp_endpoint(host, port, ep, sizeof ep);
+        zauth_server_key(s->zctx, s->keys, ZMQ_DEALER, ep, s->retry_ms, srvkey);
     }
     s->sub = zmq_socket(s->zctx, ZMQ_SUB);
     s->dealer = zmq_socket(s->zctx, ZMQ_DEALER);
@@ -275,6 +289,9 @@ int ect_pull_scheduler_open(const ect_pull_scheduler_opts *o, ect_pull_scheduler
     int64_t maxmsg = ECT_PULL_MAX_MSG_BYTES;
     zmq_setsockopt(s->sub, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
     zmq_setsockopt(s->dealer, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    if (s->keys && ((rc = zauth_curve_client(s->sub, s->keys, srvkey)) ||
+                    (rc = zauth_curve_client(s->dealer, s->keys, srvkey))))
+        goto fail;
     ect_tcp_endpoint(host, port + 1, ep, sizeof ep);
     if (zmq_connect(s->sub, ep) != 0) {
         rc = ect_set_error(ECT_EINVAL, "pull scheduler: cannot connect SUB to %s: %s", ep,
@@ -316,5 +333,6 @@ void ect_pull_scheduler_close(ect_pull_scheduler *s) {
     }
     if (s->mon) zmq_close(s->mon);
     if (s->zctx) zmq_ctx_term(s->zctx);
+    ect_keys_free(s->keys);
     free(s);
 }

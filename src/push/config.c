@@ -13,18 +13,21 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "util/jconf.h"
 #include "util/util.h"
 
 static const jc_key consumer_keys[] = {
-    JC_XPORT_LISTEN,   JC_TTL_MS,      JC_PENDING_GRACE_MS, JC_REAP_INTERVAL_MS, JC_MAX_EVENTS,
-    JC_MAX_TOMBSTONES, JC_POOL_MEMORY, JC_ADVERTISE,        JC_DATA_PORT,
+    JC_XPORT_LISTEN, JC_TTL_MS,         JC_PENDING_GRACE_MS, JC_REAP_INTERVAL_MS,
+    JC_MAX_EVENTS,   JC_MAX_TOMBSTONES, JC_POOL_MEMORY,      JC_ADVERTISE,
+    JC_DATA_PORT,    JC_CURVE_KEYS,     JC_EVENT_AUTH,
 };
 static const jc_role consumer_role = {"push consumer", consumer_keys, ECT_ARRAY_LEN(consumer_keys)};
 
 static const jc_key scheduler_keys[] = {
-    JC_TTL_MS, JC_MAX_TOMBSTONES, JC_CANCEL_ATTEMPTS, JC_MIN_DRAIN_INTERVAL_MS, JC_ACCEPT_ANY,
+    JC_TTL_MS,     JC_MAX_TOMBSTONES, JC_CANCEL_ATTEMPTS, JC_MIN_DRAIN_INTERVAL_MS,
+    JC_ACCEPT_ANY, JC_CURVE_KEYS,
 };
 static const jc_role scheduler_role = {"push scheduler", scheduler_keys,
                                        ECT_ARRAY_LEN(scheduler_keys)};
@@ -32,7 +35,7 @@ static const jc_role scheduler_role = {"push scheduler", scheduler_keys,
 static const jc_key producer_keys[] = {
     JC_REFRESH_AFTER_MS,    JC_INPUT_WAIT_MS,   JC_TTL_MS,        JC_MAX_TOMBSTONES,
     JC_CONNECT_TIMEOUT_MS,  JC_IO_TIMEOUT_MS,   JC_LISTEN_HOST,   JC_DOWN_BACKOFF_MS,
-    JC_DOWN_BACKOFF_MAX_MS, JC_STAGING_WAIT_MS, JC_EXPECT_SHARDS,
+    JC_DOWN_BACKOFF_MAX_MS, JC_STAGING_WAIT_MS, JC_EXPECT_SHARDS, JC_CURVE_KEYS,
 };
 static const jc_role producer_role = {"push producer", producer_keys, ECT_ARRAY_LEN(producer_keys)};
 
@@ -63,6 +66,17 @@ int push_consumer_config(const char *json, ect_push_consumer_opts *o, json_t **r
     if (v[JC_POOL_MEMORY].set) o->pool_memory = (void *)(uintptr_t)v[JC_POOL_MEMORY].u;
     if (v[JC_ADVERTISE].set) o->advertise = v[JC_ADVERTISE].s;
     if (v[JC_DATA_PORT].set) o->data_port = v[JC_DATA_PORT].i;
+    if (v[JC_CURVE_KEYS].set) o->curve_keys = v[JC_CURVE_KEYS].s;
+    if (v[JC_EVENT_AUTH].set) {
+        const char *e = v[JC_EVENT_AUTH].s;
+        if (strcmp(e, "none") != 0 && strcmp(e, "secret") != 0)
+            return ect_set_error(ECT_EINVAL,
+                                 "push consumer config: key 'event_auth' must be \"secret\" "
+                                 "(the default) or \"none\" (for an upstream scheduler), not "
+                                 "'%.15s'",
+                                 e);
+        o->event_auth_off = strcmp(e, "none") == 0;
+    }
     return 0;
 }
 
@@ -90,6 +104,7 @@ int push_scheduler_config(const char *json, ect_push_scheduler_opts *o, json_t *
     if (v[JC_CANCEL_ATTEMPTS].set) o->cancel_attempts = (unsigned)v[JC_CANCEL_ATTEMPTS].u;
     if (v[JC_MIN_DRAIN_INTERVAL_MS].set) o->min_drain_interval_ms = v[JC_MIN_DRAIN_INTERVAL_MS].u;
     if (v[JC_ACCEPT_ANY].set) o->accept_any = v[JC_ACCEPT_ANY].b;
+    if (v[JC_CURVE_KEYS].set) o->curve_keys = v[JC_CURVE_KEYS].s;
     return 0;
 }
 
@@ -115,6 +130,7 @@ int push_producer_config(const char *json, ect_push_producer_opts *o, json_t **r
         o->push_wait_ms = (uint64_t)jc_seconds_to_ms(v[JC_PUSH_WAIT_TIMEOUT_S].d);
     if (v[JC_STAGING_WAIT_MS].set) o->staging_wait_ms = v[JC_STAGING_WAIT_MS].u;
     if (v[JC_EXPECT_SHARDS].set) o->expect_shards = (uint32_t)v[JC_EXPECT_SHARDS].u;
+    if (v[JC_CURVE_KEYS].set) o->curve_keys = v[JC_CURVE_KEYS].s;
     return 0;
 }
 

@@ -34,7 +34,9 @@
 #include "push/control_server.h"
 #include "util/metrics.h"
 #include "util/hostport.h"
+#include "util/keys.h"
 #include "util/util.h"
+#include "util/zauth.h"
 #include "xport/xport.h"
 
 #define MOD "consumer"
@@ -48,6 +50,9 @@ struct ect_push_consumer {
     char key[ECT_XPORT_KEY_MAX];
     bool registered;
     void *zctx;
+    char *curve_keys;
+    ect_keyset *keys; /* NULL: keys off */
+    zauth *auth;      /* ZAP handler on zctx; NULL when nothing is checked */
     ctl_server *srv;
     rsv_mem_ops mem;
     met_source *met;
@@ -223,6 +228,13 @@ int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_consumer
     snprintf(c->pool_device, sizeof c->pool_device, "%s",
              opts->pool_device ? opts->pool_device : "cpu");
     c->o.pool_device = c->pool_device;
+    c->o.curve_keys = NULL;
+    if (opts->curve_keys && (!(c->curve_keys = strdup(opts->curve_keys)) ||
+                             (rc = ect_keys_load(c->curve_keys, &c->keys)))) {
+        if (!rc) rc = ect_set_error(ECT_ENOMEM, "push consumer: out of memory");
+        goto fail;
+    }
+    c->o.curve_keys = c->curve_keys;
 
     ect_pool_opts po;
     ect_pool_opts_init(&po);
@@ -281,6 +293,14 @@ int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_consumer
     so.win_close = win_close;
     so.win_ctx = c;
     so.pool_base = (uint64_t)(uintptr_t)ect_pool_base(c->pool);
+    char secret[ZAUTH_SECRET_LEN + 1];
+    zauth_new_secret(secret);
+    so.keys = c->keys;
+    so.event_secret = !c->keys && !opts->event_auth_off ? secret : NULL;
+    if ((so.keys || so.event_secret) &&
+        (rc = zauth_open(c->zctx, c->keys, "push consumer", &c->auth)))
+        goto fail;
+    so.auth = c->auth;
     if ((rc = ctl_server_open(c->zctx, &so, &c->srv))) goto fail;
     char shard[16];
     snprintf(shard, sizeof shard, "%d", opts->tp_rank);
@@ -299,7 +319,10 @@ void ect_push_consumer_close(ect_push_consumer *c) {
     c->xp = NULL;
     c->registered = false;
     ctl_server_close(c->srv); /* gives every buffer back to the pool */
+    zauth_close(c->auth);     /* after the sockets it checks, before the context */
     if (c->zctx) zmq_ctx_term(c->zctx);
+    ect_keys_free(c->keys);
+    free(c->curve_keys);
     ect_pool_close(c->pool);
     free(c);
 }

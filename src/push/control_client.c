@@ -25,6 +25,7 @@ static _Thread_local int hash_oom; /* per thread: each client belongs to one */
 #include <zmq.h>
 
 #include "util/util.h"
+#include "util/zauth.h"
 
 #define MOD "ctl"
 #define CTL_ADDR_MAX 300
@@ -43,7 +44,8 @@ typedef struct ctl_conn {
 struct ctl_client {
     void *zctx;
     int timeout_ms;
-    bool fail_fast; /* watch each socket's monitor (ctl_client_fail_fast) */
+    bool fail_fast;         /* watch each socket's monitor (ctl_client_fail_fast) */
+    const ect_keyset *keys; /* CurveZMQ client keys, or NULL */
     ctl_conn *conns;
 };
 
@@ -141,9 +143,12 @@ static int conn_read_events(ctl_conn *k) {
         } else if (ev == ZMQ_EVENT_DISCONNECTED) {
             k->lost = k->lost || k->up;
             k->up = false;
-            gone = ZMQ_EVENT_DISCONNECTED;
+            /* a refused key is the cause of the disconnect that follows it */
+            if (gone != ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) gone = ZMQ_EVENT_DISCONNECTED;
         } else if (ev == ZMQ_EVENT_CONNECT_RETRIED && !k->up) {
             if (!gone) gone = ZMQ_EVENT_CONNECT_RETRIED;
+        } else if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+            gone = ZMQ_EVENT_HANDSHAKE_FAILED_AUTH; /* the server refused our key */
         }
     }
 }
@@ -162,7 +167,7 @@ static void conn_monitor(ctl_client *c, ctl_conn *k, void *s, const char *host, 
     void *m = NULL;
     if (zmq_socket_monitor(s, mep,
                            ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED |
-                               ZMQ_EVENT_CONNECT_RETRIED) == 0 &&
+                               ZMQ_EVENT_CONNECT_RETRIED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) == 0 &&
         (m = zmq_socket(c->zctx, ZMQ_PAIR)) != NULL) {
         /* unbounded: the library's monitor must never block on a full pipe */
         zmq_setsockopt(m, ZMQ_LINGER, &zero, sizeof zero);
@@ -198,6 +203,12 @@ static int conn_socket(ctl_client *c, ctl_conn *k, const char *host, int port) {
     char ep[CTL_ADDR_MAX + 16];
     bool v6 = strchr(host, ':') != NULL && host[0] != '[';
     snprintf(ep, sizeof ep, v6 ? "tcp://[%s]:%d" : "tcp://%s:%d", host, port);
+    int rc = zauth_client(c->zctx, s, c->keys, ZMQ_REQ, ep, c->timeout_ms);
+    if (rc) {
+        k->sock = s;
+        conn_drop_socket(k);
+        return rc;
+    }
     if (zmq_connect(s, ep) != 0) {
         int e = errno;
         k->sock = s;
@@ -233,6 +244,11 @@ static int wait_reply(ctl_client *c, ctl_conn *k, const char *addr, wire_ctl_op 
                 return ect_set_error(ECT_ECONNREFUSED,
                                      "control %s: connection refused (no one listens there) "
                                      "sending %s",
+                                     addr, wire_ctl_op_name(op));
+            if (gone == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+                return ect_set_error(ECT_EACCES,
+                                     "control %s: the server refused our CurveZMQ key "
+                                     "(is our self.public in its accept/?) sending %s",
                                      addr, wire_ctl_op_name(op));
             if (gone == ZMQ_EVENT_DISCONNECTED)
                 return ect_set_error(ECT_ECONNREFUSED,
@@ -310,6 +326,10 @@ void ctl_client_fail_fast(ctl_client *c, bool on) {
     if (c) c->fail_fast = on;
 }
 
+void ctl_client_set_keys(ctl_client *c, const ect_keyset *ks) {
+    if (c) c->keys = ks;
+}
+
 int ctl_call_ok(ctl_client *c, const char *host, int port, const wire_ctl_request *req,
                 wire_ctl_reply *out) {
     int rc = ctl_call(c, host, port, req, out);
@@ -365,13 +385,21 @@ void ctl_forget_peers(ctl_client *c, const char *host, int port) {
 }
 
 int ctl_event_port(ctl_client *c, const char *host, int port, int *event_port) {
+    char secret[WIRE_SECRET_MAX + 1];
+    return ctl_event_port_secret(c, host, port, event_port, secret);
+}
+
+int ctl_event_port_secret(ctl_client *c, const char *host, int port, int *event_port,
+                          char *secret) {
     if (event_port) *event_port = 0;
-    if (!event_port) return ect_set_error(ECT_EINVAL, "ctl_event_port: NULL argument");
+    if (secret) secret[0] = '\0';
+    if (!event_port || !secret) return ect_set_error(ECT_EINVAL, "ctl_event_port: NULL argument");
     wire_ctl_request req = {.op = WIRE_OP_EVENT_PORT};
     wire_ctl_reply rep;
     int rc = ctl_call_ok(c, host, port, &req, &rep);
     if (rc) return rc;
     *event_port = rep.u.event_port;
+    memcpy(secret, rep.event_secret, sizeof rep.event_secret);
     wire_ctl_reply_clear(&rep);
     return 0;
 }

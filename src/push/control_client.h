@@ -79,6 +79,17 @@ void ctl_forget_peers(ctl_client *c, const char *host, int port);
 
 /* The event (PUSH) port of the shard at host:port (op `event_port`). */
 int ctl_event_port(ctl_client *c, const char *host, int port, int *event_port);
+/* The same, and the reply's event_secret extension ("" when absent) into
+ * secret (WIRE_SECRET_MAX + 1 bytes). */
+int ctl_event_port_secret(ctl_client *c, const char *host, int port, int *event_port, char *secret);
+
+/* With ks (borrowed; must outlive the client; NULL: plain ZMQ, the default),
+ * the sockets opened from now on are CurveZMQ clients (docs/SECURITY.md): a
+ * server that does not accept our key ends a fail-fast call at once with
+ * ECT_EACCES; otherwise it costs the control timeout. Call it right after
+ * open. */
+struct ect_keyset;
+void ctl_client_set_keys(ctl_client *c, const struct ect_keyset *ks);
 
 /* Closes every socket and frees c. NULL is fine. */
 void ctl_client_close(ctl_client *c);

@@ -29,6 +29,7 @@
 
 #include "util/hostport.h"
 #include "util/util.h"
+#include "util/zauth.h"
 #include "wire/control_msg.h"
 
 #define MOD "ctlsrv"
@@ -75,6 +76,7 @@ struct ctl_server {
     rsv_table *tab;
     void *rep, *push;
     int port, event_port;
+    char event_secret[WIRE_SECRET_MAX + 1]; /* "" unless the event port asks PLAIN */
     pthread_t thr;
     bool thr_started;
     atomic_bool stop;
@@ -433,6 +435,7 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
             snprintf(errtext, sizeof errtext, "event port not bound (detached shard)");
         }
         rep.u.event_port = (uint16_t)s->event_port;
+        snprintf(rep.event_secret, sizeof rep.event_secret, "%s", s->event_secret);
         break;
     case WIRE_OP_PEERS: {
         int base = s->o.base_port ? s->o.base_port : s->port - s->o.tp_rank;
@@ -644,6 +647,19 @@ static int bind_socket(void *sock, const char *ip, int port, int *bound) {
     return 0;
 }
 
+/* Security options go on before bind (ZMQ applies them to later
+ * connections only). */
+static int secure_sockets(ctl_server *s, const ctl_server_opts *o) {
+    if (!o->keys && !o->event_secret) return 0;
+    if (!o->auth) return ect_set_error(ECT_EINVAL, "control server: keys need a ZAP handler");
+    if (o->keys) {
+        int rc = zauth_curve_server(s->rep, o->keys);
+        return rc ? rc : zauth_curve_server(s->push, o->keys);
+    }
+    snprintf(s->event_secret, sizeof s->event_secret, "%s", o->event_secret);
+    return zauth_plain_server(o->auth, s->push, s->event_secret);
+}
+
 static int check_opts(const ctl_server_opts *o) {
     if (!o->ip || !*o->ip || strlen(o->ip) > 255)
         return ect_set_error(ECT_EINVAL, "control server ip: required, at most 255 bytes");
@@ -664,6 +680,8 @@ static int check_opts(const ctl_server_opts *o) {
         return ect_set_error(ECT_EINVAL, "advertise: at most 255 bytes");
     if (o->transport && strlen(o->transport) > WIRE_TRANSPORT_MAX)
         return ect_set_error(ECT_EINVAL, "transport: at most %d bytes", WIRE_TRANSPORT_MAX);
+    if (o->event_secret && strlen(o->event_secret) > WIRE_SECRET_MAX)
+        return ect_set_error(ECT_EINVAL, "event_secret: at most %d bytes", WIRE_SECRET_MAX);
     if (o->dst_key && strlen(o->dst_key) > WIRE_KEY_MAX)
         return ect_set_error(ECT_EINVAL, "dst_key: at most %d bytes", WIRE_KEY_MAX);
     return 0;
@@ -711,9 +729,14 @@ int ctl_server_open(void *zctx, const ctl_server_opts *o, ctl_server **out) {
         zmq_setsockopt(s->rep, ZMQ_IPV6, &one, sizeof one);
         zmq_setsockopt(s->push, ZMQ_IPV6, &one, sizeof one);
     }
-    rc = bind_socket(s->rep, o->ip, o->port, &s->port);
+    rc = secure_sockets(s, o);
+    if (!rc) rc = bind_socket(s->rep, o->ip, o->port, &s->port);
     if (!rc) rc = bind_socket(s->push, o->ip, 0, &s->event_port);
     if (rc) goto fail;
+    if (o->keys) {
+        zauth_local_server(s->port, o->keys);
+        zauth_local_server(s->event_port, o->keys);
+    }
     if (pthread_create(&s->thr, NULL, server_main, s) != 0) {
         rc = ect_set_error(ECT_EIO, "control server: cannot start its thread");
         goto fail;
@@ -735,6 +758,10 @@ void ctl_server_stop(ctl_server *s) {
     s->thr_started = false;
     if (s->rep) zmq_close(s->rep);
     if (s->push) zmq_close(s->push);
+    if (s->o.keys && s->rep) {
+        zauth_local_server_gone(s->port);
+        zauth_local_server_gone(s->event_port);
+    }
     s->rep = s->push = NULL;
     pthread_mutex_lock(&s->mu);
     close_all_windows(s);

@@ -63,6 +63,14 @@ typedef struct ctl_server_opts {
     int (*win_open)(void *ctx, uint64_t offset, uint64_t nbytes, char key[32]);
     void (*win_close)(void *ctx, const char *key);
     void *win_ctx;
+    /* Who may connect (docs/SECURITY.md). keys (borrowed, must outlive the
+     * server): both sockets are CURVE servers. Else event_secret (copied):
+     * the PUSH socket is a PLAIN server asking for it, and the event_port
+     * reply carries it. Else plain ZMQ. auth: the ZAP handler on zctx that
+     * checks them (required with keys or event_secret). */
+    const struct ect_keyset *keys;
+    const char *event_secret;
+    struct zauth *auth;
 } ctl_server_opts;
 
 void ctl_server_opts_init(ctl_server_opts *o);

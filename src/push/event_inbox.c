@@ -21,6 +21,7 @@
 
 #include "push/control_client.h"
 #include "util/util.h"
+#include "util/zauth.h"
 
 #define MOD "inbox"
 #define INBOX_MAX_SHARDS 64
@@ -36,6 +37,11 @@ struct inbox {
     pthread_mutex_t mu;
     bool found; /* guarded by mu */
     int ports[INBOX_MAX_SHARDS], event_ports[INBOX_MAX_SHARDS];
+    /* per shard: its event_port reply's PLAIN secret, or with keys the
+     * public key its control port proved to hold (the event port has the
+     * same pair) */
+    char secrets[INBOX_MAX_SHARDS][WIRE_SECRET_MAX + 1];
+    char srvkeys[INBOX_MAX_SHARDS][ECT_KEY_Z85_LEN + 1];
     size_t n;
     bool connected; /* caller's thread only */
     uint64_t bad_frames;
@@ -47,7 +53,8 @@ static void nap_ms(int ms) {
 }
 
 /* One discovery attempt. */
-static int discover(inbox *b, ctl_client *cli, int *ports, int *evp, size_t *n) {
+static int discover(inbox *b, ctl_client *cli, int *ports, int *evp, size_t *n,
+                    char (*secrets)[WIRE_SECRET_MAX + 1], char (*srvkeys)[ECT_KEY_Z85_LEN + 1]) {
     int rc = ctl_peers(cli, b->host, b->o.port, ports, INBOX_MAX_SHARDS, n);
     if (rc) return rc;
     if (*n != (size_t)b->o.tp_size) {
@@ -56,10 +63,16 @@ static int discover(inbox *b, ctl_client *cli, int *ports, int *evp, size_t *n) 
                              b->host, b->o.port, *n, b->o.tp_size);
     }
     for (size_t i = 0; i < *n; i++) {
-        rc = ctl_event_port(cli, b->host, ports[i], &evp[i]);
+        rc = ctl_event_port_secret(cli, b->host, ports[i], &evp[i], secrets[i]);
         if (rc) {
             ctl_forget_peers(cli, b->host, b->o.port);
             return rc;
+        }
+        if (b->o.keys) {
+            char ep[300];
+            bool v6 = strchr(b->host, ':') != NULL;
+            snprintf(ep, sizeof ep, v6 ? "tcp://[%s]:%d" : "tcp://%s:%d", b->host, ports[i]);
+            zauth_server_key(b->dctx, b->o.keys, ZMQ_REQ, ep, b->o.timeout_ms, srvkeys[i]);
         }
     }
     return 0;
@@ -72,14 +85,19 @@ static void *discovery_main(void *arg) {
         ECT_LOGE(MOD, "discovery: %s", ect_last_error());
         return NULL;
     }
+    ctl_client_set_keys(cli, b->o.keys);
     int ports[INBOX_MAX_SHARDS], evp[INBOX_MAX_SHARDS];
+    char secrets[INBOX_MAX_SHARDS][WIRE_SECRET_MAX + 1];
+    char srvkeys[INBOX_MAX_SHARDS][ECT_KEY_Z85_LEN + 1];
     size_t n = 0;
     bool warned = false;
     while (!atomic_load(&b->stop)) {
-        if (discover(b, cli, ports, evp, &n) == 0) {
+        if (discover(b, cli, ports, evp, &n, secrets, srvkeys) == 0) {
             pthread_mutex_lock(&b->mu);
             memcpy(b->ports, ports, n * sizeof *ports);
             memcpy(b->event_ports, evp, n * sizeof *evp);
+            memcpy(b->secrets, secrets, n * sizeof *secrets);
+            memcpy(b->srvkeys, srvkeys, n * sizeof *srvkeys);
             b->n = n;
             b->found = true;
             pthread_mutex_unlock(&b->mu);
@@ -139,6 +157,14 @@ fail:
     return rc;
 }
 
+static int secure_connect(inbox *b, size_t i) {
+    if (b->o.keys) return zauth_curve_client(b->pull, b->o.keys, b->srvkeys[i]);
+    if (b->secrets[i][0]) return zauth_plain_client(b->pull, b->secrets[i]);
+    /* an upstream shard, or event auth off: no handshake (NULL mechanism) */
+    zmq_setsockopt(b->pull, ZMQ_PLAIN_USERNAME, NULL, 0);
+    return 0;
+}
+
 static void connect_found(inbox *b) {
     pthread_mutex_lock(&b->mu);
     bool found = b->found;
@@ -148,6 +174,12 @@ static void connect_found(inbox *b) {
         char ep[300];
         bool v6 = strchr(b->host, ':') != NULL;
         snprintf(ep, sizeof ep, v6 ? "tcp://[%s]:%d" : "tcp://%s:%d", b->host, b->event_ports[i]);
+        /* Security options apply to the connects after them: one set per shard. */
+        int rc = secure_connect(b, i);
+        if (rc) {
+            ECT_LOGE(MOD, "events from %s: %s", ep, ect_last_error());
+            continue;
+        }
         if (zmq_connect(b->pull, ep) != 0) ECT_LOGE(MOD, "connect %s: %s", ep, zmq_strerror(errno));
     }
     b->connected = true;

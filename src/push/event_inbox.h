@@ -31,6 +31,11 @@ typedef struct inbox_opts {
     int tp_size;      /* shards expected (1..64); peers must report this many */
     int timeout_ms;   /* control timeout for discovery exchanges */
     int retry_ms;     /* pause between failed discovery attempts (200) */
+    /* CurveZMQ keys (borrowed, must outlive the inbox) for the discovery
+     * exchanges and the event connections; NULL: plain ZMQ, and each shard's
+     * event port gets the PLAIN secret its event_port reply names (none:
+     * no handshake, as upstream) */
+    const struct ect_keyset *keys;
 } inbox_opts;
 
 /* Called once per decoded event; shard is the index of ev->shard in the

@@ -110,6 +110,15 @@ int ect_push_producer_open(const ect_push_producer_opts *opts, ect_push_producer
     p->o.listen_host = p->listen_host;
     snprintf(p->transport, sizeof p->transport, "%s", opts->transport ? opts->transport : "");
     p->o.transport = p->transport;
+    p->o.curve_keys = NULL;
+    if (opts->curve_keys && (!(p->curve_keys = strdup(opts->curve_keys)) ||
+                             (rc = ect_keys_load(p->curve_keys, &p->keys)))) {
+        if (!rc) rc = ect_set_error(ECT_ENOMEM, "push producer: out of memory");
+        free(p->curve_keys);
+        free(p);
+        return rc;
+    }
+    p->o.curve_keys = p->curve_keys;
     p->done_tail = &p->done;
     pthread_mutex_init(&p->mu, NULL);
     ect_cond_init(&p->wake);
@@ -566,5 +575,7 @@ void ect_push_producer_close(ect_push_producer *p) {
     pthread_cond_destroy(&p->wcv);
     pthread_mutex_destroy(&p->wmu);
     pthread_mutex_destroy(&p->mu);
+    ect_keys_free(p->keys);
+    free(p->curve_keys);
     free(p);
 }

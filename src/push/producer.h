@@ -26,6 +26,7 @@
 #include "push/control_client.h"
 #include "push/downs.h"
 #include "push/pushes.h"
+#include "util/keys.h"
 #include "util/lanes.h"
 #include "util/metrics.h"
 
@@ -64,6 +65,8 @@ struct ect_push_producer {
     ect_push_result *res;
     size_t res_head, res_n, res_cap;
     ect_push_producer_stat st;
+    char *curve_keys;
+    ect_keyset *keys; /* NULL: keys off; read-only after open */
     /* [disp] */
     void *zctx;
     pp_xport *xports;

@@ -62,6 +62,7 @@ static void *lane_start(void *ctx, const char *key) {
     if (!lc) return NULL;
     lc->orc = ctl_client_open(p->zctx, p->o.control_timeout_ms, &lc->c);
     if (!lc->orc) ctl_client_fail_fast(lc->c, true);
+    if (!lc->orc) ctl_client_set_keys(lc->c, p->keys);
     snprintf(lc->oerr, sizeof lc->oerr, "%s", lc->orc ? ect_last_error() : "");
     return lc;
 }

@@ -27,6 +27,7 @@
 #include "push/event_inbox.h"
 #include "push/transfers.h"
 #include "util/metrics.h"
+#include "util/keys.h"
 #include "util/util.h"
 
 #define MOD "sched"
@@ -47,6 +48,8 @@ struct ect_push_scheduler {
     ect_push_scheduler_opts o;
     char host[256];
     void *zctx; /* the PULL socket's */
+    char *curve_keys;
+    ect_keyset *keys; /* NULL: keys off */
     inbox *in;
     xfer_table *t;
     uint64_t last_drain;
@@ -120,6 +123,7 @@ static void *cancel_main(void *arg) {
         ECT_LOGE(MOD, "cancel thread: %s", ect_last_error());
         return NULL;
     }
+    ctl_client_set_keys(cli, s->keys);
     pthread_mutex_lock(&s->mu);
     while (!atomic_load(&s->stop)) {
         if (s->todo.n == 0) {
@@ -188,10 +192,17 @@ int ect_push_scheduler_open(const ect_push_scheduler_opts *o, ect_push_scheduler
     s->o = *o;
     snprintf(s->host, sizeof s->host, "%s", o->consumer_host);
     s->o.consumer_host = s->host;
+    s->o.curve_keys = NULL;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     pthread_mutex_init(&s->snap_mu, NULL);
-    int rc;
+    int rc = 0;
+    if (o->curve_keys && (!(s->curve_keys = strdup(o->curve_keys)) ||
+                          (rc = ect_keys_load(s->curve_keys, &s->keys)))) {
+        if (!rc) rc = ect_set_error(ECT_ENOMEM, "push scheduler: out of memory");
+        goto fail;
+    }
+    s->o.curve_keys = s->curve_keys;
     xfer_opts xo;
     xfer_opts_init(&xo);
     xo.tp_size = (size_t)o->tp_size;
@@ -210,7 +221,8 @@ int ect_push_scheduler_open(const ect_push_scheduler_opts *o, ect_push_scheduler
                      .port = o->consumer_port,
                      .tp_size = o->tp_size,
                      .timeout_ms = ctl_timeout_ms(o->control_timeout_s),
-                     .retry_ms = 200};
+                     .retry_ms = 200,
+                     .keys = s->keys};
     if ((rc = inbox_open(s->zctx, &io, &s->in))) goto fail;
     if (pthread_create(&s->thr, NULL, cancel_main, s) != 0) {
         rc = ect_set_error(ECT_EIO, "push scheduler: cannot start the cancel thread");
@@ -244,6 +256,8 @@ void ect_push_scheduler_close(ect_push_scheduler *s) {
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->snap_mu);
+    ect_keys_free(s->keys);
+    free(s->curve_keys);
     free(s);
 }
 

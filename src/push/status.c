@@ -11,9 +11,15 @@
 #include <zmq.h>
 
 #include "push/control_client.h"
+#include "util/keys.h"
 #include "util/util.h"
 
 int ect_push_status(const char *host, int port, int timeout_ms, char **json) {
+    return ect_push_status_keyed(host, port, timeout_ms, NULL, json);
+}
+
+int ect_push_status_keyed(const char *host, int port, int timeout_ms, const char *curve_keys,
+                          char **json) {
     if (json) *json = NULL;
     if (!host || !*host || !json)
         return ect_set_error(ECT_EINVAL, "push status: host and json required");
@@ -21,20 +27,39 @@ int ect_push_status(const char *host, int port, int timeout_ms, char **json) {
         return ect_set_error(ECT_EINVAL, "push status: port %d: must be 1..65535", port);
     if (timeout_ms < 1)
         return ect_set_error(ECT_EINVAL, "push status: timeout_ms %d: must be >= 1", timeout_ms);
+    ect_keyset *ks = NULL;
+    int rc = curve_keys ? ect_keys_load(curve_keys, &ks) : 0;
+    if (rc) return rc;
     void *z = zmq_ctx_new();
-    if (!z) return ect_set_error(ECT_EIO, "push status: zmq_ctx_new failed");
+    if (!z) {
+        ect_keys_free(ks);
+        return ect_set_error(ECT_EIO, "push status: zmq_ctx_new failed");
+    }
     ctl_client *c = NULL;
-    int rc = ctl_client_open(z, timeout_ms, &c);
+    rc = ctl_client_open(z, timeout_ms, &c);
     if (rc) {
         zmq_ctx_term(z);
+        ect_keys_free(ks);
         return rc;
     }
     ctl_client_fail_fast(c, true);
+    ctl_client_set_keys(c, ks);
     wire_ctl_request q = {.op = WIRE_OP_ECT_STATUS};
     wire_ctl_reply rep;
     rc = ctl_call(c, host, port, &q, &rep);
-    if (rc == ECT_ECONNREFUSED || rc == ECT_ETIMEDOUT) {
-        rc = ect_set_error(rc, "no consumer answers at %s:%d (%s): is it running?", host, port,
+    if ((rc == ECT_ECONNREFUSED || rc == ECT_ETIMEDOUT) && ks) {
+        rc = ect_set_error(rc,
+                           "no consumer answers at %s:%d (%s): is it running, with keys "
+                           "that accept ours (%s/self.public)?",
+                           host, port,
+                           rc == ECT_ECONNREFUSED ? "connection closed or refused"
+                                                  : "no reply within the timeout",
+                           curve_keys);
+    } else if (rc == ECT_ECONNREFUSED || rc == ECT_ETIMEDOUT) {
+        rc = ect_set_error(rc,
+                           "no consumer answers at %s:%d (%s): is it running? (one that runs "
+                           "with --curve-keys answers only clients with an accepted key)",
+                           host, port,
                            rc == ECT_ECONNREFUSED ? "connection refused"
                                                   : "no reply within the timeout");
     } else if (rc) {
@@ -57,5 +82,6 @@ int ect_push_status(const char *host, int port, int timeout_ms, char **json) {
     wire_ctl_reply_clear(&rep);
     ctl_client_close(c);
     zmq_ctx_term(z);
+    ect_keys_free(ks);
     return rc;
 }

@@ -58,6 +58,8 @@ typedef enum jc_key {
     JC_POOL_MEMORY,
     JC_ADVERTISE,
     JC_DATA_PORT,
+    JC_CURVE_KEYS,
+    JC_EVENT_AUTH,
     JC_NKEYS
 } jc_key;
 

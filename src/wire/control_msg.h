@@ -55,6 +55,7 @@
 #define WIRE_DTYPE_MAX 64              /* dtype string */
 #define WIRE_TRANSPORT_MAX 32          /* transport name */
 #define WIRE_KEY_MAX 4096              /* dst_key */
+#define WIRE_SECRET_MAX 64             /* event_secret (extension of the event_port reply) */
 #define WIRE_ERROR_MAX 4096            /* error texts */
 #define WIRE_BATCH_MAX 4096            /* items of a batch request or result */
 #define WIRE_PEERS_MAX 4096            /* ports of a peers result */
@@ -207,6 +208,10 @@ typedef struct wire_ctl_reply {
     wire_ctl_op op; /* which request this answers: selects the result type */
     bool ok;
     char *error; /* when !ok; owned after decoding */
+    /* extension of the event_port reply, beside "result" (docs/PROTOCOL.md
+     * "Event-port secret"): the PLAIN password the event port asks for; ""
+     * when absent (keys on, event auth off, or an upstream shard) */
+    char event_secret[WIRE_SECRET_MAX + 1];
     union {
         wire_reserve_result reserve;
         struct {

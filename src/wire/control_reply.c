@@ -187,6 +187,8 @@ int wire_ctl_encode_reply(const wire_ctl_reply *rep, char **out) {
     json_t *r = result_json(rep, &rc);
     if (!r && !rc) rc = ect_set_error(ECT_ENOMEM, "out of memory encoding JSON");
     wctl_put_new(o, "result", r, &rc);
+    if (rep->op == WIRE_OP_EVENT_PORT && rep->event_secret[0])
+        wctl_put_str(o, "event_secret", rep->event_secret, WIRE_SECRET_MAX, false, &rc);
     if (rc) {
         json_decref(o);
         return rc;
@@ -378,6 +380,9 @@ int wire_ctl_decode_reply(wire_ctl_op op, size_t expect_items, const void *buf, 
         const json_t *res = json_object_get(root, "result");
         rc = res ? decode_result(res, expect_items, out)
                  : ect_set_error(ECT_EINVAL, "result: missing");
+        if (!rc && op == WIRE_OP_EVENT_PORT)
+            rc = wctl_get_str(root, "", "event_secret", false, false, WIRE_SECRET_MAX,
+                              out->event_secret);
     }
     json_decref(root);
     if (rc) {

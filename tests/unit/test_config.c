@@ -67,6 +67,63 @@ static void test_push_consumer_keys_fill_their_fields(void **state) {
     json_decref(root);
 }
 
+/* curve_keys on every role, event_auth on the push consumer; the key
+ * directory itself is checked at open (a bad one fails the open). */
+static void test_curve_keys_and_event_auth(void **state) {
+    (void)state;
+    json_t *root;
+    char addr[PULL_CONFIG_ADDR_MAX];
+    ect_push_consumer_opts c;
+    assert_int_equal(
+        push_consumer_config("{\"curve_keys\": \"/k/a\", \"event_auth\": \"none\"}", &c, &root), 0);
+    assert_string_equal(c.curve_keys, "/k/a");
+    assert_int_equal(c.event_auth_off, 1);
+    json_decref(root);
+    assert_int_equal(push_consumer_config("{\"event_auth\": \"secret\"}", &c, &root), 0);
+    assert_int_equal(c.event_auth_off, 0);
+    assert_null(c.curve_keys);
+    json_decref(root);
+    assert_int_equal(push_consumer_config("{\"event_auth\": \"off\"}", &c, &root), ECT_EINVAL);
+    assert_non_null(strstr(ect_last_error(), "event_auth"));
+    json_decref(root);
+    assert_int_equal(push_consumer_config("{\"curve_keys\": \"\"}", &c, &root), ECT_EINVAL);
+    assert_non_null(strstr(ect_last_error(), "curve_keys"));
+    json_decref(root);
+    assert_int_equal(push_consumer_config("{\"curve_keys\": 7}", &c, &root), ECT_EINVAL);
+    assert_non_null(strstr(ect_last_error(), "curve_keys"));
+    json_decref(root);
+    ect_push_scheduler_opts s;
+    assert_int_equal(push_scheduler_config("{\"curve_keys\": \"/k/b\"}", &s, &root), 0);
+    assert_string_equal(s.curve_keys, "/k/b");
+    json_decref(root);
+    /* event_auth is the consumer's alone */
+    assert_int_equal(push_scheduler_config("{\"event_auth\": \"none\"}", &s, &root), ECT_EINVAL);
+    json_decref(root);
+    ect_push_producer_opts p;
+    assert_int_equal(push_producer_config("{\"curve_keys\": \"/k/c\"}", &p, &root), 0);
+    assert_string_equal(p.curve_keys, "/k/c");
+    json_decref(root);
+    ect_pull_producer_opts q;
+    assert_int_equal(pull_producer_config("{\"curve_keys\": \"/k/d\"}", &q, &root), 0);
+    assert_string_equal(q.curve_keys, "/k/d");
+    json_decref(root);
+    ect_pull_scheduler_opts r;
+    assert_int_equal(pull_scheduler_config("{\"curve_keys\": \"/k/e\"}", &r, &root, addr), 0);
+    assert_string_equal(r.curve_keys, "/k/e");
+    json_decref(root);
+    ect_pull_consumer_opts t;
+    assert_int_equal(pull_consumer_config("{\"curve_keys\": \"/k/f\"}", &t, &root, addr), 0);
+    assert_string_equal(t.curve_keys, "/k/f");
+    json_decref(root);
+    /* a directory that is not a key directory fails the open, naming it */
+    ect_push_consumer *pc = NULL;
+    assert_int_equal(ect_push_consumer_open_config(
+                         "{\"ec_port\": 0, \"curve_keys\": \"/nonexistent-ect-keys\"}", &pc),
+                     ECT_EINVAL);
+    assert_null(pc);
+    assert_non_null(strstr(ect_last_error(), "/nonexistent-ect-keys"));
+}
+
 static void test_seconds_convert_as_upstream_does(void **state) {
     (void)state;
     json_t *root;
@@ -375,6 +432,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_empty_object_gives_the_struct_defaults),
         cmocka_unit_test(test_push_consumer_keys_fill_their_fields),
+        cmocka_unit_test(test_curve_keys_and_event_auth),
         cmocka_unit_test(test_seconds_convert_as_upstream_does),
         cmocka_unit_test(test_scheduler_port_is_the_replicas_rank_zero),
         cmocka_unit_test(test_pull_addresses),

@@ -256,6 +256,8 @@ static void event_round_trip(const wire_event *ev, const char *golden) {
     "\"nbytes\":8,\"shape\":[2,2],\"dtype\":\"float16\"}}"
 #define G_R_STATUS_NULL "{\"ok\":true,\"result\":null}"
 #define G_R_EVENT_PORT "{\"ok\":true,\"result\":40123}"
+#define G_R_EVENT_PORT_SECRET                                                                      \
+    "{\"ok\":true,\"result\":40123,\"event_secret\":\"0f1e2d3c4b5a69788796a5b4c3d2e1f0\"}"
 #define G_R_PEERS "{\"ok\":true,\"result\":{\"ports\":[14579,14580]}}"
 #define G_R_PEERS_TRANSPORT                                                                        \
     "{\"ok\":true,\"result\":{\"ports\":[14579,14580],\"transport\":\"shm\"}}"
@@ -415,6 +417,37 @@ static void test_golden_replies(void **state) {
     r.ok = true;
     r.u.event_port = 40123;
     reply_round_trip(&r, SIZE_MAX, G_R_EVENT_PORT);
+    /* the event_secret extension (docs/PROTOCOL.md "Event-port secret") */
+    strcpy(r.event_secret, "0f1e2d3c4b5a69788796a5b4c3d2e1f0");
+    reply_round_trip(&r, SIZE_MAX, G_R_EVENT_PORT_SECRET);
+    {
+        wire_ctl_reply b;
+        assert_int_equal(wire_ctl_decode_reply(WIRE_OP_EVENT_PORT, SIZE_MAX, G_R_EVENT_PORT_SECRET,
+                                               strlen(G_R_EVENT_PORT_SECRET), &b),
+                         0);
+        assert_string_equal(b.event_secret, "0f1e2d3c4b5a69788796a5b4c3d2e1f0");
+        wire_ctl_reply_clear(&b);
+        assert_int_equal(wire_ctl_decode_reply(WIRE_OP_EVENT_PORT, SIZE_MAX, G_R_EVENT_PORT,
+                                               strlen(G_R_EVENT_PORT), &b),
+                         0);
+        assert_string_equal(b.event_secret, ""); /* upstream's reply: no secret */
+        wire_ctl_reply_clear(&b);
+        const char *bad = "{\"ok\":true,\"result\":40123,\"event_secret\":7}";
+        assert_err(wire_ctl_decode_reply(WIRE_OP_EVENT_PORT, SIZE_MAX, bad, strlen(bad), &b),
+                   ECT_EINVAL, "event_secret");
+        char longer[200];
+        snprintf(longer, sizeof longer, "{\"ok\":true,\"result\":1,\"event_secret\":\"%065d\"}", 0);
+        assert_err(wire_ctl_decode_reply(WIRE_OP_EVENT_PORT, SIZE_MAX, longer, strlen(longer), &b),
+                   ECT_EINVAL, "event_secret");
+        /* only event_port's reply carries it: another op's encoder leaves it out */
+        wire_ctl_reply c = {.op = WIRE_OP_CANCEL, .ok = true};
+        strcpy(c.event_secret, "x");
+        char *txt = NULL;
+        assert_int_equal(wire_ctl_encode_reply(&c, &txt), 0);
+        assert_null(strstr(txt, "event_secret"));
+        free(txt);
+    }
+    memset(r.event_secret, 0, sizeof r.event_secret);
 
     uint16_t ports[] = {14579, 14580};
     memset(&r, 0, sizeof r);
@@ -545,6 +578,7 @@ static void test_goldens_are_the_documented_examples(void **state) {
         G_R_STATUS,
         G_R_STATUS_NULL,
         G_R_EVENT_PORT,
+        G_R_EVENT_PORT_SECRET,
         G_R_PEERS,
         G_R_PEERS_TRANSPORT,
         G_R_COMPLETE,
