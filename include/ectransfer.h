@@ -219,6 +219,18 @@ ECT_API void ect_metrics_server_close(ect_metrics_server *m);
  *  Any thread. */
 ECT_API int ect_push_status(const char *host, int port, int timeout_ms, char **json);
 
+/** Measures bare control round trips to the push consumer shard whose
+ *  control port is host:port: one REQ socket of the control client the
+ *  producer uses, one untimed exchange that connects, then n exchanges of
+ *  the `event_port` op (a no-op every consumer, ours or upstream, answers;
+ *  nothing new on the wire), one after the other from the calling thread.
+ *  rtt_ns (n entries; NULL when n is 0) gets each exchange's time in ns,
+ *  send to reply decoded. The limit `ect bench push` sets beside a step's
+ *  latency. Blocks up to about 2 x timeout_ms per exchange. Errors:
+ *  ECT_ECONNREFUSED / ECT_ETIMEDOUT ("no consumer answers at HOST:PORT"),
+ *  ECT_EPROTO (a refusal or an undecodable reply), ECT_EINVAL. Any thread. */
+ECT_API int ect_push_ping(const char *host, int port, int timeout_ms, uint64_t *rtt_ns, size_t n);
+
 /* --------------------------------------------------------------- dtypes */
 
 /** Element size in bytes of a torch dtype name ("bfloat16" or
@@ -995,11 +1007,10 @@ ECT_API void ect_push_scheduler_stats(ect_push_scheduler *s, ect_push_scheduler_
  * (started on first use, owning its own REQ socket), so the shards are asked
  * in parallel; an address's complete_batch ops run on a second lane of their
  * own, so the completes of one step travel beside the next step's reserve
- * (steps in flight; order per address is kept); write batches to different sessions run on short-lived helper
- * threads. Every ect_push_producer_* call except _open and _close is
- * safe from any thread at once and never waits on the network (the only wait
- * is ect_push_producer_poll's timeout, chosen by the caller). _close must not
- * race with any other call.
+ * (steps in flight; order per address is kept); write batches to different sessions run on
+ * short-lived helper threads. Every ect_push_producer_* call except _open and _close is safe from
+ * any thread at once and never waits on the network (the only wait is ect_push_producer_poll's
+ * timeout, chosen by the caller). _close must not race with any other call.
  *
  * Finished transfers (done, failed, cancelled) are reported once each by
  * ect_push_producer_poll; until polled, results wait in a queue that grows

@@ -138,5 +138,7 @@ rows = json.load(open(sys.argv[1]))
 assert [r["step"] for r in rows] == [1, 4], rows
 assert all(r["gbps"] > 0 and r["raw_gbps"] > 0 for r in rows), rows
 assert rows[0]["round_trips_per_step"] == rows[1]["round_trips_per_step"] == 2, rows
+# the latency limit beside one step in flight: a bare control round trip, p50 / (2 rtt + raw p50)
+assert all(r["ctl_rtt_ms"] > 0 and r["p50_over_limit"] > 0 for r in rows), rows
 EOF
 echo "push_cli: ok"
