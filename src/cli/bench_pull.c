@@ -77,7 +77,7 @@ typedef struct ctx {
 static int pull_round(void *arg) {
     ctx *x = arg;
     ect_pool *pool = ect_pull_consumer_pool(x->c);
-    if (x->count > 1) { /* every pull in flight at once: one load_many */
+    if (x->many) { /* every pull in flight at once: one load_many */
         const char *hashes[32];
         ect_pull_meta metas[32];
         ect_pull_view views[32];
@@ -109,8 +109,36 @@ static int pull_round(void *arg) {
     return 0;
 }
 
+/* How the producer's write lane batches the pulls queued for one consumer
+ * (src/pull/producer.c): at most this many items and bytes per write_batch,
+ * at least one item. The in-flight rows' limit groups its writes alike. */
+#define LANE_BATCH_ITEMS 64
+#define LANE_BATCH_BYTES (4ull << 20)
+
 static int raw_round(void *arg) {
     ctx *x = arg;
+    if (x->many) { /* the same writes, batched as the producer batches them */
+        ect_write w[32];
+        for (int i = 0; i < x->count;) {
+            size_t n = 0;
+            uint64_t bytes = 0;
+            while (i < x->count && n < LANE_BATCH_ITEMS &&
+                   (n == 0 || bytes + x->size <= LANE_BATCH_BYTES)) {
+                w[n++] =
+                    (ect_write){.src = x->src[i],
+                                .dst_addr = (uint64_t)(uintptr_t)(x->dst + (uint64_t)i * x->size),
+                                .len = x->size,
+                                .dst_key = x->key};
+                bytes += x->size;
+                i++;
+            }
+            if (ect_xport_write_batch(x->init, x->session, w, n, NULL) != 0) {
+                fprintf(stderr, "ect bench pull: raw write: %s\n", ect_last_error());
+                return -1;
+            }
+        }
+        return 0;
+    }
     for (int i = 0; i < x->count; i++) {
         ect_write w = {.src = x->src[i],
                        .dst_addr = (uint64_t)(uintptr_t)(x->dst + (uint64_t)i * x->size),
