@@ -504,11 +504,28 @@ static void test_raw_router(void **st) {
     assert_non_null(bc.error);
     assert_non_null(strstr(bc.error, "ECTransferPull.dst_key"));
     wire_transfer_complete_free(&bc);
+    /* six pulls in flight at once (the lane may write them in one batch): each
+     * answered in order with its own status, the refused ones failing alone */
+    memset(r, 0, rl);
+    const uint64_t offs[6] = {0, 0, 16384, rl - 100, 32768, 49152};
+    for (int i = 0; i < 6; i++)
+        send_pull(d, "raw", (uint64_t)(uintptr_t)r, offs[i], ect_xport_session(x),
+                  i == 1 ? "0000000000000000" : key, 20 + (uint64_t)i);
+    for (int i = 0; i < 6; i++) {
+        int rs = recv_complete(d, "raw", 20 + (uint64_t)i, err, sizeof err);
+        if (i == 1 || i == 3) {
+            assert_int_not_equal(rs, 0);
+            assert_non_null(strstr(err, "write to"));
+        } else {
+            assert_int_equal(rs, 0);
+            assert_true(test_check_pattern(r + offs[i], 8192, 77));
+        }
+    }
     ect_pull_producer_stat ps;
     ect_pull_producer_stats(p, &ps);
     assert_int_equal(ps.malformed, 3);
-    assert_int_equal(ps.pulls_ok, 1);
-    assert_int_equal(ps.pulls_failed, 7);
+    assert_int_equal(ps.pulls_ok, 5);
+    assert_int_equal(ps.pulls_failed, 9);
     /* leases were all given back: the item can be removed */
     assert_int_equal(ect_pool_remove(ect_pull_producer_pool(p), "raw"), 0);
     assert_int_equal(used(ect_pull_producer_pool(p)), 0);
