@@ -1,19 +1,29 @@
 /*
  * bench_pull — `ect bench pull`: generation-1 pulls, producer and consumer in
  * this process over loopback. For each transport (tcp, shm), item size
- * (64 KiB, 4.5 MiB, 16 MiB) and item count (1, 32), one measurement is the
- * consumer loading all `count` items (ECTransferPull -> producer write lane
- * -> data-plane write -> ECTransferComplete; 32 items with one
- * ect_pull_consumer_load_many, every pull in flight at once), then dropping
- * them from its pool so the next round pulls again. The limit,
- * measured in the same run: the same bytes, from the same producer pool
- * memory, written with ect_xport_write_batch one item per call into a
- * registered memfd region of another handle of the same transport (what a
- * pull costs without the protocol). Pull and raw rounds alternate, so a
- * change of load on a busy machine hits both alike.
+ * (64 KiB, 4.5 MiB, 16 MiB) and case (1 item; 32 one after the other; 32 in
+ * flight at once with one ect_pull_consumer_load_many), one measurement is
+ * the consumer loading all `count` items (ECTransferPull -> producer write
+ * lane -> data-plane write -> ECTransferComplete), then dropping them from
+ * its pool so the next round pulls again. One after the other, each item is
+ * dropped before the next is pulled (its region, and over shm its mapping,
+ * is reused); in flight, the 32 items are held until all arrived, in 32
+ * regions, as a consumer that needs them all holds them. The in-flight rows
+ * have a consumer of their own, so their regions (and over shm the write
+ * windows the producer mapped) do not change the pattern of the others.
+ *
+ * The limit, measured in the same run: the same bytes, from the same
+ * producer pool memory, written with ect_xport_write_batch one item per call
+ * into a registered memfd region of another handle of the same transport
+ * (what a pull costs without the protocol). The in-flight rows add a second,
+ * stricter one: the same writes batched as the producer's lane batches the
+ * pulls queued for one consumer (up to 64 items / 4 MiB per write_batch).
+ * Pull and raw rounds alternate, so a change of load on a busy machine hits
+ * all alike.
  */
 #include <getopt.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +37,7 @@
 
 typedef struct row {
     double gbps, p50_ms, raw_gbps, raw_p50_ms;
+    double bat_gbps; /* in-flight rows: the same writes batched as the lane does; else NaN */
     bool ok;
 } row;
 
@@ -35,9 +46,11 @@ typedef int (*round_fn)(void *ctx);
 /* Alternates rounds of a (pull) and b (raw) for `ms` in all (at least 3 of
  * each, at most 1000), so load changes on a busy machine hit both alike;
  * fills each one's p50 round time and GB/s at that median. */
-static int timed_pair(round_fn a, round_fn b, void *ctx, uint64_t bytes, int ms, row *r) {
-    static uint64_t la[1000], lb[1000];
-    if (a(ctx) != 0 || b(ctx) != 0) return -1; /* warm-up: connections, page faults */
+static int timed_pair(round_fn a, round_fn b, round_fn c, void *ctx, uint64_t bytes, int ms,
+                      row *r) {
+    static uint64_t la[1000], lb[1000], lc[1000];
+    /* warm-up: connections, page faults */
+    if (a(ctx) != 0 || b(ctx) != 0 || (c && c(ctx) != 0)) return -1;
     size_t n = 0;
     uint64_t t0 = cli_now_ns(), budget = (uint64_t)ms * 1000000ull;
     while (n < 1000 && (n < 3 || cli_now_ns() - t0 < budget)) {
@@ -45,12 +58,17 @@ static int timed_pair(round_fn a, round_fn b, void *ctx, uint64_t bytes, int ms,
         if (a(ctx) != 0) return -1;
         uint64_t u = cli_now_ns();
         if (b(ctx) != 0) return -1;
+        uint64_t v = cli_now_ns();
+        if (c && c(ctx) != 0) return -1;
         la[n] = u - t;
-        lb[n] = cli_now_ns() - u;
+        lb[n] = v - u;
+        lc[n] = cli_now_ns() - v;
         n++;
     }
     cli_sort_u64(la, n);
     cli_sort_u64(lb, n);
+    cli_sort_u64(lc, n);
+    r->bat_gbps = c ? (double)bytes / (double)cli_pct_u64(lc, n, 50) : NAN;
     /* Medians, not means: on a shared 2-core machine a few rounds stall for
      * tens of ms, and one stall would decide the mean of a short run. */
     r->gbps = (double)bytes / (double)cli_pct_u64(la, n, 50);
@@ -115,9 +133,11 @@ static int pull_round(void *arg) {
 #define LANE_BATCH_ITEMS 64
 #define LANE_BATCH_BYTES (4ull << 20)
 
-static int raw_round(void *arg) {
+/* The in-flight rows' second limit: the same writes, batched as the
+ * producer's lane batches the pulls queued for one consumer. */
+static int batched_round(void *arg) {
     ctx *x = arg;
-    if (x->many) { /* the same writes, batched as the producer batches them */
+    {
         ect_write w[32];
         for (int i = 0; i < x->count;) {
             size_t n = 0;
@@ -139,6 +159,10 @@ static int raw_round(void *arg) {
         }
         return 0;
     }
+}
+
+static int raw_round(void *arg) {
+    ctx *x = arg;
     for (int i = 0; i < x->count; i++) {
         ect_write w = {.src = x->src[i],
                        .dst_addr = (uint64_t)(uintptr_t)(x->dst + (uint64_t)i * x->size),
@@ -231,20 +255,30 @@ static int one_kind(const char *kind, const uint64_t *sizes, size_t nsizes, int 
             snprintf(x.meta.dtype, sizeof x.meta.dtype, "uint8");
             row r = {0};
             uint64_t bytes = size * (uint64_t)count;
-            if (timed_pair(pull_round, raw_round, &x, bytes, 2 * ms, &r) != 0) goto fail;
+            if (timed_pair(pull_round, raw_round, x.many ? batched_round : NULL, &x, bytes, 2 * ms,
+                           &r) != 0)
+                goto fail;
             char sz[32];
             cli_fmt_size(size, sz, sizeof sz);
             double ratio = r.gbps / r.raw_gbps;
             if (json) {
                 printf("%s{\"transport\":\"%s\",\"size\":%" PRIu64
                        ",\"items\":%d,\"inflight\":%d,\"gbps\":%.17g,\"p50_ms\":%.17g,"
-                       "\"raw_gbps\":%.17g,\"raw_p50_ms\":%.17g,\"ratio\":%.17g}",
+                       "\"raw_gbps\":%.17g,\"raw_p50_ms\":%.17g,\"ratio\":%.17g,"
+                       "\"raw_batched_gbps\":",
                        *first ? "" : ",", kind, size, count, fl, r.gbps, r.p50_ms, r.raw_gbps,
                        r.raw_p50_ms, ratio);
+                cli_json_num(r.bat_gbps);
+                printf(",\"ratio_batched\":");
+                cli_json_num(r.gbps / r.bat_gbps);
+                printf("}");
                 *first = false;
             } else {
-                printf("%-5s %10s %5d %3d %10.3f %12.3f %10.3f %12.3f %7.2f\n", kind, sz, count, fl,
-                       r.gbps, r.p50_ms, r.raw_gbps, r.raw_p50_ms, ratio);
+                char bat[48] = "";
+                if (isfinite(r.bat_gbps))
+                    snprintf(bat, sizeof bat, " %10.3f %7.2f", r.bat_gbps, r.gbps / r.bat_gbps);
+                printf("%-5s %10s %5d %3d %10.3f %12.3f %10.3f %12.3f %7.2f%s\n", kind, sz, count,
+                       fl, r.gbps, r.p50_ms, r.raw_gbps, r.raw_p50_ms, ratio, bat);
             }
             fflush(stdout);
         }
@@ -269,13 +303,16 @@ static void help(void) {
     printf(
         "usage: ect bench pull [--json] [--ms N] [--transport tcp,shm] [--sizes LIST]\n\n"
         "Generation-1 pulls in this process over loopback: 1 and 32 items of 64 KiB, 4.5 MiB\n"
-        "and 16 MiB (pull round trip + write + completion; the 32 with one\n"
-        "ect_pull_consumer_load_many, every pull in flight at once), beside the same bytes\n"
-        "written with ect_xport_write_batch one item per call, one after the other.\n\n"
+        "and 16 MiB loaded one after the other (pull round trip + write + completion), and\n"
+        "32 with every pull in flight at once (ect_pull_consumer_load_many; column fl),\n"
+        "beside the same bytes written with ect_xport_write_batch one item per call (raw,\n"
+        "ratio) and, for the in-flight rows, batched as the producer's write lane batches\n"
+        "the pulls queued for one consumer, up to 64 items / 4 MiB per call (batch, ratio b).\n\n"
         "  --json         one JSON list of rows: transport, size, items, inflight (1 or items),\n"
         "                 gbps (item bytes of a round over its median time), p50_ms (per\n"
         "                 round of `items` loads),\n"
-        "                 raw_gbps, raw_p50_ms, ratio (gbps / raw_gbps)\n"
+        "                 raw_gbps, raw_p50_ms, ratio (gbps / raw_gbps), raw_batched_gbps\n"
+        "                 and ratio_batched (in-flight rows; null for the others)\n"
         "  --ms N         time per measurement, pull and raw each (bare: ms, or 1s; default 400)\n"
         "  --transport L  comma-separated back ends (default tcp,shm)\n"
         "  --sizes LIST   item sizes, each 1 B .. 16 MiB (default 64KiB,4.5MiB,16MiB)\n");
@@ -323,8 +360,9 @@ int bench_pull(int argc, char **argv) {
     if (json)
         printf("[");
     else
-        printf("%-5s %10s %5s %3s %10s %12s %10s %12s %7s\n", "xport", "size", "items", "fl",
-               "pull GB/s", "pull p50 ms", "raw GB/s", "raw p50 ms", "ratio");
+        printf("%-5s %10s %5s %3s %10s %12s %10s %12s %7s %10s %7s\n", "xport", "size", "items",
+               "fl", "pull GB/s", "pull p50 ms", "raw GB/s", "raw p50 ms", "ratio", "batch GB/s",
+               "ratio b");
     bool first = true;
     int rc = CLI_EXIT_OK;
     char *save = NULL;
