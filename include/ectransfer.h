@@ -235,6 +235,17 @@ ECT_API int ect_push_status(const char *host, int port, int timeout_ms, char **j
  *  load: its loader's ECT_EINVAL / ECT_EIO. Any thread. */
 ECT_API int ect_push_status_keyed(const char *host, int port, int timeout_ms,
                                   const char *curve_keys, char **json);
+/** Measures bare control round trips to the push consumer shard whose
+ *  control port is host:port: one REQ socket of the control client the
+ *  producer uses, one untimed exchange that connects, then n exchanges of
+ *  the `event_port` op (a no-op every consumer, ours or upstream, answers;
+ *  nothing new on the wire), one after the other from the calling thread.
+ *  rtt_ns (n entries; NULL when n is 0) gets each exchange's time in ns,
+ *  send to reply decoded. The limit `ect bench push` sets beside a step's
+ *  latency. Blocks up to about 2 x timeout_ms per exchange. Errors:
+ *  ECT_ECONNREFUSED / ECT_ETIMEDOUT ("no consumer answers at HOST:PORT"),
+ *  ECT_EPROTO (a refusal or an undecodable reply), ECT_EINVAL. Any thread. */
+ECT_API int ect_push_ping(const char *host, int port, int timeout_ms, uint64_t *rtt_ns, size_t n);
 
 /* --------------------------------------------------------------- dtypes */
 
@@ -1505,6 +1516,25 @@ ECT_API int ect_pull_consumer_open_config(const char *json, ect_pull_consumer **
  *  the region is freed); ect_last_error() names the cause. */
 ECT_API int ect_pull_consumer_load(ect_pull_consumer *c, const char *mm_hash,
                                    const ect_pull_meta *meta, ect_pull_view *view);
+
+/** Loads n items as ect_pull_consumer_load does each, with every pull in
+ *  flight at once: items resident in the cache are answered from it, and the
+ *  ECTransferPull requests of the others all go out (each with its own
+ *  region, write key and token) before any completion is awaited; the
+ *  completions are taken in whatever order they arrive, so the n round trips
+ *  overlap instead of following one another. Nothing new on the wire: the
+ *  same messages as n loads (a producer answers each pull on its own; an
+ *  upstream one, which echoes no token, is matched by mm_hash). metas: n
+ *  entries (NULL: every item must be resident). timeout_ms bounds the wait
+ *  for all of them, counted from the last request sent. statuses (n entries)
+ *  gets 0 or item i's error as ect_pull_consumer_load would return it;
+ *  views[i] is valid (and leased: release it) exactly when statuses[i] is 0.
+ *  Returns 0 when every item loaded, else the first failed item's error,
+ *  whose text ect_last_error() keeps; ECT_EINVAL (NULL arrays),
+ *  ECT_ENOMEM. Like every call on a consumer, not thread-safe. */
+ECT_API int ect_pull_consumer_load_many(ect_pull_consumer *c, size_t n,
+                                        const char *const *mm_hashes, const ect_pull_meta *metas,
+                                        ect_pull_view *views, int *statuses);
 
 /** Drops the lease of a load; the item stays resident (reclaimed least
  *  recently used when the pool needs room). */

@@ -125,8 +125,8 @@ static bool parse_rows(const char *name, const char *text, rows *out) {
                 snprintf(r->what + len, sizeof r->what - len, " x %" PRId64 " in one batch",
                          (int64_t)num(o, "batch"));
             else if (len < sizeof r->what && strcmp(name, "pull") == 0)
-                snprintf(r->what + len, sizeof r->what - len, " x %" PRId64,
-                         (int64_t)num(o, "items"));
+                snprintf(r->what + len, sizeof r->what - len, " x %" PRId64 "%s",
+                         (int64_t)num(o, "items"), num(o, "inflight") > 1 ? " in flight" : "");
             r->value = num(o, "gbps");
             snprintf(r->limit, sizeof r->limit, "%s", xp ? str(o, "limit") : "raw write_batch");
             r->limit_value = num(o, xp ? "limit_gbps" : "raw_gbps");

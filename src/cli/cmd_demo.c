@@ -2,7 +2,10 @@
  * cmd_demo — `ect demo`: the whole system end to end on loopback, in
  * separate processes. Push (default): an `ect push-consumer` instance (its
  * scheduler and one shard per TP rank) receives what one `ect push` process
- * sends (in steps of 8 items; it generates the next step while one moves).
+ * sends (in steps of 8 items, --inflight steps in flight, default 4; it
+ * generates the next step while they move). With --bench, `ect bench push` of the same
+ * item size, step and steps in flight runs right after, in this run, and the
+ * report gives the demo's items/s as a ratio to it.
  * Pull: `ect pull` loads what an `ect pull-producer` holds. Every item's
  * checksum (XXH64, cli_checksum) printed by the producing side must equal the one
  * the consuming side computed over the bytes it received. Workload: batches
@@ -33,6 +36,7 @@
 #define BATCH_REP 8
 #define SLOT_CONSUMER 0
 #define SLOT_PRODUCER 1
+#define DEMO_STEP "8"
 
 typedef struct entry {
     char key[256]; /* push: transfer_id; pull: mm_hash */
@@ -71,6 +75,8 @@ typedef struct demo {
     bool consumer_ready;
     int pull_port;
     bool tty;
+    bool bench;        /* --bench: `ect bench push` of the same size after the run */
+    uint64_t inflight; /* push: steps in flight (ect push --inflight) */
     long long t_start, t_last_progress;
     uint64_t next_plain;
 } demo;
@@ -138,34 +144,40 @@ static void remove_keys(demo *d) {
 }
 
 static void help(void) {
-    printf("usage: ect demo [--protocol push|pull] [--transport tcp|shm|ucx] [--items N]\n"
-           "                [--shape 576x4096] [--dtype bfloat16] [--tp N] [--timeout D] [--keys]\n"
-           "\n"
-           "Runs ectransfer end to end on loopback, in separate processes of this binary, and\n"
-           "checks every byte. push (default): an `ect push-consumer` instance (scheduler + one\n"
-           "shard per TP rank) receives what one `ect push` sends. pull: `ect pull` loads\n"
-           "what an `ect pull-producer` holds. The workload comes in batches of 32 new items\n"
-           "followed by 8 repeats of the batch's first items (same content, same mm_hash: the\n"
-           "consumer answers them from its resident copy). The checksum (XXH64) each producer\n"
-           "printed must equal the one the consumer computed over the bytes it received.\n"
-           "\n"
-           "  --protocol P    push (default) or pull\n"
-           "  --transport T   data plane: tcp (default), shm or ucx\n"
-           "  --items N       items to move, 1..100000 (default 300)\n"
-           "  --shape AxB...  tensor shape, up to 8 dims (default 576x4096: LLaVA, 4.5 MiB bf16)\n"
-           "  --dtype D       torch dtype name (default bfloat16); pull announces the bytes as\n"
-           "                  uint8 [nbytes]\n"
-           "  --tp N          consumer TP ranks (push only), 1..64 (default 1)\n"
-           "  --timeout D     give up after D (90s, 5m; bare: seconds; up to 24h; default 300s)\n"
-           "  --keys          authentication on: makes two key directories (`ect keygen`) that\n"
-           "                  accept each other and runs both sides with --curve-keys\n"
-           "\n"
-           "Prints a live progress line on a terminal (plain lines otherwise), then a report:\n"
-           "items moved (the bytes arrived), verified (checksums equal), retried (moved after\n"
-           "waiting for room in a full pool) and failed, bytes, throughput, per-item latency\n"
-           "p50/p99, dedup hits, failures.\n"
-           "Exit status: 0 when every item arrived with equal checksums, 1 otherwise (or on\n"
-           "SIGINT; the children are always stopped), 2 for bad flags.\n");
+    printf(
+        "usage: ect demo [--protocol push|pull] [--transport tcp|shm|ucx] [--items N]\n"
+        "                [--shape 576x4096] [--dtype bfloat16] [--tp N] [--timeout D]\n"
+        "                [--inflight N] [--bench] [--keys]\n"
+        "\n"
+        "Runs ectransfer end to end on loopback, in separate processes of this binary, and\n"
+        "checks every byte. push (default): an `ect push-consumer` instance (scheduler + one\n"
+        "shard per TP rank) receives what one `ect push` sends. pull: `ect pull` loads\n"
+        "what an `ect pull-producer` holds. The workload comes in batches of 32 new items\n"
+        "followed by 8 repeats of the batch's first items (same content, same mm_hash: the\n"
+        "consumer answers them from its resident copy). The checksum (XXH64) each producer\n"
+        "printed must equal the one the consumer computed over the bytes it received.\n"
+        "\n"
+        "  --protocol P    push (default) or pull\n"
+        "  --transport T   data plane: tcp (default), shm or ucx\n"
+        "  --items N       items to move, 1..100000 (default 300)\n"
+        "  --shape AxB...  tensor shape, up to 8 dims (default 576x4096: LLaVA, 4.5 MiB bf16)\n"
+        "  --dtype D       torch dtype name (default bfloat16); pull announces the bytes as\n"
+        "                  uint8 [nbytes]\n"
+        "  --tp N          consumer TP ranks (push only), 1..64 (default 1)\n"
+        "  --timeout D     give up after D (90s, 5m; bare: seconds; up to 24h; default 300s)\n"
+        "  --inflight N    push: steps of 8 items `ect push` keeps in flight, 1..64 (default 4)\n"
+        "  --bench         push, TP 1: then run `ect bench push` of the same item size, step\n"
+        "                  (8) and steps in flight for 1 s and report the demo's items/s\n"
+        "                  as a ratio to it (line `vs bench`; the bench failing fails the demo)\n"
+        "  --keys          authentication on: makes two key directories (`ect keygen`) that\n"
+        "                  accept each other and runs both sides with --curve-keys\n"
+        "\n"
+        "Prints a live progress line on a terminal (plain lines otherwise), then a report:\n"
+        "items moved (the bytes arrived), verified (checksums equal), retried (moved after\n"
+        "waiting for room in a full pool) and failed, bytes, throughput, per-item latency\n"
+        "p50/p99, dedup hits, failures.\n"
+        "Exit status: 0 when every item arrived with equal checksums, 1 otherwise (or on\n"
+        "SIGINT; the children are always stopped), 2 for bad flags.\n");
 }
 
 /* ------------------------------------------------------------ bookkeeping */
@@ -437,10 +449,12 @@ static bool start_push_consumer(demo *d, int *port, long long deadline, const ch
 
 /* Runs one `ect push` of count items (the whole workload: --repeat gives
  * every block of BATCH_NEW new items BATCH_REP repeats of its first ones) and
- * waits for it to exit. It generates the next step of 8 while one moves. */
+ * waits for it to exit. --inflight steps of DEMO_STEP move at once; it
+ * generates the next one meanwhile. */
 static bool push_round(demo *d, int port, uint64_t seed, uint64_t count, long long deadline,
                        const char **why) {
-    char to[32], cnt[24], sd[24], tmo[24], repeat[48], tp[16];
+    char to[32], cnt[24], sd[24], tmo[24], repeat[48], tp[16], fl[24];
+    snprintf(fl, sizeof fl, "%" PRIu64, d->inflight);
     snprintf(tp, sizeof tp, "%" PRIu64, d->tp);
     snprintf(repeat, sizeof repeat, "%d:%d", BATCH_NEW, BATCH_REP);
     snprintf(to, sizeof to, "127.0.0.1:%d", port);
@@ -459,7 +473,9 @@ static bool push_round(demo *d, int port, uint64_t seed, uint64_t count, long lo
                     "--dtype",
                     (char *)d->dtype,
                     "--step",
-                    "8",
+                    DEMO_STEP,
+                    "--inflight",
+                    fl,
                     "--repeat",
                     repeat,
                     "--timeout",
@@ -689,6 +705,40 @@ static void report(demo *d, double secs) {
                    : "a load was refused while the producer was busy and was asked again");
 }
 
+/* --bench: `ect bench push` (this binary, a child) of the demo's item size,
+ * step and steps in flight over its transport for 1 s; its items/s, or a
+ * negative value (and why on stderr) when it could not run. */
+static double bench_items_s(const demo *d) {
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0 || memchr(exe, '\'', (size_t)n)) {
+        fprintf(stderr, "ect demo: --bench: cannot name this binary\n");
+        return -1;
+    }
+    exe[n] = '\0';
+    char cmd[4400];
+    snprintf(cmd, sizeof cmd,
+             "'%s' bench push --json --transport %s --sizes %" PRIu64 " --steps " DEMO_STEP
+             " --inflight %" PRIu64 " --seconds 1",
+             exe, d->transport, d->item_bytes, d->inflight);
+    FILE *f = popen(cmd, "r");
+    if (!f) {
+        fprintf(stderr, "ect demo: --bench: %s\n", strerror(errno));
+        return -1;
+    }
+    json_error_t je;
+    json_t *rows = json_loadf(f, JSON_DISABLE_EOF_CHECK, &je);
+    int st = pclose(f);
+    json_t *v = json_object_get(json_array_get(rows, 0), "items_per_s");
+    double r = json_is_number(v) ? json_number_value(v) : -1;
+    json_decref(rows);
+    if (st != 0 || r <= 0) {
+        fprintf(stderr, "ect demo: --bench: ect bench push failed (status %d)\n", st);
+        return -1;
+    }
+    return r;
+}
+
 /* ------------------------------------------------------------------ main */
 
 static bool parse_shape(const char *s, uint64_t *elems) {
@@ -719,7 +769,8 @@ int cmd_demo(int argc, char **argv) {
         {"protocol", required_argument, 0, 'P'}, {"transport", required_argument, 0, 't'},
         {"items", required_argument, 0, 'n'},    {"shape", required_argument, 0, 's'},
         {"dtype", required_argument, 0, 'd'},    {"tp", required_argument, 0, 'T'},
-        {"timeout", required_argument, 0, 'o'},  {"keys", no_argument, 0, 'K'},
+        {"timeout", required_argument, 0, 'o'},  {"bench", no_argument, 0, 'b'},
+        {"inflight", required_argument, 0, 'f'}, {"keys", no_argument, 0, 'K'},
         {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
     demo d = {.protocol = "push",
               .transport = "tcp",
@@ -727,7 +778,8 @@ int cmd_demo(int argc, char **argv) {
               .dtype = "bfloat16",
               .items = 300,
               .tp = 1,
-              .timeout_ms = 300000};
+              .timeout_ms = 300000,
+              .inflight = 4};
     int c;
     optind = 1;
     opterr = 0;
@@ -758,14 +810,18 @@ int cmd_demo(int argc, char **argv) {
             if (!cli_parse_duration_u64("--timeout", optarg, 1000, 1, 86400000, &d.timeout_ms))
                 return CLI_EXIT_USAGE;
             break;
+        case 'b': d.bench = true; break;
         case 'K': d.keys = true; break;
+        case 'f':
+            if (!cli_parse_u64("--inflight", optarg, 1, 64, &d.inflight)) return CLI_EXIT_USAGE;
+            break;
         case 'h': help(); return CLI_EXIT_OK;
         default:
-            return cli_usage_error(
-                "demo",
-                "unknown flag or missing value '%s'; accepted: --protocol, "
-                "--transport, --items, --shape, --dtype, --tp, --timeout, --keys, --help",
-                argv[optind - 1]);
+            return cli_usage_error("demo",
+                                   "unknown flag or missing value '%s'; accepted: --protocol, "
+                                   "--transport, --items, --shape, --dtype, --tp, --timeout, "
+                                   "--inflight, --bench, --keys, --help",
+                                   argv[optind - 1]);
         }
     }
     if (optind < argc) return cli_usage_error("demo", "unexpected argument '%s'", argv[optind]);
@@ -785,6 +841,11 @@ int cmd_demo(int argc, char **argv) {
         return cli_usage_error("demo", "--shape %s x %s is over 16 GiB per item", d.shape, d.dtype);
     if (strcmp(d.protocol, "pull") == 0 && d.tp != 1)
         return cli_usage_error("demo", "--tp: generation 1 (pull) has no TP shards; use --tp 1");
+    if (d.bench && (strcmp(d.protocol, "push") != 0 || d.tp != 1 || d.item_bytes % 2 ||
+                    d.item_bytes > (256ull << 20)))
+        return cli_usage_error("demo",
+                               "--bench compares with `ect bench push`: push, --tp 1, and an item "
+                               "size that is even and at most 256 MiB");
 
     d.lat_ns = calloc(d.items, sizeof *d.lat_ns);
     if (!d.lat_ns) {
@@ -832,6 +893,15 @@ int cmd_demo(int argc, char **argv) {
     report(&d, secs);
     if (!ok) fprintf(stderr, "ect demo: %s\n", why);
     bool pass = ok && d.verified == d.items && d.failed == 0 && d.mismatched == 0;
+    if (pass && d.bench && !stop_flag) {
+        double mine = secs > 0 ? (double)d.verified / secs : 0.0, b = bench_items_s(&d);
+        if (b > 0)
+            printf("  vs bench    %.2f x `ect bench push` (%.1f items/s, same size, steps "
+                   "of " DEMO_STEP ", %" PRIu64 " in flight, %s, measured right after)\n",
+                   mine / b, b, d.inflight, d.transport);
+        else
+            pass = false;
+    }
     if (ok && !pass)
         fprintf(stderr, "ect demo: %" PRIu64 " of %" PRIu64 " items verified\n", d.verified,
                 d.items);

@@ -2,7 +2,8 @@
  * cmd_push — `ect push`: a generation-2 producer on the command line. Pushes
  * deterministic synthetic items (or a file's bytes) into a consumer instance
  * (`ect push-consumer`) through ect_push_producer, in steps of --step items
- * (one flush each), and prints one JSON line per item as it finishes. The
+ * (one flush each; up to --inflight steps move at once, the next one is
+ * generated meanwhile), and prints one JSON line per item as it finishes. The
  * content of item i depends only on (--seed, i, size), so a re-run prints
  * the same checksums and a consumer can verify them.
  *
@@ -33,7 +34,7 @@ static void help(void) {
         "                [--file F] [--step K] [--seed S] [--id-prefix P] [--timeout D]\n"
         "                [--control-timeout D] [--transport tcp|shm|ucx] [--tp N]\n"
         "                [--repeat NEW:REP] [--push-wait D] [--device cpu|cuda|cuda:N]\n"
-        "                [--curve-keys DIR]\n\n"
+        "                [--inflight N] [--curve-keys DIR]\n\n"
         "Pushes items into the consumer instance whose TP rank 0 serves control requests at\n"
         "HOST:PORT (`ect push-consumer`): reserve on every shard (found through `peers`), one\n"
         "batched write per destination session, complete on every shard. The data plane\n"
@@ -48,12 +49,17 @@ static void help(void) {
         "                        shape [len / dtype size] unless --shape is given)\n"
         "  --step K              items per step (one flush: one reserve_batch and one\n"
         "                        complete_batch per shard), 1..4096 (default: all, at most 4096)\n"
+        "  --inflight N          steps kept in flight, 1..64 (default 1: each step waits for\n"
+        "                        the previous one's results; N: up to N steps move at once,\n"
+        "                        counted from the oldest unfinished one; the consumer still\n"
+        "                        receives the items in push order)\n"
         "  --seed S              synthetic content seed (default 1)\n"
         "  --repeat NEW:REP      in every block of NEW + REP items, the last REP carry the\n"
         "                        content of the block's first REP (same mm_hash: dedup hits);\n"
         "                        REP <= NEW. Default: every item new\n"
         "  --id-prefix P         transfer_id prefix (default push-<pid>-<random>)\n"
-        "  --timeout D           give up on a step after D (30s, 2m; bare: seconds; default 120s)\n"
+        "  --timeout D           give up on a step D after it started (30s, 2m; bare: seconds;\n"
+        "                        default 120s): its unfinished items are cancelled\n"
         "  --push-wait D         how long an item may wait for room when the consumer's pool is\n"
         "                        full (it retries meanwhile; bare: seconds; default 60s, "
         "upstream's\n"
@@ -128,9 +134,18 @@ typedef struct slot {
     char hash[320];
     uint64_t checksum;
     void *data;
-    void *dev; /* --device cuda: the item's device copy (what is pushed) */
+    void *dev;      /* --device cuda: the item's device copy (what is pushed) */
+    uint64_t index; /* the item's number (transfer_id <prefix>-<index>) */
     bool reported;
 } slot;
+
+/* A step in flight: k items, queued of them reserved, got of them reported;
+ * end: its --timeout, then (cancelled) the grace for the cancels. */
+typedef struct push_step {
+    size_t k, queued, got;
+    uint64_t end;
+    bool cancelled;
+} push_step;
 
 static void print_line(const slot *s, uint64_t nbytes, const ect_push_result *r) {
     json_t *o = json_object();
@@ -191,12 +206,66 @@ static bool prepare_step(slot *bank, size_t k, uint64_t base, uint64_t nbytes, u
                 }
             }
         }
+        s->index = base + j;
         s->checksum = fdata ? fck : cli_checksum(s->data, nbytes);
         snprintf(s->tid, sizeof s->tid, "%s-%" PRIu64, pfx, base + j);
         snprintf(s->hash, sizeof s->hash, "xxh64-%016" PRIx64 "-%s-%s", s->checksum,
                  strncmp(dtype, "torch.", 6) == 0 ? dtype + 6 : dtype, shape_txt);
     }
     return true;
+}
+
+/* Reserves the items of step si (prepared in its bank) and flushes them; an
+ * item refused at once is reported (and counted failed) here. src: the
+ * file's bytes (host or device), or NULL for each slot's own. */
+static void start_step(push_step *st, ect_push_producer *p, slot *slots, uint64_t si,
+                       uint64_t count, uint64_t step, size_t nbank, const char *to,
+                       const uint64_t *shape, size_t ndim, const char *dtype, uint64_t nbytes,
+                       const void *src, uint64_t timeout_ms, uint64_t *n_failed) {
+    uint64_t base = si * step;
+    slot *bank = slots + (si % nbank) * step;
+    memset(st, 0, sizeof *st);
+    st->k = (size_t)(count - base < step ? count - base : step);
+    for (size_t j = 0; j < st->k; j++) {
+        slot *s = &bank[j];
+        ect_push_item it = {.transfer_id = s->tid,
+                            .consumer = to,
+                            .mm_hash = s->hash,
+                            .shape = shape,
+                            .ndim = ndim,
+                            .dtype = dtype,
+                            .nbytes = nbytes,
+                            .data = src ? src : (s->dev ? s->dev : s->data),
+                            .release = on_release};
+        if (ect_push_producer_reserve(p, &it)) {
+            ect_push_result r = {.status = ECT_EINVAL};
+            snprintf(r.error, sizeof r.error, "%s", ect_last_error());
+            print_line(s, nbytes, &r);
+            s->reported = true;
+            (*n_failed)++;
+            continue;
+        }
+        st->queued++;
+    }
+    ect_push_producer_flush(p);
+    st->end = cli_now_ms() + timeout_ms;
+}
+
+/* The unreported slot of a result's transfer_id (<pfx>-<index>) among the
+ * steps in flight [oldest, next), or NULL. */
+static slot *find_slot(slot *slots, const char *pfx, const char *tid, uint64_t step, size_t nbank,
+                       uint64_t oldest, uint64_t next) {
+    size_t lp = strlen(pfx);
+    if (strncmp(tid, pfx, lp) || tid[lp] != '-' || tid[lp + 1] < '0' || tid[lp + 1] > '9')
+        return NULL;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long i = strtoull(tid + lp + 1, &end, 10);
+    if (errno || *end) return NULL;
+    uint64_t si = i / step;
+    if (si < oldest || si >= next) return NULL;
+    slot *s = slots + (si % nbank) * step + i % step;
+    return !s->reported && s->index == i && !strcmp(s->tid, tid) ? s : NULL;
 }
 
 static int read_file(const char *path, void **data, uint64_t *n) {
@@ -258,12 +327,13 @@ int cmd_push(int argc, char **argv) {
                                          {"push-wait", required_argument, 0, 'W'},
                                          {"device", required_argument, 0, 'D'},
                                          {"curve-keys", required_argument, 0, 'K'},
+                                         {"inflight", required_argument, 0, 'F'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *curve_keys = NULL;
     const char *to = NULL, *file = NULL, *dtype = "bfloat16", *prefix = NULL;
     uint64_t count = 1, size = 0, step = 0, seed = 1, timeout_ms = 120000, ctl_ms = 30000, tp = 0;
-    uint64_t push_wait_ms = 60000;
+    uint64_t push_wait_ms = 60000, inflight = 1;
     const char *transport = NULL;
     int dev = -1; /* --device cuda:N: N; -1: host */
     uint64_t shape[ECT_POOL_MAX_NDIM] = {576, 4096};
@@ -272,7 +342,7 @@ int cmd_push(int argc, char **argv) {
     bool have_size = false, have_shape = false;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "t:n:s:S:d:f:k:r:p:T:C:x:P:R:W:D:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "t:n:s:S:d:f:k:r:p:T:C:x:P:R:W:D:F:h", opts, NULL)) != -1) {
         switch (c) {
         case 't': to = optarg; break;
         case 'n':
@@ -315,6 +385,9 @@ int cmd_push(int argc, char **argv) {
             break;
         case 'P':
             if (!cli_parse_u64("--tp", optarg, 1, 64, &tp)) return CLI_EXIT_USAGE;
+            break;
+        case 'F':
+            if (!cli_parse_u64("--inflight", optarg, 1, 64, &inflight)) return CLI_EXIT_USAGE;
             break;
         case 'W':
             if (!cli_parse_duration_u64("--push-wait", optarg, 1000, 1, 86400000, &push_wait_ms))
@@ -393,14 +466,18 @@ int cmd_push(int argc, char **argv) {
     nbytes = want;
     if (!step) step = count < MAX_STEP ? count : MAX_STEP;
     if (step > count) step = count;
-    /* The next step is prepared (synthetic bytes generated) while a step
-     * moves: two banks of step slots when there is more than one step. */
-    size_t nbank = count > step ? 2 : 1;
-    if (nbytes * step * (file ? 1 : nbank) > (16ull << 30)) {
+    /* The next step is prepared (synthetic bytes generated) while the steps
+     * in flight move: a bank of step slots per step in flight and one more,
+     * as many as there are steps at most. */
+    uint64_t nsteps_all = (count + step - 1) / step;
+    size_t nbank = (size_t)(nsteps_all < inflight + 1 ? nsteps_all : inflight + 1);
+    if (!file && nbytes * step * nbank > (16ull << 30)) {
         free(fdata);
-        return cli_usage_error(CMD, "--step x item size exceeds 16 GiB%s; use a smaller --step",
-                               !file && nbank > 1 ? " (x 2: the next step is generated meanwhile)"
-                                                  : "");
+        return cli_usage_error(CMD,
+                               "--step x item size x %zu exceeds 16 GiB (the steps in flight and "
+                               "the next one, generated meanwhile); use a smaller --step or "
+                               "--inflight",
+                               nbank);
     }
 
     char pfx[256];
@@ -431,13 +508,16 @@ int cmd_push(int argc, char **argv) {
         return CLI_EXIT_FAIL;
     }
     slot *slots = calloc(nbank * step, sizeof *slots);
-    ect_push_result *res = calloc(step, sizeof *res);
-    if (!slots || !res) {
+    size_t rcap = (size_t)(step * inflight < MAX_STEP ? step * inflight : MAX_STEP);
+    ect_push_result *res = calloc(rcap, sizeof *res);
+    push_step *win = calloc(inflight, sizeof *win);
+    if (!slots || !res || !win) {
         fprintf(stderr, "ect push: out of memory\n");
         ect_push_producer_close(p);
         free(fdata);
         free(slots);
         free(res);
+        free(win);
         return CLI_EXIT_FAIL;
     }
     uint64_t n_done = 0, n_failed = 0, n_retried = 0;
@@ -453,79 +533,81 @@ int cmd_push(int argc, char **argv) {
     if (rc == CLI_EXIT_OK && !prepare_step(slots, (size_t)step, 0, nbytes, seed, repeat, fdata, fck,
                                            pfx, dtype, shape_txt, dev))
         rc = CLI_EXIT_FAIL;
-    for (uint64_t base = 0; rc == CLI_EXIT_OK && base < count; base += step) {
-        size_t k = (size_t)(count - base < step ? count - base : step);
-        slot *bank = slots + (base / step % nbank) * step;
-        size_t queued = 0;
-        for (size_t j = 0; j < k; j++) {
-            slot *s = &bank[j];
-            const void *src = file ? (fdev ? fdev : fdata) : (s->dev ? s->dev : s->data);
-            ect_push_item it = {.transfer_id = s->tid,
-                                .consumer = to,
-                                .mm_hash = s->hash,
-                                .shape = shape,
-                                .ndim = ndim,
-                                .dtype = dtype,
-                                .nbytes = nbytes,
-                                .data = src,
-                                .release = on_release};
-            if (ect_push_producer_reserve(p, &it)) {
-                ect_push_result r = {.status = ECT_EINVAL};
-                snprintf(r.error, sizeof r.error, "%s", ect_last_error());
-                print_line(s, nbytes, &r);
-                s->reported = true;
-                n_failed++;
-                continue;
-            }
-            queued++;
-        }
-        ect_push_producer_flush(p);
-        /* while this step moves, generate the next one into the other bank */
-        uint64_t next = base + step;
-        if (next < count) {
-            size_t nk = (size_t)(count - next < step ? count - next : step);
-            if (!prepare_step(slots + (next / step % nbank) * step, nk, next, nbytes, seed, repeat,
-                              fdata, fck, pfx, dtype, shape_txt, dev))
-                rc = CLI_EXIT_FAIL; /* after this step's results */
-        }
-        uint64_t end = cli_now_ms() + timeout_ms;
-        size_t got = 0;
-        bool cancelled = false;
-        while (got < queued) {
-            int left = (int)(end > cli_now_ms() ? end - cli_now_ms() : 0);
-            if (left == 0 && !cancelled) { /* give up: cancel what is left */
-                for (size_t j = 0; j < k; j++)
-                    if (!bank[j].reported) ect_push_producer_cancel(p, bank[j].tid);
-                cancelled = true;
-                end = cli_now_ms() + 2 * ctl_ms + 1000;
-                continue;
-            }
-            if (left == 0) break;
-            size_t n = ect_push_producer_poll(p, res, step, left < 200 ? left : 200);
-            for (size_t i = 0; i < n; i++) {
-                for (size_t j = 0; j < k; j++) {
-                    if (bank[j].reported || strcmp(bank[j].tid, res[i].transfer_id)) continue;
-                    if (cancelled && res[i].status == ECT_ECANCELED)
-                        snprintf(res[i].error, sizeof res[i].error,
-                                 "timed out after %" PRIu64 " ms (--timeout)", timeout_ms);
-                    print_line(&bank[j], nbytes, &res[i]);
-                    bank[j].reported = true;
-                    if (res[i].status == 0) {
-                        n_done++;
-                        n_retried += res[i].retries > 0;
-                    } else {
-                        n_failed++;
-                    }
-                    got++;
+    /* win[s % inflight]: step s while it is in flight; the window is
+     * [oldest, next) */
+    uint64_t nsteps = (count + step - 1) / step, oldest = 0, next = 0;
+    bool stop_starting = rc != CLI_EXIT_OK, gave_up = false;
+    while (!gave_up && (oldest < next || (!stop_starting && next < nsteps))) {
+        /* start steps while the window has room */
+        while (!stop_starting && next < nsteps && next - oldest < inflight) {
+            start_step(&win[next % inflight], p, slots, next, count, step, nbank, to, shape, ndim,
+                       dtype, nbytes, file ? (fdev ? fdev : fdata) : NULL, timeout_ms, &n_failed);
+            next++;
+            /* while the window moves, generate the next step into its bank
+             * (free: its previous user, step next - nbank, left the window) */
+            if (next < nsteps) {
+                uint64_t nb = next * step;
+                size_t nk = (size_t)(count - nb < step ? count - nb : step);
+                if (!prepare_step(slots + (next % nbank) * step, nk, nb, nbytes, seed, repeat,
+                                  fdata, fck, pfx, dtype, shape_txt, dev)) {
+                    rc = CLI_EXIT_FAIL; /* after the results of the steps in flight */
+                    stop_starting = true;
                 }
             }
         }
-        if (got < queued) {
-            fprintf(stderr, "ect push: %zu items of the step did not finish; giving up\n",
-                    queued - got);
-            n_failed += queued - got;
-            break; /* their sources may still be in use: do not reuse the buffers */
+        if (oldest == next) break;
+        /* the earliest deadline of the steps in flight bounds the wait */
+        uint64_t now = cli_now_ms(), soon = now + 200;
+        for (uint64_t si = oldest; si < next; si++) {
+            push_step *st = &win[si % inflight];
+            if (st->got < st->queued && st->end < soon) soon = st->end;
         }
+        size_t n = ect_push_producer_poll(p, res, rcap, (int)(soon > now ? soon - now : 0));
+        for (size_t i = 0; i < n; i++) {
+            slot *sl = find_slot(slots, pfx, res[i].transfer_id, step, nbank, oldest, next);
+            if (!sl) continue;
+            push_step *st = &win[sl->index / step % inflight];
+            if (st->cancelled && res[i].status == ECT_ECANCELED)
+                snprintf(res[i].error, sizeof res[i].error,
+                         "timed out after %" PRIu64 " ms (--timeout)", timeout_ms);
+            print_line(sl, nbytes, &res[i]);
+            sl->reported = true;
+            if (res[i].status == 0) {
+                n_done++;
+                n_retried += res[i].retries > 0;
+            } else {
+                n_failed++;
+            }
+            st->got++;
+        }
+        /* steps past their --timeout: cancel what is left; past the grace
+         * after that, give up (their sources may still be in use: nothing
+         * more is started and no buffer is reused) */
+        now = cli_now_ms();
+        for (uint64_t si = oldest; si < next && !gave_up; si++) {
+            push_step *st = &win[si % inflight];
+            if (st->got >= st->queued || now < st->end) continue;
+            slot *bank = slots + (si % nbank) * step;
+            if (!st->cancelled) {
+                for (size_t j = 0; j < st->k; j++)
+                    if (!bank[j].reported) ect_push_producer_cancel(p, bank[j].tid);
+                st->cancelled = true;
+                st->end = now + 2 * ctl_ms + 1000;
+                continue;
+            }
+            fprintf(stderr, "ect push: %zu items of the step did not finish; giving up\n",
+                    st->queued - st->got);
+            gave_up = true;
+        }
+        if (gave_up) {
+            for (uint64_t si = oldest; si < next; si++) {
+                push_step *st = &win[si % inflight];
+                n_failed += st->queued - st->got;
+            }
+            break;
+        }
+        while (oldest < next && win[oldest % inflight].got >= win[oldest % inflight].queued)
+            oldest++;
     }
     ect_push_producer_close(p);
     for (size_t j = 0; j < nbank * step; j++) {
@@ -535,6 +617,7 @@ int cmd_push(int argc, char **argv) {
     ect_mem_free(ECT_MEM_CUDA, fdev);
     free(slots);
     free(res);
+    free(win);
     free(fdata);
     fprintf(stderr,
             "ect push: %" PRIu64 " moved, %" PRIu64 " retried, %" PRIu64 " failed of %" PRIu64

@@ -142,76 +142,101 @@ static int gone_error(ect_pull_consumer *c, const char *mm_hash) {
                          mm_hash, c->producer, ect_now_ms() - c->gone_ms);
 }
 
-/* Waits for the completion of (mm_hash, token). Returns the status, or
- * ECT_ETIMEDOUT; *reason gets the producer's error text if any. */
-static int wait_complete(ect_pull_consumer *c, const char *mm_hash, uint64_t token, char *reason,
-                         size_t cap) {
-    uint64_t deadline = ect_now_ms() + (uint64_t)c->o.timeout_ms;
-    for (;;) {
+/* A pull in flight: its request went out, its completion is awaited. */
+typedef struct pend {
+    const char *mm_hash;
+    const ect_pull_meta *meta;
+    uint64_t token, off, t0;
+    char wkey[ECT_XPORT_KEY_MAX];
+    bool win;  /* wkey is this pull's own write window */
+    bool done; /* its completion arrived: status, reason */
+    int status;
+    char reason[WIRE_PULL_MAX_STR + 1];
+} pend;
+
+/* Takes one frame off the DEALER (non-blocking) and settles the pull it
+ * completes among pd[0..n): by token, or (an upstream producer echoes none)
+ * the first unanswered one of that mm_hash. A completion of none of them is
+ * stale (a late one frees its quarantined region). */
+static void take_complete(ect_pull_consumer *c, pend *pd, size_t n) {
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, c->dealer, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&m);
+        return;
+    }
+    if (zmq_msg_more(&m)) { /* not ours: drop the whole message */
+        c->st.malformed++;
+        while (zmq_msg_more(&m)) {
+            zmq_msg_close(&m);
+            zmq_msg_init(&m);
+            if (zmq_msg_recv(&m, c->dealer, ZMQ_DONTWAIT) < 0) break;
+        }
+        zmq_msg_close(&m);
+        return;
+    }
+    wire_transfer_complete done;
+    int drc = wire_transfer_complete_decode(zmq_msg_data(&m), zmq_msg_size(&m), &done);
+    zmq_msg_close(&m);
+    if (drc || done.ext_error) {
+        c->st.malformed++;
+        ECT_LOGD(MOD, "DEALER frame dropped: %s", drc ? ect_last_error() : done.ext_error);
+        wire_transfer_complete_free(&done);
+        return;
+    }
+    pend *mine = NULL;
+    for (size_t i = 0; i < n && !mine; i++)
+        if (!pd[i].done && !strcmp(done.mm_hash, pd[i].mm_hash) &&
+            (!done.has_token || done.token == pd[i].token))
+            mine = &pd[i];
+    if (mine) {
+        mine->done = true;
+        mine->status = done.status;
+        if (done.error) snprintf(mine->reason, sizeof mine->reason, "%s", done.error);
+    } else {
+        c->st.stale++;
+        if (done.has_token) quarantine_release(c, done.token);
+        ECT_LOGD_ID(MOD, NULL, done.mm_hash, "stale ECTransferComplete for %s dropped",
+                    done.mm_hash);
+    }
+    wire_transfer_complete_free(&done);
+}
+
+/* Waits until every pull of pd[0..n) that is not done is answered, or the
+ * deadline (ECT_ETIMEDOUT), or the producer is gone (ECT_ECLOSED): those
+ * still unanswered get that status. */
+static void wait_complete(ect_pull_consumer *c, pend *pd, size_t n, uint64_t deadline) {
+    size_t left = 0;
+    for (size_t i = 0; i < n; i++) left += !pd[i].done;
+    int why = 0;
+    while (left && !why) {
         uint64_t now = ect_now_ms();
-        if (now >= deadline) return ECT_ETIMEDOUT;
+        if (now >= deadline) {
+            why = ECT_ETIMEDOUT;
+            break;
+        }
         zmq_pollitem_t it[2] = {{c->dealer, 0, ZMQ_POLLIN, 0}, {c->mon, 0, ZMQ_POLLIN, 0}};
-        long wait = (long)(deadline - now);
-        int rc = zmq_poll(it, 2, wait);
+        int rc = zmq_poll(it, 2, (long)(deadline - now));
         if (rc <= 0) continue;
         if (it[1].revents & ZMQ_POLLIN) {
             drain_monitor(c);
-            if (c->gone) return ECT_ECLOSED;
+            if (c->gone) why = ECT_ECLOSED;
         }
-        if (!(it[0].revents & ZMQ_POLLIN)) continue;
-        zmq_msg_t m;
-        zmq_msg_init(&m);
-        if (zmq_msg_recv(&m, c->dealer, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&m);
-            continue;
+        if (!why && (it[0].revents & ZMQ_POLLIN)) {
+            take_complete(c, pd, n);
+            left = 0;
+            for (size_t i = 0; i < n; i++) left += !pd[i].done;
         }
-        if (zmq_msg_more(&m)) { /* not ours: drop the whole message */
-            c->st.malformed++;
-            while (zmq_msg_more(&m)) {
-                zmq_msg_close(&m);
-                zmq_msg_init(&m);
-                if (zmq_msg_recv(&m, c->dealer, ZMQ_DONTWAIT) < 0) break;
-            }
-            zmq_msg_close(&m);
-            continue;
-        }
-        wire_transfer_complete done;
-        int drc = wire_transfer_complete_decode(zmq_msg_data(&m), zmq_msg_size(&m), &done);
-        zmq_msg_close(&m);
-        if (drc || done.ext_error) {
-            c->st.malformed++;
-            ECT_LOGD(MOD, "DEALER frame dropped: %s", drc ? ect_last_error() : done.ext_error);
-            wire_transfer_complete_free(&done);
-            continue;
-        }
-        bool mine = strcmp(done.mm_hash, mm_hash) == 0 && (!done.has_token || done.token == token);
-        int status = done.status;
-        if (mine && done.error) snprintf(reason, cap, "%s", done.error);
-        if (!mine) {
-            c->st.stale++;
-            if (done.has_token) quarantine_release(c, done.token);
-            ECT_LOGD_ID(MOD, NULL, done.mm_hash, "stale ECTransferComplete for %s dropped",
-                        done.mm_hash);
-        }
-        wire_transfer_complete_free(&done);
-        if (mine) return status;
     }
+    for (size_t i = 0; i < n; i++)
+        if (!pd[i].done) pd[i].status = why;
 }
 
-int ect_pull_consumer_load(ect_pull_consumer *c, const char *mm_hash, const ect_pull_meta *meta,
-                           ect_pull_view *view) {
-    if (!c || !mm_hash || !view) return ect_set_error(ECT_EINVAL, "pull load: NULL argument");
-    size_t hl = strlen(mm_hash);
-    if (hl == 0 || hl > ECT_MM_HASH_MAX)
-        return ect_set_error(ECT_EINVAL, "pull load: mm_hash must be 1..%d bytes", ECT_MM_HASH_MAX);
-    quarantine_sweep(c, false);
-    ect_resident_info info;
-    if (ect_pool_acquire(c->pool, mm_hash, &info) == 0) {
-        view_from_info(c, &info, view, 1);
-        c->st.local++;
-        met_add(&c->m_local, 1);
-        return 0;
-    }
+/* Checks meta, allocates the region, opens its write window and sends the
+ * ECTransferPull of pd->mm_hash. On failure nothing is left behind. */
+static int start_pull(ect_pull_consumer *c, pend *pd) {
+    const char *mm_hash = pd->mm_hash;
+    const ect_pull_meta *meta = pd->meta;
     if (!meta)
         return ect_set_error(ECT_EINVAL, "pull load: %s is not resident and meta is NULL", mm_hash);
     if (meta->ndim > ECT_POOL_MAX_NDIM)
@@ -233,14 +258,14 @@ int ect_pull_consumer_load(ect_pull_consumer *c, const char *mm_hash, const ect_
         met_add(&c->m_failed, 1);
         return gone_error(c, mm_hash);
     }
-    uint64_t token = ++c->next_token;
-    uint64_t t0 = ect_now_ns();
+    pd->off = off;
+    pd->token = ++c->next_token;
+    pd->t0 = ect_now_ns();
     met_add(&c->m_requests, 1);
     /* This pull's own write key over [off, off + nbytes) (docs/PROTOCOL.md
      * "Write windows"); ucx has none and names the pool's key. */
-    char wkey[ECT_XPORT_KEY_MAX];
-    bool win = c->windows;
-    if (win && (rc = xp_window_open(c->x, c->key, off, meta->nbytes, wkey)) != 0) {
+    pd->win = c->windows;
+    if (pd->win && (rc = xp_window_open(c->x, c->key, off, meta->nbytes, pd->wkey)) != 0) {
         ect_pool_free(c->pool, off);
         return ect_set_error(rc, "pull load of %s: write window: %s", mm_hash, ect_last_error());
     }
@@ -248,27 +273,34 @@ int ect_pull_consumer_load(ect_pull_consumer *c, const char *mm_hash, const ect_
                               .dst_ptr = (uint64_t)(uintptr_t)ect_pool_base(c->pool),
                               .dst_offset = off,
                               .consumer_session_id = c->session,
-                              .dst_key = win ? wkey : c->key,
+                              .dst_key = pd->win ? pd->wkey : c->key,
                               .has_token = true,
-                              .token = token};
+                              .token = pd->token};
     void *buf;
     size_t len;
     if ((rc = wire_transfer_pull_encode(&req, &buf, &len)) != 0) {
-        if (win) xp_window_close(c->x, wkey);
+        if (pd->win) xp_window_close(c->x, pd->wkey);
         ect_pool_free(c->pool, off);
         return rc;
     }
-    int s = zmq_send(c->dealer, buf, len, ZMQ_DONTWAIT);
+    int sent = zmq_send(c->dealer, buf, len, ZMQ_DONTWAIT);
     free(buf);
-    if (s < 0) {
-        if (win) xp_window_close(c->x, wkey);
+    if (sent < 0) {
+        if (pd->win) xp_window_close(c->x, pd->wkey);
         ect_pool_free(c->pool, off);
         return ect_set_error(ECT_ECONNREFUSED, "pull load of %s: cannot send ECTransferPull: %s",
                              mm_hash, zmq_strerror(zmq_errno()));
     }
-    char reason[WIRE_PULL_MAX_STR + 1] = "";
-    rc = wait_complete(c, mm_hash, token, reason, sizeof reason);
-    if (win) xp_window_close(c->x, wkey); /* answered or not: no write lands from now on */
+    return 0;
+}
+
+/* Settles a started pull once answered (or not): closes its window, and
+ * quarantines (no answer), frees (refused) or publishes (done) its region. */
+static int finish_pull(ect_pull_consumer *c, pend *pd, ect_pull_view *view) {
+    const char *mm_hash = pd->mm_hash;
+    const ect_pull_meta *meta = pd->meta;
+    int rc = pd->status;
+    if (pd->win) xp_window_close(c->x, pd->wkey); /* answered or not: no write lands from now on */
     if (rc == ECT_ETIMEDOUT || rc == ECT_ECLOSED) {
         if (rc == ECT_ETIMEDOUT) {
             c->st.timeouts++;
@@ -279,15 +311,15 @@ int ect_pull_consumer_load(ect_pull_consumer *c, const char *mm_hash, const ect_
         }
         quarantined *q = calloc(1, sizeof *q);
         if (q) {
-            q->token = token;
-            q->offset = off;
+            q->token = pd->token;
+            q->offset = pd->off;
             q->nbytes = meta->nbytes;
             q->until_ms = ect_now_ms() + (uint64_t)c->o.quarantine_ms;
             q->next = c->q;
             c->q = q;
             c->st.quarantined++;
         } else {
-            ect_pool_free(c->pool, off); /* cannot track it: best effort */
+            ect_pool_free(c->pool, pd->off); /* cannot track it: best effort */
         }
         if (rc == ECT_ECLOSED) return gone_error(c, mm_hash);
         return ect_set_error(ECT_ETIMEDOUT,
@@ -297,16 +329,18 @@ int ect_pull_consumer_load(ect_pull_consumer *c, const char *mm_hash, const ect_
     if (rc != 0) {
         c->st.failed++;
         met_add(&c->m_failed, 1);
-        ect_pool_free(c->pool, off);
-        return ect_set_error(rc < 0 ? rc : ECT_EIO,
-                             "pull load of %s: producer answered status %d (%s)%s%s", mm_hash, rc,
-                             ect_strerror(rc < 0 ? rc : ECT_EIO), reason[0] ? ": " : "", reason);
+        ect_pool_free(c->pool, pd->off);
+        return ect_set_error(
+            rc < 0 ? rc : ECT_EIO, "pull load of %s: producer answered status %d (%s)%s%s", mm_hash,
+            rc, ect_strerror(rc < 0 ? rc : ECT_EIO), pd->reason[0] ? ": " : "", pd->reason);
     }
-    rc = ect_pool_put(c->pool, mm_hash, off, meta->nbytes, meta->shape, meta->ndim, meta->dtype, 1);
+    ect_resident_info info;
+    rc = ect_pool_put(c->pool, mm_hash, pd->off, meta->nbytes, meta->shape, meta->ndim, meta->dtype,
+                      1);
     if (rc) {
         char why[256];
         snprintf(why, sizeof why, "%s", ect_last_error());
-        ect_pool_free(c->pool, off);
+        ect_pool_free(c->pool, pd->off);
         if (rc == ECT_EEXIST && ect_pool_acquire(c->pool, mm_hash, &info) == 0) {
             view_from_info(c, &info, view, 1);
             c->st.local++;
@@ -320,7 +354,90 @@ int ect_pull_consumer_load(ect_pull_consumer *c, const char *mm_hash, const ect_
     c->st.remote++;
     met_add(&c->m_remote, 1);
     met_add(&c->m_bytes, meta->nbytes);
-    met_observe_ns(&c->m_latency, ect_now_ns() - t0);
+    met_observe_ns(&c->m_latency, ect_now_ns() - pd->t0);
+    return 0;
+}
+
+/* The resident copy of mm_hash, leased into *view: 0, or ECT_ENOTFOUND. */
+static int load_local(ect_pull_consumer *c, const char *mm_hash, ect_pull_view *view) {
+    ect_resident_info info;
+    if (ect_pool_acquire(c->pool, mm_hash, &info) != 0) return ECT_ENOTFOUND;
+    view_from_info(c, &info, view, 1);
+    c->st.local++;
+    met_add(&c->m_local, 1);
+    return 0;
+}
+
+static int check_hash(const char *mm_hash) {
+    size_t hl = mm_hash ? strlen(mm_hash) : 0;
+    if (hl == 0 || hl > ECT_MM_HASH_MAX)
+        return ect_set_error(ECT_EINVAL, "pull load: mm_hash must be 1..%d bytes", ECT_MM_HASH_MAX);
+    return 0;
+}
+
+int ect_pull_consumer_load(ect_pull_consumer *c, const char *mm_hash, const ect_pull_meta *meta,
+                           ect_pull_view *view) {
+    if (!c || !mm_hash || !view) return ect_set_error(ECT_EINVAL, "pull load: NULL argument");
+    int rc = check_hash(mm_hash);
+    if (rc) return rc;
+    quarantine_sweep(c, false);
+    if (load_local(c, mm_hash, view) == 0) return 0;
+    pend pd = {.mm_hash = mm_hash, .meta = meta};
+    if ((rc = start_pull(c, &pd)) != 0) return rc;
+    wait_complete(c, &pd, 1, ect_now_ms() + (uint64_t)c->o.timeout_ms);
+    return finish_pull(c, &pd, view);
+}
+
+int ect_pull_consumer_load_many(ect_pull_consumer *c, size_t n, const char *const *mm_hashes,
+                                const ect_pull_meta *metas, ect_pull_view *views, int *statuses) {
+    if (!c || (n && (!mm_hashes || !views || !statuses)))
+        return ect_set_error(ECT_EINVAL, "pull load_many: NULL argument");
+    if (n == 0) return 0;
+    pend *pd = calloc(n, sizeof *pd);
+    if (!pd) return ect_set_error(ECT_ENOMEM, "pull load_many: out of memory");
+    quarantine_sweep(c, false);
+    int first = 0;
+    char first_err[ECT_ERROR_LEN] = "";
+    /* note(i, rc): item i ended with rc; the first failure's text is kept */
+#define NOTE(i, rc_)                                                                               \
+    do {                                                                                           \
+        statuses[i] = (rc_);                                                                       \
+        if ((rc_) && !first) {                                                                     \
+            first = (rc_);                                                                         \
+            snprintf(first_err, sizeof first_err, "%s", ect_last_error());                         \
+        }                                                                                          \
+    } while (0)
+    /* every request goes out before any completion is awaited */
+    for (size_t i = 0; i < n; i++) {
+        pd[i].mm_hash = mm_hashes[i];
+        pd[i].meta = metas ? &metas[i] : NULL;
+        pd[i].done = true; /* not in flight unless started */
+        pd[i].status = ECT_ECANCELED;
+        int rc = mm_hashes[i]
+                     ? check_hash(mm_hashes[i])
+                     : ect_set_error(ECT_EINVAL, "pull load_many: mm_hashes[%zu] is NULL", i);
+        if (!rc && load_local(c, mm_hashes[i], &views[i]) == 0) {
+            statuses[i] = 0;
+            continue;
+        }
+        if (!rc) rc = start_pull(c, &pd[i]);
+        if (rc) {
+            NOTE(i, rc);
+            continue;
+        }
+        pd[i].done = false;
+        pd[i].status = 0;
+        statuses[i] = 1; /* in flight */
+    }
+    wait_complete(c, pd, n, ect_now_ms() + (uint64_t)c->o.timeout_ms);
+    for (size_t i = 0; i < n; i++) {
+        if (statuses[i] != 1) continue;
+        int rc = finish_pull(c, &pd[i], &views[i]);
+        NOTE(i, rc);
+    }
+#undef NOTE
+    free(pd);
+    if (first) return ect_set_error(first, "%s", first_err);
     return 0;
 }
 

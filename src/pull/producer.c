@@ -335,54 +335,97 @@ static void wake_router(ect_pull_producer *p) {
     (void)w; /* a full counter still wakes the poller */
 }
 
-static void run_job(ect_pull_producer *p, pull_job *j) {
-    completion *c = calloc(1, sizeof *c);
-    ect_write w = {.src = (const char *)ect_pool_base(p->pool) + j->src_offset,
-                   .dst_addr = j->dst_addr,
-                   .len = j->nbytes,
-                   .dst_key = j->dst_key};
-    int st = 0;
-    int rc = ect_xport_write_batch(p->x, j->session, &w, 1, &st);
-    if (rc == 0 && st != 0) rc = st;
-    const char *why = rc ? ect_last_error() : "";
-    ect_pool_release(p->pool, j->mm_hash);
-    if (rc) {
-        ECT_LOGW_ID(MOD, NULL, j->mm_hash, "write of %s to %s failed (%s): %s", j->mm_hash,
-                    j->session, ect_strerror(rc), why);
-        atomic_fetch_add(&p->pulls_failed, 1);
-    } else {
-        atomic_fetch_add(&p->bytes_out, j->nbytes);
-        atomic_fetch_add(&p->pulls_ok, 1);
+/* The pulls one write_batch carries at most: items and bytes (a larger
+ * batch would hold back the first item's completion for little gain). */
+#define LANE_BATCH_ITEMS 64
+#define LANE_BATCH_BYTES (4ull << 20)
+
+/* Writes the n pulls js[] (one session: the lane's) with one
+ * ect_xport_write_batch, so their acknowledgements overlap instead of each
+ * write waiting for its own, then queues their completions for the ROUTER
+ * thread (one wake-up) in order. */
+static void run_jobs(ect_pull_producer *p, pull_job **js, size_t n) {
+    ect_write w[LANE_BATCH_ITEMS];
+    int st[LANE_BATCH_ITEMS];
+    for (size_t i = 0; i < n; i++) {
+        w[i] = (ect_write){.src = (const char *)ect_pool_base(p->pool) + js[i]->src_offset,
+                           .dst_addr = js[i]->dst_addr,
+                           .len = js[i]->nbytes,
+                           .dst_key = js[i]->dst_key};
+        st[i] = 0;
     }
-    if (!c) {
-        ECT_LOGE_ID(MOD, NULL, j->mm_hash, "out of memory: completion of %s dropped", j->mm_hash);
-        return;
+    int rc = ect_xport_write_batch(p->x, js[0]->session, w, n, st);
+    char why[ECT_ERROR_LEN] = "";
+    if (rc) snprintf(why, sizeof why, "%s", ect_last_error());
+    bool any = false;
+    for (size_t i = 0; i < n; i++) any = any || st[i];
+    completion *head = NULL, **tail = &head;
+    for (size_t i = 0; i < n; i++) {
+        pull_job *j = js[i];
+        int jrc = any ? st[i] : rc; /* a batch that failed as a whole fails every write */
+        ect_pool_release(p->pool, j->mm_hash);
+        if (jrc) {
+            ECT_LOGW_ID(MOD, NULL, j->mm_hash, "write of %s to %s failed (%s): %s", j->mm_hash,
+                        j->session, ect_strerror(jrc), why);
+            atomic_fetch_add(&p->pulls_failed, 1);
+        } else {
+            atomic_fetch_add(&p->bytes_out, j->nbytes);
+            atomic_fetch_add(&p->pulls_ok, 1);
+        }
+        completion *c = calloc(1, sizeof *c);
+        if (!c) {
+            ECT_LOGE_ID(MOD, NULL, j->mm_hash, "out of memory: completion of %s dropped",
+                        j->mm_hash);
+            continue;
+        }
+        c->peer = j->peer;
+        c->mm_hash = j->mm_hash;
+        j->mm_hash = NULL;
+        c->status = jrc;
+        c->has_token = j->has_token;
+        c->token = j->token;
+        if (jrc) snprintf(c->reason, sizeof c->reason, "write to %s failed: %s", j->session, why);
+        *tail = c;
+        tail = &c->next;
     }
-    c->peer = j->peer;
-    c->mm_hash = j->mm_hash;
-    j->mm_hash = NULL;
-    c->status = rc;
-    c->has_token = j->has_token;
-    c->token = j->token;
-    if (rc) snprintf(c->reason, sizeof c->reason, "write to %s failed: %s", j->session, why);
+    if (!head) return;
     pthread_mutex_lock(&p->comp_mu);
     if (p->c_tail)
-        p->c_tail->next = c;
+        p->c_tail->next = head;
     else
-        p->c_head = c;
-    p->c_tail = c;
+        p->c_head = head;
+    for (p->c_tail = head; p->c_tail->next;) p->c_tail = p->c_tail->next;
     pthread_mutex_unlock(&p->comp_mu);
     wake_router(p);
 }
 
-/* lane_ops.run: one pull on its session's lane. */
+/* lane_ops.run: one pull on its session's lane, and with it the pulls queued
+ * behind it (a consumer with several pulls in flight), in order, in write
+ * batches of up to LANE_BATCH_ITEMS items / LANE_BATCH_BYTES bytes. */
 static void lane_run(void *ctx, lane *l, void *state, lane_job *lj) {
-    (void)l;
     (void)state;
-    lane_pull *lp = (lane_pull *)lj;
-    run_job(ctx, lp->j);
-    pull_job_free(lp->j);
-    free(lp);
+    ect_pull_producer *p = ctx;
+    lane_job *rest = lane_take_queued(l);
+    while (lj) {
+        pull_job *js[LANE_BATCH_ITEMS];
+        lane_pull *lps[LANE_BATCH_ITEMS];
+        size_t n = 0;
+        uint64_t bytes = 0;
+        while (lj && n < LANE_BATCH_ITEMS &&
+               (n == 0 || bytes + ((lane_pull *)lj)->j->nbytes <= LANE_BATCH_BYTES)) {
+            lps[n] = (lane_pull *)lj;
+            js[n] = lps[n]->j;
+            bytes += js[n]->nbytes;
+            n++;
+            lj = rest;
+            rest = rest ? rest->next : NULL;
+        }
+        run_jobs(p, js, n);
+        for (size_t i = 0; i < n; i++) {
+            pull_job_free(lps[i]->j);
+            free(lps[i]);
+        }
+    }
 }
 
 /* router ops.dispatch: queue on the session's lane (ROUTER thread). */

@@ -85,3 +85,37 @@ int ect_push_status_keyed(const char *host, int port, int timeout_ms, const char
     ect_keys_free(ks);
     return rc;
 }
+
+int ect_push_ping(const char *host, int port, int timeout_ms, uint64_t *rtt_ns, size_t n) {
+    if (!host || !*host || (n && !rtt_ns))
+        return ect_set_error(ECT_EINVAL, "push ping: host and rtt_ns required");
+    if (port < 1 || port > 65535)
+        return ect_set_error(ECT_EINVAL, "push ping: port %d: must be 1..65535", port);
+    if (timeout_ms < 1)
+        return ect_set_error(ECT_EINVAL, "push ping: timeout_ms %d: must be >= 1", timeout_ms);
+    void *z = zmq_ctx_new();
+    if (!z) return ect_set_error(ECT_EIO, "push ping: zmq_ctx_new failed");
+    ctl_client *c = NULL;
+    int rc = ctl_client_open(z, timeout_ms, &c);
+    if (rc) {
+        zmq_ctx_term(z);
+        return rc;
+    }
+    ctl_client_fail_fast(c, true);
+    /* event_port: the cheapest op every consumer (ours and upstream) answers */
+    wire_ctl_request q = {.op = WIRE_OP_EVENT_PORT};
+    for (size_t i = 0; !rc && i <= n; i++) { /* exchange 0 connects: not timed */
+        wire_ctl_reply rep;
+        uint64_t t0 = ect_now_ns();
+        rc = ctl_call_ok(c, host, port, &q, &rep);
+        if (!rc && i) rtt_ns[i - 1] = ect_now_ns() - t0;
+        wire_ctl_reply_clear(&rep);
+    }
+    if (rc == ECT_ECONNREFUSED || rc == ECT_ETIMEDOUT)
+        rc = ect_set_error(rc, "no consumer answers at %s:%d (%s): is it running?", host, port,
+                           rc == ECT_ECONNREFUSED ? "connection refused"
+                                                  : "no reply within the timeout");
+    ctl_client_close(c);
+    zmq_ctx_term(z);
+    return rc;
+}

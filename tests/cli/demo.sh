@@ -34,6 +34,11 @@ ok_run() {
 ok_run push_tcp_tp2 --items 45 --shape 64x1024 --tp 2
 ok_run push_tcp_partial --items 75 --shape 16x1024
 ok_run push_shm --items 45 --shape 64x1024 --transport shm
+# --bench: `ect bench push` of the same size, step and steps in flight runs after
+# the demo, which reports its items/s as a ratio to it (no bound: only that it is there)
+ok_run push_bench --items 45 --shape 64x1024 --inflight 2 --bench
+grep -Eq '^  vs bench    [0-9]+\.[0-9]+ x `ect bench push` \([0-9.]+ items/s, same size, steps of 8, 2 in flight, tcp, measured right after\)$' \
+  "$tmp/push_bench" || { cat "$tmp/push_bench"; echo "no vs bench line"; exit 1; }
 ok_run pull_tcp --protocol pull --items 45 --shape 64x1024 --dtype float32
 
 # a verification failure fails the run: the consumer's first checksum comes out
@@ -93,6 +98,9 @@ bad 'torch dtype' --dtype bfloat17
 bad 'no TP shards' --protocol pull --tp 2
 bad 'integer in' --items 0
 bad 'accepted: --protocol' --bogus
+bad '--inflight' --inflight 0
+bad 'compares with `ect bench push`' --bench --tp 2
+bad 'compares with `ect bench push`' --bench --protocol pull
 # ect push --repeat (what the demo's workload uses): REP <= NEW, not with --file
 expect_exit 2 'REP must be at most NEW' "$ect" push --to 127.0.0.1:1 --repeat 3:4
 echo x >"$tmp/item"

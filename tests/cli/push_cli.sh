@@ -66,6 +66,35 @@ run_e2e 4 tcp 5 64KiB
 if "$ect" info | grep -q '^  ucx  works'; then run_e2e 2 ucx 3 64KiB; fi
 # deterministic content: the same seed gives the same checksums whatever the TP
 cmp "$tmp/sums.1.tcp" "$tmp/sums.2.shm"
+# --inflight: up to 4 steps of 4 move at once; every item is reported once, done, with
+# the checksum the consumer computed, and (room enough: no retry round) the consumer
+# receives them in push order. Then a pool of 8 items under 16 in flight: back-pressure
+# makes items wait, none is lost, the run still exits 0.
+run_inflight() { # run_inflight POOL COUNT ORDERED
+  start_consumer "$tmp/cons.fl" 1 --pool-size "$1" --count "$2"
+  timeout 120 "$ect" push --to "127.0.0.1:$port" --count "$2" --size 64KiB --step 4 --inflight 4 \
+    --id-prefix fl --control-timeout 5 >"$tmp/prod.fl" 2>"$tmp/prod.fl.err" \
+    || { echo "ect push --inflight failed"; cat "$tmp/prod.fl" "$tmp/prod.fl.err"; exit 1; }
+  wait_exit "$cpid" 60
+  wait "$cpid" || { cat "$tmp/cons.fl.err"; echo "push-consumer failed"; exit 1; }
+  grep -q "^ect push: $2 moved, [0-9]* retried, 0 failed of $2 items$" "$tmp/prod.fl.err" \
+    || { cat "$tmp/prod.fl.err"; exit 1; }
+  python3 - "$tmp/prod.fl" "$tmp/cons.fl" "$2" "$3" <<'EOF2'
+import json, sys
+n, ordered = int(sys.argv[3]), sys.argv[4] == "1"
+prod = [json.loads(l) for l in open(sys.argv[1])]
+cons = [d for d in map(json.loads, open(sys.argv[2])) if "event" not in d]
+want = ["fl-%d" % i for i in range(n)]
+assert sorted(r["transfer_id"] for r in prod) == sorted(want), prod
+assert all(r["state"] == "done" and r["status"] == "ok" for r in prod), prod
+assert {r["transfer_id"]: r["checksum"] for r in prod} == {d["transfer_id"]: d["checksum"] for d in cons}
+if ordered:
+    assert [d["transfer_id"] for d in cons] == want, [d["transfer_id"] for d in cons]
+EOF2
+}
+run_inflight 64MiB 40 1
+run_inflight 512KiB 40 0
+expect_usage '--inflight' --to 127.0.0.1:1 --inflight 0
 # --file: the file's bytes, twice (the second is answered `cached` by the consumer);
 # both sides print the file's XXH64 (seed 0), recomputed here from the spec
 head -c 8192 /dev/urandom >"$tmp/item.bin"
@@ -138,5 +167,7 @@ rows = json.load(open(sys.argv[1]))
 assert [r["step"] for r in rows] == [1, 4], rows
 assert all(r["gbps"] > 0 and r["raw_gbps"] > 0 for r in rows), rows
 assert rows[0]["round_trips_per_step"] == rows[1]["round_trips_per_step"] == 2, rows
+# the latency limit beside one step in flight: a bare control round trip, p50 / (2 rtt + raw p50)
+assert all(r["ctl_rtt_ms"] > 0 and r["p50_over_limit"] > 0 for r in rows), rows
 EOF
 echo "push_cli: ok"

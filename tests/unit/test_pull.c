@@ -504,11 +504,28 @@ static void test_raw_router(void **st) {
     assert_non_null(bc.error);
     assert_non_null(strstr(bc.error, "ECTransferPull.dst_key"));
     wire_transfer_complete_free(&bc);
+    /* six pulls in flight at once (the lane may write them in one batch): each
+     * answered in order with its own status, the refused ones failing alone */
+    memset(r, 0, rl);
+    const uint64_t offs[6] = {0, 0, 16384, rl - 100, 32768, 49152};
+    for (int i = 0; i < 6; i++)
+        send_pull(d, "raw", (uint64_t)(uintptr_t)r, offs[i], ect_xport_session(x),
+                  i == 1 ? "0000000000000000" : key, 20 + (uint64_t)i);
+    for (int i = 0; i < 6; i++) {
+        int rs = recv_complete(d, "raw", 20 + (uint64_t)i, err, sizeof err);
+        if (i == 1 || i == 3) {
+            assert_int_not_equal(rs, 0);
+            assert_non_null(strstr(err, "write to"));
+        } else {
+            assert_int_equal(rs, 0);
+            assert_true(test_check_pattern(r + offs[i], 8192, 77));
+        }
+    }
     ect_pull_producer_stat ps;
     ect_pull_producer_stats(p, &ps);
     assert_int_equal(ps.malformed, 3);
-    assert_int_equal(ps.pulls_ok, 1);
-    assert_int_equal(ps.pulls_failed, 7);
+    assert_int_equal(ps.pulls_ok, 5);
+    assert_int_equal(ps.pulls_failed, 9);
     /* leases were all given back: the item can be removed */
     assert_int_equal(ect_pool_remove(ect_pull_producer_pool(p), "raw"), 0);
     assert_int_equal(used(ect_pull_producer_pool(p)), 0);
@@ -723,6 +740,135 @@ static void test_upstream_complete(void **st) {
     ect_pull_consumer_close(c);
     zmq_close(sr.sock);
     zmq_ctx_term(sr.ctx);
+}
+
+/* An upstream-style producer that answers three pulls only once all three
+ * are in (they were in flight together), in reverse order, without token
+ * echo: load_many matches each completion by mm_hash. */
+static void *reverse_main(void *arg) {
+    slow_router *sr = arg;
+    char id[256], msg[4096], hashes[3][64];
+    int idl = 0;
+    for (int i = 0; i < 3; i++) {
+        idl = zmq_recv(sr->sock, id, sizeof id, 0);
+        int ml = zmq_recv(sr->sock, msg, sizeof msg, 0);
+        if (idl <= 0 || ml <= 0) return NULL;
+        wire_transfer_pull pl;
+        if (wire_transfer_pull_decode(msg, (size_t)ml, &pl) != 0) return NULL;
+        snprintf(hashes[i], sizeof hashes[i], "%s", pl.mm_hash);
+        wire_transfer_pull_free(&pl);
+    }
+    for (int i = 2; i >= 0; i--) {
+        wire_transfer_complete c = {.mm_hash = hashes[i], .status = i == 1 ? ECT_ENOTFOUND : 0};
+        void *buf;
+        size_t len;
+        if (wire_transfer_complete_encode(&c, &buf, &len) == 0) {
+            zmq_send(sr->sock, id, (size_t)idl, ZMQ_SNDMORE);
+            zmq_send(sr->sock, buf, len, 0);
+            free(buf);
+        }
+    }
+    return NULL;
+}
+
+static void test_load_many_upstream_reverse(void **st) {
+    (void)st;
+    slow_router sr = {.ctx = zmq_ctx_new()};
+    sr.sock = zsock(sr.ctx, ZMQ_ROUTER);
+    assert_int_equal(zmq_bind(sr.sock, "tcp://127.0.0.1:*"), 0);
+    char last[128];
+    size_t ll = sizeof last;
+    zmq_getsockopt(sr.sock, ZMQ_LAST_ENDPOINT, last, &ll);
+    sr.port = atoi(strrchr(last, ':') + 1);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, reverse_main, &sr), 0);
+    ect_pull_consumer *c = open_consumer("tcp", sr.port, 1 * MiB, 30000);
+    const char *h[3] = {"r0", "r1", "r2"};
+    ect_pull_meta m[3];
+    for (int i = 0; i < 3; i++) {
+        m[i] = (ect_pull_meta){.nbytes = 256 * (uint64_t)(i + 1), .ndim = 1};
+        m[i].shape[0] = m[i].nbytes;
+        snprintf(m[i].dtype, sizeof m[i].dtype, "uint8");
+    }
+    ect_pull_view v[3];
+    int sts[3];
+    assert_err(ect_pull_consumer_load_many(c, 3, h, m, v, sts), ECT_ENOTFOUND, "r1");
+    assert_int_equal(sts[0], 0);
+    assert_int_equal(sts[1], ECT_ENOTFOUND);
+    assert_int_equal(sts[2], 0);
+    assert_int_equal(v[0].nbytes, 256);
+    assert_int_equal(v[2].nbytes, 768);
+    /* the refused one's region is freed; the two loaded stay */
+    assert_int_equal(used(ect_pull_consumer_pool(c)), 256 + 768);
+    assert_int_equal(ect_pull_consumer_release(c, "r0"), 0);
+    assert_int_equal(ect_pull_consumer_release(c, "r2"), 0);
+    pthread_join(th, NULL);
+    ect_pull_consumer_close(c);
+    zmq_close(sr.sock);
+    zmq_ctx_term(sr.ctx);
+}
+
+/* load_many against our producer: 24 items in flight at once, one already
+ * resident, one unknown; every byte checked; bad arguments refused. */
+static void run_load_many(const char *transport) {
+    ect_pull_producer *p = open_producer(transport, 64 * MiB, 0);
+    int port = ect_pull_producer_port(p);
+    ect_pull_consumer *c = open_consumer(transport, port, 64 * MiB, 30000);
+    enum { N = 26 };
+    char names[N][32];
+    const char *h[N];
+    ect_pull_meta m[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(names[i], sizeof names[i], "lm-%d", i);
+        h[i] = names[i];
+        m[i] = (ect_pull_meta){.nbytes = 64 * KiB + (uint64_t)i, .ndim = 1};
+        m[i].shape[0] = m[i].nbytes;
+        snprintf(m[i].dtype, sizeof m[i].dtype, "uint8");
+        if (i < N - 1) save_item(p, names[i], (size_t)m[i].nbytes, 500 + (uint64_t)i);
+    }
+    assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
+    load_check(c, h[0], &m[0], (size_t)m[0].nbytes, 500); /* lm-0 is resident from now on */
+    ect_pull_view v[N];
+    int sts[N];
+    assert_err(ect_pull_consumer_load_many(c, N, h, m, v, sts), ECT_ENOTFOUND, "lm-25");
+    for (int i = 0; i < N - 1; i++) {
+        assert_int_equal(sts[i], 0);
+        assert_int_equal(v[i].cached, i == 0);
+        assert_int_equal(v[i].nbytes, m[i].nbytes);
+        assert_true(test_check_pattern(v[i].data, (size_t)m[i].nbytes, 500 + (uint64_t)i));
+        assert_int_equal(ect_pull_consumer_release(c, h[i]), 0);
+    }
+    assert_int_equal(sts[N - 1], ECT_ENOTFOUND);
+    ect_pull_consumer_stat cs;
+    ect_pull_consumer_stats(c, &cs);
+    assert_int_equal(cs.remote, N - 1);
+    assert_int_equal(cs.local, 1);
+    assert_int_equal(cs.failed, 1);
+    /* all resident now: no meta needed */
+    assert_int_equal(ect_pull_consumer_load_many(c, N - 1, h, NULL, v, sts), 0);
+    for (int i = 0; i < N - 1; i++) {
+        assert_int_equal(v[i].cached, 1);
+        assert_int_equal(ect_pull_consumer_release(c, h[i]), 0);
+    }
+    /* bad arguments */
+    assert_err(ect_pull_consumer_load_many(c, 2, NULL, m, v, sts), ECT_EINVAL, "NULL");
+    assert_err(ect_pull_consumer_load_many(c, 2, h, m, v, NULL), ECT_EINVAL, "NULL");
+    assert_int_equal(ect_pull_consumer_load_many(c, 0, NULL, NULL, NULL, NULL), 0);
+    const char *with_null[2] = {h[1], NULL};
+    assert_err(ect_pull_consumer_load_many(c, 2, with_null, m, v, sts), ECT_EINVAL, "[1]");
+    assert_int_equal(sts[0], 0);
+    assert_int_equal(ect_pull_consumer_release(c, h[1]), 0);
+    ect_pull_consumer_close(c);
+    ect_pull_producer_close(p);
+}
+
+static void test_load_many_tcp(void **st) {
+    (void)st;
+    run_load_many("tcp");
+}
+static void test_load_many_shm(void **st) {
+    (void)st;
+    run_load_many("shm");
 }
 
 /* A consumer and a scheduler whose producer is gone: no hang anywhere. */
@@ -983,6 +1129,9 @@ int main(void) {
         cmocka_unit_test(test_req_envelope),
         cmocka_unit_test(test_consumer_timeout),
         cmocka_unit_test(test_upstream_complete),
+        cmocka_unit_test(test_load_many_upstream_reverse),
+        cmocka_unit_test(test_load_many_tcp),
+        cmocka_unit_test(test_load_many_shm),
         cmocka_unit_test(test_peer_gone),
         cmocka_unit_test(test_producer_killed),
         cmocka_unit_test(test_connect_policy),

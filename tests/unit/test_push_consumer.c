@@ -438,8 +438,28 @@ static void test_open_errors(void **state) {
     inst_close_checked(&in);
 }
 
+/* ect_push_ping: n timed event_port exchanges to a shard; bad arguments and
+ * a shard that is gone are refused by name. */
+static void test_ping(void **state) {
+    (void)state;
+    inst in;
+    inst_open(&in, 1, "tcp", 1u << 20, 0);
+    uint64_t rtt[5] = {0};
+    assert_int_equal(ect_push_ping("127.0.0.1", in.base, 30000, rtt, 5), 0);
+    for (size_t i = 0; i < 5; i++) assert_true(rtt[i] > 0);
+    assert_int_equal(ect_push_ping("127.0.0.1", in.base, 30000, NULL, 0), 0);
+    assert_err(ect_push_ping("127.0.0.1", in.base, 30000, NULL, 3), ECT_EINVAL, "rtt_ns");
+    assert_err(ect_push_ping("127.0.0.1", 0, 30000, rtt, 1), ECT_EINVAL, "port 0");
+    assert_err(ect_push_ping("127.0.0.1", in.base, 0, rtt, 1), ECT_EINVAL, "timeout_ms");
+    int port = in.base;
+    inst_close_checked(&in);
+    assert_err(ect_push_ping("127.0.0.1", port, 30000, rtt, 1), ECT_ECONNREFUSED,
+               "no consumer answers");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ping),
         cmocka_unit_test(test_tp1_tcp),
         cmocka_unit_test(test_tp2_tcp),
         cmocka_unit_test(test_tp2_shm),
