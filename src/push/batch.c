@@ -55,7 +55,7 @@ static void note_exchange(pbatch *b, px *x, uint64_t now) {
     }
     if (!pb_unreachable_rc(x->rc)) return;
     char cause[PX_ERR_MAX];
-    snprintf(cause, sizeof cause, "%s", x->err);
+    ect_strcpy_cut(cause, sizeof cause, x->err);
     uint64_t ms = down_fail(b->downs, x->key, cause, now);
     atomic_store(&b->held_down, down_count(b->downs));
     snprintf(x->err, sizeof x->err, "consumer %.100s unreachable: %.190s", x->key, cause);
@@ -96,7 +96,7 @@ static void settle_peers(pbatch *b, px *x, uint64_t now) {
         if (text[0])
             ECT_LOGW(MOD, "%s", text);
         else if (pb_unreachable_rc(rc))
-            snprintf(text, sizeof text, "%s", x->err);
+            ect_strcpy_cut(text, sizeof text, x->err);
         else
             snprintf(text, sizeof text, "discovering the shards of %.100s failed: %.250s",
                      x->consumer, x->err);
@@ -128,7 +128,7 @@ static void settle_reserve(pbatch *b, px *x, uint64_t now) {
     } else if (!x->rep.ok) {
         char why[PX_ERR_MAX];
         snprintf(why, sizeof why, "refused: %.200s", x->rep.error ? x->rep.error : "");
-        snprintf(x->err, sizeof x->err, "%s", why);
+        ect_strcpy_cut(x->err, sizeof x->err, why);
         x->rc = ECT_EPROTO;
     }
     size_t got = x->rc ? 0 : x->rep.u.reserve_batch.n;
@@ -242,7 +242,7 @@ static px *group_for(groups *gs, px_kind kind, const char *key, size_t max_membe
     }
     px *x = px_new(kind, max_members);
     if (!x) return NULL;
-    snprintf(x->key, sizeof x->key, "%s", key);
+    ect_strcpy_cut(x->key, sizeof x->key, key);
     gs->g[gs->n++] = x;
     return x;
 }
@@ -303,7 +303,7 @@ static bool group_by_shard(const push_action *a, size_t n, push_action_kind kind
         ect_hostport_format(r->host, r->sh[a[i].shard].port, key, sizeof key);
         px *x = group_for(gs, xk, key, n);
         if (!x) return false;
-        snprintf(x->host, sizeof x->host, "%s", r->host);
+        ect_strcpy_cut(x->host, sizeof x->host, r->host);
         x->port = r->sh[a[i].shard].port;
         x->m[x->n++] = (px_member){kind, a[i].rec, a[i].shard};
     }
@@ -328,8 +328,8 @@ static void build_peers(pbatch *b, const push_action *a, size_t n, uint64_t now,
                             NULL, 0, NULL);
             continue;
         }
-        snprintf(x->consumer, sizeof x->consumer, "%s", a[i].consumer);
-        snprintf(x->host, sizeof x->host, "%s", a[i].host);
+        ect_strcpy_cut(x->consumer, sizeof x->consumer, a[i].consumer);
+        ect_strcpy_cut(x->host, sizeof x->host, a[i].host);
         x->port = a[i].port;
         ect_hostport_format(x->host, x->port, x->key, sizeof x->key);
         x->want_ok = true;
@@ -345,12 +345,12 @@ static bool reserve_items(px *x) {
     for (size_t k = 0; k < x->n; k++) {
         const push_rec *r = x->m[k].rec;
         wire_reserve_req *q = &items[k].req;
-        snprintf(q->transfer_id, sizeof q->transfer_id, "%s", r->transfer_id);
-        snprintf(q->mm_hash, sizeof q->mm_hash, "%s", r->mm_hash);
+        ect_strcpy_cut(q->transfer_id, sizeof q->transfer_id, r->transfer_id);
+        ect_strcpy_cut(q->mm_hash, sizeof q->mm_hash, r->mm_hash);
         q->tensor.nbytes = r->nbytes;
         q->tensor.ndim = (uint32_t)r->ndim;
         memcpy(q->tensor.shape, r->shape, sizeof q->tensor.shape);
-        snprintf(q->tensor.dtype, sizeof q->tensor.dtype, "%s", r->dtype);
+        ect_strcpy_cut(q->tensor.dtype, sizeof q->tensor.dtype, r->dtype);
     }
     x->req.op = WIRE_OP_RESERVE_BATCH;
     x->req.u.reserve_batch.n = x->n;
@@ -363,9 +363,9 @@ static bool complete_items(px *x) {
     if (!items) return false;
     for (size_t k = 0; k < x->n; k++) {
         const push_rec *r = x->m[k].rec;
-        snprintf(items[k].transfer_id, sizeof items[k].transfer_id, "%s", r->transfer_id);
-        snprintf(items[k].reservation_id, sizeof items[k].reservation_id, "%s",
-                 r->sh[x->m[k].shard].rid);
+        ect_strcpy_cut(items[k].transfer_id, sizeof items[k].transfer_id, r->transfer_id);
+        ect_strcpy_cut(items[k].reservation_id, sizeof items[k].reservation_id,
+                       r->sh[x->m[k].shard].rid);
     }
     x->want_ok = true;
     x->req.op = WIRE_OP_COMPLETE_BATCH;
@@ -411,14 +411,14 @@ static void build_cancels(pbatch *b, const push_action *a, size_t n, uint64_t no
         }
         const push_rec *r = m.rec;
         x->m[x->n++] = m;
-        snprintf(x->host, sizeof x->host, "%s", r->host);
+        ect_strcpy_cut(x->host, sizeof x->host, r->host);
         x->port = r->sh[m.shard].port;
         ect_hostport_format(x->host, x->port, x->key, sizeof x->key);
         x->want_ok = true;
         x->req.op = WIRE_OP_CANCEL;
         wire_cancel_req *c = &x->req.u.cancel;
-        snprintf(c->transfer_id, sizeof c->transfer_id, "%s", r->transfer_id);
-        snprintf(c->reservation_id, sizeof c->reservation_id, "%s", r->sh[m.shard].rid);
+        ect_strcpy_cut(c->transfer_id, sizeof c->transfer_id, r->transfer_id);
+        ect_strcpy_cut(c->reservation_id, sizeof c->reservation_id, r->sh[m.shard].rid);
         c->abandon = true;
         c->refresh = m.kind != PUSH_ACT_ABANDON; /* frees at once, no event */
         launch(b, x, now, tail, &b->n.cancels);
@@ -446,7 +446,7 @@ static void build_writes(pbatch *b, const push_action *a, size_t n, uint64_t now
             fail_kind(b, a, n, PUSH_ACT_WRITE, now);
             return;
         }
-        snprintf(x->xkind, sizeof x->xkind, "%s", s->kind);
+        ect_strcpy_cut(x->xkind, sizeof x->xkind, s->kind);
         x->session = s->session;
         x->m[x->n++] = (px_member){PUSH_ACT_WRITE, a[i].rec, a[i].shard};
     }

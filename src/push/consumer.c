@@ -219,14 +219,14 @@ int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_consumer
     ect_push_consumer *c = calloc(1, sizeof *c);
     if (!c) return ect_set_error(ECT_ENOMEM, "push consumer: out of memory");
     c->o = *opts;
-    snprintf(c->ip, sizeof c->ip, "%s", opts->ec_ip);
-    snprintf(c->advertise, sizeof c->advertise, "%s", opts->advertise ? opts->advertise : "");
+    ect_strcpy_cut(c->ip, sizeof c->ip, opts->ec_ip);
+    ect_strcpy_cut(c->advertise, sizeof c->advertise, opts->advertise ? opts->advertise : "");
     c->o.advertise = c->advertise[0] ? c->advertise : NULL;
     c->o.ec_ip = c->ip;
     c->o.transport = NULL;
     c->o.xport_listen = NULL;
-    snprintf(c->pool_device, sizeof c->pool_device, "%s",
-             opts->pool_device ? opts->pool_device : "cpu");
+    ect_strcpy_cut(c->pool_device, sizeof c->pool_device,
+                   opts->pool_device ? opts->pool_device : "cpu");
     c->o.pool_device = c->pool_device;
     c->o.curve_keys = NULL;
     if (opts->curve_keys && (!(c->curve_keys = strdup(opts->curve_keys)) ||
@@ -346,9 +346,9 @@ int ect_push_consumer_take(ect_push_consumer *c, const char *transfer_id, ect_pu
     view->nbytes = st.nbytes;
     view->ndim = (uint32_t)st.ndim;
     for (size_t i = 0; i < st.ndim && i < ECT_POOL_MAX_NDIM; i++) view->shape[i] = st.shape[i];
-    snprintf(view->dtype, sizeof view->dtype, "%s", st.dtype);
-    snprintf(view->mm_hash, sizeof view->mm_hash, "%s", st.mm_hash);
-    snprintf(view->transfer_id, sizeof view->transfer_id, "%s", transfer_id);
+    ect_strcpy_cut(view->dtype, sizeof view->dtype, st.dtype);
+    ect_strcpy_cut(view->mm_hash, sizeof view->mm_hash, st.mm_hash);
+    ect_strcpy_cut(view->transfer_id, sizeof view->transfer_id, transfer_id);
     view->mem_kind = ect_pool_mem_kind(c->pool);
     view->device = ect_pool_device(c->pool);
     return 0;

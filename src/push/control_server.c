@@ -105,7 +105,7 @@ static void fill_tensor(wire_tensor *t, uint64_t nbytes, const uint64_t *shape, 
     t->nbytes = nbytes;
     t->ndim = (uint32_t)ndim;
     memcpy(t->shape, shape, ndim * sizeof *shape);
-    snprintf(t->dtype, sizeof t->dtype, "%s", dtype);
+    ect_strcpy_cut(t->dtype, sizeof t->dtype, dtype);
 }
 
 /* The data-plane session this request's peer is told: the bound one with
@@ -116,9 +116,9 @@ static const char *told_session(ctl_server *s) {
     if (ect_session_advertise(s->session, s->advertise, s->peer[0] ? s->peer : NULL, s->told,
                               sizeof s->told) != 0) {
         ect_clear_error();
-        snprintf(s->told, sizeof s->told, "%s", s->session);
+        ect_strcpy_cut(s->told, sizeof s->told, s->session);
     }
-    snprintf(s->told_peer, sizeof s->told_peer, "%s", s->peer);
+    ect_strcpy_cut(s->told_peer, sizeof s->told_peer, s->peer);
     return s->told;
 }
 
@@ -237,8 +237,8 @@ static int open_window(ctl_server *s, const char *transfer_id, const rsv_reply *
     }
     int rc = ECT_ENOMEM;
     if ((w = calloc(1, sizeof *w))) {
-        snprintf(w->transfer_id, sizeof w->transfer_id, "%s", transfer_id);
-        snprintf(w->reservation_id, sizeof w->reservation_id, "%s", rep->reservation_id);
+        ect_strcpy_cut(w->transfer_id, sizeof w->transfer_id, transfer_id);
+        ect_strcpy_cut(w->reservation_id, sizeof w->reservation_id, rep->reservation_id);
         rc = s->o.win_open(s->o.win_ctx, rep->offset, rep->nbytes, w->key);
     }
     if (rc == ECT_ENOTSUP) { /* ucx: the pool key it is (docs/PROTOCOL.md) */
@@ -250,7 +250,7 @@ static int open_window(ctl_server *s, const char *transfer_id, const rsv_reply *
     }
     if (rc) {
         char why[300];
-        snprintf(why, sizeof why, "%s", w ? ect_last_error() : "out of memory");
+        ect_strcpy_cut(why, sizeof why, w ? ect_last_error() : "out of memory");
         free(w);
         bool cancelled;
         (void)rsv_cancel(s->tab, transfer_id, rep->reservation_id, true, false, now, &cancelled);
@@ -306,14 +306,14 @@ static int do_reserve(ctl_server *s, const wire_reserve_req *r, uint64_t now,
                              &cancelled);
         return ect_set_error(ECT_ENOMEM, "EC consumer out of memory");
     }
-    snprintf(res->reservation_id, sizeof res->reservation_id, "%s", rep.reservation_id);
-    snprintf(res->dst_session, sizeof res->dst_session, "%s", told_session(s));
+    ect_strcpy_cut(res->reservation_id, sizeof res->reservation_id, rep.reservation_id);
+    ect_strcpy_cut(res->dst_session, sizeof res->dst_session, told_session(s));
     res->dst_ptr = s->o.pool_base + rep.offset;
     res->nbytes = rep.nbytes;
     res->write = rep.write;
     res->ready = rep.ready;
     res->cached = rep.cached;
-    snprintf(res->transport, sizeof res->transport, "%s", s->transport);
+    ect_strcpy_cut(res->transport, sizeof res->transport, s->transport);
     return 0;
 }
 
@@ -390,7 +390,7 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
     switch (q->op) {
     case WIRE_OP_RESERVE:
         rc = do_reserve(s, &q->u.reserve, now, &rep.u.reserve);
-        if (rc) snprintf(errtext, sizeof errtext, "%s", ect_last_error());
+        if (rc) ect_strcpy_cut(errtext, sizeof errtext, ect_last_error());
         break;
     case WIRE_OP_RESERVE_BATCH: {
         size_t n = q->u.reserve_batch.n;
@@ -422,9 +422,9 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
             st.state != RSV_CANCELLED && st.state != RSV_EXPIRED) {
             wire_status_result *r = &rep.u.status;
             r->found = true;
-            snprintf(r->mm_hash, sizeof r->mm_hash, "%s", st.mm_hash);
+            ect_strcpy_cut(r->mm_hash, sizeof r->mm_hash, st.mm_hash);
             r->ready = st.ready;
-            snprintf(r->reservation_id, sizeof r->reservation_id, "%s", st.reservation_id);
+            ect_strcpy_cut(r->reservation_id, sizeof r->reservation_id, st.reservation_id);
             fill_tensor(&r->tensor, st.nbytes, st.shape, st.ndim, st.dtype);
         }
         break;
@@ -444,7 +444,7 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
         rep.u.peers.ports = reply_items(n, sizeof *rep.u.peers.ports, &rc, errtext);
         if (!rep.u.peers.ports) break;
         rep.u.peers.n = n;
-        snprintf(rep.u.peers.transport, sizeof rep.u.peers.transport, "%s", s->transport);
+        ect_strcpy_cut(rep.u.peers.transport, sizeof rep.u.peers.transport, s->transport);
         for (size_t i = 0; i < n; i++) rep.u.peers.ports[i] = (uint16_t)(base + (int)i);
         if (base < 1 || base + (int)n - 1 > 65535) {
             rc = ECT_ESTATE;
@@ -477,7 +477,7 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
         const wire_cancel_req *c = &q->u.cancel;
         rc = rsv_cancel(s->tab, c->transfer_id, c->reservation_id, c->abandon, c->refresh, now,
                         &rep.u.cancelled);
-        if (rc) snprintf(errtext, sizeof errtext, "%s", ect_last_error());
+        if (rc) ect_strcpy_cut(errtext, sizeof errtext, ect_last_error());
         break;
     }
     case WIRE_OP_ECT_STATUS:
@@ -548,9 +548,9 @@ static void flush_events(ctl_server *s) {
         pthread_mutex_unlock(&s->mu);
         wire_event we;
         memset(&we, 0, sizeof we);
-        snprintf(we.transfer_id, sizeof we.transfer_id, "%s", copy.transfer_id);
-        snprintf(we.mm_hash, sizeof we.mm_hash, "%s", copy.st.mm_hash);
-        snprintf(we.reservation_id, sizeof we.reservation_id, "%s", copy.st.reservation_id);
+        ect_strcpy_cut(we.transfer_id, sizeof we.transfer_id, copy.transfer_id);
+        ect_strcpy_cut(we.mm_hash, sizeof we.mm_hash, copy.st.mm_hash);
+        ect_strcpy_cut(we.reservation_id, sizeof we.reservation_id, copy.st.reservation_id);
         we.ready = copy.kind == RSV_EV_READY;
         fill_tensor(&we.tensor, copy.st.nbytes, copy.st.shape, copy.st.ndim, copy.st.dtype);
         we.shard = (uint16_t)s->port;
@@ -582,7 +582,7 @@ static void serve_one(ctl_server *s) {
     }
     bool multi = zmq_msg_more(&msg);
     const char *pa = zmq_msg_gets(&msg, "Peer-Address"); /* TCP peers: their address */
-    snprintf(s->peer, sizeof s->peer, "%s", pa ? pa : "");
+    ect_strcpy_cut(s->peer, sizeof s->peer, pa ? pa : "");
     while (zmq_msg_more(&msg)) { /* a raw peer may send parts: drain them, answer once */
         zmq_msg_close(&msg);
         zmq_msg_init(&msg);
@@ -696,11 +696,11 @@ int ctl_server_open(void *zctx, const ctl_server_opts *o, ctl_server **out) {
     ctl_server *s = calloc(1, sizeof *s);
     if (!s) return ect_set_error(ECT_ENOMEM, "control server: out of memory");
     s->o = *o;
-    snprintf(s->ip, sizeof s->ip, "%s", o->ip);
+    ect_strcpy_cut(s->ip, sizeof s->ip, o->ip);
     s->o.ip = s->ip;
-    snprintf(s->session, sizeof s->session, "%s", o->dst_session);
-    snprintf(s->advertise, sizeof s->advertise, "%s", o->advertise ? o->advertise : "");
-    snprintf(s->transport, sizeof s->transport, "%s", o->transport ? o->transport : "");
+    ect_strcpy_cut(s->session, sizeof s->session, o->dst_session);
+    ect_strcpy_cut(s->advertise, sizeof s->advertise, o->advertise ? o->advertise : "");
+    ect_strcpy_cut(s->transport, sizeof s->transport, o->transport ? o->transport : "");
     if (o->dst_key && !(s->dst_key = strdup(o->dst_key))) {
         free(s);
         return ect_set_error(ECT_ENOMEM, "control server: out of memory");

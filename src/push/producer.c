@@ -106,9 +106,9 @@ int ect_push_producer_open(const ect_push_producer_opts *opts, ect_push_producer
     ect_push_producer *p = calloc(1, sizeof *p);
     if (!p) return ect_set_error(ECT_ENOMEM, "push producer: out of memory");
     p->o = *opts;
-    snprintf(p->listen_host, sizeof p->listen_host, "%s", opts->listen_host);
+    ect_strcpy_cut(p->listen_host, sizeof p->listen_host, opts->listen_host);
     p->o.listen_host = p->listen_host;
-    snprintf(p->transport, sizeof p->transport, "%s", opts->transport ? opts->transport : "");
+    ect_strcpy_cut(p->transport, sizeof p->transport, opts->transport ? opts->transport : "");
     p->o.transport = p->transport;
     p->o.curve_keys = NULL;
     if (opts->curve_keys && (!(p->curve_keys = strdup(opts->curve_keys)) ||
@@ -142,7 +142,7 @@ int ect_push_producer_open(const ect_push_producer_opts *opts, ect_push_producer
     pso.push_wait_ms = opts->push_wait_ms;
     if ((rc = push_open(&pso, &p->table))) goto fail;
     p->batch.t = p->table;
-    snprintf(p->batch.transport, sizeof p->batch.transport, "%s", p->transport);
+    ect_strcpy_cut(p->batch.transport, sizeof p->batch.transport, p->transport);
     p->batch.expect_shards = opts->expect_shards;
     p->acts_cap = 1024;
     if (!(p->acts = calloc(p->acts_cap, sizeof *p->acts)) || !(p->zctx = zmq_ctx_new())) {
@@ -246,7 +246,7 @@ static int take_src(ect_push_producer *p, push_source *src, const void *data, ui
     if (rc) return rc;
     if ((rc = ect_mem_copy((char *)ect_pool_base(p->pool) + off, data, nbytes))) {
         char why[256];
-        snprintf(why, sizeof why, "%s", ect_last_error());
+        ect_strcpy_cut(why, sizeof why, ect_last_error());
         ect_pool_free(p->pool, off);
         return ect_set_error(rc, "staging the source: %s", why);
     }
@@ -426,12 +426,12 @@ static void collect(void *ctx, met_out *o) {
 static void finish_locked(ect_push_producer *p, const push_final *f) {
     ect_push_result r;
     memset(&r, 0, sizeof r);
-    snprintf(r.transfer_id, sizeof r.transfer_id, "%s", f->transfer_id);
+    ect_strcpy_cut(r.transfer_id, sizeof r.transfer_id, f->transfer_id);
     r.status = f->status;
-    snprintf(r.error, sizeof r.error, "%s", f->error);
+    ect_strcpy_cut(r.error, sizeof r.error, f->error);
     r.latency_ns = ect_now_ns() - f->t0_ns;
     r.shards = (uint32_t)f->n_shards;
-    snprintf(r.transport, sizeof r.transport, "%s", f->transport);
+    ect_strcpy_cut(r.transport, sizeof r.transport, f->transport);
     r.retries = f->retries;
     push_result(p, &r);
     if (f->status == 0) {

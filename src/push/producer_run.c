@@ -54,7 +54,7 @@ static ect_xport *xport_for(ect_push_producer *p, const char *kind) {
         ect_set_error(ECT_ENOMEM, "out of memory");
         return NULL;
     }
-    snprintf(e->kind, sizeof e->kind, "%s", kind);
+    ect_strcpy_cut(e->kind, sizeof e->kind, kind);
     e->x = x;
     LL_PREPEND(p->xports, e);
     return x;

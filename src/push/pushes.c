@@ -203,12 +203,12 @@ int push_add(push_table *t, const push_item *it, uint64_t now_ms, push_rec **out
         if (r) rec_free(NULL, &r->node);
         return ect_set_error(ECT_ENOMEM, "push: out of memory");
     }
-    snprintf(r->host, sizeof r->host, "%s", it->host ? it->host : "");
+    ect_strcpy_cut(r->host, sizeof r->host, it->host ? it->host : "");
     r->port = it->port;
     r->nbytes = it->nbytes;
     r->ndim = it->ndim;
     if (it->ndim) memcpy(r->shape, it->shape, it->ndim * sizeof *it->shape);
-    snprintf(r->dtype, sizeof r->dtype, "%s", wire_dtype_canonical(it->dtype));
+    ect_strcpy_cut(r->dtype, sizeof r->dtype, wire_dtype_canonical(it->dtype));
     r->state = PUSH_WAITING_INPUTS;
     r->status = ECT_EIO;
     r->created = t->now;
@@ -258,7 +258,7 @@ static void cancel_rec(push_rec *r, const char *why) {
     if (r->ending) return;
     r->ending = PUSH_CANCELLED;
     r->state = PUSH_CANCEL_PENDING;
-    snprintf(r->error, sizeof r->error, "%s", why);
+    ect_strcpy_cut(r->error, sizeof r->error, why);
 }
 
 void push_note_cause(push_rec *r, const char *fmt, ...) {
@@ -387,7 +387,7 @@ static push_action *emit_final(out_buf *o, push_rec *r, push_action_kind k) {
     if (!a) return NULL;
     a->rec = NULL;
     push_final *f = &a->fin;
-    snprintf(f->transfer_id, sizeof f->transfer_id, "%s", r->transfer_id);
+    ect_strcpy_cut(f->transfer_id, sizeof f->transfer_id, r->transfer_id);
     f->src = r->src;
     f->nbytes = r->nbytes;
     return a;
@@ -406,10 +406,11 @@ static bool finish(push_table *t, push_rec *r, out_buf *o, push_state s) {
     push_final *f = &a->fin;
     f->state = s;
     f->status = s == PUSH_DONE ? 0 : s == PUSH_CANCELLED ? ECT_ECANCELED : r->status;
-    snprintf(f->error, sizeof f->error, "%s",
-             s == PUSH_DONE                                                        ? ""
-             : r->cause[0] && (f->status == ECT_EIO || f->status == ECT_ECANCELED) ? r->cause
-                                                                                   : r->error);
+    ect_strcpy_cut(f->error, sizeof f->error,
+                   s == PUSH_DONE ? ""
+                   : r->cause[0] && (f->status == ECT_EIO || f->status == ECT_ECANCELED)
+                       ? r->cause
+                       : r->error);
     f->retries = r->retries;
     f->n_shards = r->n;
     memcpy(f->transport, r->used_kind, sizeof f->transport);
@@ -434,7 +435,7 @@ static int discover(push_table *t, push_rec *r, out_buf *o) {
         fail_code(r, ECT_ENOMEM, "out of memory starting the discovery");
         return 1;
     }
-    snprintf(c->host, sizeof c->host, "%s", r->host);
+    ect_strcpy_cut(c->host, sizeof c->host, r->host);
     c->port = r->port;
     HASH_ADD_KEYPTR(hh, t->cons, c->consumer, strlen(c->consumer), c);
     push_action *a = emit(o, NULL, PUSH_ACT_PEERS, SIZE_MAX);
@@ -676,7 +677,7 @@ int push_peers_done(push_table *t, const char *consumer, int rc, const char *why
     c->known = true;
     c->n = n;
     memcpy(c->ports, ports, n * sizeof *ports);
-    snprintf(c->transport, sizeof c->transport, "%s", transport ? transport : "");
+    ect_strcpy_cut(c->transport, sizeof c->transport, transport ? transport : "");
     return 0;
 }
 
@@ -728,13 +729,13 @@ int push_reserve_done(push_table *t, push_rec *r, size_t shard, const push_reser
         return 0;
     }
     s->rsv = ST_OK;
-    snprintf(s->rid, sizeof s->rid, "%s", res->reservation_id);
-    snprintf(s->session, sizeof s->session, "%s", res->dst_session ? res->dst_session : "");
+    ect_strcpy_cut(s->rid, sizeof s->rid, res->reservation_id);
+    ect_strcpy_cut(s->session, sizeof s->session, res->dst_session ? res->dst_session : "");
     s->dst_ptr = res->dst_ptr;
     free(s->dst_key);
     s->dst_key = key;
-    snprintf(s->kind, sizeof s->kind, "%s",
-             res->transport && *res->transport ? res->transport : "tcp");
+    ect_strcpy_cut(s->kind, sizeof s->kind,
+                   res->transport && *res->transport ? res->transport : "tcp");
     s->write_needed = res->write;
     s->reserved_at = t->now;
     return 0;

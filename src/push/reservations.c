@@ -280,7 +280,7 @@ size_t rsv_evict_resident(rsv_table *t, size_t max) {
 
 static void fill_status(const rsv_entry *e, rsv_status *st) {
     memset(st, 0, sizeof *st);
-    snprintf(st->mm_hash, sizeof st->mm_hash, "%s", e->mm_hash);
+    ect_strcpy_cut(st->mm_hash, sizeof st->mm_hash, e->mm_hash);
     memcpy(st->reservation_id, e->reservation_id, sizeof st->reservation_id);
     memcpy(st->dtype, e->tn.dtype, sizeof st->dtype);
     memcpy(st->shape, e->tn.shape, sizeof st->shape);
@@ -295,7 +295,7 @@ static void fill_status(const rsv_entry *e, rsv_status *st) {
 static void fill_event(rsv_event *ev, const rsv_entry *e, rsv_event_kind kind) {
     memset(ev, 0, sizeof *ev);
     ev->kind = kind;
-    snprintf(ev->transfer_id, sizeof ev->transfer_id, "%s", e->transfer_id);
+    ect_strcpy_cut(ev->transfer_id, sizeof ev->transfer_id, e->transfer_id);
     fill_status(e, &ev->st);
 }
 
@@ -647,7 +647,7 @@ int rsv_reserve(rsv_table *t, const rsv_request *req, uint64_t now_ms, rsv_reply
     if ((rc = wire_check_nbytes(req->dtype, req->shape, req->ndim, req->nbytes, "reserve")))
         return rc;
     tensor tn = {.nbytes = req->nbytes, .ndim = req->ndim};
-    snprintf(tn.dtype, sizeof tn.dtype, "%s", wire_dtype_canonical(req->dtype));
+    ect_strcpy_cut(tn.dtype, sizeof tn.dtype, wire_dtype_canonical(req->dtype));
     if (req->ndim) memcpy(tn.shape, req->shape, req->ndim * sizeof *req->shape);
     clamp_now(t, now_ms);
     reap(t);

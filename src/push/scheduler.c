@@ -133,9 +133,9 @@ static void *cancel_main(void *arg) {
         job j = jobq_pop(&s->todo);
         pthread_mutex_unlock(&s->mu);
         wire_ctl_request q = {.op = WIRE_OP_CANCEL};
-        snprintf(q.u.cancel.transfer_id, sizeof q.u.cancel.transfer_id, "%s", j.j.transfer_id);
-        snprintf(q.u.cancel.reservation_id, sizeof q.u.cancel.reservation_id, "%s",
-                 j.j.reservation_id);
+        ect_strcpy_cut(q.u.cancel.transfer_id, sizeof q.u.cancel.transfer_id, j.j.transfer_id);
+        ect_strcpy_cut(q.u.cancel.reservation_id, sizeof q.u.cancel.reservation_id,
+                       j.j.reservation_id);
         wire_ctl_reply r;
         j.ok = ctl_call_ok(cli, s->host, j.port, &q, &r) == 0;
         if (j.ok)
@@ -190,7 +190,7 @@ int ect_push_scheduler_open(const ect_push_scheduler_opts *o, ect_push_scheduler
     ect_push_scheduler *s = calloc(1, sizeof *s);
     if (!s) return ect_set_error(ECT_ENOMEM, "push scheduler: out of memory");
     s->o = *o;
-    snprintf(s->host, sizeof s->host, "%s", o->consumer_host);
+    ect_strcpy_cut(s->host, sizeof s->host, o->consumer_host);
     s->o.consumer_host = s->host;
     s->o.curve_keys = NULL;
     pthread_mutex_init(&s->mu, NULL);
@@ -359,16 +359,16 @@ int ect_push_scheduler_poll(ect_push_scheduler *s) {
 
 static void fill_item(ect_push_sched_item *it, const char *tid, const xfer_info *in) {
     memset(it, 0, sizeof *it);
-    snprintf(it->transfer_id, sizeof it->transfer_id, "%s", tid);
+    ect_strcpy_cut(it->transfer_id, sizeof it->transfer_id, tid);
     it->state = (ect_push_state)in->state;
     it->retryable = in->retryable;
     it->reported = (uint32_t)in->reported;
-    snprintf(it->mm_hash, sizeof it->mm_hash, "%s", in->mm_hash);
+    ect_strcpy_cut(it->mm_hash, sizeof it->mm_hash, in->mm_hash);
     it->nbytes = in->nbytes;
     it->ndim = (uint32_t)in->ndim;
     for (size_t i = 0; i < in->ndim && i < ECT_POOL_MAX_NDIM; i++) it->shape[i] = in->shape[i];
-    snprintf(it->dtype, sizeof it->dtype, "%s", in->dtype);
-    snprintf(it->error, sizeof it->error, "%s", in->error);
+    ect_strcpy_cut(it->dtype, sizeof it->dtype, in->dtype);
+    ect_strcpy_cut(it->error, sizeof it->error, in->error);
 }
 
 int ect_push_scheduler_expect(ect_push_scheduler *s, const char *transfer_id, const char *mm_hash) {
@@ -418,12 +418,12 @@ int ect_push_scheduler_next_failed(ect_push_scheduler *s, ect_push_sched_item *i
     memset(item, 0, sizeof *item);
     xfer_info in;
     if (xfer_get(s->t, f.transfer_id, &in) == 0) fill_item(item, f.transfer_id, &in);
-    snprintf(item->transfer_id, sizeof item->transfer_id, "%s", f.transfer_id);
-    snprintf(item->mm_hash, sizeof item->mm_hash, "%s", f.mm_hash);
+    ect_strcpy_cut(item->transfer_id, sizeof item->transfer_id, f.transfer_id);
+    ect_strcpy_cut(item->mm_hash, sizeof item->mm_hash, f.mm_hash);
     item->state = (ect_push_state)f.state;
     item->retryable = f.state == XFER_UNAVAILABLE || f.state == XFER_EXPIRED;
     item->reported = (uint32_t)f.reported;
-    snprintf(item->error, sizeof item->error, "%s", f.error);
+    ect_strcpy_cut(item->error, sizeof item->error, f.error);
     return 0;
 }
 

@@ -153,11 +153,11 @@ static void note_failure(xfer_table *t, const xent *e, xfer_state s, const char 
         return;
     }
     memset(&n->f, 0, sizeof n->f);
-    snprintf(n->f.transfer_id, sizeof n->f.transfer_id, "%s", e->transfer_id);
-    snprintf(n->f.mm_hash, sizeof n->f.mm_hash, "%s", e->mm_hash);
+    ect_strcpy_cut(n->f.transfer_id, sizeof n->f.transfer_id, e->transfer_id);
+    ect_strcpy_cut(n->f.mm_hash, sizeof n->f.mm_hash, e->mm_hash);
     n->f.state = s;
     n->f.reported = (size_t)__builtin_popcountll(e->mask);
-    snprintf(n->f.error, sizeof n->f.error, "%s", error);
+    ect_strcpy_cut(n->f.error, sizeof n->f.error, error);
     DL_APPEND(t->fails, n);
     t->n_fails++;
 }
@@ -202,8 +202,8 @@ static void queue_job(xfer_table *t, const char *tid, const char *rid, size_t sh
         t->st.cancels_given_up++;
         return;
     }
-    snprintf(j->job.transfer_id, sizeof j->job.transfer_id, "%s", tid);
-    snprintf(j->job.reservation_id, sizeof j->job.reservation_id, "%s", rid ? rid : "");
+    ect_strcpy_cut(j->job.transfer_id, sizeof j->job.transfer_id, tid);
+    ect_strcpy_cut(j->job.reservation_id, sizeof j->job.reservation_id, rid ? rid : "");
     j->job.shard = shard;
     j->job.attempt = attempt;
     DL_APPEND(t->jobs, j);
@@ -321,7 +321,7 @@ static int apply_ready(xfer_table *t, xent *e, const xfer_event *ev) {
         /* The producer gave the shard's reservation back and reserved anew
          * (back-pressure on another shard): cancel the newest one. */
         if (ev->reservation_id && *ev->reservation_id)
-            snprintf(e->rids[ev->shard], sizeof e->rids[ev->shard], "%s", ev->reservation_id);
+            ect_strcpy_cut(e->rids[ev->shard], sizeof e->rids[ev->shard], ev->reservation_id);
         t->st.duplicate_events++;
         return XFER_EV_DUPLICATE;
     }
@@ -336,11 +336,11 @@ static int apply_ready(xfer_table *t, xent *e, const xfer_event *ev) {
         e->nbytes = ev->nbytes;
         e->ndim = ev->ndim;
         if (ev->ndim) memcpy(e->shape, ev->shape, ev->ndim * sizeof *ev->shape);
-        snprintf(e->dtype, sizeof e->dtype, "%s", ev->dtype ? ev->dtype : "");
+        ect_strcpy_cut(e->dtype, sizeof e->dtype, ev->dtype ? ev->dtype : "");
     }
     e->mask |= UINT64_C(1) << ev->shard;
-    snprintf(e->rids[ev->shard], sizeof e->rids[ev->shard], "%s",
-             ev->reservation_id ? ev->reservation_id : "");
+    ect_strcpy_cut(e->rids[ev->shard], sizeof e->rids[ev->shard],
+                   ev->reservation_id ? ev->reservation_id : "");
     if (e->mask == t->all_mask) { /* arrived only once every shard has it */
         e->state = XFER_AVAILABLE;
         e->node.deadline = t->now + t->o.ttl_ms;
@@ -475,7 +475,7 @@ int xfer_get(const xfer_table *t, const char *id, xfer_info *info) {
     info->expected = e->expected;
     info->retryable = e->state == XFER_UNAVAILABLE || e->state == XFER_EXPIRED;
     info->reported = (size_t)__builtin_popcountll(e->mask);
-    snprintf(info->mm_hash, sizeof info->mm_hash, "%s", e->mm_hash);
+    ect_strcpy_cut(info->mm_hash, sizeof info->mm_hash, e->mm_hash);
     memcpy(info->dtype, e->dtype, sizeof info->dtype);
     memcpy(info->shape, e->shape, sizeof info->shape);
     info->ndim = e->ndim;

@@ -1,20 +1,78 @@
 /*
- * idtab — see idtab.h. One uthash index by id and IDT_LISTS doubly linked
+ * idtab — see idtab.h. One open-addressing index by id (linear probing,
+ * backward-shift deletion, so no deleted markers) and IDT_LISTS doubly linked
  * lists (utlist: head->prev is the tail, so appending is O(1)). A node is on
  * exactly one list and in the index from idt_add until idt_remove or a drop.
  */
+#include <stdlib.h>
 #include <string.h>
 
-/* A failed index allocation is an ECT_ENOMEM, never exit(): uthash then rolls
- * the add back and raises this flag. */
-static _Thread_local int hash_oom;
-#define HASH_NONFATAL_OOM 1
-#define uthash_nonfatal_oom(obj) (hash_oom = 1)
 #include "util/idtab.h"
 
 #include <utlist.h>
 
 #include "util/util.h"
+
+#define IDT_MIN_CAP 64
+
+/* FNV-1a, then a 64-bit finaliser so the low bits (the slot) mix every byte;
+ * never 0 (the empty slot). */
+static uint64_t id_hash(const char *id) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const unsigned char *p = (const unsigned char *)id; *p; p++) {
+        h ^= *p;
+        h *= 0x100000001b3ull;
+    }
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    return h ? h : 1;
+}
+
+/* The slot holding id (hash h), or the empty slot where it would go. */
+static size_t probe(const idtab *t, const char *id, uint64_t h) {
+    size_t mask = t->cap - 1, i = (size_t)h & mask;
+    while (t->slots[i].h && (t->slots[i].h != h || strcmp(t->slots[i].n->id, id) != 0))
+        i = (i + 1) & mask;
+    return i;
+}
+
+static int grow(idtab *t) {
+    size_t cap = t->cap ? t->cap * 2 : IDT_MIN_CAP;
+    idt_slot *ns = calloc(cap, sizeof *ns);
+    if (!ns) return ect_set_error(ECT_ENOMEM, "id table: out of memory");
+    idt_slot *old = t->slots;
+    size_t ocap = t->cap;
+    t->slots = ns;
+    t->cap = cap;
+    for (size_t i = 0; i < ocap; i++)
+        if (old[i].h) {
+            size_t mask = cap - 1, j = (size_t)old[i].h & mask;
+            while (ns[j].h) j = (j + 1) & mask;
+            ns[j] = old[i];
+        }
+    free(old);
+    return 0;
+}
+
+/* Removes n from the index (it is there). */
+static void index_del(idtab *t, const idt_node *n) {
+    size_t mask = t->cap - 1, i = probe(t, n->id, id_hash(n->id));
+    t->slots[i].h = 0;
+    t->slots[i].n = NULL;
+    t->used--;
+    /* backward shift: pull later entries of the run into the hole when their
+     * home slot does not lie cyclically in (hole, j] */
+    for (size_t j = (i + 1) & mask; t->slots[j].h; j = (j + 1) & mask) {
+        size_t home = (size_t)t->slots[j].h & mask;
+        bool stays = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+        if (stays) continue;
+        t->slots[i] = t->slots[j];
+        t->slots[j].h = 0;
+        t->slots[j].n = NULL;
+        i = j;
+    }
+}
 
 void idt_init(idtab *t, uint64_t ttl_ms, size_t max_tombstones, const idt_ops *ops) {
     memset(t, 0, sizeof *t);
@@ -40,7 +98,7 @@ static void link_node(idtab *t, idt_node *n, int list, uint64_t when) {
 }
 
 static void drop(idtab *t, idt_node *n) {
-    HASH_DELETE(hh, t->by_id, n);
+    index_del(t, n);
     unlink_node(t, n);
     t->ops.drop(t->ops.ctx, n);
 }
@@ -57,21 +115,35 @@ static void cap(idtab *t) {
 }
 
 void idt_clear(idtab *t) {
+    /* every record goes: drop each without the per-node index delete */
     for (int l = 0; l < IDT_LISTS; l++)
-        while (t->head[l]) drop(t, t->head[l]);
+        while (t->head[l]) {
+            idt_node *n = t->head[l];
+            unlink_node(t, n);
+            t->ops.drop(t->ops.ctx, n);
+        }
+    free(t->slots);
+    t->slots = NULL;
+    t->cap = t->used = 0;
 }
 
 idt_node *idt_find(const idtab *t, const char *id) {
-    idt_node *n = NULL;
-    if (id) HASH_FIND(hh, t->by_id, id, strlen(id), n);
-    return n;
+    if (!id || !t->cap) return NULL;
+    size_t i = probe(t, id, id_hash(id));
+    return t->slots[i].n;
 }
 
 int idt_add(idtab *t, idt_node *n, int list, uint64_t when) {
     if (idt_find(t, n->id)) return ect_set_error(ECT_EEXIST, "id '%.200s' is known", n->id);
-    hash_oom = 0;
-    HASH_ADD_KEYPTR(hh, t->by_id, n->id, strlen(n->id), n);
-    if (hash_oom) return ect_set_error(ECT_ENOMEM, "id table: out of memory");
+    if ((t->used + 1) * 4 > t->cap * 3) {
+        int rc = grow(t);
+        if (rc) return rc;
+    }
+    uint64_t h = id_hash(n->id);
+    size_t i = probe(t, n->id, h);
+    t->slots[i].h = h;
+    t->slots[i].n = n;
+    t->used++;
     link_node(t, n, list, when);
     if (list == IDT_TOMBS) cap(t);
     return 0;
@@ -84,7 +156,7 @@ void idt_move(idtab *t, idt_node *n, int list, uint64_t when) {
 }
 
 void idt_remove(idtab *t, idt_node *n) {
-    HASH_DELETE(hh, t->by_id, n);
+    index_del(t, n);
     unlink_node(t, n);
 }
 
@@ -127,7 +199,9 @@ int idt_check(const idtab *t) {
             return ect_set_error(ECT_ESTATE, "id table: list %d counter drifted", l);
         total += c;
     }
-    if (HASH_CNT(hh, t->by_id) != total)
+    size_t filled = 0;
+    for (size_t i = 0; i < t->cap; i++) filled += t->slots[i].h != 0;
+    if (filled != total || t->used != total)
         return ect_set_error(ECT_ESTATE, "id table: index and lists disagree");
     return 0;
 }

@@ -17,8 +17,12 @@
  * no lock, no I/O.
  * Threading: not thread-safe; the owner serialises every call.
  *
+ * The index is an open-addressing hash table of (hash, node) slots, grown at
+ * 3/4 load; it is the table's only allocation.
+ *
  * Include this header before any other include of uthash.h in a file that
- * wants uthash's non-fatal out-of-memory mode (it includes uthash.h).
+ * wants uthash's non-fatal out-of-memory mode (it includes uthash.h, which
+ * its owners use for their other tables).
  */
 #ifndef ECT_UTIL_IDTAB_H
 #define ECT_UTIL_IDTAB_H
@@ -38,9 +42,17 @@ typedef struct idt_node {
     const char *id;    /* the key: the record's bytes, set before idt_add, constant after */
     uint64_t deadline; /* tombstones: when it goes; live lists: whatever the owner put */
     int list;          /* the list it is on */
-    UT_hash_handle hh; /* [table] */
     struct idt_node *prev, *next;
 } idt_node;
+
+/* One slot of the index: the id's hash (0: empty) and its node. A lookup
+ * compares hashes in the slot array and touches a node only on a hash match,
+ * so a miss (every new id) costs a probe or two in one cache line, not a walk
+ * through cold records (uthash's chains did that: issue 13's profile). */
+typedef struct idt_slot {
+    uint64_t h;
+    idt_node *n;
+} idt_slot;
 
 /* The record that embeds node `n` as `member`. */
 #define IDT_ENTRY(n, type, member) ((type *)(void *)((char *)(n)-offsetof(type, member)))
@@ -59,8 +71,9 @@ typedef struct idtab {
     idt_ops ops;
     uint64_t ttl_ms;
     size_t max_tombs;
-    uint64_t now; /* the latest time seen (an earlier one counts as this) */
-    idt_node *by_id;
+    uint64_t now;    /* the latest time seen (an earlier one counts as this) */
+    idt_slot *slots; /* open addressing, linear probing; cap a power of two or 0 */
+    size_t cap, used;
     idt_node *head[IDT_LISTS];
     size_t count[IDT_LISTS];
     uint64_t dropped; /* tombstones dropped by the cap since init */
@@ -69,7 +82,8 @@ typedef struct idtab {
 /* An empty table; ttl_ms and max_tombstones are > 0 (the owner validated them). */
 void idt_init(idtab *t, uint64_t ttl_ms, size_t max_tombstones, const idt_ops *ops);
 
-/* Drops every record (ops.drop, pins ignored). The table is empty after. */
+/* Drops every record (ops.drop, pins ignored) and frees the index. The table
+ * is empty after (and may be used again). */
 void idt_clear(idtab *t);
 
 idt_node *idt_find(const idtab *t, const char *id);

@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "ectransfer.h"
 
@@ -79,6 +80,15 @@ const char *ect_rfc3339_ms(uint64_t realtime_ms, char *buf, size_t cap);
 #define ECT_ID_LEN 32
 void ect_random_id(char out[ECT_ID_LEN + 1]);
 uint64_t ect_random_u64(void);
+
+/* ---- strings: copies src (NULL: "") into dst of cap > 0 bytes, cut to cap - 1
+ * bytes, always NUL-terminated: snprintf(dst, cap, "%s", src) without the
+ * format machinery (it was a few per cent of a small item's CPU, issue 13). */
+static inline void ect_strcpy_cut(char *dst, size_t cap, const char *src) {
+    size_t n = src ? strnlen(src, cap - 1) : 0;
+    if (n) memcpy(dst, src, n);
+    dst[n] = '\0';
+}
 
 /* ---- checked arithmetic: return false on overflow. */
 static inline bool ect_mul_u64(uint64_t a, uint64_t b, uint64_t *out) {

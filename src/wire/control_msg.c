@@ -348,7 +348,7 @@ void wctl_put_new(json_t *obj, const char *key, json_t *v, int *rc) {
 
 /* Length of the valid UTF-8 sequence at p (jansson's rules: no overlongs,
  * surrogates or code points above U+10FFFF), or 0 if it is not one. */
-static size_t utf8_seq(const unsigned char *p) {
+size_t wctl_utf8_seq(const unsigned char *p) {
     unsigned char c = p[0];
     size_t k = c < 0x80                 ? 1
                : c >= 0xC2 && c <= 0xDF ? 2
@@ -369,7 +369,7 @@ static size_t utf8_seq(const unsigned char *p) {
 static bool utf8_valid(const char *s) {
     const unsigned char *p = (const unsigned char *)s;
     while (*p) {
-        size_t k = utf8_seq(p);
+        size_t k = wctl_utf8_seq(p);
         if (!k) return false;
         p += k;
     }
@@ -382,7 +382,7 @@ static void utf8_clean(const char *s, char *out, size_t cap) {
     const unsigned char *p = (const unsigned char *)s;
     size_t i = 0, o = 0;
     while (p[i] && o + 1 < cap) {
-        size_t k = utf8_seq(p + i);
+        size_t k = wctl_utf8_seq(p + i);
         if (!k) {
             out[o++] = '?';
             i++;

@@ -304,5 +304,22 @@ void wctl_put_u64(json_t *obj, const char *key, uint64_t v, int *rc);
 void wctl_put_bool(json_t *obj, const char *key, bool v, int *rc);
 void wctl_put_new(json_t *obj, const char *key, json_t *v, int *rc);
 void wctl_put_tensor(json_t *obj, const wire_tensor *t, int *rc);
+/* Length of the valid UTF-8 sequence at p (jansson's rules), or 0. Reads
+ * p[1..3] only while they continue the sequence. */
+size_t wctl_utf8_seq(const unsigned char *p);
+
+/* control_fast.c: the allocation-light path for the reserve_batch and
+ * complete_batch requests and replies. Each returns 0 (done, same result as
+ * the jansson path), ECT_ENOMEM, or WCTL_FALLBACK: not handled, nothing
+ * changed, the caller runs the jansson path from the start (which words every
+ * error). wctl_fast_off (false) turns the fast path off, for the tests and
+ * fuzz targets that compare both paths; set it only while no codec call runs. */
+#define WCTL_FALLBACK 1
+extern bool wctl_fast_off;
+int wctl_fast_encode_request(const wire_ctl_request *req, char **out);
+int wctl_fast_encode_reply(const wire_ctl_reply *rep, char **out);
+int wctl_fast_decode_request(const void *buf, size_t len, wire_ctl_request *out);
+int wctl_fast_decode_reply(wire_ctl_op op, size_t expect, const void *buf, size_t len,
+                           wire_ctl_reply *out);
 
 #endif

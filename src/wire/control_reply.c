@@ -181,7 +181,9 @@ int wire_ctl_encode_reply(const wire_ctl_reply *rep, char **out) {
     *out = NULL;
     if (!rep) return ect_set_error(ECT_EINVAL, "NULL reply");
     if (!rep->ok) return wire_ctl_encode_error(rep->error ? rep->error : "", out);
-    int rc = 0;
+    int rc = wctl_fast_encode_reply(rep, out);
+    if (rc != WCTL_FALLBACK) return rc;
+    rc = 0;
     json_t *o = new_obj(&rc);
     wctl_put_bool(o, "ok", true, &rc);
     json_t *r = result_json(rep, &rc);
@@ -368,8 +370,10 @@ int wire_ctl_decode_reply(wire_ctl_op op, size_t expect_items, const void *buf, 
                           wire_ctl_reply *out) {
     memset(out, 0, sizeof *out);
     if (!wire_ctl_op_name(op)) return ect_set_error(ECT_EINVAL, "op: not a control op");
+    int rc = wctl_fast_decode_reply(op, expect_items, buf, len, out);
+    if (rc != WCTL_FALLBACK) return rc;
     json_t *root;
-    int rc = wctl_load(buf, len, &root);
+    rc = wctl_load(buf, len, &root);
     if (rc) return rc;
     out->op = op;
     rc = wctl_get_bool(root, "", "ok", true, &out->ok);

@@ -67,7 +67,9 @@ int wire_ctl_encode_request(const wire_ctl_request *req, char **out) {
     *out = NULL;
     const char *op = req ? wire_ctl_op_name(req->op) : NULL;
     if (!op) return ect_set_error(ECT_EINVAL, "op: not a control op");
-    int rc = 0;
+    int rc = wctl_fast_encode_request(req, out);
+    if (rc != WCTL_FALLBACK) return rc;
+    rc = 0;
     json_t *o = NULL;
     switch (req->op) {
     case WIRE_OP_RESERVE: o = reserve_obj(&req->u.reserve, op, &rc); break;
@@ -312,9 +314,11 @@ static int decode_body(const json_t *root, wire_ctl_request *out) {
 }
 
 int wire_ctl_decode_request(const void *buf, size_t len, wire_ctl_request *out) {
+    int rc = wctl_fast_decode_request(buf, len, out);
+    if (rc != WCTL_FALLBACK) return rc;
     memset(out, 0, sizeof *out);
     json_t *root;
-    int rc = wctl_load(buf, len, &root);
+    rc = wctl_load(buf, len, &root);
     if (rc) return rc;
     rc = parse_op(root, &out->op);
     if (!rc) rc = decode_body(root, out);

@@ -20,6 +20,14 @@
 #include "util/util.h"
 #include "xport/xport.h"
 
+/* "%016" PRIx64 of v into out[17], without the format machinery (a window is
+ * opened per small item: issue 13). */
+static void hex16(char out[17], uint64_t v) {
+    static const char hex[] = "0123456789abcdef";
+    for (int i = 15; i >= 0; i--, v >>= 4) out[i] = hex[v & 15];
+    out[16] = '\0';
+}
+
 static const xp_backend *const backends[] = {
     &xp_tcp_backend,
     &xp_shm_backend,
@@ -410,7 +418,7 @@ int xp_window_open(ect_xport *x, const char *region_key, uint64_t offset, uint64
     }
     pthread_mutex_unlock(&x->regs.mu);
     if (!rc && !(w->keystr = malloc(17))) rc = ect_set_error(ECT_ENOMEM, "window key");
-    if (!rc) snprintf(w->keystr, 17, "%016" PRIx64, w->token);
+    if (!rc) hex16(w->keystr, w->token);
     if (!rc && x->be->reg) rc = x->be->reg(x, w);
     if (rc) {
         free(w->keystr);
@@ -420,7 +428,7 @@ int xp_window_open(ect_xport *x, const char *region_key, uint64_t offset, uint64
     pthread_mutex_lock(&x->regs.mu);
     HASH_ADD(hh, x->regs.by_token, token, sizeof w->token, w);
     pthread_mutex_unlock(&x->regs.mu);
-    snprintf(key, ECT_XPORT_KEY_MAX, "%s", w->keystr);
+    ect_strcpy_cut(key, ECT_XPORT_KEY_MAX, w->keystr);
     return 0;
 }
 

@@ -219,10 +219,64 @@ static void test_random_against_model(void **state) {
     }
 }
 
+/* The index at scale: it grows through several sizes, removals in random
+ * order keep every other id findable (the probe runs stay intact), and the
+ * ids the owner removed are gone. */
+typedef struct big {
+    char id[24];
+    idt_node node;
+    bool in;
+} big;
+
+static void big_drop(void *ctx, idt_node *n) {
+    (void)ctx;
+    IDT_ENTRY(n, big, node)->in = false;
+}
+
+static void test_index_many_ids(void **state) {
+    (void)state;
+    enum { M = 20000 };
+    big *b = calloc(M, sizeof *b);
+    assert_non_null(b);
+    idtab t;
+    idt_init(&t, 1000, 10, &(idt_ops){.drop = big_drop});
+    for (int i = 0; i < M; i++) {
+        snprintf(b[i].id, sizeof b[i].id, "b-%d", i);
+        b[i].node.id = b[i].id;
+        assert_int_equal(idt_add(&t, &b[i].node, IDT_LIVE, 0), 0);
+        b[i].in = true;
+    }
+    assert_int_equal(idt_add(&t, &b[7].node, IDT_LIVE, 0), ECT_EEXIST);
+    srand(7);
+    for (int k = 0; k < M; k++) {
+        int i = rand() % M;
+        if (!b[i].in) continue;
+        idt_remove(&t, &b[i].node);
+        b[i].in = false;
+    }
+    assert_int_equal(idt_check(&t), 0);
+    for (int i = 0; i < M; i++)
+        assert_ptr_equal(idt_find(&t, b[i].id), b[i].in ? &b[i].node : NULL);
+    assert_null(idt_find(&t, "b-x"));
+    for (int i = 0; i < M; i += 2)
+        if (!b[i].in) {
+            assert_int_equal(idt_add(&t, &b[i].node, IDT_LIVE, 0), 0);
+            b[i].in = true;
+        }
+    assert_int_equal(idt_check(&t), 0);
+    for (int i = 0; i < M; i++)
+        assert_ptr_equal(idt_find(&t, b[i].id), b[i].in ? &b[i].node : NULL);
+    idt_clear(&t);
+    for (int i = 0; i < M; i++) assert_false(b[i].in);
+    assert_null(idt_find(&t, "b-1"));
+    free(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_contract),
         cmocka_unit_test(test_random_against_model),
+        cmocka_unit_test(test_index_many_ids),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -169,10 +169,43 @@ static void assert_event_eq(const wire_event *a, const wire_event *b) {
 
 /* Encodes req, checks the bytes against `golden` (when given), decodes them
  * back and checks the fields survived. */
+/* The fast path (control_fast.c) and the jansson path write the same bytes
+ * for req and decode them to the same struct. */
+static void request_paths_agree(const wire_ctl_request *req, const char *s) {
+    char *slow = NULL;
+    wire_ctl_request a, b;
+    wctl_fast_off = true;
+    assert_int_equal(wire_ctl_encode_request(req, &slow), 0);
+    assert_int_equal(wire_ctl_decode_request(s, strlen(s), &b), 0);
+    wctl_fast_off = false;
+    assert_string_equal(s, slow);
+    assert_int_equal(wire_ctl_decode_request(s, strlen(s), &a), 0);
+    assert_request_eq(&a, &b);
+    wire_ctl_request_clear(&a);
+    wire_ctl_request_clear(&b);
+    free(slow);
+}
+
+static void reply_paths_agree(const wire_ctl_reply *rep, size_t expect, const char *s) {
+    char *slow = NULL;
+    wire_ctl_reply a, b;
+    wctl_fast_off = true;
+    assert_int_equal(wire_ctl_encode_reply(rep, &slow), 0);
+    assert_int_equal(wire_ctl_decode_reply(rep->op, expect, s, strlen(s), &b), 0);
+    wctl_fast_off = false;
+    assert_string_equal(s, slow);
+    assert_int_equal(wire_ctl_decode_reply(rep->op, expect, s, strlen(s), &a), 0);
+    assert_reply_eq(&a, &b);
+    wire_ctl_reply_clear(&a);
+    wire_ctl_reply_clear(&b);
+    free(slow);
+}
+
 static void request_round_trip(const wire_ctl_request *req, const char *golden) {
     char *s = NULL;
     assert_int_equal(wire_ctl_encode_request(req, &s), 0);
     if (golden) assert_string_equal(s, golden);
+    request_paths_agree(req, s);
     wire_ctl_request back;
     int rc = wire_ctl_decode_request(s, strlen(s), &back);
     if (rc) fail_msg("decode of %s failed: %s", s, ect_last_error());
@@ -189,6 +222,7 @@ static void reply_round_trip(const wire_ctl_reply *rep, size_t expect, const cha
     char *s = NULL;
     assert_int_equal(wire_ctl_encode_reply(rep, &s), 0);
     if (golden) assert_string_equal(s, golden);
+    reply_paths_agree(rep, expect, s);
     wire_ctl_reply back;
     int rc = wire_ctl_decode_reply(rep->op, expect, s, strlen(s), &back);
     if (rc) fail_msg("decode of %s failed: %s", s, ect_last_error());
@@ -797,6 +831,76 @@ static void test_random_round_trips(void **state) {
             ev.error = errs[0];
         }
         event_round_trip(&ev, NULL);
+    }
+}
+
+/* The fast path takes the frames the push path sends (ours compact, an
+ * upstream peer's with Python's ", " / ": " spacing) and hands anything else
+ * to the jansson path, which still decodes it. */
+static void test_fast_path_takes_the_hot_frames(void **state) {
+    (void)state;
+    static const char *const reqs[] = {
+        G_RESERVE_BATCH,
+        G_COMPLETE_BATCH,
+        "{\"op\": \"reserve_batch\", \"items\": [{\"transfer_id\": \"t\xc3\xa9\", \"mm_hash\": "
+        "\"h\", \"nbytes\": 6, \"shape\": [1, 3], \"dtype\": \"torch.bfloat16\"}]}",
+        "{\"op\":\"complete_batch\",\"items\":[]}",
+        "{\"op\": \"complete_batch\", \"items\": [{\"transfer_id\": \"t\", \"reservation_id\": "
+        "\"\"}]}\n",
+    };
+    for (size_t i = 0; i < ECT_ARRAY_LEN(reqs); i++) {
+        wire_ctl_request q;
+        if (wctl_fast_decode_request(reqs[i], strlen(reqs[i]), &q) != 0)
+            fail_msg("fast path refused %s", reqs[i]);
+        wire_ctl_request_clear(&q);
+    }
+    static const char *const reps[] = {
+        G_R_RESERVE_BATCH,
+        G_R_COMPLETE_BATCH,
+        "{\"ok\": true, \"result\": {\"items\": [{\"ok\": true, \"result\": {\"reservation_id\": "
+        "\"r1\", \"dst_session\": \"h:1\", \"dst_ptr\": 0, \"nbytes\": 4, \"write\": true, "
+        "\"ready\": false, \"cached\": false, \"transport\": \"tcp\", \"dst_key\": \"k\"}}, "
+        "{\"ok\": true, \"result\": {\"reservation_id\": \"r2\", \"dst_session\": \"h:1\", "
+        "\"dst_ptr\": 4, \"nbytes\": 4, \"write\": true, \"ready\": false, \"cached\": false, "
+        "\"dst_key\": \"k2\"}}]}}",
+    };
+    for (size_t i = 0; i < ECT_ARRAY_LEN(reps); i++) {
+        wire_ctl_op op =
+            strstr(reps[i], "completed") ? WIRE_OP_COMPLETE_BATCH : WIRE_OP_RESERVE_BATCH;
+        wire_ctl_reply r;
+        if (wctl_fast_decode_reply(op, SIZE_MAX, reps[i], strlen(reps[i]), &r) != 0)
+            fail_msg("fast path refused %s", reps[i]);
+        wire_ctl_reply_clear(&r);
+    }
+    /* Handed on (an escape, another key order, an unknown key, a bad item, a
+     * frame jansson refuses), and the public decoder answers as before. */
+    static const struct {
+        const char *s;
+        int rc;
+    } back[] = {
+        {"{\"op\":\"complete_batch\",\"items\":[{\"transfer_id\":\"t\\u00e9\",\"reservation_id\":"
+         "\"r\"}]}",
+         0},
+        {"{\"items\":[],\"op\":\"complete_batch\"}", 0},
+        {"{\"op\":\"complete_batch\",\"items\":[],\"x\":1}", 0},
+        {"{\"op\":\"reserve_batch\",\"items\":[{\"transfer_id\":\"t\",\"mm_hash\":\"h\","
+         "\"nbytes\":7,\"shape\":[2,2],\"dtype\":\"float16\"}]}",
+         0},
+        {"{\"op\":\"complete_batch\",\"items\":[{\"transfer_id\":\"\",\"reservation_id\":\"r\"}]}",
+         ECT_EINVAL},
+        {"{\"op\":\"complete_batch\",\"items\":[{\"transfer_id\":\"t\",\"reservation_id\":\"r\"}]"
+         "} x",
+         ECT_EPROTO},
+        {"{\"op\":\"complete_batch\",\"items\":[{\"transfer_id\":\"t\",\"reservation_id\":\"r\","
+         "\"transfer_id\":\"u\"}]}",
+         ECT_EPROTO},
+    };
+    for (size_t i = 0; i < ECT_ARRAY_LEN(back); i++) {
+        wire_ctl_request q;
+        assert_int_equal(wctl_fast_decode_request(back[i].s, strlen(back[i].s), &q), WCTL_FALLBACK);
+        int rc = wire_ctl_decode_request(back[i].s, strlen(back[i].s), &q);
+        if (rc != back[i].rc) fail_msg("%s: rc %d (%s)", back[i].s, rc, ect_last_error());
+        wire_ctl_request_clear(&q);
     }
 }
 
@@ -1461,6 +1565,7 @@ int main(void) {
         cmocka_unit_test(test_decode_failure_replies),
         cmocka_unit_test(test_goldens_are_the_documented_examples),
         cmocka_unit_test(test_random_round_trips),
+        cmocka_unit_test(test_fast_path_takes_the_hot_frames),
         cmocka_unit_test(test_reject_wrong_type),
         cmocka_unit_test(test_reject_missing_field),
         cmocka_unit_test(test_reject_bad_integers),
