@@ -96,7 +96,7 @@ ECT_API int ect_host_is_wildcard(const char *host);
 /** The binary interface's version: raised whenever a public struct changes
  *  its layout or a function its meaning, so a binding (ctypes, cffi) built
  *  against one version refuses another at load instead of misreading it. */
-#define ECT_ABI_VERSION 3
+#define ECT_ABI_VERSION 4
 
 /** ECT_ABI_VERSION of the library actually loaded. */
 ECT_API int ect_abi_version(void);
@@ -887,6 +887,12 @@ typedef struct ect_push_scheduler_opts {
                                        session starts with a key handshake; a peer without an
                                        accepted key gets nothing. NULL (default): off, plain
                                        ZMQ as upstream speaks it. Copied at open */
+    uint64_t recheck_ms;            /* a lost readiness event cannot lose an item: a transfer
+                                       still waiting this long is asked for with `status` on
+                                       every shard that has not reported it (then after 2x, 4x,
+                                       8x this), and a ready answer counts as that shard's
+                                       event (docs/PROTOCOL.md "Lost events"). Default 1000;
+                                       0: off (events only, as upstream) */
 } ect_push_scheduler_opts;
 
 /** What the scheduler knows of one transfer. */
@@ -911,6 +917,9 @@ typedef struct ect_push_scheduler_stat {
     uint64_t cancels_sent;   /* remote cancels answered */
     uint64_t cancels_failed; /* attempts that failed */
     uint64_t live, tombstones;
+    uint64_t rechecks;  /* `status` questions sent for items whose events were missing */
+    uint64_t recovered; /* shard reports learnt from `status`, not from an event (each
+                           one a lost or late event) */
 } ect_push_scheduler_stat;
 
 /** Fills the defaults above. */

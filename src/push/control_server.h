@@ -63,6 +63,10 @@ typedef struct ctl_server_opts {
     int (*win_open)(void *ctx, uint64_t offset, uint64_t nbytes, char key[32]);
     void (*win_close)(void *ctx, const char *key);
     void *win_ctx;
+    /* Peers trusted to cancel any reservation and read its id in `status`
+     * (the consumer's scheduler): NULL this host's interface addresses, "*"
+     * everyone, or a comma-separated address list (push/peer_guard.h). */
+    const char *trusted_peers;
 } ctl_server_opts;
 
 void ctl_server_opts_init(ctl_server_opts *o);
@@ -137,6 +141,9 @@ void ctl_server_count_states(ctl_server *s, uint64_t counts[RSV_EXPIRED + 1]);
 /* The latest refusals other than "pool is full" (which is back-pressure),
  * newest first: at most max of the last CTL_LAST_ERRORS. Any thread. */
 #define CTL_LAST_ERRORS 8
+/* The text (after "transfer_id 'X': ") of a complete or cancel refused
+ * because the reservation belongs to another peer (docs/PROTOCOL.md). */
+#define CTL_NOT_OWNER "reservation belongs to another peer (refused)"
 typedef struct ctl_error {
     uint64_t realtime_ms; /* wall clock, ms since the epoch */
     char text[208];
