@@ -713,6 +713,12 @@ typedef struct ect_push_consumer_opts {
                                   session starts with a key handshake; a peer without an
                                   accepted key gets nothing. NULL (default): off, plain
                                   ZMQ as upstream speaks it. Copied at open */
+    const char *trusted_peers; /* addresses (comma-separated IPv4/IPv6 literals) allowed to
+                                  cancel any reservation and read its id in `status`: the
+                                  instance's scheduler. NULL (default): every address of this
+                                  host's interfaces; "*": every peer. complete is always bound
+                                  to the reserving address (docs/PROTOCOL.md "Reservations
+                                  belong to their peer"). Copied at open */
 } ect_push_consumer_opts;
 
 /** A READY item taken for reading: `data` points into the consumer's pool

@@ -280,6 +280,7 @@ int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_consumer
     so.win_open = windows ? win_open : NULL;
     so.win_close = win_close;
     so.win_ctx = c;
+    so.trusted_peers = opts->trusted_peers;
     so.pool_base = (uint64_t)(uintptr_t)ect_pool_base(c->pool);
     if ((rc = ctl_server_open(c->zctx, &so, &c->srv))) goto fail;
     char shard[16];
