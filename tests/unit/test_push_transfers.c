@@ -475,6 +475,14 @@ static void test_random_ops(void **state) {
             xfer_cancel_job jobs[8];
             size_t n = xfer_take_cancels(t, jobs, 8);
             for (size_t k = 0; k < n; k++) xfer_cancel_done(t, &jobs[k], test_rand(&seed) % 2);
+            xfer_recheck rc[8]; /* only waiting items' missing shards are asked for */
+            n = xfer_take_rechecks(t, now, rc, 8);
+            for (size_t k = 0; k < n; k++) {
+                xfer_info in;
+                assert_int_equal(xfer_get(t, rc[k].transfer_id, &in), 0);
+                assert_int_equal(in.state, XFER_WAITING_EVENT);
+                assert_true(rc[k].shard < 3);
+            }
             break;
         }
         }
