@@ -842,6 +842,10 @@ void ctl_server_refusals(ctl_server *s, ctl_refusals *out) {
     out->busy = atomic_load(&s->rf[RF_BUSY].total);
     out->invalid = atomic_load(&s->rf[RF_INVALID].total);
     out->other = atomic_load(&s->rf[RF_OTHER].total);
+    out->peer_complete = pg_refused(s->guard, PG_COMPLETE);
+    out->peer_cancel = pg_refused(s->guard, PG_CANCEL);
+    out->peer_status = pg_refused(s->guard, PG_STATUS);
+    out->peer_reserve = pg_refused(s->guard, PG_RESERVE);
 }
 
 void ctl_server_stats(ctl_server *s, rsv_stats *st) {

@@ -120,6 +120,9 @@ typedef struct ctl_refusals {
     uint64_t busy;     /* still has an active writer */
     uint64_t invalid;  /* a field the decoder or the table refused */
     uint64_t other;
+    /* Requests refused because the live reservation belongs to another peer
+     * (push/peer_guard.h), by op; status: reservation ids withheld. */
+    uint64_t peer_complete, peer_cancel, peer_status, peer_reserve;
 } ctl_refusals;
 
 void ctl_server_refusals(ctl_server *s, ctl_refusals *out);

@@ -202,7 +202,10 @@ static void collect(void *ctx, met_out *o) {
                     "Frames refused as malformed or an unknown op.", NULL, st.bad_frames);
     met_out_counter(o, "ectransfer_late_events_total",
                     "Events for transfers already ended, ignored.", NULL, st.late_events);
-    met_out_control_requests(o, st.cancels_sent + st.cancels_failed);
+    met_out_counter(o, "ectransfer_events_recovered_total",
+                    "Shard reports learnt from `status` because their event was lost.", NULL,
+                    st.recovered);
+    met_out_control_requests(o, st.cancels_sent + st.cancels_failed + st.rechecks);
     met_out_failure(o, "cancel_failed", st.cancels_failed);
     met_out_gauge(o, "ectransfer_transfers",
                   "Transfers the scheduler tracks (live) and remembers (tombstones).",
