@@ -39,7 +39,7 @@ typedef struct inst {
     int tp, base;
 } inst;
 
-static void inst_open(inst *in, int tp) {
+static void inst_open(inst *in, int tp, size_t max_events) {
     memset(in, 0, sizeof *in);
     in->tp = tp;
     uint64_t seed = (uint64_t)getpid() * 7919u + (uint64_t)ect_now_ns();
@@ -54,6 +54,7 @@ static void inst_open(inst *in, int tp) {
             o.tp_rank = r;
             o.pool_size = 16u << 20;
             o.transport = "tcp";
+            if (max_events) o.max_events = max_events;
             int rc = ect_push_consumer_open(&o, &in->c[r]);
             if (rc == ECT_EEXIST) {
                 ok = 0;
@@ -208,7 +209,7 @@ static long peer_refused(raw *c, const char *key) {
 static void test_stray_pull_loses_no_item(void **state) {
     (void)state;
     inst in;
-    inst_open(&in, 2);
+    inst_open(&in, 2, 0);
     prod p;
     prod_open(&p, in.base);
     assert_int_equal(p.n, 2);
@@ -291,12 +292,59 @@ static void test_stray_pull_loses_no_item(void **state) {
     inst_close_checked(&in);
 }
 
+/* Events the shard's full queue dropped (fault injection: a backlog of 2,
+ * and no scheduler connected while ten items complete) are recovered too. */
+static void test_dropped_events_lose_no_item(void **state) {
+    (void)state;
+    inst in;
+    inst_open(&in, 1, 2);
+    prod p;
+    prod_open(&p, in.base);
+    char tid[10][32], hash[10][32];
+    for (int i = 0; i < 10; i++) {
+        snprintf(tid[i], sizeof tid[i], "d%d", i);
+        snprintf(hash[i], sizeof hash[i], "hd%d", i);
+        push_item(&p, tid[i], hash[i], 900 + (uint64_t)i);
+    }
+    ect_push_consumer_stat cst;
+    ect_push_consumer_stats(in.c[0], &cst);
+    assert_int_equal(cst.events_dropped, 8); /* only the newest two wait */
+
+    ect_push_scheduler_opts so;
+    ect_push_scheduler_opts_init(&so);
+    so.consumer_port = in.base;
+    so.control_timeout_s = 30;
+    so.push_wait_ms = 600000;
+    ect_push_scheduler *s = NULL;
+    assert_int_equal(ect_push_scheduler_open(&so, &s), 0);
+    for (int i = 0; i < 10; i++) assert_int_equal(ect_push_scheduler_expect(s, tid[i], hash[i]), 0);
+    int arrived = 0;
+    for (int round = 0; round < 24000 && arrived < 10; round++) { /* ~120 s at most */
+        ect_push_scheduler_poll(s);
+        ect_push_sched_item it;
+        while (ect_push_scheduler_next(s, &it) == 0) arrived++;
+        if (arrived < 10) nap(5);
+    }
+    assert_int_equal(arrived, 10);
+    ect_push_scheduler_stat st;
+    ect_push_scheduler_stats(s, &st);
+    assert_true(st.recovered >= 8); /* the dropped ones at least */
+    for (int i = 0; i < 10; i++) {
+        take_release(&in, tid[i], 900 + (uint64_t)i);
+        assert_int_equal(ect_push_scheduler_loaded(s, tid[i]), 0);
+        assert_int_equal(ect_push_scheduler_finished(s, tid[i]), 0);
+    }
+    ect_push_scheduler_close(s);
+    prod_close(&p);
+    inst_close_checked(&in);
+}
+
 /* ---- reservations belong to their peer */
 
 static void test_outsider_cannot_touch_reservations(void **state) {
     (void)state;
     inst in;
-    inst_open(&in, 1);
+    inst_open(&in, 1, 0);
     prod p;
     prod_open(&p, in.base);
     raw out, local;
@@ -377,6 +425,7 @@ static void test_outsider_cannot_touch_reservations(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stray_pull_loses_no_item),
+        cmocka_unit_test(test_dropped_events_lose_no_item),
         cmocka_unit_test(test_outsider_cannot_touch_reservations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
