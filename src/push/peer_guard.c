@@ -142,6 +142,6 @@ bool pg_allow(peer_guard *g, pg_act act, const char *peer, const char *owner,
     return false;
 }
 
-uint64_t pg_refused(const peer_guard *g, pg_act act) {
-    return atomic_load(&((peer_guard *)g)->refused[act]);
+uint64_t pg_refused(peer_guard *g, pg_act act) {
+    return atomic_load(&g->refused[act]);
 }

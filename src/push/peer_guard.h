@@ -59,6 +59,6 @@ bool pg_allow(peer_guard *g, pg_act act, const char *peer, const char *owner,
               const char *transfer_id);
 
 /* Refusals by act since open. */
-uint64_t pg_refused(const peer_guard *g, pg_act act);
+uint64_t pg_refused(peer_guard *g, pg_act act);
 
 #endif
