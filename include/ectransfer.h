@@ -775,7 +775,7 @@ ECT_API int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_
 /** ect_push_consumer_open from a JSON object (see "configuration as JSON
  *  text"). Reads ec_ip, ec_port, tp_size, tp_rank, dp_index, ec_buffer_size
  *  (pool_size), transport, ec_buffer_device (pool_device), and its own keys
- *  xport_listen and advertise (strings), data_port, ttl_ms,
+ *  xport_listen, advertise and trusted_peers (strings), data_port, ttl_ms,
  *  pending_grace_ms, reap_interval_ms, max_events, max_tombstones,
  *  pool_memory (integers; pool_memory for bindings, see "configuration as
  *  JSON text"). Caller owns *out. Errors: those of the configuration, then
@@ -941,7 +941,8 @@ ECT_API int ect_push_scheduler_open(const ect_push_scheduler_opts *opts, ect_pus
  *  (consumer_port = ec_port + dp_index x tp_size, which must be >= 1),
  *  push_wait_timeout_s (push_wait_ms = ceil(s x 1000)), control_timeout_s,
  *  and its own keys ttl_ms, max_tombstones, cancel_attempts,
- *  min_drain_interval_ms (integers) and accept_any (true / false). Caller
+ *  min_drain_interval_ms, recheck_ms (integers) and accept_any (true /
+ *  false). Caller
  *  owns *out. */
 ECT_API int ect_push_scheduler_open_config(const char *json, ect_push_scheduler **out);
 

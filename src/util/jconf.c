@@ -69,6 +69,8 @@ static const jc_spec specs[JC_NKEYS] = {
     [JC_POOL_MEMORY] = {"pool_memory", T_INT, 1, U64_LIM},
     [JC_ADVERTISE] = {"advertise", T_STR, 1, 255},
     [JC_DATA_PORT] = {"data_port", T_INT, 0, 65535},
+    [JC_TRUSTED_PEERS] = {"trusted_peers", T_STR, 1, 4095},
+    [JC_RECHECK_MS] = {"recheck_ms", T_INT, 0, U64_LIM},
 };
 
 const char *jc_key_name(jc_key k) { return k < JC_NKEYS ? specs[k].name : "?"; }

@@ -58,6 +58,8 @@ typedef enum jc_key {
     JC_POOL_MEMORY,
     JC_ADVERTISE,
     JC_DATA_PORT,
+    JC_TRUSTED_PEERS,
+    JC_RECHECK_MS,
     JC_NKEYS
 } jc_key;
 
