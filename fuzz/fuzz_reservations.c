@@ -100,7 +100,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         case 1:
         case 2: {
             uint64_t shape[1] = {(uint64_t)(b >> 2 & 7) * 4};
-            rsv_request q = {tid, hash, shape[0] * 4, shape, 1, (b & 4) ? "float32" : "int32"};
+            rsv_request q = {tid, hash, shape[0] * 4, shape, 1, (b & 4) ? "float32" : "int32",
+                             NULL};
             if (rsv_reserve(t, &q, now, &r) == 0) {
                 if (!r.cancelled) memcpy(rid[k], r.reservation_id, sizeof rid[k]);
                 if (r.write) {

@@ -96,7 +96,7 @@ ECT_API int ect_host_is_wildcard(const char *host);
 /** The binary interface's version: raised whenever a public struct changes
  *  its layout or a function its meaning, so a binding (ctypes, cffi) built
  *  against one version refuses another at load instead of misreading it. */
-#define ECT_ABI_VERSION 3
+#define ECT_ABI_VERSION 4
 
 /** ECT_ABI_VERSION of the library actually loaded. */
 ECT_API int ect_abi_version(void);
@@ -738,6 +738,12 @@ typedef struct ect_push_consumer_opts {
                                   (default): the port asks a per-shard secret that our
                                   scheduler learns from the event_port reply
                                   (docs/SECURITY.md "Plain mode") */
+    const char *trusted_peers; /* addresses (comma-separated IPv4/IPv6 literals) allowed to
+                                  cancel any reservation and read its id in `status`: the
+                                  instance's scheduler. NULL (default): every address of this
+                                  host's interfaces; "*": every peer. complete is always bound
+                                  to the reserving address (docs/PROTOCOL.md "Reservations
+                                  belong to their peer"). Copied at open */
 } ect_push_consumer_opts;
 
 /** A READY item taken for reading: `data` points into the consumer's pool
@@ -794,7 +800,7 @@ ECT_API int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_
 /** ect_push_consumer_open from a JSON object (see "configuration as JSON
  *  text"). Reads ec_ip, ec_port, tp_size, tp_rank, dp_index, ec_buffer_size
  *  (pool_size), transport, ec_buffer_device (pool_device), and its own keys
- *  xport_listen and advertise (strings), data_port, ttl_ms,
+ *  xport_listen, advertise and trusted_peers (strings), data_port, ttl_ms,
  *  pending_grace_ms, reap_interval_ms, max_events, max_tombstones,
  *  pool_memory (integers; pool_memory for bindings, see "configuration as
  *  JSON text"). Caller owns *out. Errors: those of the configuration, then
@@ -912,6 +918,12 @@ typedef struct ect_push_scheduler_opts {
                                        session starts with a key handshake; a peer without an
                                        accepted key gets nothing. NULL (default): off, plain
                                        ZMQ as upstream speaks it. Copied at open */
+    uint64_t recheck_ms;            /* a lost readiness event cannot lose an item: a transfer
+                                       still waiting this long is asked for with `status` on
+                                       every shard that has not reported it (then after 2x, 4x,
+                                       8x this), and a ready answer counts as that shard's
+                                       event (docs/PROTOCOL.md "Lost events"). Default 1000;
+                                       0: off (events only, as upstream) */
 } ect_push_scheduler_opts;
 
 /** What the scheduler knows of one transfer. */
@@ -936,6 +948,9 @@ typedef struct ect_push_scheduler_stat {
     uint64_t cancels_sent;   /* remote cancels answered */
     uint64_t cancels_failed; /* attempts that failed */
     uint64_t live, tombstones;
+    uint64_t rechecks;  /* `status` questions sent for items whose events were missing */
+    uint64_t recovered; /* shard reports learnt from `status`, not from an event (each
+                           one a lost or late event) */
 } ect_push_scheduler_stat;
 
 /** Fills the defaults above. */
@@ -951,7 +966,8 @@ ECT_API int ect_push_scheduler_open(const ect_push_scheduler_opts *opts, ect_pus
  *  (consumer_port = ec_port + dp_index x tp_size, which must be >= 1),
  *  push_wait_timeout_s (push_wait_ms = ceil(s x 1000)), control_timeout_s,
  *  and its own keys ttl_ms, max_tombstones, cancel_attempts,
- *  min_drain_interval_ms (integers) and accept_any (true / false). Caller
+ *  min_drain_interval_ms, recheck_ms (integers) and accept_any (true /
+ *  false). Caller
  *  owns *out. */
 ECT_API int ect_push_scheduler_open_config(const char *json, ect_push_scheduler **out);
 

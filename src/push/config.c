@@ -21,13 +21,13 @@
 static const jc_key consumer_keys[] = {
     JC_XPORT_LISTEN, JC_TTL_MS,         JC_PENDING_GRACE_MS, JC_REAP_INTERVAL_MS,
     JC_MAX_EVENTS,   JC_MAX_TOMBSTONES, JC_POOL_MEMORY,      JC_ADVERTISE,
-    JC_DATA_PORT,    JC_CURVE_KEYS,     JC_EVENT_AUTH,
+    JC_DATA_PORT,    JC_TRUSTED_PEERS,  JC_CURVE_KEYS,       JC_EVENT_AUTH,
 };
 static const jc_role consumer_role = {"push consumer", consumer_keys, ECT_ARRAY_LEN(consumer_keys)};
 
 static const jc_key scheduler_keys[] = {
     JC_TTL_MS,     JC_MAX_TOMBSTONES, JC_CANCEL_ATTEMPTS, JC_MIN_DRAIN_INTERVAL_MS,
-    JC_ACCEPT_ANY, JC_CURVE_KEYS,
+    JC_ACCEPT_ANY, JC_RECHECK_MS,     JC_CURVE_KEYS,
 };
 static const jc_role scheduler_role = {"push scheduler", scheduler_keys,
                                        ECT_ARRAY_LEN(scheduler_keys)};
@@ -77,6 +77,7 @@ int push_consumer_config(const char *json, ect_push_consumer_opts *o, json_t **r
                                  e);
         o->event_auth_off = strcmp(e, "none") == 0;
     }
+    if (v[JC_TRUSTED_PEERS].set) o->trusted_peers = v[JC_TRUSTED_PEERS].s;
     return 0;
 }
 
@@ -105,6 +106,7 @@ int push_scheduler_config(const char *json, ect_push_scheduler_opts *o, json_t *
     if (v[JC_MIN_DRAIN_INTERVAL_MS].set) o->min_drain_interval_ms = v[JC_MIN_DRAIN_INTERVAL_MS].u;
     if (v[JC_ACCEPT_ANY].set) o->accept_any = v[JC_ACCEPT_ANY].b;
     if (v[JC_CURVE_KEYS].set) o->curve_keys = v[JC_CURVE_KEYS].s;
+    if (v[JC_RECHECK_MS].set) o->recheck_ms = v[JC_RECHECK_MS].u;
     return 0;
 }
 

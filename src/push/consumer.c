@@ -196,6 +196,19 @@ static void collect(void *ctx, met_out *o) {
         met_out_counter(o, "ectransfer_refusals_total", rh,
                         met_labels(l, sizeof l, "reason", refs[i].why, (const char *)NULL),
                         refs[i].v);
+    static const char *const ph =
+        "Requests refused because the reservation belongs to another peer, by op "
+        "(status: reservation ids withheld).";
+    const struct {
+        const char *op;
+        uint64_t v;
+    } prefs[] = {{"complete", rf.peer_complete},
+                 {"cancel", rf.peer_cancel},
+                 {"status", rf.peer_status},
+                 {"reserve", rf.peer_reserve}};
+    for (size_t i = 0; i < ECT_ARRAY_LEN(prefs); i++)
+        met_out_counter(o, "ectransfer_peer_refusals_total", ph,
+                        met_labels(l, sizeof l, "op", prefs[i].op, (const char *)NULL), prefs[i].v);
     met_out_failure(o, "expired", st.expired);
     met_out_failure(o, "abandoned", st.abandoned);
     met_out_control_requests(o, cc.requests);
@@ -292,6 +305,7 @@ int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_consumer
     so.win_open = windows ? win_open : NULL;
     so.win_close = win_close;
     so.win_ctx = c;
+    so.trusted_peers = opts->trusted_peers;
     so.pool_base = (uint64_t)(uintptr_t)ect_pool_base(c->pool);
     char secret[ZAUTH_SECRET_LEN + 1];
     zauth_new_secret(secret);

@@ -14,6 +14,7 @@
  * logged the same way. The wire replies themselves are upstream's texts.
  */
 #include "push/control_server.h"
+#include "push/peer_guard.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -71,6 +72,8 @@ struct ctl_server {
     /* The peer of the request being handled ("" unknown) and the session
      * last told to a peer, cached per peer (the handling thread only). */
     char peer[64], told_peer[64], told[WIRE_SESSION_MAX + 1];
+    char who[64]; /* the peer in canonical form: reservation owners (peer_guard.h) */
+    peer_guard *guard;
     char *dst_key;
     pthread_mutex_t mu;
     rsv_table *tab;
@@ -264,6 +267,21 @@ static int open_window(ctl_server *s, const char *transfer_id, const rsv_reply *
     return 0;
 }
 
+/* ECT_EACCES (with the reply's text set) when transfer_id names a live
+ * reservation of another peer that this request's peer may not `act` on;
+ * else 0 (unknown ids and tombstones: no owner to protect). Under the lock. */
+static int guard_live(ctl_server *s, pg_act act, const char *transfer_id) {
+    rsv_status st;
+    if (rsv_status_get(s->tab, transfer_id, &st) != 0 || st.state == RSV_CANCELLED ||
+        st.state == RSV_EXPIRED || pg_allow(s->guard, act, s->who, st.owner, transfer_id))
+        return 0;
+    if (act == PG_RESERVE)
+        return ect_set_error(ECT_EEXIST,
+                             "conflicting reservation for transfer_id '%.64s': " CTL_NOT_OWNER,
+                             transfer_id);
+    return ect_set_error(ECT_EACCES, "transfer_id '%.64s': " CTL_NOT_OWNER, transfer_id);
+}
+
 /* One reserve under the lock; on failure *err is the text for the reply. */
 static int do_reserve(ctl_server *s, const wire_reserve_req *r, uint64_t now,
                       wire_reserve_result *res) {
@@ -273,9 +291,11 @@ static int do_reserve(ctl_server *s, const wire_reserve_req *r, uint64_t now,
                      .shape = r->tensor.shape,
                      .ndim = r->tensor.ndim,
                      .dtype = r->tensor.dtype};
+    q.owner = s->who;
     rsv_reply rep;
     memset(res, 0, sizeof *res);
-    int rc = rsv_reserve(s->tab, &q, now, &rep);
+    int rc = guard_live(s, PG_RESERVE, r->transfer_id);
+    if (!rc) rc = rsv_reserve(s->tab, &q, now, &rep);
     if (rc) {
         refused(s, refusal_class(rc), ect_last_error());
         return rc;
@@ -362,6 +382,12 @@ static char *status_json(ctl_server *s) {
         json_array_append_new(errs, je);
     }
     json_object_set_new(o, "errors", errs);
+    json_t *pr = json_object(); /* requests refused as another peer's (peer_guard.h) */
+    static const char *const pg_name[PG_N] = {"complete", "cancel", "status", "reserve"};
+    for (int k = 0; k < PG_N; k++)
+        json_object_set_new(pr, pg_name[k],
+                            json_integer((json_int_t)pg_refused(s->guard, (pg_act)k)));
+    json_object_set_new(o, "peer_refused", pr);
     char *txt = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(o);
     return txt;
@@ -424,7 +450,9 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
             r->found = true;
             ect_strcpy_cut(r->mm_hash, sizeof r->mm_hash, st.mm_hash);
             r->ready = st.ready;
-            ect_strcpy_cut(r->reservation_id, sizeof r->reservation_id, st.reservation_id);
+            /* The id is the reserver's capability: others see "" (peer_guard.h). */
+            if (pg_allow(s->guard, PG_STATUS, s->who, st.owner, q->u.status.transfer_id))
+                ect_strcpy_cut(r->reservation_id, sizeof r->reservation_id, st.reservation_id);
             fill_tensor(&r->tensor, st.nbytes, st.shape, st.ndim, st.dtype);
         }
         break;
@@ -453,6 +481,10 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
         break;
     }
     case WIRE_OP_COMPLETE:
+        if ((rc = guard_live(s, PG_COMPLETE, q->u.complete.transfer_id))) {
+            snprintf(errtext, sizeof errtext, "%s", ect_last_error());
+            break;
+        }
         rsv_complete(s->tab, q->u.complete.transfer_id, q->u.complete.reservation_id, now,
                      &rep.u.complete.completed, &rep.u.complete.became_ready);
         if (rep.u.complete.became_ready) count_ready(s, q->u.complete.transfer_id);
@@ -463,11 +495,12 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
             reply_items(n, sizeof *rep.u.complete_batch.items, &rc, errtext);
         if (!rep.u.complete_batch.items) break;
         rep.u.complete_batch.n = n;
-        for (size_t i = 0; i < n; i++)
-            rsv_complete(s->tab, q->u.complete_batch.items[i].transfer_id,
-                         q->u.complete_batch.items[i].reservation_id, now,
-                         &rep.u.complete_batch.items[i].completed,
-                         &rep.u.complete_batch.items[i].became_ready);
+        for (size_t i = 0; i < n; i++) /* another peer's item: (false, false), counted */
+            if (!guard_live(s, PG_COMPLETE, q->u.complete_batch.items[i].transfer_id))
+                rsv_complete(s->tab, q->u.complete_batch.items[i].transfer_id,
+                             q->u.complete_batch.items[i].reservation_id, now,
+                             &rep.u.complete_batch.items[i].completed,
+                             &rep.u.complete_batch.items[i].became_ready);
         for (size_t i = 0; i < n; i++)
             if (rep.u.complete_batch.items[i].became_ready)
                 count_ready(s, q->u.complete_batch.items[i].transfer_id);
@@ -475,6 +508,10 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
     }
     case WIRE_OP_CANCEL: {
         const wire_cancel_req *c = &q->u.cancel;
+        if ((rc = guard_live(s, PG_CANCEL, c->transfer_id))) {
+            snprintf(errtext, sizeof errtext, "%s", ect_last_error());
+            break;
+        }
         rc = rsv_cancel(s->tab, c->transfer_id, c->reservation_id, c->abandon, c->refresh, now,
                         &rep.u.cancelled);
         if (rc) ect_strcpy_cut(errtext, sizeof errtext, ect_last_error());
@@ -583,6 +620,7 @@ static void serve_one(ctl_server *s) {
     bool multi = zmq_msg_more(&msg);
     const char *pa = zmq_msg_gets(&msg, "Peer-Address"); /* TCP peers: their address */
     ect_strcpy_cut(s->peer, sizeof s->peer, pa ? pa : "");
+    pg_canon(pa, s->who, sizeof s->who);
     while (zmq_msg_more(&msg)) { /* a raw peer may send parts: drain them, answer once */
         zmq_msg_close(&msg);
         zmq_msg_init(&msg);
@@ -707,7 +745,9 @@ int ctl_server_open(void *zctx, const ctl_server_opts *o, ctl_server **out) {
     }
     pthread_mutex_init(&s->mu, NULL);
     rc = rsv_open(&o->rsv, &s->tab);
+    if (!rc) rc = pg_open(o->trusted_peers, &s->guard);
     if (rc) goto fail;
+    s->o.trusted_peers = NULL; /* not kept: the guard has its copy */
     if (o->detached) {
         s->port = o->port;
         *out = s;
@@ -772,6 +812,7 @@ void ctl_server_close(ctl_server *s) {
     if (!s) return;
     ctl_server_stop(s);
     rsv_close(s->tab);
+    pg_close(s->guard);
     pthread_mutex_destroy(&s->mu);
     free(s->dst_key);
     free(s);
@@ -828,6 +869,10 @@ void ctl_server_refusals(ctl_server *s, ctl_refusals *out) {
     out->busy = atomic_load(&s->rf[RF_BUSY].total);
     out->invalid = atomic_load(&s->rf[RF_INVALID].total);
     out->other = atomic_load(&s->rf[RF_OTHER].total);
+    out->peer_complete = pg_refused(s->guard, PG_COMPLETE);
+    out->peer_cancel = pg_refused(s->guard, PG_CANCEL);
+    out->peer_status = pg_refused(s->guard, PG_STATUS);
+    out->peer_reserve = pg_refused(s->guard, PG_RESERVE);
 }
 
 void ctl_server_stats(ctl_server *s, rsv_stats *st) {

@@ -71,6 +71,10 @@ typedef struct ctl_server_opts {
     const struct ect_keyset *keys;
     const char *event_secret;
     struct zauth *auth;
+    /* Peers trusted to cancel any reservation and read its id in `status`
+     * (the consumer's scheduler): NULL this host's interface addresses, "*"
+     * everyone, or a comma-separated address list (push/peer_guard.h). */
+    const char *trusted_peers;
 } ctl_server_opts;
 
 void ctl_server_opts_init(ctl_server_opts *o);
@@ -124,6 +128,9 @@ typedef struct ctl_refusals {
     uint64_t busy;     /* still has an active writer */
     uint64_t invalid;  /* a field the decoder or the table refused */
     uint64_t other;
+    /* Requests refused because the live reservation belongs to another peer
+     * (push/peer_guard.h), by op; status: reservation ids withheld. */
+    uint64_t peer_complete, peer_cancel, peer_status, peer_reserve;
 } ctl_refusals;
 
 void ctl_server_refusals(ctl_server *s, ctl_refusals *out);
@@ -145,6 +152,9 @@ void ctl_server_count_states(ctl_server *s, uint64_t counts[RSV_EXPIRED + 1]);
 /* The latest refusals other than "pool is full" (which is back-pressure),
  * newest first: at most max of the last CTL_LAST_ERRORS. Any thread. */
 #define CTL_LAST_ERRORS 8
+/* The text (after "transfer_id 'X': ") of a complete or cancel refused
+ * because the reservation belongs to another peer (docs/PROTOCOL.md). */
+#define CTL_NOT_OWNER "reservation belongs to another peer (refused)"
 typedef struct ctl_error {
     uint64_t realtime_ms; /* wall clock, ms since the epoch */
     char text[208];

@@ -97,6 +97,7 @@ struct rsv_entry {
     char *transfer_id;
     char *mm_hash;
     char reservation_id[ECT_ID_LEN + 1];
+    char owner[RSV_OWNER_MAX + 1]; /* the reserving peer ("" unknown) */
     tensor tn;
     rsv_state state;
     rsv_role role;
@@ -290,6 +291,7 @@ static void fill_status(const rsv_entry *e, rsv_status *st) {
     st->state = e->state;
     st->ready = e->state == RSV_READY;
     st->writer = e->role == ROLE_WRITER;
+    memcpy(st->owner, e->owner, sizeof st->owner);
 }
 
 static void fill_event(rsv_event *ev, const rsv_entry *e, rsv_event_kind kind) {
@@ -509,6 +511,7 @@ static rsv_entry *new_entry(const rsv_request *r, const tensor *tn) {
         return NULL;
     }
     e->tn = *tn;
+    snprintf(e->owner, sizeof e->owner, "%.*s", RSV_OWNER_MAX, r->owner ? r->owner : "");
     ect_random_id(e->reservation_id);
     return e;
 }

@@ -40,6 +40,8 @@
 
 /* Longest transfer_id / mm_hash accepted (bytes, without the NUL). */
 #define RSV_KEY_MAX 255
+/* Longest peer address kept as a reservation's owner (IPv6 text fits). */
+#define RSV_OWNER_MAX 63
 /* Longest canonical dtype name kept. */
 #define RSV_DTYPE_MAX 31
 
@@ -114,6 +116,10 @@ typedef struct rsv_request {
     const uint64_t *shape;
     size_t ndim;
     const char *dtype; /* "bfloat16" or "torch.bfloat16" */
+    const char *owner; /* the reserving peer's address (kept, cut to RSV_OWNER_MAX bytes;
+                          rsv_status.owner); NULL or "": unknown. Only a new reservation
+                          takes it: a reserve that finds the transfer_id live keeps the
+                          first owner (the control server refuses another peer's) */
 } rsv_request;
 
 /* Why a transfer_id is a tombstone (CANCELLED or EXPIRED): a reserve that
@@ -200,7 +206,8 @@ typedef struct rsv_status {
     uint64_t offset;
     rsv_state state;
     bool ready;
-    bool writer; /* owns the write (false: follower or cached) */
+    bool writer;                   /* owns the write (false: follower or cached) */
+    char owner[RSV_OWNER_MAX + 1]; /* rsv_request.owner of the reserve that made it */
 } rsv_status;
 
 /* What the table knows of transfer_id, tombstones included (st->state says

@@ -9,6 +9,13 @@
  * up to cancel_attempts sends). Closing shuts the thread's context down,
  * which interrupts an exchange blocked on a dead shard at once.
  *
+ * Lost events: a transfer still waiting recheck_ms after it became known is
+ * asked for with `status` on the shards that have not reported it (the same
+ * thread, the same queue; at most RECHECK_MAX_QUEUED questions at once), and
+ * a ready answer is applied as that shard's event. So an event a stray PULL
+ * took, or one the shard's full queue dropped, costs at most a few seconds,
+ * never the item (docs/PROTOCOL.md "Lost events").
+ *
  * Arrivals: an event that makes an entry AVAILABLE (every shard reported it)
  * appends its id to the ready queue that ect_push_scheduler_next pops; the
  * state is checked again when popped, so a cancel in between is harmless.
@@ -33,11 +40,17 @@
 #define MOD "sched"
 #define SCHED_DRAIN_MAX 4096
 
+/* A job for the background thread: a remote cancel (the table's), or a
+ * `status` question about an item whose event never came (recheck). */
 typedef struct job {
-    xfer_cancel_job j;
+    bool recheck;
+    xfer_cancel_job j; /* recheck: transfer_id and shard only */
     int port;
     bool ok;
+    wire_status_result st; /* recheck: the answer (st.found false: not there) */
 } job;
+
+#define RECHECK_MAX_QUEUED 256 /* status questions in flight at once */
 
 typedef struct jobq {
     job *v;
@@ -63,7 +76,9 @@ struct ect_push_scheduler {
     atomic_bool stop;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    jobq todo, done; /* guarded by mu */
+    jobq todo, done;        /* guarded by mu */
+    size_t rechecks_queued; /* [mu] recheck jobs in todo or being asked */
+    uint64_t next_recheck;  /* when pump_rechecks next walks the table */
     /* metrics: the stats as of the last poll, for a scrape on another thread
      * (the scheduler itself belongs to the caller's thread) */
     met_source *met;
@@ -90,6 +105,7 @@ void ect_push_scheduler_opts_init(ect_push_scheduler_opts *o) {
     o->control_timeout_s = 30.0;
     o->cancel_attempts = XFER_DEFAULT_CANCEL_ATTEMPTS;
     o->min_drain_interval_ms = 5;
+    o->recheck_ms = XFER_DEFAULT_RECHECK_MS;
 }
 
 static int jobq_push(jobq *q, const job *j) {
@@ -116,6 +132,22 @@ static job jobq_pop(jobq *q) {
     return j;
 }
 
+/* Asks j's shard for `status` of j's transfer; fills j->st and j->ok. */
+static void ask_status(ect_push_scheduler *s, ctl_client *cli, job *j) {
+    wire_ctl_request q = {.op = WIRE_OP_STATUS};
+    snprintf(q.u.status.transfer_id, sizeof q.u.status.transfer_id, "%s", j->j.transfer_id);
+    wire_ctl_reply r;
+    memset(&j->st, 0, sizeof j->st);
+    j->ok = ctl_call_ok(cli, s->host, j->port, &q, &r) == 0;
+    if (!j->ok) {
+        ECT_LOGD_ID(MOD, j->j.transfer_id, NULL, "status %s on shard %d: %s", j->j.transfer_id,
+                    j->port, ect_last_error());
+        return;
+    }
+    j->st = r.u.status;
+    wire_ctl_reply_clear(&r);
+}
+
 static void *cancel_main(void *arg) {
     ect_push_scheduler *s = arg;
     ctl_client *cli = NULL;
@@ -132,6 +164,15 @@ static void *cancel_main(void *arg) {
         }
         job j = jobq_pop(&s->todo);
         pthread_mutex_unlock(&s->mu);
+        if (j.recheck) {
+            ask_status(s, cli, &j);
+            pthread_mutex_lock(&s->mu);
+            if (jobq_push(&s->done, &j)) {
+                ECT_LOGE(MOD, "cancel thread: out of memory");
+                s->rechecks_queued--;
+            }
+            continue;
+        }
         wire_ctl_request q = {.op = WIRE_OP_CANCEL};
         ect_strcpy_cut(q.u.cancel.transfer_id, sizeof q.u.cancel.transfer_id, j.j.transfer_id);
         ect_strcpy_cut(q.u.cancel.reservation_id, sizeof q.u.cancel.reservation_id,
@@ -165,7 +206,10 @@ static void collect(void *ctx, met_out *o) {
                     "Frames refused as malformed or an unknown op.", NULL, st.bad_frames);
     met_out_counter(o, "ectransfer_late_events_total",
                     "Events for transfers already ended, ignored.", NULL, st.late_events);
-    met_out_control_requests(o, st.cancels_sent + st.cancels_failed);
+    met_out_counter(o, "ectransfer_events_recovered_total",
+                    "Shard reports learnt from `status` because their event was lost.", NULL,
+                    st.recovered);
+    met_out_control_requests(o, st.cancels_sent + st.cancels_failed + st.rechecks);
     met_out_failure(o, "cancel_failed", st.cancels_failed);
     met_out_gauge(o, "ectransfer_transfers",
                   "Transfers the scheduler tracks (live) and remembers (tombstones).",
@@ -210,6 +254,7 @@ int ect_push_scheduler_open(const ect_push_scheduler_opts *o, ect_push_scheduler
     xo.ttl_ms = o->ttl_ms;
     xo.max_tombstones = o->max_tombstones;
     xo.cancel_attempts = o->cancel_attempts;
+    xo.recheck_ms = o->recheck_ms;
     if ((rc = xfer_open(&xo, &s->t))) goto fail;
     s->zctx = zmq_ctx_new();
     s->cctx = zmq_ctx_new();
@@ -312,13 +357,68 @@ static void on_event(void *user, const wire_event *ev, size_t shard) {
     if (rc == XFER_EV_APPLIED) check_available(s, ev->transfer_id);
 }
 
-/* Hands finished cancel jobs to the table and new ones to the thread. */
+/* A recheck answer: ready on that shard counts as its event. Caller: the
+ * scheduler's thread, without mu. */
+static void apply_recheck(ect_push_scheduler *s, const job *d) {
+    if (!d->ok || !d->st.found || !d->st.ready) return;
+    wire_event ev;
+    memset(&ev, 0, sizeof ev);
+    snprintf(ev.transfer_id, sizeof ev.transfer_id, "%s", d->j.transfer_id);
+    snprintf(ev.mm_hash, sizeof ev.mm_hash, "%s", d->st.mm_hash);
+    snprintf(ev.reservation_id, sizeof ev.reservation_id, "%s", d->st.reservation_id);
+    ev.ready = true;
+    ev.tensor = d->st.tensor;
+    uint64_t before = s->st.events;
+    xfer_info in;
+    bool had = xfer_get(s->t, d->j.transfer_id, &in) == 0 && in.state == XFER_WAITING_EVENT;
+    on_event(s, &ev, d->j.shard);
+    if (s->st.events > before) s->st.events--; /* not an event: counted as recovered */
+    xfer_info after;
+    if (had && xfer_get(s->t, d->j.transfer_id, &after) == 0 && after.reported > in.reported) {
+        s->st.recovered++;
+        ECT_LOGI_ID(MOD, d->j.transfer_id, NULL,
+                    "transfer_id=%s: ready on shard %d per `status`; its event was lost",
+                    d->j.transfer_id, d->port);
+    }
+}
+
+/* Queues `status` questions for items whose events are overdue (at most
+ * every recheck_ms / 4, at most RECHECK_MAX_QUEUED at once). Caller holds mu;
+ * the shard ports are known. */
+static void queue_rechecks(ect_push_scheduler *s, const int *ports, uint64_t now) {
+    if (!s->o.recheck_ms || now < s->next_recheck) return;
+    s->next_recheck = now + (s->o.recheck_ms / 4 ? s->o.recheck_ms / 4 : 1);
+    xfer_recheck rc[64];
+    while (s->rechecks_queued + 64 <= RECHECK_MAX_QUEUED) {
+        size_t k = xfer_take_rechecks(s->t, now, rc, 64);
+        for (size_t i = 0; i < k; i++) {
+            job j = {.recheck = true, .port = ports[rc[i].shard]};
+            _Static_assert(sizeof j.j.transfer_id == sizeof rc[i].transfer_id, "id sizes");
+            memcpy(j.j.transfer_id, rc[i].transfer_id, sizeof j.j.transfer_id);
+            j.j.shard = rc[i].shard;
+            if (jobq_push(&s->todo, &j)) break; /* out of memory: asked again next round */
+            s->rechecks_queued++;
+            s->st.rechecks++;
+        }
+        if (k == 0) break; /* the table has none due (each taken entry waits again) */
+    }
+}
+
+/* Hands finished jobs to the table (cancels) or applies them (rechecks), and
+ * new ones to the thread. */
 static void pump_cancels(ect_push_scheduler *s) {
     int ports[XFER_MAX_SHARDS];
     size_t n = inbox_shards(s->in, ports, XFER_MAX_SHARDS);
+    job answers[64];
+    size_t na = 0;
     pthread_mutex_lock(&s->mu);
-    while (s->done.n) {
+    while (s->done.n && na < 64) { /* the rest next poll */
         job d = jobq_pop(&s->done);
+        if (d.recheck) {
+            s->rechecks_queued--;
+            answers[na++] = d; /* applied below, without mu */
+            continue;
+        }
         xfer_cancel_done(s->t, &d.j, d.ok);
         if (d.ok)
             s->st.cancels_sent++;
@@ -335,9 +435,11 @@ static void pump_cancels(ect_push_scheduler *s) {
             }
             if (k < 64) break;
         }
+        queue_rechecks(s, ports, ect_now_ms());
         if (s->todo.n) pthread_cond_signal(&s->cv);
     }
     pthread_mutex_unlock(&s->mu);
+    for (size_t i = 0; i < na; i++) apply_recheck(s, &answers[i]);
 }
 
 int ect_push_scheduler_poll(ect_push_scheduler *s) {

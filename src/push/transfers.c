@@ -37,7 +37,9 @@ typedef struct xent {
     char dtype[XFER_DTYPE_MAX + 1];
     xfer_state state;
     bool expected;
-    uint64_t mask; /* shards that reported ready */
+    uint64_t mask;       /* shards that reported ready */
+    uint64_t recheck_at; /* when to ask the missing shards with `status` (0: not set yet) */
+    unsigned rechecks;   /* rounds asked so far */
     char (*rids)[ECT_ID_LEN + 1];
     char error[160];
     idt_node node; /* live: deadline = push wait or TTL by state */
@@ -85,6 +87,7 @@ void xfer_opts_init(xfer_opts *o) {
     o->max_tombstones = XFER_DEFAULT_MAX_TOMBSTONES;
     o->max_orphans = XFER_DEFAULT_MAX_ORPHANS;
     o->cancel_attempts = XFER_DEFAULT_CANCEL_ATTEMPTS;
+    o->recheck_ms = XFER_DEFAULT_RECHECK_MS;
 }
 
 static void ent_free_mem(xent *e) {
@@ -500,6 +503,32 @@ void xfer_cancel_done(xfer_table *t, const xfer_cancel_job *job, bool ok) {
                 "giving up cancelling transfer_id=%s on shard %zu after %u attempts",
                 job->transfer_id, job->shard, job->attempt);
     t->st.cancels_given_up++;
+}
+
+size_t xfer_take_rechecks(xfer_table *t, uint64_t now_ms, xfer_recheck *out, size_t max) {
+    if (!t->o.recheck_ms) return 0;
+    if (now_ms > t->now) t->now = now_ms;
+    size_t n = 0;
+    for (idt_node *nd = idt_first(&t->ids, IDT_LIVE); nd; nd = nd->next) {
+        xent *e = XENT(nd);
+        if (e->state != XFER_WAITING_EVENT || (!e->expected && !e->mask)) continue;
+        if (!e->recheck_at) { /* first seen: its first round is one interval away */
+            e->recheck_at = t->now + t->o.recheck_ms;
+            continue;
+        }
+        if (e->recheck_at > t->now) continue;
+        size_t missing = t->o.tp_size - (size_t)__builtin_popcountll(e->mask);
+        if (missing > max - n) break; /* whole entries only; the rest next time */
+        for (size_t i = 0; i < t->o.tp_size; i++) {
+            if ((e->mask >> i) & 1) continue;
+            snprintf(out[n].transfer_id, sizeof out[n].transfer_id, "%s", e->transfer_id);
+            out[n++].shard = i;
+        }
+        if (e->rechecks < 3) e->rechecks++;
+        e->recheck_at = t->now + (t->o.recheck_ms << e->rechecks);
+        t->st.rechecks += missing;
+    }
+    return n;
 }
 
 void xfer_get_stats(const xfer_table *t, xfer_stats *st) {

@@ -46,6 +46,7 @@
 #define XFER_DEFAULT_MAX_ORPHANS 4096u
 #define XFER_DEFAULT_CANCEL_ATTEMPTS 2u
 #define XFER_MAX_FAILURES 4096u
+#define XFER_DEFAULT_RECHECK_MS 1000u
 
 typedef struct xfer_opts {
     size_t tp_size;           /* shards of the consumer, 1 .. XFER_MAX_SHARDS (1) */
@@ -54,6 +55,9 @@ typedef struct xfer_opts {
     size_t max_tombstones;    /* 65536 */
     size_t max_orphans;       /* items reported before they were expected (4096) */
     unsigned cancel_attempts; /* sends per shard for one remote cancel (2) */
+    uint64_t recheck_ms;      /* a waiting item's missing shards are asked with `status`
+                                 this long after it is known, then at doubling intervals
+                                 (at most 8x); 0: never (xfer_take_rechecks returns 0) */
 } xfer_opts;
 
 void xfer_opts_init(xfer_opts *o);
@@ -163,6 +167,23 @@ size_t xfer_take_cancels(xfer_table *t, xfer_cancel_job *out, size_t max);
  * while attempts remain, else given up (counted). */
 void xfer_cancel_done(xfer_table *t, const xfer_cancel_job *job, bool ok);
 
+/* A `status` question the shell must ask shard `shard` about transfer_id:
+ * its readiness event has not arrived (lost: a stray PULL took it, the
+ * shard's queue dropped it) though the item waits. A `status` answer that
+ * says ready is fed back as an event of that shard (xfer_on_event). */
+typedef struct xfer_recheck {
+    char transfer_id[XFER_KEY_MAX + 1];
+    size_t shard;
+} xfer_recheck;
+
+/* Moves into out[] (up to `max`) one question per shard that has not reported
+ * a WAITING_EVENT entry (expected, or an orphan some shard reported) whose
+ * recheck time has come: first `recheck_ms` after the entry was made, then
+ * 2x, 4x and 8x that after each round. An entry is taken whole or not at all.
+ * Returns how many. O(live entries); the shell calls it a few times a second
+ * at most. */
+size_t xfer_take_rechecks(xfer_table *t, uint64_t now_ms, xfer_recheck *out, size_t max);
+
 /* A transfer that ended badly — FAILED (an abandoned event, shards that
  * disagree), UNAVAILABLE (not on every shard within the push wait; an
  * unexpected item some shards reported and the others never did within the
@@ -185,6 +206,7 @@ typedef struct xfer_stats {
     uint64_t late_events, duplicate_events, tombstones_dropped, orphans_dropped;
     uint64_t cancels_given_up;
     uint64_t failures_dropped; /* failures no one took before the cap */
+    uint64_t rechecks;         /* `status` questions handed out (xfer_take_rechecks) */
 } xfer_stats;
 
 void xfer_get_stats(const xfer_table *t, xfer_stats *st);

@@ -71,6 +71,8 @@ static const jc_spec specs[JC_NKEYS] = {
     [JC_DATA_PORT] = {"data_port", T_INT, 0, 65535},
     [JC_CURVE_KEYS] = {"curve_keys", T_STR, 1, 4095},
     [JC_EVENT_AUTH] = {"event_auth", T_STR, 1, 15},
+    [JC_TRUSTED_PEERS] = {"trusted_peers", T_STR, 1, 4095},
+    [JC_RECHECK_MS] = {"recheck_ms", T_INT, 0, U64_LIM},
 };
 
 const char *jc_key_name(jc_key k) { return k < JC_NKEYS ? specs[k].name : "?"; }

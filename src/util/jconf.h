@@ -60,6 +60,8 @@ typedef enum jc_key {
     JC_DATA_PORT,
     JC_CURVE_KEYS,
     JC_EVENT_AUTH,
+    JC_TRUSTED_PEERS,
+    JC_RECHECK_MS,
     JC_NKEYS
 } jc_key;
 

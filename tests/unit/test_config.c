@@ -148,6 +148,14 @@ static void test_seconds_convert_as_upstream_does(void **state) {
     assert_true(s.control_timeout_s == 3.0);
     assert_int_equal(s.accept_any, 1);
     json_decref(root);
+    assert_int_equal(s.recheck_ms, 1000); /* the default */
+    assert_int_equal(push_scheduler_config("{\"recheck_ms\": 0}", &s, &root), 0);
+    assert_int_equal(s.recheck_ms, 0); /* off */
+    json_decref(root);
+    ect_push_consumer_opts c;
+    assert_int_equal(push_consumer_config("{\"trusted_peers\": \"10.0.0.9,::1\"}", &c, &root), 0);
+    assert_string_equal(c.trusted_peers, "10.0.0.9,::1");
+    json_decref(root);
     assert_int_equal(jc_seconds_to_ms(1e12), INT32_MAX);
 }
 

@@ -103,8 +103,9 @@ static void answer(shard *s, const void *buf, size_t len, char **out) {
         for (size_t i = 0; i < n; i++) {
             wire_reserve_outcome *o = &rep.u.reserve_batch.items[i];
             const wire_reserve_req *r = &req.u.reserve_batch.items[i].req;
-            rsv_request rr = {r->transfer_id,  r->mm_hash,     r->tensor.nbytes,
-                              r->tensor.shape, r->tensor.ndim, r->tensor.dtype};
+            rsv_request rr = {
+                r->transfer_id,  r->mm_hash, r->tensor.nbytes, r->tensor.shape, r->tensor.ndim,
+                r->tensor.dtype, NULL};
             rsv_reply ry;
             if (req.u.reserve_batch.items[i].rc || rsv_reserve(s->t, &rr, now, &ry)) {
                 o->ok = false;

@@ -129,7 +129,7 @@ static void fx_finish(fx *f, uint64_t now) {
 static const uint64_t SHAPE[2] = {4, 8}; /* bfloat16: 64 bytes */
 
 static int reserve(fx *f, const char *tid, const char *hash, uint64_t now, rsv_reply *r) {
-    rsv_request q = {tid, hash, 64, SHAPE, 2, "bfloat16"};
+    rsv_request q = {tid, hash, 64, SHAPE, 2, "bfloat16", NULL};
     int rc = rsv_reserve(f->t, &q, now, r);
     assert_int_equal(rsv_check(f->t), 0);
     return rc;
@@ -249,7 +249,7 @@ static void test_reserve_validates_fields(void **state) {
     fx *f = fx_new(1 << 20, &fake_ops);
     fx_open(f);
     rsv_reply r;
-    rsv_request q = {"t", "h", 64, SHAPE, 2, "bogus"};
+    rsv_request q = {"t", "h", 64, SHAPE, 2, "bogus", NULL};
     assert_err(rsv_reserve(f->t, &q, 0, &r), ECT_EINVAL, "Unsupported torch dtype string");
     q.dtype = "torch.bfloat16";
     q.nbytes = 65;
@@ -276,7 +276,7 @@ static void test_reserve_validates_fields(void **state) {
     assert_int_equal(rsv_status_get(f->t, "t", &st), 0);
     assert_string_equal(st.dtype, "bfloat16");
     const uint64_t zero[1] = {0};
-    rsv_request z = {"z", "hz", 0, zero, 1, "float32"};
+    rsv_request z = {"z", "hz", 0, zero, 1, "float32", NULL};
     assert_int_equal(rsv_reserve(f->t, &z, 0, &r), 0);
     assert_true(r.write);
     assert_int_equal(r.nbytes, 0);
@@ -294,7 +294,7 @@ static void test_conflicts(void **state) {
     /* same transfer_id, other hash or other tensor */
     assert_err(reserve(f, "t1", "h2", 0, &r2), ECT_EEXIST,
                "conflicting reservation for transfer_id");
-    rsv_request q = {"t1", "h1", 128, (const uint64_t[]){8, 8}, 2, "bfloat16"};
+    rsv_request q = {"t1", "h1", 128, (const uint64_t[]){8, 8}, 2, "bfloat16", NULL};
     assert_err(rsv_reserve(f->t, &q, 0, &r2), ECT_EEXIST,
                "conflicting reservation for transfer_id");
     /* another transfer, same hash, other tensor, while in flight */
@@ -663,7 +663,7 @@ static void test_refresh_keeps_followers(void **state) {
     assert_int_equal(reserve(f, "tx", "hx", 2, &n), 0);
     assert_true(n.write && n.offset != w.offset);
     /* a different tensor for the hash conflicts, as with a writer */
-    rsv_request q = {"tz", "h", 8, (const uint64_t[]){4}, 1, "bfloat16"};
+    rsv_request q = {"tz", "h", 8, (const uint64_t[]){4}, 1, "bfloat16", NULL};
     assert_err(rsv_reserve(f->t, &q, 2, &n), ECT_EEXIST, "conflicting in-flight tensor");
     /* the producer reserves again: it writes into the same buffer */
     assert_int_equal(reserve(f, "tw", "h", 3, &w2), 0);
@@ -880,7 +880,7 @@ static void test_real_pool(void **state) {
     for (int i = 0; i < 6; i++) {
         snprintf(id, sizeof id, "t%d", i);
         snprintf(h, sizeof h, "h%d", i);
-        rsv_request q = {id, h, 4000, shape, 1, "float32"};
+        rsv_request q = {id, h, 4000, shape, 1, "float32", NULL};
         assert_int_equal(rsv_reserve(t, &q, (uint64_t)i, &r), 0);
         assert_true(r.write);
         memset((char *)ect_pool_base(pool) + r.offset, i, 4000);
@@ -898,12 +898,12 @@ static void test_real_pool(void **state) {
     for (int i = 0; i < 4; i++) {     /* lease every resident: nothing can be reclaimed */
         snprintf(id, sizeof id, "c%d", i);
         snprintf(h, sizeof h, "h%d", i + 2);
-        rsv_request q = {id, h, 4000, shape, 1, "float32"};
+        rsv_request q = {id, h, 4000, shape, 1, "float32", NULL};
         assert_int_equal(rsv_reserve(t, &q, 10, &r), 0);
         assert_true(r.cached);
         assert_int_equal(rsv_take(t, id, 10, &st), 0);
     }
-    rsv_request q = {"x", "hx", 4000, shape, 1, "float32"};
+    rsv_request q = {"x", "hx", 4000, shape, 1, "float32", NULL};
     assert_err(rsv_reserve(t, &q, 11, &r), ECT_EFULL, "EC consumer buffer pool is full");
     for (int i = 0; i < 4; i++) {
         snprintf(h, sizeof h, "h%d", i + 2);

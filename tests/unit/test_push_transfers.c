@@ -346,6 +346,42 @@ static void test_orphans(void **state) {
     xfer_close(t);
 }
 
+/* Overdue items are handed out for `status` questions: only the shards that
+ * have not reported, first recheck_ms after the entry was seen, then at
+ * doubling intervals; an item that arrived is not asked for again. */
+static void test_rechecks(void **state) {
+    (void)state;
+    xfer_table *t = open_tp(3); /* recheck_ms: the default, 1000 */
+    xfer_recheck rc[8];
+    assert_int_equal(xfer_expect(t, "a", "h", 0), 0);
+    assert_int_equal(xfer_expect(t, "b", "h", 0), 0);
+    assert_int_equal(ready(t, "a", 1, "r1", 10), XFER_EV_APPLIED);
+    assert_int_equal(xfer_take_rechecks(t, 10, rc, 8), 0); /* first seen: not yet due */
+    assert_int_equal(xfer_take_rechecks(t, 1009, rc, 8), 0);
+    assert_int_equal(xfer_take_rechecks(t, 1010, rc, 8), 5); /* a: shards 0, 2; b: 0, 1, 2 */
+    size_t a_asked = 0;
+    for (size_t i = 0; i < 5; i++)
+        if (strcmp(rc[i].transfer_id, "a") == 0) {
+            assert_true(rc[i].shard != 1);
+            a_asked++;
+        }
+    assert_int_equal(a_asked, 2);
+    assert_int_equal(xfer_take_rechecks(t, 1500, rc, 8), 0); /* next round 2 s later */
+    assert_int_equal(ready(t, "b", 0, "r0", 1600), XFER_EV_APPLIED);
+    assert_int_equal(ready(t, "b", 1, "r1", 1600), XFER_EV_APPLIED);
+    assert_int_equal(ready(t, "b", 2, "r2", 1600), XFER_EV_APPLIED); /* b arrived */
+    assert_int_equal(xfer_take_rechecks(t, 3010, rc, 1), 0);         /* a needs 2 slots */
+    assert_int_equal(xfer_take_rechecks(t, 3010, rc, 8), 2);
+    assert_string_equal(rc[0].transfer_id, "a");
+    assert_int_equal(xfer_take_rechecks(t, 7009, rc, 8), 0); /* then 4 s */
+    assert_int_equal(xfer_take_rechecks(t, 7010, rc, 8), 2);
+    xfer_stats st;
+    xfer_get_stats(t, &st);
+    assert_int_equal(st.rechecks, 9);
+    assert_int_equal(xfer_check(t), 0);
+    xfer_close(t);
+}
+
 static void test_cancel_retries_only_failed_shards(void **state) {
     (void)state;
     xfer_table *t = open_tp(4);
@@ -439,6 +475,14 @@ static void test_random_ops(void **state) {
             xfer_cancel_job jobs[8];
             size_t n = xfer_take_cancels(t, jobs, 8);
             for (size_t k = 0; k < n; k++) xfer_cancel_done(t, &jobs[k], test_rand(&seed) % 2);
+            xfer_recheck rc[8]; /* only waiting items' missing shards are asked for */
+            n = xfer_take_rechecks(t, now, rc, 8);
+            for (size_t k = 0; k < n; k++) {
+                xfer_info in;
+                assert_int_equal(xfer_get(t, rc[k].transfer_id, &in), 0);
+                assert_int_equal(in.state, XFER_WAITING_EVENT);
+                assert_true(rc[k].shard < 3);
+            }
             break;
         }
         }
@@ -463,6 +507,7 @@ int main(void) {
         cmocka_unit_test(test_abandoned_fails_early),
         cmocka_unit_test(test_shards_must_agree),
         cmocka_unit_test(test_orphans),
+        cmocka_unit_test(test_rechecks),
         cmocka_unit_test(test_cancel_retries_only_failed_shards),
         cmocka_unit_test(test_tombstone_cap),
         cmocka_unit_test(test_random_ops),

@@ -1,0 +1,432 @@
+/*
+ * Tests for two protections of the push consumer that need no keys
+ * (issue 15; docs/PROTOCOL.md "Lost events" and "Reservations belong to
+ * their peer"):
+ *  - a stray PULL socket connected to the shards' event ports steals
+ *    readiness events (PUSH round-robins), yet every item the producer
+ *    completed becomes AVAILABLE at the scheduler, which asks the shards with
+ *    `status` for items whose events are overdue;
+ *  - an outside client (source address 127.0.0.2) cannot complete, cancel,
+ *    re-reserve or learn the reservation id of a reservation the producer
+ *    (127.0.0.1) made; the legitimate pushes all succeed and the refusals are
+ *    counted in ect_status.
+ * Readiness is by polling state with generous deadlines; nothing is timed.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zmq.h>
+
+#include "testutil.h"
+#include "push/control_client.h"
+#include "ctl_req.h"
+#include "util/util.h"
+
+#define MAXTP 2
+#define ROWS 64
+#define COLS 256
+#define NITEMS 20
+
+static void nap(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+typedef struct inst {
+    ect_push_consumer *c[MAXTP];
+    int tp, base;
+} inst;
+
+static void inst_open(inst *in, int tp, size_t max_events) {
+    memset(in, 0, sizeof *in);
+    in->tp = tp;
+    uint64_t seed = (uint64_t)getpid() * 7919u + (uint64_t)ect_now_ns();
+    for (int attempt = 0; attempt < 50; attempt++) {
+        int base = 20000 + (int)(test_rand(&seed) % 30000);
+        int ok = 1;
+        for (int r = 0; r < tp && ok; r++) {
+            ect_push_consumer_opts o;
+            ect_push_consumer_opts_init(&o);
+            o.ec_port = base;
+            o.tp_size = tp;
+            o.tp_rank = r;
+            o.pool_size = 16u << 20;
+            o.transport = "tcp";
+            if (max_events) o.max_events = max_events;
+            int rc = ect_push_consumer_open(&o, &in->c[r]);
+            if (rc == ECT_EEXIST) {
+                ok = 0;
+                break;
+            }
+            assert_int_equal(rc, 0);
+        }
+        if (ok) {
+            in->base = base;
+            return;
+        }
+        for (int r = 0; r < tp; r++) {
+            ect_push_consumer_close(in->c[r]);
+            in->c[r] = NULL;
+        }
+    }
+    fail_msg("no free port range");
+}
+
+static void inst_close_checked(inst *in) {
+    for (int r = 0; r < in->tp; r++) {
+        ect_push_consumer_evict(in->c[r], SIZE_MAX);
+        ect_push_consumer_stat st;
+        ect_push_consumer_stats(in->c[r], &st);
+        assert_int_equal(st.pool_used, 0);
+        assert_int_equal(st.live, 0);
+        ect_push_consumer_close(in->c[r]);
+    }
+}
+
+/* ---- the legitimate producer (from 127.0.0.1) */
+typedef struct prod {
+    void *zctx;
+    ctl_client *cli;
+    ect_xport *xp;
+    int ports[MAXTP];
+    size_t n;
+} prod;
+
+static void prod_open(prod *p, int base) {
+    memset(p, 0, sizeof *p);
+    p->zctx = zmq_ctx_new();
+    assert_int_equal(ctl_client_open(p->zctx, 30000, &p->cli), 0);
+    assert_int_equal(ect_xport_open("tcp", NULL, &p->xp), 0);
+    assert_int_equal(ctl_peers(p->cli, "127.0.0.1", base, p->ports, MAXTP, &p->n), 0);
+}
+
+static void prod_close(prod *p) {
+    ctl_client_close(p->cli);
+    ect_xport_close(p->xp);
+    zmq_ctx_term(p->zctx);
+}
+
+/* Reserves tid on shard i; returns the reply (the caller clears it). */
+static wire_ctl_reply reserve(prod *p, size_t i, const char *tid, const char *hash) {
+    wire_ctl_request q = test_reserve_req(tid, hash, ROWS, COLS, "bfloat16");
+    wire_ctl_reply r;
+    assert_int_equal(ctl_call_ok(p->cli, "127.0.0.1", p->ports[i], &q, &r), 0);
+    assert_true(r.u.reserve.write);
+    return r;
+}
+
+/* Writes the pattern of seed into the reservation and completes it. */
+static void write_complete(prod *p, size_t i, const char *tid, const wire_ctl_reply *r,
+                           uint64_t seed) {
+    uint64_t nbytes = ROWS * COLS * 2;
+    uint8_t *src = malloc(nbytes);
+    test_fill_pattern(src, nbytes, seed);
+    ect_write w = {src, r->u.reserve.dst_ptr, nbytes, r->u.reserve.dst_key};
+    assert_int_equal(ect_xport_write_batch(p->xp, r->u.reserve.dst_session, &w, 1, NULL), 0);
+    free(src);
+    wire_ctl_request c = {.op = WIRE_OP_COMPLETE};
+    snprintf(c.u.complete.transfer_id, sizeof c.u.complete.transfer_id, "%s", tid);
+    snprintf(c.u.complete.reservation_id, sizeof c.u.complete.reservation_id, "%s",
+             r->u.reserve.reservation_id);
+    wire_ctl_reply cr;
+    assert_int_equal(ctl_call_ok(p->cli, "127.0.0.1", p->ports[i], &c, &cr), 0);
+    assert_true(cr.u.complete.completed);
+    assert_true(cr.u.complete.became_ready);
+    wire_ctl_reply_clear(&cr);
+}
+
+static void push_item(prod *p, const char *tid, const char *hash, uint64_t seed) {
+    for (size_t i = 0; i < p->n; i++) {
+        wire_ctl_reply r = reserve(p, i, tid, hash);
+        write_complete(p, i, tid, &r, seed);
+        wire_ctl_reply_clear(&r);
+    }
+}
+
+/* Takes tid on every shard, checks its bytes and releases it. */
+static void take_release(inst *in, const char *tid, uint64_t seed) {
+    for (int r = 0; r < in->tp; r++) {
+        ect_push_view v;
+        assert_int_equal(ect_push_consumer_take(in->c[r], tid, &v), 0);
+        assert_true(test_check_pattern(v.data, v.nbytes, seed));
+        assert_int_equal(ect_push_consumer_release(in->c[r], &v), 0);
+    }
+}
+
+/* ---- a raw REQ client with a chosen source address */
+typedef struct raw {
+    void *zctx, *req;
+} raw;
+
+static void raw_open(raw *c, const char *src, int port) {
+    c->zctx = zmq_ctx_new();
+    c->req = zmq_socket(c->zctx, ZMQ_REQ);
+    int t = 30000, zero = 0;
+    zmq_setsockopt(c->req, ZMQ_RCVTIMEO, &t, sizeof t);
+    zmq_setsockopt(c->req, ZMQ_SNDTIMEO, &t, sizeof t);
+    zmq_setsockopt(c->req, ZMQ_LINGER, &zero, sizeof zero);
+    char ep[128];
+    snprintf(ep, sizeof ep, "tcp://%s:0;127.0.0.1:%d", src, port); /* source address */
+    assert_int_equal(zmq_connect(c->req, ep), 0);
+}
+
+static void raw_close(raw *c) {
+    zmq_close(c->req);
+    zmq_ctx_term(c->zctx);
+}
+
+/* Sends one request; returns the reply text (static storage). */
+static const char *raw_call(raw *c, const char *fmt, ...) {
+    static char buf[1 << 16];
+    char req[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(req, sizeof req, fmt, ap);
+    va_end(ap);
+    assert_true(zmq_send(c->req, req, strlen(req), 0) >= 0);
+    int n = zmq_recv(c->req, buf, sizeof buf - 1, 0);
+    if (n < 0) fail_msg("no reply to %s: %s", req, zmq_strerror(errno));
+    buf[n < (int)sizeof buf - 1 ? n : (int)sizeof buf - 1] = 0;
+    return buf;
+}
+
+/* The count under "peer_refused" -> key in the shard's ect_status. */
+static long peer_refused(raw *c, const char *key) {
+    const char *s = raw_call(c, "{\"op\":\"ect_status\"}");
+    const char *o = strstr(s, "\"peer_refused\":{");
+    assert_non_null(o);
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *k = strstr(o, pat);
+    assert_non_null(k);
+    return strtol(k + strlen(pat), NULL, 10);
+}
+
+/* ---- lost events */
+
+static void test_stray_pull_loses_no_item(void **state) {
+    (void)state;
+    inst in;
+    inst_open(&in, 2, 0);
+    prod p;
+    prod_open(&p, in.base);
+    assert_int_equal(p.n, 2);
+
+    /* The stray PULL connects to every shard's event port. */
+    void *sctx = zmq_ctx_new();
+    void *stray = zmq_socket(sctx, ZMQ_PULL);
+    int t = 30000, zero = 0;
+    zmq_setsockopt(stray, ZMQ_RCVTIMEO, &t, sizeof t);
+    zmq_setsockopt(stray, ZMQ_LINGER, &zero, sizeof zero);
+    for (size_t i = 0; i < p.n; i++) {
+        int ev;
+        assert_int_equal(ctl_event_port(p.cli, "127.0.0.1", p.ports[i], &ev), 0);
+        char ep[64];
+        snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", ev);
+        assert_int_equal(zmq_connect(stray, ep), 0);
+    }
+    /* A probe item, pushed before any scheduler exists: its two events reach
+     * the stray, which proves it is connected to both shards. */
+    push_item(&p, "probe", "hprobe", 7);
+    char buf[4096];
+    for (int k = 0; k < 2; k++) assert_true(zmq_recv(stray, buf, sizeof buf, 0) > 0);
+    take_release(&in, "probe", 7);
+
+    /* The scheduler connects too; the stray keeps reading (as a thief would). */
+    ect_push_scheduler_opts so;
+    ect_push_scheduler_opts_init(&so);
+    so.consumer_port = in.base;
+    so.tp_size = 2;
+    so.control_timeout_s = 30;
+    so.push_wait_ms = 600000; /* no UNAVAILABLE under a slow machine */
+    ect_push_scheduler *s = NULL;
+    assert_int_equal(ect_push_scheduler_open(&so, &s), 0);
+    char tid[NITEMS][32], hash[NITEMS][32];
+    for (int i = 0; i < NITEMS; i++) {
+        snprintf(tid[i], sizeof tid[i], "t%d", i);
+        snprintf(hash[i], sizeof hash[i], "h%d", i);
+        assert_int_equal(ect_push_scheduler_expect(s, tid[i], hash[i]), 0);
+    }
+    ect_push_scheduler_stat st;
+    for (int i = 0; i < 6000; i++) { /* discovery done: its PULL is connecting too */
+        ect_push_scheduler_poll(s);
+        ect_push_scheduler_stats(s, &st);
+        if (st.shards == 2) break;
+        nap(5);
+    }
+    assert_int_equal(st.shards, 2);
+    for (int i = 0; i < NITEMS; i++) push_item(&p, tid[i], hash[i], 100 + (uint64_t)i);
+
+    /* Every item arrives; the stray's catch is read meanwhile. */
+    int stolen = 0, arrived = 0;
+    zmq_setsockopt(stray, ZMQ_RCVTIMEO, &zero, sizeof zero);
+    for (int round = 0; round < 24000 && arrived < NITEMS; round++) { /* ~120 s at most */
+        while (zmq_recv(stray, buf, sizeof buf, ZMQ_DONTWAIT) > 0) stolen++;
+        ect_push_scheduler_poll(s);
+        ect_push_sched_item it;
+        while (ect_push_scheduler_next(s, &it) == 0) {
+            assert_int_equal(it.reported, 2);
+            arrived++;
+        }
+        if (arrived < NITEMS) nap(5);
+    }
+    while (zmq_recv(stray, buf, sizeof buf, ZMQ_DONTWAIT) > 0) stolen++;
+    assert_int_equal(arrived, NITEMS);
+    ect_push_scheduler_stats(s, &st);
+    print_message("stray PULL took %d of %d events; %llu shard reports recovered by status\n",
+                  stolen, 2 * NITEMS, (unsigned long long)st.recovered);
+    assert_true(stolen > 0);       /* the thief did steal ... */
+    assert_true(st.recovered > 0); /* ... and status made up for it */
+    assert_true(st.rechecks >= st.recovered);
+    for (int i = 0; i < NITEMS; i++) {
+        take_release(&in, tid[i], 100 + (uint64_t)i);
+        assert_int_equal(ect_push_scheduler_loaded(s, tid[i]), 0);
+        assert_int_equal(ect_push_scheduler_finished(s, tid[i]), 0);
+    }
+    ect_push_scheduler_close(s);
+    zmq_close(stray);
+    zmq_ctx_term(sctx);
+    prod_close(&p);
+    inst_close_checked(&in);
+}
+
+/* Events the shard's full queue dropped (fault injection: a backlog of 2,
+ * and no scheduler connected while ten items complete) are recovered too. */
+static void test_dropped_events_lose_no_item(void **state) {
+    (void)state;
+    inst in;
+    inst_open(&in, 1, 2);
+    prod p;
+    prod_open(&p, in.base);
+    char tid[10][32], hash[10][32];
+    for (int i = 0; i < 10; i++) {
+        snprintf(tid[i], sizeof tid[i], "d%d", i);
+        snprintf(hash[i], sizeof hash[i], "hd%d", i);
+        push_item(&p, tid[i], hash[i], 900 + (uint64_t)i);
+    }
+    ect_push_consumer_stat cst;
+    ect_push_consumer_stats(in.c[0], &cst);
+    assert_int_equal(cst.events_dropped, 8); /* only the newest two wait */
+
+    ect_push_scheduler_opts so;
+    ect_push_scheduler_opts_init(&so);
+    so.consumer_port = in.base;
+    so.control_timeout_s = 30;
+    so.push_wait_ms = 600000;
+    ect_push_scheduler *s = NULL;
+    assert_int_equal(ect_push_scheduler_open(&so, &s), 0);
+    for (int i = 0; i < 10; i++) assert_int_equal(ect_push_scheduler_expect(s, tid[i], hash[i]), 0);
+    int arrived = 0;
+    for (int round = 0; round < 24000 && arrived < 10; round++) { /* ~120 s at most */
+        ect_push_scheduler_poll(s);
+        ect_push_sched_item it;
+        while (ect_push_scheduler_next(s, &it) == 0) arrived++;
+        if (arrived < 10) nap(5);
+    }
+    assert_int_equal(arrived, 10);
+    ect_push_scheduler_stat st;
+    ect_push_scheduler_stats(s, &st);
+    assert_true(st.recovered >= 8); /* the dropped ones at least */
+    for (int i = 0; i < 10; i++) {
+        take_release(&in, tid[i], 900 + (uint64_t)i);
+        assert_int_equal(ect_push_scheduler_loaded(s, tid[i]), 0);
+        assert_int_equal(ect_push_scheduler_finished(s, tid[i]), 0);
+    }
+    ect_push_scheduler_close(s);
+    prod_close(&p);
+    inst_close_checked(&in);
+}
+
+/* ---- reservations belong to their peer */
+
+static void test_outsider_cannot_touch_reservations(void **state) {
+    (void)state;
+    inst in;
+    inst_open(&in, 1, 0);
+    prod p;
+    prod_open(&p, in.base);
+    raw out, local;
+    raw_open(&out, "127.0.0.2", in.base);
+    raw_open(&local, "127.0.0.1", in.base);
+    for (int i = 0; i < NITEMS; i++) {
+        char tid[32], hash[32];
+        snprintf(tid, sizeof tid, "x%d", i);
+        snprintf(hash, sizeof hash, "hx%d", i);
+        wire_ctl_reply r = reserve(&p, 0, tid, hash);
+        const char *rid = r.u.reserve.reservation_id;
+
+        /* status: the outsider sees the item but not its reservation id. */
+        const char *s = raw_call(&out, "{\"op\":\"status\",\"transfer_id\":\"%s\"}", tid);
+        assert_non_null(strstr(s, "\"ok\":true"));
+        assert_non_null(strstr(s, "\"reservation_id\":\"\""));
+        assert_null(strstr(s, rid));
+        if (r.u.reserve.dst_key) assert_null(strstr(s, r.u.reserve.dst_key));
+        /* The reserver's host sees the id, never the write key. */
+        s = raw_call(&local, "{\"op\":\"status\",\"transfer_id\":\"%s\"}", tid);
+        assert_non_null(strstr(s, rid));
+        if (r.u.reserve.dst_key) assert_null(strstr(s, r.u.reserve.dst_key));
+
+        /* Even knowing the id, the outsider can neither cancel nor complete. */
+        s = raw_call(&out,
+                     "{\"op\":\"cancel\",\"transfer_id\":\"%s\",\"reservation_id\":\"%s\","
+                     "\"abandon\":true}",
+                     tid, rid);
+        assert_non_null(strstr(s, "\"ok\":false"));
+        assert_non_null(strstr(s, "belongs to another peer"));
+        s = raw_call(&out, "{\"op\":\"cancel\",\"transfer_id\":\"%s\"}", tid);
+        assert_non_null(strstr(s, "belongs to another peer"));
+        s = raw_call(&out, "{\"op\":\"complete\",\"transfer_id\":\"%s\",\"reservation_id\":\"%s\"}",
+                     tid, rid);
+        assert_non_null(strstr(s, "\"ok\":false"));
+        assert_non_null(strstr(s, "belongs to another peer"));
+        s = raw_call(&out,
+                     "{\"op\":\"complete_batch\",\"items\":[{\"transfer_id\":\"%s\","
+                     "\"reservation_id\":\"%s\"}]}",
+                     tid, rid);
+        assert_non_null(strstr(s, "\"completed\":false"));
+        s = raw_call(&out,
+                     "{\"op\":\"reserve\",\"transfer_id\":\"%s\",\"mm_hash\":\"%s\",\"nbytes\":%d,"
+                     "\"shape\":[%d,%d],\"dtype\":\"bfloat16\"}",
+                     tid, hash, ROWS * COLS * 2, ROWS, COLS);
+        assert_non_null(strstr(s, "\"ok\":false"));
+        assert_non_null(strstr(s, "conflicting reservation for transfer_id"));
+
+        /* The legitimate push goes through untouched. */
+        write_complete(&p, 0, tid, &r, 500 + (uint64_t)i);
+        wire_ctl_reply_clear(&r);
+        /* READY now: the outsider still cannot cancel it. */
+        s = raw_call(&out, "{\"op\":\"cancel\",\"transfer_id\":\"%s\"}", tid);
+        assert_non_null(strstr(s, "belongs to another peer"));
+        take_release(&in, tid, 500 + (uint64_t)i);
+    }
+    assert_int_equal(peer_refused(&out, "complete"), 2 * NITEMS);
+    assert_int_equal(peer_refused(&out, "cancel"), 3 * NITEMS);
+    assert_int_equal(peer_refused(&out, "status"), NITEMS);
+    assert_int_equal(peer_refused(&out, "reserve"), NITEMS);
+
+    /* This host's scheduler (a trusted address) may still cancel another
+     * peer's live reservation, as upstream's scheduler does. */
+    wire_ctl_reply r = reserve(&p, 0, "y", "hy");
+    const char *s = raw_call(&local,
+                             "{\"op\":\"cancel\",\"transfer_id\":\"y\",\"reservation_id\":\"%s\","
+                             "\"abandon\":true}",
+                             r.u.reserve.reservation_id);
+    assert_non_null(strstr(s, "\"cancelled\":true"));
+    wire_ctl_reply_clear(&r);
+
+    raw_close(&out);
+    raw_close(&local);
+    prod_close(&p);
+    inst_close_checked(&in);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_stray_pull_loses_no_item),
+        cmocka_unit_test(test_dropped_events_lose_no_item),
+        cmocka_unit_test(test_outsider_cannot_touch_reservations),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
