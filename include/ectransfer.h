@@ -87,7 +87,7 @@ ECT_API int ect_host_is_wildcard(const char *host);
 /** The binary interface's version: raised whenever a public struct changes
  *  its layout or a function its meaning, so a binding (ctypes, cffi) built
  *  against one version refuses another at load instead of misreading it. */
-#define ECT_ABI_VERSION 2
+#define ECT_ABI_VERSION 3
 
 /** ECT_ABI_VERSION of the library actually loaded. */
 ECT_API int ect_abi_version(void);
@@ -696,6 +696,10 @@ typedef struct ect_push_consumer_opts {
                                   listens on data_port + dp_index x tp_size + tp_rank (as the
                                   control ports). 0 (default): any free port. xport_listen,
                                   when set, wins */
+    int max_conns;             /* data-plane connections served at once, 1..65536; default 512
+                                  (ect_xport_opts.max_conns) */
+    int max_conns_per_peer;    /* of those, from one peer IP address, 1..max_conns; default 64
+                                  (ect_xport_opts.max_conns_per_peer) */
 } ect_push_consumer_opts;
 
 /** A READY item taken for reading: `data` points into the consumer's pool
@@ -754,9 +758,9 @@ ECT_API int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_
  *  (pool_size), transport, ec_buffer_device (pool_device), and its own keys
  *  xport_listen and advertise (strings), data_port, ttl_ms,
  *  pending_grace_ms, reap_interval_ms, max_events, max_tombstones,
- *  pool_memory (integers; pool_memory for bindings, see "configuration as
- *  JSON text"). Caller owns *out. Errors: those of the configuration, then
- *  those of ect_push_consumer_open. */
+ *  max_conns, max_conns_per_peer, pool_memory (integers; pool_memory for
+ *  bindings, see "configuration as JSON text"). Caller owns *out. Errors:
+ *  those of the configuration, then those of ect_push_consumer_open. */
 ECT_API int ect_push_consumer_open_config(const char *json, ect_push_consumer **out);
 
 /** Stops the control thread, closes the sockets and the transport (no peer
@@ -1247,6 +1251,11 @@ typedef struct ect_pull_producer_opts {
                                   else a comma-separated list of IP addresses. shm sessions
                                   are same-host and always allowed. Others are refused with
                                   ECT_EACCES before any connect. Copied */
+    /* Of max_lanes, the lanes (consumer sessions served at once) that pulls
+     * from one peer IP address may hold; default 32. A pull for a new session
+     * beyond it is refused with ECT_EBUSY, so a peer naming many sessions
+     * that never answer (tarpits) cannot take the lanes other peers need. */
+    uint32_t max_lanes_per_peer;
 } ect_pull_producer_opts;
 
 typedef struct ect_pull_producer_stat {
@@ -1277,9 +1286,10 @@ ECT_API int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_
 
 /** ect_pull_producer_open from a JSON object (see "configuration as JSON
  *  text"). Reads ec_ip (host), ec_port (port), ec_buffer_size (pool_size),
- *  transport, and its own keys xport_listen (string), alignment,
- *  connect_timeout_ms, io_timeout_ms, max_lanes, page_items,
- *  max_queued_bytes (integers). Caller owns *out. */
+ *  transport, and its own keys xport_listen and connect_allow (strings),
+ *  alignment, connect_timeout_ms, io_timeout_ms, max_lanes,
+ *  max_lanes_per_peer, page_items, max_queued_bytes (integers). Caller owns
+ *  *out. */
 ECT_API int ect_pull_producer_open_config(const char *json, ect_pull_producer **out);
 
 /** Queues an item and returns at once. data may be CUDA device memory (see
@@ -1392,6 +1402,10 @@ typedef struct ect_pull_consumer_opts {
                                  interface that routes to the producer. Copied */
     int data_port;            /* fixed tcp/ucx data-plane port; 0 (default): any free port.
                                  The listen host is xport_listen's, or 127.0.0.1 */
+    int max_conns;            /* data-plane connections served at once, 1..65536; default 512
+                                 (ect_xport_opts.max_conns) */
+    int max_conns_per_peer;   /* of those, from one peer IP address, 1..max_conns; default 64
+                                 (ect_xport_opts.max_conns_per_peer) */
 } ect_pull_consumer_opts;
 
 /** A loaded item: valid, and leased in the consumer's pool, until
@@ -1430,7 +1444,8 @@ ECT_API int ect_pull_consumer_open(const ect_pull_consumer_opts *opts, ect_pull_
  *  text"): the producer is "ec_ip:ec_port" (port 1..65535); ec_buffer_size
  *  (pool_size), transport, ec_buffer_device (pool_device), and its own keys
  *  xport_listen and advertise (strings), data_port, alignment, timeout_ms,
- *  quarantine_ms, pool_memory (integers). Caller owns *out. */
+ *  quarantine_ms, max_conns, max_conns_per_peer, pool_memory (integers).
+ *  Caller owns *out. */
 ECT_API int ect_pull_consumer_open_config(const char *json, ect_pull_consumer **out);
 
 /** Loads mm_hash: from the resident cache if present, else allocates

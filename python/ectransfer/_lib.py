@@ -24,7 +24,7 @@ import os
 import threading
 from pathlib import Path
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 NDIM_MAX = 8  # ECT_POOL_MAX_NDIM
 DTYPE_LEN = 32  # ECT_DTYPE_LEN
 MM_HASH_LEN = 256  # ECT_MM_HASH_LEN

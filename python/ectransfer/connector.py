@@ -40,7 +40,8 @@ log = logging.getLogger("ectransfer.connector")
 # (beyond those it derives itself), by role.
 _FORWARD = {
     "consumer": ("transport", "xport_listen", "ttl_ms", "pending_grace_ms", "reap_interval_ms",
-                 "max_events", "max_tombstones", "advertise", "data_port"),
+                 "max_events", "max_tombstones", "advertise", "data_port", "max_conns",
+                 "max_conns_per_peer"),
     "scheduler": ("ttl_ms", "max_tombstones", "cancel_attempts", "min_drain_interval_ms"),
     "producer": ("transport", "refresh_after_ms", "input_wait_ms", "ttl_ms", "max_tombstones",
                  "connect_timeout_ms", "io_timeout_ms", "listen_host", "down_backoff_ms",

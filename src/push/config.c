@@ -18,8 +18,9 @@
 #include "util/util.h"
 
 static const jc_key consumer_keys[] = {
-    JC_XPORT_LISTEN,   JC_TTL_MS,      JC_PENDING_GRACE_MS, JC_REAP_INTERVAL_MS, JC_MAX_EVENTS,
-    JC_MAX_TOMBSTONES, JC_POOL_MEMORY, JC_ADVERTISE,        JC_DATA_PORT,
+    JC_XPORT_LISTEN, JC_TTL_MS,         JC_PENDING_GRACE_MS,   JC_REAP_INTERVAL_MS,
+    JC_MAX_EVENTS,   JC_MAX_TOMBSTONES, JC_POOL_MEMORY,        JC_ADVERTISE,
+    JC_DATA_PORT,    JC_MAX_CONNS,      JC_MAX_CONNS_PER_PEER,
 };
 static const jc_role consumer_role = {"push consumer", consumer_keys, ECT_ARRAY_LEN(consumer_keys)};
 
@@ -63,6 +64,8 @@ int push_consumer_config(const char *json, ect_push_consumer_opts *o, json_t **r
     if (v[JC_POOL_MEMORY].set) o->pool_memory = (void *)(uintptr_t)v[JC_POOL_MEMORY].u;
     if (v[JC_ADVERTISE].set) o->advertise = v[JC_ADVERTISE].s;
     if (v[JC_DATA_PORT].set) o->data_port = v[JC_DATA_PORT].i;
+    if (v[JC_MAX_CONNS].set) o->max_conns = v[JC_MAX_CONNS].i;
+    if (v[JC_MAX_CONNS_PER_PEER].set) o->max_conns_per_peer = v[JC_MAX_CONNS_PER_PEER].i;
     return 0;
 }
 

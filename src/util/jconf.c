@@ -69,6 +69,11 @@ static const jc_spec specs[JC_NKEYS] = {
     [JC_POOL_MEMORY] = {"pool_memory", T_INT, 1, U64_LIM},
     [JC_ADVERTISE] = {"advertise", T_STR, 1, 255},
     [JC_DATA_PORT] = {"data_port", T_INT, 0, 65535},
+    /* "*" or IP addresses separated by commas; the producer checks each */
+    [JC_CONNECT_ALLOW] = {"connect_allow", T_STR, 1, 4095},
+    [JC_MAX_CONNS] = {"max_conns", T_INT, 1, 65536},
+    [JC_MAX_CONNS_PER_PEER] = {"max_conns_per_peer", T_INT, 1, 65536},
+    [JC_MAX_LANES_PER_PEER] = {"max_lanes_per_peer", T_INT, 1, UINT32_MAX},
 };
 
 const char *jc_key_name(jc_key k) { return k < JC_NKEYS ? specs[k].name : "?"; }

@@ -58,6 +58,10 @@ typedef enum jc_key {
     JC_POOL_MEMORY,
     JC_ADVERTISE,
     JC_DATA_PORT,
+    JC_CONNECT_ALLOW,
+    JC_MAX_CONNS,
+    JC_MAX_CONNS_PER_PEER,
+    JC_MAX_LANES_PER_PEER,
     JC_NKEYS
 } jc_key;
 
