@@ -588,6 +588,10 @@ static void collect(void *ctx, met_out *o) {
     met_out_counter(o, "ectransfer_events_sent_total", "Events sent to the scheduler.", NULL,
                     st.notifications);
     met_out_counter(o, "ectransfer_evictions_total", "Resident items reclaimed.", NULL, st.evicted);
+    met_out_gauge(o, "ectransfer_pool_leased_items",
+                  "Resident items leased now (a pull is writing them).", NULL, (double)ps.leased);
+    met_out_gauge(o, "ectransfer_lanes", "Write lanes running now (consumer sessions served).",
+                  NULL, (double)st.lanes);
 }
 
 int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer **out) {

@@ -340,6 +340,161 @@ row "consumer restart (same ports) mid-push" restart 40 0 1 "$t0" "${cfiles[@]}"
 served_after restart
 
 stop_consumer "$tmp/c2"
+
+# ---- generation 1: `ect pull-producer` on the first host, `ect pull` on the
+# second; the producer writes into the puller's pool across the veth pair.
+PPORT=14800 # ROUTER; PUB on 14801
+MPORT=14900 # the producer's metrics
+LDPORT=15800 # the puller's data plane
+NP=24
+
+start_prod() {
+  rm -f "$1" "$1.err"
+  ip netns exec "$ns1" "$ect" pull-producer --host "$CONS" --port $PPORT --count $NP --size 1MiB \
+    --pool-size 64MiB --metrics-port $MPORT >"$1" 2>"$1.err" &
+  prpid=$!
+  pids+=("$prpid")
+  wait_event "$1" ready "$prpid" 120 || { cat "$1.err"; echo "pull-producer not ready"; exit 1; }
+}
+
+# metric NAME: the producer's gauge NAME now ("?" when it does not answer)
+metric() {
+  in1 python3 - "$CONS" $MPORT "$1" <<'EOF2' || echo "?"
+import sys, urllib.request
+host, port, name = sys.argv[1:4]
+text = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10).read().decode()
+for line in text.splitlines():
+    if line.startswith(name + "{") or line.startswith(name + " "):
+        print(int(float(line.rsplit(" ", 1)[1])))
+        break
+else:
+    print("?")
+EOF2
+}
+
+# wait_leases SECONDS: until the producer holds no lease (0), else 1
+wait_leases() {
+  local i
+  for ((i = 0; i < $1 * 5; i++)); do
+    [ "$(metric ectransfer_pool_leased_items)" = 0 ] && return 0
+    sleep 0.2
+  done
+  return 1
+}
+
+pull() {
+  ip netns exec "$ns2" "$ect" pull --from "$CONS:$PPORT" --all --listen 0.0.0.0 --data-port $LDPORT \
+    --timeout 10s --pool-size 64MiB >"$tmp/l.$1" 2>"$tmp/l.$1.err" &
+  ppid=$!
+  pids+=("$ppid")
+}
+pulled() { grep -c '"status": \?"ok"' "$tmp/l.$1" 2>/dev/null || true; }
+
+# prow NAME TAG KILLED(consumer|producer|-) T_FAULT PRODUCER_OUT
+prow() {
+  local name=$1 tag=$2 killed=$3 t0=$4 prod=$5 leaked
+  if [ "$killed" = producer ]; then
+    leaked="0 (killed)" # the producer's pool went with its process
+  elif wait_leases 120; then
+    leaked=0
+  else
+    leaked="$(metric ectransfer_pool_leased_items) leases"
+  fi
+  python3 - "$name" "$killed" "$t0" "$(now)" "$leaked" "$prod" "$tmp/l.$tag" "$NP" >>"$table" <<'EOF2' ||
+import json, re, sys
+name, killed, t0, t1, leaked, prod, pulls, n = sys.argv[1:9]
+n = int(n)
+want = {}
+for line in open(prod):
+    try:
+        o = json.loads(line)
+    except ValueError:
+        continue
+    if "mm_hash" in o and "checksum" in o:
+        want[o["mm_hash"]] = o["checksum"]
+moved = failed = corrupted = 0
+causes = {}
+seen = set()
+for line in open(pulls):
+    try:
+        o = json.loads(line)
+    except ValueError:
+        continue
+    h = o.get("mm_hash")
+    if h not in want or h in seen:
+        continue
+    seen.add(h)
+    if o.get("status") == "ok":
+        if o.get("checksum") == want[h]:
+            moved += 1
+        else:
+            corrupted += 1
+    else:
+        failed += 1
+        c = re.sub(r"[0-9a-f]{8,}|\d+(\.\d+)?", "#", str(o.get("status")))[:60]
+        causes[c] = causes.get(c, 0) + 1
+unreported = len(want) - len(seen)
+if killed == "consumer":  # the puller died: what it had not printed never arrived for it
+    failed += unreported
+    causes["consumer killed"] = unreported
+    unreported = 0
+cause = "; ".join(f"{k} (x{v})" for k, v in sorted(causes.items(), key=lambda kv: -kv[1])[:2])
+print(f"| {name} | {len(want)} | {moved} | {failed} | {corrupted} | 0 | {leaked} | "
+      f"{float(t1) - float(t0):.1f} | {cause or '-'} |")
+ok = (len(want) == n and moved + failed == n and corrupted == 0 and unreported == 0
+      and leaked.startswith("0"))
+if not ok:
+    print(f"{name}: moved {moved} failed {failed} corrupted {corrupted} unreported {unreported} "
+          f"leaked {leaked} of {len(want)}", file=sys.stderr)
+sys.exit(0 if ok else 1)
+EOF2
+    { tail -n 1 "$table"; cat "$tmp/l.$tag.err"; echo "$name: invariant broken"; exit 1; }
+  tail -n 1 "$table"
+}
+pshape() { in1 tc qdisc replace dev "$veth1" root tbf "$@"; }
+punshape() { in1 tc qdisc del dev "$veth1" root 2>/dev/null || true; }
+
+start_prod "$tmp/pp0"
+# P0. no fault
+t0=$(now)
+pull pbase
+wait_push 300
+prow "pull: none (baseline)" pbase - "$t0" "$tmp/pp0"
+
+# P1. link down for 2 s mid-pull (the producer's writes paced at 200 Mbit/s)
+pshape rate 200mbit burst 64kb latency 500ms
+pull plink
+until [ "$(pulled plink)" -ge 2 ] || ! kill -0 "$ppid" 2>/dev/null; do sleep 0.05; done
+t0=$(now)
+in1 ip link set "$veth1" down
+sleep 2 # the fault's length
+in1 ip link set "$veth1" up
+wait_push 300
+punshape
+prow "pull: link down 2 s mid-pull" plink - "$t0" "$tmp/pp0"
+
+# P2. kill -9 of the puller mid-pull: the producer's writes into it fail,
+# every lease comes back
+pshape rate 200mbit burst 64kb latency 500ms
+pull pkillc
+until [ "$(pulled pkillc)" -ge 2 ] || ! kill -0 "$ppid" 2>/dev/null; do sleep 0.05; done
+t0=$(now)
+kill -KILL "$ppid"
+wait "$ppid" 2>/dev/null || true
+punshape
+prow "pull: kill -9 consumer mid-pull" pkillc consumer "$t0" "$tmp/pp0"
+
+# P3. kill -9 of the producer mid-pull: the puller fails the rest at once,
+# naming the cause, and exits
+pshape rate 200mbit burst 64kb latency 500ms
+pull pkillp
+until [ "$(pulled pkillp)" -ge 2 ] || ! kill -0 "$ppid" 2>/dev/null; do sleep 0.05; done
+t0=$(now)
+kill -KILL "$prpid"
+wait "$prpid" 2>/dev/null || true
+wait_push 300
+punshape
+prow "pull: kill -9 producer mid-pull" pkillp producer "$t0" "$tmp/pp0"
 echo
 cat "$table"
 if [ -n "${ECT_MATRIX_OUT:-}" ]; then cp "$table" "$ECT_MATRIX_OUT"; fi
