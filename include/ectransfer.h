@@ -744,6 +744,10 @@ typedef struct ect_push_consumer_opts {
                                   host's interfaces; "*": every peer. complete is always bound
                                   to the reserving address (docs/PROTOCOL.md "Reservations
                                   belong to their peer"). Copied at open */
+    int max_conns;             /* data-plane connections served at once, 1..65536; default 512
+                                  (ect_xport_opts.max_conns) */
+    int max_conns_per_peer;    /* of those, from one peer IP address, 1..max_conns; default 64
+                                  (ect_xport_opts.max_conns_per_peer) */
 } ect_push_consumer_opts;
 
 /** A READY item taken for reading: `data` points into the consumer's pool
@@ -802,9 +806,9 @@ ECT_API int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_
  *  (pool_size), transport, ec_buffer_device (pool_device), and its own keys
  *  xport_listen, advertise and trusted_peers (strings), data_port, ttl_ms,
  *  pending_grace_ms, reap_interval_ms, max_events, max_tombstones,
- *  pool_memory (integers; pool_memory for bindings, see "configuration as
- *  JSON text"). Caller owns *out. Errors: those of the configuration, then
- *  those of ect_push_consumer_open. */
+ *  max_conns, max_conns_per_peer, pool_memory (integers; pool_memory for
+ *  bindings, see "configuration as JSON text"). Caller owns *out. Errors:
+ *  those of the configuration, then those of ect_push_consumer_open. */
 ECT_API int ect_push_consumer_open_config(const char *json, ect_push_consumer **out);
 
 /** Stops the control thread, closes the sockets and the transport (no peer
@@ -1319,6 +1323,11 @@ typedef struct ect_pull_producer_opts {
                                   session starts with a key handshake; a peer without an
                                   accepted key gets nothing. NULL (default): off, plain
                                   ZMQ as upstream speaks it. Copied at open */
+    /* Of max_lanes, the lanes (consumer sessions served at once) that pulls
+     * from one peer IP address may hold; default 32. A pull for a new session
+     * beyond it is refused with ECT_EBUSY, so a peer naming many sessions
+     * that never answer (tarpits) cannot take the lanes other peers need. */
+    uint32_t max_lanes_per_peer;
 } ect_pull_producer_opts;
 
 typedef struct ect_pull_producer_stat {
@@ -1349,9 +1358,10 @@ ECT_API int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_
 
 /** ect_pull_producer_open from a JSON object (see "configuration as JSON
  *  text"). Reads ec_ip (host), ec_port (port), ec_buffer_size (pool_size),
- *  transport, and its own keys xport_listen (string), alignment,
- *  connect_timeout_ms, io_timeout_ms, max_lanes, page_items,
- *  max_queued_bytes (integers). Caller owns *out. */
+ *  transport, and its own keys xport_listen and connect_allow (strings),
+ *  alignment, connect_timeout_ms, io_timeout_ms, max_lanes,
+ *  max_lanes_per_peer, page_items, max_queued_bytes (integers). Caller owns
+ *  *out. */
 ECT_API int ect_pull_producer_open_config(const char *json, ect_pull_producer **out);
 
 /** Queues an item and returns at once. data may be CUDA device memory (see
@@ -1474,6 +1484,10 @@ typedef struct ect_pull_consumer_opts {
                                  session starts with a key handshake; a peer without an
                                  accepted key gets nothing. NULL (default): off, plain
                                  ZMQ as upstream speaks it. Copied at open */
+    int max_conns;            /* data-plane connections served at once, 1..65536; default 512
+                                 (ect_xport_opts.max_conns) */
+    int max_conns_per_peer;   /* of those, from one peer IP address, 1..max_conns; default 64
+                                 (ect_xport_opts.max_conns_per_peer) */
 } ect_pull_consumer_opts;
 
 /** A loaded item: valid, and leased in the consumer's pool, until
@@ -1512,7 +1526,8 @@ ECT_API int ect_pull_consumer_open(const ect_pull_consumer_opts *opts, ect_pull_
  *  text"): the producer is "ec_ip:ec_port" (port 1..65535); ec_buffer_size
  *  (pool_size), transport, ec_buffer_device (pool_device), and its own keys
  *  xport_listen and advertise (strings), data_port, alignment, timeout_ms,
- *  quarantine_ms, pool_memory (integers). Caller owns *out. */
+ *  quarantine_ms, max_conns, max_conns_per_peer, pool_memory (integers).
+ *  Caller owns *out. */
 ECT_API int ect_pull_consumer_open_config(const char *json, ect_pull_consumer **out);
 
 /** Loads mm_hash: from the resident cache if present, else allocates

@@ -40,7 +40,8 @@ log = logging.getLogger("ectransfer.connector")
 # (beyond those it derives itself), by role.
 _FORWARD = {
     "consumer": ("transport", "xport_listen", "ttl_ms", "pending_grace_ms", "reap_interval_ms",
-                 "max_events", "max_tombstones", "advertise", "data_port"),
+                 "max_events", "max_tombstones", "advertise", "data_port", "max_conns",
+                 "max_conns_per_peer"),
     "scheduler": ("ttl_ms", "max_tombstones", "cancel_attempts", "min_drain_interval_ms"),
     "producer": ("transport", "refresh_after_ms", "input_wait_ms", "ttl_ms", "max_tombstones",
                  "connect_timeout_ms", "io_timeout_ms", "listen_host", "down_backoff_ms",
@@ -627,6 +628,11 @@ class WorkerCore:
         report = self._report_cls()
         if self._producer is not None:
             self._producer.flush()
+            # pending() before poll(): an item that finishes in between is then
+            # either polled now or still counted as pending (read after the
+            # poll, it would be neither, and the engine would stop stepping
+            # with its result unpolled)
+            pending = self._producer.pending() > 0
             for r in self._producer.poll(0):
                 spec = self._in_flight.pop(r.transfer_id, None)
                 if r.ok:
@@ -638,7 +644,7 @@ class WorkerCore:
                 elif spec is not None:
                     self._fail_save(spec, RuntimeError(r.error))
             report.failed_saves, self._failed_saves = self._failed_saves, set()
-            report.pending_saves = self._producer.pending() > 0
+            report.pending_saves = pending
             self._sources.clear()
         if self._shard is not None:
             report.loaded, self._loaded = self._loaded, set()

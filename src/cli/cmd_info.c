@@ -99,9 +99,11 @@ static void print_defaults(void) {
            pp.staging_wait_ms, pp.expect_shards);
     printf("  pull producer                 host %s, port %d (ROUTER; PUB +1), transport %s, pool "
            "%" PRIu64 " B, alignment %" PRIu64 " B,\n"
-           "                                connect %d ms, io %d ms, lanes %u, page %u items\n",
+           "                                connect %d ms, io %d ms, lanes %u (%u per peer), page "
+           "%u items\n",
            lp.host ? lp.host : "(none)", lp.port, lp.transport ? lp.transport : "tcp", lp.pool_size,
-           lp.alignment, lp.connect_timeout_ms, lp.io_timeout_ms, lp.max_lanes, lp.page_items);
+           lp.alignment, lp.connect_timeout_ms, lp.io_timeout_ms, lp.max_lanes,
+           lp.max_lanes_per_peer, lp.page_items);
     printf("  pull consumer                 transport %s, pool %" PRIu64 " B, alignment %" PRIu64
            " B, timeout %d ms, quarantine %d ms\n",
            lc.transport ? lc.transport : "tcp", lc.pool_size, lc.alignment, lc.timeout_ms,

@@ -30,7 +30,8 @@ static void help(void) {
         "usage: ect pull-producer [--host H] [--port P] [--pool-size SIZE] [--metrics-port P]\n"
         "                         [--transport tcp|shm|ucx] [--count N --size SIZE | --file F "
         "...]\n"
-        "                         [--connect-allow ADDRS] [--curve-keys DIR]\n"
+        "                         [--connect-allow ADDRS] [--max-lanes-per-peer N]\n"
+        "                         [--curve-keys DIR]\n"
         "\n"
         "Generation-1 producer: ROUTER on PORT, PUB on PORT+1. Saves N synthetic items of SIZE\n"
         "bytes (deterministic bytes; dtype uint8, shape [SIZE]) or the given files, prints one\n"
@@ -51,6 +52,9 @@ static void help(void) {
         "  --connect-allow A where pulls may make this producer write: '*' (anywhere) or\n"
         "                    comma-separated IP addresses (default: only the address each\n"
         "                    pull came from)\n"
+        "  --max-lanes-per-peer N  consumer sessions one peer address may have served at\n"
+        "                    once (write lanes; default 32): more get EBUSY, so a peer\n"
+        "                    naming sessions that never answer cannot take every lane\n"
         "  --curve-keys DIR  CurveZMQ on every ZMQ socket (docs/SECURITY.md): DIR from `ect\n"
         "                    keygen`, with the peers' public keys in DIR/accept/; default off\n");
 }
@@ -108,11 +112,12 @@ int cmd_pull_producer(int argc, char **argv) {
                                          {"metrics-port", required_argument, 0, 'M'},
                                          {"connect-allow", required_argument, 0, 'A'},
                                          {"curve-keys", required_argument, 0, 'K'},
+                                         {"max-lanes-per-peer", required_argument, 0, 'L'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *curve_keys = NULL;
     const char *host = "127.0.0.1", *transport = "tcp", *allow = NULL;
-    uint64_t port = 14579, pool = 1ull << 30, count = 0, size = 4718592;
+    uint64_t port = 14579, pool = 1ull << 30, count = 0, size = 4718592, per_peer = 0;
     bool have_count = false, have_size = false;
     const char *files[256];
     int nfiles = 0, metrics_port = -1;
@@ -129,6 +134,10 @@ int cmd_pull_producer(int argc, char **argv) {
             break;
         case 't': transport = optarg; break;
         case 'A': allow = optarg; break;
+        case 'L':
+            if (!cli_parse_u64("--max-lanes-per-peer", optarg, 1, UINT32_MAX, &per_peer))
+                return CLI_EXIT_USAGE;
+            break;
         case 'n':
             if (!cli_parse_u64("--count", optarg, 1, 1000000, &count)) return CLI_EXIT_USAGE;
             have_count = true;
@@ -165,6 +174,7 @@ int cmd_pull_producer(int argc, char **argv) {
     o.pool_size = pool;
     o.transport = transport;
     o.connect_allow = allow;
+    if (per_peer) o.max_lanes_per_peer = (uint32_t)per_peer;
     ect_pull_producer *p = NULL;
     if (ect_pull_producer_open(&o, &p) != 0) {
         fprintf(stderr, "ect pull-producer: %s\n", ect_last_error());

@@ -15,8 +15,9 @@
 #include "util/util.h"
 
 static const jc_key producer_keys[] = {
-    JC_XPORT_LISTEN, JC_ALIGNMENT,  JC_CONNECT_TIMEOUT_MS, JC_IO_TIMEOUT_MS,
-    JC_MAX_LANES,    JC_PAGE_ITEMS, JC_MAX_QUEUED_BYTES,   JC_CURVE_KEYS,
+    JC_XPORT_LISTEN,       JC_ALIGNMENT,  JC_CONNECT_TIMEOUT_MS, JC_IO_TIMEOUT_MS,
+    JC_MAX_LANES,          JC_PAGE_ITEMS, JC_MAX_QUEUED_BYTES,   JC_CONNECT_ALLOW,
+    JC_MAX_LANES_PER_PEER, JC_CURVE_KEYS,
 };
 static const jc_role producer_role = {"pull producer", producer_keys, ECT_ARRAY_LEN(producer_keys)};
 
@@ -24,9 +25,10 @@ static const jc_key scheduler_keys[] = {JC_REQUEST_RETRY_MS, JC_CURVE_KEYS};
 static const jc_role scheduler_role = {"pull scheduler", scheduler_keys,
                                        ECT_ARRAY_LEN(scheduler_keys)};
 
-static const jc_key consumer_keys[] = {JC_XPORT_LISTEN,  JC_ALIGNMENT,   JC_TIMEOUT_MS,
-                                       JC_QUARANTINE_MS, JC_POOL_MEMORY, JC_ADVERTISE,
-                                       JC_DATA_PORT,     JC_CURVE_KEYS};
+static const jc_key consumer_keys[] = {
+    JC_XPORT_LISTEN, JC_ALIGNMENT, JC_TIMEOUT_MS, JC_QUARANTINE_MS,      JC_POOL_MEMORY,
+    JC_ADVERTISE,    JC_DATA_PORT, JC_MAX_CONNS,  JC_MAX_CONNS_PER_PEER, JC_CURVE_KEYS,
+};
 static const jc_role consumer_role = {"pull consumer", consumer_keys, ECT_ARRAY_LEN(consumer_keys)};
 
 /* "ec_ip:ec_port" (brackets around an IPv6 address); defaults 127.0.0.1
@@ -61,6 +63,8 @@ int pull_producer_config(const char *json, ect_pull_producer_opts *o, json_t **r
     if (v[JC_PAGE_ITEMS].set) o->page_items = (uint32_t)v[JC_PAGE_ITEMS].u;
     if (v[JC_MAX_QUEUED_BYTES].set) o->max_queued_bytes = v[JC_MAX_QUEUED_BYTES].u;
     if (v[JC_CURVE_KEYS].set) o->curve_keys = v[JC_CURVE_KEYS].s;
+    if (v[JC_CONNECT_ALLOW].set) o->connect_allow = v[JC_CONNECT_ALLOW].s;
+    if (v[JC_MAX_LANES_PER_PEER].set) o->max_lanes_per_peer = (uint32_t)v[JC_MAX_LANES_PER_PEER].u;
     return 0;
 }
 
@@ -94,6 +98,8 @@ int pull_consumer_config(const char *json, ect_pull_consumer_opts *o, json_t **r
     if (v[JC_ADVERTISE].set) o->advertise = v[JC_ADVERTISE].s;
     if (v[JC_DATA_PORT].set) o->data_port = v[JC_DATA_PORT].i;
     if (v[JC_CURVE_KEYS].set) o->curve_keys = v[JC_CURVE_KEYS].s;
+    if (v[JC_MAX_CONNS].set) o->max_conns = v[JC_MAX_CONNS].i;
+    if (v[JC_MAX_CONNS_PER_PEER].set) o->max_conns_per_peer = v[JC_MAX_CONNS_PER_PEER].i;
     return 0;
 }
 

@@ -67,6 +67,10 @@ void ect_pull_consumer_opts_init(ect_pull_consumer_opts *o) {
     o->alignment = 64;
     o->timeout_ms = 60000;
     o->quarantine_ms = 60000;
+    ect_xport_opts xo; /* the data plane's caps, as its own defaults */
+    ect_xport_opts_init(&xo);
+    o->max_conns = xo.max_conns;
+    o->max_conns_per_peer = xo.max_conns_per_peer;
 }
 
 static void quarantine_sweep(ect_pull_consumer *c, bool all) {
@@ -546,6 +550,8 @@ int ect_pull_consumer_open(const ect_pull_consumer_opts *o, ect_pull_consumer **
     ect_xport_opts xo;
     ect_xport_opts_init(&xo);
     if (o->xport_listen || o->data_port) xo.listen = lbuf;
+    xo.max_conns = o->max_conns;
+    xo.max_conns_per_peer = o->max_conns_per_peer;
     if ((rc = ect_xport_open(c->transport, &xo, &c->x)) != 0) goto fail;
     if ((rc = ect_session_advertise(ect_xport_session(c->x), c->o.advertise, host, c->session,
                                     sizeof c->session)) != 0)

@@ -115,6 +115,7 @@ void ect_pull_producer_opts_init(ect_pull_producer_opts *o) {
     o->connect_timeout_ms = 3000;
     o->io_timeout_ms = 10000;
     o->max_lanes = 256;
+    o->max_lanes_per_peer = 32;
     o->page_items = WIRE_PULL_MAX_ITEMS;
     o->max_queued_bytes = 1ull << 30;
 }
@@ -434,12 +435,21 @@ static int dispatch(void *user, pull_job *j) {
     lane_pull *lp = calloc(1, sizeof *lp);
     if (!lp) return ect_set_error(ECT_ENOMEM, "producer out of memory for a lane");
     lp->j = j;
-    int rc = lanes_submit(p->lanes, j->session, &lp->lj);
+    /* A lane counts against the peer that asked (its IP address; a peer
+     * whose address ZMQ cannot tell is grouped under "?"): one peer naming
+     * many sessions that never answer holds at most max_lanes_per_peer. */
+    const char *group = j->peer.addr[0] ? j->peer.addr : "?";
+    int rc = lanes_submit_group(p->lanes, j->session, group, p->o.max_lanes_per_peer, &lp->lj);
     if (rc) {
         free(lp);
-        if (rc == ECT_EBUSY)
+        if (rc == ECT_EBUSY && lanes_count(p->lanes) >= p->o.max_lanes)
             return ect_set_error(ECT_EBUSY, "producer serves %u consumer sessions already",
                                  p->o.max_lanes);
+        if (rc == ECT_EBUSY)
+            return ect_set_error(ECT_EBUSY,
+                                 "producer serves %u consumer sessions of peer %s already "
+                                 "(max_lanes_per_peer)",
+                                 p->o.max_lanes_per_peer, group);
         if (rc == ECT_ECLOSED) return ect_set_error(ECT_ECLOSED, "producer is closing");
     }
     return rc;
@@ -596,6 +606,9 @@ static int validate(const ect_pull_producer_opts *o) {
         return ect_set_error(ECT_EINVAL, "pull producer: transport missing");
     if (o->max_lanes == 0)
         return ect_set_error(ECT_EINVAL, "pull producer: max_lanes must be at least 1");
+    if (o->max_lanes_per_peer == 0)
+        return ect_set_error(ECT_EINVAL, "pull producer: max_lanes_per_peer must be at least 1");
+    if (o->connect_allow && pull_allow_check(o->connect_allow) != 0) return ECT_EINVAL;
     if (o->max_queued_bytes == 0)
         return ect_set_error(ECT_EINVAL, "pull producer: max_queued_bytes must be at least 1");
     if (o->page_items == 0 || o->page_items > WIRE_PULL_MAX_ITEMS)
@@ -622,6 +635,10 @@ static void collect(void *ctx, met_out *o) {
     met_out_counter(o, "ectransfer_events_sent_total", "Events sent to the scheduler.", NULL,
                     st.notifications);
     met_out_counter(o, "ectransfer_evictions_total", "Resident items reclaimed.", NULL, st.evicted);
+    met_out_gauge(o, "ectransfer_pool_leased_items",
+                  "Resident items leased now (a pull is writing them).", NULL, (double)ps.leased);
+    met_out_gauge(o, "ectransfer_lanes", "Write lanes running now (consumer sessions served).",
+                  NULL, (double)st.lanes);
 }
 
 int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer **out) {

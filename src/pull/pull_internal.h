@@ -95,6 +95,11 @@ typedef struct pull_router {
     pull_router_stat st;
 } pull_router;
 
+/* Checks a connect_allow value: "*", or IP addresses (IPv4 or IPv6)
+ * separated by commas, none empty. 0, or ECT_EINVAL with a sentence naming
+ * the first bad entry. */
+int pull_allow_check(const char *allow);
+
 /* Handles one request frame from peer. Never fails on bad input: malformed
  * frames are counted and dropped; refused pulls are answered with a non-zero
  * status and a logged reason. */

@@ -75,6 +75,30 @@ static bool same_ip(const char *a, const char *b) {
     return ip_bytes(a, x) && ip_bytes(b, y) && memcmp(x, y, 16) == 0;
 }
 
+int pull_allow_check(const char *allow) {
+    if (strcmp(allow, "*") == 0) return 0;
+    const char *s = allow;
+    for (;;) {
+        const char *e = strchr(s, ',');
+        size_t n = e ? (size_t)(e - s) : strlen(s);
+        char item[128];
+        unsigned char ip[16];
+        bool ok = n > 0 && n < sizeof item;
+        if (ok) {
+            memcpy(item, s, n);
+            item[n] = '\0';
+            ok = ip_bytes(item, ip);
+        }
+        if (!ok)
+            return ect_set_error(ECT_EINVAL,
+                                 "pull producer: connect_allow: '%.*s' is not an IP address "
+                                 "(give '*', or IP addresses separated by commas)",
+                                 (int)(n < 64 ? n : 64), s);
+        if (!e) return 0;
+        s = e + 1;
+    }
+}
+
 /* The connect policy: may a pull from peer make us write to `session`? */
 static bool session_allowed(const pull_router *r, const pull_peer *peer, const char *session,
                             char *why, size_t cap) {

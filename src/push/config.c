@@ -19,9 +19,10 @@
 #include "util/util.h"
 
 static const jc_key consumer_keys[] = {
-    JC_XPORT_LISTEN, JC_TTL_MS,         JC_PENDING_GRACE_MS, JC_REAP_INTERVAL_MS,
-    JC_MAX_EVENTS,   JC_MAX_TOMBSTONES, JC_POOL_MEMORY,      JC_ADVERTISE,
-    JC_DATA_PORT,    JC_TRUSTED_PEERS,  JC_CURVE_KEYS,       JC_EVENT_AUTH,
+    JC_XPORT_LISTEN, JC_TTL_MS,         JC_PENDING_GRACE_MS,   JC_REAP_INTERVAL_MS,
+    JC_MAX_EVENTS,   JC_MAX_TOMBSTONES, JC_POOL_MEMORY,        JC_ADVERTISE,
+    JC_DATA_PORT,    JC_MAX_CONNS,      JC_MAX_CONNS_PER_PEER, JC_TRUSTED_PEERS,
+    JC_CURVE_KEYS,   JC_EVENT_AUTH,
 };
 static const jc_role consumer_role = {"push consumer", consumer_keys, ECT_ARRAY_LEN(consumer_keys)};
 
@@ -78,6 +79,8 @@ int push_consumer_config(const char *json, ect_push_consumer_opts *o, json_t **r
         o->event_auth_off = strcmp(e, "none") == 0;
     }
     if (v[JC_TRUSTED_PEERS].set) o->trusted_peers = v[JC_TRUSTED_PEERS].s;
+    if (v[JC_MAX_CONNS].set) o->max_conns = v[JC_MAX_CONNS].i;
+    if (v[JC_MAX_CONNS_PER_PEER].set) o->max_conns_per_peer = v[JC_MAX_CONNS_PER_PEER].i;
     return 0;
 }
 

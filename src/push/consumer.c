@@ -70,6 +70,10 @@ void ect_push_consumer_opts_init(ect_push_consumer_opts *o) {
     o->reap_interval_ms = CTL_DEFAULT_REAP_INTERVAL_MS;
     o->max_events = RSV_DEFAULT_MAX_EVENTS;
     o->max_tombstones = RSV_DEFAULT_MAX_TOMBSTONES;
+    ect_xport_opts xo; /* the data plane's caps, as its own defaults */
+    ect_xport_opts_init(&xo);
+    o->max_conns = xo.max_conns;
+    o->max_conns_per_peer = xo.max_conns_per_peer;
 }
 
 static int mem_alloc(void *ctx, uint64_t nbytes, uint64_t *offset) {
@@ -264,6 +268,8 @@ int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_consumer
         opts->data_port ? opts->data_port + opts->dp_index * opts->tp_size + opts->tp_rank : 0;
     ect_hostport_format(c->ip, dport, listen, sizeof listen);
     xo.listen = opts->xport_listen ? opts->xport_listen : listen;
+    xo.max_conns = opts->max_conns;
+    xo.max_conns_per_peer = opts->max_conns_per_peer;
     if ((rc = ect_xport_open(opts->transport, &xo, &c->xp))) goto fail;
     if ((rc = ect_xport_register_mem(c->xp, ect_pool_base(c->pool), ect_pool_capacity(c->pool),
                                      ect_pool_mem_kind(c->pool), ect_pool_fd(c->pool), 0, c->key)))

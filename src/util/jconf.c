@@ -73,6 +73,11 @@ static const jc_spec specs[JC_NKEYS] = {
     [JC_EVENT_AUTH] = {"event_auth", T_STR, 1, 15},
     [JC_TRUSTED_PEERS] = {"trusted_peers", T_STR, 1, 4095},
     [JC_RECHECK_MS] = {"recheck_ms", T_INT, 0, U64_LIM},
+    /* "*" or IP addresses separated by commas; the producer checks each */
+    [JC_CONNECT_ALLOW] = {"connect_allow", T_STR, 1, 4095},
+    [JC_MAX_CONNS] = {"max_conns", T_INT, 1, 65536},
+    [JC_MAX_CONNS_PER_PEER] = {"max_conns_per_peer", T_INT, 1, 65536},
+    [JC_MAX_LANES_PER_PEER] = {"max_lanes_per_peer", T_INT, 1, UINT32_MAX},
 };
 
 const char *jc_key_name(jc_key k) { return k < JC_NKEYS ? specs[k].name : "?"; }

@@ -62,6 +62,10 @@ typedef enum jc_key {
     JC_EVENT_AUTH,
     JC_TRUSTED_PEERS,
     JC_RECHECK_MS,
+    JC_CONNECT_ALLOW,
+    JC_MAX_CONNS,
+    JC_MAX_CONNS_PER_PEER,
+    JC_MAX_LANES_PER_PEER,
     JC_NKEYS
 } jc_key;
 

@@ -18,6 +18,7 @@
 struct lane {
     lane_pool *lp;
     char *key;
+    char *group; /* NULL: none */
     pthread_t th;
     pthread_cond_t cv;
     lane_job *head, *tail; /* [mu] queued, not started */
@@ -104,7 +105,16 @@ static void *lane_main(void *arg) {
 static void lane_free(lane *l) {
     pthread_cond_destroy(&l->cv);
     free(l->key);
+    free(l->group);
     free(l);
+}
+
+/* Live lanes of group g (caller holds mu). At most max_lanes: a scan. */
+static size_t group_live_locked(lane_pool *lp, const char *g) {
+    size_t n = 0;
+    for (lane *l = lp->by_key; l; l = l->hh.next)
+        if (l->group && strcmp(l->group, g) == 0) n++;
+    return n;
 }
 
 /* Joins the lanes whose threads returned (or are returning). Caller holds
@@ -126,28 +136,39 @@ static void reap_locked(lane_pool *lp) {
 }
 
 int lanes_submit(lane_pool *lp, const char *key, lane_job *j) {
+    return lanes_submit_group(lp, key, NULL, 0, j);
+}
+
+int lanes_submit_group(lane_pool *lp, const char *key, const char *group, size_t group_max,
+                       lane_job *j) {
     pthread_mutex_lock(&lp->mu);
     reap_locked(lp);
     int rc = 0;
     lane *l = NULL;
     HASH_FIND_STR(lp->by_key, key, l);
     if (!l) {
+        bool cv = false;
         if (lp->stop)
             rc = ect_set_error(ECT_ECLOSED, "lanes: closing");
         else if (lp->live >= lp->max)
             rc = ect_set_error(ECT_EBUSY, "%zu lanes run already", lp->max);
-        else if (!(l = calloc(1, sizeof *l)) || !(l->key = strdup(key)))
+        else if (group && group_live_locked(lp, group) >= group_max)
+            rc = ect_set_error(ECT_EBUSY, "%zu lanes of %.64s run already", group_max, group);
+        else if (!(l = calloc(1, sizeof *l)) || !(l->key = strdup(key)) ||
+                 (group && !(l->group = strdup(group))))
             rc = ect_set_error(ECT_ENOMEM, "lanes: out of memory");
         if (!rc) {
             l->lp = lp;
             ect_cond_init(&l->cv);
+            cv = true;
             if (pthread_create(&l->th, NULL, lane_main, l) != 0)
                 rc = ect_set_error(ECT_ENOMEM, "lanes: cannot start a thread");
         }
         if (rc) {
             if (l) {
-                if (l->key) pthread_cond_destroy(&l->cv);
+                if (cv) pthread_cond_destroy(&l->cv);
                 free(l->key);
+                free(l->group);
                 free(l);
             }
             pthread_mutex_unlock(&lp->mu);
@@ -180,6 +201,13 @@ lane_job *lane_take_queued(lane *l) {
 }
 
 const char *lane_key(const lane *l) { return l->key; }
+
+size_t lanes_count_group(lane_pool *lp, const char *group) {
+    pthread_mutex_lock(&lp->mu);
+    size_t n = group_live_locked(lp, group);
+    pthread_mutex_unlock(&lp->mu);
+    return n;
+}
 
 size_t lanes_count(lane_pool *lp) {
     pthread_mutex_lock(&lp->mu);

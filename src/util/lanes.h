@@ -55,6 +55,17 @@ int lanes_open(const lane_ops *ops, size_t max_lanes, uint64_t idle_ms, lane_poo
  * run already; ECT_ENOMEM (no thread); ECT_ECLOSED closing. */
 int lanes_submit(lane_pool *lp, const char *key, lane_job *j);
 
+/* lanes_submit, and a new lane for `key` also counts against `group` (a
+ * peer's address): when group_max lanes of that group run already, the job
+ * is refused with ECT_EBUSY (the caller keeps it) even below max_lanes. A
+ * job for a lane that runs already is queued whatever its group. group NULL:
+ * no group (lanes_submit). */
+int lanes_submit_group(lane_pool *lp, const char *key, const char *group, size_t group_max,
+                       lane_job *j);
+
+/* Lanes of `group` running now. */
+size_t lanes_count_group(lane_pool *lp, const char *group);
+
 /* On the lane's own thread (inside run): takes the jobs queued behind the
  * running one, in order (they will not run on the lane), or NULL. */
 lane_job *lane_take_queued(lane *l);

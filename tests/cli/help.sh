@@ -37,6 +37,10 @@ expect_exit 2 "ect bench alloc: --ms: 'x' is not a duration" "$ect" bench alloc 
 expect_exit 2 "ect push-consumer: --pool-size: 'lots' is not a size" \
   "$ect" push-consumer --host 127.0.0.1 --port 14579 --pool-size lots
 expect_exit 2 "ect pull-producer: --count: 'x' is not an integer" "$ect" pull-producer --count x
+expect_exit 2 "ect pull-producer: --max-lanes-per-peer: '0' is not an integer" \
+  "$ect" pull-producer --max-lanes-per-peer 0
+expect_exit 1 "connect_allow: 'bad.host' is not an IP address" \
+  "$ect" pull-producer --port 0 --connect-allow bad.host
 # every --help that takes a duration says what a bare number means
 for c in push-consumer push pull demo; do
   "$ect" "$c" --help | grep -q 'bare: \(seconds\|milliseconds\)' || { echo "ect $c --help: bare unit"; exit 1; }

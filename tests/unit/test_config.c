@@ -1,7 +1,12 @@
 /* Tests for the JSON configurations of every role (util/jconf, push/config,
  * pull/config, ect_*_open_config), the ABI checks a binding runs at load,
  * and the log handler. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "pull/config.h"
 #include "push/config.h"
@@ -369,6 +374,144 @@ static void test_pool_memory_is_the_callers(void **state) {
     json_decref(root);
 }
 
+/* The data-plane caps of the two consumers (the transport targets) and the
+ * pull producer's connect policy and lanes per peer, as JSON keys. */
+static void test_peer_caps_and_connect_allow(void **state) {
+    (void)state;
+    json_t *root;
+    char addr[PULL_CONFIG_ADDR_MAX];
+    ect_xport_opts xd;
+    ect_xport_opts_init(&xd);
+    ect_push_consumer_opts c;
+    ect_push_consumer_opts_init(&c); /* the defaults are the transport's */
+    assert_int_equal(c.max_conns, xd.max_conns);
+    assert_int_equal(c.max_conns_per_peer, xd.max_conns_per_peer);
+    assert_int_equal(
+        push_consumer_config("{\"max_conns\": 100, \"max_conns_per_peer\": 10}", &c, &root), 0);
+    json_decref(root);
+    assert_int_equal(c.max_conns, 100);
+    assert_int_equal(c.max_conns_per_peer, 10);
+    ect_pull_consumer_opts pc;
+    ect_pull_consumer_opts_init(&pc);
+    assert_int_equal(pc.max_conns, xd.max_conns);
+    assert_int_equal(pc.max_conns_per_peer, xd.max_conns_per_peer);
+    assert_int_equal(
+        pull_consumer_config("{\"max_conns\": 65536, \"max_conns_per_peer\": 1}", &pc, &root, addr),
+        0);
+    json_decref(root);
+    assert_int_equal(pc.max_conns, 65536);
+    assert_int_equal(pc.max_conns_per_peer, 1);
+    ect_pull_producer_opts pp;
+    assert_int_equal(
+        pull_producer_config("{\"connect_allow\": \"192.0.2.7, 2001:db8::1\"}", &pp, &root), 0);
+    /* the config passes the text; the open checks each address (below) */
+    assert_string_equal(pp.connect_allow, "192.0.2.7, 2001:db8::1");
+    json_decref(root);
+    assert_int_equal(pull_producer_config("{\"connect_allow\": \"192.0.2.7,2001:db8::1\", "
+                                          "\"max_lanes_per_peer\": 4}",
+                                          &pp, &root),
+                     0);
+    assert_string_equal(pp.connect_allow, "192.0.2.7,2001:db8::1");
+    assert_int_equal(pp.max_lanes_per_peer, 4);
+    json_decref(root);
+
+    static const struct {
+        int role; /* 0 push consumer, 1 pull consumer, 2 pull producer, 3 push producer */
+        const char *json, *part;
+    } bad[] = {
+        {0, "{\"max_conns\": 0}", "'max_conns' must be an integer 1..65536"},
+        {0, "{\"max_conns\": 65537}", "'max_conns' must be an integer 1..65536"},
+        {0, "{\"max_conns\": \"512\"}", "'max_conns' must be an integer, not a string"},
+        {1, "{\"max_conns_per_peer\": 0}", "'max_conns_per_peer' must be an integer 1..65536"},
+        {1, "{\"max_conns_per_peer\": 1.5}", "'max_conns_per_peer' must be an integer"},
+        {2, "{\"connect_allow\": \"\"}", "'connect_allow' must be a string of 1..4095 bytes"},
+        {2, "{\"connect_allow\": [\"*\"]}", "'connect_allow' must be a string, not an array"},
+        {2, "{\"max_lanes_per_peer\": 0}", "'max_lanes_per_peer' must be an integer 1.."},
+        {2, "{\"max_conns\": 8}", "'max_conns' is not an option of the pull producer"},
+        {3, "{\"max_conns\": 8}", "'max_conns' is not an option of the push producer"},
+        {3, "{\"connect_allow\": \"*\"}", "'connect_allow' is not an option of the push producer"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ect_push_producer_opts q;
+        int rc = bad[i].role == 0   ? push_consumer_config(bad[i].json, &c, &root)
+                 : bad[i].role == 1 ? pull_consumer_config(bad[i].json, &pc, &root, addr)
+                 : bad[i].role == 2 ? pull_producer_config(bad[i].json, &pp, &root)
+                                    : push_producer_config(bad[i].json, &q, &root);
+        json_decref(root);
+        if (rc != ECT_EINVAL || !strstr(ect_last_error(), bad[i].part))
+            fail_msg("%s: rc %d, error '%s', expected '%s'", bad[i].json, rc, ect_last_error(),
+                     bad[i].part);
+    }
+
+    /* values the config takes but the open refuses, with the open's error */
+    ect_push_consumer *cons;
+    assert_err(ect_push_consumer_open_config("{\"ec_port\": 0, \"ec_buffer_size\": 1048576, "
+                                             "\"max_conns\": 8, \"max_conns_per_peer\": 9}",
+                                             &cons),
+               ECT_EINVAL, "max_conns_per_peer");
+    assert_null(cons);
+    ect_pull_producer *prod;
+    static const char *bad_allow[] = {
+        "{\"ec_port\": 0, \"connect_allow\": \"host.example\"}",
+        "{\"ec_port\": 0, \"connect_allow\": \"192.0.2.1,\"}",
+        "{\"ec_port\": 0, \"connect_allow\": \"192.0.2.1,,10.0.0.1\"}",
+        "{\"ec_port\": 0, \"connect_allow\": \"*,192.0.2.1\"}",
+        "{\"ec_port\": 0, \"connect_allow\": \"192.0.2.300\"}",
+    };
+    for (size_t i = 0; i < sizeof bad_allow / sizeof bad_allow[0]; i++) {
+        int rc = ect_pull_producer_open_config(bad_allow[i], &prod);
+        if (rc != ECT_EINVAL || !strstr(ect_last_error(), "connect_allow") ||
+            !strstr(ect_last_error(), "is not an IP address"))
+            fail_msg("%s: rc %d, error '%s'", bad_allow[i], rc, ect_last_error());
+        assert_null(prod);
+    }
+    assert_int_equal(ect_pull_producer_open_config("{\"ec_port\": 0, \"ec_buffer_size\": 1048576, "
+                                                   "\"connect_allow\": \"*\"}",
+                                                   &prod),
+                     0);
+    ect_pull_producer_close(prod);
+    assert_int_equal(ect_pull_producer_open_config("{\"ec_port\": 0, \"ec_buffer_size\": 1048576, "
+                                                   "\"connect_allow\": \"127.0.0.1,::1\"}",
+                                                   &prod),
+                     0);
+    ect_pull_producer_close(prod);
+}
+
+/* max_conns from the JSON text reaches the consumer's data plane: with one
+ * connection allowed, a second one is closed at once while the first stays. */
+static void test_max_conns_reaches_the_data_plane(void **state) {
+    (void)state;
+    ect_push_consumer *cons;
+    assert_int_equal(ect_push_consumer_open_config("{\"ec_port\": 0, \"ec_buffer_size\": 1048576, "
+                                                   "\"max_conns\": 1, \"max_conns_per_peer\": 1}",
+                                                   &cons),
+                     0);
+    const char *sess = ect_push_consumer_session(cons);
+    const char *colon = strrchr(sess, ':');
+    assert_non_null(colon);
+    struct sockaddr_in dst = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+    inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
+    int fd[2];
+    for (int i = 0; i < 2; i++) {
+        fd[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        assert_true(fd[i] >= 0);
+        assert_int_equal(connect(fd[i], (struct sockaddr *)&dst, sizeof dst), 0);
+    }
+    /* the first EOF (generous bound: the io timeout, 30 s, would close both) */
+    struct pollfd pf[2] = {{.fd = fd[0], .events = POLLIN}, {.fd = fd[1], .events = POLLIN}};
+    assert_true(poll(pf, 2, 25000) >= 1);
+    int closed = -1;
+    char b;
+    for (int i = 0; i < 2 && closed < 0; i++)
+        if ((pf[i].revents & (POLLIN | POLLHUP)) && recv(fd[i], &b, 1, 0) <= 0) closed = i;
+    assert_true(closed >= 0);
+    struct pollfd other = {.fd = fd[1 - closed], .events = POLLIN};
+    assert_int_equal(poll(&other, 1, 0), 0); /* the other one is still served */
+    close(fd[0]);
+    close(fd[1]);
+    ect_push_consumer_close(cons);
+}
+
 static void test_abi_checks(void **state) {
     (void)state;
     assert_int_equal(ect_abi_version(), ECT_ABI_VERSION);
@@ -448,6 +591,8 @@ int main(void) {
         cmocka_unit_test(test_shared_keys_pass_every_role),
         cmocka_unit_test(test_open_config_opens_every_role),
         cmocka_unit_test(test_pool_memory_is_the_callers),
+        cmocka_unit_test(test_peer_caps_and_connect_allow),
+        cmocka_unit_test(test_max_conns_reaches_the_data_plane),
         cmocka_unit_test(test_abi_checks),
         cmocka_unit_test(test_log_handler_receives_lines),
     };

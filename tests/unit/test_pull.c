@@ -993,6 +993,108 @@ static void test_connect_policy(void **st) {
     }
 }
 
+/* A listener on ip (backlog only: the kernel completes connections, nothing
+ * is ever read or answered: a tarpit); its port in *port. */
+static int tarpit_listener(const char *ip, int *port) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    inet_pton(AF_INET, ip, &sa.sin_addr);
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(fd, 16), 0);
+    socklen_t sl = sizeof sa;
+    getsockname(fd, (struct sockaddr *)&sa, &sl);
+    *port = ntohs(sa.sin_port);
+    return fd;
+}
+
+/* A tarpit pull holds one lane only: a peer naming many sessions that accept
+ * and never answer gets max_lanes_per_peer lanes, its other pulls are refused
+ * at once with ECT_EBUSY naming the cap, and a pull from another peer
+ * (127.0.0.2) is served while every tarpit pull is still outstanding. With
+ * one cap for all lanes (before), the tarpits took all max_lanes and the
+ * legitimate pull got ECT_EBUSY. */
+static void test_tarpit_holds_one_lane(void **st) {
+    (void)st;
+    enum { N = 12, MAX_LANES = 8, PER_PEER = 3 };
+    ect_pull_producer_opts o;
+    ect_pull_producer_opts_init(&o);
+    o.port = 0;
+    o.pool_size = 4 * MiB;
+    o.max_lanes = MAX_LANES;
+    o.max_lanes_per_peer = PER_PEER;
+    o.io_timeout_ms = 600000; /* the tarpits hold their lanes until their listeners close */
+    o.connect_timeout_ms = 600000;
+    ect_pull_producer *p = NULL;
+    assert_int_equal(ect_pull_producer_open(&o, &p), 0);
+    save_item(p, "tp", 64 * KiB, 9);
+    assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
+    int lfd[N], lport[N];
+    for (int i = 0; i < N; i++) lfd[i] = tarpit_listener("127.0.0.1", &lport[i]);
+    void *ctx = zmq_ctx_new();
+    void *tar = zsock(ctx, ZMQ_DEALER);
+    char ep[128], sess[64], err[512];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", ect_pull_producer_port(p));
+    assert_int_equal(zmq_connect(tar, ep), 0);
+    for (int i = 0; i < N; i++) {
+        snprintf(sess, sizeof sess, "127.0.0.1:%d", lport[i]);
+        send_pull(tar, "tp", 4096, 0, sess, "0000000000000001", (uint64_t)i + 1);
+    }
+    /* N - PER_PEER refusals come back at once, in order (one ROUTER thread) */
+    for (int i = PER_PEER; i < N; i++) {
+        assert_int_equal(recv_complete(tar, "tp", (uint64_t)i + 1, err, sizeof err), ECT_EBUSY);
+        assert_non_null(strstr(err, "max_lanes_per_peer"));
+    }
+    ect_pull_producer_stat ps;
+    ect_pull_producer_stats(p, &ps);
+    assert_int_equal(ps.lanes, PER_PEER);
+
+    /* the legitimate peer: a DEALER from 127.0.0.2 and a target there */
+    ect_xport_opts xo;
+    ect_xport_opts_init(&xo);
+    xo.listen = "127.0.0.2:0";
+    ect_xport *x = NULL;
+    assert_int_equal(ect_xport_open("tcp", &xo, &x), 0);
+    size_t rl = 256 * KiB;
+    uint8_t *r = mmap(NULL, rl, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(r != MAP_FAILED);
+    char key[ECT_XPORT_KEY_MAX];
+    assert_int_equal(ect_xport_register(x, r, rl, -1, 0, key), 0);
+    void *good = zsock(ctx, ZMQ_DEALER);
+    snprintf(ep, sizeof ep, "tcp://127.0.0.2:0;127.0.0.1:%d", ect_pull_producer_port(p));
+    assert_int_equal(zmq_connect(good, ep), 0);
+    send_pull(good, "tp", (uint64_t)(uintptr_t)r, 0, ect_xport_session(x), key, 100);
+    assert_int_equal(recv_complete(good, "tp", 100, err, sizeof err), 0);
+    assert_true(test_check_pattern(r, 64 * KiB, 9));
+    /* served while no tarpit pull has its answer (an order, not a time) */
+    char buf[64];
+    assert_int_equal(zmq_recv(tar, buf, sizeof buf, ZMQ_DONTWAIT), -1);
+
+    /* the tarpits close: their writes fail, each answered non-zero (the
+     * lanes run in parallel: in any order) */
+    for (int i = 0; i < N; i++) close(lfd[i]);
+    bool answered[PER_PEER] = {false};
+    for (int i = 0; i < PER_PEER; i++) {
+        char reply[4096];
+        int rn = zmq_recv(tar, reply, sizeof reply, 0);
+        assert_true(rn > 0);
+        wire_transfer_complete wc;
+        assert_int_equal(wire_transfer_complete_decode(reply, (size_t)rn, &wc), 0);
+        assert_true(wc.has_token && wc.token >= 1 && wc.token <= PER_PEER);
+        assert_false(answered[wc.token - 1]);
+        answered[wc.token - 1] = true;
+        assert_int_not_equal(wc.status, 0);
+        assert_int_not_equal(wc.status, ECT_EBUSY);
+        wire_transfer_complete_free(&wc);
+    }
+    zmq_close(good);
+    zmq_close(tar);
+    zmq_ctx_term(ctx);
+    ect_pull_producer_close(p);
+    ect_xport_close(x);
+    munmap(r, rl);
+}
+
 /* ---- garbage on SUB */
 
 static void test_sub_malformed(void **st) {
@@ -1135,6 +1237,7 @@ int main(void) {
         cmocka_unit_test(test_peer_gone),
         cmocka_unit_test(test_producer_killed),
         cmocka_unit_test(test_connect_policy),
+        cmocka_unit_test(test_tarpit_holds_one_lane),
         cmocka_unit_test(test_sub_malformed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -170,11 +170,57 @@ static void test_take_queued_and_close(void **state) {
     lanes_close(NULL, true);
 }
 
+/* A group (a peer) holds at most group_max lanes: a new key of a full group
+ * is refused, a job for a lane it runs already is queued, and another group
+ * still gets a lane while the first group's lanes are blocked. */
+static void test_group_cap(void **state) {
+    (void)state;
+    reset();
+    lane_pool *lp;
+    assert_int_equal(lanes_open(&OPS, 8, 60000, &lp), 0);
+    atomic_bool go = false;
+    static job t[4], q, other, after;
+    char k[16];
+    for (int i = 0; i < 2; i++) {
+        t[i].wait_for = &go; /* the "tarpit" lanes block */
+        t[i].key = i;
+        t[i].seq = 1;
+        snprintf(k, sizeof k, "k%d", i);
+        assert_int_equal(lanes_submit_group(lp, k, "peerA", 2, &t[i].lj), 0);
+    }
+    for (int i = 2; i < 4; i++) {
+        t[i].key = i;
+        t[i].seq = 1;
+        snprintf(k, sizeof k, "k%d", i);
+        assert_err(lanes_submit_group(lp, k, "peerA", 2, &t[i].lj), ECT_EBUSY, "peerA");
+    }
+    q.key = 0; /* the running lane of k0 queues more, group full or not */
+    q.seq = 2;
+    assert_int_equal(lanes_submit_group(lp, "k0", "peerA", 2, &q.lj), 0);
+    other.key = 5;
+    other.seq = 1;
+    assert_int_equal(lanes_submit_group(lp, "k5", "peerB", 2, &other.lj), 0);
+    wait_true(&other.ran); /* served while peerA's lanes are blocked */
+    assert_false(atomic_load(&t[0].ran));
+    assert_int_equal(lanes_count_group(lp, "peerA"), 2);
+    assert_int_equal(lanes_count_group(lp, "nobody"), 0);
+    /* a plain submit counts against no group */
+    after.key = 6;
+    after.seq = 1;
+    assert_int_equal(submit(lp, &after, 6, 1), 0);
+    atomic_store(&go, true);
+    wait_true(&q.ran);
+    wait_true(&after.ran);
+    lanes_close(lp, true);
+    assert_int_equal(atomic_load(&order_errors), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_order_parallel_and_limit),
         cmocka_unit_test(test_idle_lanes_end),
         cmocka_unit_test(test_take_queued_and_close),
+        cmocka_unit_test(test_group_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
