@@ -239,6 +239,7 @@ int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_consumer
         opts->data_port ? opts->data_port + opts->dp_index * opts->tp_size + opts->tp_rank : 0;
     ect_hostport_format(c->ip, dport, listen, sizeof listen);
     xo.listen = opts->xport_listen ? opts->xport_listen : listen;
+    xo.curve_keys = opts->curve_keys;
     if ((rc = ect_xport_open(opts->transport, &xo, &c->xp))) goto fail;
     if ((rc = ect_xport_register_mem(c->xp, ect_pool_base(c->pool), ect_pool_capacity(c->pool),
                                      ect_pool_mem_kind(c->pool), ect_pool_fd(c->pool), 0, c->key)))
