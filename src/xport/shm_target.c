@@ -195,16 +195,18 @@ static void serve_conn(void *ctx, int fd, int stopfd) {
             why = "it has no data-plane keys and this target requires them (curve_keys)";
             xp_auth_encode_refusal(f, XP_AUTH_KEYS_REQUIRED);
         }
+        char peer[80];
+        xp_peer_name(fd, peer, sizeof peer);
         if (why) {
             shm_msg_send(fd, f, sizeof f, NULL, 0, to);
-            xp_auth_refused_log(x, "a shm peer", why);
+            xp_auth_refused_log(x, peer, why);
             goto done;
         }
         shm_auth_io io = {fd, to};
         xp_auth_io aio = {shm_auth_send, shm_auth_recv, &io};
         int who;
         if (xp_auth_target(x->keys, &aio, &who) != 0) {
-            xp_auth_refused_log(x, "a shm peer", ect_last_error());
+            xp_auth_refused_log(x, peer, ect_last_error());
             goto done;
         }
         ECT_LOGD("xport", "shm target: peer authenticated as \"%s\"", x->keys->accept_names[who]);

@@ -158,7 +158,8 @@ int xp_key_parse(const char *s, uint64_t *token);
 void xp_auth_refused_log(ect_xport *x, const char *peer, const char *why);
 /* Connections refused by the handshake since open. Thread-safe. */
 uint64_t xp_auth_refused(ect_xport *x);
-/* "HOST:PORT" of fd's peer ("a unix-socket peer" for AF_UNIX), for logs. */
+/* "HOST:PORT" of fd's peer ("the unix-socket peer pid N" for AF_UNIX), for
+ * logs. */
 void xp_peer_name(int fd, char *buf, size_t cap);
 
 /* ---- sockets (xport_net.c) */

@@ -388,6 +388,11 @@ void xp_peer_name(int fd, char *buf, size_t cap) {
         inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
         snprintf(buf, cap, "[%s]:%u", host, ntohs(a->sin6_port));
     } else {
-        snprintf(buf, cap, "a unix-socket peer");
+        struct ucred cr;
+        socklen_t cl = sizeof cr;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0)
+            snprintf(buf, cap, "the unix-socket peer pid %d", (int)cr.pid);
+        else
+            snprintf(buf, cap, "a unix-socket peer");
     }
 }
