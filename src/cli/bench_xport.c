@@ -213,7 +213,8 @@ static void help(void) {
            "  --transport LIST  comma-separated subset (default: every one compiled in)\n"
            "  --seconds S       time per measurement, 0.05..60, or 300ms (default 0.5)\n"
            "  --json            one JSON list of rows: transport, size, gbps, limit, limit_gbps,\n"
-           "                    ratio, p50_us, p99_us, limit_p50_us, limit_p99_us\n"
+           "                    ratio, p50_us, p99_us, limit_p50_us, limit_p99_us (\"new conn\"\n"
+           "                    rows: new_conn true, and keys true with --curve-keys)\n"
            "  --curve-keys DIR  tcp, shm: both sides use the key directory DIR (it must accept\n"
            "                    its own key: cp DIR/self.public DIR/accept/self.public), so\n"
            "                    every connection runs the data-plane handshake (ucx skipped)\n"
@@ -304,6 +305,8 @@ static int small_batch(const char *kind, ect_xport *t, ect_xport *i, double secs
 
 /* ---- connection setup: a fresh initiator per write */
 
+static const char *bench_keys; /* --curve-keys */
+
 typedef struct conn_ctx {
     const char *kind;
     const ect_xport_opts *o;
@@ -344,14 +347,13 @@ static int new_conn_row(const char *kind, const ect_xport_opts *o, ect_xport *t,
         ect_xport_unregister(t, rb.key);
     }
     if (rc == CLI_EXIT_OK) {
-        xport_row(json, !*first, kind, SMALL_LEN, "new conn", 0, &us, "cached", &lim, "");
+        xport_row(json, !*first, kind, SMALL_LEN, "new conn", 0, &us, "cached", &lim,
+                  bench_keys ? ",\"new_conn\":true,\"keys\":true" : ",\"new_conn\":true");
         *first = false;
     }
     row_bufs_close(&rb);
     return rc;
 }
-
-static const char *bench_keys; /* --curve-keys */
 
 static int one_kind(const char *kind, double secs, bool json, bool *first) {
     static const uint64_t sizes[] = {64 << 10, 1 << 20, 9 << 19, 16 << 20, 64 << 20};
