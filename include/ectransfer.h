@@ -547,7 +547,12 @@ typedef struct ect_xport_opts {
                                1..max_conns; default 64 */
     const char *curve_keys; /* key directory (docs/SECURITY.md): each session starts with a
                                handshake in which both sides prove they hold a key the other
-                               accepts, before any byte lands. NULL (default): off */
+                               accepts, before any byte lands (tcp, shm; docs/PROTOCOL.md
+                               "Data-plane handshake"). Loaded at open: a bad directory fails
+                               open (ECT_EINVAL naming the file); ucx with keys fails open
+                               ECT_ENOTSUP. A peer that is refused, or keys on one side only,
+                               fail the initiator's writes ECT_EACCES saying which. The
+                               string is copied at open. NULL (default): off, wire as before */
 } ect_xport_opts;
 
 /** One write of a batch: `len` bytes from local `src` to the peer's address

@@ -6,7 +6,7 @@ set -euo pipefail
 
 pkgs=(
   build-essential cmake pkg-config clang libclang-rt-dev
-  libzmq3-dev libmsgpack-dev libjansson-dev uthash-dev libcmocka-dev
+  libzmq3-dev libsodium-dev libmsgpack-dev libjansson-dev uthash-dev libcmocka-dev
   libucx-dev ucx-utils libxxhash-dev
   iproute2 python3
   python3-zmq

@@ -200,17 +200,24 @@ static int perftest_limit(size_t n, int iters, stats *s) {
 /* ---- driver */
 
 static void help(void) {
-    printf("usage: ect bench xport [--json] [--transport tcp,shm,ucx] [--seconds S]\n\n"
+    printf("usage: ect bench xport [--json] [--transport tcp,shm,ucx] [--seconds S]\n"
+           "                        [--curve-keys DIR]\n\n"
            "Batch writes of 64 KiB, 1 MiB, 4.5 MiB, 16 MiB and 64 MiB per transport (target\n"
            "and initiator in this process, loopback), one write per batch, beside the limit\n"
            "measured in the same run: raw blocking TCP for tcp, single-thread memcpy for shm,\n"
            "ucx_perftest -t ucp_put_bw for ucx (UCX_TLS applies to both). GB/s is 10^9 B/s;\n"
            "latency is per batch, call to acknowledgement. The last row per transport is one\n"
-           "batch of 32 x 64 KiB writes beside one 2 MiB write (limit 1x2MiB), same run.\n"
+           "batch of 32 x 64 KiB writes beside one 2 MiB write (limit 1x2MiB), then (tcp, shm)\n"
+           "\"new conn\": a fresh initiator per write (connect, hello, and the handshake with\n"
+           "keys) and one 64 KiB write, beside the same write on a cached connection.\n"
            "  --transport LIST  comma-separated subset (default: every one compiled in)\n"
            "  --seconds S       time per measurement, 0.05..60, or 300ms (default 0.5)\n"
            "  --json            one JSON list of rows: transport, size, gbps, limit, limit_gbps,\n"
-           "                    ratio, p50_us, p99_us, limit_p50_us, limit_p99_us\n"
+           "                    ratio, p50_us, p99_us, limit_p50_us, limit_p99_us (\"new conn\"\n"
+           "                    rows: new_conn true, and keys true with --curve-keys)\n"
+           "  --curve-keys DIR  tcp, shm: both sides use the key directory DIR (it must accept\n"
+           "                    its own key: cp DIR/self.public DIR/accept/self.public), so\n"
+           "                    every connection runs the data-plane handshake (ucx skipped)\n"
            "\n"
            "Two hosts (tcp), as ucx_perftest: on one, `ect bench xport --server`; on the other,\n"
            "`ect bench xport --client HOST:PORT` prints the same table (JSON rows add server,\n"
@@ -296,11 +303,68 @@ static int small_batch(const char *kind, ect_xport *t, ect_xport *i, double secs
     return rc;
 }
 
+/* ---- connection setup: a fresh initiator per write */
+
+static const char *bench_keys; /* --curve-keys */
+
+typedef struct conn_ctx {
+    const char *kind;
+    const ect_xport_opts *o;
+    const char *session;
+    ect_write w;
+} conn_ctx;
+
+static int conn_iter(void *p) {
+    conn_ctx *c = p;
+    ect_xport *i = NULL;
+    int rc = ect_xport_open(c->kind, c->o, &i);
+    if (!rc) rc = ect_xport_write_batch(i, c->session, &c->w, 1, NULL);
+    ect_xport_close(i);
+    return rc;
+}
+
+/* The "new conn" row: connect + hello (+ handshake with keys) + one 64 KiB
+ * write with a fresh initiator each time, beside the same write on i's
+ * cached connection. */
+static int new_conn_row(const char *kind, const ect_xport_opts *o, ect_xport *t, ect_xport *i,
+                        double secs, bool json, bool *first) {
+    row_bufs rb;
+    int rc = row_bufs_open(&rb, t, kind, SMALL_LEN);
+    stats us = {0}, lim = {0};
+    if (rc == CLI_EXIT_OK) {
+        memset(rb.src, 0xcd, SMALL_LEN);
+        ect_write w = {.src = rb.src,
+                       .dst_addr = (uint64_t)(uintptr_t)rb.dst,
+                       .len = SMALL_LEN,
+                       .dst_key = rb.key};
+        conn_ctx cc = {kind, o, ect_xport_session(t), w};
+        cli_write_ctx c = {.x = i, .session = ect_xport_session(t), .w = w};
+        if (cli_timed(conn_iter, &cc, SMALL_LEN, secs, &us) != 0 ||
+            cli_timed(cli_write_iter, &c, SMALL_LEN, secs, &lim) != 0) {
+            fprintf(stderr, "ect bench xport: %s: write failed: %s\n", kind, ect_last_error());
+            rc = CLI_EXIT_FAIL;
+        }
+        ect_xport_unregister(t, rb.key);
+    }
+    if (rc == CLI_EXIT_OK) {
+        xport_row(json, !*first, kind, SMALL_LEN, "new conn", 0, &us, "cached", &lim,
+                  bench_keys ? ",\"new_conn\":true,\"keys\":true" : ",\"new_conn\":true");
+        *first = false;
+    }
+    row_bufs_close(&rb);
+    return rc;
+}
+
 static int one_kind(const char *kind, double secs, bool json, bool *first) {
     static const uint64_t sizes[] = {64 << 10, 1 << 20, 9 << 19, 16 << 20, 64 << 20};
     ect_xport *t = NULL, *i = NULL;
     ect_xport_opts o;
     ect_xport_opts_init(&o);
+    o.curve_keys = bench_keys;
+    if (bench_keys && strcmp(kind, "ucx") == 0) {
+        fprintf(stderr, "ect bench xport: ucx skipped: it cannot run the data-plane handshake\n");
+        return CLI_EXIT_OK;
+    }
     if (ect_xport_open(kind, &o, &t) != 0 || ect_xport_open(kind, &o, &i) != 0) {
         fprintf(stderr, "ect bench xport: %s: %s\n", kind, ect_last_error());
         ect_xport_close(t);
@@ -349,16 +413,21 @@ static int one_kind(const char *kind, double secs, bool json, bool *first) {
     }
     if (rc == CLI_EXIT_OK && strcmp(kind, "ucx") != 0)
         rc = small_batch(kind, t, i, secs, json, first);
+    if (rc == CLI_EXIT_OK && strcmp(kind, "ucx") != 0)
+        rc = new_conn_row(kind, &o, t, i, secs, json, first);
     ect_xport_close(i);
     ect_xport_close(t);
     return rc;
 }
 
 int bench_xport(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"json", no_argument, 0, 'j'},          {"transport", required_argument, 0, 't'},
-        {"seconds", required_argument, 0, 's'}, BENCH_REMOTE_OPTIONS,
-        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+    static const struct option opts[] = {{"json", no_argument, 0, 'j'},
+                                         {"transport", required_argument, 0, 't'},
+                                         {"seconds", required_argument, 0, 's'},
+                                         {"curve-keys", required_argument, 0, 'K'},
+                                         BENCH_REMOTE_OPTIONS,
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     bool json = false;
     double secs = 0.5;
     bench_remote_args ra;
@@ -376,6 +445,7 @@ int bench_xport(int argc, char **argv) {
         case 's':
             if (!cli_parse_seconds("bench xport", optarg, 0.05, 60, &secs)) return CLI_EXIT_USAGE;
             break;
+        case 'K': bench_keys = optarg; break;
         case 'h': help(); return CLI_EXIT_OK;
         default: return cli_bad_flag("bench xport", opts);
         }

@@ -182,3 +182,21 @@ const xp_backend xp_shm_backend = {
     .destroy = shm_destroy,
     .write_batch = shm_write_batch,
 };
+
+int shm_auth_send(void *ctx, const uint8_t *b, size_t n) {
+    shm_auth_io *io = ctx;
+    return shm_msg_send(io->fd, b, n, NULL, 0, io->timeout_ms);
+}
+
+int shm_auth_recv(void *ctx, uint8_t *b, size_t n) {
+    shm_auth_io *io = ctx;
+    size_t len;
+    int rc = shm_msg_recv(io->fd, b, n, &len, NULL, 0, NULL, false, io->timeout_ms);
+    if (rc) return rc;
+    if (len != n)
+        return ect_set_error(ECT_EPROTO,
+                             "shm: a %zu-byte message where the handshake's %zu bytes were due "
+                             "(a peer without data-plane keys?)",
+                             len, n);
+    return 0;
+}

@@ -50,6 +50,14 @@ int shm_msg_send(int fd, const void *buf, size_t len, const int *fds, int nfds, 
 int shm_msg_recv(int fd, void *buf, size_t cap, size_t *len, int *fds, int maxfds, int *nfds,
                  bool wait_forever, int timeout_ms);
 void shm_set_timeouts(int fd, int timeout_ms);
+/* The data-plane handshake's I/O over a shm socket: one message of exactly
+ * n bytes each way, bounded by timeout_ms. */
+typedef struct shm_auth_io {
+    int fd;
+    int timeout_ms;
+} shm_auth_io;
+int shm_auth_send(void *ctx, const uint8_t *b, size_t n);
+int shm_auth_recv(void *ctx, uint8_t *b, size_t n);
 /* A random token of this process (drawn again after a fork): tells an
  * initiator whether a CUDA region's target runs in its own process. */
 uint64_t shm_process_token(void);

@@ -36,6 +36,7 @@
 #include "mem/cuda.h"
 #include "mem/memkind.h"
 #include "util/util.h"
+#include "xport/auth.h"
 #include "xport/shm.h"
 
 typedef struct shm_map {
@@ -188,17 +189,36 @@ static int take_conn(ect_xport *x, xp_peer *p, shm_conn **out) {
         close(fd);
         return ect_set_error(ECT_EACCES, "shm: %s belongs to another user", p->session);
     }
-    uint8_t h[16];
+    uint8_t h[XP_AUTH_LEN];
     size_t len;
     int segfd = -1, nf = 0;
     void *seg = MAP_FAILED;
     struct stat st;
+    xp_auth_frame af;
     shm_hello_encode(h);
+    if (x->keys) xp_put_u16(h + 6, SHM_HELLO_AUTH);
     int rc = shm_msg_send(fd, h, SHM_HELLO_LEN, NULL, 0, x->opts.io_timeout_ms);
     shm_set_timeouts(fd, x->opts.io_timeout_ms);
+    if (!rc && x->keys) {
+        shm_auth_io io = {fd, x->opts.io_timeout_ms};
+        xp_auth_io aio = {shm_auth_send, shm_auth_recv, &io};
+        rc = xp_auth_initiator(x->keys, &aio, p->session);
+        if (rc) {
+            close(fd);
+            return rc;
+        }
+    }
     if (!rc) rc = shm_msg_recv(fd, h, sizeof h, &len, &segfd, 1, &nf, false, x->opts.io_timeout_ms);
     if (rc == ECT_ECLOSED)
         rc = ect_set_error(ECT_ECONNREFUSED, "shm: %s refused the hello", p->session);
+    /* A keyed target refuses a plain HELLO with a RESULT frame saying so. */
+    if (!rc && len == XP_AUTH_LEN && xp_auth_decode(h, len, &af) == 0 &&
+        af.type == XP_AUTH_RESULT && af.verdict != XP_AUTH_OK)
+        rc = ect_set_error(ECT_EACCES, "shm: the target %s refused us: %s", p->session,
+                           af.verdict == XP_AUTH_KEYS_REQUIRED
+                               ? "it requires data-plane keys; set curve_keys to a key "
+                                 "directory it accepts"
+                               : xp_auth_verdict_str(af.verdict));
     if (!rc && (shm_hello_reply_decode(h, len) != 0 || nf != 1 || fstat(segfd, &st) != 0 ||
                 (uint64_t)st.st_size < SHM_SEG_LEN))
         rc = ect_set_error(ECT_EPROTO, "shm: bad hello from %s", p->session);

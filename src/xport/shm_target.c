@@ -26,6 +26,7 @@
 #include "mem/cuda.h"
 #include "mem/memkind.h"
 #include "util/util.h"
+#include "xport/auth.h"
 #include "xport/shm.h"
 
 typedef struct sent_ids {
@@ -179,6 +180,36 @@ static void serve_conn(void *ctx, int fd, int stopfd) {
         shm_hello_decode(in, len) != 0) {
         ECT_LOGW("xport", "shm target: bad hello; closing");
         goto done;
+    }
+    /* Keys: the handshake comes before the control segment or any grant
+     * is handed out; keys on one side only are refused with a RESULT frame
+     * that says so. */
+    bool wants_auth = xp_get_u16(in + 6) & SHM_HELLO_AUTH;
+    if (x->keys || wants_auth) {
+        uint8_t f[XP_AUTH_LEN];
+        const char *why = NULL;
+        if (!x->keys) {
+            why = "it asks for an authenticated session and this target has no data-plane keys";
+            xp_auth_encode_refusal(f, XP_AUTH_NO_KEYS);
+        } else if (!wants_auth) {
+            why = "it has no data-plane keys and this target requires them (curve_keys)";
+            xp_auth_encode_refusal(f, XP_AUTH_KEYS_REQUIRED);
+        }
+        char peer[80];
+        xp_peer_name(fd, peer, sizeof peer);
+        if (why) {
+            shm_msg_send(fd, f, sizeof f, NULL, 0, to);
+            xp_auth_refused_log(x, peer, why);
+            goto done;
+        }
+        shm_auth_io io = {fd, to};
+        xp_auth_io aio = {shm_auth_send, shm_auth_recv, &io};
+        int who;
+        if (xp_auth_target(x->keys, &aio, &who) != 0) {
+            xp_auth_refused_log(x, peer, ect_last_error());
+            goto done;
+        }
+        ECT_LOGD("xport", "shm target: peer authenticated as \"%s\"", x->keys->accept_names[who]);
     }
     /* The hello reply carries the connection's control segment. */
     if (seg_open(si, &seg, &segfd) != 0) goto done;

@@ -22,6 +22,9 @@
 #define SHM_MAGIC_GRANT 0x47534345u /* "ECSG" */
 #define SHM_MAGIC_DONE 0x44534345u  /* "ECSD" */
 #define SHM_VERSION 1
+/* HELLO flags (u16 at offset 6, formerly 0): bit 0 = the initiator has
+ * data-plane keys and the handshake (xport/auth.h) follows the HELLO. */
+#define SHM_HELLO_AUTH 1u
 #define SHM_CHUNK 250 /* writes per BEGIN; below SCM_MAX_FD (253) */
 #define SHM_MAX_DROP 256
 #define SHM_HELLO_LEN 8

@@ -30,6 +30,7 @@
 
 #include "mem/memkind.h"
 #include "util/util.h"
+#include "xport/auth.h"
 #include "xport/conncache.h"
 #include "xport/tcp_frame.h"
 #include "xport/xport.h"
@@ -81,12 +82,76 @@ static int sink_drain(void *ctx) {
 
 static const tcp_rx_dev_ops sink_ops = {sink_slot, sink_submit, sink_drain};
 
+/* The handshake's I/O over a connected stream socket. */
+typedef struct tcp_io {
+    int fd;
+    int timeout_ms;
+} tcp_io;
+
+static int io_send(void *ctx, const uint8_t *b, size_t n) {
+    tcp_io *t = ctx;
+    return xp_send_all(t->fd, b, n, t->timeout_ms);
+}
+
+static int io_recv(void *ctx, uint8_t *b, size_t n) {
+    tcp_io *t = ctx;
+    return xp_recv_all(t->fd, b, n, t->timeout_ms);
+}
+
+/* A keyed target's start of a connection: the hellos (ours with the auth
+ * flag, sent even to a bad or plain one so the initiator can say why), then
+ * the handshake. 0 when the peer proved an accepted key; otherwise the
+ * refusal is counted and logged and the caller closes the connection. */
+static int target_auth(ect_xport *x, int fd) {
+    int to = x->opts.io_timeout_ms;
+    uint8_t h[TCP_HELLO_LEN];
+    char peer[80];
+    xp_peer_name(fd, peer, sizeof peer);
+    int rc = xp_recv_all(fd, h, sizeof h, to);
+    if (rc) {
+        static _Atomic uint64_t silent_log;
+        xp_log_limited(&silent_log, "tcp target: %s sent no hello within %d ms; dropping it", peer,
+                       to);
+        return rc;
+    }
+    uint8_t mine[TCP_HELLO_LEN];
+    tcp_encode_hello(mine, TCP_ROLE_TARGET);
+    xp_put_u32(mine + 8, TCP_HELLO_AUTH);
+    if ((rc = xp_send_all(fd, mine, sizeof mine, to)) != 0) return rc;
+    if ((rc = tcp_decode_hello(h, TCP_ROLE_INITIATOR)) != 0) {
+        xp_auth_refused_log(x, peer, ect_last_error());
+        return rc;
+    }
+    if (!(tcp_hello_flags(h) & TCP_HELLO_AUTH)) {
+        xp_auth_refused_log(x, peer,
+                            "it has no data-plane keys and this target requires them "
+                            "(curve_keys)");
+        return ECT_EACCES;
+    }
+    tcp_io io = {fd, to};
+    xp_auth_io aio = {io_send, io_recv, &io};
+    int who;
+    if ((rc = xp_auth_target(x->keys, &aio, &who)) != 0) {
+        xp_auth_refused_log(x, peer, ect_last_error());
+        return rc;
+    }
+    ECT_LOGD("xport", "tcp target: %s authenticated as \"%s\"", peer, x->keys->accept_names[who]);
+    return 0;
+}
+
 static void serve_conn(void *ctx, int fd, int stopfd) {
     ect_xport *x = ctx;
     tcp_rx rx;
     dev_sink sink = {0};
     (void)stopfd; /* the server's stop shuts the socket down, which ends recv() */
     if (tcp_rx_init(&rx, &x->regs) != 0) return;
+    if (x->keys) {
+        if (target_auth(x, fd) != 0) {
+            tcp_rx_fini(&rx);
+            return;
+        }
+        rx.state = TCP_RX_HEADER; /* hellos exchanged, peer authenticated */
+    }
     rx.dev = &sink_ops;
     rx.dev_ctx = &sink;
     int to = x->opts.io_timeout_ms;
@@ -204,12 +269,29 @@ static int take_conn(ect_xport *x, xp_peer *p, int *fd) {
     if (rc) return rc;
     uint8_t h[TCP_HELLO_LEN];
     tcp_encode_hello(h, TCP_ROLE_INITIATOR);
+    if (x->keys) xp_put_u32(h + 8, TCP_HELLO_AUTH);
     rc = xp_send_all(c, h, sizeof h, x->opts.io_timeout_ms);
     if (!rc) rc = xp_recv_all(c, h, sizeof h, x->opts.io_timeout_ms);
     if (rc == ECT_ECLOSED)
         rc = ect_set_error(ECT_ECONNREFUSED, "%s closed the connection during the hello",
                            p->session);
     if (!rc) rc = tcp_decode_hello(h, TCP_ROLE_TARGET);
+    /* Keys on one side only: refused, never a silent plain session. */
+    if (!rc && x->keys && !(tcp_hello_flags(h) & TCP_HELLO_AUTH))
+        rc = ect_set_error(ECT_EACCES,
+                           "the target %s has no data-plane keys; refusing to write to it "
+                           "unauthenticated (this side has curve_keys)",
+                           p->session);
+    if (!rc && !x->keys && (tcp_hello_flags(h) & TCP_HELLO_AUTH))
+        rc = ect_set_error(ECT_EACCES,
+                           "the target %s requires data-plane keys; set curve_keys to a key "
+                           "directory it accepts",
+                           p->session);
+    if (!rc && x->keys) {
+        tcp_io io = {c, x->opts.io_timeout_ms};
+        xp_auth_io aio = {io_send, io_recv, &io};
+        rc = xp_auth_initiator(x->keys, &aio, p->session);
+    }
     if (rc) {
         close(c);
         return rc;

@@ -199,6 +199,12 @@ int tcp_rx_advance(tcp_rx *rx, size_t n) {
         rx->out_len += TCP_HELLO_LEN;
         if (tcp_decode_hello(rx->hdr, TCP_ROLE_INITIATOR) != 0)
             return die(rx, "%s", ect_last_error());
+        /* A keyed target never gets here (tcp.c runs its hello and the
+         * handshake itself): a peer asking for one is refused, not served
+         * in plain. */
+        if (tcp_hello_flags(rx->hdr) & TCP_HELLO_AUTH)
+            return die(rx, "the peer asks for an authenticated session and this target has no "
+                           "data-plane keys (curve_keys)");
         rx->state = TCP_RX_HEADER;
         return 0;
     case TCP_RX_HEADER:

@@ -31,6 +31,9 @@
 #define TCP_TYPE_WRITE 1
 #define TCP_TYPE_ACK 2
 #define TCP_HELLO_LEN 16
+/* Hello flags (u32 at offset 8, formerly reserved): bit 0 = this side has
+ * data-plane keys and the handshake (xport/auth.h) follows the hellos. */
+#define TCP_HELLO_AUTH 1u
 #define TCP_HDR_LEN 40
 #define TCP_ACK_LEN 24
 #define TCP_RX_OUT_CAP (256 * TCP_ACK_LEN)
@@ -39,6 +42,7 @@
 void tcp_encode_hello(uint8_t out[TCP_HELLO_LEN], uint16_t role);
 /* 0 if b is a hello of version 1 from `role`; ECT_EPROTO with detail otherwise. */
 int tcp_decode_hello(const uint8_t b[TCP_HELLO_LEN], uint16_t role);
+static inline uint32_t tcp_hello_flags(const uint8_t b[TCP_HELLO_LEN]) { return xp_get_u32(b + 8); }
 void tcp_encode_write(uint8_t out[TCP_HDR_LEN], uint64_t id, uint64_t addr, uint64_t len,
                       uint64_t key);
 void tcp_encode_ack(uint8_t out[TCP_ACK_LEN], uint64_t id, int32_t status);

@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +18,9 @@
 #include <unistd.h>
 
 #include "mem/memkind.h"
+#include "util/keys.h"
 #include "util/util.h"
+#include "xport/auth.h"
 #include "xport/xport.h"
 
 /* "%016" PRIx64 of v into out[17], without the format machinery (a window is
@@ -90,10 +93,27 @@ int ect_xport_open(const char *kind, const ect_xport_opts *opts, ect_xport **out
     if (opts) o = *opts;
     int rc = check_opts(&o);
     if (rc) return rc;
+    ect_keyset *keys = NULL;
+    if (o.curve_keys) {
+        /* ucx moves bytes with one-sided puts that no handshake of ours can
+         * guard: refusing beats a silently unauthenticated data plane. */
+        if (strcmp(be->name, "ucx") == 0)
+            return ect_set_error(ECT_ENOTSUP,
+                                 "opts.curve_keys: the ucx transport cannot authenticate its "
+                                 "peers; use tcp or shm with keys, or turn keys off");
+        if ((rc = xp_auth_init()) != 0) return rc;
+        if ((rc = ect_keys_load(o.curve_keys, &keys)) != 0)
+            return ect_set_error(rc, "opts.curve_keys: %s", ect_last_error());
+    }
     ect_xport *x = calloc(1, sizeof *x);
-    if (!x) return ect_set_error(ECT_ENOMEM, "transport handle");
+    if (!x) {
+        ect_keys_free(keys);
+        return ect_set_error(ECT_ENOMEM, "transport handle");
+    }
     x->be = be;
     x->opts = o;
+    x->keys = keys;
+    x->opts.curve_keys = keys ? keys->dir : NULL;
     snprintf(x->listen, sizeof x->listen, "%s", o.listen);
     x->opts.listen = x->listen;
     pthread_mutex_init(&x->regs.mu, NULL);
@@ -104,10 +124,12 @@ int ect_xport_open(const char *kind, const ect_xport_opts *opts, ect_xport **out
     if (rc) {
         pthread_mutex_destroy(&x->regs.mu);
         pthread_cond_destroy(&x->regs.cv);
+        ect_keys_free(x->keys);
         free(x);
         return rc;
     }
-    ECT_LOGI("xport", "%s transport open, session %s", be->name, x->session);
+    ECT_LOGI("xport", "%s transport open, session %s%s", be->name, x->session,
+             x->keys ? ", peers authenticated with data-plane keys" : "");
     *out = x;
     return 0;
 }
@@ -662,5 +684,15 @@ void ect_xport_close(ect_xport *x) {
     if (x->be->destroy) x->be->destroy(x);
     pthread_mutex_destroy(&x->regs.mu);
     pthread_cond_destroy(&x->regs.cv);
+    ect_keys_free(x->keys);
     free(x);
 }
+
+void xp_auth_refused_log(ect_xport *x, const char *peer, const char *why) {
+    static _Atomic uint64_t last;
+    atomic_fetch_add(&x->auth_refused, 1);
+    xp_log_limited(&last, "%s target: refused %s: %s (%" PRIu64 " connections refused so far)",
+                   x->be->name, peer, why, (uint64_t)atomic_load(&x->auth_refused));
+}
+
+uint64_t xp_auth_refused(ect_xport *x) { return atomic_load(&x->auth_refused); }

@@ -65,6 +65,10 @@ struct ect_xport {
     char session[300]; /* what peers write to */
     xp_regions regs;
     void *impl; /* back end's state */
+    /* Data-plane keys (opts.curve_keys, loaded at open), or NULL: off. With
+     * keys every connection runs the handshake of auth.h after its hello. */
+    struct ect_keyset *keys;
+    _Atomic uint64_t auth_refused; /* connections refused by the handshake */
 };
 
 /*
@@ -147,6 +151,16 @@ int xp_region_set_private(ect_xport *x, const char *region_key);
 uint64_t xp_refused(ect_xport *x);
 /* Parses a 16-hex-digit tcp/shm key; ECT_EINVAL with "dst_key" otherwise. */
 int xp_key_parse(const char *s, uint64_t *token);
+
+/* ---- data-plane authentication (auth.c does the handshake) */
+/* Counts a connection the handshake refused and logs why (at most once a
+ * second per transport handle, naming the peer). Thread-safe. */
+void xp_auth_refused_log(ect_xport *x, const char *peer, const char *why);
+/* Connections refused by the handshake since open. Thread-safe. */
+uint64_t xp_auth_refused(ect_xport *x);
+/* "HOST:PORT" of fd's peer ("the unix-socket peer pid N" for AF_UNIX), for
+ * logs. */
+void xp_peer_name(int fd, char *buf, size_t cap);
 
 /* ---- sockets (xport_net.c) */
 /* Splits "HOST:PORT" or "[V6]:PORT"; ECT_EINVAL naming `what` otherwise. */

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <arpa/inet.h>
 #include <netinet/tcp.h>
 #include <inttypes.h>
 #include <poll.h>
@@ -370,4 +371,28 @@ void xp_server_stop(xp_server *s) {
     close(s->stopfd);
     pthread_mutex_destroy(&s->mu);
     free(s);
+}
+
+void xp_peer_name(int fd, char *buf, size_t cap) {
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    char host[INET6_ADDRSTRLEN] = "?";
+    if (getpeername(fd, (struct sockaddr *)&ss, &sl) != 0) {
+        snprintf(buf, cap, "a peer");
+    } else if (ss.ss_family == AF_INET) {
+        struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+        inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+        snprintf(buf, cap, "%s:%u", host, ntohs(a->sin_port));
+    } else if (ss.ss_family == AF_INET6) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+        inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+        snprintf(buf, cap, "[%s]:%u", host, ntohs(a->sin6_port));
+    } else {
+        struct ucred cr;
+        socklen_t cl = sizeof cr;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0)
+            snprintf(buf, cap, "the unix-socket peer pid %d", (int)cr.pid);
+        else
+            snprintf(buf, cap, "a unix-socket peer");
+    }
 }

@@ -12,9 +12,21 @@
  * completed item's content is served with the original bytes, not with
  * anything the hostile writer sent. Pull consumers (generation 1) get the
  * same binding; test_pull covers their pulls end to end.
+ *
+ * With data-plane keys (test_*_keys): a target with keys holds a pool region
+ * that takes writes only through its windows (the consumer's reservations:
+ * two live, two closed = completed/cancelled); an attacker WITH an accepted
+ * key makes 50,000 attempts per transport with random keys, the other
+ * windows' keys, stale keys and out-of-range offsets: 0 accepted, every one
+ * counted; an attacker without an accepted key makes 10,000 attempts and
+ * gets not even a session (every batch ECT_EACCES, refusals counted by the
+ * handshake, none reaching the region check). Not a byte of the pool
+ * changes; a legitimate keyed writer still lands its window.
  */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -24,6 +36,7 @@
 #include "push/control_client.h"
 #include "ctl_req.h"
 #include "util/util.h"
+#include "xport/xport.h"
 
 #define ROWS 8                        /* 8 x 256 bf16 = 4096 bytes per item */
 #define NB ((uint64_t)ROWS * 256 * 2) /* bytes per item */
@@ -31,6 +44,8 @@
 #define BATCH 1000                    /* writes per write_batch */
 #define ATTEMPTS_MAIN 45000           /* per transport, on the long-TTL consumer */
 #define ATTEMPTS_EXPIRED 5000         /* per transport, on the short-TTL one */
+#define ATTEMPTS_KEYED 50000          /* per transport, attacker with an accepted key */
+#define ATTEMPTS_KEYLESS 10000        /* per transport, attacker without one */
 
 static void nap(int ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -338,6 +353,155 @@ static void run(const char *transport) {
     ect_push_consumer_close(b);
 }
 
+/* ---- with data-plane keys */
+
+static char keyroot[] = "/tmp/ect-hostile-keys-XXXXXX";
+static char kd_t[80], kd_good[80], kd_bad[80];
+
+static void accept_pub(const char *from, const char *to, const char *name) {
+    char src[200], dst[200], buf[64];
+    snprintf(src, sizeof src, "%s/self.public", from);
+    snprintf(dst, sizeof dst, "%s/accept/%s.public", to, name);
+    FILE *f = fopen(src, "r");
+    assert_non_null(f);
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    assert_non_null(f = fopen(dst, "w"));
+    assert_int_equal(fwrite(buf, 1, n, f), n);
+    fclose(f);
+}
+
+/* Key directories: the target accepts "good" only; "bad" accepts the target
+ * (so it would talk), but the target does not accept it. */
+static void make_keys(void) {
+    if (kd_t[0]) return;
+    assert_non_null(mkdtemp(keyroot));
+    snprintf(kd_t, sizeof kd_t, "%s/target", keyroot);
+    snprintf(kd_good, sizeof kd_good, "%s/good", keyroot);
+    snprintf(kd_bad, sizeof kd_bad, "%s/bad", keyroot);
+    assert_int_equal(ect_keygen(kd_t, NULL), 0);
+    assert_int_equal(ect_keygen(kd_good, NULL), 0);
+    assert_int_equal(ect_keygen(kd_bad, NULL), 0);
+    accept_pub(kd_good, kd_t, "good");
+    accept_pub(kd_t, kd_good, "target");
+    accept_pub(kd_t, kd_bad, "target");
+}
+
+static ect_xport *open_keyed(const char *transport, const char *dir) {
+    ect_xport_opts o;
+    ect_xport_opts_init(&o);
+    o.curve_keys = dir;
+    ect_xport *x = NULL;
+    if (ect_xport_open(transport, &o, &x) != 0) fail_msg("open: %s", ect_last_error());
+    return x;
+}
+
+/* A window of the pool at offset off, as a reservation the test holds. */
+static void window(ect_xport *t, const char *pool_key, uint8_t *base, uint64_t off, rsv *v) {
+    memset(v, 0, sizeof *v);
+    char key[ECT_XPORT_KEY_MAX];
+    assert_int_equal(xp_window_open(t, pool_key, off, NB, key), 0);
+    assert_true(strlen(key) < sizeof v->key);
+    memcpy(v->key, key, strlen(key) + 1);
+    snprintf(v->session, sizeof v->session, "%s", ect_xport_session(t));
+    v->dst = (uint64_t)(uintptr_t)(base + off);
+}
+
+static void run_keyed(const char *transport) {
+    make_keys();
+    ect_xport *t = open_keyed(transport, kd_t);
+    int fd = memfd_create("hostile-keyed-pool", MFD_CLOEXEC);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, POOL), 0);
+    uint8_t *base = mmap(NULL, POOL, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    assert_true(base != MAP_FAILED);
+    test_fill_pattern(base, POOL, 99);
+    char pool_key[ECT_XPORT_KEY_MAX];
+    assert_int_equal(ect_xport_register(t, base, POOL, fd, 0, pool_key), 0);
+    assert_int_equal(xp_region_set_private(t, pool_key), 0);
+    rsv L0, L1, C, X;
+    window(t, pool_key, base, 0, &L0);
+    window(t, pool_key, base, 2 * NB, &L1);
+    window(t, pool_key, base, 4 * NB, &C);
+    window(t, pool_key, base, 6 * NB, &X);
+    ect_xport *good = open_keyed(transport, kd_good);
+    uint8_t *src = malloc(NB);
+    test_fill_pattern(src, NB, 5);
+    write_ok(good, &C, src, NB); /* C: written, then closed (completed) */
+    assert_int_equal(xp_window_close(t, C.key), 0);
+    assert_int_equal(xp_window_close(t, X.key), 0); /* X: cancelled */
+    uint8_t *snap = malloc(POOL);
+    memcpy(snap, base, POOL);
+
+    /* An attacker holding an accepted key: sessions, but no write lands. */
+    ect_xport *insider = open_keyed(transport, kd_good);
+    uint64_t ref0 = xp_refused(t);
+    hostile h = {.live = {&L0, &L1},
+                 .stale = {&C, &X, NULL},
+                 .base = (uint64_t)(uintptr_t)base,
+                 .cap = POOL,
+                 .seed = 0x6eed};
+    assert_int_equal(attack(insider, L0.session, &h, ATTEMPTS_KEYED), 0);
+    assert_int_equal(xp_refused(t) - ref0, ATTEMPTS_KEYED);
+    assert_memory_equal(snap, base, POOL);
+
+    /* An attacker without an accepted key: not even a session. Its batches
+     * fail at the handshake, never reaching the region check. */
+    ect_xport *outsider = open_keyed(transport, kd_bad);
+    uint64_t auth0 = xp_auth_refused(t), ref1 = xp_refused(t);
+    hostile ho = h;
+    ho.seed = 0xbadbad;
+    assert_int_equal(attack(outsider, L0.session, &ho, ATTEMPTS_KEYLESS), 0);
+    int st = 0;
+    ect_write w = {src, L0.dst, NB, L0.key}; /* even the right key and range */
+    assert_err(ect_xport_write_batch(outsider, L0.session, &w, 1, &st), ECT_EACCES,
+               "does not accept our key");
+    assert_int_equal(xp_refused(t), ref1);
+    for (int k = 0; k < 60000 && xp_auth_refused(t) - auth0 < ATTEMPTS_KEYLESS / BATCH + 1; k++)
+        nap(1);
+    assert_true(xp_auth_refused(t) - auth0 >= ATTEMPTS_KEYLESS / BATCH + 1);
+    /* ... and one without keys at all gets no session either. */
+    ect_xport *plain = NULL;
+    assert_int_equal(ect_xport_open(transport, NULL, &plain), 0);
+    assert_err(ect_xport_write_batch(plain, L0.session, &w, 1, &st), ECT_EACCES,
+               "requires data-plane keys");
+    assert_memory_equal(snap, base, POOL);
+
+    /* The legitimate writer still lands its own window. */
+    write_ok(good, &L0, src, NB);
+    assert_true(test_check_pattern(base, NB, 5));
+    ect_xport_close(plain);
+    ect_xport_close(outsider);
+    ect_xport_close(insider);
+    ect_xport_close(good);
+    xp_window_close(t, L0.key);
+    xp_window_close(t, L1.key);
+    assert_int_equal(ect_xport_unregister(t, pool_key), 0);
+    ect_xport_close(t);
+    munmap(base, POOL);
+    close(fd);
+    free(src);
+    free(snap);
+}
+
+static void test_hostile_tcp_keys(void **state) {
+    (void)state;
+    run_keyed("tcp");
+}
+
+static void test_hostile_shm_keys(void **state) {
+    (void)state;
+    run_keyed("shm");
+}
+
+static int cleanup_keys(void **state) {
+    (void)state;
+    if (!kd_t[0]) return 0;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", keyroot);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
 static void test_hostile_tcp(void **state) {
     (void)state;
     run("tcp");
@@ -352,6 +516,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hostile_tcp),
         cmocka_unit_test(test_hostile_shm),
+        cmocka_unit_test(test_hostile_tcp_keys),
+        cmocka_unit_test(test_hostile_shm_keys),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, NULL, cleanup_keys);
 }
