@@ -879,7 +879,8 @@ int cmd_demo(int argc, char **argv) {
                " items of %s (%s %s) with ect pull\n",
                d.transport, d.items, isz, d.shape, d.dtype);
     if (d.keys)
-        printf("ect demo: CurveZMQ on: consumer keys %s, producer keys %s (each accepts the "
+        printf("ect demo: keys on (CurveZMQ on every ZMQ socket, key handshake on every data-plane "
+               "session): consumer keys %s, producer keys %s (each accepts the "
                "other)\n",
                d.ckeys, d.pkeys);
     fflush(stdout);
