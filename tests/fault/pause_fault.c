@@ -1,9 +1,9 @@
 /*
- * pause_fault — fault injection for tests/cli/netns_faults.sh, kept out of
- * the shipped `ect`. Preloaded (LD_PRELOAD) into `ect push`, it stops the
- * process's data plane for good at one point of a push and names the point
- * in the file $ECT_FAULT_MARK, so the test can kill -9 the producer exactly
- * there (a readiness event, not a sleep). $ECT_FAULT_PAUSE picks the point:
+ * pause_fault — fault injection for tests/cli/netns_faults.sh and
+ * push_faults.sh, kept out of the shipped `ect`. Preloaded (LD_PRELOAD) into `ect push`, it stops
+ * the process's data plane for good at one point of a push and names the point in the file
+ * $ECT_FAULT_MARK, so the test can kill -9 the producer exactly there (a readiness event, not a
+ * sleep). $ECT_FAULT_PAUSE picks the point:
  *
  *   after_reserve    the first connect() to the consumer's data plane: the
  *                    first step's reserves were answered, no byte written;
