@@ -59,7 +59,7 @@ typedef struct refusal {
 typedef struct ctl_window {
     char transfer_id[RSV_KEY_MAX + 1];
     char reservation_id[ECT_ID_LEN + 1];
-    char key[32];
+    char key[ECT_XPORT_KEY_MAX];
     UT_hash_handle hh; /* by transfer_id */
 } ctl_window;
 
