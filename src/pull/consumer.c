@@ -43,7 +43,7 @@ struct ect_pull_consumer {
     ect_xport *x;
     char key[ECT_XPORT_KEY_MAX];
     bool registered;
-    bool windows; /* each pull gets its own write key (all but ucx) */
+    bool windows; /* each pull gets its own write key (every transport) */
     void *zctx, *dealer;
     char *curve_keys;
     ect_keyset *keys; /* NULL: keys off */
@@ -267,7 +267,7 @@ static int start_pull(ect_pull_consumer *c, pend *pd) {
     pd->t0 = ect_now_ns();
     met_add(&c->m_requests, 1);
     /* This pull's own write key over [off, off + nbytes) (docs/PROTOCOL.md
-     * "Write windows"); ucx has none and names the pool's key. */
+     * "Write windows"), on every transport (ucx: its own rkey). */
     pd->win = c->windows;
     if (pd->win && (rc = xp_window_open(c->x, c->key, off, meta->nbytes, pd->wkey)) != 0) {
         ect_pool_free(c->pool, off);
@@ -562,8 +562,8 @@ int ect_pull_consumer_open(const ect_pull_consumer_opts *o, ect_pull_consumer **
                                      c->key)) != 0)
         goto fail;
     c->registered = true;
-    c->windows = strcmp(c->transport, "ucx") != 0;
-    if (c->windows && (rc = xp_region_set_private(c->x, c->key)) != 0) goto fail;
+    c->windows = true;
+    if ((rc = xp_region_set_private(c->x, c->key)) != 0) goto fail;
     c->zctx = zmq_ctx_new();
     if (!c->zctx || !(c->dealer = zmq_socket(c->zctx, ZMQ_DEALER))) {
         rc = ect_set_error(ECT_ENOMEM, "pull consumer: cannot create the DEALER");

@@ -99,13 +99,9 @@ static bool mem_write_active(void *ctx, uint64_t offset, uint64_t nbytes) {
 
 /* One writer reservation's own key over its range (docs/PROTOCOL.md "Write
  * windows"). */
-static int win_open(void *ctx, uint64_t offset, uint64_t nbytes, char key[32]) {
+static int win_open(void *ctx, uint64_t offset, uint64_t nbytes, char key[ECT_XPORT_KEY_MAX]) {
     ect_push_consumer *c = ctx;
-    char k[ECT_XPORT_KEY_MAX];
-    int rc = xp_window_open(c->xp, c->key, offset, nbytes, k);
-    if (!rc && strlen(k) >= 32) rc = ect_set_error(ECT_EPROTO, "window key too long");
-    if (!rc) memcpy(key, k, strlen(k) + 1);
-    return rc;
+    return xp_window_open(c->xp, c->key, offset, nbytes, key);
 }
 
 static void win_close(void *ctx, const char *key) {
@@ -277,9 +273,9 @@ int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_consumer
         goto fail;
     c->registered = true;
     /* Peers write only through a reservation's window; the pool's own key is
-     * not handed out (except by ucx, which has no windows). */
-    bool windows = strcmp(ect_xport_kind(c->xp), "ucx") != 0;
-    if (windows && (rc = xp_region_set_private(c->xp, c->key))) goto fail;
+     * not handed out (on every transport: ucx windows are their own rkeys). */
+    bool windows = true;
+    if ((rc = xp_region_set_private(c->xp, c->key))) goto fail;
 
     c->mem.alloc = mem_alloc;
     c->mem.free = mem_free;

@@ -59,14 +59,13 @@ typedef struct refusal {
 typedef struct ctl_window {
     char transfer_id[RSV_KEY_MAX + 1];
     char reservation_id[ECT_ID_LEN + 1];
-    char key[32];
+    char key[ECT_XPORT_KEY_MAX];
     UT_hash_handle hh; /* by transfer_id */
 } ctl_window;
 
 struct ctl_server {
     ctl_server_opts o;
     ctl_window *wins; /* guarded by mu */
-    bool win_unsupported;
     char ip[256], session[WIRE_SESSION_MAX + 1], transport[WIRE_TRANSPORT_MAX + 1];
     char advertise[256];
     /* The peer of the request being handled ("" unknown) and the session
@@ -230,7 +229,7 @@ static void close_all_windows(ctl_server *s) {
 static int open_window(ctl_server *s, const char *transfer_id, const rsv_reply *rep, uint64_t now,
                        const char **key) {
     *key = s->dst_key;
-    if (!s->o.win_open || s->win_unsupported) return 0;
+    if (!s->o.win_open) return 0;
     ctl_window *w;
     HASH_FIND_STR(s->wins, transfer_id, w);
     if (w) { /* a stale entry (the op sweep has not run yet): replace it */
@@ -243,13 +242,6 @@ static int open_window(ctl_server *s, const char *transfer_id, const rsv_reply *
         ect_strcpy_cut(w->transfer_id, sizeof w->transfer_id, transfer_id);
         ect_strcpy_cut(w->reservation_id, sizeof w->reservation_id, rep->reservation_id);
         rc = s->o.win_open(s->o.win_ctx, rep->offset, rep->nbytes, w->key);
-    }
-    if (rc == ECT_ENOTSUP) { /* ucx: the pool key it is (docs/PROTOCOL.md) */
-        ECT_LOGW(MOD, "shard %d: the %s transport has no per-reservation write keys: %s", s->port,
-                 s->transport, ect_last_error());
-        s->win_unsupported = true;
-        free(w);
-        return 0;
     }
     if (rc) {
         char why[300];

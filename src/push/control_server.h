@@ -59,8 +59,8 @@ typedef struct ctl_server_opts {
      * instead of dst_key above; it is closed as soon as the reservation
      * leaves WRITING (complete, cancel, abandon, expiry). Called with the
      * table lock held; must not block. win_open returns 0 or an ECT_E* code
-     * (ECT_ENOTSUP: this transport has no windows, dst_key is handed out). */
-    int (*win_open)(void *ctx, uint64_t offset, uint64_t nbytes, char key[32]);
+     * (the reservation is then abandoned: every transport has windows). */
+    int (*win_open)(void *ctx, uint64_t offset, uint64_t nbytes, char key[ECT_XPORT_KEY_MAX]);
     void (*win_close)(void *ctx, const char *key);
     void *win_ctx;
     /* Who may connect (docs/SECURITY.md). keys (borrowed, must outlive the

@@ -16,10 +16,18 @@
  * ucp_put_nbx, then one flush for the batch. A failure closes the endpoint
  * so the next batch reconnects.
  *
+ * Windows (xp_window_open) go through the same reg: each gets its own
+ * ucp_mem_map of exactly its sub-range of the pool (memory already
+ * allocated, so UCX only registers it) and its own packed rkey, and close
+ * unmaps it. The initiator keeps at most UCX_RKEY_CACHE unpacked rkeys per
+ * peer (least recently used go first), since every reservation brings a
+ * new one.
+ *
  * Limits: the initiator checks each write against the range inside the key
  * (a write outside gets ECT_EACCES / ECT_ERANGE), but with UCX's one-sided
  * puts the target cannot refuse a write that uses a stale key of an
- * unregistered region; RDMA hardware does, tcp and cma do not.
+ * unregistered region or window, nor one outside a window's registration;
+ * RDMA hardware does, tcp and cma do not.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -38,6 +46,7 @@
 
 #define UCX_MAGIC_ADDR 0x58554345u /* "ECUX" */
 #define UCX_ADDR_MAX (64 * 1024)
+#define UCX_RKEY_CACHE 256 /* unpacked rkeys kept per peer */
 
 typedef struct ucx_rkey {
     char *keystr;
@@ -374,7 +383,9 @@ static int hexval(char c) {
 static int get_rkey(ucx_peer *p, const char *ks, ucx_rkey **out) {
     ucx_rkey *k;
     HASH_FIND_STR(p->rkeys, ks, k);
-    if (k) {
+    if (k) { /* most recently used last: eviction takes the head */
+        HASH_DEL(p->rkeys, k);
+        HASH_ADD_KEYPTR(hh, p->rkeys, k->keystr, strlen(k->keystr), k);
         *out = k;
         return 0;
     }
@@ -456,6 +467,15 @@ static int ucx_write_batch(ect_xport *x, const char *session, const ect_write *w
         HASH_ADD_STR(u->peers, session, p);
     }
     if (p->ep && (p->failed || side_dead(p))) drop_peer_ep(u, p);
+    /* Each window brings a new rkey: drop the least recently used beyond
+     * the cap (no put is in flight here: the last batch was flushed). */
+    while (HASH_COUNT(p->rkeys) > UCX_RKEY_CACHE) {
+        ucx_rkey *old = p->rkeys;
+        HASH_DEL(p->rkeys, old);
+        ucp_rkey_destroy(old->rkey);
+        free(old->keystr);
+        free(old);
+    }
     if (!p->ep) rc = connect_peer(x, p);
     if (rc) {
         pthread_mutex_unlock(&u->imu);

@@ -369,12 +369,20 @@ uint64_t xp_refused(ect_xport *x) {
     return n;
 }
 
+/* The region or window whose key string is key: by token for tcp/shm keys
+ * (16 hex digits); otherwise (ucx, whose reg replaced the token string with
+ * the packed rkey) by comparing key strings. t->mu held. */
 static xp_region *find_key(xp_regions *t, const char *key) {
     uint64_t tok;
-    if (xp_key_parse(key, &tok) != 0) return NULL;
-    xp_region *r;
-    HASH_FIND(hh, t->by_token, &tok, sizeof tok, r);
-    return r;
+    xp_region *r, *tmp;
+    if (xp_key_parse(key, &tok) == 0) {
+        HASH_FIND(hh, t->by_token, &tok, sizeof tok, r);
+        return r;
+    }
+    HASH_ITER(hh, t->by_token, r, tmp) {
+        if (r->keystr && strcmp(r->keystr, key) == 0) return r;
+    }
+    return NULL;
 }
 
 int xp_region_set_private(ect_xport *x, const char *region_key) {
@@ -393,8 +401,6 @@ int xp_window_open(ect_xport *x, const char *region_key, uint64_t offset, uint64
     if (!x || !region_key || !key)
         return ect_set_error(ECT_EINVAL, "x, region_key and key must not be NULL");
     key[0] = '\0';
-    if (strcmp(x->be->name, "ucx") == 0)
-        return ect_set_error(ECT_ENOTSUP, "ucx: an rkey cannot be narrowed to one reservation");
     if (len == 0) return ect_set_error(ECT_EINVAL, "window len must be at least 1");
     xp_region *w = calloc(1, sizeof *w);
     if (!w) return ect_set_error(ECT_ENOMEM, "window");

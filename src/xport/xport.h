@@ -131,12 +131,15 @@ bool xp_range_busy(ect_xport *x, const void *addr, uint64_t len);
  * its own; a peer's write is accepted with that token only inside the
  * window and only until xp_window_close. Windows of one region never
  * overlap. Over shm the window is its own region to the peer (its own slot,
- * and a grant that maps only its pages). ECT_ENOTSUP for ucx (an rkey
- * cannot be narrowed per write without a memory registration per
- * reservation; the caller keeps the region key), ECT_ENOTFOUND (no such
- * region), ECT_ERANGE, ECT_EEXIST (overlaps a live window), ECT_EFULL (shm:
- * no free slot), ECT_ENOMEM. key gets the window's key string (16 hex
- * digits). Thread-safe; never blocks on I/O. */
+ * and a grant that maps only its pages). Over ucx the window has its own
+ * ucp_mem_map of exactly its bytes and its own packed rkey (the key string
+ * is the ucx key of the window: its address, length and rkey), unmapped at
+ * close; what the target can enforce there depends on the UCX transport
+ * (docs/PROTOCOL.md "Write windows"). ECT_ENOTFOUND (no such region),
+ * ECT_ERANGE, ECT_EEXIST (overlaps a live window), ECT_EFULL (shm: no free
+ * slot), ECT_ENOMEM, or the ucx registration's error. key gets the window's
+ * key string (16 hex digits for tcp/shm). Thread-safe; never blocks on
+ * I/O. */
 int xp_window_open(ect_xport *x, const char *region_key, uint64_t offset, uint64_t len,
                    char key[ECT_XPORT_KEY_MAX]);
 /* Closes a window: from now on every write naming its token is refused

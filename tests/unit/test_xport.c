@@ -782,6 +782,111 @@ static void test_tcp_window(void **state) {
     ect_xport_close(t);
 }
 
+#if ECT_HAVE_UCX && !XP_TSAN
+/* ucx windows (docs/PROTOCOL.md "Write windows"): a window is its own
+ * ucp_mem_map of exactly its bytes with its own packed rkey, so its key
+ * names the window's address and length (not the pool's); a write through it
+ * inside the window lands, one outside is refused by the initiator before
+ * any put (ECT_EACCES before the window, ECT_ERANGE across its end), and a
+ * closed window's key is found no more on the target. The pool key itself
+ * still works on the initiator (ucx puts are one-sided: the target cannot
+ * refuse it; the consumers simply never hand it out). */
+static uint64_t hex_u64(const char *s) { /* 16 hex digits of a little-endian u64 */
+    uint64_t v = 0;
+    for (int k = 0; k < 16; k++) {
+        char c = s[k];
+        uint64_t d = (uint64_t)(c <= '9' ? c - '0' : c - 'a' + 10);
+        v |= d << (8 * (k / 2) + (k % 2 ? 0 : 4));
+    }
+    return v;
+}
+
+static void t_ucx_window(void **state) {
+    const char *kind = kind_of(*state);
+    ect_xport *t = open_kind(kind), *i = open_kind(kind);
+    region r;
+    mk_region(t, MiB, &r);
+    assert_int_equal(xp_region_set_private(t, r.key), 0); /* found by its ucx key */
+    char wk[ECT_XPORT_KEY_MAX], wk2[ECT_XPORT_KEY_MAX];
+    assert_int_equal(xp_window_open(t, r.key, 4096, 2000, wk), 0);
+    assert_err(xp_window_open(t, r.key, 5000, 10, wk2), ECT_EEXIST, "overlaps");
+    assert_err(xp_window_open(t, r.key, MiB - 10, 11, wk2), ECT_ERANGE, "outside");
+    assert_string_not_equal(wk, r.key);
+    assert_true(strlen(wk) > 32);
+    /* The key carries the window's own range, not the pool's. */
+    assert_true(hex_u64(wk) == (uint64_t)(uintptr_t)(r.addr + 4096));
+    assert_true(hex_u64(wk + 16) == 2000);
+    assert_true(hex_u64(r.key + 16) == MiB);
+
+    uint8_t src[2000];
+    test_fill_pattern(src, sizeof src, 7);
+    const char *sess = ect_xport_session(t);
+    /* Inside the window: lands. */
+    ect_write w = wr(src, &r, 4096, 2000);
+    w.dst_key = wk;
+    int st = 99;
+    assert_int_equal(ect_xport_write_batch(i, sess, &w, 1, &st), 0);
+    assert_int_equal(st, 0);
+    assert_memory_equal(r.addr + 4096, src, sizeof src);
+    /* One byte across the window's end: refused, nothing written. */
+    w = wr(src, &r, 4096 + 2000, 1);
+    w.dst_key = wk;
+    assert_int_equal(ect_xport_write_batch(i, sess, &w, 1, &st), ECT_EACCES);
+    assert_int_equal(st, ECT_EACCES);
+    w = wr(src, &r, 4096 + 1999, 2);
+    w.dst_key = wk;
+    assert_int_equal(ect_xport_write_batch(i, sess, &w, 1, &st), ECT_ERANGE);
+    assert_int_equal(st, ECT_ERANGE);
+    assert_int_equal(r.addr[4096 + 2000], 0);
+    /* Elsewhere in the pool through the window's key: refused. */
+    w = wr(src, &r, 0, 100);
+    w.dst_key = wk;
+    assert_int_equal(ect_xport_write_batch(i, sess, &w, 1, &st), ECT_EACCES);
+    assert_int_equal(st, ECT_EACCES);
+    assert_true(all_zero(r.addr, 4096));
+
+    /* A second window: its own key, lands in its own range. */
+    assert_int_equal(xp_window_open(t, r.key, 8192, 100, wk2), 0);
+    assert_string_not_equal(wk2, wk);
+    w = wr(src, &r, 8192, 100);
+    w.dst_key = wk2;
+    assert_int_equal(ect_xport_write_batch(i, sess, &w, 1, &st), 0);
+    assert_memory_equal(r.addr + 8192, src, 100);
+
+    /* Closed: the target no longer finds the window's key. */
+    assert_int_equal(xp_window_close(t, wk), 0);
+    assert_err(xp_window_close(t, wk), ECT_ENOTFOUND, NULL);
+    assert_err(ect_xport_unregister(t, wk), ECT_ENOTFOUND, NULL);
+    /* The range can be opened again, with a new registration (over UCX's tcp
+     * and sm transports its packed rkey may equal the closed one's: they
+     * carry no per-registration secret; RDMA hardware's do), and it works. */
+    char wk3[ECT_XPORT_KEY_MAX];
+    assert_int_equal(xp_window_open(t, r.key, 4096, 2000, wk3), 0);
+    test_fill_pattern(src, sizeof src, 8);
+    w = wr(src, &r, 4096, 2000);
+    w.dst_key = wk3;
+    assert_int_equal(ect_xport_write_batch(i, sess, &w, 1, &st), 0);
+    assert_memory_equal(r.addr + 4096, src, sizeof src);
+    assert_int_equal(xp_window_close(t, wk3), 0);
+    assert_err(ect_xport_unregister(t, wk3), ECT_ENOTFOUND, NULL);
+    /* More windows than the initiator caches rkeys for (each reservation
+     * brings a new key; the oldest unpacked ones are dropped): all land. */
+    for (size_t k = 0; k < 300; k++) {
+        size_t off = 65536 + k * 1024;
+        assert_int_equal(xp_window_open(t, r.key, off, 1024, wk3), 0);
+        w = wr(src, &r, off, 1024);
+        w.dst_key = wk3;
+        assert_int_equal(ect_xport_write_batch(i, sess, &w, 1, &st), 0);
+        assert_memory_equal(r.addr + off, src, 1024);
+        assert_int_equal(xp_window_close(t, wk3), 0);
+    }
+    /* A window left open (wk2) goes with its region. */
+    rm_region(t, &r);
+    ect_xport_close(i);
+    ect_xport_close(t);
+}
+#endif
+
 /* This process's mappings of the test's memfds smaller than `below` bytes
  * (the shm initiator's window mappings; the regions' own are larger):
  * how many, and the size of the last one. */
@@ -947,6 +1052,8 @@ int main(int argc, char **argv) {
 #if ECT_HAVE_UCX && !XP_TSAN
         KIND_TESTS("ucx/tcp"),
         KIND_TESTS("ucx/sm"),
+        cmocka_unit_test_prestate(t_ucx_window, (void *)"ucx/tcp"),
+        cmocka_unit_test_prestate(t_ucx_window, (void *)"ucx/sm"),
 #endif
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
