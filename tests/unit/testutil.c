@@ -62,3 +62,17 @@ const char *test_protocol_md(void) {
     doc[n] = '\0';
     return doc;
 }
+
+void test_accept_key(const char *dir, const char *name, const char *from) {
+    char src[512], dst[512], buf[64];
+    snprintf(src, sizeof src, "%s/self.public", from);
+    snprintf(dst, sizeof dst, "%s/accept/%s.public", dir, name);
+    FILE *f = fopen(src, "r");
+    assert_non_null(f);
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    f = fopen(dst, "w");
+    assert_non_null(f);
+    assert_int_equal(fwrite(buf, 1, n, f), n);
+    fclose(f);
+}

@@ -33,4 +33,9 @@ int test_check_pattern(const void *buf, size_t n, uint64_t seed);
  * storage: valid until the next call. */
 const char *test_protocol_md(void);
 
+/* Makes key directory dir accept the public key of key directory from
+ * (made by ect_keygen): copies from/self.public to dir/accept/<name>.public;
+ * fails the test when either file cannot be opened or written. */
+void test_accept_key(const char *dir, const char *name, const char *from);
+
 #endif
