@@ -166,3 +166,52 @@ start_burners() {
     disown "$!" # killed on exit; no job-control notice
   done
 }
+
+# netns_pair TAG1 TAG2 [v6]: two "hosts" on this machine for the multi-host
+# tests: network namespaces $ns1 (ect-TAG1-PID-RANDOM) and $ns2 (ect-TAG2-...)
+# joined by a veth pair, $veth1 in ns1 with 192.0.2.1/24 and $veth2 in ns2
+# with 192.0.2.2/24, loopback and veth up; in1 / in2 run a command in ns1 /
+# ns2. With v6 also 2001:db8::1/64 and 2001:db8::2/64 (nodad); $have_v6 is 0
+# where the kernel refused them. Replaces the EXIT trap with netns_cleanup:
+# kills every process in $pids, removes both namespaces and the veth, then
+# lib_cleanup. Exits 77 (skipped) with a message where a namespace cannot be
+# made (needs root and ip netns). Call it from the script's top level.
+netns_pair() {
+  ns1=ect-$1-$$-$RANDOM
+  ns2=ect-$2-$$-$RANDOM
+  veth1=ect$1$$
+  veth2=ect$2$$
+  veth1=${veth1:0:15}
+  veth2=${veth2:0:15}
+  trap netns_cleanup EXIT
+  if ! ip netns add "$ns1" 2>"$tmp/netns.err"; then
+    echo "SKIP: cannot create a network namespace (needs root and ip netns): $(cat "$tmp/netns.err")"
+    exit 77
+  fi
+  ip netns add "$ns2"
+  ip link add "$veth1" type veth peer name "$veth2"
+  ip link set "$veth1" netns "$ns1"
+  ip link set "$veth2" netns "$ns2"
+  in1 ip link set lo up
+  in2 ip link set lo up
+  in1 ip addr add 192.0.2.1/24 dev "$veth1"
+  in2 ip addr add 192.0.2.2/24 dev "$veth2"
+  have_v6=0
+  if [ "${3:-}" = v6 ]; then
+    have_v6=1
+    in1 ip -6 addr add 2001:db8::1/64 dev "$veth1" nodad 2>/dev/null || have_v6=0
+    in2 ip -6 addr add 2001:db8::2/64 dev "$veth2" nodad 2>/dev/null || have_v6=0
+  fi
+  in1 ip link set "$veth1" up
+  in2 ip link set "$veth2" up
+}
+in1() { ip netns exec "$ns1" "$@"; }
+in2() { ip netns exec "$ns2" "$@"; }
+netns_cleanup() {
+  local p
+  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  ip netns del "$ns1" 2>/dev/null || true
+  ip netns del "$ns2" 2>/dev/null || true
+  ip link del "$veth1" 2>/dev/null || true
+  lib_cleanup
+}

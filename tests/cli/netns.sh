@@ -16,40 +16,7 @@ if ! command -v ip >/dev/null 2>&1; then
   echo "SKIP: the ip command (iproute2) is not installed"
   exit 77
 fi
-ns1=ect-a-$$-$RANDOM
-ns2=ect-b-$$-$RANDOM
-veth1=ecta$$
-veth2=ectb$$
-veth1=${veth1:0:15}
-veth2=${veth2:0:15}
-netns_cleanup() {
-  local p
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  ip netns del "$ns1" 2>/dev/null || true
-  ip netns del "$ns2" 2>/dev/null || true
-  ip link del "$veth1" 2>/dev/null || true
-  lib_cleanup
-}
-trap netns_cleanup EXIT
-if ! ip netns add "$ns1" 2>"$tmp/netns.err"; then
-  echo "SKIP: cannot create a network namespace (needs root and ip netns): $(cat "$tmp/netns.err")"
-  exit 77
-fi
-ip netns add "$ns2"
-ip link add "$veth1" type veth peer name "$veth2"
-ip link set "$veth1" netns "$ns1"
-ip link set "$veth2" netns "$ns2"
-in1() { ip netns exec "$ns1" "$@"; }
-in2() { ip netns exec "$ns2" "$@"; }
-in1 ip link set lo up
-in2 ip link set lo up
-in1 ip addr add 192.0.2.1/24 dev "$veth1"
-in2 ip addr add 192.0.2.2/24 dev "$veth2"
-have_v6=1
-in1 ip -6 addr add 2001:db8::1/64 dev "$veth1" nodad 2>/dev/null || have_v6=0
-in2 ip -6 addr add 2001:db8::2/64 dev "$veth2" nodad 2>/dev/null || have_v6=0
-in1 ip link set "$veth1" up
-in2 ip link set "$veth2" up
+netns_pair a b v6
 
 sent() { sed -n 's/^{"transfer_id":"\([^"]*\)","mm_hash":"[^"]*","nbytes":[0-9]*,"checksum":"\([0-9a-f]*\)","status":"ok","state":"done".*/\1 \2/p' "$1" | sort; }
 received() { sed -n 's/^{"transfer_id":"\([^"]*\)","mm_hash":"[^"]*","nbytes":[0-9]*,"shape":\[[0-9,]*\],"dtype":"[a-z0-9_.]*","checksum":"\([0-9a-f]*\)","status":"ok"}$/\1 \2/p' "$1" | sort; }

@@ -30,37 +30,7 @@ if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then
   echo "SKIP: ip / tc (iproute2) not installed"
   exit 77
 fi
-ns1=ect-fc-$$-$RANDOM
-ns2=ect-fp-$$-$RANDOM
-veth1=efc$$
-veth2=efp$$
-veth1=${veth1:0:15}
-veth2=${veth2:0:15}
-faults_cleanup() {
-  local p
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  ip netns del "$ns1" 2>/dev/null || true
-  ip netns del "$ns2" 2>/dev/null || true
-  ip link del "$veth1" 2>/dev/null || true
-  lib_cleanup
-}
-trap faults_cleanup EXIT
-if ! ip netns add "$ns1" 2>"$tmp/netns.err"; then
-  echo "SKIP: cannot create a network namespace (needs root and ip netns): $(cat "$tmp/netns.err")"
-  exit 77
-fi
-ip netns add "$ns2"
-ip link add "$veth1" type veth peer name "$veth2"
-ip link set "$veth1" netns "$ns1"
-ip link set "$veth2" netns "$ns2"
-in1() { ip netns exec "$ns1" "$@"; }
-in2() { ip netns exec "$ns2" "$@"; }
-in1 ip link set lo up
-in2 ip link set lo up
-in1 ip addr add 192.0.2.1/24 dev "$veth1"
-in2 ip addr add 192.0.2.2/24 dev "$veth2"
-in1 ip link set "$veth1" up
-in2 ip link set "$veth2" up
+netns_pair fc fp
 
 # The namespaces are this run's own: fixed ports cannot collide with anything.
 PORT=14700 # control ports 14700, 14701

@@ -627,7 +627,28 @@ static void test_req_envelope(void **st) {
 typedef struct slow_router {
     void *ctx, *sock;
     int port;
+    pthread_t th;
 } slow_router;
+
+/* Binds a ROUTER on an ephemeral loopback port and starts serve(sr) on it in
+ * a thread. */
+static void router_start(slow_router *sr, void *(*serve)(void *)) {
+    sr->ctx = zmq_ctx_new();
+    sr->sock = zsock(sr->ctx, ZMQ_ROUTER);
+    assert_int_equal(zmq_bind(sr->sock, "tcp://127.0.0.1:*"), 0);
+    char last[128];
+    size_t ll = sizeof last;
+    zmq_getsockopt(sr->sock, ZMQ_LAST_ENDPOINT, last, &ll);
+    sr->port = atoi(strrchr(last, ':') + 1);
+    assert_int_equal(pthread_create(&sr->th, NULL, serve, sr), 0);
+}
+
+/* Waits for the serving thread, then closes the ROUTER and its context. */
+static void router_stop(slow_router *sr) {
+    pthread_join(sr->th, NULL);
+    zmq_close(sr->sock);
+    zmq_ctx_term(sr->ctx);
+}
 
 /* Serves two pulls: ignores the first; on the second, first answers the
  * first (too late, status 0) and then the second with ECT_ENOTFOUND. */
@@ -661,15 +682,8 @@ static void *slow_main(void *arg) {
 
 static void test_consumer_timeout(void **st) {
     (void)st;
-    slow_router sr = {.ctx = zmq_ctx_new()};
-    sr.sock = zsock(sr.ctx, ZMQ_ROUTER);
-    assert_int_equal(zmq_bind(sr.sock, "tcp://127.0.0.1:*"), 0);
-    char last[128];
-    size_t ll = sizeof last;
-    zmq_getsockopt(sr.sock, ZMQ_LAST_ENDPOINT, last, &ll);
-    sr.port = atoi(strrchr(last, ':') + 1);
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, slow_main, &sr), 0);
+    slow_router sr;
+    router_start(&sr, slow_main);
     ect_pull_consumer *c = open_consumer("tcp", sr.port, 1 * MiB, 300);
     ect_pull_meta m = {.nbytes = 1000, .ndim = 1, .shape = {1000}};
     snprintf(m.dtype, sizeof m.dtype, "uint8");
@@ -688,10 +702,8 @@ static void test_consumer_timeout(void **st) {
     assert_int_equal(cs.stale, 1);
     assert_int_equal(cs.quarantined, 0);
     assert_int_equal(used(ect_pull_consumer_pool(c)), 0);
-    pthread_join(th, NULL);
     ect_pull_consumer_close(c);
-    zmq_close(sr.sock);
-    zmq_ctx_term(sr.ctx);
+    router_stop(&sr); /* its thread has sent every answer by now */
 }
 
 /* An upstream-style producer: answers with the two upstream fields only (no
@@ -718,15 +730,8 @@ static void *plain_main(void *arg) {
 
 static void test_upstream_complete(void **st) {
     (void)st;
-    slow_router sr = {.ctx = zmq_ctx_new()};
-    sr.sock = zsock(sr.ctx, ZMQ_ROUTER);
-    assert_int_equal(zmq_bind(sr.sock, "tcp://127.0.0.1:*"), 0);
-    char last[128];
-    size_t ll = sizeof last;
-    zmq_getsockopt(sr.sock, ZMQ_LAST_ENDPOINT, last, &ll);
-    sr.port = atoi(strrchr(last, ':') + 1);
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, plain_main, &sr), 0);
+    slow_router sr;
+    router_start(&sr, plain_main);
     ect_pull_consumer *c = open_consumer("tcp", sr.port, 1 * MiB, 5000);
     ect_pull_meta m = {.nbytes = 256, .ndim = 2, .shape = {8, 16}};
     snprintf(m.dtype, sizeof m.dtype, "torch.bfloat16");
@@ -736,10 +741,8 @@ static void test_upstream_complete(void **st) {
     assert_int_equal(v.cached, 0);
     assert_int_equal(v.shape[1], 16);
     assert_int_equal(ect_pull_consumer_release(c, "upstream"), 0);
-    pthread_join(th, NULL);
     ect_pull_consumer_close(c);
-    zmq_close(sr.sock);
-    zmq_ctx_term(sr.ctx);
+    router_stop(&sr); /* its thread has sent every answer by now */
 }
 
 /* An upstream-style producer that answers three pulls only once all three
@@ -773,15 +776,8 @@ static void *reverse_main(void *arg) {
 
 static void test_load_many_upstream_reverse(void **st) {
     (void)st;
-    slow_router sr = {.ctx = zmq_ctx_new()};
-    sr.sock = zsock(sr.ctx, ZMQ_ROUTER);
-    assert_int_equal(zmq_bind(sr.sock, "tcp://127.0.0.1:*"), 0);
-    char last[128];
-    size_t ll = sizeof last;
-    zmq_getsockopt(sr.sock, ZMQ_LAST_ENDPOINT, last, &ll);
-    sr.port = atoi(strrchr(last, ':') + 1);
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, reverse_main, &sr), 0);
+    slow_router sr;
+    router_start(&sr, reverse_main);
     ect_pull_consumer *c = open_consumer("tcp", sr.port, 1 * MiB, 30000);
     const char *h[3] = {"r0", "r1", "r2"};
     ect_pull_meta m[3];
@@ -802,10 +798,8 @@ static void test_load_many_upstream_reverse(void **st) {
     assert_int_equal(used(ect_pull_consumer_pool(c)), 256 + 768);
     assert_int_equal(ect_pull_consumer_release(c, "r0"), 0);
     assert_int_equal(ect_pull_consumer_release(c, "r2"), 0);
-    pthread_join(th, NULL);
     ect_pull_consumer_close(c);
-    zmq_close(sr.sock);
-    zmq_ctx_term(sr.ctx);
+    router_stop(&sr); /* its thread has sent every answer by now */
 }
 
 /* load_many against our producer: 24 items in flight at once, one already

@@ -10,8 +10,6 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <zmq.h>
 
@@ -20,92 +18,25 @@
 #include "ctl_req.h"
 #include "util/util.h"
 
-#define MAXTP 4
-
-static void nap(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-typedef struct inst {
-    ect_push_consumer *c[MAXTP];
-    int tp, base;
-} inst;
-
 /* Opens tp consumers on consecutive control ports (retrying other bases if
  * one is taken). */
-static void inst_open(inst *in, int tp, const char *transport, uint64_t pool, uint64_t ttl_ms) {
-    memset(in, 0, sizeof *in);
-    in->tp = tp;
-    uint64_t seed = (uint64_t)getpid() * 7919u + (uint64_t)ect_now_ns();
-    for (int attempt = 0; attempt < 50; attempt++) {
-        int base = 20000 + (int)(test_rand(&seed) % 30000);
-        int ok = 1;
-        for (int r = 0; r < tp && ok; r++) {
-            ect_push_consumer_opts o;
-            ect_push_consumer_opts_init(&o);
-            o.ec_port = base;
-            o.tp_size = tp;
-            o.tp_rank = r;
-            o.pool_size = pool;
-            o.transport = transport;
-            if (ttl_ms) {
-                o.ttl_ms = ttl_ms;
-                o.pending_grace_ms = ttl_ms;
-                o.reap_interval_ms = 50;
-            }
-            int rc = ect_push_consumer_open(&o, &in->c[r]);
-            if (rc == ECT_EEXIST) {
-                ok = 0;
-                break;
-            }
-            assert_int_equal(rc, 0);
-            assert_int_equal(ect_push_consumer_port(in->c[r]), base + r);
-        }
-        if (ok) {
-            in->base = base;
-            return;
-        }
-        for (int r = 0; r < tp; r++) {
-            ect_push_consumer_close(in->c[r]);
-            in->c[r] = NULL;
-        }
+static void inst_open(test_inst *in, int tp, const char *transport, uint64_t pool,
+                      uint64_t ttl_ms) {
+    ect_push_consumer_opts o;
+    ect_push_consumer_opts_init(&o);
+    o.pool_size = pool;
+    o.transport = transport;
+    if (ttl_ms) {
+        o.ttl_ms = ttl_ms;
+        o.pending_grace_ms = ttl_ms;
+        o.reap_interval_ms = 50;
     }
-    fail_msg("no free port range");
-}
-
-static void inst_close_checked(inst *in) {
-    for (int r = 0; r < in->tp; r++) {
-        ect_push_consumer_evict(in->c[r], SIZE_MAX);
-        ect_push_consumer_stat st;
-        ect_push_consumer_stats(in->c[r], &st);
-        assert_int_equal(st.pool_used, 0);
-        assert_int_equal(st.live, 0);
-        ect_push_consumer_close(in->c[r]);
-    }
+    test_inst_open(in, tp, &o);
 }
 
 /* ---- the test producer */
-typedef struct prod {
-    void *zctx;
-    ctl_client *cli;
-    ect_xport *xp;
-    int ports[MAXTP];
-    size_t n;
-} prod;
-
-static void prod_open(prod *p, int base, const char *transport) {
-    memset(p, 0, sizeof *p);
-    p->zctx = zmq_ctx_new();
-    assert_int_equal(ctl_client_open(p->zctx, 5000, &p->cli), 0);
-    assert_int_equal(ect_xport_open(transport, NULL, &p->xp), 0);
-    assert_int_equal(ctl_peers(p->cli, "127.0.0.1", base, p->ports, MAXTP, &p->n), 0);
-}
-
-static void prod_close(prod *p) {
-    ctl_client_close(p->cli);
-    ect_xport_close(p->xp);
-    zmq_ctx_term(p->zctx);
+static void prod_open(test_prod *p, int base, const char *transport) {
+    test_prod_open(p, base, transport, 5000);
 }
 
 static wire_ctl_request reserve_req(const char *tid, const char *hash, uint64_t rows) {
@@ -114,7 +45,8 @@ static wire_ctl_request reserve_req(const char *tid, const char *hash, uint64_t 
 
 /* Pushes one item to every shard: reserve, write (if asked), complete.
  * Returns how many shards answered `cached`. */
-static int push_item(prod *p, const char *tid, const char *hash, uint64_t rows, uint64_t seed) {
+static int push_item(test_prod *p, const char *tid, const char *hash, uint64_t rows,
+                     uint64_t seed) {
     uint64_t nbytes = rows * 256 * 2;
     uint8_t *src = malloc(nbytes);
     test_fill_pattern(src, nbytes, seed);
@@ -163,7 +95,7 @@ static int wait_next(ect_push_scheduler *s, ect_push_sched_item *it) {
     for (int i = 0; i < 1000; i++) {
         ect_push_scheduler_poll(s);
         if (ect_push_scheduler_next(s, it) == 0) return 0;
-        nap(5);
+        test_nap_ms(5);
     }
     return ECT_ETIMEDOUT;
 }
@@ -174,16 +106,16 @@ static void wait_cancels(ect_push_scheduler *s, uint64_t want) {
         ect_push_scheduler_poll(s);
         ect_push_scheduler_stats(s, &st);
         if (st.cancels_sent >= want) return;
-        nap(5);
+        test_nap_ms(5);
     }
     fail_msg("cancels not answered: %llu of %llu", (unsigned long long)st.cancels_sent,
              (unsigned long long)want);
 }
 
 static void run_roundtrip(int tp, const char *transport) {
-    inst in;
+    test_inst in;
     inst_open(&in, tp, transport, 16u << 20, 0);
-    prod p;
+    test_prod p;
     prod_open(&p, in.base, transport);
     assert_int_equal(p.n, (size_t)tp);
     ect_push_scheduler *s = sched_open(in.base, tp, 0, 0);
@@ -234,8 +166,8 @@ static void run_roundtrip(int tp, const char *transport) {
     assert_int_equal(st.shards, tp);
     assert_int_equal(st.bad_frames, 0);
     ect_push_scheduler_close(s);
-    prod_close(&p);
-    inst_close_checked(&in);
+    test_prod_close(&p);
+    test_inst_close_checked(&in);
 }
 
 static void test_tp1_tcp(void **state) {
@@ -255,9 +187,9 @@ static void test_tp2_shm(void **state) {
  * them; take of something not READY is refused. */
 static void test_accept_any_and_refusals(void **state) {
     (void)state;
-    inst in;
+    test_inst in;
     inst_open(&in, 2, "tcp", 4u << 20, 0);
-    prod p;
+    test_prod p;
     prod_open(&p, in.base, "tcp");
     ect_push_scheduler *s = sched_open(in.base, 2, 1, 0);
     ect_push_view v;
@@ -306,14 +238,14 @@ static void test_accept_any_and_refusals(void **state) {
     for (int i = 0; i < 200; i++) {
         ect_push_scheduler_poll(s);
         if (ect_push_scheduler_state(s, "w", &it) == 0 && it.state == ECT_PUSH_FAILED) break;
-        nap(5);
+        test_nap_ms(5);
     }
     assert_int_equal(ect_push_scheduler_state(s, "w", &it), 0);
     assert_int_equal(it.state, ECT_PUSH_FAILED);
     wait_cancels(s, 6);
     ect_push_scheduler_close(s);
-    prod_close(&p);
-    inst_close_checked(&in);
+    test_prod_close(&p);
+    test_inst_close_checked(&in);
 }
 
 /* A producer that reserves and is killed: nothing ever completes or
@@ -321,16 +253,16 @@ static void test_accept_any_and_refusals(void **state) {
  * and after the grace, with no write landing, to EXPIRED: memory returns. */
 static void test_producer_killed_after_reserve(void **state) {
     (void)state;
-    inst in;
+    test_inst in;
     inst_open(&in, 1, "tcp", 4u << 20, 300);
-    prod p;
+    test_prod p;
     prod_open(&p, in.base, "tcp");
     wire_ctl_request q = reserve_req("dead", "hd", 64);
     wire_ctl_reply r;
     assert_int_equal(ctl_call_ok(p.cli, "127.0.0.1", p.ports[0], &q, &r), 0);
     assert_true(r.u.reserve.write);
     wire_ctl_reply_clear(&r);
-    prod_close(&p); /* gone */
+    test_prod_close(&p); /* gone */
     ect_push_consumer_stat st;
     ect_push_consumer_stats(in.c[0], &st);
     assert_true(st.pool_used > 0);
@@ -338,12 +270,12 @@ static void test_producer_killed_after_reserve(void **state) {
     while (ect_now_ms() - t0 < 60000) { /* a generous deadline: only a leak reaches it */
         ect_push_consumer_stats(in.c[0], &st);
         if (st.pool_used == 0) break;
-        nap(20);
+        test_nap_ms(20);
     }
     assert_int_equal(st.pool_used, 0);
     assert_int_equal(st.live, 0);
     assert_true(ect_now_ms() - t0 >= 300); /* not before TTL + grace (600 ms after reserve) */
-    inst_close_checked(&in);
+    test_inst_close_checked(&in);
 }
 
 /* ect_push_consumer_finish ends a delivered transfer while its views keep
@@ -353,9 +285,9 @@ static void test_producer_killed_after_reserve(void **state) {
  * the errors. */
 static void test_finish_keeps_leases(void **state) {
     (void)state;
-    inst in;
+    test_inst in;
     inst_open(&in, 1, "tcp", 4u << 20, 0);
-    prod p;
+    test_prod p;
     prod_open(&p, in.base, "tcp");
     ect_push_consumer *c = in.c[0];
     assert_err(ect_push_consumer_finish(c, "nope"), ECT_ENOTFOUND, "nope");
@@ -401,8 +333,8 @@ static void test_finish_keeps_leases(void **state) {
     assert_int_equal(ect_push_consumer_finish(c, "f2"), 0);
     assert_err(ect_push_consumer_take(c, "f2", &a), ECT_ENOTFOUND, NULL);
     assert_int_equal(ect_push_consumer_evict(c, SIZE_MAX), 1);
-    prod_close(&p);
-    inst_close_checked(&in);
+    test_prod_close(&p);
+    test_inst_close_checked(&in);
 }
 
 /* Bad options are refused by name; the control port in use is EEXIST. */
@@ -422,7 +354,7 @@ static void test_open_errors(void **state) {
     o.ec_port = 65535;
     o.tp_size = 2;
     assert_err(ect_push_consumer_open(&o, &c), ECT_EINVAL, "65535");
-    inst in;
+    test_inst in;
     inst_open(&in, 1, "tcp", 1u << 20, 0);
     ect_push_consumer_opts_init(&o);
     o.ec_port = in.base;
@@ -435,14 +367,14 @@ static void test_open_errors(void **state) {
     assert_err(ect_push_scheduler_open(&so, &s), ECT_EINVAL, "tp_size");
     assert_null(s);
     assert_string_equal(ect_push_state_name(ECT_PUSH_RESIDENT), "RESIDENT");
-    inst_close_checked(&in);
+    test_inst_close_checked(&in);
 }
 
 /* ect_push_ping: n timed event_port exchanges to a shard; bad arguments and
  * a shard that is gone are refused by name. */
 static void test_ping(void **state) {
     (void)state;
-    inst in;
+    test_inst in;
     inst_open(&in, 1, "tcp", 1u << 20, 0);
     uint64_t rtt[5] = {0};
     assert_int_equal(ect_push_ping("127.0.0.1", in.base, 30000, rtt, 5), 0);
@@ -452,7 +384,7 @@ static void test_ping(void **state) {
     assert_err(ect_push_ping("127.0.0.1", 0, 30000, rtt, 1), ECT_EINVAL, "port 0");
     assert_err(ect_push_ping("127.0.0.1", in.base, 0, rtt, 1), ECT_EINVAL, "timeout_ms");
     int port = in.base;
-    inst_close_checked(&in);
+    test_inst_close_checked(&in);
     assert_err(ect_push_ping("127.0.0.1", port, 30000, rtt, 1), ECT_ECONNREFUSED,
                "no consumer answers");
 }

@@ -20,8 +20,6 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <xxhash.h>
 
@@ -37,44 +35,17 @@
 #define MAX_ITEMS 256
 #define DEADLINE_MS 600000 /* generous: only a hang reaches it */
 
-static void nap_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-typedef struct inst {
-    ect_push_consumer *c[MAXTP];
-    int tp, base;
-} inst;
-
-static void inst_open(inst *in, int tp, const char *transport) {
-    memset(in, 0, sizeof *in);
-    in->tp = tp;
-    uint64_t seed = (uint64_t)getpid() * 104729u + ect_now_ns();
-    for (int attempt = 0; attempt < 50; attempt++) {
-        int base = 20000 + (int)(test_rand(&seed) % 30000), r = 0;
-        for (; r < tp; r++) {
-            ect_push_consumer_opts o;
-            ect_push_consumer_opts_init(&o);
-            o.ec_port = base;
-            o.tp_size = tp;
-            o.tp_rank = r;
-            o.pool_size = POOL_ITEMS * ITEM_BYTES; /* exactly 8 items (256-aligned) */
-            o.transport = transport;
-            if (ect_push_consumer_open(&o, &in->c[r]) != 0) break;
-        }
-        if (r == tp) {
-            in->base = base;
-            return;
-        }
-        for (int i = 0; i < r; i++) ect_push_consumer_close(in->c[i]);
-    }
-    fail_msg("no free port range");
+static void inst_open(test_inst *in, int tp, const char *transport) {
+    ect_push_consumer_opts o;
+    ect_push_consumer_opts_init(&o);
+    o.pool_size = POOL_ITEMS * ITEM_BYTES; /* exactly 8 items (256-aligned) */
+    o.transport = transport;
+    test_inst_open(in, tp, &o);
 }
 
 /* Every rank: nothing live once its items were released, and after dropping
  * the resident copies nothing in use. */
-static void inst_close_drained(inst *in) {
+static void inst_close_drained(test_inst *in) {
     for (int r = 0; r < in->tp; r++) {
         ect_push_consumer_stat st;
         ect_push_consumer_stats(in->c[r], &st);
@@ -89,7 +60,7 @@ static void inst_close_drained(inst *in) {
 
 /* ---- the consumer's engine: its own thread owns the scheduler */
 typedef struct engine {
-    inst *in;
+    test_inst *in;
     int slow_ms;              /* sleep before each take */
     bool hold;                /* never release what it took */
     uint64_t want[MAX_ITEMS]; /* the producer's checksums, by item index */
@@ -121,7 +92,7 @@ static void *engine_main(void *arg) {
         bool any = false;
         while (ect_push_scheduler_next(s, &it) == 0) {
             any = true;
-            if (e->slow_ms) nap_ms(e->slow_ms);
+            if (e->slow_ms) test_nap_ms(e->slow_ms);
             int k = index_of(it.transfer_id);
             assert_true(k >= 0 && k < MAX_ITEMS);
             ect_push_view v[MAXTP];
@@ -129,7 +100,7 @@ static void *engine_main(void *arg) {
             for (int r = 0; r < e->in->tp; r++) {
                 assert_int_equal(ect_push_consumer_take(e->in->c[r], it.transfer_id, &v[r]), 0);
                 uint64_t got = XXH64(v[r].data, v[r].nbytes, 0);
-                while (!atomic_load(&e->want_set[k])) nap_ms(1); /* set before reserve */
+                while (!atomic_load(&e->want_set[k])) test_nap_ms(1); /* set before reserve */
                 ok &= got == e->want[k] && v[r].nbytes == ITEM_BYTES;
                 assert_string_equal(v[r].dtype, "bfloat16"); /* reserved as torch.bfloat16 */
             }
@@ -144,13 +115,13 @@ static void *engine_main(void *arg) {
             assert_int_equal(ect_push_scheduler_cancel(s, it.transfer_id), 0);
         }
         while (ect_push_scheduler_next_failed(s, &it) == 0) atomic_fetch_add(&e->failed, 1);
-        if (!any) nap_ms(1);
+        if (!any) test_nap_ms(1);
     }
     ect_push_scheduler_close(s);
     return NULL;
 }
 
-static void engine_start(engine *e, inst *in, int slow_ms, bool hold) {
+static void engine_start(engine *e, test_inst *in, int slow_ms, bool hold) {
     memset(e, 0, sizeof *e);
     e->in = in;
     e->slow_ms = slow_ms;
@@ -247,12 +218,12 @@ static void wait_verified(engine *e, int n) {
     uint64_t end = ect_now_ms() + DEADLINE_MS;
     while (atomic_load(&e->verified) + atomic_load(&e->mismatched) < n) {
         assert_true(ect_now_ms() < end);
-        nap_ms(5);
+        test_nap_ms(5);
     }
 }
 
 static void run_pressure(int tp, const char *transport, int slow_ms) {
-    inst in;
+    test_inst in;
     inst_open(&in, tp, transport);
     engine e;
     engine_start(&e, &in, slow_ms, false);
@@ -326,7 +297,7 @@ static void test_slow_engine_shm_tp1(void **st) {
  * and neither pool keeps anything of the failed items. */
 static void test_never_released(void **st) {
     (void)st;
-    inst in;
+    test_inst in;
     inst_open(&in, 2, "tcp");
     engine e;
     engine_start(&e, &in, 0, true);
@@ -369,7 +340,7 @@ static void test_never_released(void **st) {
 #define FIFO_BYTES (64u << 10)
 
 typedef struct orderly {
-    inst *in;
+    test_inst *in;
     int seen[FIFO_N]; /* item indexes in the order the scheduler handed them out */
     atomic_int n_seen;
     atomic_bool stop;
@@ -408,7 +379,7 @@ static void *orderly_main(void *arg) {
             assert_int_equal(ect_push_scheduler_cancel(s, it.transfer_id), 0);
             atomic_store(&o->n_seen, n + 1);
         }
-        if (!any) nap_ms(1);
+        if (!any) test_nap_ms(1);
     }
     ect_push_scheduler_close(s);
     return NULL;
@@ -419,7 +390,7 @@ static void *orderly_main(void *arg) {
  * all, so no refusal reorders anything): every item lands, and the consumer
  * hands them out in exactly the order they were pushed. */
 static void run_fifo(int tp, const char *transport) {
-    inst in;
+    test_inst in;
     inst_open(&in, tp, transport);
     orderly o;
     memset(&o, 0, sizeof o);
@@ -464,7 +435,7 @@ static void run_fifo(int tp, const char *transport) {
     }
     while (atomic_load(&o.n_seen) < FIFO_N) {
         assert_true(ect_now_ms() < end);
-        nap_ms(2);
+        test_nap_ms(2);
     }
     atomic_store(&o.stop, true);
     pthread_join(o.th, NULL);

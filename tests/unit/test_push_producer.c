@@ -958,45 +958,15 @@ static void test_bad_args(void **st) {
 
 /* ------------------------------------------------ against the real consumer */
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
-/* Opens tp consumers (ranks of one instance) on consecutive ports. */
-static int open_consumers(int tp, const char *kind, ect_push_consumer **c) {
-    for (int attempt = 0; attempt < 20; attempt++) {
-        int base = free_port();
-        if (base + tp > 65535) continue;
-        int r = 0;
-        for (; r < tp; r++) {
-            ect_push_consumer_opts o;
-            ect_push_consumer_opts_init(&o);
-            o.ec_port = base;
-            o.tp_size = tp;
-            o.tp_rank = r;
-            o.pool_size = 64u << 20;
-            o.transport = kind;
-            if (ect_push_consumer_open(&o, &c[r])) break;
-        }
-        if (r == tp) return base;
-        for (int i = 0; i < r; i++) ect_push_consumer_close(c[i]);
-    }
-    fail_msg("no free consecutive ports");
-    return -1;
-}
-
 static void real_consumer(int tp, const char *kind) {
-    ect_push_consumer *c[MAX_TP] = {0};
-    int base = open_consumers(tp, kind, c);
+    ect_push_consumer_opts o;
+    ect_push_consumer_opts_init(&o);
+    o.pool_size = 64u << 20;
+    o.transport = kind;
+    test_inst in;
+    test_inst_open(&in, tp, &o); /* tp ranks of one instance, consecutive ports */
+    ect_push_consumer **c = in.c;
+    int base = in.base;
     ect_push_producer *p = prod_open(5000, 150000);
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", base);

@@ -14,8 +14,6 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <zmq.h>
 
@@ -24,96 +22,28 @@
 #include "ctl_req.h"
 #include "util/util.h"
 
-#define MAXTP 2
 #define ROWS 64
 #define COLS 256
 #define NITEMS 20
 
-static void nap(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-typedef struct inst {
-    ect_push_consumer *c[MAXTP];
-    int tp, base;
-} inst;
-
-static void inst_open(inst *in, int tp, size_t max_events) {
-    memset(in, 0, sizeof *in);
-    in->tp = tp;
-    uint64_t seed = (uint64_t)getpid() * 7919u + (uint64_t)ect_now_ns();
-    for (int attempt = 0; attempt < 50; attempt++) {
-        int base = 20000 + (int)(test_rand(&seed) % 30000);
-        int ok = 1;
-        for (int r = 0; r < tp && ok; r++) {
-            ect_push_consumer_opts o;
-            ect_push_consumer_opts_init(&o);
-            o.ec_port = base;
-            o.tp_size = tp;
-            o.tp_rank = r;
-            o.pool_size = 16u << 20;
-            o.transport = "tcp";
-            if (max_events) o.max_events = max_events;
-            /* The stray-PULL case needs the opt-out (event_auth none, as an
-             * upstream scheduler needs): with the default event secret a
-             * stray PULL cannot connect at all (test_zauth shows that). */
-            o.event_auth_off = 1;
-            int rc = ect_push_consumer_open(&o, &in->c[r]);
-            if (rc == ECT_EEXIST) {
-                ok = 0;
-                break;
-            }
-            assert_int_equal(rc, 0);
-        }
-        if (ok) {
-            in->base = base;
-            return;
-        }
-        for (int r = 0; r < tp; r++) {
-            ect_push_consumer_close(in->c[r]);
-            in->c[r] = NULL;
-        }
-    }
-    fail_msg("no free port range");
-}
-
-static void inst_close_checked(inst *in) {
-    for (int r = 0; r < in->tp; r++) {
-        ect_push_consumer_evict(in->c[r], SIZE_MAX);
-        ect_push_consumer_stat st;
-        ect_push_consumer_stats(in->c[r], &st);
-        assert_int_equal(st.pool_used, 0);
-        assert_int_equal(st.live, 0);
-        ect_push_consumer_close(in->c[r]);
-    }
+/* The stray-PULL case needs the opt-out (event_auth none, as an upstream
+ * scheduler needs): with the default event secret a stray PULL cannot
+ * connect at all (test_zauth shows that). */
+static void inst_open(test_inst *in, int tp, size_t max_events) {
+    ect_push_consumer_opts o;
+    ect_push_consumer_opts_init(&o);
+    o.pool_size = 16u << 20;
+    o.transport = "tcp";
+    if (max_events) o.max_events = max_events;
+    o.event_auth_off = 1;
+    test_inst_open(in, tp, &o);
 }
 
 /* ---- the legitimate producer (from 127.0.0.1) */
-typedef struct prod {
-    void *zctx;
-    ctl_client *cli;
-    ect_xport *xp;
-    int ports[MAXTP];
-    size_t n;
-} prod;
-
-static void prod_open(prod *p, int base) {
-    memset(p, 0, sizeof *p);
-    p->zctx = zmq_ctx_new();
-    assert_int_equal(ctl_client_open(p->zctx, 30000, &p->cli), 0);
-    assert_int_equal(ect_xport_open("tcp", NULL, &p->xp), 0);
-    assert_int_equal(ctl_peers(p->cli, "127.0.0.1", base, p->ports, MAXTP, &p->n), 0);
-}
-
-static void prod_close(prod *p) {
-    ctl_client_close(p->cli);
-    ect_xport_close(p->xp);
-    zmq_ctx_term(p->zctx);
-}
+static void prod_open(test_prod *p, int base) { test_prod_open(p, base, "tcp", 30000); }
 
 /* Reserves tid on shard i; returns the reply (the caller clears it). */
-static wire_ctl_reply reserve(prod *p, size_t i, const char *tid, const char *hash) {
+static wire_ctl_reply reserve(test_prod *p, size_t i, const char *tid, const char *hash) {
     wire_ctl_request q = test_reserve_req(tid, hash, ROWS, COLS, "bfloat16");
     wire_ctl_reply r;
     assert_int_equal(ctl_call_ok(p->cli, "127.0.0.1", p->ports[i], &q, &r), 0);
@@ -122,7 +52,7 @@ static wire_ctl_reply reserve(prod *p, size_t i, const char *tid, const char *ha
 }
 
 /* Writes the pattern of seed into the reservation and completes it. */
-static void write_complete(prod *p, size_t i, const char *tid, const wire_ctl_reply *r,
+static void write_complete(test_prod *p, size_t i, const char *tid, const wire_ctl_reply *r,
                            uint64_t seed) {
     uint64_t nbytes = ROWS * COLS * 2;
     uint8_t *src = malloc(nbytes);
@@ -141,7 +71,7 @@ static void write_complete(prod *p, size_t i, const char *tid, const wire_ctl_re
     wire_ctl_reply_clear(&cr);
 }
 
-static void push_item(prod *p, const char *tid, const char *hash, uint64_t seed) {
+static void push_item(test_prod *p, const char *tid, const char *hash, uint64_t seed) {
     for (size_t i = 0; i < p->n; i++) {
         wire_ctl_reply r = reserve(p, i, tid, hash);
         write_complete(p, i, tid, &r, seed);
@@ -150,7 +80,7 @@ static void push_item(prod *p, const char *tid, const char *hash, uint64_t seed)
 }
 
 /* Takes tid on every shard, checks its bytes and releases it. */
-static void take_release(inst *in, const char *tid, uint64_t seed) {
+static void take_release(test_inst *in, const char *tid, uint64_t seed) {
     for (int r = 0; r < in->tp; r++) {
         ect_push_view v;
         assert_int_equal(ect_push_consumer_take(in->c[r], tid, &v), 0);
@@ -212,9 +142,9 @@ static long peer_refused(raw *c, const char *key) {
 
 static void test_stray_pull_loses_no_item(void **state) {
     (void)state;
-    inst in;
+    test_inst in;
     inst_open(&in, 2, 0);
-    prod p;
+    test_prod p;
     prod_open(&p, in.base);
     assert_int_equal(p.n, 2);
 
@@ -258,7 +188,7 @@ static void test_stray_pull_loses_no_item(void **state) {
         ect_push_scheduler_poll(s);
         ect_push_scheduler_stats(s, &st);
         if (st.shards == 2) break;
-        nap(5);
+        test_nap_ms(5);
     }
     assert_int_equal(st.shards, 2);
     for (int i = 0; i < NITEMS; i++) push_item(&p, tid[i], hash[i], 100 + (uint64_t)i);
@@ -274,7 +204,7 @@ static void test_stray_pull_loses_no_item(void **state) {
             assert_int_equal(it.reported, 2);
             arrived++;
         }
-        if (arrived < NITEMS) nap(5);
+        if (arrived < NITEMS) test_nap_ms(5);
     }
     while (zmq_recv(stray, buf, sizeof buf, ZMQ_DONTWAIT) > 0) stolen++;
     assert_int_equal(arrived, NITEMS);
@@ -292,17 +222,17 @@ static void test_stray_pull_loses_no_item(void **state) {
     ect_push_scheduler_close(s);
     zmq_close(stray);
     zmq_ctx_term(sctx);
-    prod_close(&p);
-    inst_close_checked(&in);
+    test_prod_close(&p);
+    test_inst_close_checked(&in);
 }
 
 /* Events the shard's full queue dropped (fault injection: a backlog of 2,
  * and no scheduler connected while ten items complete) are recovered too. */
 static void test_dropped_events_lose_no_item(void **state) {
     (void)state;
-    inst in;
+    test_inst in;
     inst_open(&in, 1, 2);
-    prod p;
+    test_prod p;
     prod_open(&p, in.base);
     char tid[10][32], hash[10][32];
     for (int i = 0; i < 10; i++) {
@@ -327,7 +257,7 @@ static void test_dropped_events_lose_no_item(void **state) {
         ect_push_scheduler_poll(s);
         ect_push_sched_item it;
         while (ect_push_scheduler_next(s, &it) == 0) arrived++;
-        if (arrived < 10) nap(5);
+        if (arrived < 10) test_nap_ms(5);
     }
     assert_int_equal(arrived, 10);
     ect_push_scheduler_stat st;
@@ -339,17 +269,17 @@ static void test_dropped_events_lose_no_item(void **state) {
         assert_int_equal(ect_push_scheduler_finished(s, tid[i]), 0);
     }
     ect_push_scheduler_close(s);
-    prod_close(&p);
-    inst_close_checked(&in);
+    test_prod_close(&p);
+    test_inst_close_checked(&in);
 }
 
 /* ---- reservations belong to their peer */
 
 static void test_outsider_cannot_touch_reservations(void **state) {
     (void)state;
-    inst in;
+    test_inst in;
     inst_open(&in, 1, 0);
-    prod p;
+    test_prod p;
     prod_open(&p, in.base);
     raw out, local;
     raw_open(&out, "127.0.0.2", in.base);
@@ -422,8 +352,8 @@ static void test_outsider_cannot_touch_reservations(void **state) {
 
     raw_close(&out);
     raw_close(&local);
-    prod_close(&p);
-    inst_close_checked(&in);
+    test_prod_close(&p);
+    test_inst_close_checked(&in);
 }
 
 int main(void) {

@@ -40,20 +40,6 @@ static void nap_ms(int ms) {
     nanosleep(&ts, NULL);
 }
 
-static void copy_pub(const char *from, const char *to, const char *name) {
-    char src[160], dst[160], buf[64];
-    snprintf(src, sizeof src, "%s/self.public", from);
-    snprintf(dst, sizeof dst, "%s/accept/%s.public", to, name);
-    FILE *f = fopen(src, "r");
-    assert_non_null(f);
-    size_t n = fread(buf, 1, sizeof buf, f);
-    fclose(f);
-    f = fopen(dst, "w");
-    assert_non_null(f);
-    assert_int_equal(fwrite(buf, 1, n, f), n);
-    fclose(f);
-}
-
 static int setup_keys(void **state) {
     (void)state;
     if (!mkdtemp(root)) return -1;
@@ -64,10 +50,10 @@ static int setup_keys(void **state) {
     const char *dirs[] = {dir_a, dir_b, dir_c, dir_d};
     for (int i = 0; i < 4; i++)
         if (ect_keygen(dirs[i], NULL) != 0) return -1;
-    copy_pub(dir_b, dir_a, "b");
-    copy_pub(dir_a, dir_b, "a");
-    copy_pub(dir_a, dir_c, "a");
-    copy_pub(dir_b, dir_d, "b");
+    test_accept_key(dir_a, "b", dir_b);
+    test_accept_key(dir_b, "a", dir_a);
+    test_accept_key(dir_c, "a", dir_a);
+    test_accept_key(dir_d, "b", dir_b);
     return 0;
 }
 

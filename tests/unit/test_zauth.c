@@ -31,20 +31,6 @@ typedef struct keydirs {
     char srv[160], cli[160], unk[160], multi[160], other[160];
 } keydirs;
 
-static void put_accept(const char *dir, const char *name, const char *from) {
-    char src[256], dst[256], buf[64];
-    snprintf(src, sizeof src, "%s/self.public", from);
-    snprintf(dst, sizeof dst, "%s/accept/%s.public", dir, name);
-    FILE *f = fopen(src, "r");
-    assert_non_null(f);
-    size_t n = fread(buf, 1, sizeof buf, f);
-    fclose(f);
-    f = fopen(dst, "w");
-    assert_non_null(f);
-    assert_int_equal(fwrite(buf, 1, n, f), n);
-    fclose(f);
-}
-
 /* srv accepts cli (and multi); cli, unk and multi accept srv; unk is accepted
  * by nobody; multi also accepts `other` (two accepted keys: the probe). */
 static keydirs *make_keys(void) {
@@ -58,13 +44,13 @@ static keydirs *make_keys(void) {
     snprintf(k->other, sizeof k->other, "%s/other", k->root);
     const char *all[] = {k->srv, k->cli, k->unk, k->multi, k->other};
     for (size_t i = 0; i < 5; i++) assert_int_equal(ect_keygen(all[i], NULL), 0);
-    put_accept(k->srv, "cli", k->cli);
-    put_accept(k->srv, "multi", k->multi);
-    put_accept(k->cli, "srv", k->srv);
-    put_accept(k->unk, "srv", k->srv);
-    put_accept(k->multi, "a-other", k->other); /* sorted first: the probe must skip it */
-    put_accept(k->multi, "b-srv", k->srv);
-    put_accept(k->other, "multi", k->multi);
+    test_accept_key(k->srv, "cli", k->cli);
+    test_accept_key(k->srv, "multi", k->multi);
+    test_accept_key(k->cli, "srv", k->srv);
+    test_accept_key(k->unk, "srv", k->srv);
+    test_accept_key(k->multi, "a-other", k->other); /* sorted first: the probe must skip it */
+    test_accept_key(k->multi, "b-srv", k->srv);
+    test_accept_key(k->other, "multi", k->multi);
     return k;
 }
 

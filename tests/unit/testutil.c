@@ -1,8 +1,14 @@
 /* testutil — see testutil.h. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zmq.h>
 
 #include "testutil.h"
+#include "push/control_client.h"
+#include "util/util.h"
 
 void test_assert_err(int rc, int expected, const char *msg_part, const char *file, int line) {
     if (rc != expected) {
@@ -61,4 +67,81 @@ const char *test_protocol_md(void) {
     fclose(f);
     doc[n] = '\0';
     return doc;
+}
+
+void test_accept_key(const char *dir, const char *name, const char *from) {
+    char src[512], dst[512], buf[64];
+    snprintf(src, sizeof src, "%s/self.public", from);
+    snprintf(dst, sizeof dst, "%s/accept/%s.public", dir, name);
+    FILE *f = fopen(src, "r");
+    assert_non_null(f);
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    f = fopen(dst, "w");
+    assert_non_null(f);
+    assert_int_equal(fwrite(buf, 1, n, f), n);
+    fclose(f);
+}
+
+void test_nap_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+void test_inst_open(test_inst *in, int tp, const ect_push_consumer_opts *tmpl) {
+    assert_true(tp >= 1 && tp <= TEST_MAXTP);
+    memset(in, 0, sizeof *in);
+    in->tp = tp;
+    uint64_t seed = (uint64_t)getpid() * 7919u + (uint64_t)ect_now_ns();
+    for (int attempt = 0; attempt < 50; attempt++) {
+        int base = 20000 + (int)(test_rand(&seed) % 30000);
+        int ok = 1;
+        for (int r = 0; r < tp && ok; r++) {
+            ect_push_consumer_opts o = *tmpl;
+            o.ec_port = base;
+            o.tp_size = tp;
+            o.tp_rank = r;
+            int rc = ect_push_consumer_open(&o, &in->c[r]);
+            if (rc == ECT_EEXIST) {
+                ok = 0;
+                break;
+            }
+            assert_int_equal(rc, 0);
+            assert_int_equal(ect_push_consumer_port(in->c[r]), base + r);
+        }
+        if (ok) {
+            in->base = base;
+            return;
+        }
+        for (int r = 0; r < tp; r++) {
+            ect_push_consumer_close(in->c[r]);
+            in->c[r] = NULL;
+        }
+    }
+    fail_msg("no free port range");
+}
+
+void test_inst_close_checked(test_inst *in) {
+    for (int r = 0; r < in->tp; r++) {
+        ect_push_consumer_evict(in->c[r], SIZE_MAX);
+        ect_push_consumer_stat st;
+        ect_push_consumer_stats(in->c[r], &st);
+        assert_int_equal(st.pool_used, 0);
+        assert_int_equal(st.live, 0);
+        ect_push_consumer_close(in->c[r]);
+    }
+}
+
+void test_prod_open(test_prod *p, int base, const char *transport, int ctl_timeout_ms) {
+    memset(p, 0, sizeof *p);
+    p->zctx = zmq_ctx_new();
+    assert_int_equal(ctl_client_open(p->zctx, ctl_timeout_ms, &p->cli), 0);
+    assert_int_equal(ect_xport_open(transport, NULL, &p->xp), 0);
+    assert_int_equal(ctl_peers(p->cli, "127.0.0.1", base, p->ports, TEST_MAXTP, &p->n), 0);
+}
+
+void test_prod_close(test_prod *p) {
+    ctl_client_close(p->cli);
+    ect_xport_close(p->xp);
+    zmq_ctx_term(p->zctx);
 }

@@ -33,4 +33,48 @@ int test_check_pattern(const void *buf, size_t n, uint64_t seed);
  * storage: valid until the next call. */
 const char *test_protocol_md(void);
 
+/* Makes key directory dir accept the public key of key directory from
+ * (made by ect_keygen): copies from/self.public to dir/accept/<name>.public;
+ * fails the test when either file cannot be opened or written. */
+void test_accept_key(const char *dir, const char *name, const char *from);
+
+/* Sleeps ms milliseconds (a poll's pause, never a wait for an event). */
+void test_nap_ms(int ms);
+
+/* ---- push tests: a consumer instance and a producer of raw control calls */
+
+#define TEST_MAXTP 4
+
+typedef struct test_inst {
+    ect_push_consumer *c[TEST_MAXTP];
+    int tp, base;
+} test_inst;
+
+/* Opens tp shards (ranks 0..tp-1 of one instance, tp <= TEST_MAXTP) with the
+ * options *tmpl (its ec_port, tp_size and tp_rank are set here) on
+ * consecutive control ports from a random base in 20000..49999, trying
+ * another base (50 at most) when one of the ports is taken (ECT_EEXIST). Any
+ * other error, a shard not on base + rank, or no free range fails the test. */
+void test_inst_open(test_inst *in, int tp, const ect_push_consumer_opts *tmpl);
+
+/* Drops every shard's resident items, asserts no pool bytes in use and no
+ * live reservation, and closes the shards. */
+void test_inst_close_checked(test_inst *in);
+
+struct ctl_client; /* push/control_client.h */
+
+typedef struct test_prod {
+    void *zctx;
+    struct ctl_client *cli;
+    ect_xport *xp;
+    int ports[TEST_MAXTP];
+    size_t n;
+} test_prod;
+
+/* A test producer: a control client (ctl_timeout_ms per call) and a
+ * transport of kind transport, with the ports of the n shards of the instance
+ * at 127.0.0.1:base discovered. Fails the test on any error. */
+void test_prod_open(test_prod *p, int base, const char *transport, int ctl_timeout_ms);
+void test_prod_close(test_prod *p);
+
 #endif
