@@ -358,19 +358,6 @@ static void run(const char *transport) {
 static char keyroot[] = "/tmp/ect-hostile-keys-XXXXXX";
 static char kd_t[80], kd_good[80], kd_bad[80];
 
-static void accept_pub(const char *from, const char *to, const char *name) {
-    char src[200], dst[200], buf[64];
-    snprintf(src, sizeof src, "%s/self.public", from);
-    snprintf(dst, sizeof dst, "%s/accept/%s.public", to, name);
-    FILE *f = fopen(src, "r");
-    assert_non_null(f);
-    size_t n = fread(buf, 1, sizeof buf, f);
-    fclose(f);
-    assert_non_null(f = fopen(dst, "w"));
-    assert_int_equal(fwrite(buf, 1, n, f), n);
-    fclose(f);
-}
-
 /* Key directories: the target accepts "good" only; "bad" accepts the target
  * (so it would talk), but the target does not accept it. */
 static void make_keys(void) {
@@ -382,9 +369,9 @@ static void make_keys(void) {
     assert_int_equal(ect_keygen(kd_t, NULL), 0);
     assert_int_equal(ect_keygen(kd_good, NULL), 0);
     assert_int_equal(ect_keygen(kd_bad, NULL), 0);
-    accept_pub(kd_good, kd_t, "good");
-    accept_pub(kd_t, kd_good, "target");
-    accept_pub(kd_t, kd_bad, "target");
+    test_accept_key(kd_t, "good", kd_good);
+    test_accept_key(kd_good, "target", kd_t);
+    test_accept_key(kd_bad, "target", kd_t);
 }
 
 static ect_xport *open_keyed(const char *transport, const char *dir) {

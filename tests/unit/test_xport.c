@@ -43,30 +43,7 @@
 #define XP_TSAN 0
 #endif
 
-typedef struct region {
-    uint8_t *addr;
-    size_t len;
-    int fd;
-    char key[ECT_XPORT_KEY_MAX];
-} region;
-
-/* A memfd-backed region of len bytes, zeroed, registered with x. */
-static void mk_region(ect_xport *x, size_t len, region *r) {
-    r->len = len;
-    r->fd = memfd_create("test_xport", MFD_CLOEXEC);
-    assert_true(r->fd >= 0);
-    assert_int_equal(ftruncate(r->fd, (off_t)len), 0);
-    r->addr = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
-    assert_true(r->addr != MAP_FAILED);
-    int rc = ect_xport_register(x, r->addr, len, r->fd, 0, r->key);
-    if (rc) fail_msg("register: %s", ect_last_error());
-}
-
-static void rm_region(ect_xport *x, region *r) {
-    if (x) assert_int_equal(ect_xport_unregister(x, r->key), 0);
-    munmap(r->addr, r->len);
-    close(r->fd);
-}
+typedef test_region region;
 
 /* A test's state names a back end, "ucx/TLS" for ucx over UCX_TLS=TLS. */
 static const char *kind_of(const char *state) {
@@ -107,7 +84,7 @@ static void t_sizes(void **state) {
     const char *kind = kind_of(*state);
     ect_xport *t = open_kind(kind), *i = open_kind(kind);
     region r;
-    mk_region(t, 40 * MiB, &r);
+    test_region_open(t, 40 * MiB, &r);
     static const size_t sizes[] = {1, 2, 7, 100, 4096, 65537, MiB + 3, 4 * MiB + MiB / 2, 16 * MiB};
     uint8_t *src = malloc(16 * MiB);
     assert_non_null(src);
@@ -126,7 +103,7 @@ static void t_sizes(void **state) {
         off += n + 4099;
     }
     free(src);
-    rm_region(t, &r);
+    test_region_close(t, &r);
     ect_xport_close(i);
     ect_xport_close(t);
 }
@@ -136,7 +113,7 @@ static void t_256m(void **state) {
     ect_xport *t = open_kind(kind), *i = open_kind(kind);
     region r;
     size_t n = 256 * MiB;
-    mk_region(t, n, &r);
+    test_region_open(t, n, &r);
     uint8_t *src = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     assert_true(src != MAP_FAILED);
     for (size_t k = 0; k < n; k += 4096) memset(src + k, (int)(k / 4096 * 7 + 1), 4096);
@@ -146,7 +123,7 @@ static void t_256m(void **state) {
     if (rc) fail_msg("%s 256 MiB: %s", kind, ect_last_error());
     assert_memory_equal(r.addr, src, n);
     munmap(src, n);
-    rm_region(t, &r);
+    test_region_close(t, &r);
     ect_xport_close(i);
     ect_xport_close(t);
 }
@@ -155,7 +132,7 @@ static void t_batches(void **state) {
     const char *kind = kind_of(*state);
     ect_xport *t = open_kind(kind), *i = open_kind(kind);
     region r;
-    mk_region(t, 16 * MiB, &r);
+    test_region_open(t, 16 * MiB, &r);
     static const size_t counts[] = {1, 2, 17, 256, 1024};
     uint64_t rs = 42;
     uint8_t *src = malloc(8 * MiB);
@@ -185,7 +162,7 @@ static void t_batches(void **state) {
     free(w);
     free(off);
     free(st);
-    rm_region(t, &r);
+    test_region_close(t, &r);
     ect_xport_close(i);
     ect_xport_close(t);
 }
@@ -226,7 +203,7 @@ static void t_threads(void **state) {
     const char *kind = kind_of(*state);
     ect_xport *t = open_kind(kind), *i = open_kind(kind);
     region r;
-    mk_region(t, THREADS * SLICE, &r);
+    test_region_open(t, THREADS * SLICE, &r);
     pthread_t th[THREADS];
     thr_arg a[THREADS];
     for (int k = 0; k < THREADS; k++) {
@@ -237,7 +214,7 @@ static void t_threads(void **state) {
         pthread_join(th[k], NULL);
         assert_int_equal(a[k].failures, 0);
     }
-    rm_region(t, &r);
+    test_region_close(t, &r);
     ect_xport_close(i);
     ect_xport_close(t);
 }
@@ -246,8 +223,8 @@ static void t_threads(void **state) {
 static void refused_case(const char *kind, int expect, const char *what) {
     ect_xport *t = open_kind(kind), *i = open_kind(kind);
     region r, r2;
-    mk_region(t, MiB, &r);
-    mk_region(t, MiB, &r2);
+    test_region_open(t, MiB, &r);
+    test_region_open(t, MiB, &r2);
     uint8_t src[4096];
     test_fill_pattern(src, sizeof src, 7);
     ect_write w[3] = {wr(src, &r, 0, 100), wr(src, &r, 4096, 100), wr(src, &r, 8192, 100)};
@@ -264,11 +241,11 @@ static void refused_case(const char *kind, int expect, const char *what) {
         if (r2.addr - 1 >= r.addr && r2.addr - 1 < r.addr + r.len) expect = ECT_EACCES;
     } else if (strcmp(what, "unregistered") == 0) {
         region r3;
-        mk_region(t, MiB, &r3);
+        test_region_open(t, MiB, &r3);
         snprintf(badkey, sizeof badkey, "%s", r3.key);
         w[1] = wr(src, &r3, 0, 100);
         w[1].dst_key = badkey;
-        rm_region(t, &r3);
+        test_region_close(t, &r3);
     }
     int st[3] = {9, 9, 9};
     int rc = ect_xport_write_batch(i, ect_xport_session(t), w, 3, st);
@@ -284,8 +261,8 @@ static void refused_case(const char *kind, int expect, const char *what) {
     /* The target keeps serving the same initiator. */
     rc = ect_xport_write_batch(i, ect_xport_session(t), &w[0], 1, st);
     assert_int_equal(rc, 0);
-    rm_region(t, &r);
-    rm_region(t, &r2);
+    test_region_close(t, &r);
+    test_region_close(t, &r2);
     ect_xport_close(i);
     ect_xport_close(t);
 }
@@ -313,7 +290,7 @@ static void t_unregister_after_use(void **state) {
     if (strcmp(kind, "ucx") == 0) skip(); /* see t_unregistered */
     ect_xport *t = open_kind(kind), *i = open_kind(kind);
     region r;
-    mk_region(t, MiB, &r);
+    test_region_open(t, MiB, &r);
     uint8_t src[512];
     test_fill_pattern(src, sizeof src, 11);
     ect_write w = wr(src, &r, 0, sizeof src);
@@ -325,7 +302,7 @@ static void t_unregister_after_use(void **state) {
     assert_err(ect_xport_write_batch(i, ect_xport_session(t), &w, 1, &st), ECT_ENOTFOUND, NULL);
     assert_int_equal(st, ECT_ENOTFOUND);
     assert_true(all_zero(r.addr, 4096));
-    rm_region(NULL, &r);
+    test_region_close(NULL, &r);
     ect_xport_close(i);
     ect_xport_close(t);
 }
@@ -359,7 +336,7 @@ static void t_unregister_race(void **state) {
     if (strcmp(kind, "ucx") == 0) skip(); /* see t_unregistered */
     ect_xport *t = open_kind(kind), *i = open_kind(kind);
     region r;
-    mk_region(t, 4 * MiB, &r);
+    test_region_open(t, 4 * MiB, &r);
     uint8_t *src = malloc(2 * MiB);
     assert_non_null(src);
     memset(src, 0x77, 2 * MiB);
@@ -376,7 +353,7 @@ static void t_unregister_race(void **state) {
     assert_true(a.refused > 0);
     assert_int_equal(a.other, 0);
     free(src);
-    rm_region(NULL, &r);
+    test_region_close(NULL, &r);
     ect_xport_close(i);
     ect_xport_close(t);
 }
@@ -385,7 +362,7 @@ static void t_bad_key_text(void **state) {
     const char *kind = kind_of(*state);
     ect_xport *t = open_kind(kind), *i = open_kind(kind);
     region r;
-    mk_region(t, MiB, &r);
+    test_region_open(t, MiB, &r);
     uint8_t src[16] = {1};
     ect_write w = wr(src, &r, 0, 16);
     w.dst_key = "not-a-key";
@@ -393,7 +370,7 @@ static void t_bad_key_text(void **state) {
     assert_err(ect_xport_write_batch(i, ect_xport_session(t), &w, 1, &st), ECT_EINVAL, "dst_key");
     assert_int_equal(st, ECT_EINVAL);
     assert_true(all_zero(r.addr, 16));
-    rm_region(t, &r);
+    test_region_close(t, &r);
     ect_xport_close(i);
     ect_xport_close(t);
 }
@@ -418,14 +395,14 @@ static void t_restart(void **state) {
     const char *kind = kind_of(*state);
     ect_xport *t = open_kind(kind), *i = open_kind(kind);
     region r;
-    mk_region(t, MiB, &r);
+    test_region_open(t, MiB, &r);
     uint8_t src[4096];
     test_fill_pattern(src, sizeof src, 3);
     ect_write w = wr(src, &r, 0, sizeof src);
     assert_int_equal(ect_xport_write_batch(i, ect_xport_session(t), &w, 1, NULL), 0);
     char old[300];
     snprintf(old, sizeof old, "%s", ect_xport_session(t));
-    rm_region(t, &r);
+    test_region_close(t, &r);
     ect_xport_close(t);
     /* The cached connection to the old target is dead; the write fails fast. */
     int st = 0;
@@ -435,11 +412,11 @@ static void t_restart(void **state) {
     /* A new target (new session) works with the same initiator. */
     t = open_kind(kind);
     assert_string_not_equal(old, ect_xport_session(t));
-    mk_region(t, MiB, &r);
+    test_region_open(t, MiB, &r);
     w = wr(src, &r, 100, sizeof src);
     assert_int_equal(ect_xport_write_batch(i, ect_xport_session(t), &w, 1, NULL), 0);
     assert_memory_equal(r.addr + 100, src, sizeof src);
-    rm_region(t, &r);
+    test_region_close(t, &r);
     ect_xport_close(t);
     ect_xport_close(i);
 }
@@ -547,7 +524,7 @@ static void t_args(void **state) {
     assert_err(ect_xport_register(t, buf, 0, -1, 0, key), ECT_EINVAL, "len");
     assert_err(ect_xport_unregister(t, "0000000000000000"), ECT_ENOTFOUND, "key");
     region r;
-    mk_region(t, MiB, &r);
+    test_region_open(t, MiB, &r);
     assert_err(ect_xport_register(t, r.addr + 10, 10, r.fd, 10, key), ECT_EEXIST, "overlaps");
     assert_err(ect_xport_register(t, buf, sizeof buf, r.fd, MiB - 10, key), ECT_ERANGE,
                "fd_offset");
@@ -558,7 +535,7 @@ static void t_args(void **state) {
     assert_err(ect_xport_write_batch(t, ect_xport_session(t), &w, 1, NULL), ECT_EINVAL, "src");
     assert_int_equal(ect_xport_write_batch(t, ect_xport_session(t), NULL, 0, NULL), 0);
     assert_string_equal(ect_xport_kind(t), kind);
-    rm_region(t, &r);
+    test_region_close(t, &r);
     ect_xport_close(t);
 }
 
@@ -612,7 +589,7 @@ static void test_tcp_garbage(void **state) {
     (void)state;
     ect_xport *t = open_kind("tcp"), *i = open_kind("tcp");
     region r;
-    mk_region(t, MiB, &r);
+    test_region_open(t, MiB, &r);
     uint64_t rs = 9;
     for (int round = 0; round < 20; round++) {
         int fd = raw_connect(ect_xport_session(t));
@@ -641,7 +618,7 @@ static void test_tcp_garbage(void **state) {
     ect_write w = wr(src, &r, 0, sizeof src);
     assert_int_equal(ect_xport_write_batch(i, ect_xport_session(t), &w, 1, NULL), 0);
     assert_memory_equal(r.addr, src, sizeof src);
-    rm_region(t, &r);
+    test_region_close(t, &r);
     ect_xport_close(i);
     ect_xport_close(t);
 }
@@ -664,7 +641,7 @@ static void test_tcp_unregister_waits(void **state) {
     (void)state;
     ect_xport *t = open_kind("tcp");
     region r;
-    mk_region(t, MiB, &r);
+    test_region_open(t, MiB, &r);
     int fd = raw_connect(ect_xport_session(t));
     raw_hello(fd);
     uint64_t token;
@@ -698,7 +675,7 @@ static void test_tcp_unregister_waits(void **state) {
     assert_int_equal(tcp_decode_ack(ack, &id, &s), 0);
     assert_int_equal(s, ECT_ENOTFOUND);
     close(fd);
-    rm_region(NULL, &r);
+    test_region_close(NULL, &r);
     ect_xport_close(t);
 }
 
@@ -710,7 +687,7 @@ static void test_tcp_window(void **state) {
     (void)state;
     ect_xport *t = open_kind("tcp");
     region r;
-    mk_region(t, MiB, &r);
+    test_region_open(t, MiB, &r);
     assert_int_equal(xp_region_set_private(t, r.key), 0);
     char wk[ECT_XPORT_KEY_MAX], wk2[ECT_XPORT_KEY_MAX];
     assert_int_equal(xp_window_open(t, r.key, 4096, 2000, wk), 0);
@@ -778,7 +755,7 @@ static void test_tcp_window(void **state) {
     close(fd);
     /* A window left open goes with its region. */
     assert_int_equal(xp_window_open(t, r.key, 0, 100, wk2), 0);
-    rm_region(t, &r);
+    test_region_close(t, &r);
     ect_xport_close(t);
 }
 
@@ -805,7 +782,7 @@ static void t_ucx_window(void **state) {
     const char *kind = kind_of(*state);
     ect_xport *t = open_kind(kind), *i = open_kind(kind);
     region r;
-    mk_region(t, MiB, &r);
+    test_region_open(t, MiB, &r);
     assert_int_equal(xp_region_set_private(t, r.key), 0); /* found by its ucx key */
     char wk[ECT_XPORT_KEY_MAX], wk2[ECT_XPORT_KEY_MAX];
     assert_int_equal(xp_window_open(t, r.key, 4096, 2000, wk), 0);
@@ -881,13 +858,13 @@ static void t_ucx_window(void **state) {
         assert_int_equal(xp_window_close(t, wk3), 0);
     }
     /* A window left open (wk2) goes with its region. */
-    rm_region(t, &r);
+    test_region_close(t, &r);
     ect_xport_close(i);
     ect_xport_close(t);
 }
 #endif
 
-/* This process's mappings of the test's memfds smaller than `below` bytes
+/* This process's mappings of the test regions' memfds (testutil) smaller than `below` bytes
  * (the shm initiator's window mappings; the regions' own are larger):
  * how many, and the size of the last one. */
 static int small_maps(size_t below, size_t *size) {
@@ -898,7 +875,8 @@ static int small_maps(size_t below, size_t *size) {
     *size = 0;
     while (fgets(line, sizeof line, f)) {
         unsigned long long a, b;
-        if (!strstr(line, "memfd:test_xport") || sscanf(line, "%llx-%llx", &a, &b) != 2) continue;
+        if (!strstr(line, "memfd:ect-test-region") || sscanf(line, "%llx-%llx", &a, &b) != 2)
+            continue;
         if (b - a < below) {
             n++;
             *size = (size_t)(b - a);
@@ -918,7 +896,7 @@ static void test_shm_window_reuse(void **state) {
     ect_xport *t = open_kind("shm"), *i = open_kind("shm");
     size_t pg = (size_t)sysconf(_SC_PAGESIZE), sz;
     region r;
-    mk_region(t, 64 * pg, &r);
+    test_region_open(t, 64 * pg, &r);
     assert_int_equal(xp_region_set_private(t, r.key), 0);
     const char *ses = ect_xport_session(t);
     uint64_t base = (uint64_t)(uintptr_t)r.addr;
@@ -961,7 +939,7 @@ static void test_shm_window_reuse(void **state) {
     assert_int_equal(small_maps(64 * pg, &sz), 1);
     assert_int_equal(sz, 9 * pg);
     assert_int_equal(xp_window_close(t, kc), 0);
-    rm_region(t, &r);
+    test_region_close(t, &r);
     ect_xport_close(i);
     ect_xport_close(t);
 }
@@ -975,7 +953,7 @@ static void test_tcp_stall(void **state) {
     o.io_timeout_ms = 200;
     assert_int_equal(ect_xport_open("tcp", &o, &t), 0);
     region r;
-    mk_region(t, MiB, &r);
+    test_region_open(t, MiB, &r);
     int fd = raw_connect(ect_xport_session(t));
     raw_hello(fd);
     uint8_t hdr[TCP_HDR_LEN];
@@ -986,7 +964,7 @@ static void test_tcp_stall(void **state) {
     assert_int_equal(xp_recv_all(fd, &b, 1, 3000), ECT_ECLOSED);
     assert_true(ect_now_ms() - t0 < 2000);
     close(fd);
-    rm_region(t, &r);
+    test_region_close(t, &r);
     ect_xport_close(t);
 }
 

@@ -75,29 +75,7 @@ static ect_xport *open_x(const char *kind, const char *keys, int io_timeout_ms) 
     return x;
 }
 
-typedef struct region {
-    uint8_t *addr;
-    size_t len;
-    int fd;
-    char key[ECT_XPORT_KEY_MAX];
-} region;
-
-static void mk_region(ect_xport *x, size_t len, region *r) {
-    r->len = len;
-    r->fd = memfd_create("test_xport_keys", MFD_CLOEXEC);
-    assert_true(r->fd >= 0);
-    assert_int_equal(ftruncate(r->fd, (off_t)len), 0);
-    r->addr = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
-    assert_true(r->addr != MAP_FAILED);
-    if (ect_xport_register(x, r->addr, len, r->fd, 0, r->key) != 0)
-        fail_msg("register: %s", ect_last_error());
-}
-
-static void rm_region(ect_xport *x, region *r) {
-    assert_int_equal(ect_xport_unregister(x, r->key), 0);
-    munmap(r->addr, r->len);
-    close(r->fd);
-}
+typedef test_region region;
 
 static bool all_zero(const uint8_t *p, size_t n) {
     for (size_t i = 0; i < n; i++)
@@ -131,7 +109,7 @@ static void t_accepted(void **state) {
     const char *kind = *state;
     ect_xport *t = open_x(kind, dir_a, 10000), *i = open_x(kind, dir_b, 10000);
     region r;
-    mk_region(t, RLEN, &r);
+    test_region_open(t, RLEN, &r);
     uint8_t *src = malloc(RLEN);
     assert_int_equal(write_all(i, t, &r, src, 1), 0);
     assert_true(test_check_pattern(r.addr, RLEN, 1));
@@ -141,7 +119,7 @@ static void t_accepted(void **state) {
     assert_int_equal(xp_auth_refused(t), 0);
     free(src);
     ect_xport_close(i);
-    rm_region(t, &r);
+    test_region_close(t, &r);
     ect_xport_close(t);
 }
 
@@ -150,7 +128,7 @@ static void t_accepted(void **state) {
 static void refused_case(const char *kind, const char *tk, const char *ik, const char *msg) {
     ect_xport *t = open_x(kind, tk, 10000), *i = open_x(kind, ik, 10000);
     region r;
-    mk_region(t, RLEN, &r);
+    test_region_open(t, RLEN, &r);
     uint8_t *src = malloc(RLEN);
     for (int k = 0; k < 3; k++) { /* again and again: never a plain fallback */
         int rc = write_all(i, t, &r, src, 7);
@@ -160,7 +138,7 @@ static void refused_case(const char *kind, const char *tk, const char *ik, const
     if (tk) wait_refused(t, 3);
     free(src);
     ect_xport_close(i);
-    rm_region(t, &r);
+    test_region_close(t, &r);
     ect_xport_close(t);
 }
 
@@ -257,7 +235,7 @@ static void t_hostile_handshakes(void **state) {
     /* A short io timeout, so the silent peer is dropped quickly. */
     ect_xport *t = open_x(kind, dir_a, 300);
     region r;
-    mk_region(t, RLEN, &r);
+    test_region_open(t, RLEN, &r);
     xp_auth_frame ch, f;
     uint8_t b[XP_AUTH_LEN], got[512];
     uint64_t seed = 42;
@@ -312,7 +290,7 @@ static void t_hostile_handshakes(void **state) {
     assert_true(test_check_pattern(r.addr, RLEN, 9));
     free(src);
     ect_xport_close(i);
-    rm_region(t, &r);
+    test_region_close(t, &r);
     ect_xport_close(t);
 }
 

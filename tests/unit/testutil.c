@@ -1,6 +1,7 @@
 /* testutil — see testutil.h. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -144,4 +145,21 @@ void test_prod_close(test_prod *p) {
     ctl_client_close(p->cli);
     ect_xport_close(p->xp);
     zmq_ctx_term(p->zctx);
+}
+
+void test_region_open(ect_xport *x, size_t len, test_region *r) {
+    r->len = len;
+    r->fd = memfd_create("ect-test-region", MFD_CLOEXEC);
+    assert_true(r->fd >= 0);
+    assert_int_equal(ftruncate(r->fd, (off_t)len), 0);
+    r->addr = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
+    assert_true(r->addr != MAP_FAILED);
+    if (ect_xport_register(x, r->addr, len, r->fd, 0, r->key) != 0)
+        fail_msg("register: %s", ect_last_error());
+}
+
+void test_region_close(ect_xport *x, test_region *r) {
+    if (x) assert_int_equal(ect_xport_unregister(x, r->key), 0);
+    munmap(r->addr, r->len);
+    close(r->fd);
 }

@@ -38,6 +38,18 @@ const char *test_protocol_md(void);
  * fails the test when either file cannot be opened or written. */
 void test_accept_key(const char *dir, const char *name, const char *from);
 
+/* A memfd-backed region of len bytes, zeroed, registered with the data plane
+ * x (its key in key): what the data-plane tests write into. */
+typedef struct test_region {
+    uint8_t *addr;
+    size_t len;
+    int fd;
+    char key[ECT_XPORT_KEY_MAX];
+} test_region;
+void test_region_open(ect_xport *x, size_t len, test_region *r);
+/* Unregisters r from x (NULL: already unregistered), unmaps and closes it. */
+void test_region_close(ect_xport *x, test_region *r);
+
 /* Sleeps ms milliseconds (a poll's pause, never a wait for an event). */
 void test_nap_ms(int ms);
 
