@@ -385,7 +385,11 @@ static void run_jobs(ect_pull_producer *p, pull_job **js, size_t n) {
         c->status = jrc;
         c->has_token = j->has_token;
         c->token = j->token;
-        if (jrc) snprintf(c->reason, sizeof c->reason, "write to %s failed: %s", j->session, why);
+        if (jrc) {
+            /* reason is a summary: a cut one is still the cause (the full text was logged above) */
+            int cut = snprintf(c->reason, sizeof c->reason, "write to %s failed: %s", j->session, why);
+            (void)cut;
+        }
         *tail = c;
         tail = &c->next;
     }
