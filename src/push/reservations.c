@@ -511,7 +511,7 @@ static rsv_entry *new_entry(const rsv_request *r, const tensor *tn) {
         return NULL;
     }
     e->tn = *tn;
-    snprintf(e->owner, sizeof e->owner, "%.*s", RSV_OWNER_MAX, r->owner ? r->owner : "");
+    ect_strcpy_cut(e->owner, sizeof e->owner, r->owner);
     ect_random_id(e->reservation_id);
     return e;
 }
@@ -833,6 +833,17 @@ int rsv_status_get(const rsv_table *t, const char *transfer_id, rsv_status *st) 
         return ect_set_error(ECT_ENOTFOUND, "no reservation for transfer_id '%s'",
                              transfer_id ? transfer_id : "(null)");
     fill_status(e, st);
+    return 0;
+}
+
+int rsv_brief_get(const rsv_table *t, const char *transfer_id, rsv_brief *b) {
+    const rsv_entry *e = transfer_id ? find_entry(t, transfer_id) : NULL;
+    if (!e) return ECT_ENOTFOUND;
+    b->state = e->state;
+    b->writer = e->role == ROLE_WRITER;
+    b->nbytes = e->tn.nbytes;
+    b->reservation_id = e->reservation_id;
+    b->owner = e->owner;
     return 0;
 }
 

@@ -158,6 +158,7 @@ int wctl_fast_encode_request(const wire_ctl_request *req, char **out) {
     if (req->op == WIRE_OP_RESERVE_BATCH) {
         size_t n = req->u.reserve_batch.n;
         if (n > WIRE_BATCH_MAX || (n && !req->u.reserve_batch.items)) return WCTL_FALLBACK;
+        jw_reserve(&w, 64 + n * 192);
         JW_LIT(&w, "{\"op\":\"reserve_batch\",\"items\":[");
         for (size_t i = 0; i < n && !w.bad; i++) {
             const wire_reserve_item *it = &req->u.reserve_batch.items[i];
@@ -175,6 +176,7 @@ int wctl_fast_encode_request(const wire_ctl_request *req, char **out) {
     } else if (req->op == WIRE_OP_COMPLETE_BATCH) {
         size_t n = req->u.complete_batch.n;
         if (n > WIRE_BATCH_MAX || (n && !req->u.complete_batch.items)) return WCTL_FALLBACK;
+        jw_reserve(&w, 64 + n * 128);
         JW_LIT(&w, "{\"op\":\"complete_batch\",\"items\":[");
         for (size_t i = 0; i < n && !w.bad; i++) {
             const wire_complete_req *it = &req->u.complete_batch.items[i];
@@ -229,6 +231,7 @@ int wctl_fast_encode_reply(const wire_ctl_reply *rep, char **out) {
     if (rep->op == WIRE_OP_RESERVE_BATCH) {
         size_t n = rep->u.reserve_batch.n;
         if (n > WIRE_BATCH_MAX || (n && !rep->u.reserve_batch.items)) return WCTL_FALLBACK;
+        jw_reserve(&w, 64 + n * 256);
         JW_LIT(&w, "{\"ok\":true,\"result\":{\"items\":[");
         for (size_t i = 0; i < n && !w.bad; i++) {
             const wire_reserve_outcome *it = &rep->u.reserve_batch.items[i];
@@ -248,6 +251,7 @@ int wctl_fast_encode_reply(const wire_ctl_reply *rep, char **out) {
     } else if (rep->op == WIRE_OP_COMPLETE_BATCH) {
         size_t n = rep->u.complete_batch.n;
         if (n > WIRE_BATCH_MAX || (n && !rep->u.complete_batch.items)) return WCTL_FALLBACK;
+        jw_reserve(&w, 64 + n * 48);
         JW_LIT(&w, "{\"ok\":true,\"result\":{\"items\":[");
         for (size_t i = 0; i < n; i++) {
             const wire_complete_result *c = &rep->u.complete_batch.items[i];
