@@ -144,8 +144,8 @@ static void refused(ctl_server *s, int k, const char *text) {
 /* Counts the bytes of a reservation that just became READY (its writer's
  * complete): the shard's bytes received. Under the lock. */
 static void count_ready(ctl_server *s, const char *transfer_id) {
-    rsv_status st;
-    if (rsv_status_get(s->tab, transfer_id, &st) != 0) return;
+    rsv_brief st;
+    if (rsv_brief_get(s->tab, transfer_id, &st) != 0) return;
     atomic_fetch_add(&s->bytes_in, st.nbytes);
     atomic_fetch_add(&s->items_in, 1);
 }
@@ -204,8 +204,8 @@ static void log_expiries(ctl_server *s, uint64_t now) {
 static void sweep_windows(ctl_server *s) {
     ctl_window *w, *tmp;
     HASH_ITER(hh, s->wins, w, tmp) {
-        rsv_status st;
-        if (rsv_status_get(s->tab, w->transfer_id, &st) == 0 && st.state == RSV_WRITING &&
+        rsv_brief st;
+        if (rsv_brief_get(s->tab, w->transfer_id, &st) == 0 && st.state == RSV_WRITING &&
             st.writer && strcmp(st.reservation_id, w->reservation_id) == 0)
             continue;
         s->o.win_close(s->o.win_ctx, w->key);
@@ -238,7 +238,9 @@ static int open_window(ctl_server *s, const char *transfer_id, const rsv_reply *
         free(w);
     }
     int rc = ECT_ENOMEM;
-    if ((w = calloc(1, sizeof *w))) {
+    if ((w = malloc(sizeof *w))) { /* not calloc: the key alone is 2 KiB, set below */
+        memset(&w->hh, 0, sizeof w->hh);
+        w->key[0] = '\0';
         ect_strcpy_cut(w->transfer_id, sizeof w->transfer_id, transfer_id);
         ect_strcpy_cut(w->reservation_id, sizeof w->reservation_id, rep->reservation_id);
         rc = s->o.win_open(s->o.win_ctx, rep->offset, rep->nbytes, w->key);
@@ -263,8 +265,8 @@ static int open_window(ctl_server *s, const char *transfer_id, const rsv_reply *
  * reservation of another peer that this request's peer may not `act` on;
  * else 0 (unknown ids and tombstones: no owner to protect). Under the lock. */
 static int guard_live(ctl_server *s, pg_act act, const char *transfer_id) {
-    rsv_status st;
-    if (rsv_status_get(s->tab, transfer_id, &st) != 0 || st.state == RSV_CANCELLED ||
+    rsv_brief st;
+    if (rsv_brief_get(s->tab, transfer_id, &st) != 0 || st.state == RSV_CANCELLED ||
         st.state == RSV_EXPIRED || pg_allow(s->guard, act, s->who, st.owner, transfer_id))
         return 0;
     if (act == PG_RESERVE)

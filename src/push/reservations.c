@@ -335,11 +335,20 @@ void rsv_event_pop(rsv_table *t) {
 
 /* ---- entries */
 
-static void free_entry_mem(rsv_entry *e) {
-    free(e->transfer_id);
-    free(e->mm_hash);
-    free(e);
+/* A zeroed entry with its transfer_id and mm_hash in the same allocation
+ * (one malloc per reserve, not three), or NULL. */
+static rsv_entry *alloc_entry(const char *transfer_id, const char *mm_hash) {
+    size_t lt = strlen(transfer_id), lm = strlen(mm_hash);
+    rsv_entry *e = calloc(1, sizeof *e + lt + lm + 2);
+    if (!e) return NULL;
+    e->transfer_id = (char *)(e + 1);
+    memcpy(e->transfer_id, transfer_id, lt + 1);
+    e->mm_hash = e->transfer_id + lt + 1;
+    memcpy(e->mm_hash, mm_hash, lm + 1);
+    return e;
 }
+
+static void free_entry_mem(rsv_entry *e) { free(e); }
 
 /* idt_ops.drop: a tombstone expired or went over the cap (or close). */
 static void on_drop(void *ctx, idt_node *n) {
@@ -500,18 +509,10 @@ static int alloc_reclaiming(rsv_table *t, uint64_t size, uint64_t *off) {
 }
 
 static rsv_entry *new_entry(const rsv_request *r, const tensor *tn) {
-    rsv_entry *e = calloc(1, sizeof *e);
+    rsv_entry *e = alloc_entry(r->transfer_id, r->mm_hash ? r->mm_hash : "");
     if (!e) return NULL;
-    e->transfer_id = strdup(r->transfer_id);
-    e->mm_hash = strdup(r->mm_hash ? r->mm_hash : "");
-    if (!e->transfer_id || !e->mm_hash) {
-        free(e->transfer_id);
-        free(e->mm_hash);
-        free(e);
-        return NULL;
-    }
     e->tn = *tn;
-    snprintf(e->owner, sizeof e->owner, "%.*s", RSV_OWNER_MAX, r->owner ? r->owner : "");
+    ect_strcpy_cut(e->owner, sizeof e->owner, r->owner);
     ect_random_id(e->reservation_id);
     return e;
 }
@@ -742,12 +743,8 @@ void rsv_complete(rsv_table *t, const char *transfer_id, const char *reservation
 }
 
 static int add_tombstone(rsv_table *t, const char *transfer_id) {
-    rsv_entry *e = calloc(1, sizeof *e);
-    if (!e || !(e->transfer_id = strdup(transfer_id)) || !(e->mm_hash = strdup(""))) {
-        if (e) free(e->transfer_id);
-        free(e);
-        return ect_set_error(ECT_ENOMEM, "cancel: out of memory");
-    }
+    rsv_entry *e = alloc_entry(transfer_id, "");
+    if (!e) return ect_set_error(ECT_ENOMEM, "cancel: out of memory");
     e->why = RSV_END_PRECANCEL;
     e->ended_at = t->now;
     if (add_entry(t, e, RSV_CANCELLED, t->now + t->o.ttl_ms)) {
@@ -833,6 +830,17 @@ int rsv_status_get(const rsv_table *t, const char *transfer_id, rsv_status *st) 
         return ect_set_error(ECT_ENOTFOUND, "no reservation for transfer_id '%s'",
                              transfer_id ? transfer_id : "(null)");
     fill_status(e, st);
+    return 0;
+}
+
+int rsv_brief_get(const rsv_table *t, const char *transfer_id, rsv_brief *b) {
+    const rsv_entry *e = transfer_id ? find_entry(t, transfer_id) : NULL;
+    if (!e) return ECT_ENOTFOUND;
+    b->state = e->state;
+    b->writer = e->role == ROLE_WRITER;
+    b->nbytes = e->tn.nbytes;
+    b->reservation_id = e->reservation_id;
+    b->owner = e->owner;
     return 0;
 }
 

@@ -215,6 +215,22 @@ typedef struct rsv_status {
  * ECT_ENOTFOUND when unknown. */
 int rsv_status_get(const rsv_table *t, const char *transfer_id, rsv_status *st);
 
+/* The few fields the control server checks on every op (owner on a reserve,
+ * state and reservation id on a window sweep, nbytes when counting), without
+ * rsv_status's copies: the strings point into the table and stay valid until
+ * the next call that changes it (the caller holds the table's lock). */
+typedef struct rsv_brief {
+    rsv_state state;
+    bool writer;
+    uint64_t nbytes;
+    const char *reservation_id;
+    const char *owner;
+} rsv_brief;
+
+/* rsv_status_get's brief form: 0 and *b filled, or ECT_ENOTFOUND (no error
+ * text set: callers use it as a cheap lookup). */
+int rsv_brief_get(const rsv_table *t, const char *transfer_id, rsv_brief *b);
+
 /* The consumer takes a READY item for zero-copy reading: a lease on its
  * buffer, which no reaper, cancel or reclaim frees until released. Fills *st
  * (offset, nbytes, ...). Errors: ECT_ENOTFOUND; ECT_ESTATE when not READY. */

@@ -24,6 +24,8 @@ int wire_ctl_encode_event(const wire_event *ev, char **out) {
     *out = NULL;
     if (!ev) return ect_set_error(ECT_EINVAL, "NULL event");
     if (ev->shard == 0) return ect_set_error(ECT_EINVAL, "shard: port 0 is not a control port");
+    int frc = wctl_fast_encode_event(ev, out);
+    if (frc != WCTL_FALLBACK) return frc;
     json_t *o = json_object();
     if (!o) return ect_set_error(ECT_ENOMEM, "out of memory encoding JSON");
     int rc = 0;

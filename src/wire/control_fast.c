@@ -2,7 +2,8 @@
  * control_fast — an allocation-light codec for the four hot messages of the
  * push control path: the reserve_batch and complete_batch requests and their
  * replies (issue 13: jansson's tree, its mallocs and the dump's vfprintf were
- * a third of the CPU per small item).
+ * a third of the CPU per small item), and the encoder of the readiness event
+ * a shard sends per item.
  *
  * It is a fast path, never a second definition of the wire. The encoders
  * write the very bytes jansson's compact dump writes (keys in the order
@@ -158,6 +159,7 @@ int wctl_fast_encode_request(const wire_ctl_request *req, char **out) {
     if (req->op == WIRE_OP_RESERVE_BATCH) {
         size_t n = req->u.reserve_batch.n;
         if (n > WIRE_BATCH_MAX || (n && !req->u.reserve_batch.items)) return WCTL_FALLBACK;
+        jw_reserve(&w, 64 + n * 192);
         JW_LIT(&w, "{\"op\":\"reserve_batch\",\"items\":[");
         for (size_t i = 0; i < n && !w.bad; i++) {
             const wire_reserve_item *it = &req->u.reserve_batch.items[i];
@@ -175,6 +177,7 @@ int wctl_fast_encode_request(const wire_ctl_request *req, char **out) {
     } else if (req->op == WIRE_OP_COMPLETE_BATCH) {
         size_t n = req->u.complete_batch.n;
         if (n > WIRE_BATCH_MAX || (n && !req->u.complete_batch.items)) return WCTL_FALLBACK;
+        jw_reserve(&w, 64 + n * 128);
         JW_LIT(&w, "{\"op\":\"complete_batch\",\"items\":[");
         for (size_t i = 0; i < n && !w.bad; i++) {
             const wire_complete_req *it = &req->u.complete_batch.items[i];
@@ -229,6 +232,7 @@ int wctl_fast_encode_reply(const wire_ctl_reply *rep, char **out) {
     if (rep->op == WIRE_OP_RESERVE_BATCH) {
         size_t n = rep->u.reserve_batch.n;
         if (n > WIRE_BATCH_MAX || (n && !rep->u.reserve_batch.items)) return WCTL_FALLBACK;
+        jw_reserve(&w, 64 + n * 256);
         JW_LIT(&w, "{\"ok\":true,\"result\":{\"items\":[");
         for (size_t i = 0; i < n && !w.bad; i++) {
             const wire_reserve_outcome *it = &rep->u.reserve_batch.items[i];
@@ -248,6 +252,7 @@ int wctl_fast_encode_reply(const wire_ctl_reply *rep, char **out) {
     } else if (rep->op == WIRE_OP_COMPLETE_BATCH) {
         size_t n = rep->u.complete_batch.n;
         if (n > WIRE_BATCH_MAX || (n && !rep->u.complete_batch.items)) return WCTL_FALLBACK;
+        jw_reserve(&w, 64 + n * 48);
         JW_LIT(&w, "{\"ok\":true,\"result\":{\"items\":[");
         for (size_t i = 0; i < n; i++) {
             const wire_complete_result *c = &rep->u.complete_batch.items[i];
@@ -262,6 +267,27 @@ int wctl_fast_encode_reply(const wire_ctl_reply *rep, char **out) {
     } else {
         return WCTL_FALLBACK;
     }
+    return jw_done(&w, out);
+}
+
+/* A readiness event (the one a shard sends per item); an abandoned one (an
+ * error text to cut and clean) is the jansson path's. */
+int wctl_fast_encode_event(const wire_event *ev, char **out) {
+    *out = NULL;
+    if (wctl_fast_off || !ev || !ev->ready) return WCTL_FALLBACK;
+    jw w = {0};
+    jw_reserve(&w, 192);
+    JW_LIT(&w, "{\"transfer_id\":");
+    jw_str(&w, ev->transfer_id, WIRE_ID_MAX, true);
+    JW_LIT(&w, ",\"mm_hash\":");
+    jw_str(&w, ev->mm_hash, WIRE_ID_MAX, true);
+    JW_LIT(&w, ",\"ready\":true,\"reservation_id\":");
+    jw_str(&w, ev->reservation_id, WIRE_ID_MAX, false);
+    JW_LIT(&w, ",");
+    jw_tensor(&w, &ev->tensor);
+    JW_LIT(&w, ",\"shard\":");
+    jw_u64(&w, ev->shard);
+    JW_LIT(&w, "}");
     return jw_done(&w, out);
 }
 
@@ -331,24 +357,24 @@ static bool jr_raw_str(jr *r, const char **s, size_t *n) {
     return false;
 }
 
-/* The key `k` exactly, then ':'. */
-static bool jr_key(jr *r, const char *k) {
-    const char *s;
-    size_t n;
-    if (!jr_raw_str(r, &s, &n)) return false;
-    if (n != strlen(k) || memcmp(s, k, n) != 0) {
-        r->bad = true;
-        return false;
-    }
-    return jr_ch(r, ':');
-}
-
 /* The next key is `k` (not consumed, no whitespace issues: a key is a string). */
 static bool jr_next_key_is(jr *r, const char *k) {
     jr_ws(r);
     size_t n = strlen(k);
     return !r->bad && (size_t)(r->end - r->p) > n + 1 && r->p[0] == '"' &&
            memcmp(r->p + 1, k, n) == 0 && r->p[n + 1] == '"';
+}
+
+/* The key `k` exactly, then ':'. Compared in place: the bytes "k" are the
+ * only string that decodes to k here (an escape is refused anyway). */
+static bool jr_key(jr *r, const char *k) {
+    if (r->bad) return false;
+    if (!jr_next_key_is(r, k)) {
+        r->bad = true;
+        return false;
+    }
+    r->p += strlen(k) + 2;
+    return jr_ch(r, ':');
 }
 
 /* A string value into dst (max bytes, NUL-terminated). */

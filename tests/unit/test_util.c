@@ -4,6 +4,8 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "testutil.h"
 #include "util/hostport.h"
@@ -42,6 +44,59 @@ static void test_random_ids_are_32_hex_and_distinct(void **state) {
         assert_true(isxdigit((unsigned char)a[i]) && !isupper((unsigned char)a[i]));
     assert_string_not_equal(a, b);
     assert_true(ect_random_u64() != ect_random_u64());
+}
+
+/* Ids come from a per-thread buffer filled in bulk: many draws (several
+ * refills) are all distinct, tokens too. */
+static void test_random_ids_stay_distinct_across_refills(void **state) {
+    (void)state;
+    enum { N = 2000 };
+    static char ids[N][ECT_ID_LEN + 1];
+    static uint64_t toks[N];
+    for (int i = 0; i < N; i++) {
+        ect_random_id(ids[i]);
+        toks[i] = ect_random_u64();
+    }
+    for (int i = 0; i < N; i++)
+        for (int j = i + 1; j < N; j++) {
+            assert_string_not_equal(ids[i], ids[j]);
+            assert_true(toks[i] != toks[j]);
+        }
+}
+
+/* After fork the child must not hand out the ids its parent hands out next
+ * (the buffer was copied with the process): both draw the same number of
+ * ids after the fork and none may match. */
+static void test_random_ids_differ_after_fork(void **state) {
+    (void)state;
+    enum { N = 8 };
+    char first[ECT_ID_LEN + 1];
+    ect_random_id(first); /* the buffer now holds bytes the child would inherit */
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(fds[0]);
+        char ids[N][ECT_ID_LEN + 1];
+        for (int i = 0; i < N; i++) ect_random_id(ids[i]);
+        _exit(write(fds[1], ids, sizeof ids) == (ssize_t)sizeof ids ? 0 : 1);
+    }
+    close(fds[1]);
+    char mine[N][ECT_ID_LEN + 1], theirs[N][ECT_ID_LEN + 1];
+    for (int i = 0; i < N; i++) ect_random_id(mine[i]);
+    size_t got = 0;
+    while (got < sizeof theirs) {
+        ssize_t r = read(fds[0], (char *)theirs + got, sizeof theirs - got);
+        assert_true(r > 0);
+        got += (size_t)r;
+    }
+    close(fds[0]);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < N; j++) assert_string_not_equal(mine[i], theirs[j]);
 }
 
 static void test_clock_is_monotonic(void **state) {
@@ -212,6 +267,8 @@ int main(void) {
         cmocka_unit_test(test_strerror_covers_every_code),
         cmocka_unit_test(test_last_error_is_per_call_and_thread_local),
         cmocka_unit_test(test_random_ids_are_32_hex_and_distinct),
+        cmocka_unit_test(test_random_ids_stay_distinct_across_refills),
+        cmocka_unit_test(test_random_ids_differ_after_fork),
         cmocka_unit_test(test_clock_is_monotonic),
         cmocka_unit_test(test_checked_arithmetic),
         cmocka_unit_test(test_log_level_from_env),

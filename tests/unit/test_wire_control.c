@@ -235,10 +235,21 @@ static void reply_round_trip(const wire_ctl_reply *rep, size_t expect, const cha
     free(s);
 }
 
+/* The fast event encoder (readiness events) writes jansson's bytes. */
+static void event_paths_agree(const wire_event *ev, const char *s) {
+    char *slow = NULL;
+    wctl_fast_off = true;
+    assert_int_equal(wire_ctl_encode_event(ev, &slow), 0);
+    wctl_fast_off = false;
+    assert_string_equal(s, slow);
+    free(slow);
+}
+
 static void event_round_trip(const wire_event *ev, const char *golden) {
     char *s = NULL;
     assert_int_equal(wire_ctl_encode_event(ev, &s), 0);
     if (golden) assert_string_equal(s, golden);
+    event_paths_agree(ev, s);
     wire_event back;
     int rc = wire_ctl_decode_event(s, strlen(s), &back);
     if (rc) fail_msg("decode of %s failed: %s", s, ect_last_error());
@@ -871,6 +882,32 @@ static void test_fast_path_takes_the_hot_frames(void **state) {
         if (wctl_fast_decode_reply(op, SIZE_MAX, reps[i], strlen(reps[i]), &r) != 0)
             fail_msg("fast path refused %s", reps[i]);
         wire_ctl_reply_clear(&r);
+    }
+    /* A readiness event is written by the fast path, an abandoned one by jansson. */
+    {
+        wire_event ev;
+        memset(&ev, 0, sizeof ev);
+        strcpy(ev.transfer_id, "t\xc3\xa9\"q");
+        strcpy(ev.mm_hash, "h");
+        strcpy(ev.reservation_id, "r");
+        ev.ready = true;
+        ev.tensor.nbytes = 6;
+        ev.tensor.ndim = 2;
+        ev.tensor.shape[0] = 1;
+        ev.tensor.shape[1] = 3;
+        strcpy(ev.tensor.dtype, "bfloat16");
+        ev.shard = 15001;
+        char *s = NULL;
+        assert_int_equal(wctl_fast_encode_event(&ev, &s), 0);
+        event_round_trip(&ev, s);
+        free(s);
+        ev.ready = false;
+        assert_int_equal(wctl_fast_encode_event(&ev, &s), WCTL_FALLBACK);
+        assert_null(s);
+        ev.ready = true;
+        ev.transfer_id[0] = '\x01'; /* a control character: jansson escapes it */
+        assert_int_equal(wctl_fast_encode_event(&ev, &s), WCTL_FALLBACK);
+        event_round_trip(&ev, NULL);
     }
     /* Handed on (an escape, another key order, an unknown key, a bad item, a
      * frame jansson refuses), and the public decoder answers as before. */
