@@ -7,7 +7,7 @@
  * item size, step and steps in flight runs right after, in this run, and the
  * report gives the demo's items/s as a ratio to it.
  * Pull: `ect pull` loads what an `ect pull-producer` holds. Every item's
- * checksum (XXH64, cli_checksum) printed by the producing side must equal the one
+ * checksum (XXH3_64bits, cli_checksum) printed by the producing side must equal the one
  * the consuming side computed over the bytes it received. Workload: batches
  * of 32 new items followed by 8 repeats of that batch's first items (the same
  * content, so the same mm_hash: the consumer answers them from its resident
@@ -154,7 +154,7 @@ static void help(void) {
         "shard per TP rank) receives what one `ect push` sends. pull: `ect pull` loads\n"
         "what an `ect pull-producer` holds. The workload comes in batches of 32 new items\n"
         "followed by 8 repeats of the batch's first items (same content, same mm_hash: the\n"
-        "consumer answers them from its resident copy). The checksum (XXH64) each producer\n"
+        "consumer answers them from its resident copy). The checksum (XXH3) each producer\n"
         "printed must equal the one the consumer computed over the bytes it received.\n"
         "\n"
         "  --protocol P    push (default) or pull\n"

@@ -79,13 +79,15 @@ static void help(void) {
         "                        keygen`, with the peers' public keys in DIR/accept/; default\n"
         "                        off\n"
         "\n"
-        "Item i: bytes = a splitmix64 stream seeded with (seed, c), or the file's bytes; c = i,\n"
+        "Item i: bytes = synthetic ones of state (seed, c) (a fixed random block, every 8\n"
+        "  bytes XOR a per-4-KiB key of (seed, c, page)), or the file's bytes; c = i,\n"
         "  or with --repeat: block b = i / (NEW + REP), r = i %% (NEW + REP),\n"
         "  c = b x NEW + (r < NEW ? r : r - NEW).\n"
         "  transfer_id = <prefix>-<i>   (unique per run, so a re-run is not refused)\n"
-        "  mm_hash     = xxh64-<checksum>-<dtype>-<shape>   (a hash of the content: repeated\n"
+        "  mm_hash     = xxh3-<checksum>-<dtype>-<shape>   (a hash of the content: repeated\n"
         "                content dedups at the consumer, which answers it `cached`)\n"
-        "  checksum    = XXH64 (seed 0) of the bytes, 16 hex digits (as ect push-consumer prints)\n"
+        "  checksum    = XXH3_64bits (seed 0) of the bytes, 16 hex digits (as ect push-consumer\n"
+        "                prints)\n"
         "Output: one JSON line per item: transfer_id, mm_hash, nbytes, checksum, status\n"
         "(ok | the error text), state (done | failed | cancelled), error (when not done),\n"
         "latency_ms (reserve to outcome),\n"
@@ -118,7 +120,7 @@ static bool parse_shape(const char *s, uint64_t *shape, size_t *ndim) {
     return *ndim > 0;
 }
 
-/* Synthetic item i: the splitmix64 stream seeded with (seed, i). */
+/* Synthetic item i: cli_fill_synthetic's bytes of state (seed, i). */
 static void fill(void *buf, uint64_t n, uint64_t seed, uint64_t i) {
     cli_fill_synthetic(buf, n, seed * 0x9e3779b97f4a7c15ull ^ (i + 1) * 0xbf58476d1ce4e5b9ull);
 }
@@ -209,7 +211,7 @@ static bool prepare_step(slot *bank, size_t k, uint64_t base, uint64_t nbytes, u
         s->index = base + j;
         s->checksum = fdata ? fck : cli_checksum(s->data, nbytes);
         snprintf(s->tid, sizeof s->tid, "%s-%" PRIu64, pfx, base + j);
-        snprintf(s->hash, sizeof s->hash, "xxh64-%016" PRIx64 "-%s-%s", s->checksum,
+        snprintf(s->hash, sizeof s->hash, "xxh3-%016" PRIx64 "-%s-%s", s->checksum,
                  strncmp(dtype, "torch.", 6) == 0 ? dtype + 6 : dtype, shape_txt);
     }
     return true;

@@ -94,7 +94,7 @@ static void help(void) {
         "then one line per item:\n"
         "  {\"transfer_id\",\"mm_hash\",\"nbytes\",\"shape\",\"dtype\",\"checksum\",\"status\"}\n"
         "status is \"ok\" (only items read and verified are printed);\n"
-        "checksum is XXH64 (seed 0) of the bytes as 16 hex digits (as `ect push` prints);\n"
+        "checksum is XXH3_64bits (seed 0) of the bytes as 16 hex digits (as `ect push` prints);\n"
         "dtype is the canonical name (\"float32\" for a reserve of \"torch.float32\").\n"
         "On stderr, as they happen: \"ect push-consumer: transfer T failed: ...\" for every\n"
         "transfer that fails (abandoned by the producer, not on every rank within the push\n"
