@@ -29,6 +29,7 @@
 #include <uthash.h>
 
 #include "cli/cli.h"
+#include "cli/demo_line.h"
 #include "cli/demo_proc.h"
 #include "ectransfer.h"
 
@@ -226,11 +227,6 @@ static void add_latency(demo *d, double ms) {
     if (d->n_lat < d->items) d->lat_ns[d->n_lat++] = ms > 0 ? (uint64_t)llround(ms * 1e6) : 0;
 }
 
-static const char *jstr(json_t *o, const char *k) {
-    const char *s = json_string_value(json_object_get(o, k));
-    return s ? s : "";
-}
-
 static void item_failed(demo *d, const char *what, const char *why) {
     d->failed++;
     fprintf(stderr, "%sect demo: %s failed: %s\n", d->tty ? "\n" : "", what, why);
@@ -238,52 +234,52 @@ static void item_failed(demo *d, const char *what, const char *why) {
 
 /* Push: lines of `ect push-consumer` (slot 0) and `ect push` (slot 1). */
 /* A child's readiness line: {"event": "ready", ...} on stdout. */
-static bool is_ready(json_t *o) { return strcmp(jstr(o, "event"), "ready") == 0; }
+static bool is_ready(const demo_line *o) { return strcmp(demo_line_str(o, "event"), "ready") == 0; }
 
-static void push_line(demo *d, int child, json_t *o) {
+static void push_line(demo *d, int child, const demo_line *o) {
     if (!o) return;
     if (child == SLOT_CONSUMER && is_ready(o)) {
         d->consumer_ready = true;
         return;
     }
-    const char *id = jstr(o, "transfer_id");
+    const char *id = demo_line_str(o, "transfer_id");
     entry *e = *id ? get_entry(d, id) : NULL;
     if (!e) return;
     if (child == SLOT_CONSUMER) {
-        snprintf(e->got, sizeof e->got, "%s", jstr(o, "checksum"));
+        snprintf(e->got, sizeof e->got, "%s", demo_line_str(o, "checksum"));
         e->have_got = true;
     } else {
         d->sent++;
-        add_latency(d, json_number_value(json_object_get(o, "latency_ms")));
-        if (strcmp(jstr(o, "status"), "ok") != 0) { /* "ok" or the error text */
+        add_latency(d, demo_line_num(o, "latency_ms"));
+        if (strcmp(demo_line_str(o, "status"), "ok") != 0) { /* "ok" or the error text */
             e->settled = true;
-            item_failed(d, id, jstr(o, "status"));
+            item_failed(d, id, demo_line_str(o, "status"));
             return;
         }
         d->moved++;
-        if (json_integer_value(json_object_get(o, "retries")) > 0) d->retried++;
-        note_hash(d, jstr(o, "mm_hash"));
-        snprintf(e->want, sizeof e->want, "%s", jstr(o, "checksum"));
-        e->nbytes = (uint64_t)json_integer_value(json_object_get(o, "nbytes"));
+        if (demo_line_int(o, "retries") > 0) d->retried++;
+        note_hash(d, demo_line_str(o, "mm_hash"));
+        snprintf(e->want, sizeof e->want, "%s", demo_line_str(o, "checksum"));
+        e->nbytes = (uint64_t)demo_line_int(o, "nbytes");
         e->have_want = true;
     }
     settle(d, e);
 }
 
 /* Pull: lines of `ect pull-producer` (slot 0) and `ect pull` (slot 1). */
-static void pull_line(demo *d, int child, json_t *o) {
+static void pull_line(demo *d, int child, const demo_line *o) {
     if (!o) return;
     if (child == SLOT_CONSUMER) {
         if (is_ready(o)) {
-            d->pull_port = (int)json_integer_value(json_object_get(o, "port"));
+            d->pull_port = (int)demo_line_int(o, "port");
             return;
         }
-        const char *h = jstr(o, "mm_hash");
+        const char *h = demo_line_str(o, "mm_hash");
         if (!*h) return;
         entry *e = get_entry(d, h);
         if (!e) return;
-        snprintf(e->want, sizeof e->want, "%s", jstr(o, "checksum"));
-        e->nbytes = (uint64_t)json_integer_value(json_object_get(o, "nbytes"));
+        snprintf(e->want, sizeof e->want, "%s", demo_line_str(o, "checksum"));
+        e->nbytes = (uint64_t)demo_line_int(o, "nbytes");
         e->have_want = true;
         char **nh = realloc(d->pull_hashes, (d->n_pull_hashes + 1) * sizeof *nh);
         if (nh && (nh[d->n_pull_hashes] = strdup(h)) != NULL) {
@@ -294,47 +290,47 @@ static void pull_line(demo *d, int child, json_t *o) {
         }
         return;
     }
-    const char *h = jstr(o, "mm_hash");
+    const char *h = demo_line_str(o, "mm_hash");
     entry *e;
     HASH_FIND_STR(d->entries, h, e);
     d->sent++;
-    add_latency(d, json_number_value(json_object_get(o, "latency_ms")));
-    bool loaded = strcmp(jstr(o, "status"), "ok") == 0;
+    add_latency(d, demo_line_num(o, "latency_ms"));
+    bool loaded = strcmp(demo_line_str(o, "status"), "ok") == 0;
     d->moved += loaded && e;
-    if (loaded && e && json_integer_value(json_object_get(o, "attempts")) > 1) d->retried++;
+    if (loaded && e && demo_line_int(o, "attempts") > 1) d->retried++;
     if (!e) {
         item_failed(d, h, "the consumer loaded a hash the producer never announced");
         return;
     }
-    if (strcmp(jstr(o, "status"), "ok") != 0) {
-        item_failed(d, h, jstr(o, "status"));
+    if (strcmp(demo_line_str(o, "status"), "ok") != 0) {
+        item_failed(d, h, demo_line_str(o, "status"));
         return;
     }
     note_hash(d, h);
     /* every load of a hash is checked, repeats included */
-    if (strcmp(jstr(o, "checksum"), e->want) == 0 &&
-        (uint64_t)json_integer_value(json_object_get(o, "nbytes")) == e->nbytes) {
+    if (strcmp(demo_line_str(o, "checksum"), e->want) == 0 &&
+        (uint64_t)demo_line_int(o, "nbytes") == e->nbytes) {
         d->verified++;
         d->bytes += e->nbytes;
     } else {
         d->mismatched++;
         fprintf(stderr, "%sect demo: %s: consumer checksum %s, producer %s\n", d->tty ? "\n" : "",
-                h, jstr(o, "checksum"), e->want);
+                h, demo_line_str(o, "checksum"), e->want);
     }
 }
 
 static void on_line(void *user, int child, bool is_stderr, char *line) {
     demo *d = user;
-    json_t *o = NULL;
-    if (!is_stderr && line[0] == '{') o = json_loads(line, 0, NULL);
-    if (!is_stderr && !o && line[0])
+    demo_line l;
+    bool obj = !is_stderr && line[0] == '{' && demo_line_parse(line, &l);
+    if (!is_stderr && !obj && line[0])
         fprintf(stderr, "%sect demo: unexpected output of %s: %.200s\n", d->tty ? "\n" : "",
                 d->procs.c[child].name, line);
     if (strcmp(d->protocol, "push") == 0)
-        push_line(d, child, o);
+        push_line(d, child, obj ? &l : NULL);
     else
-        pull_line(d, child, o);
-    json_decref(o);
+        pull_line(d, child, obj ? &l : NULL);
+    if (obj) demo_line_free(&l);
 }
 
 /* ------------------------------------------------------------- progress */

@@ -168,8 +168,7 @@ static void print_line(const slot *s, uint64_t nbytes, const ect_push_result *r)
     json_object_set_new(o, "transport", json_string(r->transport));
     json_object_set_new(o, "retries", json_integer((json_int_t)r->retries));
     char *txt = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    if (txt) puts(txt);
-    fflush(stdout);
+    if (txt) puts(txt); /* flushed before every wait (the main loop), not per line */
     free(txt);
     json_decref(o);
 }
@@ -564,6 +563,7 @@ int cmd_push(int argc, char **argv) {
             push_step *st = &win[si % inflight];
             if (st->got < st->queued && st->end < soon) soon = st->end;
         }
+        fflush(stdout); /* the lines so far go out before the wait, in one write */
         size_t n = ect_push_producer_poll(p, res, rcap, (int)(soon > now ? soon - now : 0));
         for (size_t i = 0; i < n; i++) {
             slot *sl = find_slot(slots, pfx, res[i].transfer_id, step, nbank, oldest, next);
@@ -611,6 +611,7 @@ int cmd_push(int argc, char **argv) {
         while (oldest < next && win[oldest % inflight].got >= win[oldest % inflight].queued)
             oldest++;
     }
+    fflush(stdout);
     ect_push_producer_close(p);
     for (size_t j = 0; j < nbank * step; j++) {
         free(slots[j].data);

@@ -108,12 +108,13 @@ static void help(void) {
         "totals of refused, expired and abandoned reservations.\n");
 }
 
-/* Prints o as one compact JSON line on stdout, at once; takes o. */
-static void print_line(json_t *o) {
+/* Prints o as one compact JSON line on stdout; takes o. flush: at once
+ * (else the main loop flushes once per round of items, before it waits). */
+static void print_line(json_t *o, bool flush) {
     char *txt = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     if (txt) {
         printf("%s\n", txt);
-        fflush(stdout);
+        if (flush) fflush(stdout);
         free(txt);
     }
     json_decref(o);
@@ -133,7 +134,7 @@ static void print_item(const ect_push_view *v, uint64_t ck) {
     json_object_set_new(o, "dtype", json_string(v->dtype));
     json_object_set_new(o, "checksum", json_string(cks));
     json_object_set_new(o, "status", json_string("ok"));
-    print_line(o);
+    print_line(o, false);
 }
 
 /* The machine-readable readiness line (stdout): every shard listens and the
@@ -162,7 +163,7 @@ static void print_ready(const char *host, uint64_t first_port, uint64_t tp, cons
     json_object_set_new(o, "pool_size", json_integer((json_int_t)pool));
     json_object_set_new(o, "pool_device", json_string(pool_device));
     if (metrics_port >= 0) json_object_set_new(o, "metrics_port", json_integer(metrics_port));
-    print_line(o);
+    print_line(o, true);
 }
 
 /* Takes the item on every rank, checks and prints it. Returns true when done. */
@@ -218,6 +219,16 @@ static bool consume(ect_push_consumer **cons, int tp, ect_push_scheduler *s,
         ect_push_scheduler_fail(s, it->transfer_id, "consumer could not read the item");
     }
     return ok;
+}
+
+/* The main loop's pause when no item was ready: 200 us while items came in
+ * the last 100 ms (a busy stream: the next one is taken soon after it lands,
+ * its bytes still in cache), else 2 ms (idle: few wakeups). The scheduler
+ * has no call that blocks until an item is ready. */
+static void idle_wait(uint64_t last_item_ms) {
+    bool busy = cli_now_ms() - last_item_ms < 100;
+    struct timespec ts = {0, busy ? 200 * 1000L : 2 * 1000000L};
+    nanosleep(&ts, NULL);
 }
 
 /* Says on stderr what changed on each rank since the last call: expired and
@@ -395,6 +406,10 @@ int cmd_push_consumer(int argc, char **argv) {
     so.consumer_port = (int)(port + dp * tp);
     so.tp_size = (int)tp;
     so.accept_any = 1;
+    /* drain the shards' events on every poll: this loop paces itself
+     * (idle_wait), and an item taken soon after it landed is still in cache
+     * for its checksum (the default 5 ms let ~50 items of 128 KiB pile up) */
+    so.min_drain_interval_ms = 0;
     so.ttl_ms = ttl;
     so.curve_keys = curve_keys; /* the shards accept their own key when DIR/accept/ has it */
     if (ect_push_scheduler_open(&so, &s) != 0) {
@@ -409,7 +424,7 @@ int cmd_push_consumer(int argc, char **argv) {
     bool announced = false;
     ect_push_consumer_stat prev[MAX_TP];
     memset(prev, 0, sizeof prev);
-    uint64_t next_report = cli_now_ms() + 1000;
+    uint64_t next_report = cli_now_ms() + 1000, last_item_ms = 0;
     while (!stop_flag && (!count || done < count)) {
         ect_push_scheduler_poll(s);
         ect_push_sched_item it;
@@ -418,6 +433,7 @@ int cmd_push_consumer(int argc, char **argv) {
             any = true;
             if (consume(cons, (int)tp, s, &it)) done++;
         }
+        if (any) fflush(stdout); /* this round's item lines, in one write */
         while (ect_push_scheduler_next_failed(s, &it) == 0)
             fprintf(stderr, "ect push-consumer: transfer %s failed: %s: %s\n", it.transfer_id,
                     ect_push_state_name(it.state), it.error);
@@ -436,10 +452,10 @@ int cmd_push_consumer(int argc, char **argv) {
                 announced = true;
             }
         }
-        if (!any) {
-            struct timespec ts = {0, 2 * 1000000L};
-            nanosleep(&ts, NULL);
-        }
+        if (any)
+            last_item_ms = cli_now_ms();
+        else
+            idle_wait(last_item_ms);
     }
     /* Let the remote cancels of failed transfers go out before closing: until
      * none was answered for 100 ms, for at most 2 s. */
