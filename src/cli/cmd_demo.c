@@ -168,8 +168,11 @@ static void help(void) {
         "  --timeout D     give up after D (90s, 5m; bare: seconds; up to 24h; default 300s)\n"
         "  --inflight N    push: steps of 8 items `ect push` keeps in flight, 1..64 (default 4)\n"
         "  --bench         push, TP 1: then run `ect bench push` of the same item size, step\n"
-        "                  (8) and steps in flight for 1 s and report the demo's items/s\n"
-        "                  as a ratio to it (line `vs bench`; the bench failing fails the demo)\n"
+        "                  (8), steps in flight and transport for 1 s (its row is checked to\n"
+        "                  be that case) and report the demo's items/s as a ratio to it (line\n"
+        "                  `vs bench`; the bench failing fails the demo). The bench pushes\n"
+        "                  into a shard in its own process and neither generates nor\n"
+        "                  checksums its items, which the demo does for every one\n"
         "  --keys          authentication on: makes two key directories (`ect keygen`) that\n"
         "                  accept each other and runs both sides with --curve-keys\n"
         "\n"
@@ -701,9 +704,20 @@ static void report(demo *d, double secs) {
                    : "a load was refused while the producer was busy and was asked again");
 }
 
+/* True when the bench's row measured the demo's case: transport, item size,
+ * step and steps in flight as the demo ran them (like for like). */
+static bool bench_row_matches(const demo *d, json_t *row) {
+    const char *x = json_string_value(json_object_get(row, "transport"));
+    return x && strcmp(x, d->transport) == 0 &&
+           json_integer_value(json_object_get(row, "size")) == (json_int_t)d->item_bytes &&
+           json_integer_value(json_object_get(row, "step")) == atoi(DEMO_STEP) &&
+           json_integer_value(json_object_get(row, "inflight")) == (json_int_t)d->inflight;
+}
+
 /* --bench: `ect bench push` (this binary, a child) of the demo's item size,
  * step and steps in flight over its transport for 1 s; its items/s, or a
- * negative value (and why on stderr) when it could not run. */
+ * negative value (and why on stderr) when it could not run or its row is
+ * not the demo's case. */
 static double bench_items_s(const demo *d) {
     char exe[4096];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -725,8 +739,12 @@ static double bench_items_s(const demo *d) {
     json_error_t je;
     json_t *rows = json_loadf(f, JSON_DISABLE_EOF_CHECK, &je);
     int st = pclose(f);
-    json_t *v = json_object_get(json_array_get(rows, 0), "items_per_s");
+    json_t *row = json_array_get(rows, 0), *v = json_object_get(row, "items_per_s");
     double r = json_is_number(v) ? json_number_value(v) : -1;
+    if (r > 0 && !bench_row_matches(d, row)) {
+        fprintf(stderr, "ect demo: --bench: the bench's row is not the demo's case\n");
+        r = -1;
+    }
     json_decref(rows);
     if (st != 0 || r <= 0) {
         fprintf(stderr, "ect demo: --bench: ect bench push failed (status %d)\n", st);
@@ -893,9 +911,10 @@ int cmd_demo(int argc, char **argv) {
     if (pass && d.bench && !stop_flag) {
         double mine = secs > 0 ? (double)d.verified / secs : 0.0, b = bench_items_s(&d);
         if (b > 0)
-            printf("  vs bench    %.2f x `ect bench push` (%.1f items/s, same size, steps "
-                   "of " DEMO_STEP ", %" PRIu64 " in flight, %s, measured right after)\n",
-                   mine / b, b, d.inflight, d.transport);
+            printf("  vs bench    %.2f x `ect bench push` (%.1f items/s; like for like, as its "
+                   "row says: %s items, steps of " DEMO_STEP ", %" PRIu64 " in flight, %s; "
+                   "measured right after)\n",
+                   mine / b, b, isz, d.inflight, d.transport);
         else
             pass = false;
     }
