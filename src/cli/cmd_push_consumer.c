@@ -239,12 +239,13 @@ static bool consume(ect_push_consumer **cons, int tp, ect_push_scheduler *s,
     return ok;
 }
 
-/* The main loop's pause when no item was ready: 200 us while items came in
- * the last 100 ms (a busy stream: the next one is taken soon after it lands,
- * its bytes still in cache), else 2 ms (idle: few wakeups). The scheduler
- * has no call that blocks until an item is ready. */
+/* The main loop's pause when no item was ready: 200 us within 1 ms of the
+ * last item (a stream of small items: the next one is taken soon after it
+ * lands, its bytes still in cache), else 2 ms (idle, or items far apart:
+ * few wakeups). The scheduler has no call that blocks until an item is
+ * ready. */
 static void idle_wait(uint64_t last_item_ms) {
-    bool busy = cli_now_ms() - last_item_ms < 100;
+    bool busy = cli_now_ms() - last_item_ms <= 1;
     struct timespec ts = {0, busy ? 200 * 1000L : 2 * 1000000L};
     nanosleep(&ts, NULL);
 }
