@@ -38,8 +38,8 @@ uint64_t cli_checksum(const void *data, size_t n) {
 }
 
 #define GOLDEN 0x9e3779b97f4a7c15ull
-#define PAGE_WORDS 512u    /* 4 KiB */
-#define BLOCK_WORDS 8192u  /* 64 KiB: the offsets o_p range over it */
+#define PAGE_WORDS 512u       /* 4 KiB */
+#define BLOCK_WORDS 8192u     /* 64 KiB: the offsets o_p range over it */
 #define R_SEED 0x5eed0fec7ull /* R's splitmix64 seed: any fixed value */
 
 static inline uint64_t splitmix64_mix(uint64_t z) {

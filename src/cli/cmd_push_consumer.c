@@ -135,8 +135,8 @@ static void print_item(const ect_push_view *v, uint64_t ck) {
         printf("{\"transfer_id\":\"%s\",\"mm_hash\":\"%s\",\"nbytes\":%" PRIu64 ",\"shape\":[",
                v->transfer_id, v->mm_hash, v->nbytes);
         for (uint32_t i = 0; i < v->ndim; i++) printf("%s%" PRIu64, i ? "," : "", v->shape[i]);
-        printf("],\"dtype\":\"%s\",\"checksum\":\"%016" PRIx64 "\",\"status\":\"ok\"}\n",
-               v->dtype, ck);
+        printf("],\"dtype\":\"%s\",\"checksum\":\"%016" PRIx64 "\",\"status\":\"ok\"}\n", v->dtype,
+               ck);
         return;
     }
     json_t *o = json_object();

@@ -31,11 +31,11 @@ static void test_lines_read_as_jansson_reads_them(void **state) {
     (void)state;
     const char *lines[] = {
         /* ect push, ect push-consumer, the ready event: read in place */
-        "{\"transfer_id\":\"push-1-ab-7\",\"mm_hash\":\"xxh3-00ff-bfloat16-16x4096\","
-        "\"nbytes\":131072,\"checksum\":\"0123456789abcdef\",\"status\":\"ok\",\"state\":"
-        "\"done\",\"latency_ms\":3.25,\"shards\":1,\"transport\":\"tcp\",\"retries\":0}",
-        "{\"transfer_id\":\"t\",\"nbytes\":1,\"shape\":[16,4096],\"dtype\":\"bfloat16\","
-        "\"checksum\":\"00\",\"status\":\"ok\"}",
+        ("{\"transfer_id\":\"push-1-ab-7\",\"mm_hash\":\"xxh3-00ff-bfloat16-16x4096\","
+         "\"nbytes\":131072,\"checksum\":\"0123456789abcdef\",\"status\":\"ok\",\"state\":"
+         "\"done\",\"latency_ms\":3.25,\"shards\":1,\"transport\":\"tcp\",\"retries\":0}"),
+        ("{\"transfer_id\":\"t\",\"nbytes\":1,\"shape\":[16,4096],\"dtype\":\"bfloat16\","
+         "\"checksum\":\"00\",\"status\":\"ok\"}"),
         "{\"event\":\"ready\",\"port\":5555,\"data_ports\":[],\"ok\":true,\"x\":null}",
         " { \"retries\" : 2 , \"latency_ms\" : -1.5e2, \"e\": 0, \"neg\": -7 } ",
         "{}",
@@ -57,9 +57,9 @@ static void test_lines_read_as_jansson_reads_them(void **state) {
 
 static void test_other_lines_are_refused_untouched(void **state) {
     (void)state;
-    const char *lines[] = {"", "{", "{\"a\":1", "{\"a\":1}x", "{\"a\":01}", "{\"a\":1.}",
-                           "{\"a\":-}", "{\"a\" 1}", "{\"a\":1,}", "[1,2]", "\"s\"",
-                           "{\"a\":tru}", "{\"a\":\"b}", "plain text", "{\"a\":[1,}"};
+    const char *lines[] = {"",           "{",           "{\"a\":1",    "{\"a\":1}x", "{\"a\":01}",
+                           "{\"a\":1.}", "{\"a\":-}",   "{\"a\" 1}",   "{\"a\":1,}", "[1,2]",
+                           "\"s\"",      "{\"a\":tru}", "{\"a\":\"b}", "plain text", "{\"a\":[1,}"};
     for (size_t i = 0; i < CLI_ARRAY_LEN(lines); i++) {
         char buf[64];
         snprintf(buf, sizeof buf, "%s", lines[i]);
@@ -70,8 +70,7 @@ static void test_other_lines_are_refused_untouched(void **state) {
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_lines_read_as_jansson_reads_them),
-        cmocka_unit_test(test_other_lines_are_refused_untouched)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_lines_read_as_jansson_reads_them),
+                                       cmocka_unit_test(test_other_lines_are_refused_untouched)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
