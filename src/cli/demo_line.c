@@ -1,5 +1,5 @@
 /* demo_line — see demo_line.h. */
-#include "cli/demo_line.h"
+#include "demo_line.h" /* (beside it: fuzz/fuzz_demo_line.c includes this file) */
 
 #include <stdlib.h>
 #include <string.h>
@@ -11,31 +11,34 @@ static const char *skip_ws(const char *p) {
 
 static bool is_digit(char c) { return c >= '0' && c <= '9'; }
 
-/* A string without escapes at p ('"'): its end (the closing quote), or NULL. */
+/* A string of printable ASCII without escapes at p ('"'): its end (the
+ * closing quote), or NULL (other bytes: jansson checks UTF-8). */
 static const char *scan_plain_string(const char *p) {
     for (p++; *p != '"'; p++)
-        if (*p == '\\' || (unsigned char)*p < 0x20) return NULL;
+        if (*p == '\\' || *p < 0x20 || *p > 0x7e) return NULL;
     return p;
 }
 
-/* A JSON number at p: the first byte after it, or NULL. */
+/* Digits at p, at most max of them: the first byte after, or NULL. */
+static const char *scan_digits(const char *p, int max) {
+    const char *s = p;
+    while (is_digit(*p)) p++;
+    return p > s && p - s <= max ? p : NULL;
+}
+
+/* A JSON number at p of at most 15 significant digits and a 2-digit
+ * exponent (exact as a double, within int64: jansson reads it the same):
+ * the first byte after it, or NULL. */
 static const char *scan_number(const char *p) {
     if (*p == '-') p++;
-    if (*p == '0')
-        p++;
-    else if (is_digit(*p))
-        while (is_digit(*p)) p++;
-    else
-        return NULL;
-    if (*p == '.') {
-        if (!is_digit(*++p)) return NULL;
-        while (is_digit(*p)) p++;
-    }
+    if (p[0] == '0' && is_digit(p[1])) return NULL; /* no leading zeros */
+    const char *s = p;
+    if (!(p = scan_digits(p, 15))) return NULL;
+    if (*p == '.' && !(p = scan_digits(p + 1, 15 - (int)(p - s)))) return NULL;
     if (*p == 'e' || *p == 'E') {
         p++;
         if (*p == '+' || *p == '-') p++;
-        if (!is_digit(*p)) return NULL;
-        while (is_digit(*p)) p++;
+        if (!(p = scan_digits(p, 2))) return NULL;
     }
     return p;
 }
@@ -90,6 +93,10 @@ static bool parse_in_place(char *line, demo_line *l) {
             if (n == DEMO_LINE_MAX_FIELDS || *p != '"' || !(ke[n] = scan_plain_string(p)))
                 return false;
             ks[n] = p + 1;
+            for (int i = 0; i < n; i++) /* a repeated key: jansson's last one wins */
+                if (ke[i] - ks[i] == ke[n] - ks[n] &&
+                    !memcmp(ks[i], ks[n], (size_t)(ke[n] - ks[n])))
+                    return false;
             p = skip_ws(ke[n] + 1);
             if (*p++ != ':') return false;
             p = skip_ws(p);
