@@ -117,6 +117,9 @@ uint64_t cli_checksum(const void *data, size_t n);
  * word cut to n). Same state, same bytes; every word differs between two
  * states. */
 void cli_fill_synthetic(void *buf, uint64_t n, uint64_t state);
+/* checksum.c: cli_fill_synthetic(buf, n, state), then cli_checksum of it,
+ * in one pass over the bytes. */
+uint64_t cli_fill_synthetic_checksum(void *buf, uint64_t n, uint64_t state);
 
 /* cmd_pull_producer.c / cmd_pull.c: generation-1 producer and consumer. */
 int cmd_pull_producer(int argc, char **argv);

@@ -120,9 +120,11 @@ static bool parse_shape(const char *s, uint64_t *shape, size_t *ndim) {
     return *ndim > 0;
 }
 
-/* Synthetic item i: cli_fill_synthetic's bytes of state (seed, i). */
-static void fill(void *buf, uint64_t n, uint64_t seed, uint64_t i) {
-    cli_fill_synthetic(buf, n, seed * 0x9e3779b97f4a7c15ull ^ (i + 1) * 0xbf58476d1ce4e5b9ull);
+/* Synthetic item i: cli_fill_synthetic's bytes of state (seed, i); returns
+ * their checksum. */
+static uint64_t fill(void *buf, uint64_t n, uint64_t seed, uint64_t i) {
+    return cli_fill_synthetic_checksum(
+        buf, n, seed * 0x9e3779b97f4a7c15ull ^ (i + 1) * 0xbf58476d1ce4e5b9ull);
 }
 
 static void on_release(void *user, const void *data, uint64_t nbytes) {
@@ -195,7 +197,8 @@ static bool prepare_step(slot *bank, size_t k, uint64_t base, uint64_t nbytes, u
                 fprintf(stderr, "ect push: out of memory for %" PRIu64 " bytes\n", nbytes);
                 return false;
             }
-            fill(s->data, nbytes, seed, content_index(base + j, repeat[0], repeat[1]));
+            s->checksum =
+                fill(s->data, nbytes, seed, content_index(base + j, repeat[0], repeat[1]));
             if (dev >= 0) {
                 if (!s->dev && ect_mem_alloc(ECT_MEM_CUDA, dev, nbytes, &s->dev) != 0) {
                     fprintf(stderr, "ect push: --device: %s\n", ect_last_error());
@@ -208,7 +211,7 @@ static bool prepare_step(slot *bank, size_t k, uint64_t base, uint64_t nbytes, u
             }
         }
         s->index = base + j;
-        s->checksum = fdata ? fck : cli_checksum(s->data, nbytes);
+        if (fdata) s->checksum = fck;
         snprintf(s->tid, sizeof s->tid, "%s-%" PRIu64, pfx, base + j);
         snprintf(s->hash, sizeof s->hash, "xxh3-%016" PRIx64 "-%s-%s", s->checksum,
                  strncmp(dtype, "torch.", 6) == 0 ? dtype + 6 : dtype, shape_txt);
