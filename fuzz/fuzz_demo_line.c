@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../src/cli/demo_line.c"
+#include "cli/demo_line.c"
 
 #define CHECK(cond)                                                                                \
     do {                                                                                           \

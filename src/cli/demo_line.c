@@ -1,5 +1,5 @@
 /* demo_line — see demo_line.h. */
-#include "demo_line.h" /* (beside it: fuzz/fuzz_demo_line.c includes this file) */
+#include "cli/demo_line.h"
 
 #include <stdlib.h>
 #include <string.h>
