@@ -107,14 +107,19 @@ int bench_xport(int argc, char **argv);
 /* bench_gpu.c: `ect bench gpu` (GPU pools over tcp and shm/CUDA IPC vs device copies). */
 int bench_gpu(int argc, char **argv);
 
-/* checksum.c: XXH64 (seed 0) over every byte (printed as 16 hex digits);
- * the one checksum every command prints and compares. */
+/* checksum.c: XXH3_64bits (seed 0) over every byte (printed as 16 hex
+ * digits); the one checksum every command prints and compares. */
 #include <stddef.h>
 uint64_t cli_checksum(const void *data, size_t n);
-/* checksum.c: n deterministic bytes: the splitmix64 stream that starts at
- * `state` (word k = splitmix64 finalizer of state + (k + 1) x golden ratio,
- * little-endian; the last word cut to n). Same state, same bytes. */
+/* checksum.c: n deterministic bytes from `state`: per 4 KiB page p, a fixed
+ * 64 KiB random block read from an offset of page key k_p (the splitmix64
+ * finalizer of state + (p + 1) x golden ratio), each word XOR k_p (the last
+ * word cut to n). Same state, same bytes; every word differs between two
+ * states. */
 void cli_fill_synthetic(void *buf, uint64_t n, uint64_t state);
+/* checksum.c: cli_fill_synthetic(buf, n, state), then cli_checksum of it,
+ * in one pass over the bytes. */
+uint64_t cli_fill_synthetic_checksum(void *buf, uint64_t n, uint64_t state);
 
 /* cmd_pull_producer.c / cmd_pull.c: generation-1 producer and consumer. */
 int cmd_pull_producer(int argc, char **argv);

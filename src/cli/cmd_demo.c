@@ -7,7 +7,7 @@
  * item size, step and steps in flight runs right after, in this run, and the
  * report gives the demo's items/s as a ratio to it.
  * Pull: `ect pull` loads what an `ect pull-producer` holds. Every item's
- * checksum (XXH64, cli_checksum) printed by the producing side must equal the one
+ * checksum (XXH3_64bits, cli_checksum) printed by the producing side must equal the one
  * the consuming side computed over the bytes it received. Workload: batches
  * of 32 new items followed by 8 repeats of that batch's first items (the same
  * content, so the same mm_hash: the consumer answers them from its resident
@@ -29,6 +29,7 @@
 #include <uthash.h>
 
 #include "cli/cli.h"
+#include "cli/demo_line.h"
 #include "cli/demo_proc.h"
 #include "ectransfer.h"
 
@@ -154,7 +155,7 @@ static void help(void) {
         "shard per TP rank) receives what one `ect push` sends. pull: `ect pull` loads\n"
         "what an `ect pull-producer` holds. The workload comes in batches of 32 new items\n"
         "followed by 8 repeats of the batch's first items (same content, same mm_hash: the\n"
-        "consumer answers them from its resident copy). The checksum (XXH64) each producer\n"
+        "consumer answers them from its resident copy). The checksum (XXH3) each producer\n"
         "printed must equal the one the consumer computed over the bytes it received.\n"
         "\n"
         "  --protocol P    push (default) or pull\n"
@@ -167,8 +168,11 @@ static void help(void) {
         "  --timeout D     give up after D (90s, 5m; bare: seconds; up to 24h; default 300s)\n"
         "  --inflight N    push: steps of 8 items `ect push` keeps in flight, 1..64 (default 4)\n"
         "  --bench         push, TP 1: then run `ect bench push` of the same item size, step\n"
-        "                  (8) and steps in flight for 1 s and report the demo's items/s\n"
-        "                  as a ratio to it (line `vs bench`; the bench failing fails the demo)\n"
+        "                  (8), steps in flight and transport for 1 s (its row is checked to\n"
+        "                  be that case) and report the demo's items/s as a ratio to it (line\n"
+        "                  `vs bench`; the bench failing fails the demo). The bench pushes\n"
+        "                  into a shard in its own process and neither generates nor\n"
+        "                  checksums its items, which the demo does for every one\n"
         "  --keys          authentication on: makes two key directories (`ect keygen`) that\n"
         "                  accept each other and runs both sides with --curve-keys\n"
         "\n"
@@ -226,11 +230,6 @@ static void add_latency(demo *d, double ms) {
     if (d->n_lat < d->items) d->lat_ns[d->n_lat++] = ms > 0 ? (uint64_t)llround(ms * 1e6) : 0;
 }
 
-static const char *jstr(json_t *o, const char *k) {
-    const char *s = json_string_value(json_object_get(o, k));
-    return s ? s : "";
-}
-
 static void item_failed(demo *d, const char *what, const char *why) {
     d->failed++;
     fprintf(stderr, "%sect demo: %s failed: %s\n", d->tty ? "\n" : "", what, why);
@@ -238,52 +237,52 @@ static void item_failed(demo *d, const char *what, const char *why) {
 
 /* Push: lines of `ect push-consumer` (slot 0) and `ect push` (slot 1). */
 /* A child's readiness line: {"event": "ready", ...} on stdout. */
-static bool is_ready(json_t *o) { return strcmp(jstr(o, "event"), "ready") == 0; }
+static bool is_ready(const demo_line *o) { return strcmp(demo_line_str(o, "event"), "ready") == 0; }
 
-static void push_line(demo *d, int child, json_t *o) {
+static void push_line(demo *d, int child, const demo_line *o) {
     if (!o) return;
     if (child == SLOT_CONSUMER && is_ready(o)) {
         d->consumer_ready = true;
         return;
     }
-    const char *id = jstr(o, "transfer_id");
+    const char *id = demo_line_str(o, "transfer_id");
     entry *e = *id ? get_entry(d, id) : NULL;
     if (!e) return;
     if (child == SLOT_CONSUMER) {
-        snprintf(e->got, sizeof e->got, "%s", jstr(o, "checksum"));
+        snprintf(e->got, sizeof e->got, "%s", demo_line_str(o, "checksum"));
         e->have_got = true;
     } else {
         d->sent++;
-        add_latency(d, json_number_value(json_object_get(o, "latency_ms")));
-        if (strcmp(jstr(o, "status"), "ok") != 0) { /* "ok" or the error text */
+        add_latency(d, demo_line_num(o, "latency_ms"));
+        if (strcmp(demo_line_str(o, "status"), "ok") != 0) { /* "ok" or the error text */
             e->settled = true;
-            item_failed(d, id, jstr(o, "status"));
+            item_failed(d, id, demo_line_str(o, "status"));
             return;
         }
         d->moved++;
-        if (json_integer_value(json_object_get(o, "retries")) > 0) d->retried++;
-        note_hash(d, jstr(o, "mm_hash"));
-        snprintf(e->want, sizeof e->want, "%s", jstr(o, "checksum"));
-        e->nbytes = (uint64_t)json_integer_value(json_object_get(o, "nbytes"));
+        if (demo_line_int(o, "retries") > 0) d->retried++;
+        note_hash(d, demo_line_str(o, "mm_hash"));
+        snprintf(e->want, sizeof e->want, "%s", demo_line_str(o, "checksum"));
+        e->nbytes = (uint64_t)demo_line_int(o, "nbytes");
         e->have_want = true;
     }
     settle(d, e);
 }
 
 /* Pull: lines of `ect pull-producer` (slot 0) and `ect pull` (slot 1). */
-static void pull_line(demo *d, int child, json_t *o) {
+static void pull_line(demo *d, int child, const demo_line *o) {
     if (!o) return;
     if (child == SLOT_CONSUMER) {
         if (is_ready(o)) {
-            d->pull_port = (int)json_integer_value(json_object_get(o, "port"));
+            d->pull_port = (int)demo_line_int(o, "port");
             return;
         }
-        const char *h = jstr(o, "mm_hash");
+        const char *h = demo_line_str(o, "mm_hash");
         if (!*h) return;
         entry *e = get_entry(d, h);
         if (!e) return;
-        snprintf(e->want, sizeof e->want, "%s", jstr(o, "checksum"));
-        e->nbytes = (uint64_t)json_integer_value(json_object_get(o, "nbytes"));
+        snprintf(e->want, sizeof e->want, "%s", demo_line_str(o, "checksum"));
+        e->nbytes = (uint64_t)demo_line_int(o, "nbytes");
         e->have_want = true;
         char **nh = realloc(d->pull_hashes, (d->n_pull_hashes + 1) * sizeof *nh);
         if (nh && (nh[d->n_pull_hashes] = strdup(h)) != NULL) {
@@ -294,47 +293,47 @@ static void pull_line(demo *d, int child, json_t *o) {
         }
         return;
     }
-    const char *h = jstr(o, "mm_hash");
+    const char *h = demo_line_str(o, "mm_hash");
     entry *e;
     HASH_FIND_STR(d->entries, h, e);
     d->sent++;
-    add_latency(d, json_number_value(json_object_get(o, "latency_ms")));
-    bool loaded = strcmp(jstr(o, "status"), "ok") == 0;
+    add_latency(d, demo_line_num(o, "latency_ms"));
+    bool loaded = strcmp(demo_line_str(o, "status"), "ok") == 0;
     d->moved += loaded && e;
-    if (loaded && e && json_integer_value(json_object_get(o, "attempts")) > 1) d->retried++;
+    if (loaded && e && demo_line_int(o, "attempts") > 1) d->retried++;
     if (!e) {
         item_failed(d, h, "the consumer loaded a hash the producer never announced");
         return;
     }
-    if (strcmp(jstr(o, "status"), "ok") != 0) {
-        item_failed(d, h, jstr(o, "status"));
+    if (strcmp(demo_line_str(o, "status"), "ok") != 0) {
+        item_failed(d, h, demo_line_str(o, "status"));
         return;
     }
     note_hash(d, h);
     /* every load of a hash is checked, repeats included */
-    if (strcmp(jstr(o, "checksum"), e->want) == 0 &&
-        (uint64_t)json_integer_value(json_object_get(o, "nbytes")) == e->nbytes) {
+    if (strcmp(demo_line_str(o, "checksum"), e->want) == 0 &&
+        (uint64_t)demo_line_int(o, "nbytes") == e->nbytes) {
         d->verified++;
         d->bytes += e->nbytes;
     } else {
         d->mismatched++;
         fprintf(stderr, "%sect demo: %s: consumer checksum %s, producer %s\n", d->tty ? "\n" : "",
-                h, jstr(o, "checksum"), e->want);
+                h, demo_line_str(o, "checksum"), e->want);
     }
 }
 
 static void on_line(void *user, int child, bool is_stderr, char *line) {
     demo *d = user;
-    json_t *o = NULL;
-    if (!is_stderr && line[0] == '{') o = json_loads(line, 0, NULL);
-    if (!is_stderr && !o && line[0])
+    demo_line l;
+    bool obj = !is_stderr && line[0] == '{' && demo_line_parse(line, &l);
+    if (!is_stderr && !obj && line[0])
         fprintf(stderr, "%sect demo: unexpected output of %s: %.200s\n", d->tty ? "\n" : "",
                 d->procs.c[child].name, line);
     if (strcmp(d->protocol, "push") == 0)
-        push_line(d, child, o);
+        push_line(d, child, obj ? &l : NULL);
     else
-        pull_line(d, child, o);
-    json_decref(o);
+        pull_line(d, child, obj ? &l : NULL);
+    if (obj) demo_line_free(&l);
 }
 
 /* ------------------------------------------------------------- progress */
@@ -705,9 +704,20 @@ static void report(demo *d, double secs) {
                    : "a load was refused while the producer was busy and was asked again");
 }
 
+/* True when the bench's row measured the demo's case: transport, item size,
+ * step and steps in flight as the demo ran them (like for like). */
+static bool bench_row_matches(const demo *d, json_t *row) {
+    const char *x = json_string_value(json_object_get(row, "transport"));
+    return x && strcmp(x, d->transport) == 0 &&
+           json_integer_value(json_object_get(row, "size")) == (json_int_t)d->item_bytes &&
+           json_integer_value(json_object_get(row, "step")) == atoi(DEMO_STEP) &&
+           json_integer_value(json_object_get(row, "inflight")) == (json_int_t)d->inflight;
+}
+
 /* --bench: `ect bench push` (this binary, a child) of the demo's item size,
  * step and steps in flight over its transport for 1 s; its items/s, or a
- * negative value (and why on stderr) when it could not run. */
+ * negative value (and why on stderr) when it could not run or its row is
+ * not the demo's case. */
 static double bench_items_s(const demo *d) {
     char exe[4096];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -729,8 +739,12 @@ static double bench_items_s(const demo *d) {
     json_error_t je;
     json_t *rows = json_loadf(f, JSON_DISABLE_EOF_CHECK, &je);
     int st = pclose(f);
-    json_t *v = json_object_get(json_array_get(rows, 0), "items_per_s");
+    json_t *row = json_array_get(rows, 0), *v = json_object_get(row, "items_per_s");
     double r = json_is_number(v) ? json_number_value(v) : -1;
+    if (r > 0 && !bench_row_matches(d, row)) {
+        fprintf(stderr, "ect demo: --bench: the bench's row is not the demo's case\n");
+        r = -1;
+    }
     json_decref(rows);
     if (st != 0 || r <= 0) {
         fprintf(stderr, "ect demo: --bench: ect bench push failed (status %d)\n", st);
@@ -897,9 +911,10 @@ int cmd_demo(int argc, char **argv) {
     if (pass && d.bench && !stop_flag) {
         double mine = secs > 0 ? (double)d.verified / secs : 0.0, b = bench_items_s(&d);
         if (b > 0)
-            printf("  vs bench    %.2f x `ect bench push` (%.1f items/s, same size, steps "
-                   "of " DEMO_STEP ", %" PRIu64 " in flight, %s, measured right after)\n",
-                   mine / b, b, d.inflight, d.transport);
+            printf("  vs bench    %.2f x `ect bench push` (%.1f items/s; like for like, as its "
+                   "row says: %s items, steps of " DEMO_STEP ", %" PRIu64 " in flight, %s; "
+                   "measured right after)\n",
+                   mine / b, b, isz, d.inflight, d.transport);
         else
             pass = false;
     }

@@ -59,7 +59,7 @@ static void help(void) {
         "                    keygen`, with the peers' public keys in DIR/accept/; default off\n");
 }
 
-/* Deterministic synthetic bytes of item i (splitmix64 stream). */
+/* Deterministic synthetic bytes of item i (cli_fill_synthetic). */
 static void fill_synthetic(uint8_t *d, uint64_t n, uint64_t i) {
     cli_fill_synthetic(d, n, 0x9e3779b97f4a7c15ull * (i + 1));
 }

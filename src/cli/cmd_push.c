@@ -79,13 +79,15 @@ static void help(void) {
         "                        keygen`, with the peers' public keys in DIR/accept/; default\n"
         "                        off\n"
         "\n"
-        "Item i: bytes = a splitmix64 stream seeded with (seed, c), or the file's bytes; c = i,\n"
+        "Item i: bytes = synthetic ones of state (seed, c) (a fixed random block, every 8\n"
+        "  bytes XOR a per-4-KiB key of (seed, c, page)), or the file's bytes; c = i,\n"
         "  or with --repeat: block b = i / (NEW + REP), r = i %% (NEW + REP),\n"
         "  c = b x NEW + (r < NEW ? r : r - NEW).\n"
         "  transfer_id = <prefix>-<i>   (unique per run, so a re-run is not refused)\n"
-        "  mm_hash     = xxh64-<checksum>-<dtype>-<shape>   (a hash of the content: repeated\n"
+        "  mm_hash     = xxh3-<checksum>-<dtype>-<shape>   (a hash of the content: repeated\n"
         "                content dedups at the consumer, which answers it `cached`)\n"
-        "  checksum    = XXH64 (seed 0) of the bytes, 16 hex digits (as ect push-consumer prints)\n"
+        "  checksum    = XXH3_64bits (seed 0) of the bytes, 16 hex digits (as ect push-consumer\n"
+        "                prints)\n"
         "Output: one JSON line per item: transfer_id, mm_hash, nbytes, checksum, status\n"
         "(ok | the error text), state (done | failed | cancelled), error (when not done),\n"
         "latency_ms (reserve to outcome),\n"
@@ -118,9 +120,11 @@ static bool parse_shape(const char *s, uint64_t *shape, size_t *ndim) {
     return *ndim > 0;
 }
 
-/* Synthetic item i: the splitmix64 stream seeded with (seed, i). */
-static void fill(void *buf, uint64_t n, uint64_t seed, uint64_t i) {
-    cli_fill_synthetic(buf, n, seed * 0x9e3779b97f4a7c15ull ^ (i + 1) * 0xbf58476d1ce4e5b9ull);
+/* Synthetic item i: cli_fill_synthetic's bytes of state (seed, i); returns
+ * their checksum. */
+static uint64_t fill(void *buf, uint64_t n, uint64_t seed, uint64_t i) {
+    return cli_fill_synthetic_checksum(
+        buf, n, seed * 0x9e3779b97f4a7c15ull ^ (i + 1) * 0xbf58476d1ce4e5b9ull);
 }
 
 static void on_release(void *user, const void *data, uint64_t nbytes) {
@@ -166,8 +170,7 @@ static void print_line(const slot *s, uint64_t nbytes, const ect_push_result *r)
     json_object_set_new(o, "transport", json_string(r->transport));
     json_object_set_new(o, "retries", json_integer((json_int_t)r->retries));
     char *txt = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    if (txt) puts(txt);
-    fflush(stdout);
+    if (txt) puts(txt); /* flushed before every wait (the main loop), not per line */
     free(txt);
     json_decref(o);
 }
@@ -194,7 +197,8 @@ static bool prepare_step(slot *bank, size_t k, uint64_t base, uint64_t nbytes, u
                 fprintf(stderr, "ect push: out of memory for %" PRIu64 " bytes\n", nbytes);
                 return false;
             }
-            fill(s->data, nbytes, seed, content_index(base + j, repeat[0], repeat[1]));
+            s->checksum =
+                fill(s->data, nbytes, seed, content_index(base + j, repeat[0], repeat[1]));
             if (dev >= 0) {
                 if (!s->dev && ect_mem_alloc(ECT_MEM_CUDA, dev, nbytes, &s->dev) != 0) {
                     fprintf(stderr, "ect push: --device: %s\n", ect_last_error());
@@ -207,9 +211,9 @@ static bool prepare_step(slot *bank, size_t k, uint64_t base, uint64_t nbytes, u
             }
         }
         s->index = base + j;
-        s->checksum = fdata ? fck : cli_checksum(s->data, nbytes);
+        if (fdata) s->checksum = fck;
         snprintf(s->tid, sizeof s->tid, "%s-%" PRIu64, pfx, base + j);
-        snprintf(s->hash, sizeof s->hash, "xxh64-%016" PRIx64 "-%s-%s", s->checksum,
+        snprintf(s->hash, sizeof s->hash, "xxh3-%016" PRIx64 "-%s-%s", s->checksum,
                  strncmp(dtype, "torch.", 6) == 0 ? dtype + 6 : dtype, shape_txt);
     }
     return true;
@@ -562,6 +566,7 @@ int cmd_push(int argc, char **argv) {
             push_step *st = &win[si % inflight];
             if (st->got < st->queued && st->end < soon) soon = st->end;
         }
+        fflush(stdout); /* the lines so far go out before the wait, in one write */
         size_t n = ect_push_producer_poll(p, res, rcap, (int)(soon > now ? soon - now : 0));
         for (size_t i = 0; i < n; i++) {
             slot *sl = find_slot(slots, pfx, res[i].transfer_id, step, nbank, oldest, next);
@@ -609,6 +614,7 @@ int cmd_push(int argc, char **argv) {
         while (oldest < next && win[oldest % inflight].got >= win[oldest % inflight].queued)
             oldest++;
     }
+    fflush(stdout);
     ect_push_producer_close(p);
     for (size_t j = 0; j < nbank * step; j++) {
         free(slots[j].data);

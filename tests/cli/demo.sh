@@ -35,9 +35,10 @@ ok_run push_tcp_tp2 --items 45 --shape 64x1024 --tp 2
 ok_run push_tcp_partial --items 75 --shape 16x1024
 ok_run push_shm --items 45 --shape 64x1024 --transport shm
 # --bench: `ect bench push` of the same size, step and steps in flight runs after
-# the demo, which reports its items/s as a ratio to it (no bound: only that it is there)
+# the demo, which checks that the bench's row is that case and reports its items/s as
+# a ratio to it (no bound: only that it is there, naming the case)
 ok_run push_bench --items 45 --shape 64x1024 --inflight 2 --bench
-grep -Eq '^  vs bench    [0-9]+\.[0-9]+ x `ect bench push` \([0-9.]+ items/s, same size, steps of 8, 2 in flight, tcp, measured right after\)$' \
+grep -Eq '^  vs bench    [0-9]+\.[0-9]+ x `ect bench push` \([0-9.]+ items/s; like for like, as its row says: 128 KiB items, steps of 8, 2 in flight, tcp; measured right after\)$' \
   "$tmp/push_bench" || { cat "$tmp/push_bench"; echo "no vs bench line"; exit 1; }
 ok_run pull_tcp --protocol pull --items 45 --shape 64x1024 --dtype float32
 

@@ -132,7 +132,7 @@ for f in sys.argv[10:]:
             continue
         if o.get("status") != "ok" or "transfer_id" not in o:
             continue
-        m = re.match(r"xxh64-([0-9a-f]{16})-", o["mm_hash"])
+        m = re.match(r"xxh3-([0-9a-f]{16})-", o["mm_hash"])
         if not m or m.group(1) != o["checksum"]:
             corrupted += 1  # bytes other than the content the mm_hash names
             continue

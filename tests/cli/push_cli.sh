@@ -9,7 +9,7 @@
 . "$(dirname "$0")/lib.sh"
 
 "$ect" push --help | grep -q '^usage: ect push --to HOST:PORT'
-"$ect" push --help | grep -q 'mm_hash     = xxh64-'
+"$ect" push --help | grep -q 'mm_hash     = xxh3-'
 
 expect_usage() { expect_exit 2 "$1" "$ect" push "${@:2}"; } # expect_usage TEXT ARGS...
 expect_usage '--to HOST:PORT is required'
@@ -96,7 +96,7 @@ run_inflight 64MiB 40 1
 run_inflight 512KiB 40 0
 expect_usage '--inflight' --to 127.0.0.1:1 --inflight 0
 # --file: the file's bytes, twice (the second is answered `cached` by the consumer);
-# both sides print the file's XXH64 (seed 0), recomputed here from the spec
+# both sides print the file's XXH3_64bits (seed 0), recomputed here from the spec
 head -c 8192 /dev/urandom >"$tmp/item.bin"
 start_consumer "$tmp/cons.out" 1 --pool-size 16MiB --count 2
 timeout 60 "$ect" push --to "127.0.0.1:$port" --file "$tmp/item.bin" --count 2 --step 1 \
@@ -106,37 +106,46 @@ items "$tmp/cons.out" >"$tmp/cons.items"
 python3 - "$tmp/item.bin" "$tmp/prod.out" "$tmp/cons.items" <<'EOF'
 import json, sys
 M = 2**64 - 1
-P1, P2, P3, P4, P5 = 0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x85EBCA77C2B2AE63, 0x27D4EB2F165667C5
-rotl = lambda x, r: ((x << r) | (x >> (64 - r))) & M
-rnd = lambda acc, lane: (rotl((acc + lane * P2) & M, 31) * P1) & M
-def xxh64(b):  # seed 0, as the XXH64 spec says
-    le = lambda j, k: int.from_bytes(b[j:j + k], "little")
-    n, i = len(b), 0
-    if n >= 32:
-        v = [(P1 + P2) & M, P2, 0, (-P1) & M]
-        while i + 32 <= n:
-            v = [rnd(v[j], le(i + 8 * j, 8)) for j in range(4)]
-            i += 32
-        h = (rotl(v[0], 1) + rotl(v[1], 7) + rotl(v[2], 12) + rotl(v[3], 18)) & M
-        for x in v:
-            h = ((h ^ rnd(0, x)) * P1 + P4) & M
-    else:
-        h = P5
-    h = (h + n) & M
-    while i + 8 <= n:
-        h = (rotl(h ^ rnd(0, le(i, 8)), 27) * P1 + P4) & M
-        i += 8
-    if i + 4 <= n:
-        h = (rotl(h ^ (le(i, 4) * P1 & M), 23) * P2 + P3) & M
-        i += 4
-    while i < n:
-        h = (rotl(h ^ (b[i] * P5 & M), 11) * P1) & M
-        i += 1
-    h ^= h >> 33; h = h * P2 & M; h ^= h >> 29; h = h * P3 & M; h ^= h >> 32
-    return h
-# the spec's known answers
-assert xxh64(b"") == 0xEF46DB3751D8E999 and xxh64(b"abc") == 0x44BC2CF5AD770999
-h = xxh64(open(sys.argv[1], "rb").read())
+SECRET = bytes.fromhex(  # XXH3's default secret (kSecret, 192 bytes)
+    "b8fe6c3923a44bbe7c01812cf721ad1cded46de9839097db7240a4a4b7b3671f"
+    "cb79e64eccc0e578825ad07dccff7221b8084674f743248ee03590e6813a264c"
+    "3c2852bb91c300cb88d0658b1b532ea371644897a20df94e3819ef46a9deacd8"
+    "a8fa763fe39c343ff9dcbbc7c70b4f1d8a51e04bcdb45931c89f7ec9d9787364"
+    "eac5ac8334d3ebc3c581a0fffa1363eb170ddd51b7f0da49d316552629d4689e"
+    "2b16be587d47a1fc8ff8b8d17ad031ce45cb3a8f95160428afd7fbcabb4b407e")
+def xxh3_long(b):  # XXH3_64bits, seed 0, default secret, len > 240 (the spec's long path)
+    P32 = [0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D]
+    P64 = [0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x85EBCA77C2B2AE63, 0x27D4EB2F165667C5]
+    r64 = lambda s, j: int.from_bytes(s[j:j + 8], "little")
+    acc = [P32[2], P64[0], P64[1], P64[2], P64[3], P32[1], P64[4], P32[0]]
+    def stripe(d, j, k):  # accumulate_512: input at d[j:], secret at SECRET[k:]
+        for i in range(8):
+            v = r64(d, j + 8 * i); x = v ^ r64(SECRET, k + 8 * i)
+            acc[i ^ 1] = (acc[i ^ 1] + v) & M
+            acc[i] = (acc[i] + (x & 0xFFFFFFFF) * (x >> 32)) & M
+    n, per_block = len(b), (len(SECRET) - 64) // 8
+    blocks = (n - 1) // (64 * per_block)
+    for blk in range(blocks):
+        for s in range(per_block):
+            stripe(b, blk * 64 * per_block + 64 * s, 8 * s)
+        for i in range(8):  # scramble
+            a = acc[i]; a ^= a >> 47; a ^= r64(SECRET, len(SECRET) - 64 + 8 * i)
+            acc[i] = a * P32[0] & M
+    tail = blocks * 64 * per_block
+    for s in range((n - 1 - tail) // 64):
+        stripe(b, tail + 64 * s, 8 * s)
+    stripe(b, n - 64, len(SECRET) - 64 - 7)
+    h = n * P64[0] & M
+    for i in range(4):  # merge: mul128_fold64 of each pair with the secret at 11
+        p = (acc[2 * i] ^ r64(SECRET, 11 + 16 * i)) * (acc[2 * i + 1] ^ r64(SECRET, 19 + 16 * i))
+        h = (h + ((p & M) ^ (p >> 64))) & M
+    h ^= h >> 37; h = h * 0x165667919E3779F9 & M
+    return h ^ (h >> 32)
+# a known answer: libxxhash 0.8.1 (the reference implementation) gives this for 0..255 x 4
+assert xxh3_long(bytes(range(256)) * 4) == 0xA870F92984398D22
+data = open(sys.argv[1], "rb").read()
+assert len(data) > 240  # the long path, the one implemented here
+h = xxh3_long(data)
 for f in sys.argv[2:]:
     rows = [json.loads(l) for l in open(f)]
     assert len(rows) == 2 and all(r["checksum"] == "%016x" % h for r in rows), (f, rows)
