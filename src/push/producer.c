@@ -3,7 +3,7 @@
  * run on the caller's threads and touch the records table (pushes.h) only
  * under the producer's mutex: reserve adds a held record (after copying its
  * source into the staging pool when it is not borrowed), flush releases the
- * held records and wakes the dispatcher (producer_run.c), poll drains the
+ * held records and queues their reserves (producer_run.c), poll drains the
  * results. Nothing here touches a socket, so no call waits on the network.
  *
  * Dedup: the table remembers every transfer_id from reserve until ttl_ms
@@ -173,13 +173,16 @@ static int check_str(const char *s, size_t max, const char *field) {
     return 0;
 }
 
-/* Ends the step: releases the held records and stages and wakes the
- * dispatcher. Returns how many records. Caller holds mu. */
+/* Ends the step: releases the held records and stages, and queues their
+ * reserves on this thread when no thread runs rounds (producer.h, "the
+ * baton"; whatever could block is handed to the dispatcher), else leaves
+ * them to the one that does. Returns how many records. Caller holds mu; it
+ * may be dropped meanwhile. */
 static size_t flush_locked(ect_push_producer *p) {
     size_t n = push_flush(p->table);
     if (n) p->st.steps++;
     p->kick = true;
-    pthread_cond_signal(&p->wake);
+    pp_run_locked(p, PP_RUN_CALLER, NULL);
     return n;
 }
 
