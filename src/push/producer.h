@@ -152,9 +152,10 @@ void pp_lanes_close(ect_push_producer *p);
 /* Appends x to p->done and wakes the dispatcher. Takes mu. */
 void pp_deliver(ect_push_producer *p, px *x);
 
-/* Carries out the local actions a[0..n) (RELEASE_SOURCE: gives the source
- * back; FINISHED: queues the result), in order. Call without mu; the
- * records were already counted in p->unreported. */
+/* Carries out the local actions a[0..n): every RELEASE_SOURCE (gives the
+ * source back) in order, then every FINISHED (queues the result) under one
+ * lock, waking poll once. Call without mu; the records were already counted
+ * in p->unreported. */
 void pp_local(ect_push_producer *p, const push_action *a, size_t n);
 
 /* Counts the FINISHED among a[0..n) into p->unreported. Caller holds mu. */

@@ -1,5 +1,5 @@
 /*
- * producer_run — the push producer's dispatcher thread: a thin executor. Each
+ * producer_run — the push producer's rounds and its dispatcher thread. Each
  * round it asks the records table (pushes.h) for the actions due, has the
  * batcher (batch.h) turn them into exchanges, and carries those out:
  *
@@ -15,11 +15,12 @@
  * Rounds run with the baton (producer.h): on this thread, or on the lane or
  * caller that found the work while nobody ran them; this thread finishes the
  * rounds they hand over and keeps the timers. The table hands out no action
- * twice while one is in flight, which is what lets exchanges overlap. A reserve a shard refuses because its pool is full is
- * not a failure: the table backs the item off and retries (pushes.h,
- * "Back-pressure"); the dispatcher's wait is cut short to the table's next
- * retry time. All decisions (grouping, discovery checks, holding a dead
- * address down, error texts) are the table's and the batcher's.
+ * twice while one is in flight, which is what lets exchanges overlap. A
+ * reserve a shard refuses because its pool is full is not a failure: the
+ * table backs the item off and retries (pushes.h, "Back-pressure"); the
+ * dispatcher's wait is cut short to the table's next retry time. All
+ * decisions (grouping, discovery checks, holding a dead address down, error
+ * texts) are the table's and the batcher's.
  *
  * Locking: the table and the batcher are called under p->mu; the mutex is
  * dropped around every send, write and release callback.

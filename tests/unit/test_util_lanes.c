@@ -2,8 +2,8 @@
  * Tests for util/lanes, the keyed worker lanes: order per key on one thread,
  * keys in parallel (a blocked key does not hold up another), the lane limit,
  * per-lane state made and ended on the lane's thread, idle lanes ending, the
- * jobs queued behind one seen (lane_has_queued) and taken back, and close with and without draining.
- * Readiness by state (polls with generous deadlines), never by sleeping.
+ * jobs queued behind one seen (lane_has_queued) and taken back, and close with and without
+ * draining. Readiness by state (polls with generous deadlines), never by sleeping.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -20,9 +20,9 @@ typedef struct job {
     int key, seq;
     pthread_t ran_on;
     atomic_bool ran, cancelled;
-    atomic_bool *wait_for; /* run blocks until this is true */
-    atomic_bool *set;      /* run sets this */
-    bool take_behind;      /* run takes the jobs queued behind it */
+    atomic_bool *wait_for;            /* run blocks until this is true */
+    atomic_bool *set;                 /* run sets this */
+    bool take_behind;                 /* run takes the jobs queued behind it */
     bool queued_before, queued_after; /* lane_has_queued around that take */
 } job;
 
