@@ -573,6 +573,7 @@ void ect_push_producer_close(ect_push_producer *p) {
      * out (or never started). */
     if (p->lanes) pp_lanes_close(p);
     lanes_close(p->wlanes, true);
+    pp_routes_free(p);
     while (p->done) {
         px *x = p->done;
         p->done = x->next;

@@ -63,6 +63,14 @@ typedef struct pp_handoff {
     px *writes, *failed;
 } pp_handoff;
 
+/* The completes of one control address queued or in flight on each of its
+ * two lanes (producer_lanes.c, "Which lane a complete takes"). */
+typedef struct pp_route {
+    char key[PX_KEY_MAX];
+    size_t main_n, side_n;
+    struct pp_route *next;
+} pp_route;
+
 /* Transports the metrics count bytes for (the last: any other name). */
 #define PP_MET_KINDS 4
 
@@ -82,6 +90,7 @@ struct ect_push_producer {
     bool kick;         /* the table has new work (a flush, a cancel) */
     bool running;      /* a thread holds the baton: runs rounds (see the top) */
     pp_handoff ho;     /* the dispatcher takes the baton and finishes this round */
+    pp_route *routes;  /* addresses with completes in flight */
     push_table *table; /* the records: the producer's whole state */
     pbatch batch;      /* over the table: exchanges and their outcomes */
     px *done;          /* exchanges the lanes finished, to settle */
@@ -129,8 +138,9 @@ void pp_run_locked(ect_push_producer *p, pp_run_mode mode, const char *lane_key)
 int pp_lanes_open(ect_push_producer *p);
 int pp_write_lanes_open(ect_push_producer *p);
 
-/* The lane a control exchange runs on: x->key, or for a complete_batch the
- * address's completes lane "complete|" x->key. */
+/* The lane a control exchange runs on: x->key, or for a complete_batch not
+ * routed onto it (pp_route_complete_locked) the address's completes lane
+ * "complete|" x->key. */
 #define PP_LANE_KEY_MAX (PX_KEY_MAX + 16)
 void pp_lane_key(const px *x, char key[PP_LANE_KEY_MAX]);
 
@@ -143,6 +153,17 @@ void pp_lane_key(const px *x, char key[PP_LANE_KEY_MAX]);
  * queued behind it (held, same cause). Takes x on success; on failure
  * (ECT_ENOMEM) the caller keeps it. The baton's holder. */
 int pp_lane_submit(ect_push_producer *p, px *x);
+
+/* Picks the lane of the complete_batch x (x->on_main) and counts it in
+ * flight there. runner_lane: the key of the lane running the round when
+ * nothing else is queued on it, else NULL. Caller holds mu. */
+void pp_route_complete_locked(ect_push_producer *p, px *x, const char *runner_lane);
+
+/* x is settled: a complete_batch no longer counts in flight. Caller holds mu. */
+void pp_route_settled_locked(ect_push_producer *p, const px *x);
+
+/* Frees the routes (closing). */
+void pp_routes_free(ect_push_producer *p);
 
 /* Stops and joins the control lanes; each first ends the exchange it is in
  * (up to the control timeout); exchanges never run arrive on p->done with

@@ -27,6 +27,15 @@
  * the same item. No wire change: two REQ connections are two peers to a REP
  * socket, as two producers are.
  *
+ * Which lane a complete takes: a lone step's complete rides the address's
+ * main lane when the lane that got its reserve reply runs the round and has
+ * nothing queued (it sends the complete itself next, one thread hand-off
+ * fewer); otherwise the completes lane. Order per address still holds
+ * because the completes of an address in flight are all on one lane: a
+ * complete goes to the main lane while others are in flight there, to the
+ * completes lane while others are there, and switches only when none is in
+ * flight (pp_route, counted under mu from routing to settling).
+ *
  * An exchange that failed for want of the peer (timeout, refused, connection
  * closed) also fails the ones queued behind it on that lane at once, with the
  * same cause: they were queued before anyone knew, and each would otherwise
@@ -149,7 +158,50 @@ void pp_lane_key(const px *x, char key[PP_LANE_KEY_MAX]) {
     /* complete_batch has a lane of its own per address, so the completes of
      * step n and the reserves of step n+1 are in flight together (see the
      * top); every other op keeps the address's lane. */
-    snprintf(key, PP_LANE_KEY_MAX, "%s%s", x->kind == PX_COMPLETE ? "complete|" : "", x->key);
+    bool side = x->kind == PX_COMPLETE && !x->on_main;
+    snprintf(key, PP_LANE_KEY_MAX, "%s%s", side ? "complete|" : "", x->key);
+}
+
+static pp_route **route_find(ect_push_producer *p, const char *key) {
+    pp_route **rr = &p->routes;
+    while (*rr && strcmp((*rr)->key, key)) rr = &(*rr)->next;
+    return rr;
+}
+
+void pp_route_complete_locked(ect_push_producer *p, px *x, const char *runner_lane) {
+    pp_route **rr = route_find(p, x->key), *r = *rr;
+    if (!r && (r = calloc(1, sizeof *r))) {
+        ect_strcpy_cut(r->key, sizeof r->key, x->key);
+        *rr = r;
+    }
+    if (!r) return; /* no memory: the completes lane, uncounted (no route means none on main) */
+    x->on_main = r->main_n > 0 || (!r->side_n && runner_lane && !strcmp(runner_lane, x->key));
+    x->routed = true;
+    if (x->on_main)
+        r->main_n++;
+    else
+        r->side_n++;
+}
+
+void pp_route_settled_locked(ect_push_producer *p, const px *x) {
+    if (x->kind != PX_COMPLETE || !x->routed) return;
+    pp_route **rr = route_find(p, x->key), *r = *rr;
+    if (!r) return;
+    if (x->on_main)
+        r->main_n--;
+    else
+        r->side_n--;
+    if (r->main_n || r->side_n) return;
+    *rr = r->next;
+    free(r);
+}
+
+void pp_routes_free(ect_push_producer *p) {
+    while (p->routes) {
+        pp_route *r = p->routes;
+        p->routes = r->next;
+        free(r);
+    }
 }
 
 int pp_lane_submit(ect_push_producer *p, px *x) {

@@ -115,17 +115,23 @@ static void run_writes(ect_push_producer *p, px *list) {
     pthread_mutex_unlock(&p->wmu);
 }
 
+/* Settles the exchanges of the list x. Caller holds mu. */
+static void settle_list_locked(ect_push_producer *p, px *x) {
+    uint64_t now = ect_now_ms();
+    while (x) {
+        px *next = x->next;
+        pp_route_settled_locked(p, x);
+        pb_settle(&p->batch, x, now);
+        x = next;
+    }
+}
+
 /* Settles every exchange the lanes handed back. Caller holds mu. */
 static void settle_done_locked(ect_push_producer *p) {
     px *x = p->done;
     p->done = NULL;
     p->done_tail = &p->done;
-    uint64_t now = ect_now_ms();
-    while (x) {
-        px *next = x->next;
-        pb_settle(&p->batch, x, now);
-        x = next;
-    }
+    settle_list_locked(p, x);
 }
 
 typedef struct runner {
@@ -182,15 +188,19 @@ static void finish_round(ect_push_producer *p, size_t nacts, px *writes, px *fai
     pp_local(p, p->acts, nacts); /* p->acts is the baton's: only its local kinds are read */
     run_writes(p, writes);
     pthread_mutex_lock(&p->mu);
-    uint64_t now = ect_now_ms();
-    for (px *x = writes, *next; x; x = next) {
-        next = x->next;
-        pb_settle(&p->batch, x, now);
-    }
-    for (px *x = failed, *next; x; x = next) {
-        next = x->next;
-        pb_settle(&p->batch, x, now);
-    }
+    settle_list_locked(p, writes);
+    settle_list_locked(p, failed);
+}
+
+/* Picks the lane of each complete_batch of the round (caller holds mu): the
+ * running lane's own when nothing else will be queued on it first. */
+static void route_completes_locked(ect_push_producer *p, const runner *r, px *xs) {
+    const char *runner_lane = r->mode == PP_RUN_LANE && !r->own_queued ? r->lane_key : NULL;
+    for (px *x = xs; x && runner_lane; x = x->next)
+        if (x->kind != PX_COMPLETE && x->kind != PX_WRITE && !strcmp(x->key, runner_lane))
+            runner_lane = NULL;
+    for (px *x = xs; x; x = x->next)
+        if (x->kind == PX_COMPLETE) pp_route_complete_locked(p, x, runner_lane);
 }
 
 /* Runs the table until it has nothing more to do now. Called and returns
@@ -203,6 +213,7 @@ static bool run_rounds(ect_push_producer *p, runner *r) {
         if (!n) return false;
         px *xs = NULL;
         pb_build(&p->batch, p->acts, n, now, &xs);
+        route_completes_locked(p, r, xs);
         pp_count_finished_locked(p, p->acts, n);
         pthread_mutex_unlock(&p->mu);
         px *writes = NULL, *failed = NULL;
