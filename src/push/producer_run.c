@@ -229,6 +229,13 @@ static bool run_rounds(ect_push_producer *p, runner *r) {
     return false;
 }
 
+/* Whether more work that came in meanwhile goes to the dispatcher: a
+ * caller's flush does one pass, not other threads' work for as long as it
+ * keeps coming; a lane with its own exchanges queued goes back to them. */
+static bool leaves_the_rest(const runner *r) {
+    return r->mode == PP_RUN_CALLER || (r->mode == PP_RUN_LANE && r->own_queued);
+}
+
 /* Settles and runs rounds while there is work; the caller holds the baton
  * and mu. Lets go of the baton at the end, unless handed to the dispatcher. */
 static void run_with_baton(ect_push_producer *p, runner *r) {
@@ -237,6 +244,11 @@ static void run_with_baton(ect_push_producer *p, runner *r) {
         settle_done_locked(p);
         if (run_rounds(p, r)) return;
         if (p->stop || (!p->done && !p->kick)) break;
+        if (leaves_the_rest(r)) { /* the baton, with no round to finish */
+            p->ho = (pp_handoff){.set = true};
+            pthread_cond_signal(&p->wake);
+            return;
+        }
     }
     p->running = false;
     /* the dispatcher's wait may need a shorter deadline (a backoff), or it is closing */
