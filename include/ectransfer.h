@@ -1081,9 +1081,11 @@ typedef struct ect_push_producer ect_push_producer;
 
 /** Called once the producer no longer reads a borrowed source (after every
  *  reserve, write and complete of its transfer settled, or when the push
- *  failed or was cancelled). Runs on the dispatcher thread, or on the
- *  caller's thread from _cancel of an unflushed item or from _close; it must
- *  not call ect_push_producer_* functions of the same producer. */
+ *  failed or was cancelled). Runs on one of the producer's own threads (the
+ *  dispatcher, or the control lane that settled the transfer's last
+ *  exchange; never inside _flush), or on the caller's thread from _cancel of
+ *  an unflushed item or from _close; it must not call ect_push_producer_*
+ *  functions of the same producer. */
 typedef void (*ect_push_release_fn)(void *user, const void *data, uint64_t nbytes);
 
 typedef struct ect_push_producer_opts {

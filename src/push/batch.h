@@ -77,6 +77,7 @@ typedef struct px {
     int *status; /* writes: per member */
     int rc;
     bool held;            /* never went out (err says why) */
+    bool on_main, routed; /* complete_batch: the lane it took (the executor's) */
     char err[PX_ERR_MAX]; /* rc's text */
     struct px *next;
 } px;

@@ -3,7 +3,7 @@
  * run on the caller's threads and touch the records table (pushes.h) only
  * under the producer's mutex: reserve adds a held record (after copying its
  * source into the staging pool when it is not borrowed), flush releases the
- * held records and wakes the dispatcher (producer_run.c), poll drains the
+ * held records and queues their reserves (producer_run.c), poll drains the
  * results. Nothing here touches a socket, so no call waits on the network.
  *
  * Dedup: the table remembers every transfer_id from reserve until ttl_ms
@@ -173,13 +173,16 @@ static int check_str(const char *s, size_t max, const char *field) {
     return 0;
 }
 
-/* Ends the step: releases the held records and stages and wakes the
- * dispatcher. Returns how many records. Caller holds mu. */
+/* Ends the step: releases the held records and stages, and queues their
+ * reserves on this thread when no thread runs rounds (producer.h, "the
+ * baton"; whatever could block is handed to the dispatcher), else leaves
+ * them to the one that does. Returns how many records. Caller holds mu; it
+ * may be dropped meanwhile. */
 static size_t flush_locked(ect_push_producer *p) {
     size_t n = push_flush(p->table);
     if (n) p->st.steps++;
     p->kick = true;
-    pthread_cond_signal(&p->wake);
+    pp_run_locked(p, PP_RUN_CALLER, NULL);
     return n;
 }
 
@@ -255,15 +258,21 @@ static int take_src(ect_push_producer *p, push_source *src, const void *data, ui
     return 0;
 }
 
-/* Gives a source back: frees its staging copy (waking a staging wait) or
- * fires its release callback. Call without mu. */
-static void release_src(ect_push_producer *p, const push_source *src, uint64_t nbytes) {
+/* Gives a source back: fires its release callback, or frees its staging
+ * copy and returns true (the caller wakes a staging wait). Without mu. */
+static bool give_back_src(ect_push_producer *p, const push_source *src, uint64_t nbytes) {
     if (src->release) {
         src->release(src->user, src->data, nbytes);
-        return;
+        return false;
     }
-    if (!src->data) return;
+    if (!src->data) return false;
     ect_pool_free(p->pool, src->pool_off);
+    return true;
+}
+
+/* give_back_src, and a staging wait hears of the room. Call without mu. */
+static void release_src(ect_push_producer *p, const push_source *src, uint64_t nbytes) {
+    if (!give_back_src(p, src, nbytes)) return;
     pthread_mutex_lock(&p->mu);
     pthread_cond_broadcast(&p->room);
     pthread_mutex_unlock(&p->mu);
@@ -422,7 +431,7 @@ static void collect(void *ctx, met_out *o) {
     }
 }
 
-/* The result of a finished record (mu held). */
+/* Queues the result of a finished record (mu held; the caller wakes poll). */
 static void finish_locked(ect_push_producer *p, const push_final *f) {
     ect_push_result r;
     memset(&r, 0, sizeof r);
@@ -449,17 +458,23 @@ static void finish_locked(ect_push_producer *p, const push_final *f) {
     else
         p->st.failed++;
     p->unreported--;
-    pthread_cond_broadcast(&p->results);
 }
 
 void pp_local(ect_push_producer *p, const push_action *a, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        if (a[i].kind == PUSH_ACT_RELEASE_SOURCE) release_src(p, &a[i].fin.src, a[i].fin.nbytes);
-        if (a[i].kind != PUSH_ACT_FINISHED) continue;
-        pthread_mutex_lock(&p->mu);
-        finish_locked(p, &a[i].fin);
-        pthread_mutex_unlock(&p->mu);
-    }
+    /* Sources first (a record's release comes before its report), then every
+     * result under one lock with one wake-up of poll and of a staging wait. */
+    bool freed = false, finished = false;
+    for (size_t i = 0; i < n; i++)
+        if (a[i].kind == PUSH_ACT_RELEASE_SOURCE)
+            freed |= give_back_src(p, &a[i].fin.src, a[i].fin.nbytes);
+    for (size_t i = 0; i < n && !finished; i++) finished = a[i].kind == PUSH_ACT_FINISHED;
+    if (!freed && !finished) return;
+    pthread_mutex_lock(&p->mu);
+    for (size_t i = 0; i < n; i++)
+        if (a[i].kind == PUSH_ACT_FINISHED) finish_locked(p, &a[i].fin);
+    if (freed) pthread_cond_broadcast(&p->room);
+    if (finished) pthread_cond_broadcast(&p->results);
+    pthread_mutex_unlock(&p->mu);
 }
 
 int ect_push_producer_cancel(ect_push_producer *p, const char *transfer_id) {
@@ -558,6 +573,7 @@ void ect_push_producer_close(ect_push_producer *p) {
      * out (or never started). */
     if (p->lanes) pp_lanes_close(p);
     lanes_close(p->wlanes, true);
+    pp_routes_free(p);
     while (p->done) {
         px *x = p->done;
         p->done = x->next;

@@ -12,7 +12,20 @@
  *
  * Locking: `mu` guards every field marked [mu], the table and the batcher
  * (every call on them); it is never held across I/O, a wait for room, or a
- * release callback. Fields marked [disp] belong to the dispatcher thread.
+ * release callback. Fields marked [run] belong to the thread that holds the
+ * baton (`running`, below).
+ *
+ * The baton: one thread at a time runs rounds (settles what came back, asks
+ * the table for the actions due, carries them out), so rounds never overlap
+ * and every order the dispatcher kept holds. Which thread does not matter to
+ * the table, so the thread that finds new work runs the rounds itself when
+ * nobody does (pp_run_locked): the lane whose exchange just came back (it
+ * writes and queues the complete directly), the caller's flush (it queues
+ * the reserve; anything that could block it, a write or a release callback,
+ * is handed to the dispatcher, `ho`). This takes the dispatcher out of a
+ * lone step's path: each hand-off between threads costs a wake-up. A lane
+ * with exchanges queued behind leaves the work to the dispatcher instead, so
+ * its next exchange is not held up by writes (steps in flight).
  */
 #ifndef ECT_PUSH_PRODUCER_H
 #define ECT_PUSH_PRODUCER_H
@@ -40,6 +53,24 @@ typedef struct pp_xport {
     struct pp_xport *next;
 } pp_xport;
 
+/* The rest of a round that a thread which must not block (or whose own lane
+ * waits) hands to the dispatcher with the baton: the round's local actions
+ * (p->acts[0..nlocal)), its write batches and the exchanges that never went
+ * out, to settle. */
+typedef struct pp_handoff {
+    bool set;
+    size_t nacts;
+    px *writes, *failed;
+} pp_handoff;
+
+/* The completes of one control address queued or in flight on each of its
+ * two lanes (producer_lanes.c, "Which lane a complete takes"). */
+typedef struct pp_route {
+    char key[PX_KEY_MAX];
+    size_t main_n, side_n;
+    struct pp_route *next;
+} pp_route;
+
 /* Transports the metrics count bytes for (the last: any other name). */
 #define PP_MET_KINDS 4
 
@@ -57,6 +88,9 @@ struct ect_push_producer {
     /* [mu] */
     bool stop;
     bool kick;         /* the table has new work (a flush, a cancel) */
+    bool running;      /* a thread holds the baton: runs rounds (see the top) */
+    pp_handoff ho;     /* the dispatcher takes the baton and finishes this round */
+    pp_route *routes;  /* addresses with completes in flight */
     push_table *table; /* the records: the producer's whole state */
     pbatch batch;      /* over the table: exchanges and their outcomes */
     px *done;          /* exchanges the lanes finished, to settle */
@@ -67,7 +101,7 @@ struct ect_push_producer {
     ect_push_producer_stat st;
     char *curve_keys;
     ect_keyset *keys; /* NULL: keys off; read-only after open */
-    /* [disp] */
+    /* [run] (zctx and the pools: set at open) */
     void *zctx;
     pp_xport *xports;
     push_action *acts;
@@ -86,19 +120,50 @@ struct ect_push_producer {
 /* Dispatcher thread body (producer_run.c). */
 void *pp_dispatch_main(void *arg);
 
+typedef enum {
+    PP_RUN_DISPATCHER,
+    PP_RUN_LANE,   /* a control lane: hands writes off once its own lane has work */
+    PP_RUN_CALLER, /* a public call: hands off every write and local action */
+} pp_run_mode;
+
+/* Takes the baton when no thread holds it (and the producer is not
+ * stopping) and runs rounds until nothing is left: settles p->done, then
+ * the table's actions. When another thread holds it, returns at once: that
+ * one loops while p->done or p->kick is set. lane_key: the running lane's
+ * key (PP_RUN_LANE), else NULL. Caller holds mu; it is dropped meanwhile. */
+void pp_run_locked(ect_push_producer *p, pp_run_mode mode, const char *lane_key);
+
 /* Starts the control lanes (p->lanes, producer_lanes.c) and the write lanes
  * (p->wlanes, producer_run.c). */
 int pp_lanes_open(ect_push_producer *p);
 int pp_write_lanes_open(ect_push_producer *p);
 
-/* Queues the control exchange x on the lane of x->key, or for a
- * complete_batch on the address's completes lane "complete|" x->key (a
- * thread started on first use, ended after PP_LANE_IDLE_MS without work). The lane runs its
+/* The lane a control exchange runs on: x->key, or for a complete_batch not
+ * routed onto it (pp_route_complete_locked) the address's completes lane
+ * "complete|" x->key. */
+#define PP_LANE_KEY_MAX (PX_KEY_MAX + 16)
+void pp_lane_key(const px *x, char key[PP_LANE_KEY_MAX]);
+
+/* Queues the control exchange x on its lane (pp_lane_key; a thread started
+ * on first use, ended after PP_LANE_IDLE_MS without work). The lane runs its
  * exchanges one at a time, in order, and appends each finished one to
- * p->done (under mu), waking the dispatcher; one failed for want of the peer
- * also fails those queued behind it (held, same cause). Takes x on success;
- * on failure (ECT_ENOMEM) the caller keeps it. Dispatcher thread. */
+ * p->done (under mu), then settles it itself when nobody runs rounds and no
+ * exchange waits behind it on the lane, else leaves it to the baton's holder
+ * or wakes the dispatcher; one failed for want of the peer also fails those
+ * queued behind it (held, same cause). Takes x on success; on failure
+ * (ECT_ENOMEM) the caller keeps it. The baton's holder. */
 int pp_lane_submit(ect_push_producer *p, px *x);
+
+/* Picks the lane of the complete_batch x (x->on_main) and counts it in
+ * flight there. runner_lane: the key of the lane running the round when
+ * nothing else is queued on it, else NULL. Caller holds mu. */
+void pp_route_complete_locked(ect_push_producer *p, px *x, const char *runner_lane);
+
+/* x is settled: a complete_batch no longer counts in flight. Caller holds mu. */
+void pp_route_settled_locked(ect_push_producer *p, const px *x);
+
+/* Frees the routes (closing). */
+void pp_routes_free(ect_push_producer *p);
 
 /* Stops and joins the control lanes; each first ends the exchange it is in
  * (up to the control timeout); exchanges never run arrive on p->done with
@@ -108,9 +173,10 @@ void pp_lanes_close(ect_push_producer *p);
 /* Appends x to p->done and wakes the dispatcher. Takes mu. */
 void pp_deliver(ect_push_producer *p, px *x);
 
-/* Carries out the local actions a[0..n) (RELEASE_SOURCE: gives the source
- * back; FINISHED: queues the result), in order. Call without mu; the
- * records were already counted in p->unreported. */
+/* Carries out the local actions a[0..n): every RELEASE_SOURCE (gives the
+ * source back) in order, then every FINISHED (queues the result) under one
+ * lock, waking poll once. Call without mu; the records were already counted
+ * in p->unreported. */
 void pp_local(ect_push_producer *p, const push_action *a, size_t n);
 
 /* Counts the FINISHED among a[0..n) into p->unreported. Caller holds mu. */

@@ -9,9 +9,12 @@
  * Why lanes and not calls on the dispatcher: an exchange may take the whole
  * control timeout (a consumer alive but hung). Run on the dispatcher, it would
  * hold up every other consumer's pushes; on its own lane it holds up only the
- * work queued for the same address. The dispatcher never waits for a lane: a
- * finished exchange goes to p->done (under mu) and wakes the dispatcher,
- * which settles it (batch.c).
+ * work queued for the same address. Nobody waits for a lane: a finished
+ * exchange goes to p->done (under mu); when no thread runs rounds and no
+ * exchange waits behind it, the lane settles it itself and runs what follows
+ * (for a reserve: the write and the complete's queueing; for a complete: the
+ * result), else the baton's holder or the dispatcher does (producer.h, "the
+ * baton").
  *
  * Steps in flight: an address has two lanes, each with its own REQ socket:
  * "complete|host:port" carries its complete_batch exchanges, "host:port"
@@ -23,6 +26,15 @@
  * flight at a time (pushes.h), so nothing of one item overtakes another of
  * the same item. No wire change: two REQ connections are two peers to a REP
  * socket, as two producers are.
+ *
+ * Which lane a complete takes: a lone step's complete rides the address's
+ * main lane when the lane that got its reserve reply runs the round and has
+ * nothing queued (it sends the complete itself next, one thread hand-off
+ * fewer); otherwise the completes lane. Order per address still holds
+ * because the completes of an address in flight are all on one lane: a
+ * complete goes to the main lane while others are in flight there, to the
+ * completes lane while others are there, and switches only when none is in
+ * flight (pp_route, counted under mu from routing to settling).
  *
  * An exchange that failed for want of the peer (timeout, refused, connection
  * closed) also fails the ones queued behind it on that lane at once, with the
@@ -39,12 +51,40 @@
 
 #define MOD "producer"
 
+/* Appends the chain x (linked by lj.next) to p->done. Caller holds mu. */
+static void append_done_locked(ect_push_producer *p, px *x) {
+    while (x) {
+        px *next = (px *)x->lj.next;
+        x->lj.next = NULL;
+        x->next = NULL;
+        *p->done_tail = x;
+        p->done_tail = &x->next;
+        x = next;
+    }
+}
+
 void pp_deliver(ect_push_producer *p, px *x) {
-    x->next = NULL;
+    x->lj.next = NULL;
     pthread_mutex_lock(&p->mu);
-    *p->done_tail = x;
-    p->done_tail = &x->next;
+    append_done_locked(p, x);
     pthread_cond_signal(&p->wake);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* Hands the finished chain x back and settles it on this thread when
+ * nobody runs rounds and nothing waits behind on the lane (producer.h, "the
+ * baton"); a lane with work queued wakes the dispatcher instead, and a
+ * running holder of the baton picks it up itself (no wake-up). */
+static void deliver_and_run(ect_push_producer *p, px *x, lane *l) {
+    bool queued = lane_has_queued(l);
+    pthread_mutex_lock(&p->mu);
+    append_done_locked(p, x);
+    if (!p->running) {
+        if (queued || p->stop)
+            pthread_cond_signal(&p->wake);
+        else
+            pp_run_locked(p, PP_RUN_LANE, lane_key(l));
+    }
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -91,18 +131,13 @@ static void lane_run(void *ctx, lane *l, void *state, lane_job *lj) {
     }
     lane_job *behind = NULL;
     if (x->rc && pb_unreachable_rc(x->rc)) behind = lane_take_queued(l); /* see the top */
-    int rc = x->rc; /* x belongs to the dispatcher once delivered */
-    char cause[PX_ERR_MAX];
-    memcpy(cause, x->err, sizeof cause);
-    pp_deliver(p, x);
-    while (behind) {
-        px *b = (px *)behind;
-        behind = behind->next;
-        b->rc = rc;
+    for (px *b = (px *)behind; b; b = (px *)b->lj.next) {
+        b->rc = x->rc;
         b->held = true;
-        snprintf(b->err, sizeof b->err, "consumer %.100s unreachable: %.190s", b->key, cause);
-        pp_deliver(p, b);
+        snprintf(b->err, sizeof b->err, "consumer %.100s unreachable: %.190s", b->key, x->err);
     }
+    x->lj.next = behind;
+    deliver_and_run(p, x, l);
 }
 
 /* Closing: what never ran goes back to the dispatcher, which frees it. */
@@ -119,12 +154,59 @@ int pp_lanes_open(ect_push_producer *p) {
     return lanes_open(&o, PP_MAX_LANES, PP_LANE_IDLE_MS, &p->lanes);
 }
 
-int pp_lane_submit(ect_push_producer *p, px *x) {
+void pp_lane_key(const px *x, char key[PP_LANE_KEY_MAX]) {
     /* complete_batch has a lane of its own per address, so the completes of
      * step n and the reserves of step n+1 are in flight together (see the
      * top); every other op keeps the address's lane. */
-    char key[PX_KEY_MAX + 16];
-    snprintf(key, sizeof key, "%s%s", x->kind == PX_COMPLETE ? "complete|" : "", x->key);
+    bool side = x->kind == PX_COMPLETE && !x->on_main;
+    snprintf(key, PP_LANE_KEY_MAX, "%s%s", side ? "complete|" : "", x->key);
+}
+
+static pp_route **route_find(ect_push_producer *p, const char *key) {
+    pp_route **rr = &p->routes;
+    while (*rr && strcmp((*rr)->key, key)) rr = &(*rr)->next;
+    return rr;
+}
+
+void pp_route_complete_locked(ect_push_producer *p, px *x, const char *runner_lane) {
+    pp_route **rr = route_find(p, x->key), *r = *rr;
+    if (!r && (r = calloc(1, sizeof *r))) {
+        ect_strcpy_cut(r->key, sizeof r->key, x->key);
+        *rr = r;
+    }
+    if (!r) return; /* no memory: the completes lane, uncounted (no route means none on main) */
+    x->on_main = r->main_n > 0 || (!r->side_n && runner_lane && !strcmp(runner_lane, x->key));
+    x->routed = true;
+    if (x->on_main)
+        r->main_n++;
+    else
+        r->side_n++;
+}
+
+void pp_route_settled_locked(ect_push_producer *p, const px *x) {
+    if (x->kind != PX_COMPLETE || !x->routed) return;
+    pp_route **rr = route_find(p, x->key), *r = *rr;
+    if (!r) return;
+    if (x->on_main)
+        r->main_n--;
+    else
+        r->side_n--;
+    if (r->main_n || r->side_n) return;
+    *rr = r->next;
+    free(r);
+}
+
+void pp_routes_free(ect_push_producer *p) {
+    while (p->routes) {
+        pp_route *r = p->routes;
+        p->routes = r->next;
+        free(r);
+    }
+}
+
+int pp_lane_submit(ect_push_producer *p, px *x) {
+    char key[PP_LANE_KEY_MAX];
+    pp_lane_key(x, key);
     int rc = lanes_submit(p->lanes, key, &x->lj);
     if (rc) return ect_set_error(rc, "no control lane for %s: %s", x->key, ect_last_error());
     return 0;

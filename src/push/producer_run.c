@@ -1,5 +1,5 @@
 /*
- * producer_run — the push producer's dispatcher thread: a thin executor. Each
+ * producer_run — the push producer's rounds and its dispatcher thread. Each
  * round it asks the records table (pushes.h) for the actions due, has the
  * batcher (batch.h) turn them into exchanges, and carries those out:
  *
@@ -12,12 +12,15 @@
  *                       this thread), settled when the round's writes are in;
  *   local actions       sources given back, results queued.
  *
- * The table hands out no action twice while one is in flight, which is what
- * lets rounds overlap. A reserve a shard refuses because its pool is full is
- * not a failure: the table backs the item off and retries (pushes.h,
- * "Back-pressure"); the dispatcher's wait is cut short to the table's next
- * retry time. All decisions (grouping, discovery checks, holding a dead
- * address down, error texts) are the table's and the batcher's.
+ * Rounds run with the baton (producer.h): on this thread, or on the lane or
+ * caller that found the work while nobody ran them; this thread finishes the
+ * rounds they hand over and keeps the timers. The table hands out no action
+ * twice while one is in flight, which is what lets exchanges overlap. A
+ * reserve a shard refuses because its pool is full is not a failure: the
+ * table backs the item off and retries (pushes.h, "Back-pressure"); the
+ * dispatcher's wait is cut short to the table's next retry time. All
+ * decisions (grouping, discovery checks, holding a dead address down, error
+ * texts) are the table's and the batcher's.
  *
  * Locking: the table and the batcher are called under p->mu; the mutex is
  * dropped around every send, write and release callback.
@@ -112,59 +115,159 @@ static void run_writes(ect_push_producer *p, px *list) {
     pthread_mutex_unlock(&p->wmu);
 }
 
-/* Settles every exchange the lanes handed back. Caller holds mu. */
-static void settle_done_locked(ect_push_producer *p) {
-    px *x = p->done;
-    p->done = NULL;
-    p->done_tail = &p->done;
+/* Settles the exchanges of the list x. Caller holds mu. */
+static void settle_list_locked(ect_push_producer *p, px *x) {
     uint64_t now = ect_now_ms();
     while (x) {
         px *next = x->next;
+        pp_route_settled_locked(p, x);
         pb_settle(&p->batch, x, now);
         x = next;
     }
 }
 
+/* Settles every exchange the lanes handed back. Caller holds mu. */
+static void settle_done_locked(ect_push_producer *p) {
+    px *x = p->done;
+    p->done = NULL;
+    p->done_tail = &p->done;
+    settle_list_locked(p, x);
+}
+
+typedef struct runner {
+    pp_run_mode mode;
+    const char *lane_key; /* PP_RUN_LANE: the lane this thread runs */
+    bool own_queued;      /* it queued an exchange on its own lane */
+} runner;
+
+static bool has_local(const push_action *a, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (a[i].kind == PUSH_ACT_RELEASE_SOURCE || a[i].kind == PUSH_ACT_FINISHED) return true;
+    return false;
+}
+
+/* Whether this thread hands the rest of the round to the dispatcher: a
+ * caller must not block (a write) nor run release callbacks; a lane that
+ * queued work on its own lane must not hold it up with writes. */
+static bool hands_off(const runner *r, bool writes, bool local) {
+    if (r->mode == PP_RUN_CALLER) return writes || local;
+    return r->mode == PP_RUN_LANE && r->own_queued && writes;
+}
+
+/* Queues the round's control exchanges on their lanes; the writes go to
+ * *writes, those that never went out to *failed. Without mu. */
+static void submit_round(ect_push_producer *p, runner *r, px *xs, px **writes, px **failed) {
+    px **wtail = writes;
+    while (xs) {
+        px *x = xs;
+        xs = x->next;
+        x->next = NULL;
+        if (x->kind == PX_WRITE) {
+            *wtail = x;
+            wtail = &x->next;
+            continue;
+        }
+        if (r->lane_key) {
+            char key[PP_LANE_KEY_MAX];
+            pp_lane_key(x, key);
+            r->own_queued |= strcmp(key, r->lane_key) == 0;
+        }
+        if (pp_lane_submit(p, x)) { /* it never goes out */
+            x->rc = ECT_ENOMEM;
+            x->held = true;
+            snprintf(x->err, sizeof x->err, "%.300s", ect_last_error());
+            x->next = *failed;
+            *failed = x;
+        }
+    }
+}
+
+/* The rest of a round after its submits: local actions (p->acts[0..nacts)),
+ * writes, then settling them. Called without mu; returns with it. */
+static void finish_round(ect_push_producer *p, size_t nacts, px *writes, px *failed) {
+    pp_local(p, p->acts, nacts); /* p->acts is the baton's: only its local kinds are read */
+    run_writes(p, writes);
+    pthread_mutex_lock(&p->mu);
+    settle_list_locked(p, writes);
+    settle_list_locked(p, failed);
+}
+
+/* Picks the lane of each complete_batch of the round (caller holds mu): the
+ * running lane's own when nothing else will be queued on it first. */
+static void route_completes_locked(ect_push_producer *p, const runner *r, px *xs) {
+    const char *runner_lane = r->mode == PP_RUN_LANE && !r->own_queued ? r->lane_key : NULL;
+    for (px *x = xs; x && runner_lane; x = x->next)
+        if (x->kind != PX_COMPLETE && x->kind != PX_WRITE && !strcmp(x->key, runner_lane))
+            runner_lane = NULL;
+    for (px *x = xs; x; x = x->next)
+        if (x->kind == PX_COMPLETE) pp_route_complete_locked(p, x, runner_lane);
+}
+
 /* Runs the table until it has nothing more to do now. Called and returns
- * with mu held; drops it around the work. */
-static void run_rounds(ect_push_producer *p) {
+ * with mu held; drops it around the work. Returns true when it handed the
+ * baton to the dispatcher (p->ho) in the middle of a round. */
+static bool run_rounds(ect_push_producer *p, runner *r) {
     while (!p->stop) {
         uint64_t now = ect_now_ms();
         size_t n = push_next_actions(p->table, now, p->acts, p->acts_cap);
-        if (!n) return;
+        if (!n) return false;
         px *xs = NULL;
         pb_build(&p->batch, p->acts, n, now, &xs);
+        route_completes_locked(p, r, xs);
         pp_count_finished_locked(p, p->acts, n);
         pthread_mutex_unlock(&p->mu);
-        pp_local(p, p->acts, n); /* p->acts is this thread's: only its local kinds are read */
-        px *writes = NULL, **wtail = &writes, *failed = NULL;
-        while (xs) {
-            px *x = xs;
-            xs = x->next;
-            x->next = NULL;
-            if (x->kind == PX_WRITE) {
-                *wtail = x;
-                wtail = &x->next;
-            } else if (pp_lane_submit(p, x)) { /* it never goes out */
-                x->rc = ECT_ENOMEM;
-                x->held = true;
-                snprintf(x->err, sizeof x->err, "%.300s", ect_last_error());
-                x->next = failed;
-                failed = x;
-            }
+        px *writes = NULL, *failed = NULL;
+        submit_round(p, r, xs, &writes, &failed);
+        if (hands_off(r, writes != NULL, has_local(p->acts, n))) {
+            pthread_mutex_lock(&p->mu);
+            p->ho = (pp_handoff){.set = true, .nacts = n, .writes = writes, .failed = failed};
+            pthread_cond_signal(&p->wake);
+            return true;
         }
-        run_writes(p, writes);
-        pthread_mutex_lock(&p->mu);
-        now = ect_now_ms();
-        for (px *x = writes, *next; x; x = next) {
-            next = x->next;
-            pb_settle(&p->batch, x, now);
-        }
-        for (px *x = failed, *next; x; x = next) {
-            next = x->next;
-            pb_settle(&p->batch, x, now);
+        finish_round(p, n, writes, failed);
+    }
+    return false;
+}
+
+/* Whether more work that came in meanwhile goes to the dispatcher: a
+ * caller's flush does one pass, not other threads' work for as long as it
+ * keeps coming; a lane with its own exchanges queued goes back to them. */
+static bool leaves_the_rest(const runner *r) {
+    return r->mode == PP_RUN_CALLER || (r->mode == PP_RUN_LANE && r->own_queued);
+}
+
+/* Settles and runs rounds while there is work; the caller holds the baton
+ * and mu. Lets go of the baton at the end, unless handed to the dispatcher. */
+static void run_with_baton(ect_push_producer *p, runner *r) {
+    for (;;) {
+        p->kick = false;
+        settle_done_locked(p);
+        if (run_rounds(p, r)) return;
+        if (p->stop || (!p->done && !p->kick)) break;
+        if (leaves_the_rest(r)) { /* the baton, with no round to finish */
+            p->ho = (pp_handoff){.set = true};
+            pthread_cond_signal(&p->wake);
+            return;
         }
     }
+    p->running = false;
+    /* the dispatcher's wait may need a shorter deadline (a backoff), or it is closing */
+    if (p->stop || push_next_wake(p->table)) pthread_cond_signal(&p->wake);
+}
+
+void pp_run_locked(ect_push_producer *p, pp_run_mode mode, const char *lane_key) {
+    if (p->running || p->stop) return;
+    p->running = true;
+    runner r = {mode, lane_key, false};
+    run_with_baton(p, &r);
+}
+
+/* The dispatcher took the baton with a round handed to it (p->ho). */
+static void take_handoff(ect_push_producer *p) {
+    pp_handoff ho = p->ho;
+    p->ho = (pp_handoff){0};
+    pthread_mutex_unlock(&p->mu);
+    finish_round(p, ho.nacts, ho.writes, ho.failed);
 }
 
 /* Closing: what is still in flight fails here without contacting the
@@ -200,19 +303,30 @@ static void close_all(ect_push_producer *p) {
     }
 }
 
+/* The dispatcher: takes the baton when it is handed over, when work came
+ * back that nobody runs (a lane with more queued), and on its timer (input
+ * waits, backoffs, tombstones); otherwise it sleeps. */
 void *pp_dispatch_main(void *arg) {
     ect_push_producer *p = arg;
+    runner self = {PP_RUN_DISPATCHER, NULL, false};
+    bool timed = false;
     pthread_mutex_lock(&p->mu);
     for (;;) {
-        if (!p->stop && !p->kick && !p->done) {
-            uint64_t ms = WAKE_MS, wake = push_next_wake(p->table), now = ect_now_ms();
-            if (wake) ms = wake <= now ? 0 : wake - now < ms ? wake - now : ms;
-            ect_cond_wait_until(&p->wake, &p->mu, ect_deadline_ns(ms));
+        if (p->ho.set) { /* the baton came with the rest of a round */
+            take_handoff(p);
+            run_with_baton(p, &self);
+            continue;
         }
-        if (p->stop) break;
-        p->kick = false;
-        settle_done_locked(p);
-        run_rounds(p);
+        if (p->stop && !p->running) break;
+        if (!p->stop && !p->running && (timed || p->kick || p->done)) {
+            p->running = true;
+            run_with_baton(p, &self);
+            timed = false;
+            continue;
+        }
+        uint64_t ms = WAKE_MS, wake = push_next_wake(p->table), now = ect_now_ms();
+        if (wake && !p->running) ms = wake <= now ? 0 : wake - now < ms ? wake - now : ms;
+        timed |= ect_cond_wait_until(&p->wake, &p->mu, ect_deadline_ns(ms));
     }
     close_all(p);
     return NULL;

@@ -200,6 +200,14 @@ lane_job *lane_take_queued(lane *l) {
     return q;
 }
 
+bool lane_has_queued(lane *l) {
+    lane_pool *lp = l->lp;
+    pthread_mutex_lock(&lp->mu);
+    bool q = l->head != NULL;
+    pthread_mutex_unlock(&lp->mu);
+    return q;
+}
+
 const char *lane_key(const lane *l) { return l->key; }
 
 size_t lanes_count_group(lane_pool *lp, const char *group) {

@@ -70,6 +70,10 @@ size_t lanes_count_group(lane_pool *lp, const char *group);
  * running one, in order (they will not run on the lane), or NULL. */
 lane_job *lane_take_queued(lane *l);
 
+/* On the lane's own thread (inside run): whether jobs wait behind the running
+ * one (a hint: a submit may add one right after). */
+bool lane_has_queued(lane *l);
+
 const char *lane_key(const lane *l);
 
 /* Lanes running now. */

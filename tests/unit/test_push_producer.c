@@ -460,6 +460,55 @@ static ect_push_item borrowed(item_buf *b, const char *addr) {
     return it;
 }
 
+/* Sources are given back on the producer's own threads, never inside the
+ * caller's flush (a flush that finds no thread running the rounds runs them
+ * itself, but hands writes and release callbacks to the dispatcher), each
+ * exactly once and before its result: twelve steps of four borrowed items
+ * flushed back to back, so flushes meet finished work of earlier steps. */
+static pthread_t caller_thread;
+static atomic_int released_on_caller, released_where;
+static void on_release_where(void *user, const void *data, uint64_t nbytes) {
+    (void)nbytes;
+    assert_ptr_equal(user, data);
+    if (pthread_equal(pthread_self(), caller_thread)) atomic_fetch_add(&released_on_caller, 1);
+    atomic_fetch_add(&released_where, 1);
+}
+
+static void test_release_off_the_caller(void **st) {
+    (void)st;
+    enum { STEPS = 12, K = 4, N = STEPS * K };
+    fake *f = fake_open(2, "tcp");
+    ect_push_producer *p = prod_open(5000, 150000);
+    caller_thread = pthread_self();
+    atomic_store(&released_on_caller, 0);
+    atomic_store(&released_where, 0);
+    static item_buf b[N];
+    static ect_push_result r[N];
+    for (int s = 0; s < STEPS; s++) {
+        for (int i = s * K; i < (s + 1) * K; i++) {
+            item_make(&b[i], "rel", i, 16384);
+            ect_push_item it = item_of(&b[i], f->addr);
+            it.release = on_release_where;
+            it.release_user = b[i].data;
+            assert_int_equal(ect_push_producer_reserve(p, &it), 0);
+        }
+        assert_int_equal(ect_push_producer_flush(p), K);
+    }
+    for (size_t got = 0; got < N;) {
+        wait_results(p, r + got, 1, 20);
+        assert_int_equal(r[got].status, 0);
+        got++;
+        assert_true((size_t)atomic_load(&released_where) >= got); /* released before reported */
+    }
+    assert_int_equal(atomic_load(&released_where), N);
+    assert_int_equal(atomic_load(&released_on_caller), 0);
+    for (int i = 0; i < N; i++) expect_bytes(&f->sh[1], b[i].tid, b[i].seed, b[i].nbytes);
+    expect_drained(f, p);
+    ect_push_producer_close(p);
+    fake_close(f);
+    for (int i = 0; i < N; i++) free(b[i].data);
+}
+
 /* Shard 1 of 3 refuses: the item fails naming the cause, the reservations
  * made on shards 0 and 2 are abandoned (their pools drain), and the
  * borrowed source is released exactly once. */
@@ -1053,6 +1102,34 @@ static ect_push_producer *prod_open_backoff(int control_timeout_ms, int backoff_
     return p;
 }
 
+/* The deterministic case of test_release_off_the_caller: an address held
+ * down after a refused exchange fails the next push inside the flush's own
+ * round (no exchange goes out), so the flush meets a release callback and a
+ * result at once; both go to the dispatcher, the callback never runs on the
+ * caller's thread. */
+static void test_release_off_the_caller_held_down(void **st) {
+    (void)st;
+    ect_push_producer *p = prod_open_backoff(2000, 60000, 60000);
+    caller_thread = pthread_self();
+    atomic_store(&released_on_caller, 0);
+    atomic_store(&released_where, 0);
+    item_buf b[2];
+    for (int i = 0; i < 2; i++) {
+        item_make(&b[i], "nobody", i, 1024);
+        ect_push_item it = item_of(&b[i], "127.0.0.1:1");
+        it.release = on_release_where;
+        it.release_user = b[i].data;
+        ect_push_result r;
+        push_one(p, &it, &r, 10);
+        assert_int_not_equal(r.status, 0);
+        assert_non_null(strstr(r.error, "127.0.0.1:1"));
+        assert_int_equal(atomic_load(&released_where), i + 1);
+    }
+    assert_int_equal(atomic_load(&released_on_caller), 0);
+    ect_push_producer_close(p);
+    for (int i = 0; i < 2; i++) free(b[i].data);
+}
+
 #define DEAD_N 200
 #define DEAD_STEPS 10
 #define LIVE_PER_STEP 2
@@ -1228,6 +1305,8 @@ int main(void) {
         cmocka_unit_test(test_mismatch_costs_the_consumer_nothing),
         cmocka_unit_test(test_staging_waits_for_room),
         cmocka_unit_test(test_close_in_flight),
+        cmocka_unit_test(test_release_off_the_caller),
+        cmocka_unit_test(test_release_off_the_caller_held_down),
         cmocka_unit_test(test_real_consumer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -2,8 +2,8 @@
  * Tests for util/lanes, the keyed worker lanes: order per key on one thread,
  * keys in parallel (a blocked key does not hold up another), the lane limit,
  * per-lane state made and ended on the lane's thread, idle lanes ending, the
- * jobs queued behind one taken back, and close with and without draining.
- * Readiness by state (polls with generous deadlines), never by sleeping.
+ * jobs queued behind one seen (lane_has_queued) and taken back, and close with and without
+ * draining. Readiness by state (polls with generous deadlines), never by sleeping.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -20,9 +20,10 @@ typedef struct job {
     int key, seq;
     pthread_t ran_on;
     atomic_bool ran, cancelled;
-    atomic_bool *wait_for; /* run blocks until this is true */
-    atomic_bool *set;      /* run sets this */
-    bool take_behind;      /* run takes the jobs queued behind it */
+    atomic_bool *wait_for;            /* run blocks until this is true */
+    atomic_bool *set;                 /* run sets this */
+    bool take_behind;                 /* run takes the jobs queued behind it */
+    bool queued_before, queued_after; /* lane_has_queued around that take */
 } job;
 
 static atomic_int starts, stops, order_errors, last_seq[8];
@@ -53,7 +54,11 @@ static void on_run(void *ctx, lane *l, void *state, lane_job *lj) {
     if (atomic_exchange(&last_seq[j->key], j->seq) != j->seq - 1)
         atomic_fetch_add(&order_errors, 1);
     j->ran_on = pthread_self();
-    if (j->take_behind) taken = lane_take_queued(l);
+    if (j->take_behind) {
+        j->queued_before = lane_has_queued(l);
+        taken = lane_take_queued(l);
+        j->queued_after = lane_has_queued(l);
+    }
     if (j->set) atomic_store(j->set, true);
     atomic_store(&j->ran, true);
 }
@@ -148,6 +153,8 @@ static void test_take_queued_and_close(void **state) {
     int n = 0;
     for (lane_job *q = taken; q; q = q->next) assert_ptr_equal(q, &j[1 + n++].lj);
     assert_int_equal(n, 3);
+    assert_true(j[0].queued_before); /* three waited behind it */
+    assert_false(j[0].queued_after); /* and were taken */
     for (int i = 1; i < 4; i++) assert_false(atomic_load(&j[i].ran));
 
     /* close without drain: a job either ran (it had started) or is cancelled */
