@@ -994,6 +994,15 @@ ECT_API int ect_push_scheduler_expect(ect_push_scheduler *s, const char *transfe
  *  (>= 0), or ECT_ENOMEM. */
 ECT_API int ect_push_scheduler_poll(ect_push_scheduler *s);
 
+/** ect_push_scheduler_poll that blocks: when no arrived transfer is waiting
+ *  for ect_push_scheduler_next, waits up to timeout_ms (0: not at all) for a
+ *  readiness event (cut short by the next lost-event recheck), then drains
+ *  whatever came, ignoring min_drain_interval_ms. Returns as poll does; 0
+ *  after a timeout with nothing new. ECT_EINVAL for a NULL scheduler or a
+ *  negative timeout. Lets a consumer loop sleep until an item lands instead
+ *  of polling on a timer (ect push-consumer does). */
+ECT_API int ect_push_scheduler_wait(ect_push_scheduler *s, int timeout_ms);
+
 /** Fills *item for transfer_id. ECT_ENOTFOUND when unknown. */
 ECT_API int ect_push_scheduler_state(ect_push_scheduler *s, const char *transfer_id,
                                      ect_push_sched_item *item);

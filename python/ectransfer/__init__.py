@@ -11,7 +11,7 @@ libectransfer's C interface. Push (generation 2) and take in ten lines::
         sched.expect("req-1")
         prod.push("req-1", shard.address, "img-hash", torch.randn(576, 4096, dtype=torch.bfloat16))
         prod.flush(); print(prod.poll())                  # [Result(transfer_id='req-1', ok=True, ...)]
-        while "req-1" not in sched.poll(): pass           # arrived on every shard
+        while "req-1" not in sched.poll(timeout=1): pass  # sleeps until it arrived on every shard
         emb = shard.take("req-1")                          # zero-copy torch.Tensor (576, 4096)
         shard.release("req-1"); sched.loaded("req-1"); sched.cancel("req-1")
 

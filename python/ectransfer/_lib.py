@@ -393,6 +393,7 @@ _PROTOS = {
     "ect_push_scheduler_close": (None, [P]),
     "ect_push_scheduler_expect": (I, [P, S, S]),
     "ect_push_scheduler_poll": (I, [P]),
+    "ect_push_scheduler_wait": (I, [P, I]),
     "ect_push_scheduler_state": (I, [P, S, P]),
     "ect_push_scheduler_next": (I, [P, P]),
     "ect_push_scheduler_loaded": (I, [P, S]),

@@ -418,11 +418,20 @@ class PushScheduler(_lib.Handle):
             )
         )
 
-    def poll(self) -> list[str]:
-        """Drains readiness events (without blocking) and returns the transfer ids that
-        arrived on every shard since the last poll; they move to LOADING."""
+    def poll(self, timeout: float = 0) -> list[str]:
+        """Drains readiness events and returns the transfer ids that arrived on every shard
+        since the last poll; they move to LOADING.
+
+        timeout: seconds to sleep for an event when none has arrived yet (0, the default,
+        does not block; the GIL is released while it waits)."""
+        if timeout < 0:
+            raise ValueError("timeout must be >= 0")
         h = self._handle()
-        check(_lib.lib.ect_push_scheduler_poll(h))
+        if timeout:
+            ms = min(int(timeout * 1000), 2**31 - 1)
+            check(_lib.lib.ect_push_scheduler_wait(h, ms))
+        else:
+            check(_lib.lib.ect_push_scheduler_poll(h))
         out = []
         while _lib.lib.ect_push_scheduler_next(h, self._item) == 0:
             it = _sched_item(_lib.struct_at(self._item, "ect_push_sched_item"))

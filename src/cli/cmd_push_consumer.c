@@ -239,16 +239,10 @@ static bool consume(ect_push_consumer **cons, int tp, ect_push_scheduler *s,
     return ok;
 }
 
-/* The main loop's pause when no item was ready: 200 us within 1 ms of the
- * last item (a stream of small items: the next one is taken soon after it
- * lands, its bytes still in cache), else 2 ms (idle, or items far apart:
- * few wakeups). The scheduler has no call that blocks until an item is
- * ready. */
-static void idle_wait(uint64_t last_item_ms) {
-    bool busy = cli_now_ms() - last_item_ms <= 1;
-    struct timespec ts = {0, busy ? 200 * 1000L : 2 * 1000000L};
-    nanosleep(&ts, NULL);
-}
+/* The main loop's longest sleep in ect_push_scheduler_wait: an event wakes
+ * it at once; this bounds how late the once-a-second report, the readiness
+ * line and a signal are seen. */
+#define IDLE_WAIT_MS 50
 
 /* Says on stderr what changed on each rank since the last call: expired and
  * abandoned reservations, refused reserves. */
@@ -425,9 +419,10 @@ int cmd_push_consumer(int argc, char **argv) {
     so.consumer_port = (int)(port + dp * tp);
     so.tp_size = (int)tp;
     so.accept_any = 1;
-    /* drain the shards' events on every poll: this loop paces itself
-     * (idle_wait), and an item taken soon after it landed is still in cache
-     * for its checksum (the default 5 ms let ~50 items of 128 KiB pile up) */
+    /* drain the shards' events on every poll: this loop sleeps in
+     * ect_push_scheduler_wait until an event comes, and an item taken soon
+     * after it landed is still in cache for its checksum (the default 5 ms
+     * let ~50 items of 128 KiB pile up) */
     so.min_drain_interval_ms = 0;
     so.ttl_ms = ttl;
     so.curve_keys = curve_keys; /* the shards accept their own key when DIR/accept/ has it */
@@ -443,9 +438,9 @@ int cmd_push_consumer(int argc, char **argv) {
     bool announced = false;
     ect_push_consumer_stat prev[MAX_TP];
     memset(prev, 0, sizeof prev);
-    uint64_t next_report = cli_now_ms() + 1000, last_item_ms = 0;
+    uint64_t next_report = cli_now_ms() + 1000;
     while (!stop_flag && (!count || done < count)) {
-        ect_push_scheduler_poll(s);
+        ect_push_scheduler_wait(s, IDLE_WAIT_MS); /* until an item lands */
         ect_push_sched_item it;
         bool any = false;
         while (ect_push_scheduler_next(s, &it) == 0) {
@@ -471,10 +466,6 @@ int cmd_push_consumer(int argc, char **argv) {
                 announced = true;
             }
         }
-        if (any)
-            last_item_ms = cli_now_ms();
-        else
-            idle_wait(last_item_ms);
     }
     /* Let the remote cancels of failed transfers go out before closing: until
      * none was answered for 100 ms, for at most 2 s. */

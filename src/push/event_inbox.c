@@ -185,6 +185,25 @@ static void connect_found(inbox *b) {
     b->connected = true;
 }
 
+#define INBOX_UNFOUND_NAP_MS 5
+
+bool inbox_wait(inbox *b, int timeout_ms) {
+    uint64_t deadline = ect_now_ms() + (uint64_t)timeout_ms;
+    for (;;) {
+        if (!b->connected) connect_found(b);
+        uint64_t now = ect_now_ms();
+        if (now >= deadline && timeout_ms > 0) return false;
+        long left = (long)(deadline - now);
+        if (!b->connected) { /* discovery still running on its thread */
+            if (left <= 0) return false;
+            nap_ms(left < INBOX_UNFOUND_NAP_MS ? (int)left : INBOX_UNFOUND_NAP_MS);
+            continue;
+        }
+        zmq_pollitem_t it = {.socket = b->pull, .events = ZMQ_POLLIN};
+        return zmq_poll(&it, 1, left) > 0;
+    }
+}
+
 size_t inbox_drain(inbox *b, inbox_fn fn, void *user, size_t max) {
     if (!b->connected) connect_found(b);
     if (!b->connected) return 0;

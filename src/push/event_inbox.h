@@ -18,6 +18,7 @@
 #ifndef ECT_PUSH_EVENT_INBOX_H
 #define ECT_PUSH_EVENT_INBOX_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -55,6 +56,12 @@ size_t inbox_drain(inbox *b, inbox_fn fn, void *user, size_t max);
 /* Control ports of the shards in rank order, once discovered: returns their
  * count (0 before discovery succeeded) and copies up to cap of them. */
 size_t inbox_shards(inbox *b, int *ports, size_t cap);
+
+/* Blocks up to timeout_ms (>= 0) until a frame is queued on the PULL socket
+ * (connecting newly discovered shards first; before discovery it checks
+ * again every few ms). Returns true when one is queued, false on timeout or
+ * an interrupted wait. Same thread rule as inbox_drain. */
+bool inbox_wait(inbox *b, int timeout_ms);
 
 uint64_t inbox_bad_frames(const inbox *b);
 

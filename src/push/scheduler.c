@@ -459,6 +459,20 @@ int ect_push_scheduler_poll(ect_push_scheduler *s) {
     return (int)got;
 }
 
+int ect_push_scheduler_wait(ect_push_scheduler *s, int timeout_ms) {
+    if (!s || timeout_ms < 0)
+        return ect_set_error(ECT_EINVAL, "ect_push_scheduler_wait: NULL scheduler or negative timeout");
+    if (!s->nready) {
+        /* the lost-event rechecks run in poll: wake for the next one */
+        uint64_t now = ect_now_ms(), due = s->next_recheck;
+        if (due && due > now && due - now < (uint64_t)timeout_ms) timeout_ms = (int)(due - now);
+        if (due && due <= now) timeout_ms = 0;
+        inbox_wait(s->in, timeout_ms);
+    }
+    s->last_drain = 0; /* drain now, whatever min_drain_interval_ms says */
+    return ect_push_scheduler_poll(s);
+}
+
 static void fill_item(ect_push_sched_item *it, const char *tid, const xfer_info *in) {
     memset(it, 0, sizeof *it);
     ect_strcpy_cut(it->transfer_id, sizeof it->transfer_id, tid);

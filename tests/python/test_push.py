@@ -281,6 +281,31 @@ def test_reserve_then_stage_and_scheduler_states(inst):
     assert sched.state("nobody-knows") is None
 
 
+def test_scheduler_poll_with_timeout_sleeps_until_the_item_lands(inst):
+    shard, sched, prod = inst
+    with pytest.raises(ValueError):
+        sched.poll(timeout=-1)
+    sched.expect("pw1")
+    assert sched.poll(timeout=0) == []
+    x = rand_tensor((16, 16), torch.float32, seed=5)
+    done = []
+
+    def push_later():
+        prod.push("pw1", shard.address, "hpw1", x)
+        prod.flush()
+        done.extend(prod.poll(timeout=60))
+
+    t = threading.Thread(target=push_later)
+    t.start()
+    got = []
+    while not got:  # each call sleeps until an event (or the scheduler's recheck) wakes it
+        got = sched.poll(timeout=600)
+    t.join()
+    assert got == ["pw1"] and done and done[0].ok
+    assert torch.equal(shard.take("pw1"), x)
+    shard.release("pw1")
+
+
 def test_a_cancelled_transfer_is_refused_to_the_producer(inst):
     shard, sched, prod = inst
     sched.expect("c1", "hc1")

@@ -278,12 +278,62 @@ static void test_available_expires(void **state) {
     fake_close(&f);
 }
 
+typedef struct late_sender {
+    fake *f;
+    const char *tid;
+} late_sender;
+
+static void *send_event_main(void *arg) {
+    late_sender *ls = arg;
+    fake_event(ls->f, ls->tid, ls->f->port);
+    return NULL;
+}
+
+/* ect_push_scheduler_wait sleeps until an event comes (no lost-event
+ * rechecks here to wake it: a wait that missed the event would sit out its
+ * 10-minute timeout and the test would time out), returns at once while an
+ * arrived item waits for next, and refuses bad arguments. */
+static void test_wait_wakes_on_event(void **state) {
+    (void)state;
+    fake f;
+    fake_open(&f);
+    ect_push_scheduler_opts o;
+    ect_push_scheduler_opts_init(&o);
+    o.consumer_port = f.port;
+    o.push_wait_ms = 600000;
+    o.recheck_ms = 0;
+    ect_push_scheduler *s = NULL;
+    assert_int_equal(ect_push_scheduler_open(&o, &s), 0);
+    assert_err(ect_push_scheduler_wait(NULL, 0), ECT_EINVAL, "NULL");
+    assert_err(ect_push_scheduler_wait(s, -1), ECT_EINVAL, "negative");
+    assert_int_equal(ect_push_scheduler_expect(s, "w", NULL), 0);
+    wait_shards(s);
+    assert_int_equal(ect_push_scheduler_wait(s, 0), 0); /* nothing came: no wait at all */
+    late_sender ls = {&f, "w"};
+    pthread_t thr;
+    assert_int_equal(pthread_create(&thr, NULL, send_event_main, &ls), 0);
+    int got = 0;
+    while (got == 0) got = ect_push_scheduler_wait(s, 600000); /* 0 only if interrupted */
+    assert_int_equal(got, 1);
+    pthread_join(thr, NULL);
+    ect_push_sched_item it;
+    assert_int_equal(ect_push_scheduler_state(s, "w", &it), 0);
+    assert_int_equal(it.state, ECT_PUSH_AVAILABLE);
+    /* an arrived item not yet taken: the wait returns at once */
+    assert_int_equal(ect_push_scheduler_wait(s, 600000), 0);
+    assert_int_equal(ect_push_scheduler_next(s, &it), 0);
+    assert_string_equal(it.transfer_id, "w");
+    ect_push_scheduler_close(s);
+    fake_close(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_frames_and_late_events),
         cmocka_unit_test(test_push_wait_and_cancel_attempts),
         cmocka_unit_test(test_unreachable_consumer),
         cmocka_unit_test(test_available_expires),
+        cmocka_unit_test(test_wait_wakes_on_event),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
