@@ -409,7 +409,7 @@ typedef struct push_srv {
 static void *push_srv_loop(void *p) {
     push_srv *v = p;
     while (!v->stop) {
-        ect_push_scheduler_poll(v->s);
+        ect_push_scheduler_wait(v->s, 100); /* sleeps until an item lands (stop: within 100 ms) */
         ect_push_sched_item it;
         bool any = false;
         while (ect_push_scheduler_next(v->s, &it) == 0) {
@@ -429,12 +429,7 @@ static void *push_srv_loop(void *p) {
         while (ect_push_scheduler_next_failed(v->s, &it) == 0)
             fprintf(stderr, "ect bench push: server: transfer %s failed: %s: %s\n", it.transfer_id,
                     ect_push_state_name(it.state), it.error);
-        if (any) {
-            ect_push_consumer_evict(v->c, SIZE_MAX);
-        } else {
-            struct timespec ts = {0, 200 * 1000L};
-            nanosleep(&ts, NULL);
-        }
+        if (any) ect_push_consumer_evict(v->c, SIZE_MAX);
     }
     return NULL;
 }
