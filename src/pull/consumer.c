@@ -161,13 +161,14 @@ typedef struct pend {
 /* Takes one frame off the DEALER (non-blocking) and settles the pull it
  * completes among pd[0..n): by token, or (an upstream producer echoes none)
  * the first unanswered one of that mm_hash. A completion of none of them is
- * stale (a late one frees its quarantined region). */
-static void take_complete(ect_pull_consumer *c, pend *pd, size_t n) {
+ * stale (a late one frees its quarantined region). Returns the number of
+ * pulls it settled (0 or 1), or -1 when no frame was waiting. */
+static int take_complete(ect_pull_consumer *c, pend *pd, size_t n) {
     zmq_msg_t m;
     zmq_msg_init(&m);
     if (zmq_msg_recv(&m, c->dealer, ZMQ_DONTWAIT) < 0) {
         zmq_msg_close(&m);
-        return;
+        return -1;
     }
     if (zmq_msg_more(&m)) { /* not ours: drop the whole message */
         c->st.malformed++;
@@ -177,7 +178,7 @@ static void take_complete(ect_pull_consumer *c, pend *pd, size_t n) {
             if (zmq_msg_recv(&m, c->dealer, ZMQ_DONTWAIT) < 0) break;
         }
         zmq_msg_close(&m);
-        return;
+        return 0;
     }
     wire_transfer_complete done;
     int drc = wire_transfer_complete_decode(zmq_msg_data(&m), zmq_msg_size(&m), &done);
@@ -186,7 +187,7 @@ static void take_complete(ect_pull_consumer *c, pend *pd, size_t n) {
         c->st.malformed++;
         ECT_LOGD(MOD, "DEALER frame dropped: %s", drc ? ect_last_error() : done.ext_error);
         wire_transfer_complete_free(&done);
-        return;
+        return 0;
     }
     pend *mine = NULL;
     for (size_t i = 0; i < n && !mine; i++)
@@ -204,6 +205,7 @@ static void take_complete(ect_pull_consumer *c, pend *pd, size_t n) {
                     done.mm_hash);
     }
     wire_transfer_complete_free(&done);
+    return mine ? 1 : 0;
 }
 
 /* Waits until every pull of pd[0..n) that is not done is answered, or the
@@ -226,11 +228,9 @@ static void wait_complete(ect_pull_consumer *c, pend *pd, size_t n, uint64_t dea
             drain_monitor(c);
             if (c->gone) why = ECT_ECLOSED;
         }
-        if (!why && (it[0].revents & ZMQ_POLLIN)) {
-            take_complete(c, pd, n);
-            left = 0;
-            for (size_t i = 0; i < n; i++) left += !pd[i].done;
-        }
+        /* every frame waiting, not one per poll: completions come in bursts */
+        if (!why && (it[0].revents & ZMQ_POLLIN))
+            for (int got; left && (got = take_complete(c, pd, n)) >= 0;) left -= (size_t)got;
     }
     for (size_t i = 0; i < n; i++)
         if (!pd[i].done) pd[i].status = why;
