@@ -237,7 +237,8 @@ static void wait_complete(ect_pull_consumer *c, pend *pd, size_t n, uint64_t dea
 }
 
 /* Checks meta, allocates the region, opens its write window and sends the
- * ECTransferPull of pd->mm_hash. On failure nothing is left behind. */
+ * ECTransferPull of pd->mm_hash. On failure nothing is left behind. The
+ * caller drained the monitor just before (once for a whole load_many). */
 static int start_pull(ect_pull_consumer *c, pend *pd) {
     const char *mm_hash = pd->mm_hash;
     const ect_pull_meta *meta = pd->meta;
@@ -255,7 +256,6 @@ static int start_pull(ect_pull_consumer *c, pend *pd) {
     if (rc)
         return ect_set_error(rc, "pull load of %s: consumer pool: %s", mm_hash, ect_last_error());
 
-    drain_monitor(c);
     if (c->gone) {
         ect_pool_free(c->pool, off);
         c->st.failed++;
@@ -387,6 +387,7 @@ int ect_pull_consumer_load(ect_pull_consumer *c, const char *mm_hash, const ect_
     quarantine_sweep(c, false);
     if (load_local(c, mm_hash, view) == 0) return 0;
     pend pd = {.mm_hash = mm_hash, .meta = meta};
+    drain_monitor(c);
     if ((rc = start_pull(c, &pd)) != 0) return rc;
     wait_complete(c, &pd, 1, ect_now_ms() + (uint64_t)c->o.timeout_ms);
     return finish_pull(c, &pd, view);
@@ -400,6 +401,7 @@ int ect_pull_consumer_load_many(ect_pull_consumer *c, size_t n, const char *cons
     pend *pd = calloc(n, sizeof *pd);
     if (!pd) return ect_set_error(ECT_ENOMEM, "pull load_many: out of memory");
     quarantine_sweep(c, false);
+    drain_monitor(c);
     int first = 0;
     char first_err[ECT_ERROR_LEN] = "";
     /* note(i, rc): item i ended with rc; the first failure's text is kept */

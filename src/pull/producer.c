@@ -392,7 +392,8 @@ static void run_jobs(ect_pull_producer *p, pull_job **js, size_t n) {
         c->token = j->token;
         if (jrc) {
             /* reason is a summary: a cut one is still the cause (the full text was logged above) */
-            int cut = snprintf(c->reason, sizeof c->reason, "write to %s failed: %s", j->session, why);
+            int cut =
+                snprintf(c->reason, sizeof c->reason, "write to %s failed: %s", j->session, why);
             (void)cut;
         }
         *tail = c;

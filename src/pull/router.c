@@ -198,8 +198,8 @@ static void handle_pull(pull_router *r, const pull_peer *peer, wire_transfer_pul
 
 void pull_router_refuse_job(pull_router *r, pull_job *j, int status, const char *reason) {
     r->st.pulls_refused++;
-    ECT_LOGW_ID(MOD, NULL, j->mm_hash, "pull of %s for %s refused (%s): %s", j->mm_hash,
-                j->session, ect_strerror(status), reason);
+    ECT_LOGW_ID(MOD, NULL, j->mm_hash, "pull of %s for %s refused (%s): %s", j->mm_hash, j->session,
+                ect_strerror(status), reason);
     ect_pool_release(r->pool, j->mm_hash);
     pull_router_complete(r, &j->peer, j->mm_hash, status, j->has_token, j->token, reason);
     pull_job_free(j);
