@@ -183,7 +183,7 @@ static const struct {
 } cases[3] = {{1, false}, {32, false}, {32, true}};
 
 static int one_kind(const char *kind, const uint64_t *sizes, size_t nsizes, int ms, bool json,
-                    bool *first) {
+                    bool inflight_only, bool *first) {
     const uint64_t pool_bytes = 32 * 16 * MiB + 64 * MiB;
     ect_pull_producer_opts po;
     ect_pull_producer_opts_init(&po);
@@ -237,7 +237,7 @@ static int one_kind(const char *kind, const uint64_t *sizes, size_t nsizes, int 
             if (ect_pool_lookup(pp, names[i], &info) != 0) goto fail;
             src[i] = (const uint8_t *)ect_pool_base(pp) + info.offset;
         }
-        for (int ci = 0; ci < 3; ci++) {
+        for (int ci = inflight_only ? 2 : 0; ci < 3; ci++) {
             int count = cases[ci].count, fl = cases[ci].many ? count : 1;
             ctx x = {.c = cases[ci].many ? cm : c,
                      .names = names,
@@ -315,7 +315,9 @@ static void help(void) {
         "                 and ratio_batched (in-flight rows; null for the others)\n"
         "  --ms N         time per measurement, pull and raw each (bare: ms, or 1s; default 400)\n"
         "  --transport L  comma-separated back ends (default tcp,shm)\n"
-        "  --sizes LIST   item sizes, each 1 B .. 16 MiB (default 64KiB,4.5MiB,16MiB)\n");
+        "  --sizes LIST   item sizes, each 1 B .. 16 MiB (default 64KiB,4.5MiB,16MiB)\n"
+        "  --inflight-only  only the rows with every pull in flight (fl 32), e.g. to profile "
+        "them\n");
 }
 
 int bench_pull(int argc, char **argv) {
@@ -323,9 +325,10 @@ int bench_pull(int argc, char **argv) {
                                          {"ms", required_argument, 0, 'm'},
                                          {"transport", required_argument, 0, 't'},
                                          {"sizes", required_argument, 0, 'z'},
+                                         {"inflight-only", no_argument, 0, 'i'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    bool json = false;
+    bool json = false, inflight_only = false;
     uint64_t ms = 400;
     char kinds[64] = "tcp,shm";
     uint64_t sizes[8] = {64 * 1024, 4718592, 16 * MiB};
@@ -335,6 +338,7 @@ int bench_pull(int argc, char **argv) {
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (ch) {
         case 'j': json = true; break;
+        case 'i': inflight_only = true; break;
         case 'm':
             if (!cli_parse_duration_u64("--ms", optarg, 1, 1, 60000, &ms)) return CLI_EXIT_USAGE;
             break;
@@ -367,7 +371,8 @@ int bench_pull(int argc, char **argv) {
     int rc = CLI_EXIT_OK;
     char *save = NULL;
     for (char *k = strtok_r(kinds, ",", &save); k; k = strtok_r(NULL, ",", &save))
-        if (one_kind(k, sizes, nsizes, (int)ms, json, &first) != 0) rc = CLI_EXIT_FAIL;
+        if (one_kind(k, sizes, nsizes, (int)ms, json, inflight_only, &first) != 0)
+            rc = CLI_EXIT_FAIL;
     if (json) printf("]\n");
     return rc;
 }

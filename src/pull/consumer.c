@@ -153,6 +153,8 @@ typedef struct pend {
     uint64_t token, off, t0;
     char wkey[ECT_XPORT_KEY_MAX];
     bool win;  /* wkey is this pull's own write window */
+    void *msg; /* its ECTransferPull, encoded, until sent */
+    size_t len;
     bool done; /* its completion arrived: status, reason */
     int status;
     char reason[WIRE_PULL_MAX_STR + 1];
@@ -161,13 +163,14 @@ typedef struct pend {
 /* Takes one frame off the DEALER (non-blocking) and settles the pull it
  * completes among pd[0..n): by token, or (an upstream producer echoes none)
  * the first unanswered one of that mm_hash. A completion of none of them is
- * stale (a late one frees its quarantined region). */
-static void take_complete(ect_pull_consumer *c, pend *pd, size_t n) {
+ * stale (a late one frees its quarantined region). Returns the number of
+ * pulls it settled (0 or 1), or -1 when no frame was waiting. */
+static int take_complete(ect_pull_consumer *c, pend *pd, size_t n) {
     zmq_msg_t m;
     zmq_msg_init(&m);
     if (zmq_msg_recv(&m, c->dealer, ZMQ_DONTWAIT) < 0) {
         zmq_msg_close(&m);
-        return;
+        return -1;
     }
     if (zmq_msg_more(&m)) { /* not ours: drop the whole message */
         c->st.malformed++;
@@ -177,7 +180,7 @@ static void take_complete(ect_pull_consumer *c, pend *pd, size_t n) {
             if (zmq_msg_recv(&m, c->dealer, ZMQ_DONTWAIT) < 0) break;
         }
         zmq_msg_close(&m);
-        return;
+        return 0;
     }
     wire_transfer_complete done;
     int drc = wire_transfer_complete_decode(zmq_msg_data(&m), zmq_msg_size(&m), &done);
@@ -186,7 +189,7 @@ static void take_complete(ect_pull_consumer *c, pend *pd, size_t n) {
         c->st.malformed++;
         ECT_LOGD(MOD, "DEALER frame dropped: %s", drc ? ect_last_error() : done.ext_error);
         wire_transfer_complete_free(&done);
-        return;
+        return 0;
     }
     pend *mine = NULL;
     for (size_t i = 0; i < n && !mine; i++)
@@ -204,6 +207,7 @@ static void take_complete(ect_pull_consumer *c, pend *pd, size_t n) {
                     done.mm_hash);
     }
     wire_transfer_complete_free(&done);
+    return mine ? 1 : 0;
 }
 
 /* Waits until every pull of pd[0..n) that is not done is answered, or the
@@ -226,19 +230,27 @@ static void wait_complete(ect_pull_consumer *c, pend *pd, size_t n, uint64_t dea
             drain_monitor(c);
             if (c->gone) why = ECT_ECLOSED;
         }
-        if (!why && (it[0].revents & ZMQ_POLLIN)) {
-            take_complete(c, pd, n);
-            left = 0;
-            for (size_t i = 0; i < n; i++) left += !pd[i].done;
-        }
+        /* every frame waiting, not one per poll: completions come in bursts */
+        if (!why && (it[0].revents & ZMQ_POLLIN))
+            for (int got; left && (got = take_complete(c, pd, n)) >= 0;) left -= (size_t)got;
     }
     for (size_t i = 0; i < n; i++)
         if (!pd[i].done) pd[i].status = why;
 }
 
-/* Checks meta, allocates the region, opens its write window and sends the
- * ECTransferPull of pd->mm_hash. On failure nothing is left behind. */
-static int start_pull(ect_pull_consumer *c, pend *pd) {
+/* Undoes a prepared pull that was not sent: its message, window, region. */
+static void unprepare_pull(ect_pull_consumer *c, pend *pd) {
+    free(pd->msg);
+    pd->msg = NULL;
+    if (pd->win) xp_window_close(c->x, pd->wkey);
+    ect_pool_free(c->pool, pd->off);
+}
+
+/* Checks meta, allocates the region, opens its write window and encodes
+ * the ECTransferPull of pd->mm_hash into pd->msg (send_pull sends it). On
+ * failure nothing is left behind. The caller drained the monitor just
+ * before (once for a whole load_many). */
+static int prepare_pull(ect_pull_consumer *c, pend *pd) {
     const char *mm_hash = pd->mm_hash;
     const ect_pull_meta *meta = pd->meta;
     if (!meta)
@@ -255,7 +267,6 @@ static int start_pull(ect_pull_consumer *c, pend *pd) {
     if (rc)
         return ect_set_error(rc, "pull load of %s: consumer pool: %s", mm_hash, ect_last_error());
 
-    drain_monitor(c);
     if (c->gone) {
         ect_pool_free(c->pool, off);
         c->st.failed++;
@@ -271,6 +282,7 @@ static int start_pull(ect_pull_consumer *c, pend *pd) {
     pd->win = c->windows;
     if (pd->win && (rc = xp_window_open(c->x, c->key, off, meta->nbytes, pd->wkey)) != 0) {
         ect_pool_free(c->pool, off);
+        pd->win = false;
         return ect_set_error(rc, "pull load of %s: write window: %s", mm_hash, ect_last_error());
     }
     wire_transfer_pull req = {.mm_hash = (char *)mm_hash,
@@ -280,22 +292,31 @@ static int start_pull(ect_pull_consumer *c, pend *pd) {
                               .dst_key = pd->win ? pd->wkey : c->key,
                               .has_token = true,
                               .token = pd->token};
-    void *buf;
-    size_t len;
-    if ((rc = wire_transfer_pull_encode(&req, &buf, &len)) != 0) {
-        if (pd->win) xp_window_close(c->x, pd->wkey);
-        ect_pool_free(c->pool, off);
+    if ((rc = wire_transfer_pull_encode(&req, &pd->msg, &pd->len)) != 0) {
+        pd->msg = NULL;
+        unprepare_pull(c, pd);
         return rc;
     }
-    int sent = zmq_send(c->dealer, buf, len, ZMQ_DONTWAIT);
-    free(buf);
+    return 0;
+}
+
+/* Sends a prepared pull's ECTransferPull; on failure undoes the pull. */
+static int send_pull(ect_pull_consumer *c, pend *pd) {
+    int sent = zmq_send(c->dealer, pd->msg, pd->len, ZMQ_DONTWAIT);
+    free(pd->msg);
+    pd->msg = NULL;
     if (sent < 0) {
-        if (pd->win) xp_window_close(c->x, pd->wkey);
-        ect_pool_free(c->pool, off);
+        int e = zmq_errno();
+        unprepare_pull(c, pd);
         return ect_set_error(ECT_ECONNREFUSED, "pull load of %s: cannot send ECTransferPull: %s",
-                             mm_hash, zmq_strerror(zmq_errno()));
+                             pd->mm_hash, zmq_strerror(e));
     }
     return 0;
+}
+
+static int start_pull(ect_pull_consumer *c, pend *pd) {
+    int rc = prepare_pull(c, pd);
+    return rc ? rc : send_pull(c, pd);
 }
 
 /* Settles a started pull once answered (or not): closes its window, and
@@ -387,6 +408,7 @@ int ect_pull_consumer_load(ect_pull_consumer *c, const char *mm_hash, const ect_
     quarantine_sweep(c, false);
     if (load_local(c, mm_hash, view) == 0) return 0;
     pend pd = {.mm_hash = mm_hash, .meta = meta};
+    drain_monitor(c);
     if ((rc = start_pull(c, &pd)) != 0) return rc;
     wait_complete(c, &pd, 1, ect_now_ms() + (uint64_t)c->o.timeout_ms);
     return finish_pull(c, &pd, view);
@@ -400,6 +422,7 @@ int ect_pull_consumer_load_many(ect_pull_consumer *c, size_t n, const char *cons
     pend *pd = calloc(n, sizeof *pd);
     if (!pd) return ect_set_error(ECT_ENOMEM, "pull load_many: out of memory");
     quarantine_sweep(c, false);
+    drain_monitor(c);
     int first = 0;
     char first_err[ECT_ERROR_LEN] = "";
     /* note(i, rc): item i ended with rc; the first failure's text is kept */
@@ -424,14 +447,25 @@ int ect_pull_consumer_load_many(ect_pull_consumer *c, size_t n, const char *cons
             statuses[i] = 0;
             continue;
         }
-        if (!rc) rc = start_pull(c, &pd[i]);
+        if (!rc) rc = prepare_pull(c, &pd[i]);
+        if (rc) {
+            NOTE(i, rc);
+            continue;
+        }
+        statuses[i] = 1; /* prepared, then in flight */
+    }
+    /* The requests go out in one tight loop, after every region and window
+     * is ready: they reach the producer together, as one burst its lane
+     * writes as one batch (sent while preparing, they trickled in). */
+    for (size_t i = 0; i < n; i++) {
+        if (statuses[i] != 1) continue;
+        int rc = send_pull(c, &pd[i]);
         if (rc) {
             NOTE(i, rc);
             continue;
         }
         pd[i].done = false;
         pd[i].status = 0;
-        statuses[i] = 1; /* in flight */
     }
     wait_complete(c, pd, n, ect_now_ms() + (uint64_t)c->o.timeout_ms);
     for (size_t i = 0; i < n; i++) {

@@ -4,7 +4,8 @@
  *
  * Why lanes: upstream's save thread waited for each item's pull before the
  * next (head-of-line blocking). Here the ROUTER thread never writes: it hands
- * each accepted pull to the lane of its consumer session (util/lanes: started
+ * the pulls it accepted from one burst of frames to the lanes of their
+ * consumer sessions, one lane job per session (util/lanes: started
  * on demand, ended after LANE_IDLE_MS without work), so a consumer that is
  * slow or gone holds up only its own lane. Lanes push finished jobs onto a
  * completion queue and wake the ROUTER thread through an eventfd it polls
@@ -51,10 +52,13 @@ typedef struct save_item {
     struct save_item *next;
 } save_item;
 
-/* A pull on its way through a lane. */
+/* The pulls of one consumer session accepted in one burst of ROUTER frames,
+ * on their way through its lane as one lane job (one submit, one wake-up of
+ * the lane, one write batch). */
 typedef struct lane_pull {
     lane_job lj;
-    pull_job *j;
+    pull_job *head, **tail; /* chained through pull_job.next, in arrival order */
+    struct lane_pull *next; /* the burst's groups, in order of first arrival */
 } lane_pull;
 
 typedef struct completion {
@@ -97,6 +101,7 @@ struct ect_pull_producer {
     atomic_bool router_stop;
 
     lane_pool *lanes;        /* one write lane per consumer session */
+    lane_pull *burst;        /* ROUTER thread: pulls accepted, not yet on a lane */
     pthread_mutex_t comp_mu; /* completions */
     completion *c_head, *c_tail;
 
@@ -387,7 +392,8 @@ static void run_jobs(ect_pull_producer *p, pull_job **js, size_t n) {
         c->token = j->token;
         if (jrc) {
             /* reason is a summary: a cut one is still the cause (the full text was logged above) */
-            int cut = snprintf(c->reason, sizeof c->reason, "write to %s failed: %s", j->session, why);
+            int cut =
+                snprintf(c->reason, sizeof c->reason, "write to %s failed: %s", j->session, why);
             (void)cut;
         }
         *tail = c;
@@ -404,59 +410,100 @@ static void run_jobs(ect_pull_producer *p, pull_job **js, size_t n) {
     wake_router(p);
 }
 
-/* lane_ops.run: one pull on its session's lane, and with it the pulls queued
- * behind it (a consumer with several pulls in flight), in order, in write
- * batches of up to LANE_BATCH_ITEMS items / LANE_BATCH_BYTES bytes. */
+/* Appends lp's pulls to *tail and frees lp. */
+static void take_pulls(lane_pull *lp, pull_job ***tail) {
+    **tail = lp->head;
+    *tail = lp->tail;
+    free(lp);
+}
+
+/* lane_ops.run: the pulls of one burst on their session's lane, and with
+ * them those queued behind it (a consumer with several pulls in flight), in
+ * order, in write batches of up to LANE_BATCH_ITEMS items /
+ * LANE_BATCH_BYTES bytes. */
 static void lane_run(void *ctx, lane *l, void *state, lane_job *lj) {
     (void)state;
     ect_pull_producer *p = ctx;
     lane_job *rest = lane_take_queued(l);
-    while (lj) {
+    pull_job *chain = NULL, **tail = &chain;
+    take_pulls((lane_pull *)lj, &tail);
+    for (lane_job *nx; rest; rest = nx) {
+        nx = rest->next;
+        take_pulls((lane_pull *)rest, &tail);
+    }
+    while (chain) {
         pull_job *js[LANE_BATCH_ITEMS];
-        lane_pull *lps[LANE_BATCH_ITEMS];
         size_t n = 0;
         uint64_t bytes = 0;
-        while (lj && n < LANE_BATCH_ITEMS &&
-               (n == 0 || bytes + ((lane_pull *)lj)->j->nbytes <= LANE_BATCH_BYTES)) {
-            lps[n] = (lane_pull *)lj;
-            js[n] = lps[n]->j;
-            bytes += js[n]->nbytes;
+        while (chain && n < LANE_BATCH_ITEMS &&
+               (n == 0 || bytes + chain->nbytes <= LANE_BATCH_BYTES)) {
+            js[n] = chain;
+            bytes += chain->nbytes;
+            chain = chain->next;
             n++;
-            lj = rest;
-            rest = rest ? rest->next : NULL;
         }
         run_jobs(p, js, n);
-        for (size_t i = 0; i < n; i++) {
-            pull_job_free(lps[i]->j);
-            free(lps[i]);
-        }
+        for (size_t i = 0; i < n; i++) pull_job_free(js[i]);
     }
 }
 
-/* router ops.dispatch: queue on the session's lane (ROUTER thread). */
+/* router ops.dispatch (ROUTER thread): holds j in its session's group of
+ * this burst; flush_burst hands the groups to their lanes. */
 static int dispatch(void *user, pull_job *j) {
     ect_pull_producer *p = user;
-    lane_pull *lp = calloc(1, sizeof *lp);
-    if (!lp) return ect_set_error(ECT_ENOMEM, "producer out of memory for a lane");
-    lp->j = j;
+    lane_pull **pp = &p->burst;
+    while (*pp && strcmp((*pp)->head->session, j->session) != 0) pp = &(*pp)->next;
+    if (!*pp) {
+        lane_pull *lp = calloc(1, sizeof *lp);
+        if (!lp) return ect_set_error(ECT_ENOMEM, "producer out of memory for a lane");
+        lp->head = j;
+        lp->tail = &lp->head;
+        *pp = lp;
+    } else {
+        *(*pp)->tail = j;
+    }
+    j->next = NULL;
+    (*pp)->tail = &j->next;
+    return 0;
+}
+
+/* Queues one burst group on its session's lane; on failure refuses each
+ * of its pulls (the lane caps, or closing) and frees the group. */
+static void submit_group(ect_pull_producer *p, lane_pull *lp) {
+    pull_job *j = lp->head;
     /* A lane counts against the peer that asked (its IP address; a peer
      * whose address ZMQ cannot tell is grouped under "?"): one peer naming
      * many sessions that never answer holds at most max_lanes_per_peer. */
     const char *group = j->peer.addr[0] ? j->peer.addr : "?";
     int rc = lanes_submit_group(p->lanes, j->session, group, p->o.max_lanes_per_peer, &lp->lj);
-    if (rc) {
-        free(lp);
-        if (rc == ECT_EBUSY && lanes_count(p->lanes) >= p->o.max_lanes)
-            return ect_set_error(ECT_EBUSY, "producer serves %u consumer sessions already",
-                                 p->o.max_lanes);
-        if (rc == ECT_EBUSY)
-            return ect_set_error(ECT_EBUSY,
-                                 "producer serves %u consumer sessions of peer %s already "
-                                 "(max_lanes_per_peer)",
-                                 p->o.max_lanes_per_peer, group);
-        if (rc == ECT_ECLOSED) return ect_set_error(ECT_ECLOSED, "producer is closing");
+    if (!rc) return;
+    char why[ECT_ERROR_LEN];
+    if (rc == ECT_EBUSY && lanes_count(p->lanes) >= p->o.max_lanes)
+        snprintf(why, sizeof why, "producer serves %u consumer sessions already", p->o.max_lanes);
+    else if (rc == ECT_EBUSY)
+        snprintf(why, sizeof why,
+                 "producer serves %u consumer sessions of peer %s already (max_lanes_per_peer)",
+                 p->o.max_lanes_per_peer, group);
+    else if (rc == ECT_ECLOSED)
+        snprintf(why, sizeof why, "producer is closing");
+    else
+        snprintf(why, sizeof why, "%s", ect_last_error());
+    for (pull_job *nx; j; j = nx) {
+        nx = j->next;
+        pull_router_refuse_job(&p->r, j, rc, why);
     }
-    return rc;
+    free(lp);
+}
+
+/* Hands the pulls accepted in this burst to their lanes, one job per
+ * consumer session, in order of first arrival (ROUTER thread, stat_mu
+ * held). */
+static void flush_burst(ect_pull_producer *p) {
+    while (p->burst) {
+        lane_pull *lp = p->burst;
+        p->burst = lp->next;
+        submit_group(p, lp);
+    }
 }
 
 /* ---- ROUTER thread */
@@ -540,6 +587,15 @@ static void handle_frames(ect_pull_producer *p) {
     }
 }
 
+/* One burst: the frames waiting on the ROUTER (at most 256), then their
+ * accepted pulls on their lanes. */
+static void handle_burst(ect_pull_producer *p) {
+    handle_frames(p);
+    pthread_mutex_lock(&p->stat_mu);
+    flush_burst(p);
+    pthread_mutex_unlock(&p->stat_mu);
+}
+
 static void *router_main(void *arg) {
     ect_pull_producer *p = arg;
     while (!atomic_load(&p->router_stop)) {
@@ -550,7 +606,7 @@ static void *router_main(void *arg) {
             break;
         }
         if (rc <= 0) continue;
-        if (it[0].revents & ZMQ_POLLIN) handle_frames(p);
+        if (it[0].revents & ZMQ_POLLIN) handle_burst(p);
         if (it[1].revents & ZMQ_POLLIN) drain_completions(p);
     }
     return NULL;

@@ -78,7 +78,9 @@ typedef struct pull_router_ops {
     /* Sends one message to peer (no blocking). Returns 0 or an ECT_E* code. */
     int (*reply)(void *user, const pull_peer *peer, const void *msg, size_t len);
     /* Takes ownership of job on success (0); on failure the caller still
-     * owns it (and its lease). */
+     * owns it (and its lease). A dispatcher may hold accepted jobs and hand
+     * them on later (the producer: at the end of a burst of frames); one it
+     * cannot hand on then is answered with pull_router_refuse_job. */
     int (*dispatch)(void *user, pull_job *job);
 } pull_router_ops;
 
@@ -104,6 +106,11 @@ int pull_allow_check(const char *allow);
  * frames are counted and dropped; refused pulls are answered with a non-zero
  * status and a logged reason. */
 void pull_router_handle(pull_router *r, const pull_peer *peer, const void *buf, size_t len);
+
+/* Refuses an accepted pull its dispatcher could not run after all: counts
+ * and logs it, releases its lease, answers it with status and reason, frees
+ * j. ROUTER thread only. */
+void pull_router_refuse_job(pull_router *r, pull_job *j, int status, const char *reason);
 
 /* Encodes and sends an ECTransferComplete through r->ops.reply. */
 void pull_router_complete(pull_router *r, const pull_peer *peer, const char *mm_hash, int status,

@@ -192,10 +192,17 @@ static void handle_pull(pull_router *r, const pull_peer *peer, wire_transfer_pul
     rc = r->ops.dispatch(r->ops.user, j);
     if (rc) {
         snprintf(why, sizeof why, "%s", ect_last_error());
-        pull_job_free(j);
-        ect_pool_release(r->pool, p->mm_hash);
-        refuse(r, peer, p, rc, why);
+        pull_router_refuse_job(r, j, rc, why);
     }
+}
+
+void pull_router_refuse_job(pull_router *r, pull_job *j, int status, const char *reason) {
+    r->st.pulls_refused++;
+    ECT_LOGW_ID(MOD, NULL, j->mm_hash, "pull of %s for %s refused (%s): %s", j->mm_hash, j->session,
+                ect_strerror(status), reason);
+    ect_pool_release(r->pool, j->mm_hash);
+    pull_router_complete(r, &j->peer, j->mm_hash, status, j->has_token, j->token, reason);
+    pull_job_free(j);
 }
 
 static void handle_request(pull_router *r, const pull_peer *peer, const wire_transfer_request *q) {

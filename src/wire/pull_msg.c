@@ -26,6 +26,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Our messages encode to a few hundred bytes: start the sbuffer there, not
+ * at msgpack-c's 8 KiB (a large malloc, and a malloc_consolidate, per
+ * message). Only the buffer's first size; the bytes are the same. */
+#define MSGPACK_SBUFFER_INIT_SIZE 256
 #include <msgpack.h>
 
 #include "util/util.h"
@@ -321,6 +325,8 @@ static int scan_message(scanner *s) {
 
 /* ------------------------------------------------ step 2: msgpack-c unpack */
 
+#define UNPACK_ZONE_CHUNK 960 /* bytes: below malloc's large-request threshold with its header */
+
 static int unpack(const void *buf, size_t len, const char *msg, msgpack_unpacked *u) {
     msgpack_unpacked_init(u);
     if (!buf && len) return ect_set_error(ECT_EINVAL, "%s: NULL buffer", msg);
@@ -330,8 +336,13 @@ static int unpack(const void *buf, size_t len, const char *msg, msgpack_unpacked
     scanner s = {.p = buf, .len = len, .msg = msg};
     int rc = scan_message(&s);
     if (rc) return rc;
+    /* The zone's first chunk sized for a message of ours (msgpack-c's default
+     * is 8 KiB, a large malloc per message); a larger one grows it. */
+    u->zone = msgpack_zone_new(UNPACK_ZONE_CHUNK);
+    if (!u->zone)
+        return ect_set_error(ECT_ENOMEM, "%s: out of memory unpacking %zu bytes", msg, len);
     size_t off = 0;
-    msgpack_unpack_return r = msgpack_unpack_next(u, buf, len, &off);
+    msgpack_unpack_return r = msgpack_unpack(buf, len, &off, u->zone, &u->data);
     if (r == MSGPACK_UNPACK_SUCCESS && off == len && u->data.type == MSGPACK_OBJECT_MAP) return 0;
     msgpack_unpacked_destroy(u);
     msgpack_unpacked_init(u);
