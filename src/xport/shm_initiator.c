@@ -368,7 +368,11 @@ static int map_fd(shm_conn *c, const shm_grant_entry *e, int fd, uint64_t token,
         close(fd);
         return ect_set_error(ECT_EPROTO, "shm: region %" PRIu64 " came with a bad fd", e->rid);
     }
-    shm_file f = {e->file, fd, (uint64_t)st.st_dev, (uint64_t)st.st_ino, (uint64_t)st.st_size,
+    shm_file f = {e->file,
+                  fd,
+                  (uint64_t)st.st_dev,
+                  (uint64_t)st.st_ino,
+                  (uint64_t)st.st_size,
                   (uint64_t)st.st_blksize};
     int rc = map_region(c, e, &f, token, retired);
     if (!e->file || file_find(c, e->file) || !file_keep(c, &f)) close(fd);

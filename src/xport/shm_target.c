@@ -43,8 +43,8 @@ typedef struct sent_file {
 
 /* What this connection's initiator was given. */
 typedef struct conn_sent {
-    sent_ids ids;       /* regions granted and not yet dropped */
-    sent_file *files;   /* memory files held (files capability only) */
+    sent_ids ids;     /* regions granted and not yet dropped */
+    sent_file *files; /* memory files held (files capability only) */
     size_t nfiles, capfiles;
     uint32_t next_file; /* the last file number handed out */
     bool use_files;     /* the initiator said SHM_HELLO_FILES */

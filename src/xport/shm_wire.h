@@ -51,8 +51,8 @@ typedef struct shm_slot {
 #define SHM_SEG_LEN (SHM_SLOTS * sizeof(shm_slot))
 
 /* GRANT entry flags */
-#define SHM_GF_FD 1u  /* the region's fd is attached (fds in entry order) */
-#define SHM_GF_IPC 2u /* the region is CUDA memory: its record is in the IPC trailer */
+#define SHM_GF_FD 1u   /* the region's fd is attached (fds in entry order) */
+#define SHM_GF_IPC 2u  /* the region is CUDA memory: its record is in the IPC trailer */
 #define SHM_GF_FILE 4u /* no fd attached: the region lies in file `file`, attached before */
 /* A drop list entry with this bit set names a file number (low 32 bits)
  * whose memory is gone, not a region id (region ids stay below 2^63). */
