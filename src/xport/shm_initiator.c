@@ -17,6 +17,12 @@
  * per-process token) is written through its device address directly, since
  * the driver refuses to open a handle in the process that exported it.
  *
+ * A write window's pool file comes once per connection (SHM_HELLO_FILES):
+ * with the first window of a pool its fd arrives numbered and is kept in
+ * the connection's file table; later windows of that pool name the number
+ * and carry no fd (no fd passing, fstat or close per window); the target's
+ * file drop, once the pool is gone, closes it.
+ *
  * A write into a region this connection mapped takes the fast path: no
  * message, only the control segment's `users` count and `state` check;
  * everything else goes through BEGIN / GRANT / copy / DONE, one round trip
@@ -431,6 +437,7 @@ static int chunk(ect_xport *x, shm_conn *c, const ect_write *w, const size_t *id
     }
     int fi = 0;
     uint32_t ipc_seen = 0;
+    bool lost_file = false; /* the target names a file we do not hold (we could not keep it) */
     for (uint32_t i = 0; i < n; i++) {
         shm_grant_entry e;
         shm_grant_entry_get(buf, &g, i, &ipc_seen, &e);
@@ -441,6 +448,7 @@ static int chunk(ect_xport *x, shm_conn *c, const ect_write *w, const size_t *id
             if (err && s == 0) s = err;
         } else if (e.flags & SHM_GF_FILE) {
             int err = map_file(c, &e, tok[wi], &retired);
+            lost_file |= err == ECT_EPROTO && !file_find(c, e.file);
             if (err && s == 0) s = err;
         } else if (e.flags & SHM_GF_IPC) {
             int err = map_ipc(c, &e, tok[wi]);
@@ -472,7 +480,12 @@ static int chunk(ect_xport *x, shm_conn *c, const ect_write *w, const size_t *id
         if (d & SHM_DROP_FILE) file_close(c, (uint32_t)d);
     }
     shm_done_encode(buf, n);
-    return shm_msg_send(c->fd, buf, SHM_DONE_LEN, NULL, 0, to);
+    rc = shm_msg_send(c->fd, buf, SHM_DONE_LEN, NULL, 0, to);
+    /* A connection whose files disagree with the target's is dropped; the
+     * next batch connects afresh and is sent the fd again. */
+    if (!rc && lost_file)
+        rc = ect_set_error(ECT_EPROTO, "shm: the target named a memory file not held here");
+    return rc;
 }
 
 /* The fast path: a write into a region this connection already mapped is

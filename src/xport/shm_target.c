@@ -8,7 +8,10 @@
  * answers (GRANT), attaching a region's fd (or, for CUDA memory, its IPC
  * record) the first time the connection is granted that region; the
  * initiator copies and says DONE; the target drops the references. So
- * unregister waits for copies in progress, exactly as for tcp receives. The
+ * unregister waits for copies in progress, exactly as for tcp receives.
+ * Towards an initiator that said SHM_HELLO_FILES a pool's fd is attached
+ * once per connection, numbered; later windows of the pool name the number
+ * (conn_sent), and the pool's end is a file drop. The
  * fast path (a region mapped before) asks nothing: unregister clears the
  * region's state in every segment, then waits for the segments' `users` to
  * drain.
