@@ -59,8 +59,6 @@ static void grant(const uint8_t *msg, size_t len, uint32_t n, int nfds) {
         shm_grant_entry e;
         shm_grant_entry_get(msg, &g, i, &seen, &e);
         fds += (e.flags & SHM_GF_FD) != 0;
-        zat[nz] = 16 + SHM_GENT * (size_t)i + 44;
-        zlen[nz++] = 4;
         if (e.flags & SHM_GF_IPC) {
             if (e.ipc_handle < msg || e.ipc_handle + SHM_IPC_LEN > msg + len) __builtin_trap();
             zat[nz] = (size_t)(e.ipc_handle - msg) + 84;

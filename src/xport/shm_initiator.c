@@ -17,6 +17,12 @@
  * per-process token) is written through its device address directly, since
  * the driver refuses to open a handle in the process that exported it.
  *
+ * A write window's pool file comes once per connection (SHM_HELLO_FILES):
+ * with the first window of a pool its fd arrives numbered and is kept in
+ * the connection's file table; later windows of that pool name the number
+ * and carry no fd (no fd passing, fstat or close per window); the target's
+ * file drop, once the pool is gone, closes it.
+ *
  * A write into a region this connection mapped takes the fast path: no
  * message, only the control segment's `users` count and `state` check;
  * everything else goes through BEGIN / GRANT / copy / DONE, one round trip
@@ -57,12 +63,49 @@ typedef struct shm_map {
     UT_hash_handle hh_tok; /* by token */
 } shm_map;
 
+/* A memory file (a region's fd) and what fstat said of it. */
+typedef struct shm_file {
+    uint32_t num; /* the target's number for it on this connection; 0: none */
+    int fd;
+    uint64_t dev, ino, size, blksize;
+} shm_file;
+
 typedef struct shm_conn {
     int fd;
     shm_slot *seg; /* the target's control segment for this connection */
     shm_map *maps; /* this connection's mappings, by region id */
     shm_map *by_tok;
+    shm_file *files; /* pools' memory files held by number (SHM_HELLO_FILES) */
+    size_t nfiles, capfiles;
 } shm_conn;
+
+static shm_file *file_find(shm_conn *c, uint32_t num) {
+    for (size_t i = 0; i < c->nfiles; i++)
+        if (c->files[i].num == num) return &c->files[i];
+    return NULL;
+}
+
+/* Keeps f (its fd included) under its number; false when out of memory. */
+static bool file_keep(shm_conn *c, const shm_file *f) {
+    if (c->nfiles == c->capfiles) {
+        size_t nc = c->capfiles ? 2 * c->capfiles : 4;
+        shm_file *nv = realloc(c->files, nc * sizeof *nv);
+        if (!nv) return false;
+        c->files = nv;
+        c->capfiles = nc;
+    }
+    c->files[c->nfiles++] = *f;
+    return true;
+}
+
+/* The target dropped file `num` (its pool is gone): close our fd. Mappings
+ * made from it stay valid until their own windows are dropped. */
+static void file_close(shm_conn *c, uint32_t num) {
+    shm_file *f = file_find(c, num);
+    if (!f) return;
+    close(f->fd);
+    *f = c->files[--c->nfiles];
+}
 
 static void map_drop(shm_conn *c, shm_map *m) {
     HASH_DEL(c->maps, m);
@@ -140,6 +183,8 @@ static void conn_free(shm_conn *c) {
     HASH_ITER(hh, c->maps, m, tmp) map_drop(c, m);
     if (c->seg) munmap(c->seg, SHM_SEG_LEN);
     if (c->fd >= 0) close(c->fd);
+    for (size_t i = 0; i < c->nfiles; i++) close(c->files[i].fd);
+    free(c->files);
     free(c);
 }
 
@@ -196,7 +241,7 @@ static int take_conn(ect_xport *x, xp_peer *p, shm_conn **out) {
     struct stat st;
     xp_auth_frame af;
     shm_hello_encode(h);
-    if (x->keys) xp_put_u16(h + 6, SHM_HELLO_AUTH);
+    xp_put_u16(h + 6, (uint16_t)(SHM_HELLO_FILES | (x->keys ? SHM_HELLO_AUTH : 0)));
     int rc = shm_msg_send(fd, h, SHM_HELLO_LEN, NULL, 0, x->opts.io_timeout_ms);
     shm_set_timeouts(fd, x->opts.io_timeout_ms);
     if (!rc && x->keys) {
@@ -249,46 +294,40 @@ static void retired_free(shm_map *r) {
     }
 }
 
-/* Maps a granted host region: exactly the pages that cover it. When a
- * mapping retired by this same GRANT's drop list covers those pages of the
- * same file (the pool handed a closed window's range, or part of it, to the
- * new one), that mapping is taken over, its pages beyond the new window
- * unmapped, instead of an munmap plus a populated mmap of the same pages:
- * nothing is mapped beyond the new window, and nothing lives longer than it
- * did (a retired mapping is unmapped by the end of its chunk either way). */
-static int map_region(shm_conn *c, const shm_grant_entry *e, int fd, uint64_t token,
+/* Maps a granted host region from memory file f: exactly the pages that
+ * cover it. When a mapping retired by this same GRANT's drop list covers
+ * those pages of the same file (the pool handed a closed window's range, or
+ * part of it, to the new one), that mapping is taken over, its pages beyond
+ * the new window unmapped, instead of an munmap plus a populated mmap of the
+ * same pages: nothing is mapped beyond the new window, and nothing lives
+ * longer than it did (a retired mapping is unmapped by the end of its chunk
+ * either way). The caller keeps or closes f's fd. */
+static int map_region(shm_conn *c, const shm_grant_entry *e, const shm_file *f, uint64_t token,
                       shm_map **retired) {
     uint64_t rid = e->rid, raddr = e->raddr, rlen = e->rlen, foff = e->fd_off;
     uint32_t slot = e->slot;
     shm_map *m;
     HASH_FIND(hh, c->maps, &rid, sizeof rid, m);
-    if (m) { /* already mapped: the target sent it twice; keep ours */
-        close(fd);
-        return 0;
-    }
+    if (m) return 0; /* already mapped: the target sent it twice; keep ours */
     uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE), aoff, end;
-    struct stat st;
-    if (!ect_add_u64(foff, rlen, &end) || rlen == 0 || rlen > SIZE_MAX / 2 || fstat(fd, &st) != 0 ||
-        (uint64_t)st.st_size < end || slot >= SHM_SLOTS) {
-        close(fd);
+    if (!ect_add_u64(foff, rlen, &end) || rlen == 0 || rlen > SIZE_MAX / 2 || f->size < end ||
+        slot >= SHM_SLOTS)
         return ect_set_error(ECT_EPROTO, "shm: region %" PRIu64 " does not fit its fd", rid);
-    }
     /* Map only the pages that cover the region (a write window is a few
      * pages of a large pool file): the file's own page size, 2 MiB for a
      * huge-page pool, where mmap offsets must be multiples of it. */
-    uint64_t bs = (uint64_t)st.st_blksize;
+    uint64_t bs = f->blksize;
     if (bs > pg && bs <= (1ull << 30) && (bs & (bs - 1)) == 0) pg = bs;
     aoff = foff & ~(pg - 1);
     size_t ml = (size_t)(rlen + (foff - aoff));
     ml = (ml + pg - 1) & ~(size_t)(pg - 1);
     shm_map **pp = retired;
-    while (*pp && !((*pp)->fdev == (uint64_t)st.st_dev && (*pp)->ino == (uint64_t)st.st_ino &&
-                    (*pp)->aoff <= aoff && aoff + ml <= (*pp)->aoff + (*pp)->maplen))
+    while (*pp && !((*pp)->fdev == f->dev && (*pp)->ino == f->ino && (*pp)->aoff <= aoff &&
+                    aoff + ml <= (*pp)->aoff + (*pp)->maplen))
         pp = &(*pp)->next;
     if (*pp) {
         m = *pp;
         *pp = m->next;
-        close(fd);
         m->next = NULL;
         size_t head = (size_t)(aoff - m->aoff), tail = m->maplen - head - ml;
         if (head) munmap(m->base, head);
@@ -300,8 +339,7 @@ static int map_region(shm_conn *c, const shm_grant_entry *e, int fd, uint64_t to
         /* Populated at once: one kernel pass instead of a fault per page
          * during the copy (each new window is a fresh mapping). */
         void *b =
-            mmap(NULL, ml, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, (off_t)aoff);
-        close(fd);
+            mmap(NULL, ml, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, f->fd, (off_t)aoff);
         if (b == MAP_FAILED) return ect_set_errno(errno, "shm: mmap of region %" PRIu64, rid);
         m = calloc(1, sizeof *m);
         if (!m) {
@@ -310,8 +348,8 @@ static int map_region(shm_conn *c, const shm_grant_entry *e, int fd, uint64_t to
         }
         m->base = b;
         m->maplen = ml;
-        m->fdev = (uint64_t)st.st_dev;
-        m->ino = (uint64_t)st.st_ino;
+        m->fdev = f->dev;
+        m->ino = f->ino;
         m->aoff = aoff;
     }
     uint8_t *b = m->base;
@@ -324,6 +362,36 @@ static int map_region(shm_conn *c, const shm_grant_entry *e, int fd, uint64_t to
     m->slot = slot;
     map_add(c, m);
     return 0;
+}
+
+/* A granted region whose fd came with the GRANT: maps it, then keeps the fd
+ * when the target numbered the file (later windows of the same pool come
+ * without one), else closes it. */
+static int map_fd(shm_conn *c, const shm_grant_entry *e, int fd, uint64_t token,
+                  shm_map **retired) {
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        close(fd);
+        return ect_set_error(ECT_EPROTO, "shm: region %" PRIu64 " came with a bad fd", e->rid);
+    }
+    shm_file f = {e->file,
+                  fd,
+                  (uint64_t)st.st_dev,
+                  (uint64_t)st.st_ino,
+                  (uint64_t)st.st_size,
+                  (uint64_t)st.st_blksize};
+    int rc = map_region(c, e, &f, token, retired);
+    if (!e->file || file_find(c, e->file) || !file_keep(c, &f)) close(fd);
+    return rc;
+}
+
+/* A granted region in a memory file the connection holds (SHM_GF_FILE). */
+static int map_file(shm_conn *c, const shm_grant_entry *e, uint64_t token, shm_map **retired) {
+    const shm_file *f = file_find(c, e->file);
+    if (!f)
+        return ect_set_error(ECT_EPROTO, "shm: region %" PRIu64 " names file %u, not held here",
+                             e->rid, e->file);
+    return map_region(c, e, f, token, retired);
 }
 
 /* A write's source: its kind (ECT_MEM_CUDA or host) and device. */
@@ -356,6 +424,7 @@ static int chunk(ect_xport *x, shm_conn *c, const ect_write *w, const size_t *id
     for (uint32_t i = 0; i < g.ndrop; i++) {
         uint64_t rid = xp_get_u64(g.drops + 8 * (size_t)i);
         shm_map *m;
+        if (rid & SHM_DROP_FILE) continue; /* a file: after the entries */
         HASH_FIND(hh, c->maps, &rid, sizeof rid, m);
         if (m && m->base) {
             HASH_DEL(c->maps, m);
@@ -368,13 +437,18 @@ static int chunk(ect_xport *x, shm_conn *c, const ect_write *w, const size_t *id
     }
     int fi = 0;
     uint32_t ipc_seen = 0;
+    bool lost_file = false; /* the target names a file we do not hold (we could not keep it) */
     for (uint32_t i = 0; i < n; i++) {
         shm_grant_entry e;
         shm_grant_entry_get(buf, &g, i, &ipc_seen, &e);
         int32_t s = e.status;
         size_t wi = idx[i];
         if (e.flags & SHM_GF_FD) {
-            int err = map_region(c, &e, fds[fi++], tok[wi], &retired);
+            int err = map_fd(c, &e, fds[fi++], tok[wi], &retired);
+            if (err && s == 0) s = err;
+        } else if (e.flags & SHM_GF_FILE) {
+            int err = map_file(c, &e, tok[wi], &retired);
+            lost_file |= err == ECT_EPROTO && !file_find(c, e.file);
             if (err && s == 0) s = err;
         } else if (e.flags & SHM_GF_IPC) {
             int err = map_ipc(c, &e, tok[wi]);
@@ -398,8 +472,20 @@ static int chunk(ect_xport *x, shm_conn *c, const ect_write *w, const size_t *id
     }
     while (fi < nfds) close(fds[fi++]);
     retired_free(retired);
+    /* Files of pools that are gone: after the entries, which may still map
+     * from them (the target numbers them afresh if it ever sends them
+     * again). */
+    for (uint32_t i = 0; i < g.ndrop; i++) {
+        uint64_t d = xp_get_u64(g.drops + 8 * (size_t)i);
+        if (d & SHM_DROP_FILE) file_close(c, (uint32_t)d);
+    }
     shm_done_encode(buf, n);
-    return shm_msg_send(c->fd, buf, SHM_DONE_LEN, NULL, 0, to);
+    rc = shm_msg_send(c->fd, buf, SHM_DONE_LEN, NULL, 0, to);
+    /* A connection whose files disagree with the target's is dropped; the
+     * next batch connects afresh and is sent the fd again. */
+    if (!rc && lost_file)
+        rc = ect_set_error(ECT_EPROTO, "shm: the target named a memory file not held here");
+    return rc;
 }
 
 /* The fast path: a write into a region this connection already mapped is

@@ -8,7 +8,10 @@
  * answers (GRANT), attaching a region's fd (or, for CUDA memory, its IPC
  * record) the first time the connection is granted that region; the
  * initiator copies and says DONE; the target drops the references. So
- * unregister waits for copies in progress, exactly as for tcp receives. The
+ * unregister waits for copies in progress, exactly as for tcp receives.
+ * Towards an initiator that said SHM_HELLO_FILES a pool's fd is attached
+ * once per connection, numbered; later windows of the pool name the number
+ * (conn_sent), and the pool's end is a file drop. The
  * fast path (a region mapped before) asks nothing: unregister clears the
  * region's state in every segment, then waits for the segments' `users` to
  * drain.
@@ -34,10 +37,60 @@ typedef struct sent_ids {
     size_t n, cap;
 } sent_ids;
 
+/* A pool's memory file as this connection's initiator holds it (with
+ * SHM_HELLO_FILES): attached once, then named by its number. */
+typedef struct sent_file {
+    uint64_t pool_id; /* the pool region the windows lie in */
+    uint32_t num;     /* the file number the initiator knows it by */
+} sent_file;
+
+/* What this connection's initiator was given. */
+typedef struct conn_sent {
+    sent_ids ids;     /* regions granted and not yet dropped */
+    sent_file *files; /* memory files held (files capability only) */
+    size_t nfiles, capfiles;
+    uint32_t next_file; /* the last file number handed out */
+    bool use_files;     /* the initiator said SHM_HELLO_FILES */
+} conn_sent;
+
 static bool sent_has(const sent_ids *s, uint64_t id) {
     for (size_t i = 0; i < s->n; i++)
         if (s->v[i] == id) return true;
     return false;
+}
+
+static bool sent_add(sent_ids *s, uint64_t id) {
+    if (s->n == s->cap) {
+        size_t nc = s->cap ? 2 * s->cap : 16;
+        uint64_t *nv = realloc(s->v, nc * sizeof *nv);
+        if (!nv) return false;
+        s->v = nv;
+        s->cap = nc;
+    }
+    s->v[s->n++] = id;
+    return true;
+}
+
+/* The number of the memory file of pool `pool_id` the initiator holds, or 0. */
+static uint32_t file_held(const conn_sent *cs, uint64_t pool_id) {
+    for (size_t i = 0; i < cs->nfiles; i++)
+        if (cs->files[i].pool_id == pool_id) return cs->files[i].num;
+    return 0;
+}
+
+/* Records that the fd attached now is pool `pool_id`'s file: its number,
+ * or 0 when out of memory (then the fd travels without one, as before). */
+static uint32_t file_add(conn_sent *cs, uint64_t pool_id) {
+    if (cs->next_file == UINT32_MAX) return 0;
+    if (cs->nfiles == cs->capfiles) {
+        size_t nc = cs->capfiles ? 2 * cs->capfiles : 4;
+        sent_file *nv = realloc(cs->files, nc * sizeof *nv);
+        if (!nv) return 0;
+        cs->files = nv;
+        cs->capfiles = nc;
+    }
+    cs->files[cs->nfiles++] = (sent_file){pool_id, ++cs->next_file};
+    return cs->next_file;
 }
 
 static int cmp_u64(const void *a, const void *b) {
@@ -96,13 +149,34 @@ static void seg_close(shm_impl *s, shm_seg *g) {
     munmap(g->slots, SHM_SEG_LEN);
 }
 
+/* What travels with the first grant of region r on this connection: its
+ * IPC record (CUDA), its fd, or, for a window of a pool whose memory file
+ * the initiator already holds, that file's number and no fd. */
+static void attach(conn_sent *cs, const xp_region *r, shm_grant_entry *e, uint8_t *ipc,
+                   uint32_t *nipc, int *fds, int *nfds) {
+    if (r->kind == ECT_MEM_CUDA) {
+        shm_grant_put_ipc(ipc + SHM_IPC_LEN * (size_t)(*nipc)++, r->ipc, r->ipc_off,
+                          shm_process_token(), (uint32_t)r->device);
+        e->flags = SHM_GF_IPC;
+        return;
+    }
+    if (cs->use_files && r->parent && (e->file = file_held(cs, r->parent->id)) != 0) {
+        e->flags = SHM_GF_FILE;
+        return;
+    }
+    if (cs->use_files && r->parent) e->file = file_add(cs, r->parent->id);
+    fds[(*nfds)++] = r->fd;
+    e->flags = SHM_GF_FD;
+}
+
 /* Grants one BEGIN of n entries (in `in`) into `out`: takes a reference on
  * each accepted write's region (held[i]), attaches what the connection has
  * not been given yet and lists what it was given that is gone. Returns the
  * GRANT's length and its fds, or 0 when out of memory. */
 static size_t grant(ect_xport *x, const uint8_t *in, uint32_t n, uint8_t *out, uint8_t *ipc,
-                    xp_region **held, sent_ids *sent, int *fds, int *nfds) {
+                    xp_region **held, conn_sent *cs, int *fds, int *nfds) {
     uint32_t ndrop = 0, nipc = 0;
+    sent_ids *sent = &cs->ids;
     *nfds = 0;
     for (uint32_t i = 0; i < n; i++) {
         shm_begin_entry b;
@@ -113,22 +187,8 @@ static size_t grant(ect_xport *x, const uint8_t *in, uint32_t n, uint8_t *out, u
         held[i] = r;
         if (r) {
             if (!sent_has(sent, r->id)) {
-                if (sent->n == sent->cap) {
-                    size_t nc = sent->cap ? 2 * sent->cap : 16;
-                    uint64_t *nv = realloc(sent->v, nc * sizeof *nv);
-                    if (!nv) return 0;
-                    sent->v = nv;
-                    sent->cap = nc;
-                }
-                sent->v[sent->n++] = r->id;
-                if (r->kind == ECT_MEM_CUDA) {
-                    shm_grant_put_ipc(ipc + SHM_IPC_LEN * (size_t)nipc++, r->ipc, r->ipc_off,
-                                      shm_process_token(), (uint32_t)r->device);
-                    e.flags = SHM_GF_IPC;
-                } else {
-                    fds[(*nfds)++] = r->fd;
-                    e.flags = SHM_GF_FD;
-                }
+                if (!sent_add(sent, r->id)) return 0;
+                attach(cs, r, &e, ipc, &nipc, fds, nfds);
             }
             e.rid = r->id;
             e.raddr = (uint64_t)(uintptr_t)r->addr;
@@ -138,9 +198,10 @@ static size_t grant(ect_xport *x, const uint8_t *in, uint32_t n, uint8_t *out, u
         }
         shm_grant_put_entry(out, i, &e);
     }
-    /* Regions this connection was given that are gone: tell it to unmap. */
+    /* Regions this connection was given that are gone: tell it to unmap;
+     * pools gone: tell it to close their files. */
     size_t nalive = 0;
-    uint64_t *alive = sent->n ? alive_ids(&x->regs, &nalive) : NULL;
+    uint64_t *alive = sent->n || cs->nfiles ? alive_ids(&x->regs, &nalive) : NULL;
     /* (Out of memory: nothing counts as alive, so the peer unmaps what it was
      * given and is granted it again on its next write: slower, still safe.) */
     for (size_t i = 0; i < sent->n && ndrop < SHM_MAX_DROP;) {
@@ -150,6 +211,14 @@ static size_t grant(ect_xport *x, const uint8_t *in, uint32_t n, uint8_t *out, u
         }
         shm_grant_put_drop(out, n, ndrop++, sent->v[i]);
         sent->v[i] = sent->v[--sent->n];
+    }
+    for (size_t i = 0; i < cs->nfiles && ndrop < SHM_MAX_DROP;) {
+        if (alive && bsearch(&cs->files[i].pool_id, alive, nalive, sizeof *alive, cmp_u64)) {
+            i++;
+            continue;
+        }
+        shm_grant_put_drop(out, n, ndrop++, SHM_DROP_FILE | cs->files[i].num);
+        cs->files[i] = cs->files[--cs->nfiles];
     }
     free(alive);
     return shm_grant_finish(out, n, ndrop, (uint32_t)*nfds, ipc, nipc);
@@ -170,7 +239,7 @@ static void serve_conn(void *ctx, int fd, int stopfd) {
     uint8_t *in = malloc(SHM_BEGIN_MAX), *out = malloc(SHM_GRANT_MAX);
     uint8_t *ipc = malloc(SHM_IPC_LEN * SHM_CHUNK);
     xp_region **held = calloc(SHM_CHUNK, sizeof *held);
-    sent_ids sent = {0};
+    conn_sent cs = {0};
     size_t len;
     (void)stopfd; /* the server's stop shuts the socket down, which ends recvmsg */
     if (!in || !out || !ipc || !held || !shm_same_uid(fd)) goto done;
@@ -185,6 +254,7 @@ static void serve_conn(void *ctx, int fd, int stopfd) {
      * is handed out; keys on one side only are refused with a RESULT frame
      * that says so. */
     bool wants_auth = xp_get_u16(in + 6) & SHM_HELLO_AUTH;
+    cs.use_files = xp_get_u16(in + 6) & SHM_HELLO_FILES;
     if (x->keys || wants_auth) {
         uint8_t f[XP_AUTH_LEN];
         const char *why = NULL;
@@ -225,7 +295,7 @@ static void serve_conn(void *ctx, int fd, int stopfd) {
             break;
         }
         int fds[SHM_CHUNK], nfds;
-        size_t glen = grant(x, in, n, out, ipc, held, &sent, fds, &nfds);
+        size_t glen = grant(x, in, n, out, ipc, held, &cs, fds, &nfds);
         int rc = glen ? shm_msg_send(fd, out, glen, fds, nfds, to) : ECT_ENOMEM;
         /* The initiator copies now; wait for DONE within the io timeout.
          * DONE is not answered: the bytes landed when the initiator's copy
@@ -241,7 +311,8 @@ done:
     free(out);
     free(ipc);
     free(held);
-    free(sent.v);
+    free(cs.ids.v);
+    free(cs.files);
 }
 
 /* A region gets a slot; every connection's segment shows it registered. A

@@ -12,6 +12,7 @@
  *                ordinal, u32 0}
  *   DONE         u32 magic, u32 n
  */
+#include <stdbool.h>
 #include <string.h>
 
 #include "util/util.h"
@@ -86,7 +87,7 @@ void shm_grant_put_entry(uint8_t *buf, uint32_t i, const shm_grant_entry *e) {
     xp_put_u64(o + 24, e->rlen);
     xp_put_u64(o + 32, e->fd_off);
     xp_put_u32(o + 40, e->slot);
-    xp_put_u32(o + 44, 0);
+    xp_put_u32(o + 44, e->file);
 }
 
 void shm_grant_put_drop(uint8_t *buf, uint32_t n, uint32_t k, uint64_t rid) {
@@ -113,6 +114,15 @@ void shm_grant_put_ipc(uint8_t *rec, const uint8_t handle[64], uint64_t ipc_off,
     xp_put_u32(rec + 84, 0);
 }
 
+/* At most one of FD, IPC, FILE; a file number only with FD or FILE, and
+ * FILE only with one. */
+static bool grant_flags_ok(uint32_t f, uint32_t file) {
+    if (f & ~(SHM_GF_FD | SHM_GF_IPC | SHM_GF_FILE)) return false;
+    if (f & (f - 1)) return false; /* more than one bit */
+    if (f == SHM_GF_FILE) return file != 0;
+    return file == 0 || f == SHM_GF_FD;
+}
+
 int shm_grant_decode(const uint8_t *buf, size_t len, uint32_t n, int nfds, shm_grant *g) {
     memset(g, 0, sizeof *g);
     if (len < 16 || xp_get_u32(buf) != SHM_MAGIC_GRANT || xp_get_u32(buf + 4) != n || n == 0 ||
@@ -128,8 +138,10 @@ int shm_grant_decode(const uint8_t *buf, size_t len, uint32_t n, int nfds, shm_g
     uint32_t nfd = 0, nipc = 0;
     for (uint32_t i = 0; i < n; i++) {
         uint32_t f = xp_get_u32(buf + 16 + SHM_GENT * (size_t)i + 4);
-        if ((f & ~(SHM_GF_FD | SHM_GF_IPC)) || f == (SHM_GF_FD | SHM_GF_IPC))
-            return ect_set_error(ECT_EPROTO, "shm: GRANT entry %u has flags 0x%x", i, f);
+        uint32_t file = xp_get_u32(buf + 16 + SHM_GENT * (size_t)i + 44);
+        if (!grant_flags_ok(f, file))
+            return ect_set_error(ECT_EPROTO, "shm: GRANT entry %u has flags 0x%x, file %u", i, f,
+                                 file);
         nfd += (f & SHM_GF_FD) != 0;
         nipc += (f & SHM_GF_IPC) != 0;
     }
@@ -153,6 +165,7 @@ void shm_grant_entry_get(const uint8_t *buf, const shm_grant *g, uint32_t i, uin
     e->rlen = xp_get_u64(p + 24);
     e->fd_off = xp_get_u64(p + 32);
     e->slot = xp_get_u32(p + 40);
+    e->file = xp_get_u32(p + 44);
     if (e->flags & SHM_GF_IPC) {
         const uint8_t *r = buf + 16 + SHM_GENT * (size_t)g->n + 8 * (size_t)g->ndrop +
                            SHM_IPC_LEN * (size_t)(*ipc_seen)++;

@@ -25,6 +25,10 @@
 /* HELLO flags (u16 at offset 6, formerly 0): bit 0 = the initiator has
  * data-plane keys and the handshake (xport/auth.h) follows the HELLO. */
 #define SHM_HELLO_AUTH 1u
+/* HELLO flags bit 1 = the initiator keeps a pool's memory file once per
+ * connection (GRANT entries may then carry a file number, SHM_GF_FILE and
+ * file drops; docs/PROTOCOL.md "shm", "Memory files once per connection"). */
+#define SHM_HELLO_FILES 2u
 #define SHM_CHUNK 250 /* writes per BEGIN; below SCM_MAX_FD (253) */
 #define SHM_MAX_DROP 256
 #define SHM_HELLO_LEN 8
@@ -47,8 +51,12 @@ typedef struct shm_slot {
 #define SHM_SEG_LEN (SHM_SLOTS * sizeof(shm_slot))
 
 /* GRANT entry flags */
-#define SHM_GF_FD 1u  /* the region's fd is attached (fds in entry order) */
-#define SHM_GF_IPC 2u /* the region is CUDA memory: its record is in the IPC trailer */
+#define SHM_GF_FD 1u   /* the region's fd is attached (fds in entry order) */
+#define SHM_GF_IPC 2u  /* the region is CUDA memory: its record is in the IPC trailer */
+#define SHM_GF_FILE 4u /* no fd attached: the region lies in file `file`, attached before */
+/* A drop list entry with this bit set names a file number (low 32 bits)
+ * whose memory is gone, not a region id (region ids stay below 2^63). */
+#define SHM_DROP_FILE (1ull << 63)
 
 /* ---- HELLO (initiator -> target) and its reply (target -> initiator, with
  * the control segment's fd attached). */
@@ -77,6 +85,7 @@ typedef struct shm_grant_entry {
     uint32_t flags;
     uint64_t rid, raddr, rlen, fd_off;
     uint32_t slot;
+    uint32_t file; /* 0, or the connection's number for the region's memory file */
     /* SHM_GF_IPC only: */
     const uint8_t *ipc_handle; /* 64 bytes (inside the message, when decoded) */
     uint64_t ipc_off;          /* the region's offset in its IPC allocation */

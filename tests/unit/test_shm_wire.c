@@ -87,6 +87,63 @@ static void test_grant_round_trip(void **state) {
     free(b);
 }
 
+/* Memory files once per connection: a numbered fd entry, a FILE entry
+ * naming it (no fd), a file drop; the bytes of the FILE entry exactly as
+ * docs/PROTOCOL.md gives them; every flag combination the decoder must
+ * refuse. */
+static void test_grant_files(void **state) {
+    (void)state;
+    uint8_t *b = malloc(SHM_GRANT_MAX);
+    shm_grant_entry in[2] = {
+        {.flags = SHM_GF_FD, .rid = 5, .raddr = 0x1000, .rlen = 64, .slot = 1, .file = 1},
+        {.flags = SHM_GF_FILE,
+         .rid = 6,
+         .raddr = 0x2000,
+         .rlen = 8,
+         .fd_off = 4096,
+         .slot = 2,
+         .file = 1},
+    };
+    for (uint32_t i = 0; i < 2; i++) shm_grant_put_entry(b, i, &in[i]);
+    shm_grant_put_drop(b, 2, 0, SHM_DROP_FILE | 7);
+    size_t len = shm_grant_finish(b, 2, 1, 1, NULL, 0);
+    assert_int_equal(len, 16 + 2 * SHM_GENT + 8);
+    assert_hex(b + 16 + SHM_GENT, SHM_GENT,
+               "0000000004000000"
+               "0600000000000000" /* status 0, flags 4 (FILE), rid 6 */
+               "0020000000000000"
+               "0800000000000000" /* raddr, rlen */
+               "0010000000000000"
+               "0200000001000000");                           /* fd_off, slot 2, file 1 */
+    assert_hex(b + 16 + 2 * SHM_GENT, 8, "0700000000000080"); /* file drop: bit 63 | 7 */
+    shm_grant g;
+    assert_int_equal(shm_grant_decode(b, len, 2, 1, &g), 0);
+    uint32_t seen = 0;
+    for (uint32_t i = 0; i < 2; i++) {
+        shm_grant_entry e;
+        shm_grant_entry_get(b, &g, i, &seen, &e);
+        assert_int_equal(e.flags, in[i].flags);
+        assert_int_equal(e.file, 1);
+        assert_true(e.rid == in[i].rid && e.fd_off == in[i].fd_off && e.slot == in[i].slot);
+    }
+    /* FILE without a number, a number on an IPC entry, FILE with FD or IPC. */
+    shm_grant_entry bad[] = {{.flags = SHM_GF_FILE},
+                             {.flags = SHM_GF_IPC, .file = 1},
+                             {.flags = SHM_GF_FILE | SHM_GF_FD, .file = 1},
+                             {.flags = SHM_GF_FILE | SHM_GF_IPC, .file = 1},
+                             {.flags = 8},
+                             {.flags = 0, .file = 3}};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        shm_grant_put_entry(b, 0, &bad[k]);
+        uint32_t nfds = (bad[k].flags & SHM_GF_FD) ? 1 : 0,
+                 nipc = (bad[k].flags & SHM_GF_IPC) ? 1 : 0;
+        uint8_t ipc[SHM_IPC_LEN] = {0};
+        len = shm_grant_finish(b, 1, 0, nfds, ipc, nipc);
+        assert_err(shm_grant_decode(b, len, 1, (int)nfds, &g), ECT_EPROTO, "has flags");
+    }
+    free(b);
+}
+
 /* Each way a message can be wrong, refused with ECT_EPROTO. */
 static void test_refusals(void **state) {
     (void)state;
@@ -131,6 +188,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layouts),
         cmocka_unit_test(test_grant_round_trip),
+        cmocka_unit_test(test_grant_files),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -5,6 +5,7 @@
  * and initiator are two handles in this process, except for the "target
  * killed mid-batch" test, whose target is a forked child.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -15,6 +16,8 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +25,7 @@
 
 #include "ect_config.h"
 #include "util/util.h"
+#include "xport/shm.h"
 #include "xport/tcp_frame.h"
 #include "xport/xport.h"
 
@@ -944,6 +948,141 @@ static void test_shm_window_reuse(void **state) {
     ect_xport_close(t);
 }
 
+/* How many of this process's fds are the memory file with inode ino. */
+static int fds_of(uint64_t ino) {
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        struct stat st;
+        if (e->d_name[0] == '.' || fstatat(dirfd(d), e->d_name, &st, 0) != 0) continue;
+        n += (uint64_t)st.st_ino == ino && S_ISREG(st.st_mode);
+    }
+    closedir(d);
+    return n;
+}
+
+/* A raw shm initiator: HELLO with `flags`, the reply (its control segment
+ * fd closed); returns the socket. */
+static int shm_raw_hello(const char *session, uint16_t flags) {
+    struct sockaddr_un sa;
+    socklen_t sl;
+    assert_int_equal(shm_make_addr(session + 5, &sa, &sl), 0); /* "shm:@NAME" */
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sl), 0);
+    uint8_t b[SHM_HELLO_REPLY_LEN];
+    shm_hello_encode(b);
+    xp_put_u16(b + 6, flags);
+    assert_int_equal(shm_msg_send(fd, b, SHM_HELLO_LEN, NULL, 0, 10000), 0);
+    shm_set_timeouts(fd, 60000);
+    size_t len;
+    int seg = -1, nf = 0;
+    assert_int_equal(shm_msg_recv(fd, b, sizeof b, &len, &seg, 1, &nf, false, 60000), 0);
+    assert_int_equal(shm_hello_reply_decode(b, len), 0);
+    assert_int_equal(nf, 1);
+    close(seg);
+    return fd;
+}
+
+/* One BEGIN of one write and its GRANT's entry; the fds that came with it
+ * closed (their count in *nfds), DONE sent. */
+static void shm_raw_grant(int fd, uint64_t addr, uint64_t len, const char *key, shm_grant_entry *e,
+                          int *nfds, uint8_t *buf) {
+    shm_begin_entry be = {addr, len, 0};
+    assert_int_equal(xp_key_parse(key, &be.token), 0);
+    size_t n = shm_begin_encode(buf, &be, 1), glen;
+    assert_int_equal(shm_msg_send(fd, buf, n, NULL, 0, 10000), 0);
+    int fds[SHM_CHUNK];
+    assert_int_equal(
+        shm_msg_recv(fd, buf, SHM_GRANT_MAX, &glen, fds, SHM_CHUNK, nfds, false, 60000), 0);
+    for (int k = 0; k < *nfds; k++) close(fds[k]);
+    shm_grant g;
+    uint32_t seen = 0;
+    assert_int_equal(shm_grant_decode(buf, glen, 1, *nfds, &g), 0);
+    shm_grant_entry_get(buf, &g, 0, &seen, e);
+    uint8_t d[SHM_DONE_LEN];
+    shm_done_encode(d, 1);
+    assert_int_equal(shm_msg_send(fd, d, SHM_DONE_LEN, NULL, 0, 10000), 0);
+}
+
+/* shm, memory files once per connection: an initiator that says
+ * SHM_HELLO_FILES gets a pool's fd with its first window, numbered, and the
+ * later windows of the same pool with that number and no fd; one that does
+ * not gets the fd with every window, as before. Our initiator holds one fd
+ * per pool (not one per window), writes land through windows mapped from
+ * it, and once the pool is unregistered the next GRANT drops the file and
+ * the initiator closes its fd. */
+static void test_shm_file_once(void **state) {
+    (void)state;
+    ect_xport *t = open_kind("shm"), *i = open_kind("shm");
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), sz;
+    region r;
+    test_region_open(t, 64 * pg, &r);
+    assert_int_equal(xp_region_set_private(t, r.key), 0);
+    struct stat rst;
+    assert_int_equal(fstat(r.fd, &rst), 0);
+    const char *ses = ect_xport_session(t);
+    uint64_t base = (uint64_t)(uintptr_t)r.addr;
+    char ka[ECT_XPORT_KEY_MAX], kb[ECT_XPORT_KEY_MAX];
+    assert_int_equal(xp_window_open(t, r.key, 0, 2 * pg, ka), 0);
+    assert_int_equal(xp_window_open(t, r.key, 4 * pg, 3 * pg, kb), 0);
+    uint8_t *buf = malloc(SHM_GRANT_MAX);
+    assert_non_null(buf);
+    shm_grant_entry ea, eb;
+    int na, nb;
+    for (int files = 0; files < 2; files++) {
+        int fd = shm_raw_hello(ses, files ? SHM_HELLO_FILES : 0);
+        shm_raw_grant(fd, base, pg, ka, &ea, &na, buf);
+        shm_raw_grant(fd, base + 4 * pg, pg, kb, &eb, &nb, buf);
+        assert_int_equal(ea.status, 0);
+        assert_int_equal(eb.status, 0);
+        assert_int_equal(ea.flags, SHM_GF_FD);
+        assert_int_equal(na, 1);
+        if (files) {
+            assert_int_not_equal(ea.file, 0);
+            assert_int_equal(eb.flags, SHM_GF_FILE);
+            assert_int_equal(eb.file, ea.file);
+            assert_int_equal(nb, 0);
+        } else {
+            assert_int_equal(ea.file, 0);
+            assert_int_equal(eb.flags, SHM_GF_FD);
+            assert_int_equal(eb.file, 0);
+            assert_int_equal(nb, 1);
+        }
+        close(fd);
+    }
+    int own = fds_of((uint64_t)rst.st_ino); /* the test's and the target's */
+    static uint8_t src[4 * 4096];
+    int st;
+    test_fill_pattern(src, 2 * pg, 5);
+    ect_write w = {src, base, 2 * pg, ka};
+    assert_int_equal(ect_xport_write_batch(i, ses, &w, 1, &st), 0);
+    assert_int_equal(fds_of((uint64_t)rst.st_ino), own + 1);
+    test_fill_pattern(src, 3 * pg, 6);
+    w = (ect_write){src, base + 4 * pg, 3 * pg, kb};
+    assert_int_equal(ect_xport_write_batch(i, ses, &w, 1, &st), 0);
+    assert_memory_equal(r.addr + 4 * pg, src, 3 * pg);
+    assert_int_equal(fds_of((uint64_t)rst.st_ino), own + 1); /* one per pool, not per window */
+    assert_int_equal(small_maps(64 * pg, &sz), 2);           /* each window its own pages */
+    assert_int_equal(xp_window_close(t, ka), 0);
+    assert_int_equal(xp_window_close(t, kb), 0);
+    test_region_close(t, &r);
+    /* The next GRANT (a write into another region) drops the pool's file. */
+    region r2;
+    test_region_open(t, 4 * pg, &r2);
+    w = (ect_write){src, (uint64_t)(uintptr_t)r2.addr, pg, r2.key};
+    assert_int_equal(ect_xport_write_batch(i, ses, &w, 1, &st), 0);
+    assert_int_equal(fds_of((uint64_t)rst.st_ino), 0);
+    /* r2's own mapping and the initiator's of it; the windows' are gone. */
+    assert_int_equal(small_maps(64 * pg, &sz), 2);
+    test_region_close(t, &r2);
+    free(buf);
+    ect_xport_close(i);
+    ect_xport_close(t);
+}
+
 /* A peer that stalls mid-frame is dropped after io_timeout_ms. */
 static void test_tcp_stall(void **state) {
     (void)state;
@@ -1023,6 +1162,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_unregister_waits),
         cmocka_unit_test(test_tcp_window),
         cmocka_unit_test(test_shm_window_reuse),
+        cmocka_unit_test(test_shm_file_once),
         cmocka_unit_test(test_tcp_stall),
         cmocka_unit_test(test_tcp_nodelay),
         KIND_TESTS("tcp"),
