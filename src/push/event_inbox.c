@@ -192,10 +192,9 @@ bool inbox_wait(inbox *b, int timeout_ms) {
     for (;;) {
         if (!b->connected) connect_found(b);
         uint64_t now = ect_now_ms();
-        if (now >= deadline && timeout_ms > 0) return false;
-        long left = (long)(deadline - now);
+        long left = now >= deadline ? 0 : (long)(deadline - now); /* never negative: -1 is forever */
         if (!b->connected) { /* discovery still running on its thread */
-            if (left <= 0) return false;
+            if (left == 0) return false;
             nap_ms(left < INBOX_UNFOUND_NAP_MS ? (int)left : INBOX_UNFOUND_NAP_MS);
             continue;
         }
