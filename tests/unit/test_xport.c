@@ -68,6 +68,13 @@ static ect_xport *open_kind(const char *kind) {
     return x;
 }
 
+/* A registered region of len bytes on t whose own key is refused: writes
+ * reach it only through its write windows (docs/PROTOCOL.md "Write windows"). */
+static void private_region_open(ect_xport *t, size_t len, region *r) {
+    test_region_open(t, len, r);
+    assert_int_equal(xp_region_set_private(t, r->key), 0);
+}
+
 static ect_write wr(const void *src, const region *r, size_t off, size_t len) {
     ect_write w = {.src = src,
                    .dst_addr = (uint64_t)(uintptr_t)(r->addr + off),
@@ -691,8 +698,7 @@ static void test_tcp_window(void **state) {
     (void)state;
     ect_xport *t = open_kind("tcp");
     region r;
-    test_region_open(t, MiB, &r);
-    assert_int_equal(xp_region_set_private(t, r.key), 0);
+    private_region_open(t, MiB, &r);
     char wk[ECT_XPORT_KEY_MAX], wk2[ECT_XPORT_KEY_MAX];
     assert_int_equal(xp_window_open(t, r.key, 4096, 2000, wk), 0);
     assert_err(xp_window_open(t, r.key, 5000, 10, wk2), ECT_EEXIST, "overlaps");
@@ -786,8 +792,7 @@ static void t_ucx_window(void **state) {
     const char *kind = kind_of(*state);
     ect_xport *t = open_kind(kind), *i = open_kind(kind);
     region r;
-    test_region_open(t, MiB, &r);
-    assert_int_equal(xp_region_set_private(t, r.key), 0); /* found by its ucx key */
+    private_region_open(t, MiB, &r); /* found by its ucx key */
     char wk[ECT_XPORT_KEY_MAX], wk2[ECT_XPORT_KEY_MAX];
     assert_int_equal(xp_window_open(t, r.key, 4096, 2000, wk), 0);
     assert_err(xp_window_open(t, r.key, 5000, 10, wk2), ECT_EEXIST, "overlaps");
@@ -900,8 +905,7 @@ static void test_shm_window_reuse(void **state) {
     ect_xport *t = open_kind("shm"), *i = open_kind("shm");
     size_t pg = (size_t)sysconf(_SC_PAGESIZE), sz;
     region r;
-    test_region_open(t, 64 * pg, &r);
-    assert_int_equal(xp_region_set_private(t, r.key), 0);
+    private_region_open(t, 64 * pg, &r);
     const char *ses = ect_xport_session(t);
     uint64_t base = (uint64_t)(uintptr_t)r.addr;
     static uint8_t src[16 * 4096];
@@ -1019,8 +1023,7 @@ static void test_shm_file_once(void **state) {
     ect_xport *t = open_kind("shm"), *i = open_kind("shm");
     size_t pg = (size_t)sysconf(_SC_PAGESIZE), sz;
     region r;
-    test_region_open(t, 64 * pg, &r);
-    assert_int_equal(xp_region_set_private(t, r.key), 0);
+    private_region_open(t, 64 * pg, &r);
     struct stat rst;
     assert_int_equal(fstat(r.fd, &rst), 0);
     const char *ses = ect_xport_session(t);
