@@ -1,0 +1,97 @@
+/*
+ * zmtp — ZMTP 3.0 (https://rfc.zeromq.org/spec/23/) with the NULL mechanism,
+ * sans I/O: the bytes a REQ or REP end of the push control channel exchanges
+ * with a libzmq peer, so that a thread can speak them on its own socket
+ * instead of handing every message to libzmq's I/O thread and back (issue 13).
+ * The bytes on the wire are exactly what a libzmq REQ or REP socket sends; a
+ * libzmq (pyzmq, upstream vLLM) peer cannot tell the difference.
+ * docs/PROTOCOL.md "Control channel framing (ZMTP)" lists them byte for byte.
+ *
+ * What a zmtp_conn does: it is fed the bytes read from the socket
+ * (zmtp_conn_feed) and says what to send (zmtp_conn_out / zmtp_conn_sent). It
+ * queues our greeting and READY at once when made (a libzmq peer sends its
+ * greeting in pieces and waits for ours: we never wait for theirs first),
+ * checks the peer's greeting (signature, major version >= 3, mechanism NULL)
+ * and READY (Socket-Type a valid peer of ours: REQ talks to REP or ROUTER, REP
+ * to REQ or DEALER), answers PING with PONG (ZMTP 3.1 peers with heartbeats
+ * on), ignores other commands, and assembles whole messages (frames up to one
+ * without MORE) that zmtp_conn_next hands out one at a time.
+ *
+ * Messages are the application's view of REQ/REP:
+ *   - a REQ end sends [empty delimiter][body] (zmtp_conn_send_req) and gets
+ *     back the body of the reply (zmtp_conn_next checks and strips the
+ *     delimiter; a reply without one is ECT_EPROTO);
+ *   - a REP end gets every frame up to and including the empty delimiter as
+ *     the envelope plus the body (a peer may send several body frames: the
+ *     message is then flagged `multi` and the body is the first), and answers
+ *     with zmtp_conn_send_rep (envelope, then the reply body).
+ *
+ * Bounds: a message whose frames sum over `max_msg` bytes is refused
+ * (ECT_ERANGE) the moment its size is known, before it is buffered; an
+ * envelope over ZMTP_MAX_ENVELOPE frames is ECT_EPROTO. Every error is final:
+ * the connection must be closed (the text is in ect_last_error()).
+ *
+ * Threading: a zmtp_conn belongs to one thread at a time; nothing is shared.
+ */
+#ifndef ECT_WIRE_ZMTP_H
+#define ECT_WIRE_ZMTP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define ZMTP_GREETING_LEN 64
+#define ZMTP_MAX_ENVELOPE 32 /* frames before the delimiter (REQ sends none; a DEALER may route) */
+
+typedef enum { ZMTP_REQ, ZMTP_REP } zmtp_role;
+
+typedef struct zmtp_conn zmtp_conn;
+
+/* One received message. The pointers stay valid until the next call on the
+ * conn (feed, next, send_*, close). */
+typedef struct zmtp_msg {
+    const uint8_t *body; /* the (first) body frame */
+    size_t body_len;
+    bool multi;              /* REP: the peer sent more than one body frame */
+    const uint8_t *envelope; /* REP: the envelope as framed bytes, for send_rep */
+    size_t envelope_len;
+} zmtp_msg;
+
+/* A new connection's state for our `role`; our greeting and READY are queued
+ * for sending already. max_msg: the largest message accepted (>= 1).
+ * Errors: ECT_EINVAL, ECT_ENOMEM. */
+int zmtp_conn_new(zmtp_role role, uint64_t max_msg, zmtp_conn **out);
+void zmtp_conn_free(zmtp_conn *c);
+
+/* Consumes `len` received bytes (any split: one byte at a time works).
+ * Returns 0, or an error (ECT_EPROTO: bad greeting, unsupported mechanism or
+ * version, a peer socket type we cannot talk to, malformed frame or command,
+ * a command or frame in the wrong place; ECT_ERANGE: a message over max_msg;
+ * ECT_ENOMEM). After an error every call fails the same way. */
+int zmtp_conn_feed(zmtp_conn *c, const uint8_t *data, size_t len);
+
+/* True once both greetings and READYs are through (messages may flow; a
+ * message sent before that is queued behind the handshake anyway). */
+bool zmtp_conn_ready(const zmtp_conn *c);
+
+/* The next whole message received, into *m: returns 1 when one was there, 0
+ * when none is complete yet, or an error (ECT_EPROTO: REQ got a reply without
+ * the empty delimiter). */
+int zmtp_conn_next(zmtp_conn *c, zmtp_msg *m);
+
+/* Queue a message for sending. REQ: [delimiter][body]. REP: the envelope a
+ * zmtp_msg carried (bytes as it gave them), then [body]. ECT_ENOMEM. */
+int zmtp_conn_send_req(zmtp_conn *c, const void *body, size_t len);
+int zmtp_conn_send_rep(zmtp_conn *c, const uint8_t *envelope, size_t envelope_len,
+                       const void *body, size_t len);
+
+/* What is queued for sending: *len bytes at the returned pointer (NULL, 0
+ * when nothing). After writing n of them, zmtp_conn_sent(c, n). */
+const uint8_t *zmtp_conn_out(const zmtp_conn *c, size_t *len);
+void zmtp_conn_sent(zmtp_conn *c, size_t n);
+
+/* The peer's Socket-Type from its READY ("REQ", "DEALER", ...; "" before the
+ * handshake), for logs and tests. */
+const char *zmtp_conn_peer_type(const zmtp_conn *c);
+
+#endif
