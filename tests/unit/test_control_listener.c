@@ -26,6 +26,7 @@
 #include "testutil.h"
 #include "push/control_client.h"
 #include "ctl_req.h"
+#include "push/control_listener.h"
 #include "push/control_server.h"
 #include "util/util.h"
 
@@ -546,13 +547,39 @@ static void test_slow_reader(void **state) {
     fx_close(&f);
 }
 
+/* n with thousands separators, bold, as docs/PROTOCOL.md writes a limit. */
+static void doc_number(uint64_t n, const char *unit, char *out, size_t cap) {
+    char d[32], g[48];
+    snprintf(d, sizeof d, "%llu", (unsigned long long)n);
+    size_t len = strlen(d), k = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (i && (len - i) % 3 == 0) g[k++] = ',';
+        g[k++] = d[i];
+    }
+    g[k] = 0;
+    snprintf(out, cap, "**%s%s**", g, unit);
+}
+
+/* The limits docs/PROTOCOL.md states are the code's. */
+static void test_doc_limits(void **state) {
+    (void)state;
+    const char *md = test_protocol_md();
+    char want[64];
+    doc_number(CTL_LISTENER_HANDSHAKE_MS, " ms", want, sizeof want);
+    assert_non_null(strstr(md, want));
+    doc_number(CTL_LISTENER_MAX_CONNS, "", want, sizeof want);
+    assert_non_null(strstr(md, want));
+    doc_number((uint64_t)CTL_MAX_RECV_BYTES, "", want, sizeof want);
+    assert_non_null(strstr(md, want));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_req_and_dealer),    cmocka_unit_test(test_many_req),
         cmocka_unit_test(test_raw_req_answered),  cmocka_unit_test(test_stalled_greeting),
         cmocka_unit_test(test_zmtp2_refused),     cmocka_unit_test(test_oversize_closes_one),
         cmocka_unit_test(test_close_mid_message), cmocka_unit_test(test_connection_bound),
-        cmocka_unit_test(test_slow_reader),
+        cmocka_unit_test(test_slow_reader),       cmocka_unit_test(test_doc_limits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
