@@ -203,8 +203,9 @@ static void raw_read_exact(int fd, void *p, size_t n) {
     }
 }
 
-/* The first 11 bytes of a ZMTP 3.0 greeting: signature and version. */
-static const uint8_t zmtp3_head[11] = {0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0x7f, 3};
+/* The first 11 bytes of a ZMTP 3.0 greeting as libzmq sends it: signature
+ * (its 8-byte length field 1) and major version. */
+static const uint8_t zmtp3_head[11] = {0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f, 3};
 
 /* Our greeting's signature arrives: the server accepted this connection. */
 static void raw_expect_greeting(int fd) {
