@@ -55,6 +55,9 @@ struct ctl_client {
     int timeout_ms;
     bool fail_fast;         /* watch each socket's monitor (ctl_client_fail_fast) */
     const ect_keyset *keys; /* CurveZMQ client keys, or NULL */
+    void *watch;            /* without keys: a bare PAIR of zctx that ends our waits when
+                               zctx shuts down, as it ends a libzmq socket's; or NULL */
+    int watch_fd;           /* its ZMQ_FD */
     ctl_conn *conns;
 };
 
@@ -294,11 +297,35 @@ static int zmq_exchange(ctl_client *c, ctl_conn *k, const char *host, int port, 
     return wait_reply(c, k, addr, op, msg);
 }
 
+/* The socket whose context's shutdown ends our own connections' waits (the
+ * callers stop their threads with zmq_ctx_shutdown). It never connects, so
+ * its ZMQ_FD only wakes for the context's stop command. */
+static int watch_socket(ctl_client *c) {
+    if (c->watch) return 0;
+    void *w = zmq_socket(c->zctx, ZMQ_PAIR);
+    if (!w) return ect_set_error(ECT_EIO, "control client: zmq_socket: %s", zmq_strerror(errno));
+    int zero = 0, fd = -1;
+    size_t sz = sizeof fd;
+    zmq_setsockopt(w, ZMQ_LINGER, &zero, sizeof zero);
+    if (zmq_getsockopt(w, ZMQ_FD, &fd, &sz) != 0) {
+        int e = errno;
+        zmq_close(w);
+        return ect_set_error(ECT_EIO, "control client: ZMQ_FD: %s", zmq_strerror(e));
+    }
+    c->watch = w;
+    c->watch_fd = fd;
+    return 0;
+}
+
 /* The exchange on our own ZMTP connection (no keys): the reply at *body. */
 static int link_call(ctl_client *c, ctl_conn *k, const char *host, int port, const char *addr,
                      wire_ctl_op op, const char *frame, size_t flen, const uint8_t **body,
                      size_t *blen) {
-    ctl_link_call_opts o = {.host = host,
+    int rc = watch_socket(c);
+    if (rc) return rc;
+    ctl_link_call_opts o = {.watch = c->watch,
+                            .watch_fd = c->watch_fd,
+                            .host = host,
                             .port = port,
                             .addr = addr,
                             .op_name = wire_ctl_op_name(op),
@@ -446,5 +473,6 @@ void ctl_client_close(ctl_client *c) {
         free(k->peers);
         free(k);
     }
+    if (c->watch) zmq_close(c->watch);
     free(c);
 }

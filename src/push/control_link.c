@@ -17,6 +17,9 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,9 +27,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <zmq.h>
+
 #include "util/util.h"
 #include "wire/zmtp.h"
-#include "xport/xport.h"
 
 #define RECONNECT_IVL_MS 100 /* libzmq's ZMQ_RECONNECT_IVL default */
 #define READ_CHUNK 65536
@@ -56,30 +60,106 @@ static int ms_left(uint64_t deadline) {
     return deadline - now > INT_MAX ? INT_MAX : (int)(deadline - now);
 }
 
-/* Sleeps until the deadline, or `cap_ms` when sooner (cap_ms < 0: no cap).
- * Returns whether time is left. */
-static bool nap_until(uint64_t deadline, int cap_ms) {
-    int left;
-    while ((left = ms_left(deadline)) > 0) {
-        int ms = cap_ms >= 0 && cap_ms < left ? cap_ms : left;
-        poll(NULL, 0, ms);
-        if (cap_ms >= 0) break;
-    }
-    return ms_left(deadline) > 0;
+/* Whether the watch socket's context is shutting down (zmq_ctx_shutdown):
+ * what ends a libzmq call at once with ETERM ends ours too. */
+static int watch_check(const ctl_link_call_opts *o) {
+    int ev = 0;
+    size_t sz = sizeof ev;
+    if (zmq_getsockopt(o->watch, ZMQ_EVENTS, &ev, &sz) != 0 && errno == ETERM)
+        return ect_set_error(ECT_EIO, "control %s: the ZMQ context is shutting down (%s)", o->addr,
+                             o->op_name);
+    return 0;
 }
 
+/* poll() on fd (-1: none) for `events` and on the watch socket, up to ms.
+ * *rev gets fd's revents (0: the time is up, or only the watch socket woke).
+ * Errors: the context is shutting down, poll failed. */
+static int wait_io(const ctl_link_call_opts *o, int fd, short events, int ms, short *rev) {
+    struct pollfd p[2] = {{.fd = fd, .events = events}, {.fd = o->watch_fd, .events = POLLIN}};
+    *rev = 0;
+    int pr = poll(p, o->watch ? 2 : 1, ms);
+    if (pr < 0) return errno == EINTR ? 0 : ect_set_errno(errno, "control %s: poll", o->addr);
+    if (o->watch && p[1].revents) {
+        int rc = watch_check(o);
+        if (rc) return rc;
+    }
+    *rev = p[0].revents;
+    return 0;
+}
+
+/* Sleeps until the deadline, or cap_ms when that is sooner (cap_ms < 0: no
+ * cap). Returns 0 while time is left, 1 once the deadline passed, or
+ * wait_io's error. */
+static int nap_until(const ctl_link_call_opts *o, uint64_t deadline, int cap_ms) {
+    int left;
+    while ((left = ms_left(deadline)) > 0) {
+        short rev;
+        int rc = wait_io(o, -1, 0, cap_ms >= 0 && cap_ms < left ? cap_ms : left, &rev);
+        if (rc) return rc;
+        if (cap_ms >= 0) break;
+    }
+    return ms_left(deadline) > 0 ? 0 : 1;
+}
+
+/* A non-blocking connect to one address, waited for until the deadline
+ * (the watch socket can end the wait: a blocking connect could not). */
+static int connect_one(const ctl_link_call_opts *o, const struct addrinfo *ai, uint64_t deadline,
+                       int *out) {
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return ect_set_errno(errno, "control %s: socket", o->addr);
+    int one = 1; /* as libzmq sets it */
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    int rc = 0, err = 0;
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS) err = errno;
+    while (!err) {
+        int left = ms_left(deadline);
+        short rev = 0;
+        if (left == 0) {
+            rc = ECT_ETIMEDOUT;
+            break;
+        }
+        rc = wait_io(o, fd, POLLOUT, left, &rev);
+        if (rc) break;
+        if (rev) {
+            socklen_t el = sizeof err;
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
+            if (!err) {
+                *out = fd;
+                return 0;
+            }
+        }
+    }
+    close(fd);
+    if (err)
+        return ect_set_error(ECT_ECONNREFUSED, "control %s: connect: %s", o->addr, strerror(err));
+    return rc;
+}
+
+/* Connects to the first address of the host that takes it (names and IPv6
+ * literals resolve as libzmq resolves them: getaddrinfo, "[v6]" unwrapped). */
 static int link_connect(ctl_link *l, const ctl_link_call_opts *o, uint64_t deadline) {
-    char host[256];
+    char host[256], ps[16];
     const char *h = o->host;
     size_t hl = strlen(h);
     if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']' && hl - 2 < sizeof host) {
-        memcpy(host, h + 1, hl - 2); /* "[v6]": getaddrinfo wants it bare */
+        memcpy(host, h + 1, hl - 2);
         host[hl - 2] = '\0';
         h = host;
     }
-    int left = ms_left(deadline);
+    snprintf(ps, sizeof ps, "%d", o->port);
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+    struct addrinfo *res = NULL;
+    int g = getaddrinfo(h, ps, &hints, &res);
+    if (g != 0)
+        return ect_set_error(ECT_EINVAL, "control client: cannot resolve host '%.100s': %s", h,
+                             gai_strerror(g));
+    int rc = ect_set_error(ECT_ECONNREFUSED, "control %s: no address", o->addr);
     int fd = -1;
-    int rc = xp_tcp_connect(h, o->port, left > 0 ? left : 1, &fd);
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        rc = connect_one(o, ai, deadline, &fd);
+        if (rc != ECT_ECONNREFUSED) break; /* connected, out of time, or shutting down */
+    }
+    freeaddrinfo(res);
     if (rc) return rc;
     rc = zmtp_conn_new(ZMTP_REQ, o->max_msg, &l->z);
     if (rc) {
@@ -142,9 +222,10 @@ static bool link_idle_ok(ctl_link *l) {
 }
 
 /* Runs the connection until a reply is whole (0), the deadline passes
- * (ECT_ETIMEDOUT, no text), the connection is lost (LINK_LOST) or the codec
- * refuses what came (its error). */
-static int link_exchange(ctl_link *l, uint64_t deadline, const uint8_t **reply, size_t *len) {
+ * (ECT_ETIMEDOUT, no text), the connection is lost (LINK_LOST), the codec
+ * refuses what came (its error) or wait_io fails. */
+static int link_exchange(ctl_link *l, const ctl_link_call_opts *o, uint64_t deadline,
+                         const uint8_t **reply, size_t *len) {
     for (;;) {
         int rc = link_write(l);
         if (rc) return rc;
@@ -161,10 +242,10 @@ static int link_exchange(ctl_link *l, uint64_t deadline, const uint8_t **reply, 
         if (left == 0) return ECT_ETIMEDOUT;
         size_t pending;
         zmtp_conn_out(l->z, &pending);
-        struct pollfd p = {.fd = l->fd, .events = POLLIN | (pending ? POLLOUT : 0)};
-        int pr = poll(&p, 1, left);
-        if (pr < 0 && errno != EINTR) return ect_set_errno(errno, "poll");
-        if (pr > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR))) {
+        short rev;
+        rc = wait_io(o, l->fd, POLLIN | (pending ? POLLOUT : 0), left, &rev);
+        if (rc) return rc;
+        if (rev & (POLLIN | POLLHUP | POLLERR)) {
             rc = link_read(l);
             if (rc) return rc;
         }
@@ -176,8 +257,9 @@ static int timed_out(const ctl_link_call_opts *o) {
                          o->op_name, o->timeout_ms);
 }
 
-/* The connection went away, or its peer refused our handshake (`refused`):
- * what libzmq's REQ would have made of it (see the top of the file). */
+/* The connection went away, or its peer refused our handshake: what
+ * libzmq's REQ would have made of it (see the top of the file). Sets *retry
+ * when a new connection may carry the request. */
 static int on_lost(ctl_link *l, const ctl_link_call_opts *o, uint64_t deadline, bool *retry) {
     char why[256];
     snprintf(why, sizeof why, "%s", ect_last_error());
@@ -189,12 +271,13 @@ static int on_lost(ctl_link *l, const ctl_link_call_opts *o, uint64_t deadline, 
                              "control %s: the peer closed the connection before replying to %s "
                              "(%s)",
                              o->addr, o->op_name, why);
-    if (!sent && nap_until(deadline, RECONNECT_IVL_MS)) {
+    int rc = nap_until(o, deadline, sent ? -1 : RECONNECT_IVL_MS);
+    if (rc < 0) return rc;
+    if (rc == 0 && !sent) {
         *retry = true;
         return 0;
     }
-    nap_until(deadline, -1); /* the request is lost: libzmq waits for a reply that never comes */
-    return timed_out(o);
+    return timed_out(o); /* a lost request: libzmq waits for a reply that never comes */
 }
 
 int ctl_link_call(ctl_link **lp, const ctl_link_call_opts *o, const void *req, size_t len,
@@ -217,14 +300,16 @@ int ctl_link_call(ctl_link **lp, const ctl_link_call_opts *o, const void *req, s
                                      "sending %s",
                                      o->addr, o->op_name);
             if (rc == ECT_ECONNREFUSED || rc == ECT_ETIMEDOUT) {
-                if (nap_until(deadline, RECONNECT_IVL_MS)) continue;
+                rc = nap_until(o, deadline, RECONNECT_IVL_MS);
+                if (rc < 0) return rc;
+                if (rc == 0) continue;
                 return timed_out(o);
             }
             if (rc) return rc;
         }
         int rc = zmtp_conn_send_req(l->z, req, len);
         if (rc) return rc;
-        rc = link_exchange(l, deadline, reply, reply_len);
+        rc = link_exchange(l, o, deadline, reply, reply_len);
         if (rc == 0) return 0;
         if (rc == ECT_ETIMEDOUT) return timed_out(o);
         if (rc == LINK_LOST || ((rc == ECT_EPROTO || rc == ECT_ERANGE) && !l->peer_ready)) {

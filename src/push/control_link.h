@@ -38,6 +38,11 @@ typedef struct ctl_link_call_opts {
     int timeout_ms;
     bool fail_fast;
     uint64_t max_msg; /* the largest reply accepted */
+    /* A ZMQ socket of the caller's context (NULL: none) and its ZMQ_FD: when
+     * the context is shut down (zmq_ctx_shutdown) every wait ends at once
+     * with ECT_EIO, as a libzmq REQ's would with ETERM. */
+    void *watch;
+    int watch_fd;
 } ctl_link_call_opts;
 
 /* Sends the request frame req (len bytes) on *lp, making the link when *lp
@@ -45,7 +50,8 @@ typedef struct ctl_link_call_opts {
  * whose body is at *reply (valid until the next call on the link). Errors:
  * ECT_ETIMEDOUT, ECT_ECONNREFUSED (fail-fast, see above), ECT_EPROTO (a reply
  * that is not one ZMTP reply frame), ECT_EINVAL (host does not resolve),
- * ECT_EIO, ECT_ENOMEM; after any error the caller closes the link. */
+ * ECT_EIO (the context is shutting down, socket errors), ECT_ENOMEM; after
+ * any error the caller closes the link. */
 int ctl_link_call(ctl_link **lp, const ctl_link_call_opts *o, const void *req, size_t len,
                   const uint8_t **reply, size_t *reply_len);
 
