@@ -286,6 +286,61 @@ static void test_silent_server_times_out(void **st) {
     zmq_ctx_term(z);
 }
 
+typedef struct caller {
+    ctl_client *c;
+    int port, rc;
+    char err[256];
+} caller;
+
+static void *call_thread(void *arg) {
+    caller *k = arg;
+    k->rc = call_peers(k->c, "127.0.0.1", k->port);
+    snprintf(k->err, sizeof k->err, "%s", ect_last_error());
+    return NULL;
+}
+
+/* zmq_ctx_shutdown of the client's context ends a wait at once, as it ends
+ * a libzmq socket's (the scheduler and the inbox stop their threads so):
+ * waiting for a reply, and retrying a refused connect. */
+static void test_context_shutdown_ends_wait(void **st) {
+    (void)st;
+    for (int refused = 0; refused < 2; refused++) {
+        void *z = zmq_ctx_new();
+        server s = {0};
+        caller k = {.c = client(z, LONG_MS, false)};
+        if (refused) { /* bound, not listening */
+            s.lfd = socket(AF_INET, SOCK_STREAM, 0);
+            struct sockaddr_in a = {.sin_family = AF_INET,
+                                    .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+            socklen_t len = sizeof a;
+            assert_int_equal(bind(s.lfd, (struct sockaddr *)&a, sizeof a), 0);
+            assert_int_equal(getsockname(s.lfd, (struct sockaddr *)&a, &len), 0);
+            k.port = ntohs(a.sin_port);
+        } else {
+            server_start(&s, 1, (s_act[]){S_SILENT});
+            k.port = s.port;
+        }
+        pthread_t th;
+        uint64_t t0 = ect_now_ms();
+        assert_int_equal(pthread_create(&th, NULL, call_thread, &k), 0);
+        if (!refused)
+            while (atomic_load(&s.requests) == 0) test_nap_ms(1); /* it waits for the reply */
+        else
+            test_nap_ms(150); /* a pause: some refused attempts */
+        zmq_ctx_shutdown(z);
+        pthread_join(th, NULL);
+        assert_true(ect_now_ms() - t0 < LONG_MS / 2);
+        assert_int_equal(k.rc, ECT_EIO);
+        assert_non_null(strstr(k.err, "shutting down"));
+        ctl_client_close(k.c);
+        if (refused)
+            close(s.lfd);
+        else
+            server_stop(&s);
+        zmq_ctx_term(z);
+    }
+}
+
 /* Replies that are not one control reply: ECT_EPROTO, and the next call
  * starts on a new connection. */
 static void test_bad_replies(void **st) {
@@ -441,6 +496,7 @@ int main(void) {
         cmocka_unit_test(test_peer_closes_mid_reply),
         cmocka_unit_test(test_silent_server_times_out),
         cmocka_unit_test(test_bad_replies),
+        cmocka_unit_test(test_context_shutdown_ends_wait),
         cmocka_unit_test(test_server_comes_up_within_timeout),
         cmocka_unit_test(test_libzmq_server_restarted),
         cmocka_unit_test(test_hosts),
