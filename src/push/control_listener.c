@@ -18,6 +18,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <ifaddrs.h>
 #include <inttypes.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -63,6 +64,23 @@ struct ctl_listener {
 
 /* ------------------------------------------------------------- binding */
 
+/* An interface name's IPv4 address ("lo", "eth0"), as libzmq's bind takes
+ * one. -1 when there is none. */
+static int nic_address(const char *name, struct sockaddr_storage *ss, socklen_t *len) {
+    struct ifaddrs *ifs = NULL;
+    if (getifaddrs(&ifs) != 0) return -1;
+    int rc = -1;
+    for (struct ifaddrs *i = ifs; i && rc; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || strcmp(i->ifa_name, name))
+            continue;
+        memcpy(ss, i->ifa_addr, sizeof(struct sockaddr_in));
+        *len = sizeof(struct sockaddr_in);
+        rc = 0;
+    }
+    freeifaddrs(ifs);
+    return rc;
+}
+
 /* The address to bind: "*" -> in6addr_any (or INADDR_ANY, *v6 false when
  * the host has no IPv6 socket), else a numeric address, brackets stripped. */
 static int resolve_bind(const char *ip, int port, struct sockaddr_storage *ss, socklen_t *len) {
@@ -83,11 +101,14 @@ static int resolve_bind(const char *ip, int port, struct sockaddr_storage *ss, s
         snprintf(host, sizeof host, "%s", ip);
     struct addrinfo hints = {.ai_flags = AI_NUMERICHOST | AI_PASSIVE, .ai_socktype = SOCK_STREAM};
     struct addrinfo *ai = NULL;
-    if (getaddrinfo(host, NULL, &hints, &ai) != 0 || !ai)
-        return ect_set_error(ECT_EINVAL, "control server ip '%s': not a numeric address", ip);
-    memcpy(ss, ai->ai_addr, ai->ai_addrlen);
-    *len = ai->ai_addrlen;
-    freeaddrinfo(ai);
+    if (getaddrinfo(host, NULL, &hints, &ai) == 0 && ai) {
+        memcpy(ss, ai->ai_addr, ai->ai_addrlen);
+        *len = ai->ai_addrlen;
+        freeaddrinfo(ai);
+    } else if (nic_address(host, ss, len) != 0) {
+        return ect_set_error(
+            ECT_EINVAL, "control server ip '%s': neither a numeric address nor an interface", ip);
+    }
     if (ss->ss_family == AF_INET6)
         ((struct sockaddr_in6 *)ss)->sin6_port = htons((uint16_t)port);
     else
@@ -404,6 +425,6 @@ void ctl_listener_pass(ctl_listener *l, int timeout_ms) {
     if (rc < 0) return;
     now = ect_now_ms();
     for (size_t i = 0; i < n; i++) serve_conn(l, l->conns[i], l->pfds[i + 1].revents, now);
+    remove_closed(l); /* before accepting: closed ones leave room under the bound */
     if (l->pfds[0].revents & POLLIN) accept_new(l, now);
-    remove_closed(l);
 }

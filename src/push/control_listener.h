@@ -9,7 +9,8 @@
  *
  * Behaviour (docs/PROTOCOL.md "Sockets"):
  *   - bind: "*" is every address (IPv6 with IPv4 mapped, IPv4 where the host
- *     has no IPv6), otherwise a numeric address ("[v6]" accepted); port 0 is
+ *     has no IPv6), otherwise a numeric address ("[v6]" accepted) or an
+ *     interface name (its IPv4 address), as libzmq's bind takes; port 0 is
  *     an ephemeral port; SO_REUSEADDR and a backlog of 100, as libzmq;
  *   - accepted sockets are nonblocking with TCP_NODELAY; a connection's
  *     peer text is getpeername's address without the port (getnameinfo
@@ -61,8 +62,8 @@ typedef struct ctl_listener_opts {
 typedef struct ctl_listener ctl_listener;
 
 /* Binds and listens. Errors: ECT_EINVAL (bad options, an address that is
- * not numeric), ECT_EEXIST "address in use", ECT_EIO other socket errors,
- * ECT_ENOMEM. Caller owns *out (ctl_listener_close); NULL on failure. */
+ * neither numeric nor an interface's name), ECT_EEXIST "address in use", ECT_EIO other socket
+ * errors, ECT_ENOMEM. Caller owns *out (ctl_listener_close); NULL on failure. */
 int ctl_listener_open(const ctl_listener_opts *o, ctl_listener **out);
 
 /* Closes the listening socket and every connection. NULL is fine. */

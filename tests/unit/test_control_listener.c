@@ -40,6 +40,8 @@ typedef struct fx {
     int port;
 } fx;
 
+static const char *fx_ip = "127.0.0.1"; /* the bind address fx_open_with uses */
+
 static void fx_open_with(fx *f, int handshake_ms, int max_conns, const char *dst_key) {
     memset(f, 0, sizeof *f);
     f->zctx = zmq_ctx_new();
@@ -57,6 +59,7 @@ static void fx_open_with(fx *f, int handshake_ms, int max_conns, const char *dst
     o.pool_base = (uint64_t)(uintptr_t)ect_pool_base(f->pool);
     o.handshake_ms = handshake_ms;
     o.max_conns = max_conns;
+    o.ip = fx_ip;
     assert_int_equal(ctl_server_open(f->zctx, &o, &f->srv), 0);
     f->port = ctl_server_port(f->srv);
     assert_true(f->port > 0);
@@ -548,6 +551,34 @@ static void test_slow_reader(void **state) {
     fx_close(&f);
 }
 
+/* Bind addresses as libzmq takes them: the wildcard (v4 peers reach it), an
+ * interface's name; a host name is refused with the option named. */
+static void test_bind_forms(void **state) {
+    (void)state;
+    static const char *const ok[] = {"*", "lo", "0.0.0.0"};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        fx f;
+        fx_ip = ok[i];
+        fx_open(&f);
+        req_peers_ok(&f); /* over 127.0.0.1 */
+        fx_close(&f);
+    }
+    fx_ip = "127.0.0.1";
+    ctl_server_opts o;
+    ctl_server_opts_init(&o);
+    o.ip = "no-such-host.invalid";
+    o.rsv.mem = &rsv_pool_ops;
+    o.dst_session = "x:1";
+    ctl_server *s = NULL;
+    void *z = zmq_ctx_new();
+    assert_err(ctl_server_open(z, &o, &s), ECT_EINVAL, "neither a numeric address");
+    assert_null(s);
+    o.ip = "127.0.0.1";
+    o.handshake_ms = -1;
+    assert_err(ctl_server_open(z, &o, &s), ECT_EINVAL, "handshake_ms");
+    zmq_ctx_term(z);
+}
+
 /* n with thousands separators, bold, as docs/PROTOCOL.md writes a limit. */
 static void doc_number(uint64_t n, const char *unit, char *out, size_t cap) {
     char d[32], g[48];
@@ -581,6 +612,7 @@ int main(void) {
         cmocka_unit_test(test_zmtp2_refused),     cmocka_unit_test(test_oversize_closes_one),
         cmocka_unit_test(test_close_mid_message), cmocka_unit_test(test_connection_bound),
         cmocka_unit_test(test_slow_reader),       cmocka_unit_test(test_doc_limits),
+        cmocka_unit_test(test_bind_forms),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
