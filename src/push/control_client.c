@@ -1,10 +1,15 @@
 /*
- * control_client — REQ sockets to consumer shards, one per address, owned by
- * one thread. The workload is a handful of addresses (the shards of the
- * consumers this thread talks to), so the table is a small hash keyed by
+ * control_client — REQ connections to consumer shards, one per address,
+ * owned by one thread. The workload is a handful of addresses (the shards of
+ * the consumers this thread talks to), so the table is a small hash keyed by
  * "host:port". A failed exchange leaves a REQ socket in a state where the
  * next send would fail (strict alternation), so every failure closes the
- * socket; the next call connects afresh.
+ * connection; the next call connects afresh.
+ *
+ * Two ways to speak to an address: without CURVE keys, a control_link (ZMTP
+ * spoken by this thread on its own TCP socket: no libzmq I/O thread between
+ * the caller and the kernel, which is most of a round trip's cost, issue 13);
+ * with keys, a libzmq REQ socket (CurveZMQ and ZAP stay libzmq's).
  */
 #include "push/control_client.h"
 
@@ -24,15 +29,19 @@ static _Thread_local int hash_oom; /* per thread: each client belongs to one */
 #include <uthash.h>
 #include <zmq.h>
 
+#include "push/control_link.h"
 #include "util/util.h"
 #include "util/zauth.h"
 
 #define MOD "ctl"
 #define CTL_ADDR_MAX 300
+/* The largest reply: ZMQ_MAXMSGSIZE of the REQ, twice the largest control frame. */
+#define CTL_MAX_MSG (2 * (int64_t)WIRE_CTL_MAX_FRAME)
 
 typedef struct ctl_conn {
     char addr[CTL_ADDR_MAX]; /* "host:port" */
-    void *sock;              /* REQ or NULL */
+    ctl_link *link;          /* without keys: our own ZMTP REQ, or NULL */
+    void *sock;              /* with keys: a libzmq REQ, or NULL */
     void *mon;               /* PAIR reading sock's monitor events, or NULL */
     bool up;                 /* TCP connected, no disconnect seen since */
     bool lost;               /* was up, then disconnected */
@@ -46,6 +55,9 @@ struct ctl_client {
     int timeout_ms;
     bool fail_fast;         /* watch each socket's monitor (ctl_client_fail_fast) */
     const ect_keyset *keys; /* CurveZMQ client keys, or NULL */
+    void *watch;            /* without keys: a bare PAIR of zctx that ends our waits when
+                               zctx shuts down, as it ends a libzmq socket's; or NULL */
+    int watch_fd;           /* its ZMQ_FD */
     ctl_conn *conns;
 };
 
@@ -95,6 +107,8 @@ static ctl_conn *conn_get(ctl_client *c, const char *addr, bool create) {
 }
 
 static void conn_drop_socket(ctl_conn *k) {
+    ctl_link_close(k->link);
+    k->link = NULL;
     if (k->mon) zmq_close(k->mon);
     if (k->sock) {
         zmq_socket_monitor(k->sock, NULL, 0);
@@ -195,7 +209,7 @@ static int conn_socket(ctl_client *c, ctl_conn *k, const char *host, int port) {
     zmq_setsockopt(s, ZMQ_RCVTIMEO, &c->timeout_ms, sizeof c->timeout_ms);
     zmq_setsockopt(s, ZMQ_SNDTIMEO, &c->timeout_ms, sizeof c->timeout_ms);
     /* A reply is at most one control frame; more is not a consumer of ours. */
-    int64_t maxmsg = 2 * (int64_t)WIRE_CTL_MAX_FRAME;
+    int64_t maxmsg = CTL_MAX_MSG;
     zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
     k->mon = NULL;
     k->up = k->lost = false;
@@ -262,6 +276,65 @@ static int wait_reply(ctl_client *c, ctl_conn *k, const char *addr, wire_ctl_op 
     }
 }
 
+/* The exchange on a libzmq REQ socket (keys set): the reply into *msg. */
+static int zmq_exchange(ctl_client *c, ctl_conn *k, const char *host, int port, const char *addr,
+                        wire_ctl_op op, const char *frame, size_t flen, zmq_msg_t *msg) {
+    /* A socket whose peer went away while idle would queue the request for a
+     * reconnect: start afresh instead, so a refused connect shows at once. */
+    if (k->sock && k->mon) {
+        conn_read_events(k);
+        if (k->lost && !k->up) conn_drop_socket(k);
+    }
+    int rc = conn_socket(c, k, host, port);
+    if (rc) return rc;
+    if (zmq_send(k->sock, frame, flen, 0) < 0) {
+        int e = errno;
+        if (e == EAGAIN)
+            return ect_set_error(ECT_ETIMEDOUT, "control %s: %s send timed out after %d ms", addr,
+                                 wire_ctl_op_name(op), c->timeout_ms);
+        return ect_set_error(ECT_EIO, "control %s: send: %s", addr, zmq_strerror(e));
+    }
+    return wait_reply(c, k, addr, op, msg);
+}
+
+/* The socket whose context's shutdown ends our own connections' waits (the
+ * callers stop their threads with zmq_ctx_shutdown). It never connects, so
+ * its ZMQ_FD only wakes for the context's stop command. */
+static int watch_socket(ctl_client *c) {
+    if (c->watch) return 0;
+    void *w = zmq_socket(c->zctx, ZMQ_PAIR);
+    if (!w) return ect_set_error(ECT_EIO, "control client: zmq_socket: %s", zmq_strerror(errno));
+    int zero = 0, fd = -1;
+    size_t sz = sizeof fd;
+    zmq_setsockopt(w, ZMQ_LINGER, &zero, sizeof zero);
+    if (zmq_getsockopt(w, ZMQ_FD, &fd, &sz) != 0) {
+        int e = errno;
+        zmq_close(w);
+        return ect_set_error(ECT_EIO, "control client: ZMQ_FD: %s", zmq_strerror(e));
+    }
+    c->watch = w;
+    c->watch_fd = fd;
+    return 0;
+}
+
+/* The exchange on our own ZMTP connection (no keys): the reply at *body. */
+static int link_call(ctl_client *c, ctl_conn *k, const char *host, int port, const char *addr,
+                     wire_ctl_op op, const char *frame, size_t flen, const uint8_t **body,
+                     size_t *blen) {
+    int rc = watch_socket(c);
+    if (rc) return rc;
+    ctl_link_call_opts o = {.watch = c->watch,
+                            .watch_fd = c->watch_fd,
+                            .host = host,
+                            .port = port,
+                            .addr = addr,
+                            .op_name = wire_ctl_op_name(op),
+                            .timeout_ms = c->timeout_ms,
+                            .fail_fast = c->fail_fast,
+                            .max_msg = CTL_MAX_MSG};
+    return ctl_link_call(&k->link, &o, frame, flen, body, blen);
+}
+
 int ctl_call(ctl_client *c, const char *host, int port, const wire_ctl_request *req,
              wire_ctl_reply *out) {
     if (out) memset(out, 0, sizeof *out);
@@ -277,31 +350,18 @@ int ctl_call(ctl_client *c, const char *host, int port, const wire_ctl_request *
         free(frame);
         return ect_set_error(ECT_ENOMEM, "control client: out of memory");
     }
-    /* A socket whose peer went away while idle would queue the request for a
-     * reconnect: start afresh instead, so a refused connect shows at once. */
-    if (k->sock && k->mon) {
-        conn_read_events(k);
-        if (k->lost && !k->up) conn_drop_socket(k);
-    }
-    rc = conn_socket(c, k, host, port);
-    if (rc) {
-        free(frame);
-        return rc;
-    }
-    size_t flen = strlen(frame);
-    if (zmq_send(k->sock, frame, flen, 0) < 0) {
-        int e = errno;
-        free(frame);
-        conn_drop_socket(k);
-        if (e == EAGAIN)
-            return ect_set_error(ECT_ETIMEDOUT, "control %s: %s send timed out after %d ms", addr,
-                                 wire_ctl_op_name(req->op), c->timeout_ms);
-        return ect_set_error(ECT_EIO, "control %s: send: %s", addr, zmq_strerror(e));
-    }
-    free(frame);
     zmq_msg_t msg;
     zmq_msg_init(&msg);
-    rc = wait_reply(c, k, addr, req->op, &msg);
+    const uint8_t *body = NULL;
+    size_t blen = 0;
+    if (c->keys) {
+        rc = zmq_exchange(c, k, host, port, addr, req->op, frame, strlen(frame), &msg);
+        body = zmq_msg_data(&msg);
+        blen = zmq_msg_size(&msg);
+    } else {
+        rc = link_call(c, k, host, port, addr, req->op, frame, strlen(frame), &body, &blen);
+    }
+    free(frame);
     if (rc) {
         zmq_msg_close(&msg);
         conn_drop_socket(k);
@@ -310,7 +370,7 @@ int ctl_call(ctl_client *c, const char *host, int port, const wire_ctl_request *
     size_t expect = SIZE_MAX;
     if (req->op == WIRE_OP_RESERVE_BATCH) expect = req->u.reserve_batch.n;
     if (req->op == WIRE_OP_COMPLETE_BATCH) expect = req->u.complete_batch.n;
-    rc = wire_ctl_decode_reply(req->op, expect, zmq_msg_data(&msg), zmq_msg_size(&msg), out);
+    rc = wire_ctl_decode_reply(req->op, expect, body, blen, out);
     zmq_msg_close(&msg);
     if (rc) {
         conn_drop_socket(k);
@@ -413,5 +473,6 @@ void ctl_client_close(ctl_client *c) {
         free(k->peers);
         free(k);
     }
+    if (c->watch) zmq_close(c->watch);
     free(c);
 }

@@ -1,17 +1,26 @@
 /*
  * control_client — the REQ side of the push protocol's control channel
- * (generation 2): one object per thread, holding one REQ socket per consumer
- * shard address ("host:port"), used by the producer and the consumer
- * scheduler to send ops to consumer shards.
+ * (generation 2): one object per thread, holding one REQ connection per
+ * consumer shard address ("host:port"), used by the producer and the
+ * consumer scheduler to send ops to consumer shards.
  *
- * Sockets are created lazily on the first call to an address with
- * RCVTIMEO = SNDTIMEO = the control timeout, LINGER 0 and IPV6 1. In
- * fail-fast mode (ctl_client_fail_fast) each also gets a socket monitor so
- * that a dead peer fails fast: a connect that is refused
+ * Without CURVE keys (ctl_client_set_keys not called, or NULL) a connection
+ * is our own ZMTP REQ (push/control_link.h) on a plain TCP socket owned by
+ * the calling thread, blocking in poll(): the bytes on the wire are a libzmq
+ * REQ's, but no libzmq I/O thread sits between the caller and the kernel.
+ * With keys it is a libzmq REQ socket (CurveZMQ). Both behave as follows.
+ *
+ * Connections are made lazily on the first call to an address, the libzmq
+ * ones with RCVTIMEO = SNDTIMEO = the control timeout, LINGER 0 and IPV6 1;
+ * our own with TCP_NODELAY, host names and IPv6 literals resolved as libzmq
+ * does, a refused connect retried every 100 ms (libzmq's reconnect interval)
+ * until the timeout. In fail-fast mode (ctl_client_fail_fast) a libzmq
+ * socket also gets a socket monitor (ours sees the same events on its own
+ * socket) so that a dead peer fails fast: a connect that is refused
  * (nobody listens) or a connection the peer closes while a request waits ends
  * the call at once with ECT_ECONNREFUSED, while a peer that is connected but
  * slow is waited for up to the control timeout (ECT_ETIMEDOUT). An idle
- * socket whose peer went away is replaced before the next request. After any
+ * connection whose peer went away is replaced before the next request. After any
  * failed exchange (send or receive error, timeout, undecodable reply) the
  * socket is discarded and the next call reconnects, which resets REQ's strict
  * send/receive alternation. An {"ok": false} reply is a successful exchange:
@@ -21,7 +30,7 @@
  *
  * Threading: a ctl_client and its sockets belong to the thread that opened
  * it; no function may be called from another thread. The ZMQ context is the
- * caller's and must outlive the client.
+ * caller's and must outlive the client (only the keyed path uses it).
  */
 #ifndef ECT_PUSH_CONTROL_CLIENT_H
 #define ECT_PUSH_CONTROL_CLIENT_H

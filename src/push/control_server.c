@@ -14,6 +14,7 @@
  * logged the same way. The wire replies themselves are upstream's texts.
  */
 #include "push/control_server.h"
+#include "push/control_listener.h"
 #include "push/peer_guard.h"
 
 #include <errno.h>
@@ -77,6 +78,7 @@ struct ctl_server {
     pthread_mutex_t mu;
     rsv_table *tab;
     void *rep, *push;
+    ctl_listener *lst; /* the control port without CURVE: our own ZMTP listener, else rep */
     int port, event_port;
     char event_secret[WIRE_SECRET_MAX + 1]; /* "" unless the event port asks PLAIN */
     pthread_t thr;
@@ -604,6 +606,38 @@ static void flush_events(ctl_server *s) {
     }
 }
 
+static const char oom_reply[] = "{\"ok\":false,\"error\":\"EC consumer out of memory\"}";
+
+/* The reply to one request from peer pa (NULL or "" unknown): a body that
+ * came in several frames is malformed. Returns the text to send, which is
+ * *owned (caller frees) or, out of memory, a static text: REP must answer
+ * every request to take the next. The handling thread. */
+static const char *answer(ctl_server *s, const char *pa, const void *body, size_t len, bool multi,
+                          char **owned) {
+    ect_strcpy_cut(s->peer, sizeof s->peer, pa ? pa : "");
+    pg_canon(pa && *pa ? pa : NULL, s->who, sizeof s->who);
+    char *reply = NULL;
+    int rc;
+    if (multi) {
+        atomic_fetch_add(&s->bad_requests, 1);
+        rc = wire_ctl_encode_error(WIRE_CTL_MALFORMED, &reply);
+    } else {
+        rc = ctl_server_handle(s, body, len, ect_now_ms(), &reply);
+    }
+    if (rc || !reply) {
+        free(reply);
+        reply = NULL;
+    }
+    *owned = reply;
+    return reply ? reply : oom_reply;
+}
+
+static const char *answer_fn(void *ctx, const char *peer, const void *body, size_t len, bool multi,
+                             char **owned) {
+    return answer(ctx, peer, body, len, multi, owned);
+}
+
+/* The libzmq REP path (CURVE keys): one request off the socket, answered. */
 static void serve_one(ctl_server *s) {
     zmq_msg_t msg;
     zmq_msg_init(&msg);
@@ -613,41 +647,40 @@ static void serve_one(ctl_server *s) {
     }
     bool multi = zmq_msg_more(&msg);
     const char *pa = zmq_msg_gets(&msg, "Peer-Address"); /* TCP peers: their address */
-    ect_strcpy_cut(s->peer, sizeof s->peer, pa ? pa : "");
-    pg_canon(pa, s->who, sizeof s->who);
+    char peer[64];
+    ect_strcpy_cut(peer, sizeof peer, pa ? pa : "");
     while (zmq_msg_more(&msg)) { /* a raw peer may send parts: drain them, answer once */
         zmq_msg_close(&msg);
         zmq_msg_init(&msg);
         if (zmq_msg_recv(&msg, s->rep, 0) < 0) break;
     }
-    char *reply = NULL;
-    int rc;
-    if (multi) {
-        atomic_fetch_add(&s->bad_requests, 1);
-        rc = wire_ctl_encode_error(WIRE_CTL_MALFORMED, &reply);
-    } else {
-        rc = ctl_server_handle(s, zmq_msg_data(&msg), zmq_msg_size(&msg), ect_now_ms(), &reply);
-    }
+    char *owned = NULL;
+    const char *reply = answer(s, peer, zmq_msg_data(&msg), zmq_msg_size(&msg), multi, &owned);
     zmq_msg_close(&msg);
-    if (rc || !reply) {
-        /* Out of memory: REP must still answer to accept the next request. */
-        static const char oom[] = "{\"ok\":false,\"error\":\"EC consumer out of memory\"}";
-        zmq_send(s->rep, oom, sizeof oom - 1, 0);
-    } else {
-        if (zmq_send(s->rep, reply, strlen(reply), 0) < 0)
-            ECT_LOGW(MOD, "reply send: %s", zmq_strerror(errno));
+    if (zmq_send(s->rep, reply, strlen(reply), 0) < 0)
+        ECT_LOGW(MOD, "reply send: %s", zmq_strerror(errno));
+    free(owned);
+}
+
+/* One wait for requests (up to poll_ms) and the answers. False: the ZMQ
+ * context is gone. */
+static bool serve_requests(ctl_server *s) {
+    if (s->lst) {
+        ctl_listener_pass(s->lst, s->o.poll_ms);
+        return true;
     }
-    free(reply);
+    zmq_pollitem_t it = {.socket = s->rep, .events = ZMQ_POLLIN};
+    int n = zmq_poll(&it, 1, s->o.poll_ms);
+    if (n < 0 && errno == ETERM) return false;
+    if (n > 0 && (it.revents & ZMQ_POLLIN)) serve_one(s);
+    return true;
 }
 
 static void *server_main(void *arg) {
     ctl_server *s = arg;
     uint64_t next_reap = ect_now_ms() + (uint64_t)s->o.reap_interval_ms;
     while (!atomic_load(&s->stop)) {
-        zmq_pollitem_t it = {.socket = s->rep, .events = ZMQ_POLLIN};
-        int n = zmq_poll(&it, 1, s->o.poll_ms);
-        if (n < 0 && errno == ETERM) break;
-        if (n > 0 && (it.revents & ZMQ_POLLIN)) serve_one(s);
+        if (!serve_requests(s)) break;
         uint64_t now = ect_now_ms();
         if (now >= next_reap) {
             ctl_server_reap(s, now);
@@ -703,6 +736,8 @@ static int check_opts(const ctl_server_opts *o) {
         return ect_set_error(ECT_EINVAL, "tp_rank %d: 0..tp_size-1", o->tp_rank);
     if (o->base_port < 0 || o->base_port + o->tp_size - 1 > 65535)
         return ect_set_error(ECT_EINVAL, "base_port %d: ranks beyond port 65535", o->base_port);
+    if (o->handshake_ms < 0 || o->max_conns < 0)
+        return ect_set_error(ECT_EINVAL, "handshake_ms and max_conns must be >= 0");
     if (o->reap_interval_ms < 1 || o->poll_ms < 1)
         return ect_set_error(ECT_EINVAL, "reap_interval_ms and poll_ms must be >= 1");
     if (!o->dst_session || strlen(o->dst_session) > WIRE_SESSION_MAX)
@@ -717,6 +752,20 @@ static int check_opts(const ctl_server_opts *o) {
     if (o->dst_key && strlen(o->dst_key) > WIRE_KEY_MAX)
         return ect_set_error(ECT_EINVAL, "dst_key: at most %d bytes", WIRE_KEY_MAX);
     return 0;
+}
+
+/* The control port as our own ZMTP 3.0 REP listener (no CURVE keys). */
+static int listen_control(ctl_server *s) {
+    ctl_listener_opts lo = {.ip = s->o.ip,
+                            .port = s->o.port,
+                            .max_msg = (uint64_t)CTL_MAX_RECV_BYTES,
+                            .handshake_ms = s->o.handshake_ms,
+                            .max_conns = s->o.max_conns,
+                            .fn = answer_fn,
+                            .ctx = s};
+    int rc = ctl_listener_open(&lo, &s->lst);
+    if (!rc) s->port = ctl_listener_port(s->lst);
+    return rc;
 }
 
 int ctl_server_open(void *zctx, const ctl_server_opts *o, ctl_server **out) {
@@ -747,24 +796,24 @@ int ctl_server_open(void *zctx, const ctl_server_opts *o, ctl_server **out) {
         *out = s;
         return 0;
     }
-    s->rep = zmq_socket(zctx, ZMQ_REP);
+    s->rep = o->keys ? zmq_socket(zctx, ZMQ_REP) : NULL; /* else listen_control */
     s->push = zmq_socket(zctx, ZMQ_PUSH);
-    if (!s->rep || !s->push) {
+    if ((o->keys && !s->rep) || !s->push) {
         rc = ect_set_error(ECT_EIO, "control server: zmq_socket: %s", zmq_strerror(errno));
         goto fail;
     }
     int zero = 0, one = 1;
     int64_t maxmsg = CTL_MAX_RECV_BYTES;
     int ipv6 = strchr(o->ip, ':') != NULL || strcmp(o->ip, "*") == 0;
-    zmq_setsockopt(s->rep, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(s->push, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(s->rep, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
-    if (ipv6) {
-        zmq_setsockopt(s->rep, ZMQ_IPV6, &one, sizeof one);
-        zmq_setsockopt(s->push, ZMQ_IPV6, &one, sizeof one);
+    if (ipv6) zmq_setsockopt(s->push, ZMQ_IPV6, &one, sizeof one);
+    if (s->rep) {
+        zmq_setsockopt(s->rep, ZMQ_LINGER, &zero, sizeof zero);
+        zmq_setsockopt(s->rep, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+        if (ipv6) zmq_setsockopt(s->rep, ZMQ_IPV6, &one, sizeof one);
     }
     rc = secure_sockets(s, o);
-    if (!rc) rc = bind_socket(s->rep, o->ip, o->port, &s->port);
+    if (!rc) rc = s->rep ? bind_socket(s->rep, o->ip, o->port, &s->port) : listen_control(s);
     if (!rc) rc = bind_socket(s->push, o->ip, 0, &s->event_port);
     if (rc) goto fail;
     if (o->keys) {
@@ -790,6 +839,8 @@ void ctl_server_stop(ctl_server *s) {
     atomic_store(&s->stop, true);
     if (s->thr_started) pthread_join(s->thr, NULL);
     s->thr_started = false;
+    ctl_listener_close(s->lst);
+    s->lst = NULL;
     if (s->rep) zmq_close(s->rep);
     if (s->push) zmq_close(s->push);
     if (s->o.keys && s->rep) {

@@ -5,7 +5,12 @@
  * PUSH socket on an ephemeral port sending the table's readiness and
  * abandoned events to the scheduler's inbox.
  *
- * One background thread owns both sockets: it polls the REP socket every
+ * Without CURVE keys the control port is not a libzmq socket but our own
+ * ZMTP 3.0 REP listener (push/control_listener.h: the same bytes on the
+ * wire, no libzmq I/O thread between the network and the handler); with
+ * keys it is a libzmq REP socket with CURVE.
+ *
+ * One background thread owns both sockets: it polls the control port every
  * poll_ms (100 ms), answers each request (a frame that does not decode gets
  * "malformed control request", an unknown op "unknown control op: 'x'"),
  * runs the reaper every reap_interval_ms (1 s) and sends queued events
@@ -44,6 +49,9 @@ typedef struct ctl_server_opts {
                                 0: port - tp_rank (with port 0: only this shard) */
     int reap_interval_ms;    /* 1000 */
     int poll_ms;             /* 100 */
+    int handshake_ms;        /* own listener (no keys): a connection's greeting and READY
+                                must be through within it; 0: 30000 (libzmq's) */
+    int max_conns;           /* own listener: connections beyond it are closed; 0: 1024 */
     rsv_opts rsv;            /* the table: mem ops (required), TTL, grace, caps */
     const char *dst_session; /* the transport session producers write to (required) */
     const char *advertise;   /* host told to producers in dst_session instead of the bound

@@ -15,7 +15,9 @@
  * and READY (Socket-Type a valid peer of ours: REQ talks to REP or ROUTER, REP
  * to REQ or DEALER), answers PING with PONG (ZMTP 3.1 peers with heartbeats
  * on), ignores other commands, and assembles whole messages (frames up to one
- * without MORE) that zmtp_conn_next hands out one at a time.
+ * without MORE) that zmtp_conn_next hands out one at a time. A message queued
+ * before the peer's READY is held back until it comes (libzmq 4.3 drops a
+ * connection whose first message arrives in the same read as our READY).
  *
  * Messages are the application's view of REQ/REP:
  *   - a REQ end sends [empty delimiter][body] (zmtp_conn_send_req) and gets
@@ -24,7 +26,9 @@
  *   - a REP end gets every frame up to and including the empty delimiter as
  *     the envelope plus the body (a peer may send several body frames: the
  *     message is then flagged `multi` and the body is the first), and answers
- *     with zmtp_conn_send_rep (envelope, then the reply body).
+ *     with zmtp_conn_send_rep (envelope, then the reply body). A message
+ *     without a delimiter is dropped, as libzmq's REP drops it.
+ * A REQ flags a reply of several body frames `multi` too.
  *
  * Bounds: a message whose frames sum over `max_msg` bytes is refused
  * (ECT_ERANGE) the moment its size is known, before it is buffered; an
@@ -41,7 +45,8 @@
 #include <stdint.h>
 
 #define ZMTP_GREETING_LEN 64
-#define ZMTP_MAX_ENVELOPE 32 /* frames before the delimiter (REQ sends none; a DEALER may route) */
+#define ZMTP_MAX_ENVELOPE 32 /* frames before the delimiter (REQ sends none; a DEALER may route)   \
+                              */
 
 typedef enum { ZMTP_REQ, ZMTP_REP } zmtp_role;
 
@@ -52,7 +57,7 @@ typedef struct zmtp_conn zmtp_conn;
 typedef struct zmtp_msg {
     const uint8_t *body; /* the (first) body frame */
     size_t body_len;
-    bool multi;              /* REP: the peer sent more than one body frame */
+    bool multi;              /* the peer sent more than one body frame */
     const uint8_t *envelope; /* REP: the envelope as framed bytes, for send_rep */
     size_t envelope_len;
 } zmtp_msg;
@@ -70,8 +75,8 @@ void zmtp_conn_free(zmtp_conn *c);
  * ECT_ENOMEM). After an error every call fails the same way. */
 int zmtp_conn_feed(zmtp_conn *c, const uint8_t *data, size_t len);
 
-/* True once both greetings and READYs are through (messages may flow; a
- * message sent before that is queued behind the handshake anyway). */
+/* True once the peer's greeting and READY are in (messages flow; one queued
+ * before that was held back and is in zmtp_conn_out now). */
 bool zmtp_conn_ready(const zmtp_conn *c);
 
 /* The next whole message received, into *m: returns 1 when one was there, 0
@@ -82,8 +87,8 @@ int zmtp_conn_next(zmtp_conn *c, zmtp_msg *m);
 /* Queue a message for sending. REQ: [delimiter][body]. REP: the envelope a
  * zmtp_msg carried (bytes as it gave them), then [body]. ECT_ENOMEM. */
 int zmtp_conn_send_req(zmtp_conn *c, const void *body, size_t len);
-int zmtp_conn_send_rep(zmtp_conn *c, const uint8_t *envelope, size_t envelope_len,
-                       const void *body, size_t len);
+int zmtp_conn_send_rep(zmtp_conn *c, const uint8_t *envelope, size_t envelope_len, const void *body,
+                       size_t len);
 
 /* What is queued for sending: *len bytes at the returned pointer (NULL, 0
  * when nothing). After writing n of them, zmtp_conn_sent(c, n). */

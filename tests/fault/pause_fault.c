@@ -14,8 +14,10 @@
  *                    partial send, which the transport must handle anyway),
  *                    so the point falls inside a write;
  *   before_complete  the first zmq_send() of a control frame whose op is
- *                    "complete" or "complete_batch": every write of the step
- *                    acknowledged, nothing completed.
+ *                    "complete" or "complete_batch", or the first send() of
+ *                    the ZMTP bytes of one (the control client speaks ZMTP
+ *                    itself when no CURVE keys are set): every write of the
+ *                    step acknowledged, nothing completed.
  *
  * The consumer's data plane is the TCP ports $ECT_FAULT_DATA_PORT ..
  * + $ECT_FAULT_DATA_PORTS - 1 (its --data-port and TP size). Once paused,
@@ -122,13 +124,26 @@ ssize_t sendmsg(int fd, const struct msghdr *m, int flags) {
     return k;
 }
 
+/* A control frame whose op is complete or complete_batch, before it leaves. */
+static void check_complete(const void *buf, size_t len) {
+    if (strcmp(point(), "before_complete") == 0 && buf && len < (1u << 24) &&
+        (memmem(buf, len, "\"op\":\"complete", 14) || memmem(buf, len, "\"op\": \"complete", 15)))
+        stop_here("before_complete");
+}
+
 int zmq_send(void *s, const void *buf, size_t len, int flags); /* libzmq's, interposed */
 int zmq_send(void *s, const void *buf, size_t len, int flags) {
     static int (*real)(void *, const void *, size_t, int);
     if (!real) real = (int (*)(void *, const void *, size_t, int))dlsym(RTLD_NEXT, "zmq_send");
     if (!real) abort();
-    if (strcmp(point(), "before_complete") == 0 && buf && len < (1u << 24) &&
-        (memmem(buf, len, "\"op\":\"complete", 14) || memmem(buf, len, "\"op\": \"complete", 15)))
-        stop_here("before_complete");
+    check_complete(buf, len);
     return real(s, buf, len, flags);
+}
+
+ssize_t send(int fd, const void *buf, size_t len, int flags) {
+    static ssize_t (*real)(int, const void *, size_t, int);
+    if (!real) real = (ssize_t(*)(int, const void *, size_t, int))dlsym(RTLD_NEXT, "send");
+    if (!real) abort();
+    check_complete(buf, len);
+    return real(fd, buf, len, flags);
 }

@@ -1,0 +1,335 @@
+/*
+ * control_link — see control_link.h. One call is: check the idle connection,
+ * connect when there is none (retrying every 100 ms unless fail-fast), queue
+ * the request (the codec holds it until the peer's READY), then poll() the
+ * socket, writing what the codec queued and feeding it what arrives, until
+ * the reply is whole or the deadline passes. The socket is non-blocking
+ * throughout (MSG_DONTWAIT), so no step can outlast the deadline.
+ *
+ * Whether a lost connection may be retried follows from where libzmq's REQ
+ * keeps the request: in the socket's pipe until its connection's handshake is
+ * through (a reconnect sends it then), on the wire after that (lost with the
+ * connection). Here: before the peer's READY the request was never written,
+ * so a new connection may carry it; after, it may have reached the server
+ * and is never sent twice.
+ */
+#include "push/control_link.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <zmq.h>
+
+#include "util/util.h"
+#include "wire/zmtp.h"
+
+#define RECONNECT_IVL_MS 100 /* libzmq's ZMQ_RECONNECT_IVL default */
+#define READ_CHUNK 65536
+
+/* Internal outcome: the connection is gone (EOF, reset, handshake refused);
+ * ect_last_error() says how. Never returned to the caller. */
+#define LINK_LOST 1
+
+struct ctl_link {
+    int fd; /* -1: not connected */
+    zmtp_conn *z;
+    bool peer_ready; /* the peer's READY came: the request may be on the wire */
+    uint8_t buf[READ_CHUNK];
+};
+
+static void link_reset(ctl_link *l) {
+    if (l->fd >= 0) close(l->fd);
+    zmtp_conn_free(l->z);
+    l->fd = -1;
+    l->z = NULL;
+    l->peer_ready = false;
+}
+
+static int ms_left(uint64_t deadline) {
+    uint64_t now = ect_now_ms();
+    if (now >= deadline) return 0;
+    return deadline - now > INT_MAX ? INT_MAX : (int)(deadline - now);
+}
+
+/* Whether the watch socket's context is shutting down (zmq_ctx_shutdown):
+ * what ends a libzmq call at once with ETERM ends ours too. */
+static int watch_check(const ctl_link_call_opts *o) {
+    int ev = 0;
+    size_t sz = sizeof ev;
+    if (zmq_getsockopt(o->watch, ZMQ_EVENTS, &ev, &sz) != 0 && errno == ETERM)
+        return ect_set_error(ECT_EIO, "control %s: the ZMQ context is shutting down (%s)", o->addr,
+                             o->op_name);
+    return 0;
+}
+
+/* poll() on fd (-1: none) for `events` and on the watch socket, up to ms.
+ * *rev gets fd's revents (0: the time is up, or only the watch socket woke).
+ * Errors: the context is shutting down, poll failed. */
+static int wait_io(const ctl_link_call_opts *o, int fd, short events, int ms, short *rev) {
+    struct pollfd p[2] = {{.fd = fd, .events = events}, {.fd = o->watch_fd, .events = POLLIN}};
+    *rev = 0;
+    int pr = poll(p, o->watch ? 2 : 1, ms);
+    if (pr < 0) return errno == EINTR ? 0 : ect_set_errno(errno, "control %s: poll", o->addr);
+    if (o->watch && p[1].revents) {
+        int rc = watch_check(o);
+        if (rc) return rc;
+    }
+    *rev = p[0].revents;
+    return 0;
+}
+
+/* Sleeps until the deadline, or cap_ms when that is sooner (cap_ms < 0: no
+ * cap). Returns 0 while time is left, 1 once the deadline passed, or
+ * wait_io's error. */
+static int nap_until(const ctl_link_call_opts *o, uint64_t deadline, int cap_ms) {
+    int left;
+    while ((left = ms_left(deadline)) > 0) {
+        short rev;
+        int rc = wait_io(o, -1, 0, cap_ms >= 0 && cap_ms < left ? cap_ms : left, &rev);
+        if (rc) return rc;
+        if (cap_ms >= 0) break;
+    }
+    return ms_left(deadline) > 0 ? 0 : 1;
+}
+
+/* A non-blocking connect to one address, waited for until the deadline
+ * (the watch socket can end the wait: a blocking connect could not). */
+static int connect_one(const ctl_link_call_opts *o, const struct addrinfo *ai, uint64_t deadline,
+                       int *out) {
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return ect_set_errno(errno, "control %s: socket", o->addr);
+    int one = 1; /* as libzmq sets it */
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    int rc = 0, err = 0;
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS) err = errno;
+    while (!err) {
+        int left = ms_left(deadline);
+        short rev = 0;
+        if (left == 0) {
+            rc = ECT_ETIMEDOUT;
+            break;
+        }
+        rc = wait_io(o, fd, POLLOUT, left, &rev);
+        if (rc) break;
+        if (rev) {
+            socklen_t el = sizeof err;
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
+            if (!err) {
+                *out = fd;
+                return 0;
+            }
+        }
+    }
+    close(fd);
+    if (err)
+        return ect_set_error(ECT_ECONNREFUSED, "control %s: connect: %s", o->addr, strerror(err));
+    return rc;
+}
+
+/* Connects to the first address of the host that takes it (names and IPv6
+ * literals resolve as libzmq resolves them: getaddrinfo, "[v6]" unwrapped). */
+static int link_connect(ctl_link *l, const ctl_link_call_opts *o, uint64_t deadline) {
+    char host[256], ps[16];
+    const char *h = o->host;
+    size_t hl = strlen(h);
+    if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']' && hl - 2 < sizeof host) {
+        memcpy(host, h + 1, hl - 2);
+        host[hl - 2] = '\0';
+        h = host;
+    }
+    snprintf(ps, sizeof ps, "%d", o->port);
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+    struct addrinfo *res = NULL;
+    int g = getaddrinfo(h, ps, &hints, &res);
+    if (g != 0)
+        return ect_set_error(ECT_EINVAL, "control client: cannot resolve host '%.100s': %s", h,
+                             gai_strerror(g));
+    int rc = ect_set_error(ECT_ECONNREFUSED, "control %s: no address", o->addr);
+    int fd = -1;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        rc = connect_one(o, ai, deadline, &fd);
+        if (rc != ECT_ECONNREFUSED) break; /* connected, out of time, or shutting down */
+    }
+    freeaddrinfo(res);
+    if (rc) return rc;
+    rc = zmtp_conn_new(ZMTP_REQ, o->max_msg, &l->z);
+    if (rc) {
+        close(fd);
+        return rc;
+    }
+    l->fd = fd;
+    return 0;
+}
+
+/* Writes what the codec queued, as far as the socket takes it now. */
+static int link_write(ctl_link *l) {
+    size_t n;
+    const uint8_t *p;
+    while ((p = zmtp_conn_out(l->z, &n)) != NULL) {
+        ssize_t w = send(l->fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (w > 0) {
+            zmtp_conn_sent(l->z, (size_t)w);
+        } else if (w < 0 && errno == EINTR) {
+            continue;
+        } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            return 0;
+        } else {
+            ect_set_errno(errno, "send");
+            return LINK_LOST;
+        }
+    }
+    return 0;
+}
+
+/* Reads what is there and feeds it to the codec. LINK_LOST on EOF or a
+ * socket error, the codec's error for bytes it refuses. */
+static int link_read(ctl_link *l) {
+    for (;;) {
+        ssize_t r = recv(l->fd, l->buf, sizeof l->buf, MSG_DONTWAIT);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+        if (r <= 0) {
+            if (r == 0)
+                ect_set_error(ECT_ECLOSED, "the peer closed the connection");
+            else
+                ect_set_errno(errno, "receive");
+            return LINK_LOST;
+        }
+        int rc = zmtp_conn_feed(l->z, l->buf, (size_t)r);
+        if (rc) return rc;
+        if (zmtp_conn_ready(l->z)) l->peer_ready = true;
+        if ((size_t)r < sizeof l->buf) return 0; /* drained: spare the EAGAIN */
+    }
+}
+
+/* An idle connection is usable when nothing came on it since the last reply
+ * but what the codec answers itself (PING): EOF, an error, a refused byte or
+ * an unasked-for message all mean a new connection. */
+static bool link_idle_ok(ctl_link *l) {
+    struct pollfd p = {.fd = l->fd, .events = POLLIN};
+    if (poll(&p, 1, 0) > 0 && link_read(l) != 0) return false;
+    zmtp_msg m;
+    return zmtp_conn_next(l->z, &m) == 0;
+}
+
+/* Runs the connection until a reply is whole (0), the deadline passes
+ * (ECT_ETIMEDOUT, no text), the connection is lost (LINK_LOST), the codec
+ * refuses what came (its error) or wait_io fails. */
+static int link_exchange(ctl_link *l, const ctl_link_call_opts *o, uint64_t deadline,
+                         const uint8_t **reply, size_t *len) {
+    for (;;) {
+        int rc = link_write(l);
+        if (rc) return rc;
+        zmtp_msg m;
+        int got = zmtp_conn_next(l->z, &m);
+        if (got < 0) return got;
+        if (got == 1) {
+            if (m.multi) return ect_set_error(ECT_EPROTO, "a reply of several frames");
+            *reply = m.body;
+            *len = m.body_len;
+            return 0;
+        }
+        int left = ms_left(deadline);
+        if (left == 0) return ECT_ETIMEDOUT;
+        size_t pending;
+        zmtp_conn_out(l->z, &pending);
+        short rev;
+        rc = wait_io(o, l->fd, POLLIN | (pending ? POLLOUT : 0), left, &rev);
+        if (rc) return rc;
+        if (rev & (POLLIN | POLLHUP | POLLERR)) {
+            rc = link_read(l);
+            if (rc) return rc;
+        }
+    }
+}
+
+static int timed_out(const ctl_link_call_opts *o) {
+    return ect_set_error(ECT_ETIMEDOUT, "control %s: no reply to %s within %d ms", o->addr,
+                         o->op_name, o->timeout_ms);
+}
+
+/* The connection went away, or its peer refused our handshake: what
+ * libzmq's REQ would have made of it (see the top of the file). Sets *retry
+ * when a new connection may carry the request. */
+static int on_lost(ctl_link *l, const ctl_link_call_opts *o, uint64_t deadline, bool *retry) {
+    char why[256];
+    snprintf(why, sizeof why, "%s", ect_last_error());
+    bool sent = l->peer_ready;
+    link_reset(l);
+    *retry = false;
+    if (o->fail_fast)
+        return ect_set_error(ECT_ECONNREFUSED,
+                             "control %s: the peer closed the connection before replying to %s "
+                             "(%s)",
+                             o->addr, o->op_name, why);
+    int rc = nap_until(o, deadline, sent ? -1 : RECONNECT_IVL_MS);
+    if (rc < 0) return rc;
+    if (rc == 0 && !sent) {
+        *retry = true;
+        return 0;
+    }
+    return timed_out(o); /* a lost request: libzmq waits for a reply that never comes */
+}
+
+int ctl_link_call(ctl_link **lp, const ctl_link_call_opts *o, const void *req, size_t len,
+                  const uint8_t **reply, size_t *reply_len) {
+    if (!*lp) {
+        ctl_link *n = calloc(1, sizeof *n);
+        if (!n) return ect_set_error(ECT_ENOMEM, "control client: out of memory");
+        n->fd = -1;
+        *lp = n;
+    }
+    ctl_link *l = *lp;
+    uint64_t deadline = ect_now_ms() + (uint64_t)o->timeout_ms;
+    if (l->fd >= 0 && !link_idle_ok(l)) link_reset(l);
+    for (;;) {
+        if (l->fd < 0) {
+            int rc = link_connect(l, o, deadline);
+            if (rc == ECT_ECONNREFUSED && o->fail_fast)
+                return ect_set_error(ECT_ECONNREFUSED,
+                                     "control %s: connection refused (no one listens there) "
+                                     "sending %s",
+                                     o->addr, o->op_name);
+            if (rc == ECT_ECONNREFUSED || rc == ECT_ETIMEDOUT) {
+                rc = nap_until(o, deadline, RECONNECT_IVL_MS);
+                if (rc < 0) return rc;
+                if (rc == 0) continue;
+                return timed_out(o);
+            }
+            if (rc) return rc;
+        }
+        int rc = zmtp_conn_send_req(l->z, req, len);
+        if (rc) return rc;
+        rc = link_exchange(l, o, deadline, reply, reply_len);
+        if (rc == 0) return 0;
+        if (rc == ECT_ETIMEDOUT) return timed_out(o);
+        if (rc == LINK_LOST || ((rc == ECT_EPROTO || rc == ECT_ERANGE) && !l->peer_ready)) {
+            bool retry;
+            rc = on_lost(l, o, deadline, &retry);
+            if (retry) continue;
+            return rc;
+        }
+        if (rc == ECT_EPROTO || rc == ECT_ERANGE) {
+            char why[256];
+            snprintf(why, sizeof why, "%s", ect_last_error());
+            return ect_set_error(ECT_EPROTO, "control %s: bad reply to %s: %s", o->addr, o->op_name,
+                                 why);
+        }
+        return rc;
+    }
+}
+
+void ctl_link_close(ctl_link *l) {
+    if (!l) return;
+    link_reset(l);
+    free(l);
+}

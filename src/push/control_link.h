@@ -1,0 +1,61 @@
+/*
+ * control_link — one REQ connection of the control client spoken by the
+ * calling thread itself: ZMTP (wire/zmtp.h) on a plain TCP socket, blocking
+ * in poll() against the call's deadline, with no libzmq I/O thread between
+ * the thread and the kernel (issue 13). control_client.c uses it for every
+ * address when no CURVE keys are set; the bytes on the wire are a libzmq
+ * REQ's (docs/PROTOCOL.md "Control channel framing (ZMTP)").
+ *
+ * It keeps what control_client.h promises of the libzmq path: the connection
+ * is made on first use (TCP_NODELAY, as libzmq sets it); a call waits up to
+ * the control timeout for its reply, connecting included; in fail-fast mode a
+ * refused connect, or a peer that closes the connection (or refuses our
+ * handshake) while the request waits, ends the call at once with
+ * ECT_ECONNREFUSED; otherwise a refused connect is retried every 100 ms
+ * (libzmq's reconnect interval) until the timeout, so a server that comes up
+ * within it is served, and a request lost with its connection costs the
+ * timeout, as with libzmq's REQ (it never resends). An idle connection whose
+ * peer went away (EOF, reset, or anything unasked-for on it) is replaced
+ * before the next request is sent.
+ *
+ * Threading: a ctl_link belongs to the thread of its ctl_client.
+ */
+#ifndef ECT_PUSH_CONTROL_LINK_H
+#define ECT_PUSH_CONTROL_LINK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ctl_link ctl_link;
+
+/* One call's parameters. */
+typedef struct ctl_link_call_opts {
+    const char *host; /* name or numeric address, "[v6]" accepted */
+    int port;
+    const char *addr;    /* "host:port", for messages */
+    const char *op_name; /* the op, for messages */
+    int timeout_ms;
+    bool fail_fast;
+    uint64_t max_msg; /* the largest reply accepted */
+    /* A ZMQ socket of the caller's context (NULL: none) and its ZMQ_FD: when
+     * the context is shut down (zmq_ctx_shutdown) every wait ends at once
+     * with ECT_EIO, as a libzmq REQ's would with ETERM. */
+    void *watch;
+    int watch_fd;
+} ctl_link_call_opts;
+
+/* Sends the request frame req (len bytes) on *lp, making the link when *lp
+ * is NULL (the caller owns it then: ctl_link_close), and waits for the reply,
+ * whose body is at *reply (valid until the next call on the link). Errors:
+ * ECT_ETIMEDOUT, ECT_ECONNREFUSED (fail-fast, see above), ECT_EPROTO (a reply
+ * that is not one ZMTP reply frame), ECT_EINVAL (host does not resolve),
+ * ECT_EIO (the context is shutting down, socket errors), ECT_ENOMEM; after
+ * any error the caller closes the link. */
+int ctl_link_call(ctl_link **lp, const ctl_link_call_opts *o, const void *req, size_t len,
+                  const uint8_t **reply, size_t *reply_len);
+
+/* Closes the connection and frees l. NULL is fine. */
+void ctl_link_close(ctl_link *l);
+
+#endif
