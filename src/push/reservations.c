@@ -82,7 +82,7 @@ typedef struct rsv_entry rsv_entry;
 
 struct rsv_buf {
     uint64_t offset, size; /* the allocation (size >= 1) */
-    char *mm_hash;
+    char *mm_hash; /* in the same allocation (buf_alloc) */
     tensor tn;
     unsigned refs, leases;
     bool published, resident;
@@ -115,6 +115,9 @@ struct rsv_entry {
 #define ENTRY(n) IDT_ENTRY(n, rsv_entry, node)
 #define LIST_PENDING (IDT_LIVE + 1)
 
+/* Popped event nodes kept for reuse: enough for a few steps' events. */
+#define SPARE_EVENTS 256
+
 typedef struct ev_node {
     rsv_event ev;
     struct ev_node *prev, *next;
@@ -128,6 +131,8 @@ struct rsv_table {
     resident_cache *cache; /* published buffers (mem/resident) */
     rsv_buf *orphans, *all;
     ev_node *events;
+    ev_node *spare_events; /* popped nodes kept for the next events (at most SPARE_EVENTS) */
+    size_t n_spare;
     rsv_stats st;
 };
 
@@ -208,6 +213,16 @@ static int list_of(rsv_state s) {
 
 /* ---- buffers */
 
+/* A zeroed buffer with its mm_hash in the same allocation, or NULL. */
+static rsv_buf *buf_alloc(const char *mm_hash) {
+    size_t lm = strlen(mm_hash);
+    rsv_buf *b = calloc(1, sizeof *b + lm + 1);
+    if (!b) return NULL;
+    b->mm_hash = (char *)(b + 1);
+    memcpy(b->mm_hash, mm_hash, lm + 1);
+    return b;
+}
+
 /* Frees b and its memory; a published one leaves the cache (unheld, or
  * reclaimed from it already). */
 static void buf_free(rsv_table *t, rsv_buf *b) {
@@ -218,7 +233,6 @@ static void buf_free(rsv_table *t, rsv_buf *b) {
     t->o.mem->free(t->o.mem_ctx, b->offset, b->size);
     t->st.buffers--;
     t->st.bytes_held -= b->size;
-    free(b->mm_hash);
     free(b);
 }
 
@@ -312,6 +326,9 @@ static void queue_event(rsv_table *t, const rsv_entry *e, rsv_event_kind kind) {
         DL_DELETE(t->events, n);
         t->st.events--;
         t->st.events_dropped++;
+    } else if ((n = t->spare_events)) {
+        t->spare_events = n->next;
+        t->n_spare--;
     } else if (!(n = malloc(sizeof *n))) {
         ECT_LOGE_ID(MOD, e->transfer_id, NULL, "out of memory queueing an event for transfer_id=%s",
                     e->transfer_id);
@@ -330,7 +347,13 @@ void rsv_event_pop(rsv_table *t) {
     if (!n) return;
     DL_DELETE(t->events, n);
     t->st.events--;
-    free(n);
+    if (t->n_spare >= SPARE_EVENTS) {
+        free(n);
+        return;
+    }
+    n->next = t->spare_events; /* the next queue_event takes it: no malloc per event */
+    t->spare_events = n;
+    t->n_spare++;
 }
 
 /* ---- entries */
@@ -584,12 +607,10 @@ static int reserve_new(rsv_table *t, const rsv_request *r, const tensor *tn, rsv
         }
         t->st.adopted++;
     } else { /* (3) allocate */
-        rsv_buf *b = calloc(1, sizeof *b);
-        char *h = strdup(r->mm_hash);
+        rsv_buf *b = buf_alloc(r->mm_hash);
         uint64_t size = tn->nbytes ? tn->nbytes : 1, off = 0;
         if (t->o.capacity && size > t->o.capacity) {
             free(b);
-            free(h);
             free_entry_mem(e);
             return ect_set_error(ECT_EFULL,
                                  "EC consumer buffer pool is full: more than the whole pool "
@@ -597,10 +618,9 @@ static int reserve_new(rsv_table *t, const rsv_request *r, const tensor *tn, rsv
                                  " in the pool) for transfer_id '%s'",
                                  tn->nbytes, t->o.capacity, r->transfer_id);
         }
-        int rc = (b && h) ? alloc_reclaiming(t, size, &off) : ECT_ENOMEM;
+        int rc = b ? alloc_reclaiming(t, size, &off) : ECT_ENOMEM;
         if (rc) {
             free(b);
-            free(h);
             free_entry_mem(e);
             if (rc == ECT_EFULL)
                 return ect_set_error(ECT_EFULL,
@@ -620,13 +640,11 @@ static int reserve_new(rsv_table *t, const rsv_request *r, const tensor *tn, rsv
             if (indexed) HASH_DELETE(hh_inflight, t->inflight, e);
             t->o.mem->free(t->o.mem_ctx, off, size); /* nobody was told about it */
             free(b);
-            free(h);
             free_entry_mem(e);
             return ect_set_error(ECT_ENOMEM, "reserve: out of memory");
         }
         b->offset = off;
         b->size = size;
-        b->mm_hash = h;
         b->tn = *tn;
         b->refs = 1;
         DL_APPEND2(t->all, b, all_prev, all_next);
@@ -918,11 +936,14 @@ void rsv_close(rsv_table *t) {
     rsv_buf *b, *btmp;
     DL_FOREACH_SAFE2(t->all, b, btmp, all_next) {
         t->o.mem->free(t->o.mem_ctx, b->offset, b->size);
-        free(b->mm_hash);
         free(b);
     }
     ev_node *n, *ntmp;
     DL_FOREACH_SAFE(t->events, n, ntmp) free(n);
+    while ((n = t->spare_events)) {
+        t->spare_events = n->next;
+        free(n);
+    }
     free(t);
 }
 
