@@ -58,6 +58,7 @@
 static _Thread_local int hash_oom;
 #define HASH_NONFATAL_OOM 1
 #define uthash_nonfatal_oom(obj) (hash_oom = 1)
+#include "mem/pool.h"
 #include "mem/resident.h"
 #include "util/idtab.h"
 
@@ -156,7 +157,7 @@ const char *rsv_end_text(rsv_end why) {
 }
 
 static int pool_alloc(void *ctx, uint64_t nbytes, uint64_t *offset) {
-    return ect_pool_alloc(ctx, nbytes, offset);
+    return pool_try_alloc(ctx, nbytes, offset);
 }
 
 static void pool_free(void *ctx, uint64_t offset, uint64_t nbytes) {
