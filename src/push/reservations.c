@@ -83,7 +83,8 @@ typedef struct rsv_entry rsv_entry;
 
 struct rsv_buf {
     uint64_t offset, size; /* the allocation (size >= 1) */
-    char *mm_hash; /* in the same allocation (buf_alloc) */
+    char *mm_hash;   /* in the same allocation (buf_alloc) */
+    size_t hash_cap; /* bytes there for it (a spare is reused for a hash that fits) */
     tensor tn;
     unsigned refs, leases;
     bool published, resident;
@@ -116,8 +117,11 @@ struct rsv_entry {
 #define ENTRY(n) IDT_ENTRY(n, rsv_entry, node)
 #define LIST_PENDING (IDT_LIVE + 1)
 
-/* Popped event nodes kept for reuse: enough for a few steps' events. */
+/* Popped event nodes and freed buffer records kept for reuse: enough for a
+ * few steps' items. A spare buffer record has room for a hash this long. */
 #define SPARE_EVENTS 256
+#define SPARE_BUFS 256
+#define RSV_BUF_HASH_MIN 64
 
 typedef struct ev_node {
     rsv_event ev;
@@ -134,6 +138,8 @@ struct rsv_table {
     ev_node *events;
     ev_node *spare_events; /* popped nodes kept for the next events (at most SPARE_EVENTS) */
     size_t n_spare;
+    rsv_buf *spare_bufs; /* freed buffer records kept for the next reserves (all_next links) */
+    size_t n_spare_bufs;
     rsv_stats st;
 };
 
@@ -214,14 +220,39 @@ static int list_of(rsv_state s) {
 
 /* ---- buffers */
 
-/* A zeroed buffer with its mm_hash in the same allocation, or NULL. */
-static rsv_buf *buf_alloc(const char *mm_hash) {
+/* A zeroed buffer record with its mm_hash in the same allocation, from the
+ * spares when the first one fits, or NULL. The spares matter beyond the
+ * malloc: a record is freed on the thread that releases the item (the
+ * engine's) and allocated on the shard's, so malloc never found it in its
+ * per-thread cache and took the arena's slow path every time. */
+static rsv_buf *buf_alloc(rsv_table *t, const char *mm_hash) {
     size_t lm = strlen(mm_hash);
-    rsv_buf *b = calloc(1, sizeof *b + lm + 1);
-    if (!b) return NULL;
+    rsv_buf *b = t->spare_bufs;
+    if (b && b->hash_cap > lm) {
+        t->spare_bufs = b->all_next;
+        t->n_spare_bufs--;
+        size_t cap = b->hash_cap;
+        memset(b, 0, sizeof *b);
+        b->hash_cap = cap;
+    } else {
+        size_t cap = lm + 1 > RSV_BUF_HASH_MIN ? lm + 1 : RSV_BUF_HASH_MIN;
+        if (!(b = calloc(1, sizeof *b + cap))) return NULL;
+        b->hash_cap = cap;
+    }
     b->mm_hash = (char *)(b + 1);
     memcpy(b->mm_hash, mm_hash, lm + 1);
     return b;
+}
+
+/* A buffer record (on no list, in no index) to the spares, or freed. */
+static void buf_release(rsv_table *t, rsv_buf *b) {
+    if (t->n_spare_bufs >= SPARE_BUFS) {
+        free(b);
+        return;
+    }
+    b->all_next = t->spare_bufs;
+    t->spare_bufs = b;
+    t->n_spare_bufs++;
 }
 
 /* Frees b and its memory; a published one leaves the cache (unheld, or
@@ -234,7 +265,7 @@ static void buf_free(rsv_table *t, rsv_buf *b) {
     t->o.mem->free(t->o.mem_ctx, b->offset, b->size);
     t->st.buffers--;
     t->st.bytes_held -= b->size;
-    free(b);
+    buf_release(t, b);
 }
 
 /* After b's refs or leases changed: a published buffer takes or gives back
@@ -608,10 +639,10 @@ static int reserve_new(rsv_table *t, const rsv_request *r, const tensor *tn, rsv
         }
         t->st.adopted++;
     } else { /* (3) allocate */
-        rsv_buf *b = buf_alloc(r->mm_hash);
+        rsv_buf *b = buf_alloc(t, r->mm_hash);
         uint64_t size = tn->nbytes ? tn->nbytes : 1, off = 0;
         if (t->o.capacity && size > t->o.capacity) {
-            free(b);
+            free(b); /* not kept: a failed reserve holds no more memory than before */
             free_entry_mem(e);
             return ect_set_error(ECT_EFULL,
                                  "EC consumer buffer pool is full: more than the whole pool "
@@ -944,6 +975,10 @@ void rsv_close(rsv_table *t) {
     while ((n = t->spare_events)) {
         t->spare_events = n->next;
         free(n);
+    }
+    while ((b = t->spare_bufs)) {
+        t->spare_bufs = b->all_next;
+        free(b);
     }
     free(t);
 }
