@@ -149,8 +149,8 @@ static void diff_event(const uint8_t *data, size_t size) {
         CHECK(strcmp(f.transfer_id, s.transfer_id) == 0 && strcmp(f.mm_hash, s.mm_hash) == 0 &&
               strcmp(f.reservation_id, s.reservation_id) == 0 && f.ready == s.ready &&
               f.shard == s.shard && (f.error == NULL) == (s.error == NULL) &&
-              (!f.error || strcmp(f.error, s.error) == 0) &&
-              f.tensor.nbytes == s.tensor.nbytes && f.tensor.ndim == s.tensor.ndim &&
+              (!f.error || strcmp(f.error, s.error) == 0) && f.tensor.nbytes == s.tensor.nbytes &&
+              f.tensor.ndim == s.tensor.ndim &&
               memcmp(f.tensor.shape, s.tensor.shape, sizeof f.tensor.shape) == 0 &&
               strcmp(f.tensor.dtype, s.tensor.dtype) == 0);
         wire_event_clear(&f);

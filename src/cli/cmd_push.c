@@ -20,7 +20,6 @@
 #include <string.h>
 #include <unistd.h>
 
-
 #include "cli/cli.h"
 #include "ectransfer.h"
 

@@ -84,14 +84,15 @@ static bool push_line_direct(const cli_push_line *p, char *buf, size_t cap) {
         cli_json_real(lat, sizeof lat, (double)r->latency_ns / 1e6) < 0)
         return false;
     const char *st = r->status == 0 ? "done" : r->status == ECT_ECANCELED ? "cancelled" : "failed";
-    int n = snprintf(buf, cap,
-                     "{\"transfer_id\":\"%s\",\"mm_hash\":\"%s\",\"nbytes\":%lld,\"checksum\":\"%016" PRIx64
-                     "\",\"status\":\"%s\",\"state\":\"%s\"%s%s%s,\"latency_ms\":%s,\"shards\":%lld,"
-                     "\"transport\":\"%s\",\"retries\":%lld}",
-                     p->transfer_id, p->mm_hash, (long long)(json_int_t)p->nbytes, p->checksum,
-                     r->status ? r->error : "ok", st, r->status ? ",\"error\":\"" : "",
-                     r->status ? r->error : "", r->status ? "\"" : "", lat,
-                     (long long)r->shards, r->transport, (long long)r->retries);
+    int n = snprintf(
+        buf, cap,
+        "{\"transfer_id\":\"%s\",\"mm_hash\":\"%s\",\"nbytes\":%lld,\"checksum\":\"%016" PRIx64
+        "\",\"status\":\"%s\",\"state\":\"%s\"%s%s%s,\"latency_ms\":%s,\"shards\":%lld,"
+        "\"transport\":\"%s\",\"retries\":%lld}",
+        p->transfer_id, p->mm_hash, (long long)(json_int_t)p->nbytes, p->checksum,
+        r->status ? r->error : "ok", st, r->status ? ",\"error\":\"" : "",
+        r->status ? r->error : "", r->status ? "\"" : "", lat, (long long)r->shards, r->transport,
+        (long long)r->retries);
     return n > 0 && (size_t)n < cap;
 }
 

@@ -242,8 +242,7 @@ static px *group_find_addr(const groups *gs, const char *host, int port) {
 /* The write group for a data plane and session, or NULL (as above). */
 static px *group_find_plane(const groups *gs, const char *kind, const char *session) {
     for (size_t i = 0; i < gs->n; i++)
-        if (!strcmp(gs->g[i]->xkind, kind) && !strcmp(gs->g[i]->session, session))
-            return gs->g[i];
+        if (!strcmp(gs->g[i]->xkind, kind) && !strcmp(gs->g[i]->session, session)) return gs->g[i];
     return NULL;
 }
 

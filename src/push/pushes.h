@@ -145,7 +145,7 @@ typedef struct push_shard {
 
 typedef struct push_rec {
     char *transfer_id, *consumer, *mm_hash; /* in the record's own allocation */
-    char host[PUSH_HOST_MAX + 1]; /* the consumer's control address */
+    char host[PUSH_HOST_MAX + 1];           /* the consumer's control address */
     int port;
     uint64_t nbytes;
     uint64_t shape[WIRE_MAX_NDIM];

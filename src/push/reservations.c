@@ -83,8 +83,8 @@ typedef struct rsv_entry rsv_entry;
 
 struct rsv_buf {
     uint64_t offset, size; /* the allocation (size >= 1) */
-    char *mm_hash;   /* in the same allocation (buf_alloc) */
-    size_t hash_cap; /* bytes there for it (a spare is reused for a hash that fits) */
+    char *mm_hash;         /* in the same allocation (buf_alloc) */
+    size_t hash_cap;       /* bytes there for it (a spare is reused for a hash that fits) */
     tensor tn;
     unsigned refs, leases;
     bool published, resident;

@@ -139,8 +139,7 @@ int idt_add(idtab *t, idt_node *n, int list, uint64_t when) {
      * the empty one it goes to; a grow (rare) probes again in the new index */
     uint64_t h = id_hash(n->id);
     size_t i = t->cap ? probe(t, n->id, h) : 0;
-    if (t->cap && t->slots[i].n)
-        return ect_set_error(ECT_EEXIST, "id '%.200s' is known", n->id);
+    if (t->cap && t->slots[i].n) return ect_set_error(ECT_EEXIST, "id '%.200s' is known", n->id);
     if ((t->used + 1) * 4 > t->cap * 3) {
         int rc = grow(t);
         if (rc) return rc;

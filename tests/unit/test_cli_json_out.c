@@ -25,9 +25,9 @@ static void jansson_real(double v, char *buf, size_t cap) {
 
 static void test_reals_as_jansson(void **state) {
     (void)state;
-    double vals[] = {0.0,  -0.0,     1.0,     3.891234, 0.1,     1e-7,    1.5e-5,  2.5e17,
-                     1e22, 1e300,    -1e-300, DBL_MIN,  DBL_MAX, 1.0 / 3, 123456.0, 0.0001,
-                     42.5, 1e16,     1e15,    -7.0};
+    double vals[] = {0.0,      -0.0,   1.0,   3.891234, 0.1,     1e-7,    1.5e-5,
+                     2.5e17,   1e22,   1e300, -1e-300,  DBL_MIN, DBL_MAX, 1.0 / 3,
+                     123456.0, 0.0001, 42.5,  1e16,     1e15,    -7.0};
     uint64_t x = 0x9e3779b97f4a7c15ull;
     for (size_t i = 0; i < CLI_ARRAY_LEN(vals) + 2000; i++) {
         double v;
@@ -59,8 +59,8 @@ static void test_push_lines_as_jansson(void **state) {
     memset(rs, 0, sizeof rs);
     rs[0] = (ect_push_result){.status = 0, .latency_ns = 3891234, .shards = 1, .retries = 0};
     snprintf(rs[0].transport, sizeof rs[0].transport, "tcp");
-    rs[1] = (ect_push_result){.status = ECT_ECANCELED, .latency_ns = 1000000, .shards = 2,
-                              .retries = 7};
+    rs[1] = (ect_push_result){
+        .status = ECT_ECANCELED, .latency_ns = 1000000, .shards = 2, .retries = 7};
     snprintf(rs[1].error, sizeof rs[1].error, "cancelled by the consumer's scheduler");
     snprintf(rs[1].transport, sizeof rs[1].transport, "shm");
     rs[2] = (ect_push_result){.status = ECT_EIO, .latency_ns = 0, .shards = 0, .retries = 1};

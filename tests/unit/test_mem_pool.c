@@ -126,7 +126,8 @@ static void test_try_alloc_is_quiet_when_full(void **state) {
     assert_int_equal(pool_try_alloc(p, 256, &off), ECT_EFULL);
     assert_string_equal(ect_last_error(), "marker"); /* no text formatted */
     assert_int_equal(off, 7);
-    assert_err(ect_pool_alloc(p, 256, &off), ECT_EFULL, "pool is full"); /* the public one words it */
+    assert_err(ect_pool_alloc(p, 256, &off), ECT_EFULL,
+               "pool is full"); /* the public one words it */
     assert_err(pool_try_alloc(p, 0, &off), ECT_EINVAL, "nbytes");
     /* an unleased resident item is reclaimed for it, as by ect_pool_alloc */
     uint64_t shape[1] = {MiB};

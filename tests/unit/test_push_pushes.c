@@ -563,8 +563,8 @@ static void test_record_keeps_ids_and_keys(void **state) {
     memset(longk, 'b', PUSH_KEY_INLINE + 1);
     longk[PUSH_KEY_INLINE + 1] = '\0';
     /* first key, then the key of the reserve after a refresh */
-    const char *pairs[][2] = {{longk, shortk}, {shortk, NULL}, {NULL, longk},
-                              {longk, longk},  {shortk, shortk}};
+    const char *pairs[][2] = {
+        {longk, shortk}, {shortk, NULL}, {NULL, longk}, {longk, longk}, {shortk, shortk}};
     uint64_t now = 0;
     for (size_t k = 0; k < sizeof pairs / sizeof *pairs; k++) {
         char id[16];

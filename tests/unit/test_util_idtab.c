@@ -304,7 +304,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_contract),
         cmocka_unit_test(test_random_against_model),
-        cmocka_unit_test(test_duplicate_at_growth), cmocka_unit_test(test_index_many_ids),
+        cmocka_unit_test(test_duplicate_at_growth),
+        cmocka_unit_test(test_index_many_ids),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
