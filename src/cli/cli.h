@@ -169,6 +169,20 @@ int cli_timed(cli_iter_fn fn, void *ctx, uint64_t bytes, double secs, cli_timing
 /* Fills s from n per-call times (ns; sorted here) and the run's total. */
 void cli_summarize(uint64_t *lat, size_t n, uint64_t bytes, uint64_t total_ns, cli_timing *s);
 
+/* json_out.c: s needs no JSON escape (printable ASCII, no '"' or '\\'). */
+bool cli_json_plain(const char *s);
+/* json_out.c: v as jansson prints json_real(v) (17 significant digits, ".0"
+ * when integral, a bare exponent): its length, or -1 (not finite, or cap
+ * short). */
+int cli_json_real(char *buf, size_t cap, double v);
+/* json_out.c: `ect push`'s line for one item, on stdout (not flushed). */
+typedef struct cli_push_line {
+    const char *transfer_id, *mm_hash;
+    uint64_t nbytes, checksum;
+    const ect_push_result *r;
+} cli_push_line;
+void cli_print_push_line(const cli_push_line *p);
+
 /* bench_xport.c: one row of `ect bench xport` (loopback and two-host): the
  * table line, or one JSON object when json (comma: a ',' before it). label is
  * the size column's text, batch the writes in one batch (0: no "batch"

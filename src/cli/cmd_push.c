@@ -20,8 +20,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <jansson.h>
-
 #include "cli/cli.h"
 #include "ectransfer.h"
 
@@ -152,27 +150,11 @@ typedef struct push_step {
 } push_step;
 
 static void print_line(const slot *s, uint64_t nbytes, const ect_push_result *r) {
-    json_t *o = json_object();
-    char ck[17];
-    snprintf(ck, sizeof ck, "%016" PRIx64, s->checksum);
-    json_object_set_new(o, "transfer_id", json_string(s->tid));
-    json_object_set_new(o, "mm_hash", json_string(s->hash));
-    json_object_set_new(o, "nbytes", json_integer((json_int_t)nbytes));
-    json_object_set_new(o, "checksum", json_string(ck));
-    /* status: "ok" or the error text, as every command says it; state: how
-     * the item ended; error: the error text again (kept for older parsers) */
-    const char *st = r->status == 0 ? "done" : r->status == ECT_ECANCELED ? "cancelled" : "failed";
-    json_object_set_new(o, "status", json_string(r->status ? r->error : "ok"));
-    json_object_set_new(o, "state", json_string(st));
-    if (r->status) json_object_set_new(o, "error", json_string(r->error));
-    json_object_set_new(o, "latency_ms", json_real((double)r->latency_ns / 1e6));
-    json_object_set_new(o, "shards", json_integer((json_int_t)r->shards));
-    json_object_set_new(o, "transport", json_string(r->transport));
-    json_object_set_new(o, "retries", json_integer((json_int_t)r->retries));
-    char *txt = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    if (txt) puts(txt); /* flushed before every wait (the main loop), not per line */
-    free(txt);
-    json_decref(o);
+    cli_print_push_line(&(cli_push_line){.transfer_id = s->tid,
+                                         .mm_hash = s->hash,
+                                         .nbytes = nbytes,
+                                         .checksum = s->checksum,
+                                         .r = r});
 }
 
 /* The content index of item i: i, or with --repeat NEW:REP the index of the

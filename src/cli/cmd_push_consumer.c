@@ -120,18 +120,11 @@ static void print_line(json_t *o, bool flush) {
     json_decref(o);
 }
 
-/* s needs no JSON escape: printable ASCII without '"' and '\\'. */
-static bool plain_ascii(const char *s) {
-    for (; *s; s++)
-        if (*s < 0x20 || *s > 0x7e || *s == '"' || *s == '\\') return false;
-    return true;
-}
-
 /* An item's line. The common one (ids, hash and dtype in plain ASCII) is
  * printed directly, byte for byte what jansson prints for it (jansson was
  * 3 % of `ect demo`'s samples here); anything else goes through jansson. */
 static void print_item(const ect_push_view *v, uint64_t ck) {
-    if (plain_ascii(v->transfer_id) && plain_ascii(v->mm_hash) && plain_ascii(v->dtype)) {
+    if (cli_json_plain(v->transfer_id) && cli_json_plain(v->mm_hash) && cli_json_plain(v->dtype)) {
         printf("{\"transfer_id\":\"%s\",\"mm_hash\":\"%s\",\"nbytes\":%" PRIu64 ",\"shape\":[",
                v->transfer_id, v->mm_hash, v->nbytes);
         for (uint32_t i = 0; i < v->ndim; i++) printf("%s%" PRIu64, i ? "," : "", v->shape[i]);

@@ -26,20 +26,25 @@ static const char *scan_digits(const char *p, int max) {
     return p > s && p - s <= max ? p : NULL;
 }
 
-/* A JSON number at p of at most 15 significant digits and a 2-digit
- * exponent (exact as a double, within int64: jansson reads it the same):
+/* A JSON number at p: an integer of at most 15 digits (exact as a double,
+ * within int64), or a real (a fraction or an exponent) of at most 24 digits
+ * and a 2-digit exponent (never out of a double's range; jansson and
+ * demo_line_num both read it with strtod, so to the same double: jansson
+ * prints a real with 17 significant digits, e.g. `ect push`'s latency_ms):
  * the first byte after it, or NULL. */
 static const char *scan_number(const char *p) {
     if (*p == '-') p++;
     if (p[0] == '0' && is_digit(p[1])) return NULL; /* no leading zeros */
     const char *s = p;
-    if (!(p = scan_digits(p, 15))) return NULL;
-    if (*p == '.' && !(p = scan_digits(p + 1, 15 - (int)(p - s)))) return NULL;
+    if (!(p = scan_digits(p, 24))) return NULL;
+    bool real = *p == '.' || *p == 'e' || *p == 'E';
+    if (*p == '.' && !(p = scan_digits(p + 1, 24 - (int)(p - s)))) return NULL;
     if (*p == 'e' || *p == 'E') {
         p++;
         if (*p == '+' || *p == '-') p++;
         if (!(p = scan_digits(p, 2))) return NULL;
     }
+    if (!real && p - s > 15) return NULL;
     return p;
 }
 

@@ -2,8 +2,8 @@
  * demo_line — the top-level fields of one JSON line a child of `ect demo`
  * printed (ect push, push-consumer, pull, pull-producer: one compact object
  * a line, two lines per item moved). The common line (strings of printable
- * ASCII without escapes, numbers of at most 15 digits and a 2-digit
- * exponent, literals, arrays of such numbers, no key twice) is read in place
+ * ASCII without escapes, integers of at most 15 digits, reals of at most 24
+ * digits and a 2-digit exponent, literals, arrays of such numbers, no key twice) is read in place
  * without allocating: jansson's json_loads, which the demo used for every
  * line, was a third of the demo parent's CPU time (docs/BENCHMARKS.md "The
  * demo's own cost"). Any other line (an escape, UTF-8, a nested object, a

@@ -342,21 +342,38 @@ static int full_error(ect_pool *p, uint64_t nbytes) {
                          (unsigned long long)rs.leased);
 }
 
-int ect_pool_alloc(ect_pool *p, uint64_t nbytes, uint64_t *offset) {
+/* The unleased resident items could make room for nbytes (reclaim would try). */
+static bool reclaim_could_help(const ect_pool *p) {
+    resident_stats rs;
+    resident_get_stats(p->res, &rs);
+    return rs.count > rs.leased;
+}
+
+/* ect_pool_alloc and pool_try_alloc (quiet: a full pool sets no text). */
+static int pool_alloc_any(ect_pool *p, uint64_t nbytes, uint64_t *offset, bool quiet) {
     if (!p || !offset) return ect_set_error(ECT_EINVAL, "pool and offset must not be NULL");
     if (nbytes == 0) return ect_set_error(ECT_EINVAL, "nbytes must be greater than 0");
     resident_victim *v = NULL;
     size_t nv = 0;
     pthread_mutex_lock(&p->mu);
-    int rc = alloc_alloc(p->a, nbytes, offset);
-    if (rc == ECT_EFULL) {
+    bool fits = !quiet || alloc_fits(p->a, nbytes);
+    int rc = fits ? alloc_alloc(p->a, nbytes, offset) : ECT_EFULL;
+    if (rc == ECT_EFULL && (!quiet || reclaim_could_help(p))) {
         rc = resident_reclaim(p->res, nbytes, &v, &nv);
         if (rc == 0) rc = alloc_alloc(p->a, nbytes, offset);
-        if (rc == ECT_EFULL) full_error(p, nbytes);
     }
+    if (rc == ECT_EFULL && !quiet) full_error(p, nbytes);
     pthread_mutex_unlock(&p->mu);
     deliver(p, v, nv, rc);
     return rc;
+}
+
+int ect_pool_alloc(ect_pool *p, uint64_t nbytes, uint64_t *offset) {
+    return pool_alloc_any(p, nbytes, offset, false);
+}
+
+int pool_try_alloc(ect_pool *p, uint64_t nbytes, uint64_t *offset) {
+    return pool_alloc_any(p, nbytes, offset, true);
 }
 
 int ect_pool_reclaim(ect_pool *p, uint64_t nbytes) {

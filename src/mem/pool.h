@@ -30,6 +30,14 @@ int pool_pin(ect_pool *pool);
 void pool_set_veto(ect_pool *pool, bool (*busy)(void *ctx, uint64_t offset, uint64_t nbytes),
                    void *ctx);
 
+/* As ect_pool_alloc, except that a full pool is a bare ECT_EFULL with no
+ * error text: for a caller that then makes room its own way and words its own
+ * error (the consumer's reservations evict and retry while the pool is full of
+ * resident items; three formatted texts per try cost more than the rest of
+ * the reserve). The pool's own resident items are reclaimed as by
+ * ect_pool_alloc. Other errors are set as ect_pool_alloc sets them. */
+int pool_try_alloc(ect_pool *pool, uint64_t nbytes, uint64_t *offset);
+
 /* Reads the resident items without counting as a use: fn(ctx, mm_hash,
  * info) for each of `filter` that is resident (in the filter's order), or for
  * every item (n_filter 0, oldest put first). fn runs under the pool's mutex

@@ -48,7 +48,33 @@ struct resident_cache {
     rentry *by_off;
     rentry *lru; /* head = least recently used */
     uint64_t bytes, leased, unleased_bytes, reclaimed;
+    rentry *spare; /* freed entries kept for the next puts (at most SPARE_ENTRIES) */
+    size_t n_spare;
 };
+
+/* Freed entries kept for reuse: a put per item then costs no malloc. */
+#define SPARE_ENTRIES 64
+
+/* A zeroed entry, from the spares when there is one. */
+static rentry *entry_new(resident_cache *c) {
+    rentry *e = c->spare;
+    if (!e) return calloc(1, sizeof *e);
+    c->spare = e->next;
+    c->n_spare--;
+    memset(e, 0, sizeof *e);
+    return e;
+}
+
+/* e (in no table, on no list) goes to the spares or is freed. */
+static void entry_free(resident_cache *c, rentry *e) {
+    if (c->n_spare >= SPARE_ENTRIES) {
+        free(e);
+        return;
+    }
+    e->next = c->spare;
+    c->spare = e;
+    c->n_spare++;
+}
 
 int resident_create(alloc *a, resident_cache **out) {
     *out = calloc(1, sizeof **out);
@@ -69,6 +95,10 @@ void resident_destroy(resident_cache *c) {
     HASH_ITER(hh, c->by_hash, e, tmp) {
         HASH_DELETE(hh, c->by_hash, e);
         HASH_DELETE(hh_off, c->by_off, e);
+        free(e);
+    }
+    while ((e = c->spare)) {
+        c->spare = e->next;
         free(e);
     }
     free(c);
@@ -119,7 +149,7 @@ int resident_put(resident_cache *c, const char *mm_hash, uint64_t offset, uint64
     if (owner)
         return ect_set_error(ECT_EEXIST, "the allocation at %llu already belongs to '%s'",
                              (unsigned long long)offset, owner);
-    rentry *e = calloc(1, sizeof *e);
+    rentry *e = entry_new(c);
     if (!e) return ect_set_error(ECT_ENOMEM, "resident cache: out of memory");
     strcpy(e->mm_hash, mm_hash);
     e->offset = offset;
@@ -137,7 +167,7 @@ int resident_put(resident_cache *c, const char *mm_hash, uint64_t offset, uint64
         if (hash_oom) HASH_DELETE(hh, c->by_hash, e);
     }
     if (hash_oom) {
-        free(e);
+        free(e); /* not kept: a failed put leaves no more memory held than before it */
         return ect_set_error(ECT_ENOMEM, "resident cache: out of memory");
     }
     DL_APPEND(c->lru, e);
@@ -220,7 +250,7 @@ int resident_remove(resident_cache *c, const char *mm_hash) {
         return ect_set_error(ECT_EBUSY, "mm_hash '%s' is leased (%u leases)", mm_hash,
                              (unsigned)e->leases);
     drop(c, e);
-    free(e);
+    entry_free(c, e);
     return 0;
 }
 
@@ -269,7 +299,7 @@ int resident_reclaim_one(resident_cache *c, resident_victim *v, void **user) {
         v->nbytes = e->nbytes;
         if (user) *user = e->user;
         drop(c, e);
-        free(e);
+        entry_free(c, e);
         c->reclaimed++;
         return 0;
     }
@@ -307,7 +337,7 @@ int resident_reclaim(resident_cache *c, uint64_t nbytes, resident_victim **victi
             v->offset = e->offset;
             v->nbytes = e->nbytes;
             drop(c, e);
-            free(e);
+            entry_free(c, e);
             c->reclaimed++;
         }
         e = next;

@@ -230,9 +230,24 @@ typedef struct groups {
     size_t n, cap;
 } groups;
 
-static px *group_for(groups *gs, px_kind kind, const char *key, size_t max_members) {
+/* The control group for host:port, or NULL. Matching the fields the key is
+ * made of finds the same group as matching the key, without formatting a key
+ * per action (the key holds both whole: PX_KEY_MAX). */
+static px *group_find_addr(const groups *gs, const char *host, int port) {
     for (size_t i = 0; i < gs->n; i++)
-        if (!strcmp(gs->g[i]->key, key)) return gs->g[i];
+        if (gs->g[i]->port == port && !strcmp(gs->g[i]->host, host)) return gs->g[i];
+    return NULL;
+}
+
+/* The write group for a data plane and session, or NULL (as above). */
+static px *group_find_plane(const groups *gs, const char *kind, const char *session) {
+    for (size_t i = 0; i < gs->n; i++)
+        if (!strcmp(gs->g[i]->xkind, kind) && !strcmp(gs->g[i]->session, session)) return gs->g[i];
+    return NULL;
+}
+
+/* A new group keyed `key`, appended to gs, or NULL (out of memory). */
+static px *group_new(groups *gs, px_kind kind, const char *key, size_t max_members) {
     if (gs->n == gs->cap) {
         size_t cap = gs->cap ? gs->cap * 2 : 8;
         px **n = realloc(gs->g, cap * sizeof *n);
@@ -299,12 +314,15 @@ static bool group_by_shard(const push_action *a, size_t n, push_action_kind kind
     for (size_t i = 0; i < n; i++) {
         if (a[i].kind != kind) continue;
         const push_rec *r = a[i].rec;
-        char key[PX_KEY_MAX];
-        ect_hostport_format(r->host, r->sh[a[i].shard].port, key, sizeof key);
-        px *x = group_for(gs, xk, key, n);
-        if (!x) return false;
-        ect_strcpy_cut(x->host, sizeof x->host, r->host);
-        x->port = r->sh[a[i].shard].port;
+        int port = r->sh[a[i].shard].port;
+        px *x = group_find_addr(gs, r->host, port);
+        if (!x) {
+            char key[PX_KEY_MAX];
+            ect_hostport_format(r->host, port, key, sizeof key);
+            if (!(x = group_new(gs, xk, key, n))) return false;
+            ect_strcpy_cut(x->host, sizeof x->host, r->host);
+            x->port = port;
+        }
         x->m[x->n++] = (px_member){kind, a[i].rec, a[i].shard};
     }
     return true;
@@ -438,16 +456,18 @@ static void build_writes(pbatch *b, const push_action *a, size_t n, uint64_t now
     for (size_t i = 0; i < n; i++) {
         if (a[i].kind != PUSH_ACT_WRITE) continue;
         const push_shard *s = &a[i].rec->sh[a[i].shard];
-        char key[PX_KEY_MAX];
-        snprintf(key, sizeof key, "%s|%s", s->kind, s->session);
-        px *x = group_for(&gs, PX_WRITE, key, n);
+        px *x = group_find_plane(&gs, s->kind, s->session);
         if (!x) {
-            fail_groups(b, &gs, now);
-            fail_kind(b, a, n, PUSH_ACT_WRITE, now);
-            return;
+            char key[PX_KEY_MAX];
+            snprintf(key, sizeof key, "%s|%s", s->kind, s->session);
+            if (!(x = group_new(&gs, PX_WRITE, key, n))) {
+                fail_groups(b, &gs, now);
+                fail_kind(b, a, n, PUSH_ACT_WRITE, now);
+                return;
+            }
+            ect_strcpy_cut(x->xkind, sizeof x->xkind, s->kind);
+            x->session = s->session;
         }
-        ect_strcpy_cut(x->xkind, sizeof x->xkind, s->kind);
-        x->session = s->session;
         x->m[x->n++] = (px_member){PUSH_ACT_WRITE, a[i].rec, a[i].shard};
     }
     for (size_t gi = 0; gi < gs.n; gi++) {

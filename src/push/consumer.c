@@ -31,6 +31,7 @@
 #include <zmq.h>
 
 #include "ectransfer.h"
+#include "mem/pool.h"
 #include "push/control_server.h"
 #include "util/metrics.h"
 #include "util/hostport.h"
@@ -78,7 +79,7 @@ void ect_push_consumer_opts_init(ect_push_consumer_opts *o) {
 
 static int mem_alloc(void *ctx, uint64_t nbytes, uint64_t *offset) {
     ect_push_consumer *c = ctx;
-    return ect_pool_alloc(c->pool, nbytes, offset);
+    return pool_try_alloc(c->pool, nbytes, offset); /* the table words a full pool's error */
 }
 
 static void mem_free(void *ctx, uint64_t offset, uint64_t nbytes) {

@@ -84,10 +84,29 @@ void push_opts_init(push_opts *o) {
     o->retry_max_ms = PUSH_DEFAULT_RETRY_MAX_MS;
 }
 
+static void shard_key_free(push_shard *s) {
+    if (s->dst_key != s->key_buf) free(s->dst_key);
+    s->dst_key = NULL;
+}
+
+/* s->dst_key = a copy of key (NULL: none); a short one in the shard itself.
+ * ECT_ENOMEM leaves s as it was. */
+static int shard_key_set(push_shard *s, const char *key) {
+    size_t len = key ? strlen(key) : 0;
+    char *copy = NULL;
+    if (key && len > PUSH_KEY_INLINE && !(copy = strdup(key))) return ECT_ENOMEM;
+    shard_key_free(s);
+    if (copy)
+        s->dst_key = copy;
+    else if (key)
+        s->dst_key = memcpy(s->key_buf, key, len + 1);
+    return 0;
+}
+
 /* Forgets a shard's reservation (keeps its control port). */
 static void shard_reset(push_shard *s) {
     int port = s->port;
-    free(s->dst_key);
+    shard_key_free(s);
     memset(s, 0, sizeof *s);
     s->port = port;
 }
@@ -97,11 +116,8 @@ static void shard_reset(push_shard *s) {
 static void rec_free(void *ctx, idt_node *n) {
     (void)ctx;
     push_rec *r = REC(n);
-    for (size_t i = 0; r->sh && i < r->n; i++) free(r->sh[i].dst_key);
-    free(r->transfer_id);
-    free(r->consumer);
-    free(r->mm_hash);
-    free(r->sh);
+    for (size_t i = 0; r->sh && i < r->n; i++) shard_key_free(&r->sh[i]);
+    if (r->sh != &r->sh_one) free(r->sh);
     free(r);
 }
 
@@ -165,13 +181,27 @@ static int check_str(const char *s, size_t max, const char *field) {
     return 0;
 }
 
-/* Gives r its n shards (control ports, or unknown). */
+/* Gives r its n shards (control ports, or unknown); one lives in the record. */
 static int set_shards(push_rec *r, size_t n, const int *ports) {
-    if (!(r->sh = calloc(n, sizeof *r->sh)))
+    if (n == 1)
+        r->sh = &r->sh_one;
+    else if (!(r->sh = calloc(n, sizeof *r->sh)))
         return ect_set_error(ECT_ENOMEM, "push: out of memory");
     r->n = n;
     for (size_t i = 0; ports && i < n; i++) r->sh[i].port = ports[i];
     return 0;
+}
+
+/* A zeroed record with its transfer_id, consumer and mm_hash in the same
+ * allocation (one malloc per item, not four), or NULL. */
+static push_rec *rec_alloc(const push_item *it) {
+    size_t lt = strlen(it->transfer_id), lc = strlen(it->consumer), lm = strlen(it->mm_hash);
+    push_rec *r = calloc(1, sizeof *r + lt + lc + lm + 3);
+    if (!r) return NULL;
+    r->transfer_id = memcpy((char *)(r + 1), it->transfer_id, lt + 1);
+    r->consumer = memcpy(r->transfer_id + lt + 1, it->consumer, lc + 1);
+    r->mm_hash = memcpy(r->consumer + lc + 1, it->mm_hash, lm + 1);
+    return r;
 }
 
 int push_add(push_table *t, const push_item *it, uint64_t now_ms, push_rec **out) {
@@ -197,9 +227,7 @@ int push_add(push_table *t, const push_item *it, uint64_t now_ms, push_rec **out
     if (r)
         return ect_set_error(ECT_EEXIST, "transfer_id '%s' already pushed (%s)", it->transfer_id,
                              push_state_name(r->state));
-    if (!(r = calloc(1, sizeof *r)) || !(r->transfer_id = strdup(it->transfer_id)) ||
-        !(r->consumer = strdup(it->consumer)) || !(r->mm_hash = strdup(it->mm_hash)) ||
-        (it->n_shards && set_shards(r, it->n_shards, it->ports))) {
+    if (!(r = rec_alloc(it)) || (it->n_shards && set_shards(r, it->n_shards, it->ports))) {
         if (r) rec_free(NULL, &r->node);
         return ect_set_error(ECT_ENOMEM, "push: out of memory");
     }
@@ -722,8 +750,7 @@ int push_reserve_done(push_table *t, push_rec *r, size_t shard, const push_reser
         fail(r, "reserve on shard %zu: malformed reply", shard);
         return 0;
     }
-    char *key = res->dst_key ? strdup(res->dst_key) : NULL;
-    if (res->dst_key && !key) {
+    if (shard_key_set(s, res->dst_key)) {
         s->rsv = ST_FAILED;
         fail_code(r, ECT_ENOMEM, "reserve on shard %zu: out of memory", shard);
         return 0;
@@ -732,8 +759,6 @@ int push_reserve_done(push_table *t, push_rec *r, size_t shard, const push_reser
     ect_strcpy_cut(s->rid, sizeof s->rid, res->reservation_id);
     ect_strcpy_cut(s->session, sizeof s->session, res->dst_session ? res->dst_session : "");
     s->dst_ptr = res->dst_ptr;
-    free(s->dst_key);
-    s->dst_key = key;
     ect_strcpy_cut(s->kind, sizeof s->kind,
                    res->transport && *res->transport ? res->transport : "tcp");
     s->write_needed = res->write;

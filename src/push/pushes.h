@@ -81,6 +81,7 @@
 #define PUSH_KIND_MAX 15
 #define PUSH_ERROR_MAX 191
 #define PUSH_MAX_SHARDS 64
+#define PUSH_KEY_INLINE 31 /* a shard keeps a dst_key this long without a malloc */
 #define PUSH_DEFAULT_TTL_MS 300000u
 #define PUSH_DEFAULT_REFRESH_MS 150000u
 #define PUSH_DEFAULT_MAX_TOMBSTONES 65536u
@@ -137,13 +138,14 @@ typedef struct push_shard {
     char rid[ECT_ID_LEN + 1];          /* reservation_id */
     char session[PUSH_ADDR_MAX + 1];   /* dst_session */
     uint64_t dst_ptr, reserved_at;
-    char *dst_key;                /* the destination region's key, or NULL */
+    char *dst_key;                /* the destination region's key (key_buf or malloc'd), or NULL */
     char kind[PUSH_KIND_MAX + 1]; /* the data plane the shard named ("tcp" if none) */
+    char key_buf[PUSH_KEY_INLINE + 1]; /* dst_key when it fits (tcp/shm: 16 hex digits) */
 } push_shard;
 
 typedef struct push_rec {
-    char *transfer_id, *consumer, *mm_hash;
-    char host[PUSH_HOST_MAX + 1]; /* the consumer's control address */
+    char *transfer_id, *consumer, *mm_hash; /* in the record's own allocation */
+    char host[PUSH_HOST_MAX + 1];           /* the consumer's control address */
     int port;
     uint64_t nbytes;
     uint64_t shape[WIRE_MAX_NDIM];
@@ -151,7 +153,8 @@ typedef struct push_rec {
     char dtype[PUSH_DTYPE_MAX + 1];
     uint64_t t0_ns; /* the caller's, reported back */
     size_t n;       /* shards; 0 while its consumer is being discovered */
-    push_shard *sh;
+    push_shard *sh; /* &sh_one for one shard, else malloc'd */
+    push_shard sh_one;
     push_state state, ending; /* ending: 0, PUSH_FAILED or PUSH_CANCELLED */
     int status;               /* FAILED: the code reported (ECT_EIO unless a cause said) */
     bool held;                /* added since the last flush: nothing goes out */

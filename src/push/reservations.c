@@ -58,6 +58,7 @@
 static _Thread_local int hash_oom;
 #define HASH_NONFATAL_OOM 1
 #define uthash_nonfatal_oom(obj) (hash_oom = 1)
+#include "mem/pool.h"
 #include "mem/resident.h"
 #include "util/idtab.h"
 
@@ -82,7 +83,8 @@ typedef struct rsv_entry rsv_entry;
 
 struct rsv_buf {
     uint64_t offset, size; /* the allocation (size >= 1) */
-    char *mm_hash;
+    char *mm_hash;         /* in the same allocation (buf_alloc) */
+    size_t hash_cap;       /* bytes there for it (a spare is reused for a hash that fits) */
     tensor tn;
     unsigned refs, leases;
     bool published, resident;
@@ -115,6 +117,12 @@ struct rsv_entry {
 #define ENTRY(n) IDT_ENTRY(n, rsv_entry, node)
 #define LIST_PENDING (IDT_LIVE + 1)
 
+/* Popped event nodes and freed buffer records kept for reuse: enough for a
+ * few steps' items. A spare buffer record has room for a hash this long. */
+#define SPARE_EVENTS 256
+#define SPARE_BUFS 256
+#define RSV_BUF_HASH_MIN 64
+
 typedef struct ev_node {
     rsv_event ev;
     struct ev_node *prev, *next;
@@ -128,6 +136,10 @@ struct rsv_table {
     resident_cache *cache; /* published buffers (mem/resident) */
     rsv_buf *orphans, *all;
     ev_node *events;
+    ev_node *spare_events; /* popped nodes kept for the next events (at most SPARE_EVENTS) */
+    size_t n_spare;
+    rsv_buf *spare_bufs; /* freed buffer records kept for the next reserves (all_next links) */
+    size_t n_spare_bufs;
     rsv_stats st;
 };
 
@@ -151,7 +163,7 @@ const char *rsv_end_text(rsv_end why) {
 }
 
 static int pool_alloc(void *ctx, uint64_t nbytes, uint64_t *offset) {
-    return ect_pool_alloc(ctx, nbytes, offset);
+    return pool_try_alloc(ctx, nbytes, offset);
 }
 
 static void pool_free(void *ctx, uint64_t offset, uint64_t nbytes) {
@@ -208,6 +220,41 @@ static int list_of(rsv_state s) {
 
 /* ---- buffers */
 
+/* A zeroed buffer record with its mm_hash in the same allocation, from the
+ * spares when the first one fits, or NULL. The spares matter beyond the
+ * malloc: a record is freed on the thread that releases the item (the
+ * engine's) and allocated on the shard's, so malloc never found it in its
+ * per-thread cache and took the arena's slow path every time. */
+static rsv_buf *buf_alloc(rsv_table *t, const char *mm_hash) {
+    size_t lm = strlen(mm_hash);
+    rsv_buf *b = t->spare_bufs;
+    if (b && b->hash_cap > lm) {
+        t->spare_bufs = b->all_next;
+        t->n_spare_bufs--;
+        size_t cap = b->hash_cap;
+        memset(b, 0, sizeof *b);
+        b->hash_cap = cap;
+    } else {
+        size_t cap = lm + 1 > RSV_BUF_HASH_MIN ? lm + 1 : RSV_BUF_HASH_MIN;
+        if (!(b = calloc(1, sizeof *b + cap))) return NULL;
+        b->hash_cap = cap;
+    }
+    b->mm_hash = (char *)(b + 1);
+    memcpy(b->mm_hash, mm_hash, lm + 1);
+    return b;
+}
+
+/* A buffer record (on no list, in no index) to the spares, or freed. */
+static void buf_release(rsv_table *t, rsv_buf *b) {
+    if (t->n_spare_bufs >= SPARE_BUFS) {
+        free(b);
+        return;
+    }
+    b->all_next = t->spare_bufs;
+    t->spare_bufs = b;
+    t->n_spare_bufs++;
+}
+
 /* Frees b and its memory; a published one leaves the cache (unheld, or
  * reclaimed from it already). */
 static void buf_free(rsv_table *t, rsv_buf *b) {
@@ -218,8 +265,7 @@ static void buf_free(rsv_table *t, rsv_buf *b) {
     t->o.mem->free(t->o.mem_ctx, b->offset, b->size);
     t->st.buffers--;
     t->st.bytes_held -= b->size;
-    free(b->mm_hash);
-    free(b);
+    buf_release(t, b);
 }
 
 /* After b's refs or leases changed: a published buffer takes or gives back
@@ -312,6 +358,9 @@ static void queue_event(rsv_table *t, const rsv_entry *e, rsv_event_kind kind) {
         DL_DELETE(t->events, n);
         t->st.events--;
         t->st.events_dropped++;
+    } else if ((n = t->spare_events)) {
+        t->spare_events = n->next;
+        t->n_spare--;
     } else if (!(n = malloc(sizeof *n))) {
         ECT_LOGE_ID(MOD, e->transfer_id, NULL, "out of memory queueing an event for transfer_id=%s",
                     e->transfer_id);
@@ -330,7 +379,13 @@ void rsv_event_pop(rsv_table *t) {
     if (!n) return;
     DL_DELETE(t->events, n);
     t->st.events--;
-    free(n);
+    if (t->n_spare >= SPARE_EVENTS) {
+        free(n);
+        return;
+    }
+    n->next = t->spare_events; /* the next queue_event takes it: no malloc per event */
+    t->spare_events = n;
+    t->n_spare++;
 }
 
 /* ---- entries */
@@ -584,12 +639,10 @@ static int reserve_new(rsv_table *t, const rsv_request *r, const tensor *tn, rsv
         }
         t->st.adopted++;
     } else { /* (3) allocate */
-        rsv_buf *b = calloc(1, sizeof *b);
-        char *h = strdup(r->mm_hash);
+        rsv_buf *b = buf_alloc(t, r->mm_hash);
         uint64_t size = tn->nbytes ? tn->nbytes : 1, off = 0;
         if (t->o.capacity && size > t->o.capacity) {
-            free(b);
-            free(h);
+            free(b); /* not kept: a failed reserve holds no more memory than before */
             free_entry_mem(e);
             return ect_set_error(ECT_EFULL,
                                  "EC consumer buffer pool is full: more than the whole pool "
@@ -597,10 +650,9 @@ static int reserve_new(rsv_table *t, const rsv_request *r, const tensor *tn, rsv
                                  " in the pool) for transfer_id '%s'",
                                  tn->nbytes, t->o.capacity, r->transfer_id);
         }
-        int rc = (b && h) ? alloc_reclaiming(t, size, &off) : ECT_ENOMEM;
+        int rc = b ? alloc_reclaiming(t, size, &off) : ECT_ENOMEM;
         if (rc) {
             free(b);
-            free(h);
             free_entry_mem(e);
             if (rc == ECT_EFULL)
                 return ect_set_error(ECT_EFULL,
@@ -620,13 +672,11 @@ static int reserve_new(rsv_table *t, const rsv_request *r, const tensor *tn, rsv
             if (indexed) HASH_DELETE(hh_inflight, t->inflight, e);
             t->o.mem->free(t->o.mem_ctx, off, size); /* nobody was told about it */
             free(b);
-            free(h);
             free_entry_mem(e);
             return ect_set_error(ECT_ENOMEM, "reserve: out of memory");
         }
         b->offset = off;
         b->size = size;
-        b->mm_hash = h;
         b->tn = *tn;
         b->refs = 1;
         DL_APPEND2(t->all, b, all_prev, all_next);
@@ -918,11 +968,18 @@ void rsv_close(rsv_table *t) {
     rsv_buf *b, *btmp;
     DL_FOREACH_SAFE2(t->all, b, btmp, all_next) {
         t->o.mem->free(t->o.mem_ctx, b->offset, b->size);
-        free(b->mm_hash);
         free(b);
     }
     ev_node *n, *ntmp;
     DL_FOREACH_SAFE(t->events, n, ntmp) free(n);
+    while ((n = t->spare_events)) {
+        t->spare_events = n->next;
+        free(n);
+    }
+    while ((b = t->spare_bufs)) {
+        t->spare_bufs = b->all_next;
+        free(b);
+    }
     free(t);
 }
 

@@ -54,8 +54,9 @@
  * not block or call back into the table. */
 typedef struct rsv_mem_ops {
     /* Reserves nbytes (> 0) and stores the start offset in *offset. Returns 0,
-     * ECT_EFULL when no free range fits (the table then reclaims and retries),
-     * or another ECT_E* code, which the table passes on. Required. */
+     * ECT_EFULL when no free range fits (the table then reclaims and retries,
+     * and words its own error: an ECT_EFULL needs no text), or another ECT_E*
+     * code, which the table passes on. Required. */
     int (*alloc)(void *ctx, uint64_t nbytes, uint64_t *offset);
     /* Returns a range alloc handed out (same offset and nbytes). Required. */
     void (*free)(void *ctx, uint64_t offset, uint64_t nbytes);

@@ -57,7 +57,8 @@ static int grow(idtab *t) {
 
 /* Removes n from the index (it is there). */
 static void index_del(idtab *t, const idt_node *n) {
-    size_t mask = t->cap - 1, i = probe(t, n->id, id_hash(n->id));
+    size_t mask = t->cap - 1, i = (size_t)id_hash(n->id) & mask;
+    while (t->slots[i].n != n) i = (i + 1) & mask; /* by node: no id compare */
     t->slots[i].h = 0;
     t->slots[i].n = NULL;
     t->used--;
@@ -134,13 +135,16 @@ idt_node *idt_find(const idtab *t, const char *id) {
 }
 
 int idt_add(idtab *t, idt_node *n, int list, uint64_t when) {
-    if (idt_find(t, n->id)) return ect_set_error(ECT_EEXIST, "id '%.200s' is known", n->id);
+    /* one hash and one probe: the slot found is either the id's (refused) or
+     * the empty one it goes to; a grow (rare) probes again in the new index */
+    uint64_t h = id_hash(n->id);
+    size_t i = t->cap ? probe(t, n->id, h) : 0;
+    if (t->cap && t->slots[i].n) return ect_set_error(ECT_EEXIST, "id '%.200s' is known", n->id);
     if ((t->used + 1) * 4 > t->cap * 3) {
         int rc = grow(t);
         if (rc) return rc;
+        i = probe(t, n->id, h);
     }
-    uint64_t h = id_hash(n->id);
-    size_t i = probe(t, n->id, h);
     t->slots[i].h = h;
     t->slots[i].n = n;
     t->used++;

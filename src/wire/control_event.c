@@ -47,6 +47,8 @@ int wire_ctl_encode_event(const wire_event *ev, char **out) {
 }
 
 int wire_ctl_decode_event(const void *buf, size_t len, wire_event *out) {
+    int frc = wctl_fast_decode_event(buf, len, out);
+    if (frc != WCTL_FALLBACK) return frc;
     memset(out, 0, sizeof *out);
     json_t *root;
     int rc = wctl_load(buf, len, &root);

@@ -2,8 +2,8 @@
  * control_fast — an allocation-light codec for the four hot messages of the
  * push control path: the reserve_batch and complete_batch requests and their
  * replies (issue 13: jansson's tree, its mallocs and the dump's vfprintf were
- * a third of the CPU per small item), and the encoder of the readiness event
- * a shard sends per item.
+ * a third of the CPU per small item), and the readiness event a shard sends
+ * per item (encoder and decoder).
  *
  * It is a fast path, never a second definition of the wire. The encoders
  * write the very bytes jansson's compact dump writes (keys in the order
@@ -507,18 +507,12 @@ static size_t jr_array(jr *r, size_t cap, size_t elem, void **out, jr_item_fn fn
 
 /* ------------------------------------------------------------ requests */
 
-static bool rd_reserve_item(jr *r, void *arr, size_t i) {
-    wire_reserve_item *it = (wire_reserve_item *)arr + i;
-    wire_reserve_req *q = &it->req;
-    jr_ch(r, '{');
-    jr_key(r, "transfer_id");
-    jr_str(r, q->transfer_id, WIRE_ID_MAX, true);
-    jr_ch(r, ',');
-    jr_key(r, "mm_hash");
-    jr_str(r, q->mm_hash, WIRE_ID_MAX, true);
-    jr_ch(r, ',');
+/* "nbytes", "shape" and "dtype" in the order jw_tensor writes them; a
+ * tensor wctl_get_tensor would refuse (unknown dtype, nbytes against the
+ * shape) sets bad: the jansson path words it. */
+static void jr_tensor(jr *r, wire_tensor *t) {
     jr_key(r, "nbytes");
-    q->tensor.nbytes = jr_u64(r);
+    t->nbytes = jr_u64(r);
     jr_ch(r, ',');
     jr_key(r, "shape");
     jr_ch(r, '[');
@@ -526,11 +520,11 @@ static bool rd_reserve_item(jr *r, void *arr, size_t i) {
         r->p++;
     } else {
         for (;;) {
-            if (q->tensor.ndim == WIRE_MAX_NDIM) {
+            if (t->ndim == WIRE_MAX_NDIM) {
                 r->bad = true;
                 break;
             }
-            q->tensor.shape[q->tensor.ndim++] = jr_u64(r);
+            t->shape[t->ndim++] = jr_u64(r);
             if (r->bad) break;
             if (jr_peek(r, ',')) {
                 r->p++;
@@ -542,14 +536,25 @@ static bool rd_reserve_item(jr *r, void *arr, size_t i) {
     }
     jr_ch(r, ',');
     jr_key(r, "dtype");
-    jr_str(r, q->tensor.dtype, WIRE_DTYPE_MAX, true);
-    jr_ch(r, '}');
-    if (r->bad) return false;
-    /* a bad item is the jansson path's to word */
-    if (!wire_dtype_canonical(q->tensor.dtype) ||
-        wire_check_nbytes(q->tensor.dtype, q->tensor.shape, q->tensor.ndim, q->tensor.nbytes,
-                          "nbytes"))
+    jr_str(r, t->dtype, WIRE_DTYPE_MAX, true);
+    if (r->bad) return;
+    if (!wire_dtype_canonical(t->dtype) ||
+        wire_check_nbytes(t->dtype, t->shape, t->ndim, t->nbytes, "nbytes"))
         r->bad = true;
+}
+
+static bool rd_reserve_item(jr *r, void *arr, size_t i) {
+    wire_reserve_item *it = (wire_reserve_item *)arr + i;
+    wire_reserve_req *q = &it->req;
+    jr_ch(r, '{');
+    jr_key(r, "transfer_id");
+    jr_str(r, q->transfer_id, WIRE_ID_MAX, true);
+    jr_ch(r, ',');
+    jr_key(r, "mm_hash");
+    jr_str(r, q->mm_hash, WIRE_ID_MAX, true);
+    jr_ch(r, ',');
+    jr_tensor(r, &q->tensor);
+    jr_ch(r, '}');
     return !r->bad;
 }
 
@@ -713,5 +718,43 @@ int wctl_fast_decode_reply(wire_ctl_op op, size_t expect, const void *buf, size_
         wire_ctl_reply_clear(out);
         return WCTL_FALLBACK;
     }
+    return 0;
+}
+
+/* -------------------------------------------------------------- events */
+
+/* The readiness event as wctl_fast_encode_event writes it (a shard sends one
+ * per item; the scheduler decoded each with jansson: ~5 % of `ect demo`'s
+ * samples). An abandoned event, other keys or another order: jansson's. */
+int wctl_fast_decode_event(const void *buf, size_t len, wire_event *out) {
+    memset(out, 0, sizeof *out);
+    if (wctl_fast_off || !buf || len > WIRE_CTL_MAX_FRAME) return WCTL_FALLBACK;
+    jr r = {buf, (const unsigned char *)buf + len, false};
+    jr_ch(&r, '{');
+    jr_key(&r, "transfer_id");
+    jr_str(&r, out->transfer_id, WIRE_ID_MAX, true);
+    jr_ch(&r, ',');
+    jr_key(&r, "mm_hash");
+    jr_str(&r, out->mm_hash, WIRE_ID_MAX, true);
+    jr_ch(&r, ',');
+    jr_key(&r, "ready");
+    out->ready = jr_bool(&r);
+    if (!out->ready) r.bad = true;
+    jr_ch(&r, ',');
+    jr_key(&r, "reservation_id");
+    jr_str(&r, out->reservation_id, WIRE_ID_MAX, false);
+    jr_ch(&r, ',');
+    jr_tensor(&r, &out->tensor);
+    jr_ch(&r, ',');
+    jr_key(&r, "shard");
+    uint64_t shard = jr_u64(&r);
+    if (shard < 1 || shard > 65535) r.bad = true;
+    jr_ch(&r, '}');
+    jr_end(&r);
+    if (r.bad) {
+        memset(out, 0, sizeof *out);
+        return WCTL_FALLBACK;
+    }
+    out->shard = (uint16_t)shard;
     return 0;
 }

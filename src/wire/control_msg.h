@@ -309,7 +309,8 @@ void wctl_put_tensor(json_t *obj, const wire_tensor *t, int *rc);
 size_t wctl_utf8_seq(const unsigned char *p);
 
 /* control_fast.c: the allocation-light path for the reserve_batch and
- * complete_batch requests and replies and the readiness event. Each returns 0 (done, same result as
+ * complete_batch requests and replies and the readiness event (encoded and
+ * decoded). Each returns 0 (done, same result as
  * the jansson path), ECT_ENOMEM, or WCTL_FALLBACK: not handled, nothing
  * changed, the caller runs the jansson path from the start (which words every
  * error). wctl_fast_off (false) turns the fast path off, for the tests and
@@ -322,5 +323,6 @@ int wctl_fast_encode_event(const wire_event *ev, char **out);
 int wctl_fast_decode_request(const void *buf, size_t len, wire_ctl_request *out);
 int wctl_fast_decode_reply(wire_ctl_op op, size_t expect, const void *buf, size_t len,
                            wire_ctl_reply *out);
+int wctl_fast_decode_event(const void *buf, size_t len, wire_event *out);
 
 #endif

@@ -253,8 +253,7 @@ static int ucx_reg(ect_xport *x, xp_region *r) {
     ucp_rkey_buffer_release(rk);
     hex_encode(blob, 16 + rklen, ks);
     free(blob);
-    free(r->keystr);
-    r->keystr = ks;
+    xp_region_key_replace(r, ks);
     r->be = mh;
     return 0;
 }

@@ -138,6 +138,16 @@ const char *ect_xport_kind(const ect_xport *x) { return x ? x->be->name : ""; }
 
 const char *ect_xport_session(const ect_xport *x) { return x ? x->session : ""; }
 
+static void region_key_free(xp_region *r) {
+    if (r->keystr != r->keybuf) free(r->keystr);
+    r->keystr = NULL;
+}
+
+void xp_region_key_replace(xp_region *r, char *ks) {
+    region_key_free(r);
+    r->keystr = ks;
+}
+
 int xp_key_parse(const char *s, uint64_t *token) {
     uint64_t v = 0;
     size_t i = 0;
@@ -237,12 +247,7 @@ int ect_xport_register_mem(ect_xport *x, void *addr, uint64_t len, int mem_kind,
         free(r);
         return ect_set_errno(errno, "dup of fd %d", fd);
     }
-    r->keystr = malloc(17);
-    if (!r->keystr) {
-        if (r->fd >= 0) close(r->fd);
-        free(r);
-        return ect_set_error(ECT_ENOMEM, "region key");
-    }
+    r->keystr = r->keybuf;
     pthread_mutex_lock(&x->regs.mu);
     xp_region *o, *tmp, *found;
     int rc = 0;
@@ -266,7 +271,7 @@ int ect_xport_register_mem(ect_xport *x, void *addr, uint64_t len, int mem_kind,
     if (!rc && x->be->reg) rc = x->be->reg(x, r);
     if (rc) {
         if (r->fd >= 0) close(r->fd);
-        free(r->keystr);
+        region_key_free(r);
         free(r);
         return rc;
     }
@@ -283,7 +288,7 @@ int ect_xport_register_mem(ect_xport *x, void *addr, uint64_t len, int mem_kind,
     if (rc) {
         if (x->be->unreg) x->be->unreg(x, r);
         if (r->fd >= 0) close(r->fd);
-        free(r->keystr);
+        region_key_free(r);
         free(r);
         return ect_set_error(ECT_EEXIST, "region [%p, +%" PRIu64 ") overlaps a registered one",
                              addr, len);
@@ -297,7 +302,7 @@ int xp_window_close(ect_xport *x, const char *key);
 static void region_free(ect_xport *x, xp_region *r) {
     if (x->be->unreg) x->be->unreg(x, r);
     if (r->fd >= 0 && !r->parent) close(r->fd); /* a window borrows its region's fd */
-    free(r->keystr);
+    region_key_free(r);
     free(r);
 }
 
@@ -445,11 +450,11 @@ int xp_window_open(ect_xport *x, const char *region_key, uint64_t offset, uint64
         w->id = x->regs.next_id++;
     }
     pthread_mutex_unlock(&x->regs.mu);
-    if (!rc && !(w->keystr = malloc(17))) rc = ect_set_error(ECT_ENOMEM, "window key");
+    w->keystr = w->keybuf;
     if (!rc) hex16(w->keystr, w->token);
     if (!rc && x->be->reg) rc = x->be->reg(x, w);
     if (rc) {
-        free(w->keystr);
+        region_key_free(w);
         free(w);
         return rc;
     }

@@ -27,7 +27,8 @@ typedef struct xp_region {
     int fd;          /* our duplicate of the backing fd, or -1 */
     uint64_t fd_off; /* offset of addr's byte in fd */
     int refs;        /* writes in progress (receive or copy); guarded by regs.mu */
-    char *keystr;    /* the key string handed out (malloc'd) */
+    char *keystr;    /* the key string handed out: keybuf, or malloc'd by a back end */
+    char keybuf[17]; /* the token's 16 hex digits (tcp, shm) */
     void *be;        /* back end's per-region data (ucx memory handle) */
     int kind;        /* ECT_MEM_HOST, _PINNED or _CUDA (as mem reported it) */
     int device;      /* CUDA device ordinal of a _CUDA region */
@@ -91,7 +92,8 @@ struct xp_backend {
      * every region is gone. */
     void (*destroy)(ect_xport *x);
     /* Optional: back-end work for a new region (ucx: map + pack the rkey),
-     * may replace r->keystr. Called before the region is visible to peers. */
+     * may replace r->keystr (xp_region_key_replace). Called before the region
+     * is visible to peers. */
     int (*reg)(ect_xport *x, xp_region *r);
     /* Optional: undo reg; called after the last reference is gone. */
     void (*unreg)(ect_xport *x, xp_region *r);
@@ -154,6 +156,9 @@ int xp_region_set_private(ect_xport *x, const char *region_key);
 uint64_t xp_refused(ect_xport *x);
 /* Parses a 16-hex-digit tcp/shm key; ECT_EINVAL with "dst_key" otherwise. */
 int xp_key_parse(const char *s, uint64_t *token);
+
+/* r's key becomes ks (malloc'd, r owns it); a previous malloc'd one is freed. */
+void xp_region_key_replace(xp_region *r, char *ks);
 
 /* ---- data-plane authentication (auth.c does the handshake) */
 /* Counts a connection the handshake refused and logs why (at most once a

@@ -55,6 +55,39 @@ static void test_lines_read_as_jansson_reads_them(void **state) {
     }
 }
 
+/* `ect push` prints latency_ms through jansson, which writes a real with 17
+ * significant digits: such a line is read in place (it went to json_loads
+ * before, one line in two of the demo's), to the same double; an integer
+ * longer than 15 digits still goes to json_loads. */
+static void test_jansson_reals_read_in_place(void **state) {
+    (void)state;
+    const double vals[] = {3.891234, 0.0012345678901234567, 123456.78901234567, 1e-7, -2.5e17,
+                           1.0 / 3.0};
+    for (size_t i = 0; i < CLI_ARRAY_LEN(vals); i++) {
+        json_t *o = json_object();
+        json_object_set_new(o, "latency_ms", json_real(vals[i]));
+        json_object_set_new(o, "retries", json_integer(1));
+        char *text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        json_decref(o);
+        assert_non_null(text);
+        char buf[128];
+        snprintf(buf, sizeof buf, "%s", text);
+        demo_line l;
+        assert_true(demo_line_parse(buf, &l));
+        if (l.o) fail_msg("'%s' went to json_loads", text);
+        same_as_jansson(text, &l);
+        assert_true(demo_line_num(&l, "latency_ms") == vals[i]);
+        demo_line_free(&l);
+        free(text);
+    }
+    char big[] = "{\"nbytes\":1234567890123456}"; /* 16 digits: jansson's integer */
+    demo_line l;
+    assert_true(demo_line_parse(big, &l));
+    assert_non_null(l.o);
+    assert_int_equal(demo_line_int(&l, "nbytes"), 1234567890123456);
+    demo_line_free(&l);
+}
+
 static void test_other_lines_are_refused_untouched(void **state) {
     (void)state;
     const char *lines[] = {"",           "{",           "{\"a\":1",    "{\"a\":1}x", "{\"a\":01}",
@@ -71,6 +104,7 @@ static void test_other_lines_are_refused_untouched(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_lines_read_as_jansson_reads_them),
+                                       cmocka_unit_test(test_jansson_reals_read_in_place),
                                        cmocka_unit_test(test_other_lines_are_refused_untouched)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

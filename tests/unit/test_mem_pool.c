@@ -112,6 +112,33 @@ static void test_anonymous_alloc_free_errors(void **state) {
     ect_pool_close(p); /* outstanding allocations go with it */
 }
 
+/* pool_try_alloc: ect_pool_alloc without the text of a full pool (the
+ * consumer's table retries after its own eviction and words its own error);
+ * it still reclaims the pool's unleased resident items, and other errors keep
+ * their words. */
+static void test_try_alloc_is_quiet_when_full(void **state) {
+    (void)state;
+    ect_pool *p = open_pool(2 * MiB, 0, 0, 0);
+    uint64_t a, b, off = 7;
+    assert_int_equal(pool_try_alloc(p, MiB, &a), 0);
+    assert_int_equal(pool_try_alloc(p, MiB, &b), 0);
+    ect_set_error(ECT_EIO, "marker");
+    assert_int_equal(pool_try_alloc(p, 256, &off), ECT_EFULL);
+    assert_string_equal(ect_last_error(), "marker"); /* no text formatted */
+    assert_int_equal(off, 7);
+    assert_err(ect_pool_alloc(p, 256, &off), ECT_EFULL,
+               "pool is full"); /* the public one words it */
+    assert_err(pool_try_alloc(p, 0, &off), ECT_EINVAL, "nbytes");
+    /* an unleased resident item is reclaimed for it, as by ect_pool_alloc */
+    uint64_t shape[1] = {MiB};
+    assert_int_equal(ect_pool_put(p, "r", b, MiB, shape, 1, "uint8", 0), 0);
+    ect_set_error(ECT_EIO, "marker");
+    assert_int_equal(pool_try_alloc(p, 256, &off), 0);
+    assert_int_equal(off, b);
+    assert_err(ect_pool_lookup(p, "r", NULL), ECT_ENOTFOUND, NULL);
+    ect_pool_close(p);
+}
+
 static void test_memfd_shared_with_second_mapping(void **state) {
     (void)state;
     ect_pool *p = open_pool(6 * MiB, 1, 0, 0);
@@ -279,6 +306,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults_and_bad_options),
         cmocka_unit_test(test_anonymous_alloc_free_errors),
+        cmocka_unit_test(test_try_alloc_is_quiet_when_full),
         cmocka_unit_test(test_memfd_shared_with_second_mapping),
         cmocka_unit_test(test_huge_pages_and_mlock_fall_back),
         cmocka_unit_test(test_threads_share_one_pool),

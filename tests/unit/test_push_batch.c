@@ -216,6 +216,43 @@ static void test_one_exchange_per_shard_and_session(void **state) {
     fx_close(f);
 }
 
+/* Groups are told apart by every part of their key: two hosts on the same
+ * port are two control exchanges, one session named by two data planes is
+ * two write batches (each keyed as before: "host:port", "kind|session"). */
+static void test_groups_tell_hosts_and_planes_apart(void **state) {
+    (void)state;
+    fx *f = fx_open("", 0);
+    add(f, "a0", "127.0.0.1", 7000);
+    add(f, "a1", "127.0.0.1", 7000);
+    add(f, "b0", "127.0.0.2", 7000);
+    px *xs = round_(f);
+    assert_int_equal(count(xs), 2);
+    answer_peers(xs, 7000, 1, "tcp");
+    answer_peers(xs->next, 7000, 1, "tcp");
+    settle_all(f, xs);
+    xs = round_(f);
+    assert_int_equal(count(xs), 2); /* one reserve_batch per host */
+    assert_string_equal(xs->key, "127.0.0.1:7000");
+    assert_int_equal(xs->n, 2);
+    assert_string_equal(xs->next->key, "127.0.0.2:7000");
+    assert_int_equal(xs->next->n, 1);
+    answer_reserve(xs, "tcp"); /* both answer session "sess-7000" */
+    answer_reserve(xs->next, "shm");
+    settle_all(f, xs);
+    xs = round_(f);
+    assert_int_equal(count(xs), 2); /* one write batch per data plane */
+    assert_int_equal(xs->kind, PX_WRITE);
+    assert_string_equal(xs->key, "tcp|sess-7000");
+    assert_string_equal(xs->xkind, "tcp");
+    assert_string_equal(xs->session, "sess-7000");
+    assert_int_equal(xs->n, 2);
+    assert_string_equal(xs->next->key, "shm|sess-7000");
+    assert_string_equal(xs->next->xkind, "shm");
+    assert_int_equal(xs->next->n, 1);
+    free_all(xs);
+    fx_close(f);
+}
+
 /* What discovery may answer, and what the items end with: one table. */
 static void test_discovery_outcomes(void **state) {
     (void)state;
@@ -414,6 +451,7 @@ int main(void) {
     ect_log_set_level(ECT_LOG_ERROR);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_one_exchange_per_shard_and_session),
+        cmocka_unit_test(test_groups_tell_hosts_and_planes_apart),
         cmocka_unit_test(test_discovery_outcomes),
         cmocka_unit_test(test_dead_address_held_down),
         cmocka_unit_test(test_reserve_outcomes),

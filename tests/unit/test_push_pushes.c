@@ -517,6 +517,88 @@ static void test_refresh_before_write(void **state) {
     push_close(t);
 }
 
+/* Reserves shard `shard` of tid again with dst_key `key` (NULL: none). */
+static void reserve_key(push_table *t, const char *tid, size_t shard, const char *key,
+                        uint64_t now) {
+    push_reservation r = {.reservation_id = "rid",
+                          .dst_session = "10.0.0.1:9000",
+                          .dst_ptr = 4096,
+                          .dst_key = key,
+                          .write = true};
+    assert_int_equal(push_reserve_done(t, R(t, tid), shard, &r, NULL, now), 0);
+    assert_int_equal(push_check(t), 0);
+}
+
+/* A record keeps its ids (kept in its own allocation) at their longest, and
+ * a shard its dst_key, short (kept in the shard) or long (allocated), across
+ * refreshes that replace one by the other; under ASan a wrong size or free
+ * shows. */
+static void test_record_keeps_ids_and_keys(void **state) {
+    (void)state;
+    push_table *t = open_default();
+    char tid[PUSH_KEY_MAX + 1], hash[PUSH_KEY_MAX + 1], cons[PUSH_ADDR_MAX + 1];
+    memset(tid, 't', PUSH_KEY_MAX);
+    tid[PUSH_KEY_MAX] = '\0';
+    memset(hash, 'h', PUSH_KEY_MAX);
+    hash[PUSH_KEY_MAX] = '\0';
+    memset(cons, 'c', PUSH_ADDR_MAX);
+    cons[PUSH_ADDR_MAX] = '\0';
+    push_item it = {.transfer_id = tid,
+                    .consumer = cons,
+                    .mm_hash = hash,
+                    .nbytes = 576 * 4096 * 2,
+                    .shape = SHAPE,
+                    .ndim = 2,
+                    .dtype = "bfloat16",
+                    .n_shards = 1};
+    push_rec *r;
+    assert_int_equal(push_add(t, &it, 0, &r), 0);
+    assert_string_equal(r->transfer_id, tid);
+    assert_string_equal(r->consumer, cons);
+    assert_string_equal(r->mm_hash, hash);
+    assert_ptr_equal(push_find(t, tid), r);
+    char shortk[PUSH_KEY_INLINE + 1], longk[PUSH_KEY_INLINE + 2];
+    memset(shortk, 'a', PUSH_KEY_INLINE);
+    shortk[PUSH_KEY_INLINE] = '\0';
+    memset(longk, 'b', PUSH_KEY_INLINE + 1);
+    longk[PUSH_KEY_INLINE + 1] = '\0';
+    /* first key, then the key of the reserve after a refresh */
+    const char *pairs[][2] = {
+        {longk, shortk}, {shortk, NULL}, {NULL, longk}, {longk, longk}, {shortk, shortk}};
+    uint64_t now = 0;
+    for (size_t k = 0; k < sizeof pairs / sizeof *pairs; k++) {
+        char id[16];
+        snprintf(id, sizeof id, "k%zu", k);
+        assert_int_equal(add(t, id, 1, now), 0);
+        next(t, now);
+        for (int i = 0; i < 2; i++) {
+            reserve_key(t, id, 0, pairs[k][i], now);
+            if (pairs[k][i])
+                assert_string_equal(R(t, id)->sh[0].dst_key, pairs[k][i]);
+            else
+                assert_null(R(t, id)->sh[0].dst_key);
+            if (i) break;
+            now += 150 * S; /* the source comes late: refresh, then reserve again */
+            assert_int_equal(push_source_ready(t, id, NULL, now), 0);
+            acts *A = next(t, now);
+            expect_kind(A, PUSH_ACT_REFRESH, 1);
+            assert_int_equal(push_refresh_done(t, R(t, id), 0, true), 0);
+            now += S;
+            expect_kind(next(t, now), PUSH_ACT_RESERVE, 1);
+        }
+    }
+    /* a three-shard record: each shard its own key */
+    assert_int_equal(add(t, "three", 3, now), 0);
+    next(t, now);
+    reserve_key(t, "three", 0, longk, now);
+    reserve_key(t, "three", 1, shortk, now);
+    reserve_key(t, "three", 2, NULL, now);
+    assert_string_equal(R(t, "three")->sh[0].dst_key, longk);
+    assert_string_equal(R(t, "three")->sh[1].dst_key, shortk);
+    assert_null(R(t, "three")->sh[2].dst_key);
+    push_close(t); /* frees records with keys of both kinds */
+}
+
 static void test_write_and_complete_failures(void **state) {
     (void)state;
     push_table *t = open_default();
@@ -807,6 +889,7 @@ int main(void) {
         cmocka_unit_test(test_consumer_cancelled_reply),
         cmocka_unit_test(test_engine_cancel_while_writing),
         cmocka_unit_test(test_refresh_before_write),
+        cmocka_unit_test(test_record_keeps_ids_and_keys),
         cmocka_unit_test(test_write_and_complete_failures),
         cmocka_unit_test(test_input_wait_timeout),
         cmocka_unit_test(test_small_action_buffers),

@@ -233,6 +233,34 @@ static void big_drop(void *ctx, idt_node *n) {
     IDT_ENTRY(n, big, node)->in = false;
 }
 
+/* idt_add finds a known id before it grows the index: at the growth
+ * threshold (48 ids of 64 slots) a second node with a known id is refused
+ * and the index neither grows nor changes; the next new id grows it. */
+static void test_duplicate_at_growth(void **state) {
+    (void)state;
+    reset();
+    idtab t;
+    idt_init(&t, 1000, 100, &OPS);
+    for (int i = 0; i < N; i++) assert_int_equal(add(&t, i, IDT_LIVE, 0), 0);
+    assert_int_equal(t.cap, 64);
+    rec dup = {.id = "id-17"};
+    dup.node.id = dup.id;
+    assert_err(idt_add(&t, &dup.node, IDT_LIVE, 0), ECT_EEXIST, "id-17");
+    assert_int_equal(t.cap, 64);
+    assert_int_equal(t.used, N);
+    assert_ptr_equal(idt_find(&t, "id-17"), &R[17].node);
+    assert_int_equal(idt_check(&t), 0);
+    rec one = {.id = "new"};
+    one.node.id = one.id;
+    assert_int_equal(idt_add(&t, &one.node, IDT_LIVE, 0), 0);
+    assert_int_equal(t.cap, 128);
+    assert_ptr_equal(idt_find(&t, "new"), &one.node);
+    for (int i = 0; i < N; i++) assert_ptr_equal(idt_find(&t, R[i].id), &R[i].node);
+    assert_int_equal(idt_check(&t), 0);
+    idt_remove(&t, &one.node);
+    idt_clear(&t);
+}
+
 static void test_index_many_ids(void **state) {
     (void)state;
     enum { M = 20000 };
@@ -276,6 +304,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_contract),
         cmocka_unit_test(test_random_against_model),
+        cmocka_unit_test(test_duplicate_at_growth),
         cmocka_unit_test(test_index_many_ids),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -565,6 +565,62 @@ static void test_golden_events(void **state) {
     wire_event_clear(&back);
 }
 
+/* The readiness event as the encoder writes it decodes on the fast path, to
+ * what jansson decodes; every other form (abandoned, another order, spacing
+ * with other keys, a shard or tensor the decoder refuses) is left to jansson,
+ * whose result and error text stay as they were. */
+static void test_fast_event_decoder(void **state) {
+    (void)state;
+    wire_event f, s;
+    const char *fast[] = {G_EV_READY,
+                          " { \"transfer_id\" : \"t1\", \"mm_hash\":\"h1\",\"ready\":true,"
+                          "\"reservation_id\":\"\",\"nbytes\":8,\"shape\":[ 2 , 2 ],"
+                          "\"dtype\":\"float16\",\"shard\":65535 } "};
+    for (size_t i = 0; i < 2; i++) {
+        assert_int_equal(wctl_fast_decode_event(fast[i], strlen(fast[i]), &f), 0);
+        wctl_fast_off = true;
+        assert_int_equal(wire_ctl_decode_event(fast[i], strlen(fast[i]), &s), 0);
+        wctl_fast_off = false;
+        assert_event_eq(&f, &s);
+        wire_event_clear(&f);
+        wire_event_clear(&s);
+    }
+    const char *slow[] = {
+        G_EV_ABANDONED,
+        /* upstream's order: shard first */
+        "{\"shard\":14579,\"transfer_id\":\"t1\",\"mm_hash\":\"h1\",\"ready\":true,"
+        "\"reservation_id\":\"r1\",\"nbytes\":8,\"shape\":[2,2],\"dtype\":\"float16\"}",
+        /* an extra key after shard */
+        "{\"transfer_id\":\"t1\",\"mm_hash\":\"h1\",\"ready\":true,\"reservation_id\":\"r1\","
+        "\"nbytes\":8,\"shape\":[2,2],\"dtype\":\"float16\",\"shard\":1,\"abandoned\":false}",
+        /* refused by jansson's path, with its words */
+        "{\"transfer_id\":\"t1\",\"mm_hash\":\"h1\",\"ready\":true,\"reservation_id\":\"r1\","
+        "\"nbytes\":8,\"shape\":[2,2],\"dtype\":\"float16\",\"shard\":65536}",
+        "{\"transfer_id\":\"t1\",\"mm_hash\":\"h1\",\"ready\":true,\"reservation_id\":\"r1\","
+        "\"nbytes\":9,\"shape\":[2,2],\"dtype\":\"float16\",\"shard\":1}",
+        "{\"transfer_id\":\"\",\"mm_hash\":\"h1\",\"ready\":true,\"reservation_id\":\"r1\","
+        "\"nbytes\":8,\"shape\":[2,2],\"dtype\":\"float16\",\"shard\":1}",
+        "{\"transfer_id\":\"t\\u0031\",\"mm_hash\":\"h1\",\"ready\":true,\"reservation_id\":"
+        "\"r1\",\"nbytes\":8,\"shape\":[2,2],\"dtype\":\"float16\",\"shard\":1}",
+    };
+    const char *errs[] = {NULL, NULL, NULL, "outside 1..65535", "nbytes", "transfer_id", NULL};
+    for (size_t i = 0; i < sizeof slow / sizeof *slow; i++) {
+        assert_int_equal(wctl_fast_decode_event(slow[i], strlen(slow[i]), &f), WCTL_FALLBACK);
+        int rf = wire_ctl_decode_event(slow[i], strlen(slow[i]), &f);
+        if (errs[i]) {
+            assert_err(rf, ECT_EINVAL, errs[i]);
+            continue;
+        }
+        assert_int_equal(rf, 0);
+        wctl_fast_off = true;
+        assert_int_equal(wire_ctl_decode_event(slow[i], strlen(slow[i]), &s), 0);
+        wctl_fast_off = false;
+        assert_event_eq(&f, &s);
+        wire_event_clear(&f);
+        wire_event_clear(&s);
+    }
+}
+
 /* The canned replies of a server whose request did not decode. */
 static void test_decode_failure_replies(void **state) {
     (void)state;
@@ -1599,6 +1655,7 @@ int main(void) {
         cmocka_unit_test(test_golden_requests),
         cmocka_unit_test(test_golden_replies),
         cmocka_unit_test(test_golden_events),
+        cmocka_unit_test(test_fast_event_decoder),
         cmocka_unit_test(test_decode_failure_replies),
         cmocka_unit_test(test_goldens_are_the_documented_examples),
         cmocka_unit_test(test_random_round_trips),
