@@ -226,7 +226,7 @@ static int str_value(const json_t *v, const char *pfx, const char *key, bool non
 int wctl_get_str(const json_t *obj, const char *pfx, const char *key, bool required, bool nonempty,
                  size_t max, char *dst) {
     json_t *v;
-    size_t n;
+    size_t n = 0;
     dst[0] = '\0';
     int rc = lookup(obj, pfx, key, required, &v);
     if (rc || !v) return rc;
@@ -238,7 +238,7 @@ int wctl_get_str(const json_t *obj, const char *pfx, const char *key, bool requi
 int wctl_get_str_dup(const json_t *obj, const char *pfx, const char *key, bool required, size_t max,
                      char **dst) {
     json_t *v;
-    size_t n;
+    size_t n = 0;
     *dst = NULL;
     int rc = lookup(obj, pfx, key, required, &v);
     if (rc || !v) return rc;

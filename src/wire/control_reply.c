@@ -268,7 +268,7 @@ static int result_items(const json_t *res, size_t expect, const json_t **arr, si
 
 static int decode_reserve_batch(const json_t *res, size_t expect, wire_ctl_reply *out) {
     const json_t *arr;
-    size_t n;
+    size_t n = 0;
     int rc = result_items(res, expect, &arr, &n);
     if (rc) return rc;
     wire_reserve_outcome *items = calloc(n ? n : 1, sizeof *items);
@@ -322,7 +322,7 @@ static int decode_peers(const json_t *res, wire_ctl_reply *out) {
 static int decode_result(const json_t *res, size_t expect, wire_ctl_reply *out) {
     int rc;
     const json_t *arr;
-    size_t n;
+    size_t n = 0;
     wire_status_result *st = &out->u.status;
     switch (out->op) {
     case WIRE_OP_RESERVE: return decode_reserve_result(res, "result.", &out->u.reserve);

@@ -244,7 +244,7 @@ static int get_items(const json_t *root, const json_t **arr, size_t *n) {
 
 static int decode_reserve_batch(const json_t *root, wire_ctl_request *out) {
     const json_t *arr;
-    size_t n;
+    size_t n = 0;
     int rc = get_items(root, &arr, &n);
     if (rc) return rc;
     wire_reserve_item *items = calloc(n ? n : 1, sizeof *items);
@@ -269,7 +269,7 @@ static int decode_reserve_batch(const json_t *root, wire_ctl_request *out) {
 
 static int decode_complete_batch(const json_t *root, wire_ctl_request *out) {
     const json_t *arr;
-    size_t n;
+    size_t n = 0;
     int rc = get_items(root, &arr, &n);
     if (rc) return rc;
     wire_complete_req *items = calloc(n ? n : 1, sizeof *items);

@@ -68,7 +68,7 @@ int wire_shape_nbytes(const char *dtype, const uint64_t *shape, size_t ndim, uin
 
 int wire_check_nbytes(const char *dtype, const uint64_t *shape, size_t ndim, uint64_t nbytes,
                       const char *field) {
-    uint64_t want;
+    uint64_t want = 0;
     int rc = wire_shape_nbytes(dtype, shape, ndim, &want, field);
     if (rc) return rc;
     if (want != nbytes)
