@@ -30,7 +30,8 @@
  *
  * Threading: a ctl_client and its sockets belong to the thread that opened
  * it; no function may be called from another thread. The ZMQ context is the
- * caller's and must outlive the client (only the keyed path uses it).
+ * caller's and must outlive the client; zmq_ctx_shutdown of it ends any wait
+ * at once (ECT_EIO), on both paths.
  */
 #ifndef ECT_PUSH_CONTROL_CLIENT_H
 #define ECT_PUSH_CONTROL_CLIENT_H

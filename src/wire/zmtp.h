@@ -1,8 +1,8 @@
 /*
- * zmtp — ZMTP 3.0 (https://rfc.zeromq.org/spec/23/) with the NULL mechanism,
- * sans I/O: the bytes a REQ or REP end of the push control channel exchanges
- * with a libzmq peer, so that a thread can speak them on its own socket
- * instead of handing every message to libzmq's I/O thread and back (issue 13).
+ * zmtp — ZMTP 3.x (https://rfc.zeromq.org/spec/23/; our greeting says 3.1,
+ * as libzmq 4.3's does, RFC 37's PING/PONG) with the NULL mechanism, sans I/O: the bytes a REQ or
+ * REP end of the push control channel exchanges with a libzmq peer, so that a thread can speak them
+ * on its own socket instead of handing every message to libzmq's I/O thread and back (issue 13).
  * The bytes on the wire are exactly what a libzmq REQ or REP socket sends; a
  * libzmq (pyzmq, upstream vLLM) peer cannot tell the difference.
  * docs/PROTOCOL.md "Control channel framing (ZMTP)" lists them byte for byte.
@@ -45,8 +45,9 @@
 #include <stdint.h>
 
 #define ZMTP_GREETING_LEN 64
-#define ZMTP_MAX_ENVELOPE 32 /* frames before the delimiter (REQ sends none; a DEALER may route)   \
-                              */
+#define ZMTP_MAX_ENVELOPE                                                                          \
+    32 /* frames before the delimiter (REQ sends none; a DEALER may route)                         \
+        */
 
 typedef enum { ZMTP_REQ, ZMTP_REP } zmtp_role;
 
