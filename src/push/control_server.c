@@ -88,6 +88,7 @@ struct ctl_server {
     refusal rf[RF_N];
     uint64_t seen_expired_ready, seen_expired_writing, seen_abandoned; /* reaper log */
     uint64_t expiry_log_ms;
+    uint64_t swept_expired; /* [mu] the table's expired_writing at the last full sweep */
     atomic_uint_fast64_t bytes_in, items_in, requests; /* metrics */
     ctl_error last_err[CTL_LAST_ERRORS];               /* [mu] newest at last_err_head - 1 */
     size_t last_err_head, last_err_n;                  /* [mu] */
@@ -143,15 +144,6 @@ static void refused(ctl_server *s, int k, const char *text) {
     if (s->last_err_n < CTL_LAST_ERRORS) s->last_err_n++;
 }
 
-/* Counts the bytes of a reservation that just became READY (its writer's
- * complete): the shard's bytes received. Under the lock. */
-static void count_ready(ctl_server *s, const char *transfer_id) {
-    rsv_brief st;
-    if (rsv_brief_get(s->tab, transfer_id, &st) != 0) return;
-    atomic_fetch_add(&s->bytes_in, st.nbytes);
-    atomic_fetch_add(&s->items_in, 1);
-}
-
 static int refusal_class(int rc) {
     switch (rc) {
     case ECT_EFULL: return RF_FULL;
@@ -200,29 +192,66 @@ static void log_expiries(ctl_server *s, uint64_t now) {
     s->expiry_log_ms = now;
 }
 
-/* Closes every window whose reservation is no longer a WRITING writer with
- * the same reservation id. Called with mu held, after every op that may
- * change states and after each reap. */
+static void drop_window(ctl_server *s, ctl_window *w) {
+    if (s->o.win_close) s->o.win_close(s->o.win_ctx, w->key);
+    HASH_DEL(s->wins, w);
+    free(w);
+}
+
+/* True while w's reservation (st, found: rc 0) is still the WRITING writer
+ * with the reservation id the window was opened for. */
+static bool window_writable(const ctl_window *w, int found, const rsv_brief *st) {
+    return found == 0 && st->state == RSV_WRITING && st->writer &&
+           strcmp(st->reservation_id, w->reservation_id) == 0;
+}
+
+/* Closes every window whose reservation is no longer writable. Under mu;
+ * after each reap and whenever the table expired writers on its own (its
+ * reserve reaps too): notes the expiry count it has seen. */
 static void sweep_windows(ctl_server *s) {
     ctl_window *w, *tmp;
     HASH_ITER(hh, s->wins, w, tmp) {
         rsv_brief st;
-        if (rsv_brief_get(s->tab, w->transfer_id, &st) == 0 && st.state == RSV_WRITING &&
-            st.writer && strcmp(st.reservation_id, w->reservation_id) == 0)
-            continue;
-        s->o.win_close(s->o.win_ctx, w->key);
-        HASH_DEL(s->wins, w);
-        free(w);
+        if (!window_writable(w, rsv_brief_get(s->tab, w->transfer_id, &st), &st))
+            drop_window(s, w);
     }
+    rsv_stats rs;
+    rsv_get_stats(s->tab, &rs);
+    s->swept_expired = rs.expired_writing;
 }
 
 static void close_all_windows(ctl_server *s) {
     ctl_window *w, *tmp;
-    HASH_ITER(hh, s->wins, w, tmp) {
-        if (s->o.win_close) s->o.win_close(s->o.win_ctx, w->key);
-        HASH_DEL(s->wins, w);
-        free(w);
+    HASH_ITER(hh, s->wins, w, tmp) drop_window(s, w);
+}
+
+/* What a request did to transfer_id, once the table answered: counts its
+ * bytes when it became READY and closes its window when it is no longer
+ * writable. One table lookup, none when neither applies. Under mu. */
+static void settle_id(ctl_server *s, const char *transfer_id, bool became_ready) {
+    ctl_window *w = NULL;
+    if (s->wins) HASH_FIND_STR(s->wins, transfer_id, w);
+    if (!w && !became_ready) return;
+    rsv_brief st;
+    int found = rsv_brief_get(s->tab, transfer_id, &st);
+    if (became_ready && found == 0) {
+        atomic_fetch_add(&s->bytes_in, st.nbytes);
+        atomic_fetch_add(&s->items_in, 1);
     }
+    if (w && !window_writable(w, found, &st)) drop_window(s, w);
+}
+
+/* After a request that may have changed states: a writer leaves WRITING
+ * only by an op naming it (settle_id) or by the table's reaper, which
+ * counts it (expired_writing): a count moved since the last sweep sweeps
+ * every window, so a window lives exactly while its reservation is
+ * writable, with table lookups per named item rather than per request and
+ * open window. Under mu. */
+static void settle_expired(ctl_server *s) {
+    if (!s->wins) return;
+    rsv_stats rs;
+    rsv_get_stats(s->tab, &rs);
+    if (rs.expired_writing != s->swept_expired) sweep_windows(s);
 }
 
 /* Opens the window of a reservation told to write; *key points at its key.
@@ -234,11 +263,7 @@ static int open_window(ctl_server *s, const char *transfer_id, const rsv_reply *
     if (!s->o.win_open) return 0;
     ctl_window *w;
     HASH_FIND_STR(s->wins, transfer_id, w);
-    if (w) { /* a stale entry (the op sweep has not run yet): replace it */
-        s->o.win_close(s->o.win_ctx, w->key);
-        HASH_DEL(s->wins, w);
-        free(w);
-    }
+    if (w) drop_window(s, w); /* a stale entry: replace it */
     int rc = ECT_ENOMEM;
     if ((w = malloc(sizeof *w))) { /* not calloc: the key alone is 2 KiB, set below */
         memset(&w->hh, 0, sizeof w->hh);
@@ -320,6 +345,7 @@ static int do_reserve(ctl_server *s, const wire_reserve_req *r, uint64_t now,
         if (rep.write)
             (void)rsv_cancel(s->tab, r->transfer_id, rep.reservation_id, true, false, now,
                              &cancelled);
+        settle_id(s, r->transfer_id, false);
         return ect_set_error(ECT_ENOMEM, "EC consumer out of memory");
     }
     ect_strcpy_cut(res->reservation_id, sizeof res->reservation_id, rep.reservation_id);
@@ -483,7 +509,7 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
         }
         rsv_complete(s->tab, q->u.complete.transfer_id, q->u.complete.reservation_id, now,
                      &rep.u.complete.completed, &rep.u.complete.became_ready);
-        if (rep.u.complete.became_ready) count_ready(s, q->u.complete.transfer_id);
+        settle_id(s, q->u.complete.transfer_id, rep.u.complete.became_ready);
         break;
     case WIRE_OP_COMPLETE_BATCH: {
         size_t n = q->u.complete_batch.n;
@@ -491,15 +517,14 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
             reply_items(n, sizeof *rep.u.complete_batch.items, &rc, errtext);
         if (!rep.u.complete_batch.items) break;
         rep.u.complete_batch.n = n;
-        for (size_t i = 0; i < n; i++) /* another peer's item: (false, false), counted */
-            if (!guard_live(s, PG_COMPLETE, q->u.complete_batch.items[i].transfer_id))
-                rsv_complete(s->tab, q->u.complete_batch.items[i].transfer_id,
-                             q->u.complete_batch.items[i].reservation_id, now,
-                             &rep.u.complete_batch.items[i].completed,
-                             &rep.u.complete_batch.items[i].became_ready);
-        for (size_t i = 0; i < n; i++)
-            if (rep.u.complete_batch.items[i].became_ready)
-                count_ready(s, q->u.complete_batch.items[i].transfer_id);
+        for (size_t i = 0; i < n; i++) { /* another peer's item: (false, false), counted */
+            const wire_complete_req *it = &q->u.complete_batch.items[i];
+            wire_complete_result *res = &rep.u.complete_batch.items[i];
+            if (guard_live(s, PG_COMPLETE, it->transfer_id)) continue;
+            rsv_complete(s->tab, it->transfer_id, it->reservation_id, now, &res->completed,
+                         &res->became_ready);
+            settle_id(s, it->transfer_id, res->became_ready);
+        }
         break;
     }
     case WIRE_OP_CANCEL: {
@@ -511,6 +536,7 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
         rc = rsv_cancel(s->tab, c->transfer_id, c->reservation_id, c->abandon, c->refresh, now,
                         &rep.u.cancelled);
         if (rc) ect_strcpy_cut(errtext, sizeof errtext, ect_last_error());
+        settle_id(s, c->transfer_id, false);
         break;
     }
     case WIRE_OP_ECT_STATUS:
@@ -521,8 +547,7 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
         snprintf(errtext, sizeof errtext, "unknown control op: '%d'", (int)q->op);
         break;
     }
-    if (s->wins && q->op != WIRE_OP_STATUS && q->op != WIRE_OP_EVENT_PORT && q->op != WIRE_OP_PEERS)
-        sweep_windows(s);
+    settle_expired(s);
     pthread_mutex_unlock(&s->mu);
     if (q->op == WIRE_OP_RESERVE || q->op == WIRE_OP_RESERVE_BATCH) log_refusals(s, now);
     int erc;
