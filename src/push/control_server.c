@@ -61,12 +61,17 @@ typedef struct ctl_window {
     char transfer_id[RSV_KEY_MAX + 1];
     char reservation_id[ECT_ID_LEN + 1];
     char key[ECT_XPORT_KEY_MAX];
-    UT_hash_handle hh; /* by transfer_id */
+    UT_hash_handle hh;       /* by transfer_id */
+    struct ctl_window *next; /* on the spare list */
 } ctl_window;
+
+#define SPARE_WINDOWS 64 /* closed windows kept for reuse: no malloc per item */
 
 struct ctl_server {
     ctl_server_opts o;
-    ctl_window *wins; /* guarded by mu */
+    ctl_window *wins;  /* guarded by mu */
+    ctl_window *spare; /* [mu] closed windows for reuse, n_spare of them */
+    size_t n_spare;
     char ip[256], session[WIRE_SESSION_MAX + 1], transport[WIRE_TRANSPORT_MAX + 1];
     char advertise[256];
     /* The peer of the request being handled ("" unknown) and the session
@@ -192,10 +197,39 @@ static void log_expiries(ctl_server *s, uint64_t now) {
     s->expiry_log_ms = now;
 }
 
+/* A window entry: a spare one, else a new one (NULL out of memory). */
+static ctl_window *window_new(ctl_server *s) {
+    ctl_window *w = s->spare;
+    if (!w) return malloc(sizeof *w); /* not calloc: the key alone is 2 KiB, set by the caller */
+    s->spare = w->next;
+    s->n_spare--;
+    return w;
+}
+
+/* Gives w back: kept as a spare up to SPARE_WINDOWS, else freed. */
+static void window_put(ctl_server *s, ctl_window *w) {
+    if (s->n_spare >= SPARE_WINDOWS) {
+        free(w);
+        return;
+    }
+    w->next = s->spare;
+    s->spare = w;
+    s->n_spare++;
+}
+
+static void free_spare_windows(ctl_server *s) {
+    while (s->spare) {
+        ctl_window *w = s->spare;
+        s->spare = w->next;
+        free(w);
+    }
+    s->n_spare = 0;
+}
+
 static void drop_window(ctl_server *s, ctl_window *w) {
     if (s->o.win_close) s->o.win_close(s->o.win_ctx, w->key);
     HASH_DEL(s->wins, w);
-    free(w);
+    window_put(s, w);
 }
 
 /* True while w's reservation (st, found: rc 0) is still the WRITING writer
@@ -265,7 +299,7 @@ static int open_window(ctl_server *s, const char *transfer_id, const rsv_reply *
     HASH_FIND_STR(s->wins, transfer_id, w);
     if (w) drop_window(s, w); /* a stale entry: replace it */
     int rc = ECT_ENOMEM;
-    if ((w = malloc(sizeof *w))) { /* not calloc: the key alone is 2 KiB, set below */
+    if ((w = window_new(s))) {
         memset(&w->hh, 0, sizeof w->hh);
         w->key[0] = '\0';
         ect_strcpy_cut(w->transfer_id, sizeof w->transfer_id, transfer_id);
@@ -275,7 +309,7 @@ static int open_window(ctl_server *s, const char *transfer_id, const rsv_reply *
     if (rc) {
         char why[300];
         ect_strcpy_cut(why, sizeof why, w ? ect_last_error() : "out of memory");
-        free(w);
+        if (w) window_put(s, w);
         bool cancelled;
         (void)rsv_cancel(s->tab, transfer_id, rep->reservation_id, true, false, now, &cancelled);
         return ect_set_error(rc == ECT_ENOMEM ? ECT_ENOMEM : ECT_EFULL,
@@ -875,6 +909,7 @@ void ctl_server_stop(ctl_server *s) {
     s->rep = s->push = NULL;
     pthread_mutex_lock(&s->mu);
     close_all_windows(s);
+    free_spare_windows(s);
     pthread_mutex_unlock(&s->mu);
 }
 

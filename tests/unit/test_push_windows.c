@@ -16,7 +16,7 @@
 #include "testutil.h"
 #include "push/control_server.h"
 
-#define SLOTS 16
+#define SLOTS 80 /* more than the shard keeps spare window entries for (64) */
 #define TTL_MS 100
 
 /* ---- fake pool: distinct slots */
@@ -41,21 +41,27 @@ static void p_free(void *ctx, uint64_t off, uint64_t n) {
 
 static const rsv_mem_ops ops = {p_alloc, p_free, NULL};
 
-/* ---- fake transport: the open windows, by key */
-static char open_keys[SLOTS * 4][32];
+/* ---- fake transport: the open windows, by key (each key new) */
+#define MAX_OPEN 96
+static char open_keys[MAX_OPEN][32];
 static int n_opened;
 
 static int w_open(void *ctx, uint64_t off, uint64_t nbytes, char key[ECT_XPORT_KEY_MAX]) {
     (void)ctx, (void)nbytes;
-    snprintf(key, ECT_XPORT_KEY_MAX, "w%d-%llu", n_opened, (unsigned long long)(off >> 20));
-    assert_true(n_opened < SLOTS * 4);
-    snprintf(open_keys[n_opened++], sizeof open_keys[0], "%s", key);
-    return 0;
+    for (int i = 0; i < MAX_OPEN; i++)
+        if (!open_keys[i][0]) {
+            snprintf(key, ECT_XPORT_KEY_MAX, "w%d-%llu", n_opened++,
+                     (unsigned long long)(off >> 20));
+            snprintf(open_keys[i], sizeof open_keys[0], "%s", key);
+            return 0;
+        }
+    fail_msg("more than %d windows open", MAX_OPEN);
+    return ECT_EFULL;
 }
 
 static void w_close(void *ctx, const char *key) {
     (void)ctx;
-    for (int i = 0; i < n_opened; i++)
+    for (int i = 0; i < MAX_OPEN; i++)
         if (strcmp(open_keys[i], key) == 0) {
             open_keys[i][0] = '\0';
             return;
@@ -64,21 +70,20 @@ static void w_close(void *ctx, const char *key) {
 }
 
 static bool is_open(const char *key) {
-    for (int i = 0; i < n_opened; i++)
+    for (int i = 0; i < MAX_OPEN; i++)
         if (strcmp(open_keys[i], key) == 0) return true;
     return false;
 }
 
 static int n_open(void) {
     int n = 0;
-    for (int i = 0; i < n_opened; i++) n += open_keys[i][0] != '\0';
+    for (int i = 0; i < MAX_OPEN; i++) n += open_keys[i][0] != '\0';
     return n;
 }
 
 static ctl_server *open_shard(void) {
     memset(live, 0, sizeof live);
     memset(open_keys, 0, sizeof open_keys);
-    n_opened = 0;
     ctl_server_opts o;
     ctl_server_opts_init(&o);
     o.detached = true;
@@ -220,10 +225,36 @@ static void test_expiry_inside_reserve_closes_window(void **state) {
     ctl_server_close(s);
 }
 
+/* Many items through the shard, more than it keeps spare window entries
+ * for: each closes exactly its own window (w_close refuses a key that is
+ * not open, so an entry reused with a stale key fails here). */
+static void test_windows_reused_across_items(void **state) {
+    (void)state;
+    ctl_server *s = open_shard();
+    for (int round = 0; round < 40; round++) {
+        held h[SLOTS];
+        char tid[SLOTS][16];
+        for (int i = 0; i < SLOTS; i++) {
+            snprintf(tid[i], sizeof tid[i], "r%d-%d", round, i);
+            reserve(s, tid[i], 10 + (uint64_t)round, &h[i]);
+        }
+        assert_int_equal(n_open(), SLOTS);
+        for (int i = SLOTS - 1; i >= 0; i--) {
+            complete(s, tid[i], h[i].rid, 10 + (uint64_t)round);
+            assert_false(is_open(h[i].key));
+            assert_int_equal(n_open(), i);
+        }
+        for (int i = 0; i < SLOTS; i++) assert_int_equal(ctl_server_finish(s, tid[i]), 0);
+    }
+    assert_int_equal(ctl_server_check(s), 0);
+    ctl_server_close(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ops_close_their_window),
         cmocka_unit_test(test_expiry_inside_reserve_closes_window),
+        cmocka_unit_test(test_windows_reused_across_items),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
