@@ -259,20 +259,23 @@ static void close_all_windows(ctl_server *s) {
     HASH_ITER(hh, s->wins, w, tmp) drop_window(s, w);
 }
 
-/* What a request did to transfer_id, once the table answered: counts its
- * bytes when it became READY and closes its window when it is no longer
- * writable. One table lookup, none when neither applies. Under mu. */
-static void settle_id(ctl_server *s, const char *transfer_id, bool became_ready) {
+/* What a request did to transfer_id, once the table answered. A writer
+ * that became READY (nbytes: its size, from the guard's lookup before the
+ * op) is counted and its window closed, with no lookup: it is no longer
+ * WRITING. Else a window of transfer_id is closed when its reservation is
+ * no longer writable: one lookup, none when it has no window. Under mu. */
+static void settle_id(ctl_server *s, const char *transfer_id, bool became_ready,
+                      uint64_t nbytes) {
     ctl_window *w = NULL;
     if (s->wins) HASH_FIND_STR(s->wins, transfer_id, w);
-    if (!w && !became_ready) return;
-    rsv_brief st;
-    int found = rsv_brief_get(s->tab, transfer_id, &st);
-    if (became_ready && found == 0) {
-        atomic_fetch_add(&s->bytes_in, st.nbytes);
+    if (became_ready) {
+        atomic_fetch_add(&s->bytes_in, nbytes);
         atomic_fetch_add(&s->items_in, 1);
+        if (w) drop_window(s, w);
+        return;
     }
-    if (w && !window_writable(w, found, &st)) drop_window(s, w);
+    rsv_brief st;
+    if (w && !window_writable(w, rsv_brief_get(s->tab, transfer_id, &st), &st)) drop_window(s, w);
 }
 
 /* After a request that may have changed states: a writer leaves WRITING
@@ -324,11 +327,14 @@ static int open_window(ctl_server *s, const char *transfer_id, const rsv_reply *
 
 /* ECT_EACCES (with the reply's text set) when transfer_id names a live
  * reservation of another peer that this request's peer may not `act` on;
- * else 0 (unknown ids and tombstones: no owner to protect). Under the lock. */
-static int guard_live(ctl_server *s, pg_act act, const char *transfer_id) {
+ * else 0 (unknown ids and tombstones: no owner to protect). *nbytes (when
+ * not NULL): the reservation's size, 0 unknown. Under the lock. */
+static int guard_live(ctl_server *s, pg_act act, const char *transfer_id, uint64_t *nbytes) {
     rsv_brief st;
-    if (rsv_brief_get(s->tab, transfer_id, &st) != 0 || st.state == RSV_CANCELLED ||
-        st.state == RSV_EXPIRED || pg_allow(s->guard, act, s->who, st.owner, transfer_id))
+    int found = rsv_brief_get(s->tab, transfer_id, &st);
+    if (nbytes) *nbytes = found == 0 ? st.nbytes : 0;
+    if (found != 0 || st.state == RSV_CANCELLED || st.state == RSV_EXPIRED ||
+        pg_allow(s->guard, act, s->who, st.owner, transfer_id))
         return 0;
     if (act == PG_RESERVE)
         return ect_set_error(ECT_EEXIST,
@@ -349,7 +355,7 @@ static int do_reserve(ctl_server *s, const wire_reserve_req *r, uint64_t now,
     q.owner = s->who;
     rsv_reply rep;
     memset(res, 0, sizeof *res);
-    int rc = guard_live(s, PG_RESERVE, r->transfer_id);
+    int rc = guard_live(s, PG_RESERVE, r->transfer_id, NULL);
     if (!rc) rc = rsv_reserve(s->tab, &q, now, &rep);
     if (rc) {
         refused(s, refusal_class(rc), ect_last_error());
@@ -379,7 +385,7 @@ static int do_reserve(ctl_server *s, const wire_reserve_req *r, uint64_t now,
         if (rep.write)
             (void)rsv_cancel(s->tab, r->transfer_id, rep.reservation_id, true, false, now,
                              &cancelled);
-        settle_id(s, r->transfer_id, false);
+        settle_id(s, r->transfer_id, false, 0);
         return ect_set_error(ECT_ENOMEM, "EC consumer out of memory");
     }
     ect_strcpy_cut(res->reservation_id, sizeof res->reservation_id, rep.reservation_id);
@@ -536,15 +542,17 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
         }
         break;
     }
-    case WIRE_OP_COMPLETE:
-        if ((rc = guard_live(s, PG_COMPLETE, q->u.complete.transfer_id))) {
+    case WIRE_OP_COMPLETE: {
+        uint64_t nbytes;
+        if ((rc = guard_live(s, PG_COMPLETE, q->u.complete.transfer_id, &nbytes))) {
             snprintf(errtext, sizeof errtext, "%s", ect_last_error());
             break;
         }
         rsv_complete(s->tab, q->u.complete.transfer_id, q->u.complete.reservation_id, now,
                      &rep.u.complete.completed, &rep.u.complete.became_ready);
-        settle_id(s, q->u.complete.transfer_id, rep.u.complete.became_ready);
+        settle_id(s, q->u.complete.transfer_id, rep.u.complete.became_ready, nbytes);
         break;
+    }
     case WIRE_OP_COMPLETE_BATCH: {
         size_t n = q->u.complete_batch.n;
         rep.u.complete_batch.items =
@@ -554,23 +562,24 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
         for (size_t i = 0; i < n; i++) { /* another peer's item: (false, false), counted */
             const wire_complete_req *it = &q->u.complete_batch.items[i];
             wire_complete_result *res = &rep.u.complete_batch.items[i];
-            if (guard_live(s, PG_COMPLETE, it->transfer_id)) continue;
+            uint64_t nbytes;
+            if (guard_live(s, PG_COMPLETE, it->transfer_id, &nbytes)) continue;
             rsv_complete(s->tab, it->transfer_id, it->reservation_id, now, &res->completed,
                          &res->became_ready);
-            settle_id(s, it->transfer_id, res->became_ready);
+            settle_id(s, it->transfer_id, res->became_ready, nbytes);
         }
         break;
     }
     case WIRE_OP_CANCEL: {
         const wire_cancel_req *c = &q->u.cancel;
-        if ((rc = guard_live(s, PG_CANCEL, c->transfer_id))) {
+        if ((rc = guard_live(s, PG_CANCEL, c->transfer_id, NULL))) {
             snprintf(errtext, sizeof errtext, "%s", ect_last_error());
             break;
         }
         rc = rsv_cancel(s->tab, c->transfer_id, c->reservation_id, c->abandon, c->refresh, now,
                         &rep.u.cancelled);
         if (rc) ect_strcpy_cut(errtext, sizeof errtext, ect_last_error());
-        settle_id(s, c->transfer_id, false);
+        settle_id(s, c->transfer_id, false, 0);
         break;
     }
     case WIRE_OP_ECT_STATUS:

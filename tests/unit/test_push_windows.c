@@ -143,8 +143,17 @@ static void complete(ctl_server *s, const char *tid, const char *rid, uint64_t n
     json_decref(call(s, f, now));
 }
 
+/* The items (and bytes) the shard counted as received. */
+static void assert_received(ctl_server *s, uint64_t items) {
+    ctl_counters c;
+    ctl_server_counters(s, &c);
+    assert_int_equal(c.items_in, items);
+    assert_int_equal(c.bytes_in, items * 8);
+}
+
 /* Complete, complete_batch and cancel each close the named item's window
- * and no other; a stale reservation id closes nothing. */
+ * and no other; a stale reservation id closes nothing; each item that
+ * became READY is counted once, with its bytes. */
 static void test_ops_close_their_window(void **state) {
     (void)state;
     ctl_server *s = open_shard();
@@ -168,6 +177,9 @@ static void test_ops_close_their_window(void **state) {
     complete(s, "a", a.rid, 20);
     assert_false(is_open(a.key));
     assert_int_equal(n_open(), 3);
+    assert_received(s, 1);
+    complete(s, "a", a.rid, 21); /* again: READY already, not counted twice */
+    assert_received(s, 1);
 
     complete(s, "b", "stale-id", 20); /* not b's writer: nothing changes */
     assert_true(is_open(b.key));
@@ -182,6 +194,7 @@ static void test_ops_close_their_window(void **state) {
     assert_false(is_open(b.key));
     assert_true(is_open(c.key));
     assert_true(is_open(d.key));
+    assert_received(s, 2);
 
     snprintf(f, sizeof f,
              "{\"op\":\"cancel\",\"transfer_id\":\"c\",\"reservation_id\":\"%s\",\"abandon\":true}",
@@ -190,6 +203,7 @@ static void test_ops_close_their_window(void **state) {
     assert_false(is_open(c.key));
     assert_true(is_open(d.key));
     assert_int_equal(n_open(), 1);
+    assert_received(s, 2);
 
     /* A status op changes nothing. */
     json_decref(call(s, "{\"op\":\"status\",\"transfer_id\":\"d\"}", 40));
