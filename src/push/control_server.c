@@ -246,8 +246,7 @@ static void sweep_windows(ctl_server *s) {
     ctl_window *w, *tmp;
     HASH_ITER(hh, s->wins, w, tmp) {
         rsv_brief st;
-        if (!window_writable(w, rsv_brief_get(s->tab, w->transfer_id, &st), &st))
-            drop_window(s, w);
+        if (!window_writable(w, rsv_brief_get(s->tab, w->transfer_id, &st), &st)) drop_window(s, w);
     }
     rsv_stats rs;
     rsv_get_stats(s->tab, &rs);
@@ -264,8 +263,7 @@ static void close_all_windows(ctl_server *s) {
  * op) is counted and its window closed, with no lookup: it is no longer
  * WRITING. Else a window of transfer_id is closed when its reservation is
  * no longer writable: one lookup, none when it has no window. Under mu. */
-static void settle_id(ctl_server *s, const char *transfer_id, bool became_ready,
-                      uint64_t nbytes) {
+static void settle_id(ctl_server *s, const char *transfer_id, bool became_ready, uint64_t nbytes) {
     ctl_window *w = NULL;
     if (s->wins) HASH_FIND_STR(s->wins, transfer_id, w);
     if (became_ready) {
