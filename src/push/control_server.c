@@ -61,12 +61,17 @@ typedef struct ctl_window {
     char transfer_id[RSV_KEY_MAX + 1];
     char reservation_id[ECT_ID_LEN + 1];
     char key[ECT_XPORT_KEY_MAX];
-    UT_hash_handle hh; /* by transfer_id */
+    UT_hash_handle hh;       /* by transfer_id */
+    struct ctl_window *next; /* on the spare list */
 } ctl_window;
+
+#define SPARE_WINDOWS 64 /* closed windows kept for reuse: no malloc per item */
 
 struct ctl_server {
     ctl_server_opts o;
-    ctl_window *wins; /* guarded by mu */
+    ctl_window *wins;  /* guarded by mu */
+    ctl_window *spare; /* [mu] closed windows for reuse, n_spare of them */
+    size_t n_spare;
     char ip[256], session[WIRE_SESSION_MAX + 1], transport[WIRE_TRANSPORT_MAX + 1];
     char advertise[256];
     /* The peer of the request being handled ("" unknown) and the session
@@ -88,6 +93,7 @@ struct ctl_server {
     refusal rf[RF_N];
     uint64_t seen_expired_ready, seen_expired_writing, seen_abandoned; /* reaper log */
     uint64_t expiry_log_ms;
+    uint64_t swept_expired; /* [mu] the table's expired_writing at the last full sweep */
     atomic_uint_fast64_t bytes_in, items_in, requests; /* metrics */
     ctl_error last_err[CTL_LAST_ERRORS];               /* [mu] newest at last_err_head - 1 */
     size_t last_err_head, last_err_n;                  /* [mu] */
@@ -143,15 +149,6 @@ static void refused(ctl_server *s, int k, const char *text) {
     if (s->last_err_n < CTL_LAST_ERRORS) s->last_err_n++;
 }
 
-/* Counts the bytes of a reservation that just became READY (its writer's
- * complete): the shard's bytes received. Under the lock. */
-static void count_ready(ctl_server *s, const char *transfer_id) {
-    rsv_brief st;
-    if (rsv_brief_get(s->tab, transfer_id, &st) != 0) return;
-    atomic_fetch_add(&s->bytes_in, st.nbytes);
-    atomic_fetch_add(&s->items_in, 1);
-}
-
 static int refusal_class(int rc) {
     switch (rc) {
     case ECT_EFULL: return RF_FULL;
@@ -200,29 +197,96 @@ static void log_expiries(ctl_server *s, uint64_t now) {
     s->expiry_log_ms = now;
 }
 
-/* Closes every window whose reservation is no longer a WRITING writer with
- * the same reservation id. Called with mu held, after every op that may
- * change states and after each reap. */
+/* A window entry: a spare one, else a new one (NULL out of memory). */
+static ctl_window *window_new(ctl_server *s) {
+    ctl_window *w = s->spare;
+    if (!w) return malloc(sizeof *w); /* not calloc: the key alone is 2 KiB, set by the caller */
+    s->spare = w->next;
+    s->n_spare--;
+    return w;
+}
+
+/* Gives w back: kept as a spare up to SPARE_WINDOWS, else freed. */
+static void window_put(ctl_server *s, ctl_window *w) {
+    if (s->n_spare >= SPARE_WINDOWS) {
+        free(w);
+        return;
+    }
+    w->next = s->spare;
+    s->spare = w;
+    s->n_spare++;
+}
+
+static void free_spare_windows(ctl_server *s) {
+    while (s->spare) {
+        ctl_window *w = s->spare;
+        s->spare = w->next;
+        free(w);
+    }
+    s->n_spare = 0;
+}
+
+static void drop_window(ctl_server *s, ctl_window *w) {
+    if (s->o.win_close) s->o.win_close(s->o.win_ctx, w->key);
+    HASH_DEL(s->wins, w);
+    window_put(s, w);
+}
+
+/* True while w's reservation (st, found: rc 0) is still the WRITING writer
+ * with the reservation id the window was opened for. */
+static bool window_writable(const ctl_window *w, int found, const rsv_brief *st) {
+    return found == 0 && st->state == RSV_WRITING && st->writer &&
+           strcmp(st->reservation_id, w->reservation_id) == 0;
+}
+
+/* Closes every window whose reservation is no longer writable. Under mu;
+ * after each reap and whenever the table expired writers on its own (its
+ * reserve reaps too): notes the expiry count it has seen. */
 static void sweep_windows(ctl_server *s) {
     ctl_window *w, *tmp;
     HASH_ITER(hh, s->wins, w, tmp) {
         rsv_brief st;
-        if (rsv_brief_get(s->tab, w->transfer_id, &st) == 0 && st.state == RSV_WRITING &&
-            st.writer && strcmp(st.reservation_id, w->reservation_id) == 0)
-            continue;
-        s->o.win_close(s->o.win_ctx, w->key);
-        HASH_DEL(s->wins, w);
-        free(w);
+        if (!window_writable(w, rsv_brief_get(s->tab, w->transfer_id, &st), &st)) drop_window(s, w);
     }
+    rsv_stats rs;
+    rsv_get_stats(s->tab, &rs);
+    s->swept_expired = rs.expired_writing;
 }
 
 static void close_all_windows(ctl_server *s) {
     ctl_window *w, *tmp;
-    HASH_ITER(hh, s->wins, w, tmp) {
-        if (s->o.win_close) s->o.win_close(s->o.win_ctx, w->key);
-        HASH_DEL(s->wins, w);
-        free(w);
+    HASH_ITER(hh, s->wins, w, tmp) drop_window(s, w);
+}
+
+/* What a request did to transfer_id, once the table answered. A writer
+ * that became READY (nbytes: its size, from the guard's lookup before the
+ * op) is counted and its window closed, with no lookup: it is no longer
+ * WRITING. Else a window of transfer_id is closed when its reservation is
+ * no longer writable: one lookup, none when it has no window. Under mu. */
+static void settle_id(ctl_server *s, const char *transfer_id, bool became_ready, uint64_t nbytes) {
+    ctl_window *w = NULL;
+    if (s->wins) HASH_FIND_STR(s->wins, transfer_id, w);
+    if (became_ready) {
+        atomic_fetch_add(&s->bytes_in, nbytes);
+        atomic_fetch_add(&s->items_in, 1);
+        if (w) drop_window(s, w);
+        return;
     }
+    rsv_brief st;
+    if (w && !window_writable(w, rsv_brief_get(s->tab, transfer_id, &st), &st)) drop_window(s, w);
+}
+
+/* After a request that may have changed states: a writer leaves WRITING
+ * only by an op naming it (settle_id) or by the table's reaper, which
+ * counts it (expired_writing): a count moved since the last sweep sweeps
+ * every window, so a window lives exactly while its reservation is
+ * writable, with table lookups per named item rather than per request and
+ * open window. Under mu. */
+static void settle_expired(ctl_server *s) {
+    if (!s->wins) return;
+    rsv_stats rs;
+    rsv_get_stats(s->tab, &rs);
+    if (rs.expired_writing != s->swept_expired) sweep_windows(s);
 }
 
 /* Opens the window of a reservation told to write; *key points at its key.
@@ -234,13 +298,9 @@ static int open_window(ctl_server *s, const char *transfer_id, const rsv_reply *
     if (!s->o.win_open) return 0;
     ctl_window *w;
     HASH_FIND_STR(s->wins, transfer_id, w);
-    if (w) { /* a stale entry (the op sweep has not run yet): replace it */
-        s->o.win_close(s->o.win_ctx, w->key);
-        HASH_DEL(s->wins, w);
-        free(w);
-    }
+    if (w) drop_window(s, w); /* a stale entry: replace it */
     int rc = ECT_ENOMEM;
-    if ((w = malloc(sizeof *w))) { /* not calloc: the key alone is 2 KiB, set below */
+    if ((w = window_new(s))) {
         memset(&w->hh, 0, sizeof w->hh);
         w->key[0] = '\0';
         ect_strcpy_cut(w->transfer_id, sizeof w->transfer_id, transfer_id);
@@ -250,7 +310,7 @@ static int open_window(ctl_server *s, const char *transfer_id, const rsv_reply *
     if (rc) {
         char why[300];
         ect_strcpy_cut(why, sizeof why, w ? ect_last_error() : "out of memory");
-        free(w);
+        if (w) window_put(s, w);
         bool cancelled;
         (void)rsv_cancel(s->tab, transfer_id, rep->reservation_id, true, false, now, &cancelled);
         return ect_set_error(rc == ECT_ENOMEM ? ECT_ENOMEM : ECT_EFULL,
@@ -265,11 +325,14 @@ static int open_window(ctl_server *s, const char *transfer_id, const rsv_reply *
 
 /* ECT_EACCES (with the reply's text set) when transfer_id names a live
  * reservation of another peer that this request's peer may not `act` on;
- * else 0 (unknown ids and tombstones: no owner to protect). Under the lock. */
-static int guard_live(ctl_server *s, pg_act act, const char *transfer_id) {
+ * else 0 (unknown ids and tombstones: no owner to protect). *nbytes (when
+ * not NULL): the reservation's size, 0 unknown. Under the lock. */
+static int guard_live(ctl_server *s, pg_act act, const char *transfer_id, uint64_t *nbytes) {
     rsv_brief st;
-    if (rsv_brief_get(s->tab, transfer_id, &st) != 0 || st.state == RSV_CANCELLED ||
-        st.state == RSV_EXPIRED || pg_allow(s->guard, act, s->who, st.owner, transfer_id))
+    int found = rsv_brief_get(s->tab, transfer_id, &st);
+    if (nbytes) *nbytes = found == 0 ? st.nbytes : 0;
+    if (found != 0 || st.state == RSV_CANCELLED || st.state == RSV_EXPIRED ||
+        pg_allow(s->guard, act, s->who, st.owner, transfer_id))
         return 0;
     if (act == PG_RESERVE)
         return ect_set_error(ECT_EEXIST,
@@ -290,7 +353,7 @@ static int do_reserve(ctl_server *s, const wire_reserve_req *r, uint64_t now,
     q.owner = s->who;
     rsv_reply rep;
     memset(res, 0, sizeof *res);
-    int rc = guard_live(s, PG_RESERVE, r->transfer_id);
+    int rc = guard_live(s, PG_RESERVE, r->transfer_id, NULL);
     if (!rc) rc = rsv_reserve(s->tab, &q, now, &rep);
     if (rc) {
         refused(s, refusal_class(rc), ect_last_error());
@@ -320,6 +383,7 @@ static int do_reserve(ctl_server *s, const wire_reserve_req *r, uint64_t now,
         if (rep.write)
             (void)rsv_cancel(s->tab, r->transfer_id, rep.reservation_id, true, false, now,
                              &cancelled);
+        settle_id(s, r->transfer_id, false, 0);
         return ect_set_error(ECT_ENOMEM, "EC consumer out of memory");
     }
     ect_strcpy_cut(res->reservation_id, sizeof res->reservation_id, rep.reservation_id);
@@ -476,41 +540,44 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
         }
         break;
     }
-    case WIRE_OP_COMPLETE:
-        if ((rc = guard_live(s, PG_COMPLETE, q->u.complete.transfer_id))) {
+    case WIRE_OP_COMPLETE: {
+        uint64_t nbytes;
+        if ((rc = guard_live(s, PG_COMPLETE, q->u.complete.transfer_id, &nbytes))) {
             snprintf(errtext, sizeof errtext, "%s", ect_last_error());
             break;
         }
         rsv_complete(s->tab, q->u.complete.transfer_id, q->u.complete.reservation_id, now,
                      &rep.u.complete.completed, &rep.u.complete.became_ready);
-        if (rep.u.complete.became_ready) count_ready(s, q->u.complete.transfer_id);
+        settle_id(s, q->u.complete.transfer_id, rep.u.complete.became_ready, nbytes);
         break;
+    }
     case WIRE_OP_COMPLETE_BATCH: {
         size_t n = q->u.complete_batch.n;
         rep.u.complete_batch.items =
             reply_items(n, sizeof *rep.u.complete_batch.items, &rc, errtext);
         if (!rep.u.complete_batch.items) break;
         rep.u.complete_batch.n = n;
-        for (size_t i = 0; i < n; i++) /* another peer's item: (false, false), counted */
-            if (!guard_live(s, PG_COMPLETE, q->u.complete_batch.items[i].transfer_id))
-                rsv_complete(s->tab, q->u.complete_batch.items[i].transfer_id,
-                             q->u.complete_batch.items[i].reservation_id, now,
-                             &rep.u.complete_batch.items[i].completed,
-                             &rep.u.complete_batch.items[i].became_ready);
-        for (size_t i = 0; i < n; i++)
-            if (rep.u.complete_batch.items[i].became_ready)
-                count_ready(s, q->u.complete_batch.items[i].transfer_id);
+        for (size_t i = 0; i < n; i++) { /* another peer's item: (false, false), counted */
+            const wire_complete_req *it = &q->u.complete_batch.items[i];
+            wire_complete_result *res = &rep.u.complete_batch.items[i];
+            uint64_t nbytes;
+            if (guard_live(s, PG_COMPLETE, it->transfer_id, &nbytes)) continue;
+            rsv_complete(s->tab, it->transfer_id, it->reservation_id, now, &res->completed,
+                         &res->became_ready);
+            settle_id(s, it->transfer_id, res->became_ready, nbytes);
+        }
         break;
     }
     case WIRE_OP_CANCEL: {
         const wire_cancel_req *c = &q->u.cancel;
-        if ((rc = guard_live(s, PG_CANCEL, c->transfer_id))) {
+        if ((rc = guard_live(s, PG_CANCEL, c->transfer_id, NULL))) {
             snprintf(errtext, sizeof errtext, "%s", ect_last_error());
             break;
         }
         rc = rsv_cancel(s->tab, c->transfer_id, c->reservation_id, c->abandon, c->refresh, now,
                         &rep.u.cancelled);
         if (rc) ect_strcpy_cut(errtext, sizeof errtext, ect_last_error());
+        settle_id(s, c->transfer_id, false, 0);
         break;
     }
     case WIRE_OP_ECT_STATUS:
@@ -521,8 +588,7 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
         snprintf(errtext, sizeof errtext, "unknown control op: '%d'", (int)q->op);
         break;
     }
-    if (s->wins && q->op != WIRE_OP_STATUS && q->op != WIRE_OP_EVENT_PORT && q->op != WIRE_OP_PEERS)
-        sweep_windows(s);
+    settle_expired(s);
     pthread_mutex_unlock(&s->mu);
     if (q->op == WIRE_OP_RESERVE || q->op == WIRE_OP_RESERVE_BATCH) log_refusals(s, now);
     int erc;
@@ -850,6 +916,7 @@ void ctl_server_stop(ctl_server *s) {
     s->rep = s->push = NULL;
     pthread_mutex_lock(&s->mu);
     close_all_windows(s);
+    free_spare_windows(s);
     pthread_mutex_unlock(&s->mu);
 }
 
