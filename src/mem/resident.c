@@ -22,6 +22,7 @@ static _Thread_local int hash_oom;
 #include <utlist.h>
 
 #include "mem/resident.h"
+#include "util/spares.h"
 #include "util/util.h"
 #include "wire/dtype.h"
 
@@ -48,8 +49,7 @@ struct resident_cache {
     rentry *by_off;
     rentry *lru; /* head = least recently used */
     uint64_t bytes, leased, unleased_bytes, reclaimed;
-    rentry *spare; /* freed entries kept for the next puts (at most SPARE_ENTRIES) */
-    size_t n_spare;
+    ect_spares spare; /* freed entries kept for the next puts (at most SPARE_ENTRIES) */
 };
 
 /* Freed entries kept for reuse: a put per item then costs no malloc. */
@@ -57,29 +57,20 @@ struct resident_cache {
 
 /* A zeroed entry, from the spares when there is one. */
 static rentry *entry_new(resident_cache *c) {
-    rentry *e = c->spare;
+    rentry *e = ect_spares_get(&c->spare);
     if (!e) return calloc(1, sizeof *e);
-    c->spare = e->next;
-    c->n_spare--;
     memset(e, 0, sizeof *e);
     return e;
 }
 
 /* e (in no table, on no list) goes to the spares or is freed. */
-static void entry_free(resident_cache *c, rentry *e) {
-    if (c->n_spare >= SPARE_ENTRIES) {
-        free(e);
-        return;
-    }
-    e->next = c->spare;
-    c->spare = e;
-    c->n_spare++;
-}
+static void entry_free(resident_cache *c, rentry *e) { ect_spares_put(&c->spare, e); }
 
 int resident_create(alloc *a, resident_cache **out) {
     *out = calloc(1, sizeof **out);
     if (!*out) return ect_set_error(ECT_ENOMEM, "resident cache: out of memory");
     (*out)->a = a;
+    (*out)->spare = ECT_SPARES_INIT(rentry, next, SPARE_ENTRIES);
     return 0;
 }
 
@@ -97,10 +88,7 @@ void resident_destroy(resident_cache *c) {
         HASH_DELETE(hh_off, c->by_off, e);
         free(e);
     }
-    while ((e = c->spare)) {
-        c->spare = e->next;
-        free(e);
-    }
+    ect_spares_clear(&c->spare);
     free(c);
 }
 

@@ -30,6 +30,7 @@
 #include <zmq.h>
 
 #include "util/hostport.h"
+#include "util/spares.h"
 #include "util/util.h"
 #include "util/zauth.h"
 #include "wire/control_msg.h"
@@ -69,9 +70,8 @@ typedef struct ctl_window {
 
 struct ctl_server {
     ctl_server_opts o;
-    ctl_window *wins;  /* guarded by mu */
-    ctl_window *spare; /* [mu] closed windows for reuse, n_spare of them */
-    size_t n_spare;
+    ctl_window *wins; /* guarded by mu */
+    ect_spares spare; /* [mu] closed windows for reuse */
     char ip[256], session[WIRE_SESSION_MAX + 1], transport[WIRE_TRANSPORT_MAX + 1];
     char advertise[256];
     /* The peer of the request being handled ("" unknown) and the session
@@ -199,32 +199,12 @@ static void log_expiries(ctl_server *s, uint64_t now) {
 
 /* A window entry: a spare one, else a new one (NULL out of memory). */
 static ctl_window *window_new(ctl_server *s) {
-    ctl_window *w = s->spare;
-    if (!w) return malloc(sizeof *w); /* not calloc: the key alone is 2 KiB, set by the caller */
-    s->spare = w->next;
-    s->n_spare--;
-    return w;
+    ctl_window *w = ect_spares_get(&s->spare);
+    return w ? w : malloc(sizeof *w); /* not calloc: the key alone is 2 KiB, set by the caller */
 }
 
 /* Gives w back: kept as a spare up to SPARE_WINDOWS, else freed. */
-static void window_put(ctl_server *s, ctl_window *w) {
-    if (s->n_spare >= SPARE_WINDOWS) {
-        free(w);
-        return;
-    }
-    w->next = s->spare;
-    s->spare = w;
-    s->n_spare++;
-}
-
-static void free_spare_windows(ctl_server *s) {
-    while (s->spare) {
-        ctl_window *w = s->spare;
-        s->spare = w->next;
-        free(w);
-    }
-    s->n_spare = 0;
-}
+static void window_put(ctl_server *s, ctl_window *w) { ect_spares_put(&s->spare, w); }
 
 static void drop_window(ctl_server *s, ctl_window *w) {
     if (s->o.win_close) s->o.win_close(s->o.win_ctx, w->key);
@@ -843,6 +823,7 @@ int ctl_server_open(void *zctx, const ctl_server_opts *o, ctl_server **out) {
     ctl_server *s = calloc(1, sizeof *s);
     if (!s) return ect_set_error(ECT_ENOMEM, "control server: out of memory");
     s->o = *o;
+    s->spare = ECT_SPARES_INIT(ctl_window, next, SPARE_WINDOWS);
     ect_strcpy_cut(s->ip, sizeof s->ip, o->ip);
     s->o.ip = s->ip;
     ect_strcpy_cut(s->session, sizeof s->session, o->dst_session);
@@ -916,7 +897,7 @@ void ctl_server_stop(ctl_server *s) {
     s->rep = s->push = NULL;
     pthread_mutex_lock(&s->mu);
     close_all_windows(s);
-    free_spare_windows(s);
+    ect_spares_clear(&s->spare);
     pthread_mutex_unlock(&s->mu);
 }
 

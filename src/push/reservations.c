@@ -61,6 +61,7 @@ static _Thread_local int hash_oom;
 #include "mem/pool.h"
 #include "mem/resident.h"
 #include "util/idtab.h"
+#include "util/spares.h"
 
 #include <utlist.h>
 
@@ -136,10 +137,8 @@ struct rsv_table {
     resident_cache *cache; /* published buffers (mem/resident) */
     rsv_buf *orphans, *all;
     ev_node *events;
-    ev_node *spare_events; /* popped nodes kept for the next events (at most SPARE_EVENTS) */
-    size_t n_spare;
-    rsv_buf *spare_bufs; /* freed buffer records kept for the next reserves (all_next links) */
-    size_t n_spare_bufs;
+    ect_spares spare_events; /* popped nodes kept for the next events */
+    ect_spares spare_bufs;   /* freed buffer records kept for the next reserves */
     rsv_stats st;
 };
 
@@ -196,6 +195,8 @@ int rsv_open(const rsv_opts *o, rsv_table **out) {
     rsv_table *t = calloc(1, sizeof *t);
     if (!t) return ect_set_error(ECT_ENOMEM, "reservation table: out of memory");
     t->o = *o;
+    t->spare_events = ECT_SPARES_INIT(ev_node, next, SPARE_EVENTS);
+    t->spare_bufs = ECT_SPARES_INIT(rsv_buf, all_next, SPARE_BUFS);
     if (resident_create(NULL, &t->cache)) {
         free(t);
         return ECT_ENOMEM;
@@ -227,10 +228,9 @@ static int list_of(rsv_state s) {
  * per-thread cache and took the arena's slow path every time. */
 static rsv_buf *buf_alloc(rsv_table *t, const char *mm_hash) {
     size_t lm = strlen(mm_hash);
-    rsv_buf *b = t->spare_bufs;
+    rsv_buf *b = ect_spares_peek(&t->spare_bufs);
     if (b && b->hash_cap > lm) {
-        t->spare_bufs = b->all_next;
-        t->n_spare_bufs--;
+        ect_spares_get(&t->spare_bufs);
         size_t cap = b->hash_cap;
         memset(b, 0, sizeof *b);
         b->hash_cap = cap;
@@ -245,15 +245,7 @@ static rsv_buf *buf_alloc(rsv_table *t, const char *mm_hash) {
 }
 
 /* A buffer record (on no list, in no index) to the spares, or freed. */
-static void buf_release(rsv_table *t, rsv_buf *b) {
-    if (t->n_spare_bufs >= SPARE_BUFS) {
-        free(b);
-        return;
-    }
-    b->all_next = t->spare_bufs;
-    t->spare_bufs = b;
-    t->n_spare_bufs++;
-}
+static void buf_release(rsv_table *t, rsv_buf *b) { ect_spares_put(&t->spare_bufs, b); }
 
 /* Frees b and its memory; a published one leaves the cache (unheld, or
  * reclaimed from it already). */
@@ -358,10 +350,7 @@ static void queue_event(rsv_table *t, const rsv_entry *e, rsv_event_kind kind) {
         DL_DELETE(t->events, n);
         t->st.events--;
         t->st.events_dropped++;
-    } else if ((n = t->spare_events)) {
-        t->spare_events = n->next;
-        t->n_spare--;
-    } else if (!(n = malloc(sizeof *n))) {
+    } else if (!(n = ect_spares_get(&t->spare_events)) && !(n = malloc(sizeof *n))) {
         ECT_LOGE_ID(MOD, e->transfer_id, NULL, "out of memory queueing an event for transfer_id=%s",
                     e->transfer_id);
         t->st.events_dropped++;
@@ -379,13 +368,7 @@ void rsv_event_pop(rsv_table *t) {
     if (!n) return;
     DL_DELETE(t->events, n);
     t->st.events--;
-    if (t->n_spare >= SPARE_EVENTS) {
-        free(n);
-        return;
-    }
-    n->next = t->spare_events; /* the next queue_event takes it: no malloc per event */
-    t->spare_events = n;
-    t->n_spare++;
+    ect_spares_put(&t->spare_events, n); /* the next queue_event takes it: no malloc per event */
 }
 
 /* ---- entries */
@@ -972,14 +955,8 @@ void rsv_close(rsv_table *t) {
     }
     ev_node *n, *ntmp;
     DL_FOREACH_SAFE(t->events, n, ntmp) free(n);
-    while ((n = t->spare_events)) {
-        t->spare_events = n->next;
-        free(n);
-    }
-    while ((b = t->spare_bufs)) {
-        t->spare_bufs = b->all_next;
-        free(b);
-    }
+    ect_spares_clear(&t->spare_events);
+    ect_spares_clear(&t->spare_bufs);
     free(t);
 }
 
