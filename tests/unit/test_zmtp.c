@@ -88,21 +88,27 @@ static void flush_out(zmtp_conn *c, int fd) {
     }
 }
 
-/* Drives c on fd (sending what it queues, feeding what arrives, every byte
- * kept in *seen when not NULL) until a whole message is there. */
+/* Waits for bytes on fd and feeds them to c (every byte kept in *seen when
+ * not NULL). */
+static void feed_next(zmtp_conn *c, int fd, bytes *seen) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    assert_int_equal(poll(&p, 1, WAIT_MS), 1);
+    uint8_t buf[4096];
+    ssize_t r = read(fd, buf, sizeof buf);
+    assert_true(r > 0);
+    if (seen) bytes_add(seen, buf, (size_t)r);
+    assert_int_equal(zmtp_conn_feed(c, buf, (size_t)r), 0);
+}
+
+/* Drives c on fd (sending what it queues, feeding what arrives) until a
+ * whole message is there. */
 static void pump_until_msg(zmtp_conn *c, int fd, zmtp_msg *m, bytes *seen) {
     for (;;) {
         flush_out(c, fd);
         int rc = zmtp_conn_next(c, m);
         assert_true(rc >= 0);
         if (rc == 1) return;
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        assert_int_equal(poll(&p, 1, WAIT_MS), 1);
-        uint8_t buf[4096];
-        ssize_t r = read(fd, buf, sizeof buf);
-        assert_true(r > 0);
-        if (seen) bytes_add(seen, buf, (size_t)r);
-        assert_int_equal(zmtp_conn_feed(c, buf, (size_t)r), 0);
+        feed_next(c, fd, seen);
     }
 }
 
@@ -110,13 +116,7 @@ static void pump_until_msg(zmtp_conn *c, int fd, zmtp_msg *m, bytes *seen) {
 static void pump_until_ready(zmtp_conn *c, int fd, bytes *seen) {
     while (!zmtp_conn_ready(c)) {
         flush_out(c, fd);
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        assert_int_equal(poll(&p, 1, WAIT_MS), 1);
-        uint8_t buf[4096];
-        ssize_t r = read(fd, buf, sizeof buf);
-        assert_true(r > 0);
-        if (seen) bytes_add(seen, buf, (size_t)r);
-        assert_int_equal(zmtp_conn_feed(c, buf, (size_t)r), 0);
+        feed_next(c, fd, seen);
     }
 }
 
