@@ -284,41 +284,14 @@ static int take_conn(ect_xport *x, xp_peer *p, shm_conn **out) {
     return 0;
 }
 
-static int cmp_map_base(const void *a, const void *b) {
-    uintptr_t x = (uintptr_t)(*(shm_map *const *)a)->base;
-    uintptr_t y = (uintptr_t)(*(shm_map *const *)b)->base;
-    return x < y ? -1 : x > y;
-}
-
-/* Unmaps what a chunk retired and did not reuse: mappings that lie next to
- * each other in the address space (the kernel often places consecutive
- * mmaps so) go in one munmap of exactly their union, one page-table walk
- * and TLB flush instead of one per window; nothing beyond them is touched.
- * Out of memory for the sort: one munmap each, as before. */
+/* Unmaps what a chunk retired and did not reuse. */
 static void retired_free(shm_map *r) {
-    size_t n = 0;
-    for (shm_map *m = r; m; m = m->next) n++;
-    shm_map **v = n > 1 ? malloc(n * sizeof *v) : NULL;
-    if (!v) {
-        while (r) {
-            shm_map *nx = r->next;
-            munmap(r->base, r->maplen);
-            free(r);
-            r = nx;
-        }
-        return;
+    while (r) {
+        shm_map *nx = r->next;
+        munmap(r->base, r->maplen);
+        free(r);
+        r = nx;
     }
-    n = 0;
-    for (shm_map *m = r; m; m = m->next) v[n++] = m;
-    qsort(v, n, sizeof *v, cmp_map_base);
-    for (size_t i = 0; i < n;) {
-        uint8_t *b = v[i]->base, *e = b + v[i]->maplen;
-        size_t j = i + 1;
-        while (j < n && v[j]->base == e) e += v[j++]->maplen;
-        munmap(b, (size_t)(e - b));
-        for (; i < j; i++) free(v[i]);
-    }
-    free(v);
 }
 
 /* Maps a granted host region from memory file f: exactly the pages that
