@@ -49,6 +49,11 @@ int cli_json_real(char *buf, size_t cap, double v) {
     return (int)len;
 }
 
+/* How the item ended, the line's "state". */
+static const char *push_state(const ect_push_result *r) {
+    return r->status == 0 ? "done" : r->status == ECT_ECANCELED ? "cancelled" : "failed";
+}
+
 /* The line through jansson (malloc'd; NULL when out of memory). */
 static char *push_line_jansson(const cli_push_line *p) {
     json_t *o = json_object();
@@ -61,7 +66,7 @@ static char *push_line_jansson(const cli_push_line *p) {
     json_object_set_new(o, "checksum", json_string(ck));
     /* status: "ok" or the error text, as every command says it; state: how
      * the item ended; error: the error text again (kept for older parsers) */
-    const char *st = r->status == 0 ? "done" : r->status == ECT_ECANCELED ? "cancelled" : "failed";
+    const char *st = push_state(r);
     json_object_set_new(o, "status", json_string(r->status ? r->error : "ok"));
     json_object_set_new(o, "state", json_string(st));
     if (r->status) json_object_set_new(o, "error", json_string(r->error));
@@ -83,7 +88,7 @@ static bool push_line_direct(const cli_push_line *p, char *buf, size_t cap) {
         !cli_json_plain(r->transport) || (r->status && !cli_json_plain(r->error)) ||
         cli_json_real(lat, sizeof lat, (double)r->latency_ns / 1e6) < 0)
         return false;
-    const char *st = r->status == 0 ? "done" : r->status == ECT_ECANCELED ? "cancelled" : "failed";
+    const char *st = push_state(r);
     int n = snprintf(
         buf, cap,
         "{\"transfer_id\":\"%s\",\"mm_hash\":\"%s\",\"nbytes\":%lld,\"checksum\":\"%016" PRIx64
