@@ -12,8 +12,9 @@
  * populated mmap (map_region). A dropped mapping that no window of its
  * GRANT takes over is parked with PROT_NONE instead of unmapped (a stray
  * write through it faults as through an unmapped address), at most
- * SHM_PARK_MAPS of them and SHM_PARK_BYTES per connection, oldest released
- * first, and only while the connection holds the pool's file: a later
+ * SHM_PARK_MAPS of them and SHM_PARK_BYTES per connection (oldest released
+ * first) and SHM_PARK_PROCESS in the process, and only while the connection
+ * holds the pool's file: a later
  * window whose pages start where a parked mapping's do revives it
  * (mprotect read-write, trimmed to the window's pages) instead of a
  * populated mmap, and its drop later is an mprotect instead of an munmap.
@@ -125,7 +126,26 @@ static bool file_held(const shm_conn *c, uint64_t dev, uint64_t ino) {
     return false;
 }
 
+/* Every connection's parked mappings, at most SHM_PARK_PROCESS (each is a
+ * VMA: many cached connections must not run into vm.max_map_count). */
+static size_t parked_in_process;
+
+static void park_count_down(void) { __atomic_sub_fetch(&parked_in_process, 1, __ATOMIC_RELAXED); }
+
+static bool park_count_up(void) {
+    if (__atomic_add_fetch(&parked_in_process, 1, __ATOMIC_RELAXED) <= SHM_PARK_PROCESS)
+        return true;
+    park_count_down();
+    return false;
+}
+
+static void unmap_free(shm_map *m) {
+    munmap(m->base, m->maplen);
+    free(m);
+}
+
 static void park_remove(shm_conn *c, shm_map *m) {
+    park_count_down();
     HASH_DELETE(hh_park, c->parked, m);
     DL_DELETE(c->park_order, m);
     c->nparked--;
@@ -135,20 +155,21 @@ static void park_remove(shm_conn *c, shm_map *m) {
 
 static void park_release(shm_conn *c, shm_map *m) {
     park_remove(c, m);
-    munmap(m->base, m->maplen);
-    free(m);
+    unmap_free(m);
 }
 
 /* Parks a retired host mapping that nothing took over: PROT_NONE, kept for
  * a later window on its pages, the oldest parked ones released beyond the
- * bounds. Unmapped instead when its file is not held (a window of a file
- * the target did not number, or of a pool already gone) or when mprotect
+ * connection's bounds. Unmapped instead when its file is not held (a window
+ * of a file the target did not number, or of a pool already gone), when
+ * the process holds SHM_PARK_PROCESS parked mappings, or when mprotect
  * fails. */
 static void park(shm_conn *c, shm_map *m) {
-    if (!file_held(c, m->at.fdev, m->at.ino) || m->maplen > SHM_PARK_BYTES ||
-        mprotect(m->base, m->maplen, PROT_NONE) != 0) {
-        munmap(m->base, m->maplen);
-        free(m);
+    bool counted =
+        file_held(c, m->at.fdev, m->at.ino) && m->maplen <= SHM_PARK_BYTES && park_count_up();
+    if (!counted || mprotect(m->base, m->maplen, PROT_NONE) != 0) {
+        if (counted) park_count_down();
+        unmap_free(m);
         return;
     }
     shm_map *old;
@@ -177,8 +198,7 @@ static shm_map *park_take(shm_conn *c, const shm_at *at, size_t ml) {
     if (m->maplen > ml) munmap(m->base + ml, m->maplen - ml);
     m->maplen = ml;
     if (mprotect(m->base, ml, PROT_READ | PROT_WRITE) != 0) {
-        munmap(m->base, ml);
-        free(m);
+        unmap_free(m);
         return NULL;
     }
     return m;

@@ -1225,6 +1225,29 @@ static void test_shm_parked_windows(void **state) {
     ect_xport_close(t);
 }
 
+/* shm: parked mappings are bounded in the process too (SHM_PARK_PROCESS):
+ * enough connections (one per initiator) that each parks SHM_PARK_MAPS
+ * hold no more than that between them; closing them unmaps all. */
+static void test_shm_parked_process_bound(void **state) {
+    (void)state;
+    enum { N = SHM_PARK_PROCESS / SHM_PARK_MAPS + 1 };
+    ect_xport *t = open_kind("shm"), *in[N];
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), below = 64 * pg;
+    region r;
+    private_region_open(t, (SHM_PARK_MAPS + 64) * pg, &r);
+    for (int j = 0; j < N; j++) {
+        in[j] = open_kind("shm");
+        for (size_t k = 0; k <= SHM_PARK_MAPS; k++)
+            write_window(t, in[j], &r, (k + 1) * pg, pg, (uint8_t)j);
+    }
+    /* in pages: neighbours in the address space and the file may merge */
+    assert_int_equal(parked_maps(below).total, SHM_PARK_PROCESS * pg);
+    for (int j = 0; j < N; j++) ect_xport_close(in[j]);
+    assert_int_equal(parked_maps(below).n, 0);
+    test_region_close(t, &r);
+    ect_xport_close(t);
+}
+
 /* A peer that stalls mid-frame is dropped after io_timeout_ms. */
 static void test_tcp_stall(void **state) {
     (void)state;
@@ -1306,6 +1329,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_shm_window_reuse),
         cmocka_unit_test(test_shm_file_once),
         cmocka_unit_test(test_shm_parked_windows),
+        cmocka_unit_test(test_shm_parked_process_bound),
         cmocka_unit_test(test_tcp_stall),
         cmocka_unit_test(test_tcp_nodelay),
         KIND_TESTS("tcp"),
