@@ -14,13 +14,14 @@
  * write through it faults as through an unmapped address), at most
  * SHM_PARK_MAPS of them and SHM_PARK_BYTES per connection (oldest released
  * first) and SHM_PARK_PROCESS in the process, and only while the connection
- * holds the pool's file: a later
- * window whose pages start where a parked mapping's do revives it
- * (mprotect read-write, trimmed to the window's pages) instead of a
- * populated mmap, and its drop later is an mprotect instead of an munmap.
- * So no writable mapping lies outside a live window. A file drop and the
- * connection's close unmap the file's parked mappings. A CUDA device region arrives as its IPC handle
- * instead, which the connection opens once (mem/cuda.c counts opens of one
+ * holds the pool's file: a later window whose pages start where a parked
+ * mapping's do revives it (mprotect read-write, trimmed to the window's
+ * pages) instead of a populated mmap, and its drop later is an mprotect
+ * instead of an munmap. So no writable mapping lies outside a live window.
+ * A file drop and the connection's close unmap the file's parked mappings.
+ *
+ * A CUDA device region arrives as its IPC handle instead, which the
+ * connection opens once (mem/cuda.c counts opens of one
  * handle); its copies go through the driver: device-to-device from a device
  * source, host-to-device from a host one, waited for before the write counts
  * as landed. A target in the initiator's own process (the handle carries a
@@ -211,8 +212,9 @@ static void file_close(shm_conn *c, uint32_t num) {
     shm_file *f = file_find(c, num);
     if (!f) return;
     shm_map *m, *tmp;
-    DL_FOREACH_SAFE(c->park_order, m, tmp)
-    if (m->at.fdev == f->dev && m->at.ino == f->ino) park_release(c, m);
+    DL_FOREACH_SAFE(c->park_order, m, tmp) {
+        if (m->at.fdev == f->dev && m->at.ino == f->ino) park_release(c, m);
+    }
     close(f->fd);
     *f = c->files[--c->nfiles];
 }
@@ -427,12 +429,11 @@ static shm_map *retired_take(shm_map **retired, const shm_at *at, size_t ml) {
 }
 
 /* A fresh populated read-write mapping of ml bytes of f at at->aoff. */
-static int map_fresh(const shm_file *f, const shm_at *at, size_t ml, uint64_t rid,
-                     shm_map **out) {
+static int map_fresh(const shm_file *f, const shm_at *at, size_t ml, uint64_t rid, shm_map **out) {
     /* Populated at once: one kernel pass instead of a fault per page during
      * the copy (each new window is a fresh mapping). */
-    void *b = mmap(NULL, ml, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, f->fd,
-                   (off_t)at->aoff);
+    void *b =
+        mmap(NULL, ml, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, f->fd, (off_t)at->aoff);
     if (b == MAP_FAILED) return ect_set_errno(errno, "shm: mmap of region %" PRIu64, rid);
     shm_map *m = calloc(1, sizeof *m);
     if (!m) {

@@ -17,7 +17,9 @@
  *
  *   shm_map_cost [WINDOWS [ROUNDS [SIBLING]]]     (default 128 200 0)
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
