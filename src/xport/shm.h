@@ -68,6 +68,12 @@ int shm_target_reg(ect_xport *x, xp_region *r);
 void shm_target_unreg(ect_xport *x, xp_region *r);
 
 /* ---- shm_initiator.c */
+/* A dropped window's mapping is parked PROT_NONE for a later window on its
+ * pages: at most this many per connection, and this many bytes, and this
+ * many in the process. */
+#define SHM_PARK_MAPS 256
+#define SHM_PARK_BYTES (64ull << 20)
+#define SHM_PARK_PROCESS 4096
 extern const xp_conn_ops shm_conn_ops;
 int shm_write_batch(ect_xport *x, const char *session, const ect_write *w, size_t n, int *st);
 

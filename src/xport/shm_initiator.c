@@ -9,8 +9,19 @@
  * (one per reservation): when a GRANT drops a closed window and grants a new
  * one on the same pages (or some of them), the new window takes over the old
  * mapping, trimmed to its own pages, instead of an munmap and a fresh
- * populated mmap (map_region). A CUDA device region arrives as its IPC handle
- * instead, which the connection opens once (mem/cuda.c counts opens of one
+ * populated mmap (map_region). A dropped mapping that no window of its
+ * GRANT takes over is parked with PROT_NONE instead of unmapped (a stray
+ * write through it faults as through an unmapped address), at most
+ * SHM_PARK_MAPS of them and SHM_PARK_BYTES per connection (oldest released
+ * first) and SHM_PARK_PROCESS in the process, and only while the connection
+ * holds the pool's file: a later window whose pages start where a parked
+ * mapping's do revives it (mprotect read-write, trimmed to the window's
+ * pages) instead of a populated mmap, and its drop later is an mprotect
+ * instead of an munmap. So no writable mapping lies outside a live window.
+ * A file drop and the connection's close unmap the file's parked mappings.
+ *
+ * A CUDA device region arrives as its IPC handle instead, which the
+ * connection opens once (mem/cuda.c counts opens of one
  * handle); its copies go through the driver: device-to-device from a device
  * source, host-to-device from a host one, waited for before the write counts
  * as landed. A target in the initiator's own process (the handle carries a
@@ -38,12 +49,19 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
+#include <utlist.h>
 
 #include "mem/cuda.h"
 #include "mem/memkind.h"
 #include "util/util.h"
 #include "xport/auth.h"
 #include "xport/shm.h"
+
+/* Where a host mapping lies: its memory file and its page-aligned offset
+ * in it (a parked mapping's key; three u64, no padding). */
+typedef struct shm_at {
+    uint64_t fdev, ino, aoff;
+} shm_at;
 
 typedef struct shm_map {
     uint64_t rid;   /* target's region id */
@@ -56,11 +74,11 @@ typedef struct shm_map {
     void *ipc_base; /* the opened IPC allocation (cuda_ipc_close), or NULL */
     uint8_t *start; /* the region's first byte */
     uint64_t raddr, rlen;
-    uint64_t fdev, ino,
-        aoff;              /* host: the mapped file and the mapping's page-aligned offset in it */
-    struct shm_map *next;  /* in a chunk's list of retired mappings */
-    UT_hash_handle hh;     /* by rid */
-    UT_hash_handle hh_tok; /* by token */
+    shm_at at;                   /* host: where the mapping lies in its file */
+    struct shm_map *next, *prev; /* in a chunk's list of retired mappings, or the parked list */
+    UT_hash_handle hh;           /* by rid */
+    UT_hash_handle hh_tok;       /* by token */
+    UT_hash_handle hh_park;      /* parked: by at */
 } shm_map;
 
 /* A memory file (a region's fd) and what fstat said of it. */
@@ -77,6 +95,10 @@ typedef struct shm_conn {
     shm_map *by_tok;
     shm_file *files; /* pools' memory files held by number (SHM_HELLO_FILES) */
     size_t nfiles, capfiles;
+    shm_map *parked;     /* dropped windows' mappings, PROT_NONE, by at */
+    shm_map *park_order; /* the same, oldest parked first */
+    size_t nparked;
+    uint64_t parked_bytes;
 } shm_conn;
 
 static shm_file *file_find(shm_conn *c, uint32_t num) {
@@ -98,11 +120,101 @@ static bool file_keep(shm_conn *c, const shm_file *f) {
     return true;
 }
 
-/* The target dropped file `num` (its pool is gone): close our fd. Mappings
- * made from it stay valid until their own windows are dropped. */
+/* True when the connection holds memory file dev/ino under a number. */
+static bool file_held(const shm_conn *c, uint64_t dev, uint64_t ino) {
+    for (size_t i = 0; i < c->nfiles; i++)
+        if (c->files[i].dev == dev && c->files[i].ino == ino) return true;
+    return false;
+}
+
+/* Every connection's parked mappings, at most SHM_PARK_PROCESS (each is a
+ * VMA: many cached connections must not run into vm.max_map_count). */
+static size_t parked_in_process;
+
+static void park_count_down(void) { __atomic_sub_fetch(&parked_in_process, 1, __ATOMIC_RELAXED); }
+
+static bool park_count_up(void) {
+    if (__atomic_add_fetch(&parked_in_process, 1, __ATOMIC_RELAXED) <= SHM_PARK_PROCESS)
+        return true;
+    park_count_down();
+    return false;
+}
+
+static void unmap_free(shm_map *m) {
+    munmap(m->base, m->maplen);
+    free(m);
+}
+
+static void park_remove(shm_conn *c, shm_map *m) {
+    park_count_down();
+    HASH_DELETE(hh_park, c->parked, m);
+    DL_DELETE(c->park_order, m);
+    c->nparked--;
+    c->parked_bytes -= m->maplen;
+    m->next = m->prev = NULL;
+}
+
+static void park_release(shm_conn *c, shm_map *m) {
+    park_remove(c, m);
+    unmap_free(m);
+}
+
+/* Parks a retired host mapping that nothing took over: PROT_NONE, kept for
+ * a later window on its pages, the oldest parked ones released beyond the
+ * connection's bounds. Unmapped instead when its file is not held (a window
+ * of a file the target did not number, or of a pool already gone), when
+ * the process holds SHM_PARK_PROCESS parked mappings, or when mprotect
+ * fails. */
+static void park(shm_conn *c, shm_map *m) {
+    bool counted =
+        file_held(c, m->at.fdev, m->at.ino) && m->maplen <= SHM_PARK_BYTES && park_count_up();
+    if (!counted || mprotect(m->base, m->maplen, PROT_NONE) != 0) {
+        if (counted) park_count_down();
+        unmap_free(m);
+        return;
+    }
+    shm_map *old;
+    HASH_FIND(hh_park, c->parked, &m->at, sizeof m->at, old);
+    if (old) park_release(c, old);
+    HASH_ADD(hh_park, c->parked, at, sizeof m->at, m);
+    DL_APPEND(c->park_order, m);
+    c->nparked++;
+    c->parked_bytes += m->maplen;
+    while (c->nparked > SHM_PARK_MAPS || c->parked_bytes > SHM_PARK_BYTES)
+        park_release(c, c->park_order);
+}
+
+/* The parked mapping that starts at `at`, revived for a new window of ml
+ * bytes there: trimmed to them, read-write again. NULL when none is parked
+ * there or it is shorter (then it is released). */
+static shm_map *park_take(shm_conn *c, const shm_at *at, size_t ml) {
+    shm_map *m;
+    HASH_FIND(hh_park, c->parked, at, sizeof *at, m);
+    if (!m) return NULL;
+    if (m->maplen < ml) {
+        park_release(c, m);
+        return NULL;
+    }
+    park_remove(c, m);
+    if (m->maplen > ml) munmap(m->base + ml, m->maplen - ml);
+    m->maplen = ml;
+    if (mprotect(m->base, ml, PROT_READ | PROT_WRITE) != 0) {
+        unmap_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+/* The target dropped file `num` (its pool is gone): unmap its parked
+ * mappings, close our fd. Live mappings made from it stay valid until their
+ * own windows are dropped (then unmapped: the file is no longer held). */
 static void file_close(shm_conn *c, uint32_t num) {
     shm_file *f = file_find(c, num);
     if (!f) return;
+    shm_map *m, *tmp;
+    DL_FOREACH_SAFE(c->park_order, m, tmp) {
+        if (m->at.fdev == f->dev && m->at.ino == f->ino) park_release(c, m);
+    }
     close(f->fd);
     *f = c->files[--c->nfiles];
 }
@@ -181,6 +293,7 @@ static int put_bytes(const shm_map *m, uint8_t *dst, const void *src, uint64_t l
 static void conn_free(shm_conn *c) {
     shm_map *m, *tmp;
     HASH_ITER(hh, c->maps, m, tmp) map_drop(c, m);
+    while (c->park_order) park_release(c, c->park_order);
     if (c->seg) munmap(c->seg, SHM_SEG_LEN);
     if (c->fd >= 0) close(c->fd);
     for (size_t i = 0; i < c->nfiles; i++) close(c->files[i].fd);
@@ -284,24 +397,65 @@ static int take_conn(ect_xport *x, xp_peer *p, shm_conn **out) {
     return 0;
 }
 
-/* Unmaps what a chunk retired and did not reuse. */
-static void retired_free(shm_map *r) {
+/* Parks (or unmaps) what a chunk retired and did not reuse. */
+static void retired_park(shm_conn *c, shm_map *r) {
     while (r) {
         shm_map *nx = r->next;
-        munmap(r->base, r->maplen);
-        free(r);
+        r->next = NULL;
+        park(c, r);
         r = nx;
     }
 }
 
+/* A mapping retired by this GRANT's drop list (still read-write) that
+ * covers ml bytes of the file from at->aoff on, taken over: its pages
+ * beyond them unmapped. NULL when none covers them. */
+static shm_map *retired_take(shm_map **retired, const shm_at *at, size_t ml) {
+    shm_map **pp = retired;
+    while (*pp && !((*pp)->at.fdev == at->fdev && (*pp)->at.ino == at->ino &&
+                    (*pp)->at.aoff <= at->aoff && at->aoff + ml <= (*pp)->at.aoff + (*pp)->maplen))
+        pp = &(*pp)->next;
+    shm_map *m = *pp;
+    if (!m) return NULL;
+    *pp = m->next;
+    m->next = NULL;
+    size_t head = (size_t)(at->aoff - m->at.aoff), tail = m->maplen - head - ml;
+    if (head) munmap(m->base, head);
+    if (tail) munmap(m->base + head + ml, tail);
+    m->base += head;
+    m->maplen = ml;
+    m->at.aoff = at->aoff;
+    return m;
+}
+
+/* A fresh populated read-write mapping of ml bytes of f at at->aoff. */
+static int map_fresh(const shm_file *f, const shm_at *at, size_t ml, uint64_t rid, shm_map **out) {
+    /* Populated at once: one kernel pass instead of a fault per page during
+     * the copy (each new window is a fresh mapping). */
+    void *b =
+        mmap(NULL, ml, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, f->fd, (off_t)at->aoff);
+    if (b == MAP_FAILED) return ect_set_errno(errno, "shm: mmap of region %" PRIu64, rid);
+    shm_map *m = calloc(1, sizeof *m);
+    if (!m) {
+        munmap(b, ml);
+        return ect_set_error(ECT_ENOMEM, "shm mapping");
+    }
+    m->base = b;
+    m->maplen = ml;
+    m->at = *at;
+    *out = m;
+    return 0;
+}
+
 /* Maps a granted host region from memory file f: exactly the pages that
- * cover it. When a mapping retired by this same GRANT's drop list covers
- * those pages of the same file (the pool handed a closed window's range, or
- * part of it, to the new one), that mapping is taken over, its pages beyond
- * the new window unmapped, instead of an munmap plus a populated mmap of the
- * same pages: nothing is mapped beyond the new window, and nothing lives
- * longer than it did (a retired mapping is unmapped by the end of its chunk
- * either way). The caller keeps or closes f's fd. */
+ * cover it, read-write. When a mapping retired by this same GRANT's drop
+ * list covers those pages of the same file (the pool handed a closed
+ * window's range, or part of it, to the new one), that mapping is taken
+ * over, its pages beyond the new window unmapped; else a parked mapping
+ * that starts on the same page is revived; only then is a populated mmap
+ * made. Either way nothing read-write lies beyond the new window (a retired
+ * mapping is parked or unmapped by the end of its chunk). The caller keeps
+ * or closes f's fd. */
 static int map_region(shm_conn *c, const shm_grant_entry *e, const shm_file *f, uint64_t token,
                       shm_map **retired) {
     uint64_t rid = e->rid, raddr = e->raddr, rlen = e->rlen, foff = e->fd_off;
@@ -321,36 +475,10 @@ static int map_region(shm_conn *c, const shm_grant_entry *e, const shm_file *f, 
     aoff = foff & ~(pg - 1);
     size_t ml = (size_t)(rlen + (foff - aoff));
     ml = (ml + pg - 1) & ~(size_t)(pg - 1);
-    shm_map **pp = retired;
-    while (*pp && !((*pp)->fdev == f->dev && (*pp)->ino == f->ino && (*pp)->aoff <= aoff &&
-                    aoff + ml <= (*pp)->aoff + (*pp)->maplen))
-        pp = &(*pp)->next;
-    if (*pp) {
-        m = *pp;
-        *pp = m->next;
-        m->next = NULL;
-        size_t head = (size_t)(aoff - m->aoff), tail = m->maplen - head - ml;
-        if (head) munmap(m->base, head);
-        if (tail) munmap(m->base + head + ml, tail);
-        m->base += head;
-        m->maplen = ml;
-        m->aoff = aoff;
-    } else {
-        /* Populated at once: one kernel pass instead of a fault per page
-         * during the copy (each new window is a fresh mapping). */
-        void *b =
-            mmap(NULL, ml, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, f->fd, (off_t)aoff);
-        if (b == MAP_FAILED) return ect_set_errno(errno, "shm: mmap of region %" PRIu64, rid);
-        m = calloc(1, sizeof *m);
-        if (!m) {
-            munmap(b, ml);
-            return ect_set_error(ECT_ENOMEM, "shm mapping");
-        }
-        m->base = b;
-        m->maplen = ml;
-        m->fdev = f->dev;
-        m->ino = f->ino;
-        m->aoff = aoff;
+    shm_at at = {f->dev, f->ino, aoff};
+    if (!(m = retired_take(retired, &at, ml)) && !(m = park_take(c, &at, ml))) {
+        int rc = map_fresh(f, &at, ml, rid, &m);
+        if (rc) return rc;
     }
     uint8_t *b = m->base;
     m->rid = rid;
@@ -418,8 +546,8 @@ static int chunk(ect_xport *x, shm_conn *c, const ect_write *w, const size_t *id
         return rc;
     }
     /* Dropped host mappings leave the tables at once (no write can reach
-     * them any more) and are unmapped at the end of this chunk unless a new
-     * grant takes one over (map_region). */
+     * them any more) and are parked or unmapped at the end of this chunk
+     * unless a new grant takes one over (map_region). */
     shm_map *retired = NULL;
     for (uint32_t i = 0; i < g.ndrop; i++) {
         uint64_t rid = xp_get_u64(g.drops + 8 * (size_t)i);
@@ -471,7 +599,7 @@ static int chunk(ect_xport *x, shm_conn *c, const ect_write *w, const size_t *id
             put_bytes(m, m->start + (a - m->raddr), w[wi].src, w[wi].len, sk[wi].kind, sk[wi].dev);
     }
     while (fi < nfds) close(fds[fi++]);
-    retired_free(retired);
+    retired_park(c, retired);
     /* Files of pools that are gone: after the entries, which may still map
      * from them (the target numbers them afresh if it ever sends them
      * again). */

@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -874,26 +876,45 @@ static void t_ucx_window(void **state) {
 #endif
 
 /* This process's mappings of the test regions' memfds (testutil) smaller than `below` bytes
- * (the shm initiator's window mappings; the regions' own are larger):
- * how many, and the size of the last one. */
-static int small_maps(size_t below, size_t *size) {
+ * (the shm initiator's window mappings; the regions' own are larger) whose permissions are
+ * `perms` ("rw-s": live, "---s": parked): how many, the address and size of the last one,
+ * their total size. */
+typedef struct maps_seen {
+    int n;
+    uint8_t *addr;
+    size_t size, total;
+} maps_seen;
+
+static maps_seen window_maps(const char *perms, size_t below) {
     FILE *f = fopen("/proc/self/maps", "r");
     assert_non_null(f);
-    char line[512];
-    int n = 0;
-    *size = 0;
+    char line[512], p[8];
+    maps_seen m = {0};
     while (fgets(line, sizeof line, f)) {
         unsigned long long a, b;
-        if (!strstr(line, "memfd:ect-test-region") || sscanf(line, "%llx-%llx", &a, &b) != 2)
+        if (!strstr(line, "memfd:ect-test-region") ||
+            sscanf(line, "%llx-%llx %7s", &a, &b, p) != 3 || strcmp(p, perms) != 0)
             continue;
         if (b - a < below) {
-            n++;
-            *size = (size_t)(b - a);
+            m.n++;
+            m.addr = (uint8_t *)(uintptr_t)a;
+            m.size = (size_t)(b - a);
+            m.total += m.size;
         }
     }
     fclose(f);
-    return n;
+    return m;
 }
+
+/* The initiator's writable window mappings below `below` bytes: how many, the last one's size. */
+static int small_maps(size_t below, size_t *size) {
+    maps_seen m = window_maps("rw-s", below);
+    *size = m.size;
+    return m.n;
+}
+
+/* The parked (PROT_NONE) ones. */
+static maps_seen parked_maps(size_t below) { return window_maps("---s", below); }
 
 /* shm: a new window on the pages of a closed one (the pool reuses ranges)
  * takes over the closed window's mapping instead of mapping afresh; what
@@ -946,6 +967,8 @@ static void test_shm_window_reuse(void **state) {
     assert_memory_equal(r.addr + 3 * pg, src, 9 * pg);
     assert_int_equal(small_maps(64 * pg, &sz), 1);
     assert_int_equal(sz, 9 * pg);
+    assert_int_equal(parked_maps(64 * pg).n, 1); /* B's, no longer writable */
+    assert_int_equal(parked_maps(64 * pg).size, pg);
     assert_int_equal(xp_window_close(t, kc), 0);
     test_region_close(t, &r);
     ect_xport_close(i);
@@ -1078,11 +1101,150 @@ static void test_shm_file_once(void **state) {
     w = (ect_write){src, (uint64_t)(uintptr_t)r2.addr, pg, r2.key};
     assert_int_equal(ect_xport_write_batch(i, ses, &w, 1, &st), 0);
     assert_int_equal(fds_of((uint64_t)rst.st_ino), 0);
-    /* r2's own mapping and the initiator's of it; the windows' are gone. */
+    /* r2's own mapping and the initiator's of it; the windows' are gone,
+     * parked ones too. */
     assert_int_equal(small_maps(64 * pg, &sz), 2);
+    assert_int_equal(parked_maps(64 * pg).n, 0);
     test_region_close(t, &r2);
     free(buf);
     ect_xport_close(i);
+    ect_xport_close(t);
+}
+
+/* Forks a child that writes one byte at p with SIGSEGV at its default action
+ * (set by the raw system call, past any sanitizer's handler; an all-zero
+ * kernel sigaction is SIG_DFL) and no core file; returns its wait status. */
+static int child_writes(uint8_t *p) {
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        uint64_t dfl[8] = {0};
+        struct rlimit no_core = {0, 0};
+        setrlimit(RLIMIT_CORE, &no_core);
+        syscall(SYS_rt_sigaction, SIGSEGV, dfl, NULL, (size_t)8);
+        *(volatile uint8_t *)p = 0xEE;
+        _exit(0);
+    }
+    int ws;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    return ws;
+}
+
+/* One window of `len` bytes at page `page` of r, written through the
+ * initiator and closed: its write GRANT drops the window closed before it. */
+static void write_window(ect_xport *t, ect_xport *i, const region *r, size_t off, size_t len,
+                         uint8_t seed) {
+    static uint8_t src[16 * 4096];
+    char k[ECT_XPORT_KEY_MAX];
+    int st;
+    size_t n = len < sizeof src ? len : sizeof src;
+    assert_int_equal(xp_window_open(t, r->key, off, len, k), 0);
+    test_fill_pattern(src, n, seed);
+    ect_write w = {src, (uint64_t)(uintptr_t)(r->addr + off), n, k};
+    assert_int_equal(ect_xport_write_batch(i, ect_xport_session(t), &w, 1, &st), 0);
+    assert_memory_equal(r->addr + off, src, n);
+    assert_int_equal(xp_window_close(t, k), 0);
+}
+
+/* shm, parked mappings (docs/PROTOCOL.md "shm: a window is its own region to
+ * the initiator"): a dropped window's mapping that no window of its GRANT
+ * takes over stays as PROT_NONE, so a write through its address faults
+ * (a child doing it dies of SIGSEGV, nothing lands); a later window that
+ * starts on its pages revives it (the same address, trimmed to the new
+ * window, read-write: the write lands); at most SHM_PARK_MAPS and
+ * SHM_PARK_BYTES are parked per connection; the connection's close and the
+ * pool file's drop unmap them. */
+static void test_shm_parked_windows(void **state) {
+    (void)state;
+    ect_xport *t = open_kind("shm"), *i = open_kind("shm");
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), sz, below = 64 * pg;
+    size_t big = (size_t)(SHM_PARK_BYTES / 4) + pg, npg = SHM_PARK_MAPS + 64;
+    region r;
+    private_region_open(t, npg * pg + 5 * (big + pg), &r);
+    /* A: 4 pages from page 2; then B elsewhere: A is parked, B live. */
+    write_window(t, i, &r, 2 * pg, 4 * pg, 1);
+    maps_seen a = window_maps("rw-s", below);
+    assert_int_equal(a.n, 1);
+    write_window(t, i, &r, 20 * pg, 2 * pg, 2);
+    /* A write through A's mapping's address faults; the pool's bytes stay. */
+    uint8_t before[16];
+    memcpy(before, r.addr + 2 * pg, sizeof before);
+    int ws = child_writes(a.addr);
+    assert_true(WIFSIGNALED(ws));
+    assert_int_equal(WTERMSIG(ws), SIGSEGV);
+    assert_memory_equal(r.addr + 2 * pg, before, sizeof before);
+    maps_seen pa = parked_maps(below); /* there, PROT_NONE */
+    assert_int_equal(pa.n, 1);
+    assert_ptr_equal(pa.addr, a.addr);
+    assert_int_equal(pa.size, 4 * pg);
+    assert_int_equal(small_maps(below, &sz), 1); /* B's: closed, dropped with the next GRANT */
+    assert_int_equal(sz, 2 * pg);
+    /* C: 3 pages from page 2 revives A's mapping (trimmed); B is parked. */
+    char kc[ECT_XPORT_KEY_MAX];
+    static uint8_t src[4 * 4096];
+    int st;
+    assert_int_equal(xp_window_open(t, r.key, 2 * pg, 3 * pg, kc), 0);
+    test_fill_pattern(src, 3 * pg, 3);
+    ect_write w = {src, (uint64_t)(uintptr_t)(r.addr + 2 * pg), 3 * pg, kc};
+    assert_int_equal(ect_xport_write_batch(i, ect_xport_session(t), &w, 1, &st), 0);
+    assert_memory_equal(r.addr + 2 * pg, src, 3 * pg);
+    maps_seen c = window_maps("rw-s", below);
+    assert_int_equal(c.n, 1);
+    assert_ptr_equal(c.addr, a.addr);
+    assert_int_equal(c.size, 3 * pg);
+    assert_int_equal(parked_maps(below).n, 1);
+    assert_int_equal(parked_maps(below).size, 2 * pg);
+    assert_int_equal(xp_window_close(t, kc), 0);
+    /* More windows than the bound, one page each on pages of their own
+     * (counted in pages: the kernel may merge neighbours in the address space
+     * and the file into one line of /proc/self/maps). */
+    for (size_t k = 0; k < SHM_PARK_MAPS + 8; k++)
+        write_window(t, i, &r, (32 + k) * pg, pg, (uint8_t)k);
+    assert_int_equal(parked_maps(below).total, SHM_PARK_MAPS * pg);
+    /* Larger windows (a page apart: never merged): at most SHM_PARK_BYTES of them. */
+    for (size_t k = 0; k < 5; k++) write_window(t, i, &r, npg * pg + k * (big + pg), big, 9);
+    maps_seen p = parked_maps(2 * big);
+    assert_true(p.total <= SHM_PARK_BYTES);
+    assert_int_equal(p.total, 3 * big); /* the newest three; the one-page ones went first */
+    /* The connection's close unmaps them. */
+    ect_xport_close(i);
+    assert_int_equal(parked_maps(2 * big).n, 0);
+    /* A new connection parks again; the pool file's drop unmaps them. */
+    i = open_kind("shm");
+    write_window(t, i, &r, 2 * pg, 4 * pg, 4);
+    write_window(t, i, &r, 20 * pg, 2 * pg, 5);
+    assert_int_equal(parked_maps(below).n, 1);
+    test_region_close(t, &r);
+    region r2;
+    test_region_open(t, 4 * pg, &r2);
+    w = (ect_write){src, (uint64_t)(uintptr_t)r2.addr, pg, r2.key};
+    assert_int_equal(ect_xport_write_batch(i, ect_xport_session(t), &w, 1, &st), 0);
+    assert_int_equal(parked_maps(2 * big).n, 0);
+    test_region_close(t, &r2);
+    ect_xport_close(i);
+    ect_xport_close(t);
+}
+
+/* shm: parked mappings are bounded in the process too (SHM_PARK_PROCESS):
+ * enough connections (one per initiator) that each parks SHM_PARK_MAPS
+ * hold no more than that between them; closing them unmaps all. */
+static void test_shm_parked_process_bound(void **state) {
+    (void)state;
+    enum { N = SHM_PARK_PROCESS / SHM_PARK_MAPS + 1 };
+    ect_xport *t = open_kind("shm"), *in[N];
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), below = 64 * pg;
+    region r;
+    private_region_open(t, (SHM_PARK_MAPS + 64) * pg, &r);
+    for (int j = 0; j < N; j++) {
+        in[j] = open_kind("shm");
+        for (size_t k = 0; k <= SHM_PARK_MAPS; k++)
+            write_window(t, in[j], &r, (k + 1) * pg, pg, (uint8_t)j);
+    }
+    /* in pages: neighbours in the address space and the file may merge */
+    assert_int_equal(parked_maps(below).total, SHM_PARK_PROCESS * pg);
+    for (int j = 0; j < N; j++) ect_xport_close(in[j]);
+    assert_int_equal(parked_maps(below).n, 0);
+    test_region_close(t, &r);
     ect_xport_close(t);
 }
 
@@ -1166,6 +1328,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_window),
         cmocka_unit_test(test_shm_window_reuse),
         cmocka_unit_test(test_shm_file_once),
+        cmocka_unit_test(test_shm_parked_windows),
+        cmocka_unit_test(test_shm_parked_process_bound),
         cmocka_unit_test(test_tcp_stall),
         cmocka_unit_test(test_tcp_nodelay),
         KIND_TESTS("tcp"),
