@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -68,6 +69,9 @@ bool demo_spawn(demo_procs *p, int slot, const char *name, char *const argv[]) {
     }
     close(out[1]);
     close(err[1]);
+    /* room for the lines of a batch_ms pause and more: the child never
+     * waits on a full pipe meanwhile (a refusal leaves the default 64 KiB) */
+    fcntl(out[0], F_SETPIPE_SZ, 1 << 20);
     memset(c, 0, sizeof *c);
     c->pid = pid;
     c->fd[0] = out[0];
@@ -192,6 +196,10 @@ bool demo_pump(demo_procs *p, int timeout_ms) {
     for (int k = 0; r > 0 && k < n; k++)
         if (pf[k].revents) read_stream(p, who[k] / 2, who[k] % 2);
     reap(p, r <= 0); /* a quiet poll also reaps a child whose pipes stay open */
+    if (r > 0 && p->batch_ms > 0) { /* let the next lines gather meanwhile */
+        struct timespec ts = {0, (long)p->batch_ms * 1000000L};
+        nanosleep(&ts, NULL);
+    }
     return true;
 }
 

@@ -32,6 +32,8 @@ typedef struct demo_procs {
     demo_child c[DEMO_MAX_CHILDREN];
     demo_line_fn on_line;
     void *user;
+    int batch_ms; /* after reading output, pause this long before the next poll,
+                     so the lines come in batches: fewer wake-ups (0: none) */
 } demo_procs;
 
 /* Starts `ect ARGV...` (argv[0] is the command name, NULL-terminated) in
