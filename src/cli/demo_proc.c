@@ -195,7 +195,8 @@ bool demo_pump(demo_procs *p, int timeout_ms) {
     if (r < 0 && errno != EINTR) return false;
     for (int k = 0; r > 0 && k < n; k++)
         if (pf[k].revents) read_stream(p, who[k] / 2, who[k] % 2);
-    reap(p, r <= 0); /* a quiet poll also reaps a child whose pipes stay open */
+    /* a quiet poll also reaps a child whose pipes stay open */
+    reap(p, r <= 0);
     if (r > 0 && p->batch_ms > 0) { /* let the next lines gather meanwhile */
         struct timespec ts = {0, (long)p->batch_ms * 1000000L};
         nanosleep(&ts, NULL);

@@ -47,7 +47,8 @@ bool demo_spawn(demo_procs *p, int slot, const char *name, char *const argv[]);
 void demo_feed(demo_procs *p, int slot, int stream, char *data, size_t n);
 
 /* Waits up to timeout_ms for output, delivers complete lines to on_line and
- * reaps children that exited. Returns false only when poll itself failed. */
+ * reaps children that exited; when it read something, then pauses batch_ms.
+ * Returns false only when poll itself failed. */
 bool demo_pump(demo_procs *p, int timeout_ms);
 
 /* True when the child in slot exited (and was reaped); its status in
