@@ -894,9 +894,9 @@ int cmd_demo(int argc, char **argv) {
     d.next_plain = d.items / 4 ? d.items / 4 : 1;
     d.procs.on_line = on_line;
     d.procs.user = &d;
-    /* the children's lines in batches of ~2 ms: at 10,000 items/s the parent
-     * woke ~1,600 times in a run, each wake-up costing it about as much as
-     * the lines it read (docs/BENCHMARKS.md, issue 13 fifth pass) */
+    /* the children's lines in batches of ~2 ms: reading each as it came,
+     * the parent woke ~1,400 times per 10,000 items and spent a quarter of
+     * its CPU switching (docs/BENCHMARKS.md, issue 13 fifth pass) */
     d.procs.batch_ms = 2;
     for (int i = 0; i < DEMO_MAX_CHILDREN; i++) d.procs.c[i].fd[0] = d.procs.c[i].fd[1] = -1;
     struct sigaction sa, old_int, old_term;
