@@ -78,7 +78,10 @@ typedef struct demo {
     bool tty;
     bool bench;        /* --bench: `ect bench push` of the same size after the run */
     uint64_t inflight; /* push: steps in flight (ect push --inflight) */
-    long long t_start, t_last_progress;
+    /* t_start: the producing side started; t_settled: the last item settled
+     * (verified, mismatched or failed), 0 until then — the report's time
+     * span, which leaves out stopping the children afterwards */
+    long long t_start, t_settled, t_last_progress;
     uint64_t next_plain;
 } demo;
 
@@ -178,8 +181,10 @@ static void help(void) {
         "\n"
         "Prints a live progress line on a terminal (plain lines otherwise), then a report:\n"
         "items moved (the bytes arrived), verified (checksums equal), retried (moved after\n"
-        "waiting for room in a full pool) and failed, bytes, throughput, per-item latency\n"
-        "p50/p99, dedup hits, failures.\n"
+        "waiting for room in a full pool) and failed, bytes, time (from starting the\n"
+        "producing side to the last item verified or failed; stopping the children after\n"
+        "that is not counted), throughput over that time, per-item latency p50/p99, dedup\n"
+        "hits, failures.\n"
         "Exit status: 0 when every item arrived with equal checksums, 1 otherwise (or on\n"
         "SIGINT; the children are always stopped), 2 for bad flags.\n");
 }
@@ -363,9 +368,23 @@ static void progress(demo *d, bool final) {
     }
 }
 
+/* Notes when the last item settled (the end of the report's time span). */
+static void note_settled(demo *d) {
+    if (!d->t_settled && d->verified + d->mismatched + d->failed >= d->items)
+        d->t_settled = now_ms();
+}
+
+/* The report's time span in seconds: from the start of the producing side
+ * to the last item settled (or to now, when not every item did). */
+static double run_secs(const demo *d) {
+    long long end = d->t_settled ? d->t_settled : now_ms();
+    return (double)(end - d->t_start) / 1000.0;
+}
+
 /* Pumps output for up to ms; false when interrupted or past the deadline. */
 static bool pump(demo *d, int ms, long long deadline, const char **why) {
     demo_pump(&d->procs, ms);
+    note_settled(d);
     progress(d, false);
     if (stop_flag) {
         *why = "interrupted";
@@ -875,6 +894,10 @@ int cmd_demo(int argc, char **argv) {
     d.next_plain = d.items / 4 ? d.items / 4 : 1;
     d.procs.on_line = on_line;
     d.procs.user = &d;
+    /* the children's lines in batches of ~2 ms: reading each as it came,
+     * the parent woke ~1,400 times per 10,000 items and spent a quarter of
+     * its CPU switching (docs/BENCHMARKS.md, issue 13 fifth pass) */
+    d.procs.batch_ms = 2;
     for (int i = 0; i < DEMO_MAX_CHILDREN; i++) d.procs.c[i].fd[0] = d.procs.c[i].fd[1] = -1;
     struct sigaction sa, old_int, old_term;
     memset(&sa, 0, sizeof sa);
@@ -902,7 +925,7 @@ int cmd_demo(int argc, char **argv) {
     d.t_start = t0;
     const char *why = NULL;
     bool ok = strcmp(d.protocol, "push") == 0 ? run_push(&d, &why) : run_pull(&d, &why);
-    double secs = (double)(now_ms() - d.t_start) / 1000.0;
+    double secs = run_secs(&d);
     demo_stop_all(&d.procs);
     progress(&d, true);
     report(&d, secs);

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -68,6 +69,9 @@ bool demo_spawn(demo_procs *p, int slot, const char *name, char *const argv[]) {
     }
     close(out[1]);
     close(err[1]);
+    /* room for the lines of a batch_ms pause and more: the child never
+     * waits on a full pipe meanwhile (a refusal leaves the default 64 KiB) */
+    fcntl(out[0], F_SETPIPE_SZ, 1 << 20);
     memset(c, 0, sizeof *c);
     c->pid = pid;
     c->fd[0] = out[0];
@@ -90,43 +94,85 @@ static void keep_tail(demo_child *c, const char *line) {
     snprintf(c->errtail + have, sizeof c->errtail - have, "%s\n", line);
 }
 
-/* Reads what is there on stream s of child i; delivers complete lines. */
+/* Hands a complete line of stream s of child i to on_line (stderr's also to
+ * the error tail). */
+static void deliver(demo_procs *p, int i, int s, char *line) {
+    if (s == 1) keep_tail(&p->c[i], line);
+    p->on_line(p->user, i, s == 1, line);
+}
+
+/* Appends n bytes of one line to stream s's partial line, delivering it in
+ * pieces of LINE_MAX_BYTES when it grows past that. False when out of
+ * memory (the bytes are dropped). */
+static bool append_partial(demo_procs *p, int i, int s, const char *data, size_t n) {
+    demo_child *c = &p->c[i];
+    if (!c->buf[s] && !(c->buf[s] = malloc(LINE_MAX_BYTES + 1))) return false;
+    while (n > 0) {
+        if (c->len[s] == LINE_MAX_BYTES) {
+            c->buf[s][c->len[s]] = '\0';
+            c->len[s] = 0;
+            deliver(p, i, s, c->buf[s]);
+        }
+        size_t room = LINE_MAX_BYTES - c->len[s], k = n < room ? n : room;
+        memcpy(c->buf[s] + c->len[s], data, k);
+        c->len[s] += k;
+        data += k;
+        n -= k;
+    }
+    return true;
+}
+
+void demo_feed(demo_procs *p, int i, int s, char *data, size_t n) {
+    demo_child *c = &p->c[i];
+    while (n > 0) {
+        char *nl = memchr(data, '\n', n);
+        size_t span = nl ? (size_t)(nl - data) : n;
+        if (nl && c->len[s] == 0 && span <= LINE_MAX_BYTES) {
+            *nl = '\0'; /* a whole line in data: read where it is */
+            deliver(p, i, s, data);
+        } else {
+            if (!append_partial(p, i, s, data, span)) return;
+            if (nl) {
+                c->buf[s][c->len[s]] = '\0';
+                c->len[s] = 0;
+                deliver(p, i, s, c->buf[s]);
+            }
+        }
+        span += nl != NULL;
+        data += span;
+        n -= span;
+    }
+}
+
+/* Reads what is there on stream s of child i; delivers complete lines; at
+ * the end of the stream, the last one and closes it. */
 static void read_stream(demo_procs *p, int i, int s) {
     demo_child *c = &p->c[i];
     char chunk[65536];
     ssize_t n = read(c->fd[s], chunk, sizeof chunk);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
-    if (n <= 0) {
-        if (c->len[s] > 0) { /* last line without a newline */
-            c->buf[s][c->len[s]] = '\0';
-            if (s == 1) keep_tail(c, c->buf[s]);
-            p->on_line(p->user, i, s == 1, c->buf[s]);
-        }
-        close(c->fd[s]);
-        c->fd[s] = -1;
-        free(c->buf[s]);
-        c->buf[s] = NULL;
-        c->len[s] = 0;
+    if (n > 0) {
+        demo_feed(p, i, s, chunk, (size_t)n);
         return;
     }
-    for (ssize_t k = 0; k < n; k++) {
-        if (!c->buf[s]) c->buf[s] = malloc(LINE_MAX_BYTES + 1);
-        if (!c->buf[s]) return;
-        if (chunk[k] == '\n' || c->len[s] == LINE_MAX_BYTES) {
-            c->buf[s][c->len[s]] = '\0';
-            c->len[s] = 0;
-            if (s == 1) keep_tail(c, c->buf[s]);
-            p->on_line(p->user, i, s == 1, c->buf[s]);
-            if (chunk[k] == '\n') continue;
-        }
-        c->buf[s][c->len[s]++] = chunk[k];
+    if (c->len[s] > 0) { /* last line without a newline */
+        c->buf[s][c->len[s]] = '\0';
+        deliver(p, i, s, c->buf[s]);
     }
+    close(c->fd[s]);
+    c->fd[s] = -1;
+    free(c->buf[s]);
+    c->buf[s] = NULL;
+    c->len[s] = 0;
 }
 
-static void reap(demo_procs *p) {
+/* Reaps the children that exited: every one when all is set, else those
+ * whose output reached its end (a child's exit closes its pipes, so that
+ * spares a waitpid per child on every pump). */
+static void reap(demo_procs *p, bool all) {
     for (int i = 0; i < DEMO_MAX_CHILDREN; i++) {
         demo_child *c = &p->c[i];
-        if (c->pid <= 0) continue;
+        if (c->pid <= 0 || (!all && (c->fd[0] >= 0 || c->fd[1] >= 0))) continue;
         int st;
         if (waitpid(c->pid, &st, WNOHANG) == c->pid) {
             c->status = st;
@@ -149,7 +195,12 @@ bool demo_pump(demo_procs *p, int timeout_ms) {
     if (r < 0 && errno != EINTR) return false;
     for (int k = 0; r > 0 && k < n; k++)
         if (pf[k].revents) read_stream(p, who[k] / 2, who[k] % 2);
-    reap(p);
+    /* a quiet poll also reaps a child whose pipes stay open */
+    reap(p, r <= 0);
+    if (r > 0 && p->batch_ms > 0) { /* let the next lines gather meanwhile */
+        struct timespec ts = {0, (long)p->batch_ms * 1000000L};
+        nanosleep(&ts, NULL);
+    }
     return true;
 }
 

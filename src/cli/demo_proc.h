@@ -32,14 +32,23 @@ typedef struct demo_procs {
     demo_child c[DEMO_MAX_CHILDREN];
     demo_line_fn on_line;
     void *user;
+    int batch_ms; /* after reading output, pause this long before the next poll,
+                     so the lines come in batches: fewer wake-ups (0: none) */
 } demo_procs;
 
 /* Starts `ect ARGV...` (argv[0] is the command name, NULL-terminated) in
  * slot (the child runs `ect ARGV...`); false with a message on stderr. */
 bool demo_spawn(demo_procs *p, int slot, const char *name, char *const argv[]);
 
+/* Delivers the complete lines of n bytes read from stream (0 stdout, 1
+ * stderr) of the child in slot: a line is its bytes up to a newline, or
+ * each 1 MiB of a longer one; the rest waits for more. data is written
+ * into (lines are handed over NUL-terminated where they lie). */
+void demo_feed(demo_procs *p, int slot, int stream, char *data, size_t n);
+
 /* Waits up to timeout_ms for output, delivers complete lines to on_line and
- * reaps children that exited. Returns false only when poll itself failed. */
+ * reaps children that exited; when it read something, then pauses batch_ms.
+ * Returns false only when poll itself failed. */
 bool demo_pump(demo_procs *p, int timeout_ms);
 
 /* True when the child in slot exited (and was reaped); its status in
