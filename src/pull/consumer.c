@@ -127,13 +127,14 @@ static void view_from_info(ect_pull_consumer *c, const ect_resident_info *in, ec
  * established connection marks it gone (logged once) until the next
  * CONNECTED (both DEALERs keep reconnecting). */
 static void on_link_events(ect_pull_consumer *c, int ev) {
-    if ((ev & DL_CONNECTED) && (ev & DL_DISCONNECTED) && c->up) /* lost before this connect */
-        on_link_events(c, DL_DISCONNECTED);
+    /* both at once: a connection made and lost in one dl_pump (a loss waits
+     * 100 ms for the next connect, so never the other way round) */
     if (ev & DL_CONNECTED) {
         if (c->gone) ECT_LOGI(MOD, "producer %s reachable again", c->producer);
         c->up = true;
         c->gone = false;
-    } else if ((ev & DL_DISCONNECTED) && c->up) {
+    }
+    if ((ev & DL_DISCONNECTED) && c->up) {
         c->up = false;
         c->gone = true;
         c->gone_ms = ect_now_ms();
