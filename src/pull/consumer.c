@@ -1,6 +1,9 @@
 /*
  * consumer — the consumer worker's side of a pull: its memfd pool
- * (registered with the data plane) and a DEALER to the producer.
+ * (registered with the data plane) and a DEALER to the producer: without
+ * keys our own ZMTP DEALER driven by the calling thread (dealer_link.h),
+ * with keys libzmq's (CURVE) and its socket monitor; both report the
+ * connection's ends the same way (on_link_events).
  *
  * load(): (1) the pool's resident cache (an earlier transfer); (2) a remote
  * pull into a fresh allocation. Each pull carries a fresh token (extension
