@@ -48,8 +48,8 @@ struct ect_pull_consumer {
     ect_xport *x;
     char key[ECT_XPORT_KEY_MAX];
     bool registered;
-    bool windows; /* each pull gets its own write key (every transport) */
-    dealer_link *dl; /* without keys: our own ZMTP DEALER (dealer_link.h) */
+    bool windows;        /* each pull gets its own write key (every transport) */
+    dealer_link *dl;     /* without keys: our own ZMTP DEALER (dealer_link.h) */
     void *zctx, *dealer; /* with keys: libzmq's DEALER */
     char *curve_keys;
     ect_keyset *keys; /* NULL: keys off */

@@ -172,8 +172,8 @@ int dl_pump(dealer_link *l, int wait_ms) {
     if (l->fd >= 0 && !l->connecting) ev |= link_write(l);
     size_t pending = 0;
     if (l->fd >= 0 && !l->connecting) zmtp_conn_out(l->z, &pending);
-    struct pollfd p = {.fd = l->fd,
-                       .events = l->connecting ? POLLOUT : (short)(POLLIN | (pending ? POLLOUT : 0))};
+    struct pollfd p = {
+        .fd = l->fd, .events = l->connecting ? POLLOUT : (short)(POLLIN | (pending ? POLLOUT : 0))};
     int ms = ev ? 0 : next_timer_ms(l, now, wait_ms);
     int pr = poll(&p, l->fd >= 0 ? 1 : 0, ms);
     if (pr < 0 && errno != EINTR) return ect_set_errno(errno, "pull consumer: poll");

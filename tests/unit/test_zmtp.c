@@ -368,9 +368,8 @@ static void route_one(int type) {
     assert_false(m.multi);
     zmtp_conn *d = NULL; /* what ours sends in the libzmq peer's place */
     assert_int_equal(zmtp_conn_new(type == ZMQ_REQ ? ZMTP_REQ : ZMTP_DEALER, MAXMSG, &d), 0);
-    assert_int_equal(type == ZMQ_REQ ? zmtp_conn_send_req(d, "hello", 5)
-                                     : zmtp_conn_send(d, "hello", 5),
-                     0);
+    assert_int_equal(
+        type == ZMQ_REQ ? zmtp_conn_send_req(d, "hello", 5) : zmtp_conn_send(d, "hello", 5), 0);
     bytes rh = handshake_of(ZMTP_ROUTER);
     assert_int_equal(zmtp_conn_feed(d, rh.p, rh.len), 0);
     free(rh.p);
