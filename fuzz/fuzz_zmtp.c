@@ -1,14 +1,16 @@
 /*
- * fuzz_zmtp — the ZMTP codec (src/wire/zmtp.c) in both roles, fed arbitrary
- * bytes split at points the input chooses, every message it hands out sent
- * back (a REP echoes with the envelope it got, a REQ sends the body as its
- * next request) so the send paths and the held-back queue run too, and the
- * output drained in pieces.
+ * fuzz_zmtp — the ZMTP codec (src/wire/zmtp.c) in its four roles, fed
+ * arbitrary bytes split at points the input chooses, every message it hands
+ * out sent back (a REP or ROUTER echoes with the envelope it got, a REQ
+ * sends the body as its next request, a DEALER as its next message, with a
+ * heartbeat PING) so the send paths and the held-back queue run too, and
+ * the output drained in pieces.
  *
- * Input: byte 0 picks the role (bit 0), whether a valid handshake of the
- * other role comes first (bit 1, so most inputs get past the greeting), and
- * whether a request is queued before the handshake (bit 2). Then chunks:
- * a length byte (0: the rest) and that many bytes.
+ * Input: byte 0 picks the role (bit 0, and bit 7 for DEALER / ROUTER),
+ * whether a valid handshake of the role's peer comes first (bit 1, so most
+ * inputs get past the greeting), and whether a message is queued before the
+ * handshake (bit 2); bits 3-6 the output piece. Then chunks: a length byte
+ * (0: the rest) and that many bytes.
  */
 #include <stdint.h>
 #include <string.h>
@@ -32,10 +34,13 @@ static void answer(zmtp_conn *c, zmtp_role role) {
     while ((rc = zmtp_conn_next(c, &m)) == 1) {
         if (m.body_len > FZ_MAXMSG || m.envelope_len > FZ_MAXMSG + 9 * (ZMTP_MAX_ENVELOPE + 1))
             __builtin_trap();
-        if (role == ZMTP_REQ && m.envelope_len) __builtin_trap();
+        if ((role == ZMTP_REQ || role == ZMTP_DEALER) && m.envelope_len) __builtin_trap();
         if (role == ZMTP_REP && m.envelope_len < 2) __builtin_trap(); /* at least the delimiter */
-        if (role == ZMTP_REP)
+        if (role == ZMTP_ROUTER && m.envelope_len != 0 && m.envelope_len != 2) __builtin_trap();
+        if (role == ZMTP_REP || role == ZMTP_ROUTER)
             rc = zmtp_conn_send_rep(c, m.envelope, m.envelope_len, m.body, m.body_len);
+        else if (role == ZMTP_DEALER)
+            rc = zmtp_conn_send(c, m.body, m.body_len) || zmtp_conn_ping(c);
         else
             rc = zmtp_conn_send_req(c, m.body, m.body_len);
         if (rc) return;
@@ -47,17 +52,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ect_log_set_level(ECT_LOG_ERROR);
     if (size < 1) return 0;
-    zmtp_role role = (data[0] & 1) ? ZMTP_REP : ZMTP_REQ;
+    static const zmtp_role roles[4] = {ZMTP_REQ, ZMTP_REP, ZMTP_DEALER, ZMTP_ROUTER};
+    static const zmtp_role peers[4] = {ZMTP_REP, ZMTP_REQ, ZMTP_ROUTER, ZMTP_DEALER};
+    unsigned ri = (data[0] & 1) | (data[0] >> 6 & 2);
+    zmtp_role role = roles[ri];
     bool handshake = data[0] & 2, early = data[0] & 4;
-    size_t piece = (size_t)(data[0] >> 3) + 1;
+    size_t piece = (size_t)(data[0] >> 3 & 15) + 1;
     data++;
     size--;
     zmtp_conn *c = NULL;
     if (zmtp_conn_new(role, FZ_MAXMSG, &c) != 0) return 0;
     if (early && role == ZMTP_REQ) zmtp_conn_send_req(c, "early", 5);
+    if (early && (role == ZMTP_DEALER || role == ZMTP_ROUTER)) zmtp_conn_send(c, "early", 5);
     if (handshake) {
         zmtp_conn *peer = NULL;
-        if (zmtp_conn_new(role == ZMTP_REQ ? ZMTP_REP : ZMTP_REQ, FZ_MAXMSG, &peer) == 0) {
+        if (zmtp_conn_new(peers[ri], FZ_MAXMSG, &peer) == 0) {
             size_t n;
             const uint8_t *p = zmtp_conn_out(peer, &n);
             if (zmtp_conn_feed(c, p, n) != 0 || !zmtp_conn_ready(c)) __builtin_trap();

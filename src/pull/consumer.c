@@ -1,6 +1,9 @@
 /*
  * consumer — the consumer worker's side of a pull: its memfd pool
- * (registered with the data plane) and a DEALER to the producer.
+ * (registered with the data plane) and a DEALER to the producer: without
+ * keys our own ZMTP DEALER driven by the calling thread (dealer_link.h),
+ * with keys libzmq's (CURVE) and its socket monitor; both report the
+ * connection's ends the same way (on_link_events).
  *
  * load(): (1) the pool's resident cache (an earlier transfer); (2) a remote
  * pull into a fresh allocation. Each pull carries a fresh token (extension
@@ -15,11 +18,13 @@
  * producer) is matched by mm_hash alone.
  */
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
 
+#include "pull/dealer_link.h"
 #include "pull/pull_internal.h"
 #include "util/hostport.h"
 #include "util/metrics.h"
@@ -43,8 +48,9 @@ struct ect_pull_consumer {
     ect_xport *x;
     char key[ECT_XPORT_KEY_MAX];
     bool registered;
-    bool windows; /* each pull gets its own write key (every transport) */
-    void *zctx, *dealer;
+    bool windows;        /* each pull gets its own write key (every transport) */
+    dealer_link *dl;     /* without keys: our own ZMTP DEALER (dealer_link.h) */
+    void *zctx, *dealer; /* with keys: libzmq's DEALER */
     char *curve_keys;
     ect_keyset *keys; /* NULL: keys off */
     void *mon;        /* PAIR reading the DEALER's socket monitor */
@@ -119,23 +125,39 @@ static void view_from_info(ect_pull_consumer *c, const ect_resident_info *in, ec
     v->device = ect_pool_device(c->pool);
 }
 
-/* Reads the DEALER's monitor events without blocking: CONNECTED marks the
- * producer up, DISCONNECTED of an established connection marks it gone
- * (logged once) until the next CONNECTED (ZMQ keeps reconnecting). */
+/* A connection event (dealer_link's DL_* bits, or the libzmq monitor's
+ * mapped to them): CONNECTED marks the producer up, DISCONNECTED of an
+ * established connection marks it gone (logged once) until the next
+ * CONNECTED (both DEALERs keep reconnecting). */
+static void on_link_events(ect_pull_consumer *c, int ev) {
+    /* both at once: a connection made and lost in one dl_pump (a loss waits
+     * 100 ms for the next connect, so never the other way round) */
+    if (ev & DL_CONNECTED) {
+        if (c->gone) ECT_LOGI(MOD, "producer %s reachable again", c->producer);
+        c->up = true;
+        c->gone = false;
+    }
+    if ((ev & DL_DISCONNECTED) && c->up) {
+        c->up = false;
+        c->gone = true;
+        c->gone_ms = ect_now_ms();
+        c->st.producer_lost++;
+        ECT_LOGW(MOD, "producer %s gone (connection lost%s%s); pulls fail at once until it is back",
+                 c->producer, c->dl ? ": " : "", c->dl ? dl_lost_reason(c->dl) : "");
+    }
+}
+
+/* Takes the connection events that happened without blocking (our DEALER:
+ * drives it once; libzmq's: reads its monitor). */
 static void drain_monitor(ect_pull_consumer *c) {
+    if (c->dl) {
+        int ev = dl_pump(c->dl, 0);
+        if (ev > 0) on_link_events(c, ev);
+        return;
+    }
     for (int id; (id = pull_monitor_next(c->mon)) >= 0;) {
-        if (id == ZMQ_EVENT_CONNECTED) {
-            if (c->gone) ECT_LOGI(MOD, "producer %s reachable again", c->producer);
-            c->up = true;
-            c->gone = false;
-        } else if (id == ZMQ_EVENT_DISCONNECTED && c->up) {
-            c->up = false;
-            c->gone = true;
-            c->gone_ms = ect_now_ms();
-            c->st.producer_lost++;
-            ECT_LOGW(MOD, "producer %s gone (connection lost); pulls fail at once until it is back",
-                     c->producer);
-        }
+        if (id == ZMQ_EVENT_CONNECTED) on_link_events(c, DL_CONNECTED);
+        if (id == ZMQ_EVENT_DISCONNECTED) on_link_events(c, DL_DISCONNECTED);
     }
 }
 
@@ -160,12 +182,10 @@ typedef struct pend {
     char reason[WIRE_PULL_MAX_STR + 1];
 } pend;
 
-/* Takes one frame off the DEALER (non-blocking) and settles the pull it
- * completes among pd[0..n): by token, or (an upstream producer echoes none)
- * the first unanswered one of that mm_hash. A completion of none of them is
- * stale (a late one frees its quarantined region). Returns the number of
- * pulls it settled (0 or 1), or -1 when no frame was waiting. */
-static int take_complete(ect_pull_consumer *c, pend *pd, size_t n) {
+/* Decodes one message off libzmq's DEALER (non-blocking) into *done:
+ * 1, 0 when it was dropped (several frames: not ours; it is counted), -1
+ * when none was waiting; *drc is the decoder's result. */
+static int recv_zmq_complete(ect_pull_consumer *c, wire_transfer_complete *done, int *drc) {
     zmq_msg_t m;
     zmq_msg_init(&m);
     if (zmq_msg_recv(&m, c->dealer, ZMQ_DONTWAIT) < 0) {
@@ -182,9 +202,33 @@ static int take_complete(ect_pull_consumer *c, pend *pd, size_t n) {
         zmq_msg_close(&m);
         return 0;
     }
-    wire_transfer_complete done;
-    int drc = wire_transfer_complete_decode(zmq_msg_data(&m), zmq_msg_size(&m), &done);
+    *drc = wire_transfer_complete_decode(zmq_msg_data(&m), zmq_msg_size(&m), done);
     zmq_msg_close(&m);
+    return 1;
+}
+
+/* The same off our own DEALER. */
+static int recv_own_complete(ect_pull_consumer *c, wire_transfer_complete *done, int *drc) {
+    zmtp_msg m;
+    if (dl_next(c->dl, &m) != 1) return -1;
+    if (m.multi) { /* not ours: drop the whole message */
+        c->st.malformed++;
+        return 0;
+    }
+    *drc = wire_transfer_complete_decode(m.body, m.body_len, done);
+    return 1;
+}
+
+/* Takes one message off the DEALER (non-blocking) and settles the pull it
+ * completes among pd[0..n): by token, or (an upstream producer echoes none)
+ * the first unanswered one of that mm_hash. A completion of none of them is
+ * stale (a late one frees its quarantined region). Returns the number of
+ * pulls it settled (0 or 1), or -1 when no message was waiting. */
+static int take_complete(ect_pull_consumer *c, pend *pd, size_t n) {
+    wire_transfer_complete done;
+    int drc = 0;
+    int got = c->dl ? recv_own_complete(c, &done, &drc) : recv_zmq_complete(c, &done, &drc);
+    if (got <= 0) return got;
     if (drc || done.ext_error) {
         c->st.malformed++;
         ECT_LOGD(MOD, "DEALER frame dropped: %s", drc ? ect_last_error() : done.ext_error);
@@ -222,6 +266,13 @@ static void wait_complete(ect_pull_consumer *c, pend *pd, size_t n, uint64_t dea
         if (now >= deadline) {
             why = ECT_ETIMEDOUT;
             break;
+        }
+        if (c->dl) { /* our DEALER: drive it, then take what came */
+            int ev = dl_pump(c->dl, deadline - now > INT_MAX ? INT_MAX : (int)(deadline - now));
+            if (ev > 0) on_link_events(c, ev);
+            for (int got; left && (got = take_complete(c, pd, n)) >= 0;) left -= (size_t)got;
+            if (left && c->gone) why = ECT_ECLOSED;
+            continue;
         }
         zmq_pollitem_t it[2] = {{c->dealer, 0, ZMQ_POLLIN, 0}, {c->mon, 0, ZMQ_POLLIN, 0}};
         int rc = zmq_poll(it, 2, (long)(deadline - now));
@@ -301,15 +352,19 @@ static int prepare_pull(ect_pull_consumer *c, pend *pd) {
 }
 
 /* Sends a prepared pull's ECTransferPull; on failure undoes the pull. */
+/* Our DEALER queues it (the next dl_pump writes every queued pull in one
+ * go); libzmq's hands it to its I/O thread. */
 static int send_pull(ect_pull_consumer *c, pend *pd) {
-    int sent = zmq_send(c->dealer, pd->msg, pd->len, ZMQ_DONTWAIT);
+    int sent = c->dl ? dl_send(c->dl, pd->msg, pd->len)
+                     : (zmq_send(c->dealer, pd->msg, pd->len, ZMQ_DONTWAIT) < 0 ? -1 : 0);
     free(pd->msg);
     pd->msg = NULL;
-    if (sent < 0) {
-        int e = zmq_errno();
+    if (sent != 0) {
+        char why[ECT_ERROR_LEN];
+        snprintf(why, sizeof why, "%s", c->dl ? ect_last_error() : zmq_strerror(zmq_errno()));
         unprepare_pull(c, pd);
         return ect_set_error(ECT_ECONNREFUSED, "pull load of %s: cannot send ECTransferPull: %s",
-                             pd->mm_hash, zmq_strerror(e));
+                             pd->mm_hash, why);
     }
     return 0;
 }
@@ -507,6 +562,8 @@ static void collect(void *ctx, met_out *o) {
     met_out_pool(o, (double)ps.capacity, (double)ps.used, (double)ps.resident_bytes);
 }
 
+static int open_zmq_dealer(ect_pull_consumer *c, const char *host, int port);
+
 int ect_pull_consumer_open(const ect_pull_consumer_opts *o, ect_pull_consumer **out) {
     if (!out) return ect_set_error(ECT_EINVAL, "pull consumer: out is NULL");
     *out = NULL;
@@ -598,11 +655,30 @@ int ect_pull_consumer_open(const ect_pull_consumer_opts *o, ect_pull_consumer **
     c->registered = true;
     c->windows = true;
     if ((rc = xp_region_set_private(c->x, c->key)) != 0) goto fail;
-    c->zctx = zmq_ctx_new();
-    if (!c->zctx || !(c->dealer = zmq_socket(c->zctx, ZMQ_DEALER))) {
-        rc = ect_set_error(ECT_ENOMEM, "pull consumer: cannot create the DEALER");
+    if (!c->keys) {
+        dealer_link_opts dlo = {.host = host,
+                                .port = port,
+                                .max_msg = (uint64_t)ECT_PULL_MAX_MSG_BYTES,
+                                .heartbeat_ivl_ms = ECT_PULL_HEARTBEAT_IVL_MS,
+                                .heartbeat_timeout_ms = ECT_PULL_HEARTBEAT_TIMEOUT_MS};
+        if ((rc = dl_open(&dlo, &c->dl)) != 0) goto fail;
+    } else if ((rc = open_zmq_dealer(c, host, port)) != 0) {
         goto fail;
     }
+    if ((rc = met_source_add("pull_consumer", NULL, collect, c, &c->met))) goto fail;
+    *out = c;
+    return 0;
+fail:
+    ECT_RETURN_AFTER(rc, ect_pull_consumer_close(c));
+}
+
+/* With keys: libzmq's DEALER (CURVE), its socket monitor on a PAIR. */
+static int open_zmq_dealer(ect_pull_consumer *c, const char *host, int port) {
+    const ect_pull_consumer_opts *o = &c->o;
+    int rc;
+    c->zctx = zmq_ctx_new();
+    if (!c->zctx || !(c->dealer = zmq_socket(c->zctx, ZMQ_DEALER)))
+        return ect_set_error(ECT_ENOMEM, "pull consumer: cannot create the DEALER");
     int zero = 0;
     zmq_setsockopt(c->dealer, ZMQ_LINGER, &zero, sizeof zero);
     if (strchr(host, ':')) {
@@ -620,24 +696,17 @@ int ect_pull_consumer_open(const ect_pull_consumer_opts *o, ect_pull_consumer **
     char monep[64];
     snprintf(monep, sizeof monep, "inproc://ect-pull-consumer-mon-%p", (void *)c);
     if (zmq_socket_monitor(c->dealer, monep, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0 ||
-        !(c->mon = zmq_socket(c->zctx, ZMQ_PAIR)) || zmq_connect(c->mon, monep) != 0) {
-        rc = ect_set_error(ECT_EIO, "pull consumer: socket monitor: %s", zmq_strerror(zmq_errno()));
-        goto fail;
-    }
+        !(c->mon = zmq_socket(c->zctx, ZMQ_PAIR)) || zmq_connect(c->mon, monep) != 0)
+        return ect_set_error(ECT_EIO, "pull consumer: socket monitor: %s",
+                             zmq_strerror(zmq_errno()));
     zmq_setsockopt(c->mon, ZMQ_LINGER, &zero, sizeof zero);
     char ep[320];
     ect_tcp_endpoint(host, port, ep, sizeof ep);
-    if ((rc = zauth_client(c->zctx, c->dealer, c->keys, ZMQ_DEALER, ep, o->timeout_ms))) goto fail;
-    if (zmq_connect(c->dealer, ep) != 0) {
-        rc = ect_set_error(ECT_EINVAL, "pull consumer: cannot connect DEALER to %s: %s", ep,
-                           zmq_strerror(zmq_errno()));
-        goto fail;
-    }
-    if ((rc = met_source_add("pull_consumer", NULL, collect, c, &c->met))) goto fail;
-    *out = c;
+    if ((rc = zauth_client(c->zctx, c->dealer, c->keys, ZMQ_DEALER, ep, o->timeout_ms))) return rc;
+    if (zmq_connect(c->dealer, ep) != 0)
+        return ect_set_error(ECT_EINVAL, "pull consumer: cannot connect DEALER to %s: %s", ep,
+                             zmq_strerror(zmq_errno()));
     return 0;
-fail:
-    ECT_RETURN_AFTER(rc, ect_pull_consumer_close(c));
 }
 
 void ect_pull_consumer_close(ect_pull_consumer *c) {
@@ -650,6 +719,7 @@ void ect_pull_consumer_close(ect_pull_consumer *c) {
     if (c->mon) zmq_close(c->mon);
     if (c->dealer) zmq_close(c->dealer);
     if (c->zctx) zmq_ctx_term(c->zctx);
+    dl_close(c->dl);
     if (c->pool) quarantine_sweep(c, true);
     ect_pool_close(c->pool);
     ect_keys_free(c->keys);

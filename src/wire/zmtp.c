@@ -1,5 +1,6 @@
 /*
- * zmtp — ZMTP 3.x with the NULL mechanism for one REQ or REP connection,
+ * zmtp — ZMTP 3.x with the NULL mechanism for one REQ, REP, DEALER or ROUTER
+ * connection,
  * sans I/O (zmtp.h has the contract, docs/PROTOCOL.md the bytes).
  *
  * Receiving is one state machine over the bytes as they come (greeting, then
@@ -44,7 +45,7 @@ enum rx_state { RX_GREETING, RX_FLAGS, RX_SIZE, RX_BODY, RX_DEAD };
 /* Where the frame being received goes. */
 enum frame_dest { TO_COMMAND, TO_QUEUE, TO_NOWHERE };
 /* Which frame of a message comes next. */
-enum msg_phase { PH_DELIM, PH_ENVELOPE, PH_BODY, PH_EXTRA };
+enum msg_phase { PH_DELIM, PH_ENVELOPE, PH_OPT_DELIM, PH_BODY, PH_EXTRA };
 
 typedef struct zbuf {
     uint8_t *p;
@@ -95,6 +96,21 @@ struct zmtp_conn {
 };
 
 static const uint8_t mech_null[20] = {'N', 'U', 'L', 'L'};
+
+static const char *const role_names[] = {"REQ", "REP", "DEALER", "ROUTER"};
+
+/* The phase a message of `role` starts in: a REQ's reply starts with the
+ * delimiter, a REP's request with its envelope, a ROUTER's may start with a
+ * delimiter (a REQ peer), a DEALER's is the body. */
+static enum msg_phase first_phase(zmtp_role role) {
+    switch (role) {
+    case ZMTP_REQ: return PH_DELIM;
+    case ZMTP_REP: return PH_ENVELOPE;
+    case ZMTP_ROUTER: return PH_OPT_DELIM;
+    case ZMTP_DEALER: break;
+    }
+    return PH_BODY;
+}
 
 /* ---- buffers */
 
@@ -216,8 +232,10 @@ static int queue_handshake(zmtp_conn *c) {
     r[n++] = 5;
     memcpy(r + n, "READY", 5);
     n += 5;
-    n += put_property(r + n, "Socket-Type", c->role == ZMTP_REQ ? "REQ" : "REP");
-    if (c->role == ZMTP_REQ) n += put_property(r + n, "Identity", "");
+    n += put_property(r + n, "Socket-Type", role_names[c->role]);
+    /* libzmq 4.3 (mechanism.cpp) sends an (empty) Identity from REQ, DEALER
+     * and ROUTER sockets, none from REP */
+    if (c->role != ZMTP_REP) n += put_property(r + n, "Identity", "");
     return out_frame(c, F_COMMAND, r, n);
 }
 
@@ -253,9 +271,16 @@ static int greeting_byte(zmtp_conn *c, uint8_t b) {
 
 /* ---- receiving: commands */
 
+/* The peers libzmq 4.3 accepts for each type (mechanism.cpp,
+ * check_socket_type). */
 static bool type_pairs(zmtp_role role, const char *t) {
-    if (role == ZMTP_REQ) return !strcmp(t, "REP") || !strcmp(t, "ROUTER");
-    return !strcmp(t, "REQ") || !strcmp(t, "DEALER");
+    switch (role) {
+    case ZMTP_REQ: return !strcmp(t, "REP") || !strcmp(t, "ROUTER");
+    case ZMTP_REP: return !strcmp(t, "REQ") || !strcmp(t, "DEALER");
+    case ZMTP_DEALER: return !strcmp(t, "REP") || !strcmp(t, "DEALER") || !strcmp(t, "ROUTER");
+    case ZMTP_ROUTER: return !strcmp(t, "REQ") || !strcmp(t, "DEALER") || !strcmp(t, "ROUTER");
+    }
+    return false;
 }
 
 static uint32_t be32(const uint8_t *p) {
@@ -289,8 +314,7 @@ static int on_ready(zmtp_conn *c, const uint8_t *p, size_t n) {
         c->peer_type[0] = '\0';
         for (char *s = t; *s; s++)
             if (*s < 0x20 || *s >= 0x7F) *s = '?';
-        return fail(c, ECT_EPROTO, "a %s socket cannot talk to our %s", t,
-                    c->role == ZMTP_REQ ? "REQ" : "REP");
+        return fail(c, ECT_EPROTO, "a %s socket cannot talk to our %s", t, role_names[c->role]);
     }
     c->peer_ready = true;
     if (c->held.len) { /* the messages sent while the handshake was going on */
@@ -352,7 +376,7 @@ static int message_frame_begin(zmtp_conn *c) {
         c->discard = c->multi = false;
         c->msg_total = c->env_len = c->body_len = 0;
         c->env_frames = 0;
-        c->phase = c->role == ZMTP_REQ ? PH_DELIM : PH_ENVELOPE;
+        c->phase = first_phase(c->role);
     }
     if (size > c->max_msg - c->msg_total)
         return fail(c, ECT_ERANGE, "a message of more than %llu bytes (frame of %llu)",
@@ -384,6 +408,16 @@ static int message_frame_begin(zmtp_conn *c) {
             c->dest = TO_QUEUE;
         return 0;
     }
+    case PH_OPT_DELIM: /* ROUTER: an empty first frame with more is a REQ's delimiter */
+        if (size == 0 && more) {
+            static const uint8_t delim[2] = {F_MORE, 0};
+            int rc = zbuf_append(&c->q, delim, sizeof delim);
+            if (rc) return fail(c, rc, "out of memory");
+            c->env_len = sizeof delim;
+            c->phase = PH_BODY;
+            return 0;
+        }
+        __attribute__((fallthrough)); /* the first frame is the body */
     case PH_BODY:
         c->body_len = size;
         c->dest = TO_QUEUE;
@@ -469,7 +503,7 @@ static void queue_compact(zmtp_conn *c) {
 
 int zmtp_conn_new(zmtp_role role, uint64_t max_msg, zmtp_conn **out) {
     if (out) *out = NULL;
-    if (!out || (role != ZMTP_REQ && role != ZMTP_REP) || max_msg < 1)
+    if (!out || (unsigned)role > ZMTP_ROUTER || max_msg < 1)
         return ect_set_error(ECT_EINVAL, "zmtp_conn_new: bad role, max_msg or out");
     zmtp_conn *c = calloc(1, sizeof *c);
     if (!c) return ect_set_error(ECT_ENOMEM, "zmtp: out of memory");
@@ -553,10 +587,27 @@ int zmtp_conn_send_req(zmtp_conn *c, const void *body, size_t len) {
 
 int zmtp_conn_send_rep(zmtp_conn *c, const uint8_t *envelope, size_t envelope_len, const void *body,
                        size_t len) {
-    if (!c || (!envelope && envelope_len) || (!body && len) || c->role != ZMTP_REP)
-        return ect_set_error(ECT_EINVAL, "zmtp_conn_send_rep: NULL argument or not a REP");
+    if (!c || (!envelope && envelope_len) || (!body && len) ||
+        (c->role != ZMTP_REP && c->role != ZMTP_ROUTER))
+        return ect_set_error(ECT_EINVAL, "zmtp_conn_send_rep: NULL argument or not a REP/ROUTER");
     if (c->err) return failed_before(c);
     return queue_message(c, envelope, envelope_len, body, len);
+}
+
+int zmtp_conn_send(zmtp_conn *c, const void *body, size_t len) {
+    if (!c || (!body && len) || (c->role != ZMTP_DEALER && c->role != ZMTP_ROUTER))
+        return ect_set_error(ECT_EINVAL, "zmtp_conn_send: NULL argument or not a DEALER/ROUTER");
+    if (c->err) return failed_before(c);
+    return queue_message(c, NULL, 0, body, len);
+}
+
+int zmtp_conn_ping(zmtp_conn *c) {
+    if (!c) return ect_set_error(ECT_EINVAL, "zmtp_conn_ping: NULL argument");
+    if (c->err) return failed_before(c);
+    if (!c->peer_ready) return 0; /* commands other than READY wait for the handshake */
+    /* libzmq's PING: TTL 0 (ZMQ_HEARTBEAT_TTL unset), no context */
+    static const uint8_t ping[7] = {4, 'P', 'I', 'N', 'G', 0, 0};
+    return out_frame(c, F_COMMAND, ping, sizeof ping);
 }
 
 const uint8_t *zmtp_conn_out(const zmtp_conn *c, size_t *len) {

@@ -1,9 +1,10 @@
 /*
  * zmtp — ZMTP 3.x (https://rfc.zeromq.org/spec/23/; our greeting says 3.1,
  * as libzmq 4.3's does, RFC 37's PING/PONG) with the NULL mechanism, sans I/O: the bytes a REQ or
- * REP end of the push control channel exchanges with a libzmq peer, so that a thread can speak them
- * on its own socket instead of handing every message to libzmq's I/O thread and back (issue 13).
- * The bytes on the wire are exactly what a libzmq REQ or REP socket sends; a
+ * REP end of the push control channel, or a DEALER or ROUTER end of the pull channel, exchanges
+ * with a libzmq peer, so that a thread can speak them on its own socket instead of handing every
+ * message to libzmq's I/O thread and back (issue 13).
+ * The bytes on the wire are exactly what a libzmq REQ, REP, DEALER or ROUTER socket sends; a
  * libzmq (pyzmq, upstream vLLM) peer cannot tell the difference.
  * docs/PROTOCOL.md "Control channel framing (ZMTP)" lists them byte for byte.
  *
@@ -12,8 +13,9 @@
  * queues our greeting and READY at once when made (a libzmq peer sends its
  * greeting in pieces and waits for ours: we never wait for theirs first),
  * checks the peer's greeting (signature, major version >= 3, mechanism NULL)
- * and READY (Socket-Type a valid peer of ours: REQ talks to REP or ROUTER, REP
- * to REQ or DEALER), answers PING with PONG (ZMTP 3.1 peers with heartbeats
+ * and READY (Socket-Type a valid peer of ours, as libzmq checks: REQ talks to
+ * REP or ROUTER, REP to REQ or DEALER, DEALER to REP, DEALER or ROUTER, ROUTER
+ * to REQ, DEALER or ROUTER), answers PING with PONG (ZMTP 3.1 peers with heartbeats
  * on), ignores other commands, and assembles whole messages (frames up to one
  * without MORE) that zmtp_conn_next hands out one at a time. A message queued
  * before the peer's READY is held back until it comes (libzmq 4.3 drops a
@@ -29,6 +31,15 @@
  *     with zmtp_conn_send_rep (envelope, then the reply body). A message
  *     without a delimiter is dropped, as libzmq's REP drops it.
  * A REQ flags a reply of several body frames `multi` too.
+ *   - a DEALER sends and receives frames as they are: zmtp_conn_send queues a
+ *     one-frame message; a received message's first frame is the body (more
+ *     frames: `multi`).
+ *   - a ROUTER end is one connection, i.e. one peer: no identity frames on
+ *     the wire (the caller knows the peer by its connection). A received
+ *     message whose first frame is empty and has more (a REQ peer's
+ *     delimiter) carries it as the envelope (`01 00`), the next frame as the
+ *     body; otherwise the first frame is the body. Replies: zmtp_conn_send_rep
+ *     with that envelope (or zmtp_conn_send without one).
  *
  * Bounds: a message whose frames sum over `max_msg` bytes is refused
  * (ECT_ERANGE) the moment its size is known, before it is buffered; an
@@ -49,7 +60,7 @@
     32 /* frames before the delimiter (REQ sends none; a DEALER may route)                         \
         */
 
-typedef enum { ZMTP_REQ, ZMTP_REP } zmtp_role;
+typedef enum { ZMTP_REQ, ZMTP_REP, ZMTP_DEALER, ZMTP_ROUTER } zmtp_role;
 
 typedef struct zmtp_conn zmtp_conn;
 
@@ -85,11 +96,18 @@ bool zmtp_conn_ready(const zmtp_conn *c);
  * the empty delimiter). */
 int zmtp_conn_next(zmtp_conn *c, zmtp_msg *m);
 
-/* Queue a message for sending. REQ: [delimiter][body]. REP: the envelope a
- * zmtp_msg carried (bytes as it gave them), then [body]. ECT_ENOMEM. */
+/* Queue a message for sending. REQ: [delimiter][body]. REP, ROUTER: the
+ * envelope a zmtp_msg carried (bytes as it gave them), then [body]. DEALER,
+ * ROUTER (zmtp_conn_send): [body]. ECT_ENOMEM; ECT_EINVAL for the wrong role. */
 int zmtp_conn_send_req(zmtp_conn *c, const void *body, size_t len);
 int zmtp_conn_send_rep(zmtp_conn *c, const uint8_t *envelope, size_t envelope_len, const void *body,
                        size_t len);
+int zmtp_conn_send(zmtp_conn *c, const void *body, size_t len);
+
+/* Queue a PING (heartbeat, RFC 37) as libzmq's ZMQ_HEARTBEAT_IVL sends it:
+ * TTL 0, no context (`04 07 04 50 49 4e 47 00 00`). Nothing before the
+ * peer's READY. ECT_ENOMEM. */
+int zmtp_conn_ping(zmtp_conn *c);
 
 /* What is queued for sending: *len bytes at the returned pointer (NULL, 0
  * when nothing). After writing n of them, zmtp_conn_sent(c, n). */

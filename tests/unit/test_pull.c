@@ -946,6 +946,38 @@ static void test_producer_killed(void **st) {
     ect_pull_consumer_close(c);
 }
 
+/* Reconnection: a producer closed (its connection ends: gone, at once) and
+ * opened again on its port is reached again without reopening the
+ * consumer; loads in between fail with ECT_ECLOSED, never wait. */
+static void test_producer_back_on_its_port(void **st) {
+    (void)st;
+    enum { SZ = 4096 };
+    ect_pull_producer *p = open_producer("tcp", 1 * MiB, 0);
+    int port = ect_pull_producer_port(p);
+    save_item(p, "a", SZ, 5);
+    assert_int_equal(ect_pull_producer_flush(p, 60000), 0);
+    ect_pull_consumer *c = open_consumer("tcp", port, 1 * MiB, 600000);
+    ect_pull_meta m = {.nbytes = SZ, .ndim = 1, .shape = {SZ}};
+    snprintf(m.dtype, sizeof m.dtype, "uint8");
+    load_check(c, "a", &m, SZ, 5);
+    ect_pull_producer_close(p);
+    ect_pull_view v;
+    assert_err(ect_pull_consumer_load(c, "b", &m, &v), ECT_ECLOSED, "gone");
+    p = open_producer("tcp", 1 * MiB, port);
+    save_item(p, "b", SZ, 6);
+    assert_int_equal(ect_pull_producer_flush(p, 60000), 0);
+    int rc, tries = 0;
+    while ((rc = ect_pull_consumer_load(c, "b", &m, &v)) == ECT_ECLOSED) tries++;
+    if (rc) fail_msg("load b after %d tries: %s", tries, ect_last_error());
+    assert_true(test_check_pattern(v.data, SZ, 6));
+    ect_pull_consumer_stat cs;
+    ect_pull_consumer_stats(c, &cs);
+    assert_int_equal(cs.producer_lost, 1);
+    assert_int_equal(cs.timeouts, 0);
+    ect_pull_consumer_close(c);
+    ect_pull_producer_close(p);
+}
+
 /* The connect policy: by default a pull may name only a session on the
  * address it came from (a DEALER on 127.0.0.1 naming 127.0.0.3 is refused
  * ECT_EACCES before any connect); connect_allow widens it. */
@@ -1229,6 +1261,7 @@ int main(void) {
         cmocka_unit_test(test_load_many_tcp),
         cmocka_unit_test(test_load_many_shm),
         cmocka_unit_test(test_peer_gone),
+        cmocka_unit_test(test_producer_back_on_its_port),
         cmocka_unit_test(test_producer_killed),
         cmocka_unit_test(test_connect_policy),
         cmocka_unit_test(test_tarpit_holds_one_lane),

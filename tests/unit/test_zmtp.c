@@ -291,6 +291,173 @@ static void test_libzmq_dealer_to_rep(void **st) {
     serve_one(ZMQ_DEALER);
 }
 
+/* The pull channel's roles (issue 13, fifth pass). */
+
+/* Our DEALER to a libzmq ROUTER: both ways, and libzmq ROUTER's handshake is
+ * byte for byte what our ROUTER queues. */
+static void test_dealer_to_libzmq_router(void **st) {
+    (void)st;
+    void *z = zmq_ctx_new();
+    void *router = zsock(z, ZMQ_ROUTER);
+    int fd = tcp_connect(zmq_bound_port(router));
+    zmtp_conn *c = NULL;
+    assert_int_equal(zmtp_conn_new(ZMTP_DEALER, MAXMSG, &c), 0);
+    assert_int_equal(zmtp_conn_send(c, "hello", 5), 0);
+    assert_int_equal(zmtp_conn_ping(c), 0); /* before READY: nothing */
+    bytes seen = {0};
+    pump_until_ready(c, fd, &seen);
+    flush_out(c, fd);
+    char id[256], buf[64];
+    int idl = zmq_recv(router, id, sizeof id, 0);
+    assert_true(idl > 0);
+    assert_int_equal(zmq_recv(router, buf, sizeof buf, 0), 5);
+    assert_memory_equal(buf, "hello", 5);
+    char big[1000];
+    memset(big, 'y', sizeof big);
+    assert_int_equal(zmq_send(router, id, (size_t)idl, ZMQ_SNDMORE), idl);
+    assert_int_equal(zmq_send(router, big, sizeof big, 0), (int)sizeof big);
+    zmtp_msg m;
+    pump_until_msg(c, fd, &m, &seen);
+    assert_int_equal(m.body_len, sizeof big);
+    assert_memory_equal(m.body, big, sizeof big);
+    assert_false(m.multi);
+    assert_int_equal(m.envelope_len, 0);
+    assert_string_equal(zmtp_conn_peer_type(c), "ROUTER");
+    bytes ours = handshake_of(ZMTP_ROUTER);
+    assert_int_equal(seen.len, ours.len + 9 + sizeof big); /* no identity frame on the wire */
+    assert_memory_equal(seen.p, ours.p, ours.len);
+    free(ours.p);
+    free(seen.p);
+    zmtp_conn_free(c);
+    close(fd);
+    zmq_close(router);
+    zmq_ctx_term(z);
+}
+
+/* Reads from fd into *seen (feeding c) until `want` shows up in it. */
+static void pump_until_bytes(zmtp_conn *c, int fd, bytes *seen, const uint8_t *want, size_t n) {
+    while (seen->len < n || !memmem(seen->p, seen->len, want, n)) {
+        flush_out(c, fd);
+        feed_next(c, fd, seen);
+    }
+}
+
+/* A libzmq DEALER (heartbeats on) or REQ to our ROUTER on an accepted
+ * socket: what the DEALER sends is what our DEALER sends, its PING is our
+ * zmtp_conn_ping's; the REQ's delimiter is our ROUTER's envelope. */
+static void route_one(int type) {
+    void *z = zmq_ctx_new();
+    int port;
+    int lfd = tcp_listen(&port);
+    void *s = zsock(z, type);
+    int ivl = 1; /* ms: its first PING comes soon */
+    if (type == ZMQ_DEALER) zmq_setsockopt(s, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+    assert_int_equal(zmq_connect(s, ep), 0);
+    int fd = accept(lfd, NULL, NULL);
+    assert_true(fd >= 0);
+    zmtp_conn *c = NULL;
+    assert_int_equal(zmtp_conn_new(ZMTP_ROUTER, MAXMSG, &c), 0);
+    assert_int_equal(zmq_send(s, "hello", 5, 0), 5);
+    zmtp_msg m;
+    bytes seen = {0};
+    pump_until_msg(c, fd, &m, &seen);
+    assert_int_equal(m.body_len, 5);
+    assert_memory_equal(m.body, "hello", 5);
+    assert_false(m.multi);
+    zmtp_conn *d = NULL; /* what ours sends in the libzmq peer's place */
+    assert_int_equal(zmtp_conn_new(type == ZMQ_REQ ? ZMTP_REQ : ZMTP_DEALER, MAXMSG, &d), 0);
+    assert_int_equal(
+        type == ZMQ_REQ ? zmtp_conn_send_req(d, "hello", 5) : zmtp_conn_send(d, "hello", 5), 0);
+    bytes rh = handshake_of(ZMTP_ROUTER);
+    assert_int_equal(zmtp_conn_feed(d, rh.p, rh.len), 0);
+    free(rh.p);
+    size_t n;
+    const uint8_t *p = zmtp_conn_out(d, &n);
+    assert_true(seen.len >= n);
+    assert_memory_equal(seen.p, p, n);
+    if (type == ZMQ_REQ) {
+        static const uint8_t env[] = {1, 0};
+        assert_string_equal(zmtp_conn_peer_type(c), "REQ");
+        assert_int_equal(m.envelope_len, sizeof env);
+        assert_memory_equal(m.envelope, env, sizeof env);
+        assert_int_equal(zmtp_conn_send_rep(c, m.envelope, m.envelope_len, "world", 5), 0);
+    } else {
+        assert_string_equal(zmtp_conn_peer_type(c), "DEALER");
+        assert_int_equal(m.envelope_len, 0);
+        zmtp_conn_sent(d, n);
+        assert_int_equal(zmtp_conn_ping(d), 0);
+        p = zmtp_conn_out(d, &n);
+        static const uint8_t ping[] = {4, 7, 4, 'P', 'I', 'N', 'G', 0, 0};
+        assert_int_equal(n, sizeof ping);
+        assert_memory_equal(p, ping, sizeof ping);
+        pump_until_bytes(c, fd, &seen, ping, sizeof ping); /* libzmq's, the same bytes */
+        assert_int_equal(zmtp_conn_send(c, "world", 5), 0);
+    }
+    flush_out(c, fd);
+    char buf[64];
+    assert_int_equal(zmq_recv(s, buf, sizeof buf, 0), 5);
+    assert_memory_equal(buf, "world", 5);
+    zmtp_conn_free(d);
+    free(seen.p);
+    zmtp_conn_free(c);
+    close(fd);
+    close(lfd);
+    zmq_close(s);
+    zmq_ctx_term(z);
+}
+
+static void test_libzmq_dealer_to_router(void **st) {
+    (void)st;
+    route_one(ZMQ_DEALER);
+}
+
+static void test_libzmq_req_to_router(void **st) {
+    (void)st;
+    route_one(ZMQ_REQ);
+}
+
+/* A ROUTER's messages: [body], [empty][body] (a REQ's), anything else multi;
+ * a DEALER's: frames as they are. */
+static void test_router_dealer_messages(void **st) {
+    (void)st;
+    zmtp_conn *r = NULL;
+    assert_int_equal(zmtp_conn_new(ZMTP_ROUTER, MAXMSG, &r), 0);
+    bytes h = handshake_of(ZMTP_DEALER);
+    static const uint8_t in[] = {0, 1, 'a', 1, 0, 0, 1, 'b', 1, 1, 'c', 0, 1, 'd', 1, 0, 0, 0};
+    bytes_add(&h, in, sizeof in);
+    assert_int_equal(zmtp_conn_feed(r, h.p, h.len), 0);
+    free(h.p);
+    zmtp_msg m;
+    assert_int_equal(zmtp_conn_next(r, &m), 1);
+    assert_true(m.body_len == 1 && m.body[0] == 'a' && !m.multi && !m.envelope_len);
+    assert_int_equal(zmtp_conn_next(r, &m), 1);
+    assert_true(m.body_len == 1 && m.body[0] == 'b' && !m.multi && m.envelope_len == 2);
+    assert_int_equal(zmtp_conn_next(r, &m), 1);
+    assert_true(m.body_len == 1 && m.body[0] == 'c' && m.multi);
+    assert_int_equal(zmtp_conn_next(r, &m), 1); /* [empty][empty]: the delimiter, an empty body */
+    assert_true(m.body_len == 0 && m.envelope_len == 2 && !m.multi);
+    assert_int_equal(zmtp_conn_next(r, &m), 0);
+    assert_err(zmtp_conn_send_req(r, "x", 1), ECT_EINVAL, "not a REQ");
+    zmtp_conn_free(r);
+    zmtp_conn *d = NULL;
+    assert_int_equal(zmtp_conn_new(ZMTP_DEALER, MAXMSG, &d), 0);
+    h = handshake_of(ZMTP_ROUTER);
+    bytes_add(&h, in, sizeof in);
+    assert_int_equal(zmtp_conn_feed(d, h.p, h.len), 0);
+    free(h.p);
+    assert_int_equal(zmtp_conn_next(d, &m), 1);
+    assert_true(m.body_len == 1 && m.body[0] == 'a' && !m.multi);
+    assert_int_equal(zmtp_conn_next(d, &m), 1); /* a DEALER has no delimiter: multi */
+    assert_true(m.body_len == 0 && m.multi && !m.envelope_len);
+    assert_err(zmtp_conn_send_rep(d, NULL, 0, "x", 1), ECT_EINVAL, "not a REP");
+    zmtp_conn_free(d);
+    assert_int_equal(zmtp_conn_new(ZMTP_REQ, MAXMSG, &d), 0);
+    assert_err(zmtp_conn_send(d, "x", 1), ECT_EINVAL, "not a DEALER");
+    zmtp_conn_free(d);
+}
+
 /* A real CurveZMQ client is refused at the mechanism, not after 64 bytes. */
 static void test_libzmq_curve_refused(void **st) {
     (void)st;
@@ -501,6 +668,10 @@ static void test_handshake_refusals(void **st) {
         {ZMTP_REQ, "\x04\x00", 2, "command of 0 bytes"},
         {ZMTP_REQ, "\x06\x00\x00\x00\x00\x00\x00\x30\x00", 9, "command of"},
         {ZMTP_REQ, "\x04\x02\x09R", 4, "command name"},
+        {ZMTP_DEALER, "\x04\x19\x05READY\x0bSocket-Type\x00\x00\x00\x03REQ", 27, "REQ socket"},
+        {ZMTP_DEALER, "\x04\x19\x05READY\x0bSocket-Type\x00\x00\x00\x03PUB", 27, "our DEALER"},
+        {ZMTP_ROUTER, "\x04\x19\x05READY\x0bSocket-Type\x00\x00\x00\x03REP", 27, "our ROUTER"},
+        {ZMTP_ROUTER, "\x04\x19\x05READY\x0bSocket-Type\x00\x00\x00\x03SUB", 27, "SUB socket"},
     };
     for (size_t i = 0; i < ECT_ARRAY_LEN(cases); i++) {
         zmtp_conn *c = NULL;
@@ -644,6 +815,10 @@ int main(void) {
         cmocka_unit_test(test_req_to_libzmq_rep),
         cmocka_unit_test(test_libzmq_req_to_rep),
         cmocka_unit_test(test_libzmq_dealer_to_rep),
+        cmocka_unit_test(test_dealer_to_libzmq_router),
+        cmocka_unit_test(test_libzmq_dealer_to_router),
+        cmocka_unit_test(test_libzmq_req_to_router),
+        cmocka_unit_test(test_router_dealer_messages),
         cmocka_unit_test(test_libzmq_curve_refused),
         cmocka_unit_test(test_old_greetings_refused_at_once),
         cmocka_unit_test(test_mechanism_refused),
