@@ -97,42 +97,16 @@ static int connect_done(dealer_link *l) {
 
 /* Writes what the codec queued, as far as the socket takes it. */
 static int link_write(dealer_link *l) {
-    size_t n;
-    const uint8_t *p;
-    while ((p = zmtp_conn_out(l->z, &n)) != NULL) {
-        ssize_t w = send(l->fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (w > 0) {
-            zmtp_conn_sent(l->z, (size_t)w);
-        } else if (w < 0 && errno == EINTR) {
-            continue;
-        } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            return 0;
-        } else {
-            char why[128];
-            snprintf(why, sizeof why, "send: %s", strerror(errno));
-            return lose(l, why);
-        }
-    }
-    return 0;
+    return zmtp_fd_flush(l->z, l->fd) ? lose(l, ect_last_error()) : 0;
 }
 
 /* Reads what is there into the codec; the connection ends on EOF, an error
- * or bytes the codec refuses. */
+ * or bytes the codec refuses. Anything heard answers the heartbeat. */
 static int link_read(dealer_link *l) {
-    for (;;) {
-        ssize_t r = recv(l->fd, l->buf, sizeof l->buf, MSG_DONTWAIT);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-        if (r <= 0) {
-            char why[128];
-            snprintf(why, sizeof why, "%s", r == 0 ? "connection closed by the producer" : "");
-            if (r < 0) snprintf(why, sizeof why, "receive: %s", strerror(errno));
-            return lose(l, why);
-        }
-        l->ping_wait_since_ms = 0; /* anything heard answers the heartbeat */
-        if (zmtp_conn_feed(l->z, l->buf, (size_t)r) != 0) return lose(l, ect_last_error());
-        if ((size_t)r < sizeof l->buf) return 0; /* drained: spare the EAGAIN */
-    }
+    bool heard = false;
+    int rc = zmtp_fd_fill(l->z, l->fd, l->buf, sizeof l->buf, &heard);
+    if (heard) l->ping_wait_since_ms = 0;
+    return rc ? lose(l, ect_last_error()) : 0;
 }
 
 /* Heartbeats of an established connection (see dealer_link.h). */

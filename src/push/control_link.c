@@ -37,7 +37,7 @@
 
 /* Internal outcome: the connection is gone (EOF, reset, handshake refused);
  * ect_last_error() says how. Never returned to the caller. */
-#define LINK_LOST 1
+#define LINK_LOST ZMTP_FD_LOST
 
 struct ctl_link {
     int fd; /* -1: not connected */
@@ -171,44 +171,14 @@ static int link_connect(ctl_link *l, const ctl_link_call_opts *o, uint64_t deadl
 }
 
 /* Writes what the codec queued, as far as the socket takes it now. */
-static int link_write(ctl_link *l) {
-    size_t n;
-    const uint8_t *p;
-    while ((p = zmtp_conn_out(l->z, &n)) != NULL) {
-        ssize_t w = send(l->fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (w > 0) {
-            zmtp_conn_sent(l->z, (size_t)w);
-        } else if (w < 0 && errno == EINTR) {
-            continue;
-        } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            return 0;
-        } else {
-            ect_set_errno(errno, "send");
-            return LINK_LOST;
-        }
-    }
-    return 0;
-}
+static int link_write(ctl_link *l) { return zmtp_fd_flush(l->z, l->fd); }
 
 /* Reads what is there and feeds it to the codec. LINK_LOST on EOF or a
  * socket error, the codec's error for bytes it refuses. */
 static int link_read(ctl_link *l) {
-    for (;;) {
-        ssize_t r = recv(l->fd, l->buf, sizeof l->buf, MSG_DONTWAIT);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-        if (r <= 0) {
-            if (r == 0)
-                ect_set_error(ECT_ECLOSED, "the peer closed the connection");
-            else
-                ect_set_errno(errno, "receive");
-            return LINK_LOST;
-        }
-        int rc = zmtp_conn_feed(l->z, l->buf, (size_t)r);
-        if (rc) return rc;
-        if (zmtp_conn_ready(l->z)) l->peer_ready = true;
-        if ((size_t)r < sizeof l->buf) return 0; /* drained: spare the EAGAIN */
-    }
+    int rc = zmtp_fd_fill(l->z, l->fd, l->buf, sizeof l->buf, NULL);
+    if (zmtp_conn_ready(l->z)) l->peer_ready = true;
+    return rc;
 }
 
 /* An idle connection is usable when nothing came on it since the last reply

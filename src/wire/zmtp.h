@@ -118,4 +118,18 @@ void zmtp_conn_sent(zmtp_conn *c, size_t n);
  * handshake), for logs and tests. */
 const char *zmtp_conn_peer_type(const zmtp_conn *c);
 
+/* The codec's two I/O helpers (zmtp_fd.c), for a connected non-blocking
+ * stream socket; shared by the clients that own one (push control_link,
+ * pull dealer_link). ZMTP_FD_LOST means the connection is gone: EOF
+ * (ECT_ECLOSED, "the peer closed the connection") or a socket error
+ * ("send: ..." / "receive: ..."), set as the last error.
+ * zmtp_fd_flush writes what the codec queued as far as fd takes it now: 0
+ * (all written, or the socket is full), or ZMTP_FD_LOST.
+ * zmtp_fd_fill reads what fd has into the codec through buf (cap bytes at a
+ * time) until it would block: 0, ZMTP_FD_LOST, or the codec's error for
+ * bytes it refuses. *heard (may be NULL) is set true when a byte came. */
+#define ZMTP_FD_LOST 1
+int zmtp_fd_flush(zmtp_conn *c, int fd);
+int zmtp_fd_fill(zmtp_conn *c, int fd, uint8_t *buf, size_t cap, bool *heard);
+
 #endif
