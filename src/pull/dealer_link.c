@@ -176,26 +176,14 @@ const char *dl_lost_reason(const dealer_link *l) { return l->lost; }
 
 int dl_open(const dealer_link_opts *o, dealer_link **out) {
     *out = NULL;
-    char host[256], ps[16];
-    const char *h = o->host;
-    size_t hl = strlen(h);
-    if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']' && hl - 2 < sizeof host) {
-        memcpy(host, h + 1, hl - 2);
-        host[hl - 2] = '\0';
-        h = host;
-    }
     dealer_link *l = calloc(1, sizeof *l);
     if (!l) return ect_set_error(ECT_ENOMEM, "pull consumer: out of memory");
     l->o = *o;
     l->o.host = NULL;
     l->fd = -1;
-    snprintf(ps, sizeof ps, "%d", o->port);
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
-    int g = getaddrinfo(h, ps, &hints, &l->ai);
-    if (g != 0 || !l->ai) {
+    if (zmtp_fd_resolve("pull consumer", o->host, o->port, &l->ai) != 0) {
         free(l);
-        return ect_set_error(ECT_EINVAL, "pull consumer: cannot resolve producer host '%.100s': %s",
-                             h, gai_strerror(g));
+        return ECT_EINVAL;
     }
     int rc = new_codec(l);
     if (rc) {

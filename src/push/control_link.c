@@ -138,21 +138,8 @@ static int connect_one(const ctl_link_call_opts *o, const struct addrinfo *ai, u
 /* Connects to the first address of the host that takes it (names and IPv6
  * literals resolve as libzmq resolves them: getaddrinfo, "[v6]" unwrapped). */
 static int link_connect(ctl_link *l, const ctl_link_call_opts *o, uint64_t deadline) {
-    char host[256], ps[16];
-    const char *h = o->host;
-    size_t hl = strlen(h);
-    if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']' && hl - 2 < sizeof host) {
-        memcpy(host, h + 1, hl - 2);
-        host[hl - 2] = '\0';
-        h = host;
-    }
-    snprintf(ps, sizeof ps, "%d", o->port);
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
     struct addrinfo *res = NULL;
-    int g = getaddrinfo(h, ps, &hints, &res);
-    if (g != 0)
-        return ect_set_error(ECT_EINVAL, "control client: cannot resolve host '%.100s': %s", h,
-                             gai_strerror(g));
+    if (zmtp_fd_resolve("control client", o->host, o->port, &res) != 0) return ECT_EINVAL;
     int rc = ect_set_error(ECT_ECONNREFUSED, "control %s: no address", o->addr);
     int fd = -1;
     for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {

@@ -132,4 +132,10 @@ const char *zmtp_conn_peer_type(const zmtp_conn *c);
 int zmtp_fd_flush(zmtp_conn *c, int fd);
 int zmtp_fd_fill(zmtp_conn *c, int fd, uint8_t *buf, size_t cap, bool *heard);
 
+/* The stream addresses of host:port as libzmq's tcp:// connect resolves
+ * them (getaddrinfo; an IPv6 literal may come in brackets). 0 and *out (free
+ * with freeaddrinfo), or ECT_EINVAL naming `who` and the host. */
+struct addrinfo;
+int zmtp_fd_resolve(const char *who, const char *host, int port, struct addrinfo **out);
+
 #endif

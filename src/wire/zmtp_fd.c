@@ -4,6 +4,9 @@
  * these two loops are what every client that owns a socket wrote the same.
  */
 #include <errno.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <string.h>
 #include <sys/socket.h>
 
 #include "util/util.h"
@@ -45,4 +48,24 @@ int zmtp_fd_fill(zmtp_conn *c, int fd, uint8_t *buf, size_t cap, bool *heard) {
         if (rc) return rc;
         if ((size_t)r < cap) return 0; /* drained: spare the EAGAIN */
     }
+}
+
+int zmtp_fd_resolve(const char *who, const char *host, int port, struct addrinfo **out) {
+    char unwrapped[256], ps[16];
+    const char *h = host;
+    size_t hl = strlen(h);
+    if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']' && hl - 2 < sizeof unwrapped) {
+        memcpy(unwrapped, h + 1, hl - 2);
+        unwrapped[hl - 2] = '\0';
+        h = unwrapped;
+    }
+    snprintf(ps, sizeof ps, "%d", port);
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+    *out = NULL;
+    int g = getaddrinfo(h, ps, &hints, out);
+    if (g == 0 && *out) return 0;
+    if (*out) freeaddrinfo(*out);
+    *out = NULL;
+    return ect_set_error(ECT_EINVAL, "%s: cannot resolve host '%.100s': %s", who, h,
+                         g ? gai_strerror(g) : "no address");
 }
