@@ -90,6 +90,7 @@ struct ect_push_producer {
     bool kick;         /* the table has new work (a flush, a cancel) */
     bool running;      /* a thread holds the baton: runs rounds (see the top) */
     pp_handoff ho;     /* the dispatcher takes the baton and finishes this round */
+    uint64_t handoffs; /* how often the dispatcher took the baton so (pp_handoffs) */
     pp_route *routes;  /* addresses with completes in flight */
     push_table *table; /* the records: the producer's whole state */
     pbatch batch;      /* over the table: exchanges and their outcomes */
@@ -178,6 +179,10 @@ void pp_deliver(ect_push_producer *p, px *x);
  * lock, waking poll once. Call without mu; the records were already counted
  * in p->unreported. */
 void pp_local(ect_push_producer *p, const push_action *a, size_t n);
+
+/* How many times the dispatcher took the baton handed to it (p->ho): each
+ * is a thread hand-off inside a step (for tests and profiles). Any thread. */
+uint64_t pp_handoffs(ect_push_producer *p);
 
 /* Counts the FINISHED among a[0..n) into p->unreported. Caller holds mu. */
 void pp_count_finished_locked(ect_push_producer *p, const push_action *a, size_t n);

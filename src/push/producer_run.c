@@ -208,6 +208,13 @@ static void route_completes_locked(ect_push_producer *p, const runner *r, px *xs
  * baton to the dispatcher (p->ho) in the middle of a round. */
 static bool run_rounds(ect_push_producer *p, runner *r) {
     while (!p->stop) {
+        /* This look at the table sees every flush so far: a kick set before
+         * it is answered here, and only one set after it (mu dropped around
+         * the work) makes the baton's holder look again. Left set, it sent a
+         * lane that had just queued a flush's reserve on itself to hand the
+         * empty baton to the dispatcher, which then took the step's write
+         * and sent its complete to the other lane (two hand-offs more). */
+        p->kick = false;
         uint64_t now = ect_now_ms();
         size_t n = push_next_actions(p->table, now, p->acts, p->acts_cap);
         if (!n) return false;
@@ -240,7 +247,6 @@ static bool leaves_the_rest(const runner *r) {
  * and mu. Lets go of the baton at the end, unless handed to the dispatcher. */
 static void run_with_baton(ect_push_producer *p, runner *r) {
     for (;;) {
-        p->kick = false;
         settle_done_locked(p);
         if (run_rounds(p, r)) return;
         if (p->stop || (!p->done && !p->kick)) break;
@@ -266,8 +272,16 @@ void pp_run_locked(ect_push_producer *p, pp_run_mode mode, const char *lane_key)
 static void take_handoff(ect_push_producer *p) {
     pp_handoff ho = p->ho;
     p->ho = (pp_handoff){0};
+    p->handoffs++;
     pthread_mutex_unlock(&p->mu);
     finish_round(p, ho.nacts, ho.writes, ho.failed);
+}
+
+uint64_t pp_handoffs(ect_push_producer *p) {
+    pthread_mutex_lock(&p->mu);
+    uint64_t n = p->handoffs;
+    pthread_mutex_unlock(&p->mu);
+    return n;
 }
 
 /* Closing: what is still in flight fails here without contacting the
