@@ -91,6 +91,9 @@ struct ect_push_producer {
     bool running;      /* a thread holds the baton: runs rounds (see the top) */
     pp_handoff ho;     /* the dispatcher takes the baton and finishes this round */
     uint64_t handoffs; /* how often the dispatcher took the baton so (pp_handoffs) */
+    bool caller_runs;  /* the baton is a public call's (a flush: it never waits) */
+    size_t baton_waiters;  /* lanes waiting on `baton` for that call's round to end */
+    pthread_cond_t baton;  /* broadcast when a caller lets go of the baton */
     pp_route *routes;  /* addresses with completes in flight */
     push_table *table; /* the records: the producer's whole state */
     pbatch batch;      /* over the table: exchanges and their outcomes */
@@ -133,6 +136,11 @@ typedef enum {
  * one loops while p->done or p->kick is set. lane_key: the running lane's
  * key (PP_RUN_LANE), else NULL. Caller holds mu; it is dropped meanwhile. */
 void pp_run_locked(ect_push_producer *p, pp_run_mode mode, const char *lane_key);
+
+/* Waits (mu held) while a public call holds the baton: its round never
+ * waits on the network, so a lane with a reply to settle waits for it and
+ * takes the baton after it (producer_lanes.c, deliver_and_run). */
+void pp_wait_caller_locked(ect_push_producer *p);
 
 /* Starts the control lanes (p->lanes, producer_lanes.c) and the write lanes
  * (p->wlanes, producer_run.c). */

@@ -250,6 +250,10 @@ static void run_with_baton(ect_push_producer *p, runner *r) {
         settle_done_locked(p);
         if (run_rounds(p, r)) return;
         if (p->stop || (!p->done && !p->kick)) break;
+        /* A lane waits to settle what came back while a caller held the
+         * baton (pp_wait_caller_locked): it takes the baton instead of the
+         * dispatcher, and runs the step's write and complete itself. */
+        if (r->mode == PP_RUN_CALLER && p->baton_waiters) break;
         if (leaves_the_rest(r)) { /* the baton, with no round to finish */
             p->ho = (pp_handoff){.set = true};
             pthread_cond_signal(&p->wake);
@@ -265,7 +269,19 @@ void pp_run_locked(ect_push_producer *p, pp_run_mode mode, const char *lane_key)
     if (p->running || p->stop) return;
     p->running = true;
     runner r = {mode, lane_key, false};
+    p->caller_runs = mode == PP_RUN_CALLER;
     run_with_baton(p, &r);
+    if (!p->caller_runs) return;
+    p->caller_runs = false; /* let go of, or handed to the dispatcher */
+    if (p->baton_waiters) pthread_cond_broadcast(&p->baton);
+}
+
+void pp_wait_caller_locked(ect_push_producer *p) {
+    while (p->running && p->caller_runs && !p->stop) {
+        p->baton_waiters++;
+        pthread_cond_wait(&p->baton, &p->mu);
+        p->baton_waiters--;
+    }
 }
 
 /* The dispatcher took the baton with a round handed to it (p->ho). */
