@@ -25,7 +25,10 @@
  * is handed to the dispatcher, `ho`). This takes the dispatcher out of a
  * lone step's path: each hand-off between threads costs a wake-up. A lane
  * with exchanges queued behind leaves the work to the dispatcher instead, so
- * its next exchange is not held up by writes (steps in flight).
+ * its next exchange is not held up by writes (steps in flight). A lane whose
+ * reply comes back while a caller's flush holds the baton waits for that
+ * short round (pp_wait_caller_locked) and takes the baton after it, so a lone
+ * step's reserve, write, complete and result all stay on its lane.
  */
 #ifndef ECT_PUSH_PRODUCER_H
 #define ECT_PUSH_PRODUCER_H
