@@ -90,17 +90,17 @@ struct ect_push_producer {
     bool thread_started;
     /* [mu] */
     bool stop;
-    bool kick;         /* the table has new work (a flush, a cancel) */
-    bool running;      /* a thread holds the baton: runs rounds (see the top) */
-    pp_handoff ho;     /* the dispatcher takes the baton and finishes this round */
-    uint64_t handoffs; /* how often the dispatcher took the baton so (pp_handoffs) */
-    bool caller_runs;  /* the baton is a public call's (a flush: it never waits) */
-    size_t baton_waiters;  /* lanes waiting on `baton` for that call's round to end */
-    pthread_cond_t baton;  /* broadcast when a caller lets go of the baton */
-    pp_route *routes;  /* addresses with completes in flight */
-    push_table *table; /* the records: the producer's whole state */
-    pbatch batch;      /* over the table: exchanges and their outcomes */
-    px *done;          /* exchanges the lanes finished, to settle */
+    bool kick;            /* the table has new work (a flush, a cancel) */
+    bool running;         /* a thread holds the baton: runs rounds (see the top) */
+    pp_handoff ho;        /* the dispatcher takes the baton and finishes this round */
+    uint64_t handoffs;    /* how often the dispatcher took the baton so (pp_handoffs) */
+    bool caller_runs;     /* the baton is a public call's (a flush: it never waits) */
+    size_t baton_waiters; /* lanes waiting on `baton` for that call's round to end */
+    pthread_cond_t baton; /* broadcast when a caller lets go of the baton */
+    pp_route *routes;     /* addresses with completes in flight */
+    push_table *table;    /* the records: the producer's whole state */
+    pbatch batch;         /* over the table: exchanges and their outcomes */
+    px *done;             /* exchanges the lanes finished, to settle */
     px **done_tail;
     size_t unreported; /* finished records whose result is not queued yet */
     ect_push_result *res;
