@@ -124,6 +124,7 @@ int ect_push_producer_open(const ect_push_producer_opts *opts, ect_push_producer
     ect_cond_init(&p->wake);
     ect_cond_init(&p->results);
     ect_cond_init(&p->room);
+    ect_cond_init(&p->baton);
     pthread_mutex_init(&p->wmu, NULL);
     pthread_cond_init(&p->wcv, NULL);
     if (opts->staging_size) {
@@ -565,6 +566,7 @@ void ect_push_producer_close(ect_push_producer *p) {
         pthread_cond_broadcast(&p->wake);
         pthread_cond_broadcast(&p->results);
         pthread_cond_broadcast(&p->room);
+        pthread_cond_broadcast(&p->baton);
         pthread_mutex_unlock(&p->mu);
         pthread_join(p->thread, NULL);
     }
@@ -588,6 +590,7 @@ void ect_push_producer_close(ect_push_producer *p) {
     pthread_cond_destroy(&p->wake);
     pthread_cond_destroy(&p->results);
     pthread_cond_destroy(&p->room);
+    pthread_cond_destroy(&p->baton);
     pthread_cond_destroy(&p->wcv);
     pthread_mutex_destroy(&p->wmu);
     pthread_mutex_destroy(&p->mu);

@@ -25,7 +25,10 @@
  * is handed to the dispatcher, `ho`). This takes the dispatcher out of a
  * lone step's path: each hand-off between threads costs a wake-up. A lane
  * with exchanges queued behind leaves the work to the dispatcher instead, so
- * its next exchange is not held up by writes (steps in flight).
+ * its next exchange is not held up by writes (steps in flight). A lane whose
+ * reply comes back while a caller's flush holds the baton waits for that
+ * short round (pp_wait_caller_locked) and takes the baton after it, so a lone
+ * step's reserve, write, complete and result all stay on its lane.
  */
 #ifndef ECT_PUSH_PRODUCER_H
 #define ECT_PUSH_PRODUCER_H
@@ -87,13 +90,17 @@ struct ect_push_producer {
     bool thread_started;
     /* [mu] */
     bool stop;
-    bool kick;         /* the table has new work (a flush, a cancel) */
-    bool running;      /* a thread holds the baton: runs rounds (see the top) */
-    pp_handoff ho;     /* the dispatcher takes the baton and finishes this round */
-    pp_route *routes;  /* addresses with completes in flight */
-    push_table *table; /* the records: the producer's whole state */
-    pbatch batch;      /* over the table: exchanges and their outcomes */
-    px *done;          /* exchanges the lanes finished, to settle */
+    bool kick;            /* the table has new work (a flush, a cancel) */
+    bool running;         /* a thread holds the baton: runs rounds (see the top) */
+    pp_handoff ho;        /* the dispatcher takes the baton and finishes this round */
+    uint64_t handoffs;    /* how often the dispatcher took the baton so (pp_handoffs) */
+    bool caller_runs;     /* the baton is a public call's (a flush: it never waits) */
+    size_t baton_waiters; /* lanes waiting on `baton` for that call's round to end */
+    pthread_cond_t baton; /* broadcast when a caller lets go of the baton */
+    pp_route *routes;     /* addresses with completes in flight */
+    push_table *table;    /* the records: the producer's whole state */
+    pbatch batch;         /* over the table: exchanges and their outcomes */
+    px *done;             /* exchanges the lanes finished, to settle */
     px **done_tail;
     size_t unreported; /* finished records whose result is not queued yet */
     ect_push_result *res;
@@ -132,6 +139,11 @@ typedef enum {
  * one loops while p->done or p->kick is set. lane_key: the running lane's
  * key (PP_RUN_LANE), else NULL. Caller holds mu; it is dropped meanwhile. */
 void pp_run_locked(ect_push_producer *p, pp_run_mode mode, const char *lane_key);
+
+/* Waits (mu held) while a public call holds the baton: its round never
+ * waits on the network, so a lane with a reply to settle waits for it and
+ * takes the baton after it (producer_lanes.c, deliver_and_run). */
+void pp_wait_caller_locked(ect_push_producer *p);
 
 /* Starts the control lanes (p->lanes, producer_lanes.c) and the write lanes
  * (p->wlanes, producer_run.c). */
@@ -178,6 +190,10 @@ void pp_deliver(ect_push_producer *p, px *x);
  * lock, waking poll once. Call without mu; the records were already counted
  * in p->unreported. */
 void pp_local(ect_push_producer *p, const push_action *a, size_t n);
+
+/* How many times the dispatcher took the baton handed to it (p->ho): each
+ * is a thread hand-off inside a step (for tests and profiles). Any thread. */
+uint64_t pp_handoffs(ect_push_producer *p);
 
 /* Counts the FINISHED among a[0..n) into p->unreported. Caller holds mu. */
 void pp_count_finished_locked(ect_push_producer *p, const push_action *a, size_t n);

@@ -74,11 +74,17 @@ void pp_deliver(ect_push_producer *p, px *x) {
 /* Hands the finished chain x back and settles it on this thread when
  * nobody runs rounds and nothing waits behind on the lane (producer.h, "the
  * baton"); a lane with work queued wakes the dispatcher instead, and a
- * running holder of the baton picks it up itself (no wake-up). */
+ * running holder of the baton picks it up itself (no wake-up). When the
+ * holder is a caller's flush (the lane's wake-up preempted it right after it
+ * queued the reserve, so the reply came back first), the lane waits for that
+ * short round to end and settles the reply itself: otherwise the caller
+ * would hand the baton to the dispatcher, which would take the write and
+ * send the complete on the completes lane (two hand-offs more per step). */
 static void deliver_and_run(ect_push_producer *p, px *x, lane *l) {
     bool queued = lane_has_queued(l);
     pthread_mutex_lock(&p->mu);
     append_done_locked(p, x);
+    if (!queued) pp_wait_caller_locked(p);
     if (!p->running) {
         if (queued || p->stop)
             pthread_cond_signal(&p->wake);

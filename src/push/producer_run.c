@@ -208,6 +208,13 @@ static void route_completes_locked(ect_push_producer *p, const runner *r, px *xs
  * baton to the dispatcher (p->ho) in the middle of a round. */
 static bool run_rounds(ect_push_producer *p, runner *r) {
     while (!p->stop) {
+        /* This look at the table sees every flush so far: a kick set before
+         * it is answered here, and only one set after it (mu dropped around
+         * the work) makes the baton's holder look again. Left set, it sent a
+         * lane that had just queued a flush's reserve on itself to hand the
+         * empty baton to the dispatcher, which then took the step's write
+         * and sent its complete to the other lane (two hand-offs more). */
+        p->kick = false;
         uint64_t now = ect_now_ms();
         size_t n = push_next_actions(p->table, now, p->acts, p->acts_cap);
         if (!n) return false;
@@ -240,10 +247,13 @@ static bool leaves_the_rest(const runner *r) {
  * and mu. Lets go of the baton at the end, unless handed to the dispatcher. */
 static void run_with_baton(ect_push_producer *p, runner *r) {
     for (;;) {
-        p->kick = false;
         settle_done_locked(p);
         if (run_rounds(p, r)) return;
         if (p->stop || (!p->done && !p->kick)) break;
+        /* A lane waits to settle what came back while a caller held the
+         * baton (pp_wait_caller_locked): it takes the baton instead of the
+         * dispatcher, and runs the step's write and complete itself. */
+        if (r->mode == PP_RUN_CALLER && p->baton_waiters) break;
         if (leaves_the_rest(r)) { /* the baton, with no round to finish */
             p->ho = (pp_handoff){.set = true};
             pthread_cond_signal(&p->wake);
@@ -259,15 +269,35 @@ void pp_run_locked(ect_push_producer *p, pp_run_mode mode, const char *lane_key)
     if (p->running || p->stop) return;
     p->running = true;
     runner r = {mode, lane_key, false};
+    p->caller_runs = mode == PP_RUN_CALLER;
     run_with_baton(p, &r);
+    if (!p->caller_runs) return;
+    p->caller_runs = false; /* let go of, or handed to the dispatcher */
+    if (p->baton_waiters) pthread_cond_broadcast(&p->baton);
+}
+
+void pp_wait_caller_locked(ect_push_producer *p) {
+    while (p->running && p->caller_runs && !p->stop) {
+        p->baton_waiters++;
+        pthread_cond_wait(&p->baton, &p->mu);
+        p->baton_waiters--;
+    }
 }
 
 /* The dispatcher took the baton with a round handed to it (p->ho). */
 static void take_handoff(ect_push_producer *p) {
     pp_handoff ho = p->ho;
     p->ho = (pp_handoff){0};
+    p->handoffs++;
     pthread_mutex_unlock(&p->mu);
     finish_round(p, ho.nacts, ho.writes, ho.failed);
+}
+
+uint64_t pp_handoffs(ect_push_producer *p) {
+    pthread_mutex_lock(&p->mu);
+    uint64_t n = p->handoffs;
+    pthread_mutex_unlock(&p->mu);
+    return n;
 }
 
 /* Closing: what is still in flight fails here without contacting the
