@@ -18,6 +18,7 @@
 #include <zmq.h>
 
 #include "testutil.h"
+#include "pull/pull_internal.h"
 #include "push/control_listener.h"
 #include "util/util.h"
 
@@ -226,12 +227,25 @@ static void test_rep_mode_refuses_send(void **state) {
     assert_non_null(strstr(ect_last_error(), "pull producer ROUTER ip"));
 }
 
+/* The pull ROUTER's limits docs/PROTOCOL.md states are the code's. */
+static void test_doc_limits(void **state) {
+    (void)state;
+    const char *md = test_protocol_md();
+    assert_int_equal(ECT_PULL_MAX_MSG_BYTES, 4194304);
+    assert_non_null(strstr(md, "frames total more than **4,194,304** bytes"));
+    assert_int_equal(CTL_LISTENER_OUT_PAUSE, 1048576);
+    assert_non_null(strstr(md, "**1,048,576** bytes of replies"));
+    assert_int_equal(CTL_LISTENER_BURST, 64);
+    assert_non_null(strstr(md, "up to 64 messages per connection per pass"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pipelined_and_later_replies),
         cmocka_unit_test(test_multi_gone_oversize),
         cmocka_unit_test(test_watch_fd),
         cmocka_unit_test(test_rep_mode_refuses_send),
+        cmocka_unit_test(test_doc_limits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
