@@ -297,10 +297,13 @@ static int answer_one(ctl_listener *l, lconn *c) {
     return 0;
 }
 
-/* ROUTER mode: hands up to CTL_LISTENER_BURST whole messages to on_msg.
- * -1: close. */
+/* ROUTER mode: more replies wait for c than CTL_LISTENER_OUT_PAUSE. */
+static bool out_full(const lconn *c) { return out_bytes(c) > CTL_LISTENER_OUT_PAUSE; }
+
+/* ROUTER mode: hands up to CTL_LISTENER_BURST whole messages to on_msg,
+ * fewer when replies pile up past CTL_LISTENER_OUT_PAUSE. -1: close. */
 static int deliver_some(ctl_listener *l, lconn *c) {
-    for (int i = 0; i < CTL_LISTENER_BURST && c->fd >= 0; i++) {
+    for (int i = 0; i < CTL_LISTENER_BURST && c->fd >= 0 && !out_full(c); i++) {
         zmtp_msg m;
         int rc = zmtp_conn_next(c->z, &m);
         if (rc < 0) {
@@ -316,12 +319,17 @@ static int deliver_some(ctl_listener *l, lconn *c) {
 
 static bool router_mode(const ctl_listener *l) { return l->o.on_msg != NULL; }
 
-/* A whole request waiting, and room to take it: REP answers one only when
- * its last reply is out; ROUTER hands on a burst. -1: closed. */
+/* May c take a request now: REP only when its last reply is out, ROUTER
+ * while its replies are under CTL_LISTENER_OUT_PAUSE. */
+static bool has_room(const ctl_listener *l, const lconn *c) {
+    return router_mode(l) ? !out_full(c) : !out_waiting(c);
+}
+
+/* A whole request waiting, and room to take it: REP answers one, ROUTER
+ * hands on a burst. -1: closed. */
 static int take_requests(ctl_listener *l, lconn *c) {
-    if (!c->pending) return 0;
-    if (router_mode(l)) return deliver_some(l, c);
-    return out_waiting(c) ? 0 : answer_one(l, c);
+    if (!c->pending || !has_room(l, c)) return 0;
+    return router_mode(l) ? deliver_some(l, c) : answer_one(l, c);
 }
 
 /* One connection's turn in a pass. */
@@ -422,11 +430,9 @@ static void accept_new(ctl_listener *l, uint64_t now) {
 /* ----------------------------------------------------------------- pass */
 
 static short wanted(const ctl_listener *l, const lconn *c) {
-    size_t out = out_bytes(c);
-    bool room = router_mode(l) ? out <= CTL_LISTENER_OUT_PAUSE : out == 0;
     short ev = 0;
-    if (!c->eof && !c->pending && room) ev |= POLLIN;
-    if (!c->eof && out) ev |= POLLOUT;
+    if (!c->eof && !c->pending && has_room(l, c)) ev |= POLLIN;
+    if (!c->eof && out_waiting(c)) ev |= POLLOUT;
     return ev;
 }
 
@@ -442,7 +448,7 @@ static int build_poll(ctl_listener *l, int timeout_ms, uint64_t now) {
     for (size_t i = 0; i < l->n; i++) {
         const lconn *c = l->conns[i];
         l->pfds[i + 2] = (struct pollfd){.fd = c->fd, .events = wanted(l, c)};
-        if (c->pending || c->eof) wait = 0;
+        if ((c->pending && has_room(l, c)) || c->eof) wait = 0; /* else: POLLOUT first */
         if (c->deadline) {
             uint64_t left = c->deadline > now ? c->deadline - now : 0;
             if (left < (uint64_t)wait) wait = (int)left;

@@ -34,9 +34,9 @@
  * connection per pass, pipelined: no reply needed first) and answered
  * whenever the owner likes with ctl_listener_send, addressed by that id;
  * one sent to a connection that is gone is dropped, as a libzmq ROUTER
- * drops it. A connection is not read while more than
+ * drops it. A connection is neither read nor handed on while more than
  * CTL_LISTENER_OUT_PAUSE bytes wait to be written to it (a peer that
- * pipelines and never reads stops being read). Binding, peer text,
+ * pipelines and never reads stops being served). Binding, peer text,
  * handshake deadline, the connection and message bounds are the REP mode's.
  *
  * Threading: a listener belongs to the thread that calls ctl_listener_pass
