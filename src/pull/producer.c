@@ -686,10 +686,11 @@ static int bind_pair_own(ect_pull_producer *p) {
                                 .v4_wildcard = !strchr(p->host, ':'), /* as ZMQ_IPV6 is set */
                                 .ctx = p};
         int rc = ctl_listener_open(&lo, &p->lst);
-        if (rc) {
+        if (rc) { /* ECT_EIO for any address that cannot be bound, as with libzmq's bind */
             char why[ECT_ERROR_LEN];
             snprintf(why, sizeof why, "%s", ect_last_error());
-            return ect_set_error(rc, "pull producer: cannot bind ROUTER: %s", why);
+            return ect_set_error(rc == ECT_ENOMEM ? rc : ECT_EIO,
+                                 "pull producer: cannot bind ROUTER: %s", why);
         }
         int port = ctl_listener_port(p->lst);
         if (port > 0 && port < 65535) {

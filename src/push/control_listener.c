@@ -48,7 +48,7 @@
 #define WARN_EVERY_MS 1000
 
 typedef struct lconn {
-    int fd; /* -1: closed, removed at the end of the pass */
+    int fd;      /* -1: closed, removed at the end of the pass */
     uint64_t id; /* ROUTER mode's address for ctl_listener_send */
     zmtp_conn *z;
     uint64_t deadline; /* handshake deadline (ms); 0 once ready */
@@ -65,7 +65,7 @@ struct ctl_listener {
     struct pollfd *pfds; /* cap + 2: [0] listener, [1] watched fd, [i + 2] conns[i] */
     int watch_fd;        /* -1: none */
     uint64_t next_id;
-    uint8_t *rbuf;       /* READ_CHUNK */
+    uint8_t *rbuf; /* READ_CHUNK */
     uint64_t accept_paused_until;
     uint64_t refused, refused_logged_ms; /* connections over max_conns */
 };
@@ -115,8 +115,8 @@ static int resolve_bind(const char *what, const char *ip, int port, struct socka
         *len = ai->ai_addrlen;
         freeaddrinfo(ai);
     } else if (nic_address(host, ss, len) != 0) {
-        return ect_set_error(
-            ECT_EINVAL, "%s ip '%s': neither a numeric address nor an interface", what, ip);
+        return ect_set_error(ECT_EINVAL, "%s ip '%s': neither a numeric address nor an interface",
+                             what, ip);
     }
     if (ss->ss_family == AF_INET6)
         ((struct sockaddr_in6 *)ss)->sin6_port = htons((uint16_t)port);
@@ -175,8 +175,8 @@ static int bind_listen(ctl_listener *l) {
 
 int ctl_listener_open(const ctl_listener_opts *o, ctl_listener **out) {
     *out = NULL;
-    if (!o || !o->ip || (!o->fn && !o->on_msg) || o->max_msg < 1 || o->port < 0 || o->port > 65535 ||
-        o->handshake_ms < 0 || o->max_conns < 0)
+    if (!o || !o->ip || (!o->fn && !o->on_msg) || o->max_msg < 1 || o->port < 0 ||
+        o->port > 65535 || o->handshake_ms < 0 || o->max_conns < 0)
         return ect_set_error(ECT_EINVAL, "control listener: bad options");
     ctl_listener *l = calloc(1, sizeof *l);
     if (!l || !(l->rbuf = malloc(READ_CHUNK)) || !(l->pfds = calloc(2, sizeof *l->pfds))) {

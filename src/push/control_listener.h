@@ -52,8 +52,8 @@
 
 #define CTL_LISTENER_HANDSHAKE_MS 30000 /* libzmq's ZMQ_HANDSHAKE_IVL */
 #define CTL_LISTENER_MAX_CONNS 1024
-#define CTL_LISTENER_BURST 64                /* ROUTER mode: messages per connection per pass */
-#define CTL_LISTENER_OUT_PAUSE (1u << 20)    /* ROUTER mode: unsent bytes that pause reading */
+#define CTL_LISTENER_BURST 64             /* ROUTER mode: messages per connection per pass */
+#define CTL_LISTENER_OUT_PAUSE (1u << 20) /* ROUTER mode: unsent bytes that pause a peer */
 
 /* Answers one request: returns the reply text to send (NUL-terminated).
  * When it allocated that text it also stores it in *owned (the listener
@@ -71,12 +71,12 @@ typedef void (*ctl_listener_msg_fn)(void *ctx, uint64_t conn, const char *peer, 
                                     size_t len, bool multi, bool delim);
 
 typedef struct ctl_listener_opts {
-    const char *ip;   /* bind address (required) */
-    int port;         /* 0 = ephemeral */
-    uint64_t max_msg; /* the largest request (all its frames), >= 1 */
-    int handshake_ms; /* 0: CTL_LISTENER_HANDSHAKE_MS */
-    int max_conns;    /* 0: CTL_LISTENER_MAX_CONNS */
-    ctl_listener_fn fn;        /* REP mode: answers each request */
+    const char *ip;             /* bind address (required) */
+    int port;                   /* 0 = ephemeral */
+    uint64_t max_msg;           /* the largest request (all its frames), >= 1 */
+    int handshake_ms;           /* 0: CTL_LISTENER_HANDSHAKE_MS */
+    int max_conns;              /* 0: CTL_LISTENER_MAX_CONNS */
+    ctl_listener_fn fn;         /* REP mode: answers each request */
     ctl_listener_msg_fn on_msg; /* set: ROUTER mode (fn unused) */
     const char *what;           /* in errors and logs; NULL: "control server" (static text) */
     bool v4_wildcard;           /* "*" is INADDR_ANY only (libzmq without ZMQ_IPV6) */

@@ -661,6 +661,21 @@ static void test_peer_gone_before_completion(void **st) {
     ect_pull_producer_close(p);
 }
 
+/* A ROUTER port in use is ECT_EIO, as the API says (libzmq's bind failed
+ * so; our own listener keeps it). */
+static void test_bind_errors(void **st) {
+    (void)st;
+    ect_pull_producer *p = open_producer("tcp", 1 * MiB, 0);
+    ect_pull_producer_opts o;
+    ect_pull_producer_opts_init(&o);
+    o.pool_size = 1 * MiB;
+    o.port = ect_pull_producer_port(p);
+    ect_pull_producer *q = NULL;
+    assert_err(ect_pull_producer_open(&o, &q), ECT_EIO, "address in use");
+    assert_null(q);
+    ect_pull_producer_close(p);
+}
+
 /* ---- a consumer whose producer answers late (or never) */
 
 typedef struct slow_router {
@@ -1293,6 +1308,7 @@ int main(void) {
         cmocka_unit_test(test_unknown_evicted_full),
         cmocka_unit_test(test_raw_router),
         cmocka_unit_test(test_peer_gone_before_completion),
+        cmocka_unit_test(test_bind_errors),
         cmocka_unit_test(test_no_head_of_line),
         cmocka_unit_test(test_req_envelope),
         cmocka_unit_test(test_consumer_timeout),
