@@ -11,6 +11,11 @@
  * completion queue and wake the ROUTER thread through an eventfd it polls
  * beside the ROUTER socket; only the ROUTER thread sends on the ROUTER socket.
  *
+ * The ROUTER socket: without CURVE keys it is our own ZMTP listener
+ * (push/control_listener in ROUTER mode, issue 13) served by the ROUTER
+ * thread itself, each peer known by its connection id; with keys, libzmq's
+ * ROUTER (CURVE and ZAP stay libzmq's), each peer known by its identity.
+ *
  * Memory: items are copied into a memfd pool (so the shm back end can map
  * it) and made resident without a lease; a pull leases its item for the
  * duration of the write. When the save thread needs room, the pool reclaims
@@ -32,6 +37,7 @@
 #include <zmq.h>
 
 #include "pull/pull_internal.h"
+#include "push/control_listener.h"
 #include "util/hostport.h"
 #include "util/lanes.h"
 #include "util/sync.h"
@@ -81,7 +87,8 @@ struct ect_pull_producer {
     ect_xport *x;
     char key[ECT_XPORT_KEY_MAX];
     bool registered;
-    void *zctx, *router, *pub;
+    void *zctx, *router, *pub; /* router: with CURVE keys only */
+    ctl_listener *lst;         /* the ROUTER without keys */
     char *curve_keys;
     ect_keyset *keys; /* NULL: keys off */
     zauth *auth;      /* ZAP handler on zctx with keys */
@@ -510,6 +517,14 @@ static void flush_burst(ect_pull_producer *p) {
 
 static int reply(void *user, const pull_peer *peer, const void *msg, size_t len) {
     ect_pull_producer *p = user;
+    if (p->lst) {
+        int rc = ctl_listener_send(p->lst, peer->conn, peer->delim, msg, len);
+        if (rc == ECT_ENOTFOUND) { /* the peer went away: dropped, as libzmq's ROUTER drops it */
+            ECT_LOGD(MOD, "reply to a peer that is gone dropped");
+            return 0;
+        }
+        return rc;
+    }
     if (zmq_send(p->router, peer->id, peer->id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
         (peer->delim && zmq_send(p->router, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) ||
         zmq_send(p->router, msg, len, ZMQ_DONTWAIT) < 0)
@@ -587,17 +602,56 @@ static void handle_frames(ect_pull_producer *p) {
     }
 }
 
-/* One burst: the frames waiting on the ROUTER (at most 256), then their
- * accepted pulls on their lanes. */
-static void handle_burst(ect_pull_producer *p) {
-    handle_frames(p);
+/* ctl_listener on_msg: one message from one of our listener's peers. A
+ * message of several body frames is malformed, as libzmq's ROUTER path
+ * counts one of more than [identity][delimiter][body]. */
+static void on_listener_msg(void *ctx, uint64_t conn, const char *peer_addr, const void *body,
+                            size_t len, bool multi, bool delim) {
+    ect_pull_producer *p = ctx;
+    pull_peer peer = {.conn = conn, .delim = delim};
+    snprintf(peer.addr, sizeof peer.addr, "%s", peer_addr);
+    pthread_mutex_lock(&p->stat_mu);
+    if (multi) {
+        p->r.st.frames++;
+        p->r.st.malformed++;
+        ECT_LOGD(MOD, "ROUTER message of several body frames dropped");
+    } else {
+        pull_router_handle(&p->r, &peer, body, len);
+    }
+    pthread_mutex_unlock(&p->stat_mu);
+}
+
+static void flush_burst_locked(ect_pull_producer *p) {
     pthread_mutex_lock(&p->stat_mu);
     flush_burst(p);
     pthread_mutex_unlock(&p->stat_mu);
 }
 
+/* One burst: the frames waiting on the ROUTER (at most 256), then their
+ * accepted pulls on their lanes. */
+static void handle_burst(ect_pull_producer *p) {
+    handle_frames(p);
+    flush_burst_locked(p);
+}
+
+/* The ROUTER thread on our own listener: one pass (its messages handled as
+ * they come, up to CTL_LISTENER_BURST per peer), their pulls on their
+ * lanes, then the completions the lanes queued, all written at once. */
+static void listener_main(ect_pull_producer *p) {
+    while (!atomic_load(&p->router_stop)) {
+        bool woke = ctl_listener_pass(p->lst, 100);
+        flush_burst_locked(p);
+        if (woke) drain_completions(p);
+        ctl_listener_flush(p->lst);
+    }
+}
+
 static void *router_main(void *arg) {
     ect_pull_producer *p = arg;
+    if (p->lst) {
+        listener_main(p);
+        return NULL;
+    }
     while (!atomic_load(&p->router_stop)) {
         zmq_pollitem_t it[2] = {{p->router, 0, ZMQ_POLLIN, 0}, {NULL, p->efd, ZMQ_POLLIN, 0}};
         int rc = zmq_poll(it, 2, 100);
@@ -617,6 +671,44 @@ static void *router_main(void *arg) {
 static int set_linger0(void *s) {
     int z = 0;
     return zmq_setsockopt(s, ZMQ_LINGER, &z, sizeof z);
+}
+
+/* Without keys: our own listener on the ROUTER port, the PUB on the next
+ * one; port 0 tries ephemeral ports until the next one is free too. */
+static int bind_pair_own(ect_pull_producer *p) {
+    char ep[320];
+    for (int attempt = 0; attempt < 64; attempt++) {
+        ctl_listener_opts lo = {.ip = p->host,
+                                .port = p->o.port,
+                                .max_msg = (uint64_t)ECT_PULL_MAX_MSG_BYTES,
+                                .on_msg = on_listener_msg,
+                                .what = "pull producer ROUTER",
+                                .v4_wildcard = !strchr(p->host, ':'), /* as ZMQ_IPV6 is set */
+                                .ctx = p};
+        int rc = ctl_listener_open(&lo, &p->lst);
+        if (rc) { /* ECT_EIO for any address that cannot be bound, as with libzmq's bind */
+            char why[ECT_ERROR_LEN];
+            snprintf(why, sizeof why, "%s", ect_last_error());
+            return ect_set_error(rc == ECT_ENOMEM ? rc : ECT_EIO,
+                                 "pull producer: cannot bind ROUTER: %s", why);
+        }
+        int port = ctl_listener_port(p->lst);
+        if (port > 0 && port < 65535) {
+            ect_tcp_endpoint(p->host, port + 1, ep, sizeof ep);
+            if (zmq_bind(p->pub, ep) == 0) {
+                p->port = port;
+                ctl_listener_watch(p->lst, p->efd);
+                return 0;
+            }
+            if (p->o.port != 0)
+                return ect_set_error(ECT_EIO, "pull producer: cannot bind PUB %s: %s", ep,
+                                     zmq_strerror(zmq_errno()));
+        }
+        ctl_listener_close(p->lst);
+        p->lst = NULL;
+    }
+    return ect_set_error(ECT_EIO, "pull producer: cannot bind a ROUTER/PUB port pair on %s: %s",
+                         p->host, zmq_strerror(zmq_errno()));
 }
 
 static int bind_pair(ect_pull_producer *p) {
@@ -771,27 +863,27 @@ int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer
         rc = ect_set_error(ECT_ENOMEM, "pull producer: zmq_ctx_new failed");
         goto fail;
     }
-    p->router = zmq_socket(p->zctx, ZMQ_ROUTER);
+    if (p->keys) p->router = zmq_socket(p->zctx, ZMQ_ROUTER);
     p->pub = zmq_socket(p->zctx, ZMQ_PUB);
-    if (!p->router || !p->pub) {
+    if ((p->keys && !p->router) || !p->pub) {
         rc = ect_set_error(ECT_ENOMEM, "pull producer: zmq_socket failed");
         goto fail;
     }
-    set_linger0(p->router);
-    set_linger0(p->pub);
-    if (strchr(p->host, ':')) { /* an IPv6 host: ZMQ needs to be told */
-        int one = 1;
-        zmq_setsockopt(p->router, ZMQ_IPV6, &one, sizeof one);
-        zmq_setsockopt(p->pub, ZMQ_IPV6, &one, sizeof one);
-    }
+    int one = 1;
     int64_t maxmsg = ECT_PULL_MAX_MSG_BYTES;
-    zmq_setsockopt(p->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
-    zmq_setsockopt(p->pub, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    for (int i = 0; i < 2; i++) {
+        void *s = i ? p->pub : p->router;
+        if (!s) continue;
+        set_linger0(s);
+        if (strchr(p->host, ':')) /* an IPv6 host: ZMQ needs to be told */
+            zmq_setsockopt(s, ZMQ_IPV6, &one, sizeof one);
+        zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    }
     if (p->keys && ((rc = zauth_open(p->zctx, p->keys, "pull producer", &p->auth)) ||
                     (rc = zauth_curve_server(p->router, p->keys)) ||
                     (rc = zauth_curve_server(p->pub, p->keys))))
         goto fail;
-    if ((rc = bind_pair(p)) != 0) goto fail;
+    if ((rc = p->keys ? bind_pair(p) : bind_pair_own(p)) != 0) goto fail;
     if (p->keys) zauth_local_server(p->port, p->keys);
 
     p->r.pool = p->pool;
@@ -840,6 +932,7 @@ void ect_pull_producer_close(ect_pull_producer *p) {
     stop_save(p);
     if (p->router_started) {
         atomic_store(&p->router_stop, true);
+        wake_router(p); /* no wait for the poll's timeout */
         pthread_join(p->router_thread, NULL);
     }
     /* Lanes finish their queued jobs (each bounded by the data plane's
@@ -858,6 +951,7 @@ void ect_pull_producer_close(ect_pull_producer *p) {
     }
     if (p->registered) ect_xport_unregister(p->x, p->key);
     ect_xport_close(p->x);
+    ctl_listener_close(p->lst);
     if (p->router) zmq_close(p->router);
     if (p->pub) zmq_close(p->pub);
     if (p->keys && p->port) zauth_local_server_gone(p->port);

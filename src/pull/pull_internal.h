@@ -47,11 +47,14 @@ void pull_inv_items_free(wire_pull_item *items, size_t n);
 
 /* --------------------------------------------------------------- router */
 
-/* Who sent a request: the ROUTER identity frame, and whether the request
- * came with an empty delimiter frame (a REQ peer) to be echoed back. */
+/* Who sent a request: the ROUTER identity frame (libzmq's ROUTER, with
+ * CURVE keys) or our own listener's connection id (without), and whether
+ * the request came with an empty delimiter frame (a REQ peer) to be echoed
+ * back. */
 typedef struct pull_peer {
     unsigned char id[256];
     size_t id_len;
+    uint64_t conn; /* ctl_listener connection id; 0 with libzmq's ROUTER */
     bool delim;
     char addr[64]; /* the IP address the request came from (ZMQ "Peer-Address"); "" unknown */
 } pull_peer;

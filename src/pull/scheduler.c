@@ -8,7 +8,11 @@
  *
  * The inventory is asked at open and again on every later (re)connection of
  * the DEALER (a socket monitor reports them), so a producer that restarts
- * while nothing is published is still asked what it holds.
+ * while nothing is published is still asked what it holds. It is asked
+ * again each time the SUB's handshake completes (a second monitor): a
+ * notification published while the SUB was still connecting is lost
+ * (PUB/SUB's slow joiner), and an answer to the first request may predate
+ * that item, so the request after the SUB is in covers it.
  *
  * Producer restarts: each message carries producer_session_id. The first
  * one seen is adopted; a different one later means the producer at this
@@ -41,6 +45,7 @@ struct ect_pull_scheduler {
     void *zctx, *sub, *dealer;
     ect_keyset *keys;                    /* NULL: keys off */
     void *mon;                           /* PAIR reading the DEALER's connection events */
+    void *sub_mon;                       /* PAIR reading the SUB's handshake events */
     uint64_t connects;                   /* DEALER connections made so far */
     char session[WIRE_PULL_MAX_STR + 1]; /* "" until the first message */
     char request_id[ECT_ID_LEN + 1];     /* the inventory request in flight */
@@ -172,6 +177,17 @@ static void drain(ect_pull_scheduler *s, void *sock, bool from_dealer) {
     }
 }
 
+/* Drains the SUB's monitor: a SUB now connected may have missed what was
+ * published while it connected; the inventory covers it. */
+static void drain_sub_monitor(ect_pull_scheduler *s) {
+    for (int id; (id = pull_monitor_next(s->sub_mon)) >= 0;) {
+        if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+            ECT_LOGD(MOD, "SUB connected to %s: asking its inventory", s->producer);
+            ask_inventory(s);
+        }
+    }
+}
+
 /* Drains the DEALER's monitor: a reconnection means perhaps a new producer. */
 static void drain_monitor(ect_pull_scheduler *s) {
     for (int id; (id = pull_monitor_next(s->mon)) >= 0;) {
@@ -185,6 +201,7 @@ static void drain_monitor(ect_pull_scheduler *s) {
 int ect_pull_scheduler_poll(ect_pull_scheduler *s) {
     if (!s) return ect_set_error(ECT_EINVAL, "pull scheduler: NULL handle");
     if (s->mon) drain_monitor(s);
+    if (s->sub_mon) drain_sub_monitor(s);
     drain(s, s->sub, false);
     drain(s, s->dealer, true);
     if (!s->synced && ect_now_ms() - s->request_ms >= (uint64_t)s->retry_ms) ask_inventory(s);
@@ -233,6 +250,21 @@ void ect_pull_scheduler_stats(ect_pull_scheduler *s, ect_pull_scheduler_stat *st
     *st = s->st;
     st->available = HASH_COUNT(s->table);
     st->synced = s->synced;
+}
+
+/* A PAIR reading sock's monitor events (NULL when none can be made). */
+static void *watch(ect_pull_scheduler *s, void *sock, const char *name, int events) {
+    char ep[80];
+    snprintf(ep, sizeof ep, "inproc://pull-sched-%s-%p", name, (void *)s);
+    if (zmq_socket_monitor(sock, ep, events) != 0) return NULL;
+    void *mon = zmq_socket(s->zctx, ZMQ_PAIR);
+    if (!mon) return NULL;
+    int zero = 0;
+    zmq_setsockopt(mon, ZMQ_LINGER, &zero, sizeof zero);
+    if (zmq_connect(mon, ep) == 0) return mon;
+    zmq_close(mon);
+    zmq_socket_monitor(sock, NULL, 0);
+    return NULL;
 }
 
 int ect_pull_scheduler_open(const ect_pull_scheduler_opts *o, ect_pull_scheduler **out) {
@@ -292,22 +324,15 @@ int ect_pull_scheduler_open(const ect_pull_scheduler_opts *o, ect_pull_scheduler
     if (s->keys && ((rc = zauth_curve_client(s->sub, s->keys, srvkey)) ||
                     (rc = zauth_curve_client(s->dealer, s->keys, srvkey))))
         goto fail;
+    s->sub_mon = watch(s, s->sub, "sub", ZMQ_EVENT_HANDSHAKE_SUCCEEDED);
+    if (!s->sub_mon) ECT_LOGW(MOD, "no SUB monitor: what is published while it connects is lost");
     ect_tcp_endpoint(host, port + 1, ep, sizeof ep);
     if (zmq_connect(s->sub, ep) != 0) {
         rc = ect_set_error(ECT_EINVAL, "pull scheduler: cannot connect SUB to %s: %s", ep,
                            zmq_strerror(zmq_errno()));
         goto fail;
     }
-    char mon_ep[64];
-    snprintf(mon_ep, sizeof mon_ep, "inproc://pull-sched-mon-%p", (void *)s);
-    if (zmq_socket_monitor(s->dealer, mon_ep, ZMQ_EVENT_CONNECTED) == 0 &&
-        (s->mon = zmq_socket(s->zctx, ZMQ_PAIR)) != NULL) {
-        zmq_setsockopt(s->mon, ZMQ_LINGER, &zero, sizeof zero);
-        if (zmq_connect(s->mon, mon_ep) != 0) {
-            zmq_close(s->mon);
-            s->mon = NULL;
-        }
-    }
+    s->mon = watch(s, s->dealer, "dealer", ZMQ_EVENT_CONNECTED);
     if (!s->mon) ECT_LOGW(MOD, "no DEALER monitor: producer restarts are seen only on messages");
     ect_tcp_endpoint(host, port, ep, sizeof ep);
     if (zmq_connect(s->dealer, ep) != 0) {
@@ -326,7 +351,11 @@ fail:
 void ect_pull_scheduler_close(ect_pull_scheduler *s) {
     if (!s) return;
     forget_all(s);
-    if (s->sub) zmq_close(s->sub);
+    if (s->sub) {
+        if (s->sub_mon) zmq_socket_monitor(s->sub, NULL, 0);
+        zmq_close(s->sub);
+    }
+    if (s->sub_mon) zmq_close(s->sub_mon);
     if (s->dealer) {
         zmq_socket_monitor(s->dealer, NULL, 0);
         zmq_close(s->dealer);

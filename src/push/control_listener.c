@@ -13,6 +13,11 @@
  * answered next pass without waiting for its socket, and the pass does not
  * sleep while any is pending. That is what makes one request per connection
  * per pass fair between a busy DEALER and a quiet REQ.
+ *
+ * ROUTER mode differs only where a REP waits for its reply: a connection
+ * is read while less than CTL_LISTENER_OUT_PAUSE bytes wait for it, and up
+ * to CTL_LISTENER_BURST of its messages go to on_msg per pass; replies come
+ * through ctl_listener_send, from the handler or later, by connection id.
  */
 #include "push/control_listener.h"
 
@@ -43,7 +48,8 @@
 #define WARN_EVERY_MS 1000
 
 typedef struct lconn {
-    int fd; /* -1: closed, removed at the end of the pass */
+    int fd;      /* -1: closed, removed at the end of the pass */
+    uint64_t id; /* ROUTER mode's address for ctl_listener_send */
     zmtp_conn *z;
     uint64_t deadline; /* handshake deadline (ms); 0 once ready */
     bool pending;      /* the codec may hold a whole request */
@@ -56,8 +62,10 @@ struct ctl_listener {
     int fd, port;
     lconn **conns;
     size_t n, cap;
-    struct pollfd *pfds; /* cap + 1 */
-    uint8_t *rbuf;       /* READ_CHUNK */
+    struct pollfd *pfds; /* cap + 2: [0] listener, [1] watched fd, [i + 2] conns[i] */
+    int watch_fd;        /* -1: none */
+    uint64_t next_id;
+    uint8_t *rbuf; /* READ_CHUNK */
     uint64_t accept_paused_until;
     uint64_t refused, refused_logged_ms; /* connections over max_conns */
 };
@@ -83,7 +91,8 @@ static int nic_address(const char *name, struct sockaddr_storage *ss, socklen_t 
 
 /* The address to bind: "*" -> in6addr_any (or INADDR_ANY, *v6 false when
  * the host has no IPv6 socket), else a numeric address, brackets stripped. */
-static int resolve_bind(const char *ip, int port, struct sockaddr_storage *ss, socklen_t *len) {
+static int resolve_bind(const char *what, const char *ip, int port, struct sockaddr_storage *ss,
+                        socklen_t *len) {
     memset(ss, 0, sizeof *ss);
     if (strcmp(ip, "*") == 0) {
         struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
@@ -106,8 +115,8 @@ static int resolve_bind(const char *ip, int port, struct sockaddr_storage *ss, s
         *len = ai->ai_addrlen;
         freeaddrinfo(ai);
     } else if (nic_address(host, ss, len) != 0) {
-        return ect_set_error(
-            ECT_EINVAL, "control server ip '%s': neither a numeric address nor an interface", ip);
+        return ect_set_error(ECT_EINVAL, "%s ip '%s': neither a numeric address nor an interface",
+                             what, ip);
     }
     if (ss->ss_family == AF_INET6)
         ((struct sockaddr_in6 *)ss)->sin6_port = htons((uint16_t)port);
@@ -146,8 +155,9 @@ static int bind_error(const ctl_listener_opts *o, int e) {
 static int bind_listen(ctl_listener *l) {
     struct sockaddr_storage ss;
     socklen_t len;
-    int rc = resolve_bind(l->o.ip, l->o.port, &ss, &len);
+    int rc = resolve_bind(l->o.what, l->o.ip, l->o.port, &ss, &len);
     if (rc) return rc;
+    if (l->o.v4_wildcard && strcmp(l->o.ip, "*") == 0) any_v4(l->o.port, &ss, &len);
     l->fd = listen_socket(ss.ss_family);
     if (l->fd < 0 && errno == EAFNOSUPPORT && strcmp(l->o.ip, "*") == 0) {
         any_v4(l->o.port, &ss, &len);
@@ -165,18 +175,20 @@ static int bind_listen(ctl_listener *l) {
 
 int ctl_listener_open(const ctl_listener_opts *o, ctl_listener **out) {
     *out = NULL;
-    if (!o || !o->ip || !o->fn || o->max_msg < 1 || o->port < 0 || o->port > 65535 ||
-        o->handshake_ms < 0 || o->max_conns < 0)
+    if (!o || !o->ip || (!o->fn && !o->on_msg) || o->max_msg < 1 || o->port < 0 ||
+        o->port > 65535 || o->handshake_ms < 0 || o->max_conns < 0)
         return ect_set_error(ECT_EINVAL, "control listener: bad options");
     ctl_listener *l = calloc(1, sizeof *l);
-    if (!l || !(l->rbuf = malloc(READ_CHUNK)) || !(l->pfds = calloc(1, sizeof *l->pfds))) {
+    if (!l || !(l->rbuf = malloc(READ_CHUNK)) || !(l->pfds = calloc(2, sizeof *l->pfds))) {
         ctl_listener_close(l);
         return ect_set_error(ECT_ENOMEM, "control listener: out of memory");
     }
     l->o = *o;
     l->fd = -1;
+    l->watch_fd = -1;
     if (!l->o.handshake_ms) l->o.handshake_ms = CTL_LISTENER_HANDSHAKE_MS;
     if (!l->o.max_conns) l->o.max_conns = CTL_LISTENER_MAX_CONNS;
+    if (!l->o.what) l->o.what = "control server";
     int rc = bind_listen(l);
     if (rc) ECT_RETURN_AFTER(rc, ctl_listener_close(l));
     l->o.ip = NULL; /* borrowed: not needed past the bind */
@@ -202,11 +214,12 @@ void ctl_listener_close(ctl_listener *l) {
 
 int ctl_listener_port(const ctl_listener *l) { return l->port; }
 size_t ctl_listener_conns(const ctl_listener *l) { return l->n; }
+void ctl_listener_watch(ctl_listener *l, int fd) { l->watch_fd = fd; }
 
 /* ---------------------------------------------------------- connections */
 
 static void conn_drop(lconn *c, const char *why) {
-    ECT_LOGD(MOD, "control connection from %s closed: %s", c->peer[0] ? c->peer : "?", why);
+    ECT_LOGD(MOD, "connection from %s closed: %s", c->peer[0] ? c->peer : "?", why);
     close(c->fd);
     c->fd = -1;
 }
@@ -228,10 +241,12 @@ static int flush_out(lconn *c) {
     return 0;
 }
 
-static bool out_waiting(const lconn *c) {
+static size_t out_bytes(const lconn *c) {
     size_t len = 0;
-    return zmtp_conn_out(c->z, &len) != NULL && len > 0;
+    return zmtp_conn_out(c->z, &len) != NULL ? len : 0;
 }
+
+static bool out_waiting(const lconn *c) { return out_bytes(c) > 0; }
 
 /* Reads up to READ_BUDGET bytes into the codec. -1: close (a socket error,
  * or bytes the codec refused). EOF sets c->eof. */
@@ -282,8 +297,44 @@ static int answer_one(ctl_listener *l, lconn *c) {
     return 0;
 }
 
+/* ROUTER mode: more replies wait for c than CTL_LISTENER_OUT_PAUSE. */
+static bool out_full(const lconn *c) { return out_bytes(c) > CTL_LISTENER_OUT_PAUSE; }
+
+/* ROUTER mode: hands up to CTL_LISTENER_BURST whole messages to on_msg,
+ * fewer when replies pile up past CTL_LISTENER_OUT_PAUSE. -1: close. */
+static int deliver_some(ctl_listener *l, lconn *c) {
+    for (int i = 0; i < CTL_LISTENER_BURST && c->fd >= 0 && !out_full(c); i++) {
+        zmtp_msg m;
+        int rc = zmtp_conn_next(c->z, &m);
+        if (rc < 0) {
+            conn_drop(c, ect_last_error());
+            return -1;
+        }
+        c->pending = rc == 1;
+        if (rc == 0) break;
+        l->o.on_msg(l->o.ctx, c->id, c->peer, m.body, m.body_len, m.multi, m.envelope_len > 0);
+    }
+    return c->fd >= 0 ? 0 : -1;
+}
+
+static bool router_mode(const ctl_listener *l) { return l->o.on_msg != NULL; }
+
+/* May c take a request now: REP only when its last reply is out, ROUTER
+ * while its replies are under CTL_LISTENER_OUT_PAUSE. */
+static bool has_room(const ctl_listener *l, const lconn *c) {
+    return router_mode(l) ? !out_full(c) : !out_waiting(c);
+}
+
+/* A whole request waiting, and room to take it: REP answers one, ROUTER
+ * hands on a burst. -1: closed. */
+static int take_requests(ctl_listener *l, lconn *c) {
+    if (!c->pending || !has_room(l, c)) return 0;
+    return router_mode(l) ? deliver_some(l, c) : answer_one(l, c);
+}
+
 /* One connection's turn in a pass. */
 static void serve_conn(ctl_listener *l, lconn *c, short revents, uint64_t now) {
+    if (c->fd < 0) return; /* closed by ctl_listener_send since the poll */
     if (revents & POLLNVAL) {
         conn_drop(c, "not a socket");
         return;
@@ -295,7 +346,7 @@ static void serve_conn(ctl_listener *l, lconn *c, short revents, uint64_t now) {
         size_t len;
         if (zmtp_conn_out(c->z, &len) && len) zmtp_conn_sent(c->z, len);
     }
-    if (c->pending && !out_waiting(c) && answer_one(l, c) < 0) return;
+    if (take_requests(l, c) < 0) return;
     if (!c->eof && !full && flush_out(c) < 0) c->eof = true; /* the peer is gone: as a reset */
     if (c->eof && !c->pending) {
         conn_drop(c, "peer closed");
@@ -313,7 +364,7 @@ static int grow(ctl_listener *l) {
     lconn **c = realloc(l->conns, cap * sizeof *c);
     if (!c) return -1;
     l->conns = c;
-    struct pollfd *p = realloc(l->pfds, (cap + 1) * sizeof *p);
+    struct pollfd *p = realloc(l->pfds, (cap + 2) * sizeof *p);
     if (!p) return -1;
     l->pfds = p;
     l->cap = cap;
@@ -334,7 +385,7 @@ static void refuse_over_bound(ctl_listener *l, int fd, uint64_t now) {
     close(fd);
     l->refused++;
     if (now - l->refused_logged_ms < WARN_EVERY_MS) return;
-    ECT_LOGW(MOD, "control port %d: %d connections open, %" PRIu64 " more refused", l->port,
+    ECT_LOGW(MOD, "%s port %d: %d connections open, %" PRIu64 " more refused", l->o.what, l->port,
              l->o.max_conns, l->refused);
     l->refused = 0;
     l->refused_logged_ms = now;
@@ -342,8 +393,9 @@ static void refuse_over_bound(ctl_listener *l, int fd, uint64_t now) {
 
 static void adopt(ctl_listener *l, int fd, uint64_t now) {
     lconn *c = calloc(1, sizeof *c);
-    if (!c || grow(l) != 0 || zmtp_conn_new(ZMTP_REP, l->o.max_msg, &c->z) != 0) {
-        ECT_LOGW(MOD, "control port %d: connection refused: out of memory", l->port);
+    zmtp_role role = router_mode(l) ? ZMTP_ROUTER : ZMTP_REP;
+    if (!c || grow(l) != 0 || zmtp_conn_new(role, l->o.max_msg, &c->z) != 0) {
+        ECT_LOGW(MOD, "%s port %d: connection refused: out of memory", l->o.what, l->port);
         free(c);
         close(fd);
         return;
@@ -351,6 +403,7 @@ static void adopt(ctl_listener *l, int fd, uint64_t now) {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     c->fd = fd;
+    c->id = ++l->next_id;
     c->deadline = now + (uint64_t)l->o.handshake_ms;
     peer_text(fd, c->peer, sizeof c->peer);
     l->conns[l->n++] = c;
@@ -362,7 +415,7 @@ static void accept_new(ctl_listener *l, uint64_t now) {
         int fd = accept4(l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-                ECT_LOGW(MOD, "control port %d: accept: %s", l->port, strerror(errno));
+                ECT_LOGW(MOD, "%s port %d: accept: %s", l->o.what, l->port, strerror(errno));
                 l->accept_paused_until = now + ACCEPT_PAUSE_MS;
             }
             return; /* EAGAIN, or a connection that died in the backlog */
@@ -376,25 +429,26 @@ static void accept_new(ctl_listener *l, uint64_t now) {
 
 /* ----------------------------------------------------------------- pass */
 
-static short wanted(const lconn *c) {
-    bool out = out_waiting(c);
+static short wanted(const ctl_listener *l, const lconn *c) {
     short ev = 0;
-    if (!c->eof && !c->pending && !out) ev |= POLLIN;
-    if (!c->eof && out) ev |= POLLOUT;
+    if (!c->eof && !c->pending && has_room(l, c)) ev |= POLLIN;
+    if (!c->eof && out_waiting(c)) ev |= POLLOUT;
     return ev;
 }
 
-/* Fills l->pfds ([0] the listener, [i + 1] connection i) and returns how
+/* Fills l->pfds ([0] the listener, [1] the watched fd, [i + 2] connection
+ * i) and returns how
  * long poll may sleep: 0 when a request is waiting, else up to the nearest
  * handshake deadline, else timeout_ms. */
 static int build_poll(ctl_listener *l, int timeout_ms, uint64_t now) {
     l->pfds[0] =
         (struct pollfd){.fd = now >= l->accept_paused_until ? l->fd : -1, .events = POLLIN};
+    l->pfds[1] = (struct pollfd){.fd = l->watch_fd, .events = POLLIN};
     int wait = timeout_ms;
     for (size_t i = 0; i < l->n; i++) {
         const lconn *c = l->conns[i];
-        l->pfds[i + 1] = (struct pollfd){.fd = c->fd, .events = wanted(c)};
-        if (c->pending || c->eof) wait = 0;
+        l->pfds[i + 2] = (struct pollfd){.fd = c->fd, .events = wanted(l, c)};
+        if ((c->pending && has_room(l, c)) || c->eof) wait = 0; /* else: POLLOUT first */
         if (c->deadline) {
             uint64_t left = c->deadline > now ? c->deadline - now : 0;
             if (left < (uint64_t)wait) wait = (int)left;
@@ -416,15 +470,45 @@ static void remove_closed(ctl_listener *l) {
     l->n = k;
 }
 
-void ctl_listener_pass(ctl_listener *l, int timeout_ms) {
+bool ctl_listener_pass(ctl_listener *l, int timeout_ms) {
     uint64_t now = ect_now_ms();
     int wait = build_poll(l, timeout_ms, now);
     size_t n = l->n;
-    int rc = poll(l->pfds, n + 1, wait);
-    if (rc < 0 && errno != EINTR) ECT_LOGW(MOD, "control poll: %s", strerror(errno));
-    if (rc < 0) return;
+    int rc = poll(l->pfds, n + 2, wait);
+    if (rc < 0 && errno != EINTR) ECT_LOGW(MOD, "%s poll: %s", l->o.what, strerror(errno));
+    if (rc < 0) return false;
     now = ect_now_ms();
-    for (size_t i = 0; i < n; i++) serve_conn(l, l->conns[i], l->pfds[i + 1].revents, now);
+    for (size_t i = 0; i < n; i++) serve_conn(l, l->conns[i], l->pfds[i + 2].revents, now);
     remove_closed(l); /* before accepting: closed ones leave room under the bound */
     if (l->pfds[0].revents & POLLIN) accept_new(l, now);
+    return l->watch_fd >= 0 && (l->pfds[1].revents & POLLIN);
+}
+
+/* ------------------------------------------------------- ROUTER replies */
+
+static lconn *find_conn(ctl_listener *l, uint64_t id) {
+    for (size_t i = 0; i < l->n; i++)
+        if (l->conns[i]->id == id && l->conns[i]->fd >= 0) return l->conns[i];
+    return NULL;
+}
+
+int ctl_listener_send(ctl_listener *l, uint64_t conn, bool delim, const void *body, size_t len) {
+    if (!router_mode(l)) return ect_set_error(ECT_EINVAL, "ctl_listener_send: not a ROUTER");
+    lconn *c = find_conn(l, conn);
+    if (!c || c->eof) return ect_set_error(ECT_ENOTFOUND, "the peer's connection is gone");
+    static const uint8_t delim_frame[2] = {1, 0}; /* MORE, empty: a REQ peer's delimiter */
+    int rc = zmtp_conn_send_rep(c->z, delim_frame, delim ? sizeof delim_frame : 0, body, len);
+    if (rc) {
+        conn_drop(c, "reply not queued");
+        return rc;
+    }
+    return 0;
+}
+
+void ctl_listener_flush(ctl_listener *l) {
+    for (size_t i = 0; i < l->n; i++) {
+        lconn *c = l->conns[i];
+        if (c->fd >= 0 && !c->eof && out_waiting(c) && flush_out(c) < 0)
+            c->eof = true; /* the peer is gone: the next pass closes it */
+    }
 }

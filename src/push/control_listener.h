@@ -28,8 +28,20 @@
  *   - requests that arrived whole before the peer closed are still handled
  *     (their replies dropped), as libzmq does; a partial one is dropped.
  *
+ * ROUTER mode (opts.on_msg set; the pull producer's ROUTER, issue 13): the
+ * connections speak ZMTP_ROUTER, each one peer known by a connection id.
+ * Messages are handed to on_msg as they come (up to CTL_LISTENER_BURST per
+ * connection per pass, pipelined: no reply needed first) and answered
+ * whenever the owner likes with ctl_listener_send, addressed by that id;
+ * one sent to a connection that is gone is dropped, as a libzmq ROUTER
+ * drops it. A connection is neither read nor handed on while more than
+ * CTL_LISTENER_OUT_PAUSE bytes wait to be written to it (a peer that
+ * pipelines and never reads stops being served). Binding, peer text,
+ * handshake deadline, the connection and message bounds are the REP mode's.
+ *
  * Threading: a listener belongs to the thread that calls ctl_listener_pass
- * (the control server's thread); nothing in it is shared.
+ * (the control server's or the pull producer's ROUTER thread); nothing in it
+ * is shared.
  */
 #ifndef ECT_PUSH_CONTROL_LISTENER_H
 #define ECT_PUSH_CONTROL_LISTENER_H
@@ -40,6 +52,8 @@
 
 #define CTL_LISTENER_HANDSHAKE_MS 30000 /* libzmq's ZMQ_HANDSHAKE_IVL */
 #define CTL_LISTENER_MAX_CONNS 1024
+#define CTL_LISTENER_BURST 64             /* ROUTER mode: messages per connection per pass */
+#define CTL_LISTENER_OUT_PAUSE (1u << 20) /* ROUTER mode: unsent bytes that pause a peer */
 
 /* Answers one request: returns the reply text to send (NUL-terminated).
  * When it allocated that text it also stores it in *owned (the listener
@@ -49,13 +63,23 @@
 typedef const char *(*ctl_listener_fn)(void *ctx, const char *peer, const void *body, size_t len,
                                        bool multi, char **owned);
 
+/* ROUTER mode: one message from connection `conn` (peer: its address, ""
+ * when unknown). delim: it came with a REQ peer's empty delimiter frame,
+ * which the reply must carry back (ctl_listener_send). multi: more than one
+ * body frame (body is the first). */
+typedef void (*ctl_listener_msg_fn)(void *ctx, uint64_t conn, const char *peer, const void *body,
+                                    size_t len, bool multi, bool delim);
+
 typedef struct ctl_listener_opts {
-    const char *ip;   /* bind address (required) */
-    int port;         /* 0 = ephemeral */
-    uint64_t max_msg; /* the largest request (all its frames), >= 1 */
-    int handshake_ms; /* 0: CTL_LISTENER_HANDSHAKE_MS */
-    int max_conns;    /* 0: CTL_LISTENER_MAX_CONNS */
-    ctl_listener_fn fn;
+    const char *ip;             /* bind address (required) */
+    int port;                   /* 0 = ephemeral */
+    uint64_t max_msg;           /* the largest request (all its frames), >= 1 */
+    int handshake_ms;           /* 0: CTL_LISTENER_HANDSHAKE_MS */
+    int max_conns;              /* 0: CTL_LISTENER_MAX_CONNS */
+    ctl_listener_fn fn;         /* REP mode: answers each request */
+    ctl_listener_msg_fn on_msg; /* set: ROUTER mode (fn unused) */
+    const char *what;           /* in errors and logs; NULL: "control server" (static text) */
+    bool v4_wildcard;           /* "*" is INADDR_ANY only (libzmq without ZMQ_IPV6) */
     void *ctx;
 } ctl_listener_opts;
 
@@ -72,10 +96,28 @@ void ctl_listener_close(ctl_listener *l);
 /* The bound port. */
 int ctl_listener_port(const ctl_listener *l);
 
+/* One more fd the pass waits on (POLLIN), e.g. an eventfd another thread
+ * writes to wake the owner; -1 (the default) none. The listener neither
+ * reads nor closes it. */
+void ctl_listener_watch(ctl_listener *l, int fd);
+
 /* One pass: waits up to timeout_ms (less when a handshake deadline comes
  * first, none when a request is already waiting) for the sockets, then
- * accepts, reads, answers at most one request per connection and writes. */
-void ctl_listener_pass(ctl_listener *l, int timeout_ms);
+ * accepts, reads, answers at most one request per connection (ROUTER mode:
+ * hands on up to CTL_LISTENER_BURST messages each) and writes. Returns true
+ * when the watched fd was readable. */
+bool ctl_listener_pass(ctl_listener *l, int timeout_ms);
+
+/* ROUTER mode: queues body to connection conn ([empty delimiter] first when
+ * delim). It is written by the end of the current pass when sent from
+ * on_msg, else by the next ctl_listener_flush or pass. 0; ECT_ENOTFOUND when
+ * the connection is gone (nothing sent); ECT_EINVAL in REP mode; ECT_ENOMEM
+ * (the connection is closed). */
+int ctl_listener_send(ctl_listener *l, uint64_t conn, bool delim, const void *body, size_t len);
+
+/* Writes what is queued on every connection as far as the sockets take it
+ * now, without blocking; the rest waits for POLLOUT in later passes. */
+void ctl_listener_flush(ctl_listener *l);
 
 /* Connections open now (for tests and status). */
 size_t ctl_listener_conns(const ctl_listener *l);

@@ -622,6 +622,60 @@ static void test_req_envelope(void **st) {
     ect_pull_producer_close(p);
 }
 
+/* A DEALER that sends a pull and goes away before its completion: the
+ * completion is dropped (as libzmq's ROUTER drops one for a gone peer) and
+ * the ROUTER thread serves the next peer. The pulls share one lane (same
+ * session), so once the gone peer's pull is counted, the next round trip's
+ * completion comes after its dropped one. */
+static void test_peer_gone_before_completion(void **st) {
+    (void)st;
+    ect_pull_producer *p = open_producer("tcp", 1 * MiB, 0);
+    save_item(p, "gone", 4096, 5);
+    assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", ect_pull_producer_port(p));
+    void *ctx1 = zmq_ctx_new();
+    void *d1 = zmq_socket(ctx1, ZMQ_DEALER); /* default linger: the pull leaves before the close */
+    assert_int_equal(zmq_connect(d1, ep), 0);
+    send_pull(d1, "gone", 4096, 0, "127.0.0.1:1", "0000000000000001", 1);
+    zmq_close(d1);
+    zmq_ctx_term(ctx1); /* returns once the pull is on the wire */
+    void *ctx = zmq_ctx_new();
+    void *d = zsock(ctx, ZMQ_DEALER);
+    assert_int_equal(zmq_connect(d, ep), 0);
+    char err[300];
+    uint64_t answered = 0;
+    ect_pull_producer_stat ps;
+    do {
+        ect_pull_producer_stats(p, &ps);
+        bool counted = ps.pulls_failed > answered;
+        send_pull(d, "gone", 4096, 0, "127.0.0.1:1", "0000000000000001", 100 + answered);
+        assert_int_equal(recv_complete(d, "gone", 100 + answered, err, sizeof err),
+                         ECT_ECONNREFUSED);
+        answered++;
+        if (counted) break;
+    } while (answered < 100000);
+    assert_true(ps.pulls_failed >= 1);
+    zmq_close(d);
+    zmq_ctx_term(ctx);
+    ect_pull_producer_close(p);
+}
+
+/* A ROUTER port in use is ECT_EIO, as the API says (libzmq's bind failed
+ * so; our own listener keeps it). */
+static void test_bind_errors(void **st) {
+    (void)st;
+    ect_pull_producer *p = open_producer("tcp", 1 * MiB, 0);
+    ect_pull_producer_opts o;
+    ect_pull_producer_opts_init(&o);
+    o.pool_size = 1 * MiB;
+    o.port = ect_pull_producer_port(p);
+    ect_pull_producer *q = NULL;
+    assert_err(ect_pull_producer_open(&o, &q), ECT_EIO, "address in use");
+    assert_null(q);
+    ect_pull_producer_close(p);
+}
+
 /* ---- a consumer whose producer answers late (or never) */
 
 typedef struct slow_router {
@@ -1253,6 +1307,8 @@ int main(void) {
         cmocka_unit_test(test_producer_restart),
         cmocka_unit_test(test_unknown_evicted_full),
         cmocka_unit_test(test_raw_router),
+        cmocka_unit_test(test_peer_gone_before_completion),
+        cmocka_unit_test(test_bind_errors),
         cmocka_unit_test(test_no_head_of_line),
         cmocka_unit_test(test_req_envelope),
         cmocka_unit_test(test_consumer_timeout),
