@@ -275,16 +275,24 @@ static int read_in(ctl_listener *l, lconn *c) {
     return 0;
 }
 
-/* Answers the codec's next whole request, if any. -1: close. */
-static int answer_one(ctl_listener *l, lconn *c) {
-    zmtp_msg m;
-    int rc = zmtp_conn_next(c->z, &m);
+/* The codec's next whole message into *m: 1, 0 when none is whole yet
+ * (c->pending says whether one was), -1 when the codec refused what came
+ * (the connection is dropped). */
+static int next_msg(lconn *c, zmtp_msg *m) {
+    int rc = zmtp_conn_next(c->z, m);
     if (rc < 0) {
         conn_drop(c, ect_last_error());
         return -1;
     }
     c->pending = rc == 1;
-    if (rc == 0) return 0;
+    return rc;
+}
+
+/* Answers the codec's next whole request, if any. -1: close. */
+static int answer_one(ctl_listener *l, lconn *c) {
+    zmtp_msg m;
+    int rc = next_msg(c, &m);
+    if (rc <= 0) return rc;
     char *owned = NULL;
     const char *reply = l->o.fn(l->o.ctx, c->peer, m.body, m.body_len, m.multi, &owned);
     rc = zmtp_conn_send_rep(c->z, m.envelope, m.envelope_len, reply, strlen(reply));
@@ -305,12 +313,8 @@ static bool out_full(const lconn *c) { return out_bytes(c) > CTL_LISTENER_OUT_PA
 static int deliver_some(ctl_listener *l, lconn *c) {
     for (int i = 0; i < CTL_LISTENER_BURST && c->fd >= 0 && !out_full(c); i++) {
         zmtp_msg m;
-        int rc = zmtp_conn_next(c->z, &m);
-        if (rc < 0) {
-            conn_drop(c, ect_last_error());
-            return -1;
-        }
-        c->pending = rc == 1;
+        int rc = next_msg(c, &m);
+        if (rc < 0) return -1;
         if (rc == 0) break;
         l->o.on_msg(l->o.ctx, c->id, c->peer, m.body, m.body_len, m.multi, m.envelope_len > 0);
     }
