@@ -159,20 +159,19 @@ static void park_release(shm_conn *c, shm_map *m) {
     unmap_free(m);
 }
 
-/* Parks a retired host mapping that nothing took over: PROT_NONE, kept for
- * a later window on its pages, the oldest parked ones released beyond the
- * connection's bounds. Unmapped instead when its file is not held (a window
- * of a file the target did not number, or of a pool already gone), when
- * the process holds SHM_PARK_PROCESS parked mappings, or when mprotect
- * fails. */
-static void park(shm_conn *c, shm_map *m) {
-    bool counted =
-        file_held(c, m->at.fdev, m->at.ino) && m->maplen <= SHM_PARK_BYTES && park_count_up();
-    if (!counted || mprotect(m->base, m->maplen, PROT_NONE) != 0) {
-        if (counted) park_count_down();
-        unmap_free(m);
-        return;
-    }
+/* True when a retired host mapping that nothing took over may be parked:
+ * its file is held (not a window of a file the target did not number, nor
+ * of a pool already gone), it fits the connection's bound, and the process
+ * holds fewer than SHM_PARK_PROCESS parked mappings (counted here). */
+static bool park_admit(shm_conn *c, const shm_map *m) {
+    return file_held(c, m->at.fdev, m->at.ino) && m->maplen <= SHM_PARK_BYTES &&
+           park_count_up();
+}
+
+/* Keeps an admitted mapping, already PROT_NONE, for a later window on its
+ * pages; the oldest parked ones are released beyond the connection's
+ * bounds. */
+static void park_keep(shm_conn *c, shm_map *m) {
     shm_map *old;
     HASH_FIND(hh_park, c->parked, &m->at, sizeof m->at, old);
     if (old) park_release(c, old);
@@ -397,14 +396,53 @@ static int take_conn(ect_xport *x, xp_peer *p, shm_conn **out) {
     return 0;
 }
 
-/* Parks (or unmaps) what a chunk retired and did not reuse. */
+static int by_base(const shm_map *a, const shm_map *b) {
+    return a->base < b->base ? -1 : a->base > b->base;
+}
+
+/* Makes the run of admitted mappings from `run` on that lie end to end in
+ * the address space PROT_NONE with one mprotect over their union, and
+ * parks them (unmaps them when mprotect fails). Returns the first mapping
+ * after the run. */
+static shm_map *park_run(shm_conn *c, shm_map *run) {
+    shm_map *last = run;
+    while (last->next && last->base + last->maplen == last->next->base) last = last->next;
+    shm_map *rest = last->next;
+    last->next = NULL;
+    size_t len = (size_t)(last->base + last->maplen - run->base);
+    bool ok = mprotect(run->base, len, PROT_NONE) == 0;
+    while (run) {
+        shm_map *nx = run->next;
+        run->next = NULL;
+        if (ok) {
+            park_keep(c, run);
+        } else {
+            park_count_down();
+            unmap_free(run);
+        }
+        run = nx;
+    }
+    return rest;
+}
+
+/* Parks (or unmaps) what a chunk retired and did not reuse. Mappings that
+ * lie end to end in the address space (the kernel places a step's fresh
+ * mappings side by side, and a revived one keeps its address) are made
+ * PROT_NONE by one mprotect per run: one TLB flush (and its IPIs) per run
+ * instead of one per window. */
 static void retired_park(shm_conn *c, shm_map *r) {
+    shm_map *keep = NULL;
     while (r) {
         shm_map *nx = r->next;
         r->next = NULL;
-        park(c, r);
+        if (park_admit(c, r))
+            LL_PREPEND(keep, r);
+        else
+            unmap_free(r);
         r = nx;
     }
+    LL_SORT(keep, by_base);
+    while (keep) keep = park_run(c, keep);
 }
 
 /* A mapping retired by this GRANT's drop list (still read-write) that
