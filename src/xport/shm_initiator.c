@@ -17,7 +17,9 @@
  * holds the pool's file: a later window whose pages start where a parked
  * mapping's do revives it (mprotect read-write, trimmed to the window's
  * pages) instead of a populated mmap, and its drop later is an mprotect
- * instead of an munmap. So no writable mapping lies outside a live window.
+ * instead of an munmap (the dropped mappings of one GRANT that lie end to
+ * end are parked by one mprotect: retired_park). So no writable mapping lies
+ * outside a live window.
  * A file drop and the connection's close unmap the file's parked mappings.
  *
  * A CUDA device region arrives as its IPC handle instead, which the
@@ -164,8 +166,7 @@ static void park_release(shm_conn *c, shm_map *m) {
  * of a pool already gone), it fits the connection's bound, and the process
  * holds fewer than SHM_PARK_PROCESS parked mappings (counted here). */
 static bool park_admit(shm_conn *c, const shm_map *m) {
-    return file_held(c, m->at.fdev, m->at.ino) && m->maplen <= SHM_PARK_BYTES &&
-           park_count_up();
+    return file_held(c, m->at.fdev, m->at.ino) && m->maplen <= SHM_PARK_BYTES && park_count_up();
 }
 
 /* Keeps an admitted mapping, already PROT_NONE, for a later window on its
