@@ -1232,7 +1232,8 @@ static void test_shm_parked_windows(void **state) {
  * middle one closed, then dropped by the next GRANT: the four are parked,
  * every page of them and nothing more (a run stretched over the live
  * window, or cut short, fails here), and the live window stays writable
- * (its key still writes the pool through its mapping). */
+ * (its key still writes the pool through its mapping). Then three new
+ * windows on parked pages, one batch, revive their mappings by runs. */
 static void test_shm_parked_runs(void **state) {
     (void)state;
     enum { W = 5, LIVE = 2 };
@@ -1263,6 +1264,27 @@ static void test_shm_parked_runs(void **state) {
     test_fill_pattern(src[LIVE], 2 * pg, 42);
     assert_int_equal(ect_xport_write_batch(i, ect_xport_session(t), &w[LIVE], 1, st), 0);
     assert_memory_equal(r.addr + 2 * LIVE * pg, src[LIVE], 2 * pg);
+    /* New windows on the pages of windows 0, 1 and 3, one batch: their GRANT
+     * revives the three parked mappings (one mprotect per run: 0 and 1 lie
+     * end to end) and parks the last window's; window 4's stays parked (a
+     * run stretched over it, or cut short, fails here or faults in the copy). */
+    int re[] = {0, 1, 3};
+    ect_write rw[3];
+    char rk[3][ECT_XPORT_KEY_MAX];
+    for (int j = 0; j < 3; j++) {
+        size_t off = (size_t)(2 * re[j]) * pg;
+        assert_int_equal(xp_window_open(t, r.key, off, 2 * pg, rk[j]), 0);
+        test_fill_pattern(src[re[j]], 2 * pg, (uint8_t)(50 + j));
+        rw[j] = (ect_write){src[re[j]], (uint64_t)(uintptr_t)(r.addr + off), 2 * pg, rk[j]};
+    }
+    assert_int_equal(ect_xport_write_batch(i, ect_xport_session(t), rw, 3, st), 0);
+    for (int j = 0; j < 3; j++) {
+        assert_int_equal(st[j], 0);
+        assert_memory_equal(r.addr + 2 * re[j] * pg, src[re[j]], 2 * pg);
+        assert_int_equal(xp_window_close(t, rk[j]), 0);
+    }
+    assert_int_equal(parked_maps(below).total, 2 * pg + pg);
+    assert_int_equal(window_maps("rw-s", below).total, 4 * 2 * pg);
     assert_int_equal(xp_window_close(t, k[LIVE]), 0);
     test_region_close(t, &r);
     ect_xport_close(i);
