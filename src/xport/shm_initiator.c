@@ -17,9 +17,9 @@
  * holds the pool's file: a later window whose pages start where a parked
  * mapping's do revives it (mprotect read-write, trimmed to the window's
  * pages) instead of a populated mmap, and its drop later is an mprotect
- * instead of an munmap (the dropped mappings of one GRANT that lie end to
- * end are parked by one mprotect: retired_park). So no writable mapping lies
- * outside a live window.
+ * instead of an munmap (the mappings one GRANT drops, or revives, that lie
+ * end to end are parked, or revived, by one mprotect per run: retired_park,
+ * revive). So no writable mapping lies outside a live window.
  * A file drop and the connection's close unmap the file's parked mappings.
  *
  * A CUDA device region arrives as its IPC handle instead, which the
