@@ -17,7 +17,9 @@
  * holds the pool's file: a later window whose pages start where a parked
  * mapping's do revives it (mprotect read-write, trimmed to the window's
  * pages) instead of a populated mmap, and its drop later is an mprotect
- * instead of an munmap. So no writable mapping lies outside a live window.
+ * instead of an munmap (the mappings one GRANT drops, or revives, that lie
+ * end to end are parked, or revived, by one mprotect per run: retired_park,
+ * revive). So no writable mapping lies outside a live window.
  * A file drop and the connection's close unmap the file's parked mappings.
  *
  * A CUDA device region arrives as its IPC handle instead, which the
@@ -159,20 +161,18 @@ static void park_release(shm_conn *c, shm_map *m) {
     unmap_free(m);
 }
 
-/* Parks a retired host mapping that nothing took over: PROT_NONE, kept for
- * a later window on its pages, the oldest parked ones released beyond the
- * connection's bounds. Unmapped instead when its file is not held (a window
- * of a file the target did not number, or of a pool already gone), when
- * the process holds SHM_PARK_PROCESS parked mappings, or when mprotect
- * fails. */
-static void park(shm_conn *c, shm_map *m) {
-    bool counted =
-        file_held(c, m->at.fdev, m->at.ino) && m->maplen <= SHM_PARK_BYTES && park_count_up();
-    if (!counted || mprotect(m->base, m->maplen, PROT_NONE) != 0) {
-        if (counted) park_count_down();
-        unmap_free(m);
-        return;
-    }
+/* True when a retired host mapping that nothing took over may be parked:
+ * its file is held (not a window of a file the target did not number, nor
+ * of a pool already gone), it fits the connection's bound, and the process
+ * holds fewer than SHM_PARK_PROCESS parked mappings (counted here). */
+static bool park_admit(shm_conn *c, const shm_map *m) {
+    return file_held(c, m->at.fdev, m->at.ino) && m->maplen <= SHM_PARK_BYTES && park_count_up();
+}
+
+/* Keeps an admitted mapping, already PROT_NONE, for a later window on its
+ * pages; the oldest parked ones are released beyond the connection's
+ * bounds. */
+static void park_keep(shm_conn *c, shm_map *m) {
     shm_map *old;
     HASH_FIND(hh_park, c->parked, &m->at, sizeof m->at, old);
     if (old) park_release(c, old);
@@ -184,9 +184,10 @@ static void park(shm_conn *c, shm_map *m) {
         park_release(c, c->park_order);
 }
 
-/* The parked mapping that starts at `at`, revived for a new window of ml
- * bytes there: trimmed to them, read-write again. NULL when none is parked
- * there or it is shorter (then it is released). */
+/* The parked mapping that starts at `at`, taken for a new window of ml
+ * bytes there: trimmed to them, still PROT_NONE (the chunk revives it with
+ * its GRANT's others: revive). NULL when none is parked there or it is
+ * shorter (then it is released). */
 static shm_map *park_take(shm_conn *c, const shm_at *at, size_t ml) {
     shm_map *m;
     HASH_FIND(hh_park, c->parked, at, sizeof *at, m);
@@ -198,10 +199,6 @@ static shm_map *park_take(shm_conn *c, const shm_at *at, size_t ml) {
     park_remove(c, m);
     if (m->maplen > ml) munmap(m->base + ml, m->maplen - ml);
     m->maplen = ml;
-    if (mprotect(m->base, ml, PROT_READ | PROT_WRITE) != 0) {
-        unmap_free(m);
-        return NULL;
-    }
     return m;
 }
 
@@ -397,13 +394,84 @@ static int take_conn(ect_xport *x, xp_peer *p, shm_conn **out) {
     return 0;
 }
 
-/* Parks (or unmaps) what a chunk retired and did not reuse. */
+static int by_base(const shm_map *a, const shm_map *b) {
+    return a->base < b->base ? -1 : a->base > b->base;
+}
+
+/* Cuts the run of mappings from `run` on (a list sorted by base) that lie
+ * end to end in the address space off the list; returns the first mapping
+ * after it, *len the run's bytes. */
+static shm_map *run_cut(shm_map *run, size_t *len) {
+    shm_map *last = run;
+    while (last->next && last->base + last->maplen == last->next->base) last = last->next;
+    shm_map *rest = last->next;
+    last->next = NULL;
+    *len = (size_t)(last->base + last->maplen - run->base);
+    return rest;
+}
+
+/* What one GRANT does to the connection's host mappings: the mappings its
+ * drop list retired (still read-write; parked or unmapped at the chunk's
+ * end unless a new window takes one over) and the parked ones its windows
+ * took (made read-write before the copies). */
+typedef struct grant_maps {
+    shm_map *retired, *reviving;
+} grant_maps;
+
+/* Parks (or unmaps) what a chunk retired and did not reuse. Mappings that
+ * lie end to end in the address space (the kernel places a step's fresh
+ * mappings side by side, and a revived one keeps its address) are made
+ * PROT_NONE by one mprotect per run: one TLB flush (and its IPIs) per run
+ * instead of one per window. */
 static void retired_park(shm_conn *c, shm_map *r) {
+    shm_map *keep = NULL;
     while (r) {
         shm_map *nx = r->next;
         r->next = NULL;
-        park(c, r);
+        if (park_admit(c, r))
+            LL_PREPEND(keep, r);
+        else
+            unmap_free(r);
         r = nx;
+    }
+    LL_SORT(keep, by_base);
+    while (keep) {
+        size_t len;
+        shm_map *rest = run_cut(keep, &len);
+        bool ok = mprotect(keep->base, len, PROT_NONE) == 0;
+        while (keep) {
+            shm_map *nx = keep->next;
+            keep->next = NULL;
+            if (ok) {
+                park_keep(c, keep);
+            } else {
+                park_count_down();
+                unmap_free(keep);
+            }
+            keep = nx;
+        }
+        keep = rest;
+    }
+}
+
+/* Makes the parked mappings this GRANT's windows took (park_take, already
+ * in the tables) read-write, one mprotect per run that lies end to end:
+ * mprotect's per-call cost once per run instead of once per window. A run
+ * whose mprotect fails leaves the tables, unmapped (its writes are refused
+ * as not mapped here). */
+static void revive(shm_conn *c, shm_map *rv) {
+    LL_SORT(rv, by_base);
+    while (rv) {
+        size_t len;
+        shm_map *rest = run_cut(rv, &len);
+        bool ok = mprotect(rv->base, len, PROT_READ | PROT_WRITE) == 0;
+        while (rv) {
+            shm_map *nx = rv->next;
+            rv->next = NULL;
+            if (!ok) map_drop(c, rv);
+            rv = nx;
+        }
+        rv = rest;
     }
 }
 
@@ -457,7 +525,7 @@ static int map_fresh(const shm_file *f, const shm_at *at, size_t ml, uint64_t ri
  * mapping is parked or unmapped by the end of its chunk). The caller keeps
  * or closes f's fd. */
 static int map_region(shm_conn *c, const shm_grant_entry *e, const shm_file *f, uint64_t token,
-                      shm_map **retired) {
+                      grant_maps *gm) {
     uint64_t rid = e->rid, raddr = e->raddr, rlen = e->rlen, foff = e->fd_off;
     uint32_t slot = e->slot;
     shm_map *m;
@@ -476,9 +544,13 @@ static int map_region(shm_conn *c, const shm_grant_entry *e, const shm_file *f, 
     size_t ml = (size_t)(rlen + (foff - aoff));
     ml = (ml + pg - 1) & ~(size_t)(pg - 1);
     shm_at at = {f->dev, f->ino, aoff};
-    if (!(m = retired_take(retired, &at, ml)) && !(m = park_take(c, &at, ml))) {
-        int rc = map_fresh(f, &at, ml, rid, &m);
-        if (rc) return rc;
+    if (!(m = retired_take(&gm->retired, &at, ml))) {
+        if ((m = park_take(c, &at, ml)) != NULL) {
+            LL_PREPEND(gm->reviving, m);
+        } else {
+            int rc = map_fresh(f, &at, ml, rid, &m);
+            if (rc) return rc;
+        }
     }
     uint8_t *b = m->base;
     m->rid = rid;
@@ -495,8 +567,7 @@ static int map_region(shm_conn *c, const shm_grant_entry *e, const shm_file *f, 
 /* A granted region whose fd came with the GRANT: maps it, then keeps the fd
  * when the target numbered the file (later windows of the same pool come
  * without one), else closes it. */
-static int map_fd(shm_conn *c, const shm_grant_entry *e, int fd, uint64_t token,
-                  shm_map **retired) {
+static int map_fd(shm_conn *c, const shm_grant_entry *e, int fd, uint64_t token, grant_maps *gm) {
     struct stat st;
     if (fstat(fd, &st) != 0) {
         close(fd);
@@ -508,24 +579,82 @@ static int map_fd(shm_conn *c, const shm_grant_entry *e, int fd, uint64_t token,
                   (uint64_t)st.st_ino,
                   (uint64_t)st.st_size,
                   (uint64_t)st.st_blksize};
-    int rc = map_region(c, e, &f, token, retired);
+    int rc = map_region(c, e, &f, token, gm);
     if (!e->file || file_find(c, e->file) || !file_keep(c, &f)) close(fd);
     return rc;
 }
 
 /* A granted region in a memory file the connection holds (SHM_GF_FILE). */
-static int map_file(shm_conn *c, const shm_grant_entry *e, uint64_t token, shm_map **retired) {
+static int map_file(shm_conn *c, const shm_grant_entry *e, uint64_t token, grant_maps *gm) {
     const shm_file *f = file_find(c, e->file);
     if (!f)
         return ect_set_error(ECT_EPROTO, "shm: region %" PRIu64 " names file %u, not held here",
                              e->rid, e->file);
-    return map_region(c, e, f, token, retired);
+    return map_region(c, e, f, token, gm);
 }
 
 /* A write's source: its kind (ECT_MEM_CUDA or host) and device. */
 typedef struct src_kind {
     int kind, dev;
 } src_kind;
+
+/* Maps the regions of GRANT g's n entries (writes idx[0..n)) and closes
+ * the fds it carried: es[i] is entry i's status (0: mapped), rids[i] its
+ * region. Parked mappings taken are left on gm->reviving, PROT_NONE.
+ * Returns true when the target named a memory file not held here (we could
+ * not keep it). */
+static bool grant_map(shm_conn *c, const uint8_t *buf, const shm_grant *g, uint32_t n,
+                      const size_t *idx, const uint64_t *tok, const int *fds, int nfds,
+                      grant_maps *gm, int32_t *es, uint64_t *rids) {
+    int fi = 0;
+    uint32_t ipc_seen = 0;
+    bool lost_file = false;
+    for (uint32_t i = 0; i < n; i++) {
+        shm_grant_entry e;
+        shm_grant_entry_get(buf, g, i, &ipc_seen, &e);
+        int32_t s = e.status;
+        size_t wi = idx[i];
+        if (e.flags & SHM_GF_FD) {
+            int err = map_fd(c, &e, fds[fi++], tok[wi], gm);
+            if (err && s == 0) s = err;
+        } else if (e.flags & SHM_GF_FILE) {
+            int err = map_file(c, &e, tok[wi], gm);
+            lost_file |= err == ECT_EPROTO && !file_find(c, e.file);
+            if (err && s == 0) s = err;
+        } else if (e.flags & SHM_GF_IPC) {
+            int err = map_ipc(c, &e, tok[wi]);
+            if (err && s == 0) s = err;
+        }
+        if (s > 0 || s < ECT_EOVERFLOW) s = ECT_EPROTO;
+        es[i] = s;
+        rids[i] = e.rid;
+    }
+    while (fi < nfds) close(fds[fi++]);
+    return lost_file;
+}
+
+/* Copies each write idx[i] whose entry mapped (es[i] == 0) into its region
+ * rids[i], checked against the mapping; every write's status to st. */
+static void grant_copy(shm_conn *c, const ect_write *w, const size_t *idx, uint32_t n,
+                       const src_kind *sk, const int32_t *es, const uint64_t *rids, int *st) {
+    for (uint32_t i = 0; i < n; i++) {
+        size_t wi = idx[i];
+        if (es[i]) {
+            st[wi] = es[i];
+            continue;
+        }
+        shm_map *m;
+        HASH_FIND(hh, c->maps, &rids[i], sizeof rids[i], m);
+        uint64_t a = w[wi].dst_addr, end;
+        /* Never trust the grant blindly: the copy must stay inside our map. */
+        if (!m || a < m->raddr || !ect_add_u64(a, w[wi].len, &end) || end > m->raddr + m->rlen) {
+            st[wi] = ect_set_error(ECT_EPROTO, "shm: GRANT for a region not mapped here");
+            continue;
+        }
+        st[wi] =
+            put_bytes(m, m->start + (a - m->raddr), w[wi].src, w[wi].len, sk[wi].kind, sk[wi].dev);
+    }
+}
 
 /* One BEGIN/GRANT/copy/DONE/ACK round for idx[0..n). Fails only for
  * connection-level errors; per-write refusals go to st. */
@@ -548,7 +677,7 @@ static int chunk(ect_xport *x, shm_conn *c, const ect_write *w, const size_t *id
     /* Dropped host mappings leave the tables at once (no write can reach
      * them any more) and are parked or unmapped at the end of this chunk
      * unless a new grant takes one over (map_region). */
-    shm_map *retired = NULL;
+    grant_maps gm = {NULL, NULL};
     for (uint32_t i = 0; i < g.ndrop; i++) {
         uint64_t rid = xp_get_u64(g.drops + 8 * (size_t)i);
         shm_map *m;
@@ -557,49 +686,18 @@ static int chunk(ect_xport *x, shm_conn *c, const ect_write *w, const size_t *id
         if (m && m->base) {
             HASH_DEL(c->maps, m);
             HASH_DELETE(hh_tok, c->by_tok, m);
-            m->next = retired;
-            retired = m;
+            m->next = gm.retired;
+            gm.retired = m;
         } else if (m) {
             map_drop(c, m);
         }
     }
-    int fi = 0;
-    uint32_t ipc_seen = 0;
-    bool lost_file = false; /* the target names a file we do not hold (we could not keep it) */
-    for (uint32_t i = 0; i < n; i++) {
-        shm_grant_entry e;
-        shm_grant_entry_get(buf, &g, i, &ipc_seen, &e);
-        int32_t s = e.status;
-        size_t wi = idx[i];
-        if (e.flags & SHM_GF_FD) {
-            int err = map_fd(c, &e, fds[fi++], tok[wi], &retired);
-            if (err && s == 0) s = err;
-        } else if (e.flags & SHM_GF_FILE) {
-            int err = map_file(c, &e, tok[wi], &retired);
-            lost_file |= err == ECT_EPROTO && !file_find(c, e.file);
-            if (err && s == 0) s = err;
-        } else if (e.flags & SHM_GF_IPC) {
-            int err = map_ipc(c, &e, tok[wi]);
-            if (err && s == 0) s = err;
-        }
-        if (s > 0 || s < ECT_EOVERFLOW) s = ECT_EPROTO;
-        if (s) {
-            st[wi] = s;
-            continue;
-        }
-        shm_map *m;
-        HASH_FIND(hh, c->maps, &e.rid, sizeof e.rid, m);
-        uint64_t a = w[wi].dst_addr, end;
-        /* Never trust the grant blindly: the copy must stay inside our map. */
-        if (!m || a < m->raddr || !ect_add_u64(a, w[wi].len, &end) || end > m->raddr + m->rlen) {
-            st[wi] = ect_set_error(ECT_EPROTO, "shm: GRANT for a region not mapped here");
-            continue;
-        }
-        st[wi] =
-            put_bytes(m, m->start + (a - m->raddr), w[wi].src, w[wi].len, sk[wi].kind, sk[wi].dev);
-    }
-    while (fi < nfds) close(fds[fi++]);
-    retired_park(c, retired);
+    int32_t es[SHM_CHUNK];
+    uint64_t rids[SHM_CHUNK];
+    bool lost_file = grant_map(c, buf, &g, n, idx, tok, fds, nfds, &gm, es, rids);
+    revive(c, gm.reviving);
+    grant_copy(c, w, idx, n, sk, es, rids, st);
+    retired_park(c, gm.retired);
     /* Files of pools that are gone: after the entries, which may still map
      * from them (the target numbers them afresh if it ever sends them
      * again). */

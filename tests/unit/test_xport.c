@@ -1225,6 +1225,72 @@ static void test_shm_parked_windows(void **state) {
     ect_xport_close(t);
 }
 
+/* shm, parking what one GRANT drops together: the initiator makes retired
+ * mappings that lie end to end in its address space PROT_NONE with one
+ * mprotect per run (shm_initiator.c retired_park). Five windows mapped by
+ * one batch (the kernel places such mappings side by side), all but the
+ * middle one closed, then dropped by the next GRANT: the four are parked,
+ * every page of them and nothing more (a run stretched over the live
+ * window, or cut short, fails here), and the live window stays writable
+ * (its key still writes the pool through its mapping). Then three new
+ * windows on parked pages, one batch, revive their mappings by runs. */
+static void test_shm_parked_runs(void **state) {
+    (void)state;
+    enum { W = 5, LIVE = 2 };
+    ect_xport *t = open_kind("shm"), *i = open_kind("shm");
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), below = 64 * pg;
+    region r;
+    private_region_open(t, 64 * pg, &r);
+    static uint8_t src[W][2 * 4096];
+    char k[W][ECT_XPORT_KEY_MAX];
+    ect_write w[W];
+    int st[W];
+    for (int j = 0; j < W; j++) {
+        size_t off = (size_t)(2 * j) * pg; /* two pages each, end to end in the pool */
+        assert_int_equal(xp_window_open(t, r.key, off, 2 * pg, k[j]), 0);
+        test_fill_pattern(src[j], 2 * pg, (uint8_t)(j + 1));
+        w[j] = (ect_write){src[j], (uint64_t)(uintptr_t)(r.addr + off), 2 * pg, k[j]};
+    }
+    assert_int_equal(ect_xport_write_batch(i, ect_xport_session(t), w, W, st), 0);
+    for (int j = 0; j < W; j++) assert_int_equal(st[j], 0);
+    assert_int_equal(window_maps("rw-s", below).total, W * 2 * pg);
+    for (int j = 0; j < W; j++)
+        if (j != LIVE) assert_int_equal(xp_window_close(t, k[j]), 0);
+    write_window(t, i, &r, 40 * pg, pg, 9); /* its GRANT drops the four */
+    maps_seen p = parked_maps(below);
+    assert_int_equal(p.total, (W - 1) * 2 * pg);
+    /* The live window's and the last window's pages: both read-write once more. */
+    assert_int_equal(window_maps("rw-s", below).total, 2 * pg + pg);
+    test_fill_pattern(src[LIVE], 2 * pg, 42);
+    assert_int_equal(ect_xport_write_batch(i, ect_xport_session(t), &w[LIVE], 1, st), 0);
+    assert_memory_equal(r.addr + 2 * LIVE * pg, src[LIVE], 2 * pg);
+    /* New windows on the pages of windows 0, 1 and 3, one batch: their GRANT
+     * revives the three parked mappings (one mprotect per run: 0 and 1 lie
+     * end to end) and parks the last window's; window 4's stays parked (a
+     * run stretched over it, or cut short, fails here or faults in the copy). */
+    int re[] = {0, 1, 3};
+    ect_write rw[3];
+    char rk[3][ECT_XPORT_KEY_MAX];
+    for (int j = 0; j < 3; j++) {
+        size_t off = (size_t)(2 * re[j]) * pg;
+        assert_int_equal(xp_window_open(t, r.key, off, 2 * pg, rk[j]), 0);
+        test_fill_pattern(src[re[j]], 2 * pg, (uint8_t)(50 + j));
+        rw[j] = (ect_write){src[re[j]], (uint64_t)(uintptr_t)(r.addr + off), 2 * pg, rk[j]};
+    }
+    assert_int_equal(ect_xport_write_batch(i, ect_xport_session(t), rw, 3, st), 0);
+    for (int j = 0; j < 3; j++) {
+        assert_int_equal(st[j], 0);
+        assert_memory_equal(r.addr + 2 * re[j] * pg, src[re[j]], 2 * pg);
+        assert_int_equal(xp_window_close(t, rk[j]), 0);
+    }
+    assert_int_equal(parked_maps(below).total, 2 * pg + pg);
+    assert_int_equal(window_maps("rw-s", below).total, 4 * 2 * pg);
+    assert_int_equal(xp_window_close(t, k[LIVE]), 0);
+    test_region_close(t, &r);
+    ect_xport_close(i);
+    ect_xport_close(t);
+}
+
 /* shm: parked mappings are bounded in the process too (SHM_PARK_PROCESS):
  * enough connections (one per initiator) that each parks SHM_PARK_MAPS
  * hold no more than that between them; closing them unmaps all. */
@@ -1329,6 +1395,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_shm_window_reuse),
         cmocka_unit_test(test_shm_file_once),
         cmocka_unit_test(test_shm_parked_windows),
+        cmocka_unit_test(test_shm_parked_runs),
         cmocka_unit_test(test_shm_parked_process_bound),
         cmocka_unit_test(test_tcp_stall),
         cmocka_unit_test(test_tcp_nodelay),
