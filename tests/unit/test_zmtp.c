@@ -77,6 +77,37 @@ static void *zsock(void *z, int type) {
     return s;
 }
 
+/* A libzmq socket of some type that connects to a listener of ours: made
+ * by zpeer_open (set its options on p->s then), connected and accepted by
+ * zpeer_accept (p->fd), all closed by zpeer_close. */
+typedef struct zpeer {
+    void *z, *s;
+    int lfd, port, fd;
+} zpeer;
+
+static void zpeer_open(zpeer *p, int type) {
+    p->z = zmq_ctx_new();
+    p->lfd = tcp_listen(&p->port);
+    p->s = zsock(p->z, type);
+    p->fd = -1;
+}
+
+static int zpeer_accept(zpeer *p) {
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", p->port);
+    assert_int_equal(zmq_connect(p->s, ep), 0);
+    p->fd = accept(p->lfd, NULL, NULL);
+    assert_true(p->fd >= 0);
+    return p->fd;
+}
+
+static void zpeer_close(zpeer *p) {
+    close(p->fd);
+    close(p->lfd);
+    zmq_close(p->s);
+    zmq_ctx_term(p->z);
+}
+
 /* Writes everything c has queued to fd. */
 static void flush_out(zmtp_conn *c, int fd) {
     size_t n;
@@ -216,15 +247,10 @@ static void test_req_to_libzmq_rep(void **st) {
 
 /* A libzmq REQ or DEALER to our REP on an accepted socket. */
 static void serve_one(int type) {
-    void *z = zmq_ctx_new();
-    int port;
-    int lfd = tcp_listen(&port);
-    void *s = zsock(z, type);
-    char ep[64];
-    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
-    assert_int_equal(zmq_connect(s, ep), 0);
-    int fd = accept(lfd, NULL, NULL);
-    assert_true(fd >= 0);
+    zpeer zp;
+    zpeer_open(&zp, type);
+    void *s = zp.s;
+    int fd = zpeer_accept(&zp);
     zmtp_conn *c = NULL;
     assert_int_equal(zmtp_conn_new(ZMTP_REP, MAXMSG, &c), 0);
     if (type == ZMQ_REQ) {
@@ -275,10 +301,7 @@ static void serve_one(int type) {
     assert_memory_equal(buf, "world", 5);
     free(seen.p);
     zmtp_conn_free(c);
-    close(fd);
-    close(lfd);
-    zmq_close(s);
-    zmq_ctx_term(z);
+    zpeer_close(&zp);
 }
 
 static void test_libzmq_req_to_rep(void **st) {
@@ -346,17 +369,12 @@ static void pump_until_bytes(zmtp_conn *c, int fd, bytes *seen, const uint8_t *w
  * socket: what the DEALER sends is what our DEALER sends, its PING is our
  * zmtp_conn_ping's; the REQ's delimiter is our ROUTER's envelope. */
 static void route_one(int type) {
-    void *z = zmq_ctx_new();
-    int port;
-    int lfd = tcp_listen(&port);
-    void *s = zsock(z, type);
+    zpeer zp;
+    zpeer_open(&zp, type);
+    void *s = zp.s;
     int ivl = 1; /* ms: its first PING comes soon */
     if (type == ZMQ_DEALER) zmq_setsockopt(s, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl);
-    char ep[64];
-    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
-    assert_int_equal(zmq_connect(s, ep), 0);
-    int fd = accept(lfd, NULL, NULL);
-    assert_true(fd >= 0);
+    int fd = zpeer_accept(&zp);
     zmtp_conn *c = NULL;
     assert_int_equal(zmtp_conn_new(ZMTP_ROUTER, MAXMSG, &c), 0);
     assert_int_equal(zmq_send(s, "hello", 5, 0), 5);
@@ -402,10 +420,7 @@ static void route_one(int type) {
     zmtp_conn_free(d);
     free(seen.p);
     zmtp_conn_free(c);
-    close(fd);
-    close(lfd);
-    zmq_close(s);
-    zmq_ctx_term(z);
+    zpeer_close(&zp);
 }
 
 static void test_libzmq_dealer_to_router(void **st) {
@@ -461,20 +476,16 @@ static void test_router_dealer_messages(void **st) {
 /* A real CurveZMQ client is refused at the mechanism, not after 64 bytes. */
 static void test_libzmq_curve_refused(void **st) {
     (void)st;
-    void *z = zmq_ctx_new();
-    int port;
-    int lfd = tcp_listen(&port);
-    void *s = zsock(z, ZMQ_REQ);
+    zpeer zp;
+    zpeer_open(&zp, ZMQ_REQ);
+    void *s = zp.s;
     char spub[41], ssec[41], cpub[41], csec[41];
     assert_int_equal(zmq_curve_keypair(spub, ssec), 0);
     assert_int_equal(zmq_curve_keypair(cpub, csec), 0);
     zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, spub, 40);
     zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, cpub, 40);
     zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, csec, 40);
-    char ep[64];
-    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
-    assert_int_equal(zmq_connect(s, ep), 0);
-    int fd = accept(lfd, NULL, NULL);
+    int fd = zpeer_accept(&zp);
     zmtp_conn *c = NULL;
     assert_int_equal(zmtp_conn_new(ZMTP_REP, MAXMSG, &c), 0);
     /* our signature and major version only: a libzmq peer sends the rest of
@@ -486,10 +497,7 @@ static void test_libzmq_curve_refused(void **st) {
     zmtp_conn_sent(c, 11);
     assert_err(pump_until_error(c, fd), ECT_EPROTO, "\"C...\" is not NULL");
     zmtp_conn_free(c);
-    close(fd);
-    close(lfd);
-    zmq_close(s);
-    zmq_ctx_term(z);
+    zpeer_close(&zp);
 }
 
 /* ---- refusals, fed by hand */
