@@ -101,7 +101,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         break;
     case 1:
         if ((rc = shm_hello_reply_decode(msg, len)) != 0) return refused(rc);
-        shm_hello_reply_encode(out);
+        shm_hello_reply_encode(out, 0);
         same_bytes(msg, len, out, SHM_HELLO_REPLY_LEN, hello_zero, hello_zlen, 1);
         break;
     case 2: {

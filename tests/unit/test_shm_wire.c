@@ -21,7 +21,7 @@ static void test_layouts(void **state) {
     shm_hello_encode(b);
     assert_hex(b, SHM_HELLO_LEN, "4543534801000000"); /* "ECSH", version 1 */
     assert_int_equal(shm_hello_decode(b, SHM_HELLO_LEN), 0);
-    shm_hello_reply_encode(b);
+    shm_hello_reply_encode(b, 0);
     assert_hex(b, SHM_HELLO_REPLY_LEN, "454353480100000000040000"); /* 1024 slots */
     assert_int_equal(shm_hello_reply_decode(b, SHM_HELLO_REPLY_LEN), 0);
     shm_begin_entry e[2] = {{0x1000, 16, 0x0102030405060708}, {0x2000, 1, 9}};
@@ -152,7 +152,7 @@ static void test_refusals(void **state) {
     assert_err(shm_hello_decode(b, SHM_HELLO_LEN - 1), ECT_EPROTO, "bad HELLO");
     b[4] = 2; /* version 2 */
     assert_err(shm_hello_decode(b, SHM_HELLO_LEN), ECT_EPROTO, "bad HELLO");
-    shm_hello_reply_encode(b);
+    shm_hello_reply_encode(b, 0);
     b[8] = 1; /* 1025 slots */
     assert_err(shm_hello_reply_decode(b, SHM_HELLO_REPLY_LEN), ECT_EPROTO, "bad HELLO reply");
     shm_begin_entry e = {1, 2, 3};
