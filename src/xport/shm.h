@@ -41,7 +41,7 @@ typedef struct shm_impl {
     uint64_t slot_state[SHM_SLOTS]; /* master copy of every segment's states */
     xp_conncache cache;             /* the initiator's connections */
     /* initiator: BEGINs sent and OFFERs applied (tests, benchmarks) */
-    _Atomic uint64_t begins, offers;
+    uint64_t begins, offers; /* __atomic builtins */
 } shm_impl;
 
 /* ---- shm.c: messaging over the SOCK_SEQPACKET sockets. */
