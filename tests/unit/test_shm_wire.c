@@ -243,6 +243,13 @@ static void test_offer(void **state) {
                 back.fd_off == 4096 && back.slot == 2 && back.file == 1 &&
                 back.flags == SHM_GF_FILE && back.status == 0);
     assert_int_equal(shm_msg_magic(b, len), SHM_MAGIC_OFFER);
+    /* docs/PROTOCOL.md ("Offers") shows these bytes. */
+    const char *doc = test_protocol_md();
+    static const char *const shown[] = {
+        "`4543534900000000efcdab8967452301`", "`4543534801000600`", "`454353480100040000040000`",
+        "`4543534f 01000000 01000000 00000000`", "0807060504030201`, the drop `0500000000000000`"};
+    for (size_t i = 0; i < sizeof shown / sizeof shown[0]; i++)
+        assert_non_null(strstr(doc, shown[i]));
     assert_int_equal(shm_msg_magic(b, 3), 0);
     /* Malformed: sizes, counts, fds, and each entry field an OFFER forbids. */
     assert_err(shm_offer_decode(b, len - 1, 0, &g), ECT_EPROTO, "malformed OFFER");

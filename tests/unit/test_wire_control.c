@@ -1675,6 +1675,9 @@ static void test_shm_id(void **st) {
     assert_string_equal(out, batch);
     free(out);
     request_paths_agree(&q, batch);
+    char line[512];
+    snprintf(line, sizeof line, "\n%s\n", batch); /* docs/PROTOCOL.md's example */
+    assert_non_null(strstr(test_protocol_md(), line));
     wire_ctl_request d;
     assert_int_equal(wire_ctl_decode_request(batch, strlen(batch), &d), 0);
     assert_true(d.shm_id == 0x00c0ffee12345678ull);
