@@ -159,9 +159,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         same_bytes(msg, len, out, SHM_ID_LEN, NULL, NULL, 0);
         break;
     }
-    case 6:
-        offer(data + 2, size - 2, (int)((uint32_t)data[1] % (SHM_CHUNK + 1)));
-        break;
+    case 6: offer(data + 2, size - 2, (int)((uint32_t)data[1] % (SHM_CHUNK + 1))); break;
     default: {
         uint32_t n = data[1];
         if ((rc = shm_done_decode(data + 2, size - 2, n)) != 0) return refused(rc);

@@ -230,7 +230,7 @@ static void test_offer(void **state) {
                "4543534f010000000100000000000000" /* "ECSO", n 1, ndrop 1, nfds 0 */
                "00000000040000000600000000000000002000000000000008000000000000000010000000000000"
                "0200000001000000"
-               "0807060504030201"  /* the window's key */
+               "0807060504030201"   /* the window's key */
                "0500000000000000"); /* drop: region 5 */
     shm_grant g;
     assert_int_equal(shm_offer_decode(b, len, 0, &g), 0);
@@ -259,9 +259,12 @@ static void test_offer(void **state) {
     struct {
         uint32_t flags, file, slot;
         int32_t status;
-    } bad[] = {{SHM_GF_IPC, 0, 2, 0},           {SHM_GF_FD | SHM_GF_FILE, 1, 2, 0},
-               {0, 0, 2, 0},                    {SHM_GF_FILE, 0, 2, 0},
-               {SHM_GF_FILE, 1, SHM_SLOTS, 0}, {SHM_GF_FILE, 1, 2, ECT_EACCES}};
+    } bad[] = {{SHM_GF_IPC, 0, 2, 0},
+               {SHM_GF_FD | SHM_GF_FILE, 1, 2, 0},
+               {0, 0, 2, 0},
+               {SHM_GF_FILE, 0, 2, 0},
+               {SHM_GF_FILE, 1, SHM_SLOTS, 0},
+               {SHM_GF_FILE, 1, 2, ECT_EACCES}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         shm_grant_entry x = e;
         x.flags = bad[i].flags;
@@ -289,10 +292,8 @@ static void test_offer(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_layouts),
-        cmocka_unit_test(test_grant_round_trip),
-        cmocka_unit_test(test_grant_files),
-        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_layouts),     cmocka_unit_test(test_grant_round_trip),
+        cmocka_unit_test(test_grant_files), cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_offer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1689,14 +1689,18 @@ static void test_shm_id(void **st) {
     request_paths_agree(&r1, one);
     /* Absent: 0 (an upstream producer). */
     q.shm_id = 0;
-    request_paths_agree(&q, "{\"op\":\"reserve_batch\",\"items\":[{\"transfer_id\":\"t1\","
-                            "\"mm_hash\":\"h1\",\"nbytes\":8,\"shape\":[4],\"dtype\":\"bfloat16\"}]}");
-    static const char *const bad[] = {"\"00C0FFEE12345678\"", "\"0000000000000000\"", "\"123\"",
-                                      "\"00c0ffee123456789\"", "12", "null"};
+    request_paths_agree(&q,
+                        "{\"op\":\"reserve_batch\",\"items\":[{\"transfer_id\":\"t1\","
+                        "\"mm_hash\":\"h1\",\"nbytes\":8,\"shape\":[4],\"dtype\":\"bfloat16\"}]}");
+    static const char *const bad[] = {"\"00C0FFEE12345678\"",
+                                      "\"0000000000000000\"",
+                                      "\"123\"",
+                                      "\"00c0ffee123456789\"",
+                                      "12",
+                                      "null"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char f[256];
-        snprintf(f, sizeof f,
-                 "{\"op\":\"reserve_batch\",\"items\":[],\"ect_shm_id\":%s}", bad[i]);
+        snprintf(f, sizeof f, "{\"op\":\"reserve_batch\",\"items\":[],\"ect_shm_id\":%s}", bad[i]);
         assert_err(wire_ctl_decode_request(f, strlen(f), &d), ECT_EINVAL, "ect_shm_id");
     }
 }

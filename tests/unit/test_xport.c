@@ -1581,16 +1581,16 @@ static void test_shm_offer_target(void **state) {
         xp_put_u16(buf + 6, (uint16_t)(SHM_HELLO_FILES | (asks ? SHM_HELLO_OFFERS : 0)));
         assert_int_equal(shm_msg_send(fd, buf, SHM_HELLO_LEN, NULL, 0, 10000), 0);
         int seg = -1, nf = 0;
-        assert_int_equal(shm_msg_recv(fd, buf, SHM_GRANT_MAX, &len, &seg, 1, &nf, false, 60000),
-                         0);
+        assert_int_equal(shm_msg_recv(fd, buf, SHM_GRANT_MAX, &len, &seg, 1, &nf, false, 60000), 0);
         assert_int_equal(shm_hello_reply_decode(buf, len), 0);
         close(seg);
         assert_int_equal(shm_hello_flags(buf), asks ? SHM_HELLO_OFFERS : 0);
         if (asks == 2) { /* a bad ID (id 0): closed */
             shm_id_encode(buf, 0);
             assert_int_equal(shm_msg_send(fd, buf, SHM_ID_LEN, NULL, 0, 10000), 0);
-            assert_int_equal(shm_msg_recv(fd, buf, SHM_GRANT_MAX, &len, NULL, 0, NULL, false, 60000),
-                             ECT_ECLOSED);
+            assert_int_equal(
+                shm_msg_recv(fd, buf, SHM_GRANT_MAX, &len, NULL, 0, NULL, false, 60000),
+                ECT_ECLOSED);
             close(fd);
             continue;
         }
