@@ -77,8 +77,8 @@ static bool sent_save(const conn_sent *cs, sent_copy *k) {
         free(k->files);
         return false;
     }
-    memcpy(k->ids, cs->ids.v, cs->ids.n * sizeof *k->ids);
-    memcpy(k->files, cs->files, cs->nfiles * sizeof *k->files);
+    if (cs->ids.n) memcpy(k->ids, cs->ids.v, cs->ids.n * sizeof *k->ids);
+    if (cs->nfiles) memcpy(k->files, cs->files, cs->nfiles * sizeof *k->files);
     k->nids = cs->ids.n;
     k->nfiles = cs->nfiles;
     k->next_file = cs->next_file;
@@ -87,9 +87,9 @@ static bool sent_save(const conn_sent *cs, sent_copy *k) {
 
 /* Puts the saved sets back (their arrays only grew since the save). */
 static void sent_restore(conn_sent *cs, sent_copy *k) {
-    memcpy(cs->ids.v, k->ids, k->nids * sizeof *k->ids);
+    if (k->nids) memcpy(cs->ids.v, k->ids, k->nids * sizeof *k->ids);
     cs->ids.n = k->nids;
-    memcpy(cs->files, k->files, k->nfiles * sizeof *k->files);
+    if (k->nfiles) memcpy(cs->files, k->files, k->nfiles * sizeof *k->files);
     cs->nfiles = k->nfiles;
     cs->next_file = k->next_file;
     sent_free(k);
@@ -435,7 +435,7 @@ static size_t offer_build(ect_xport *x, conn_sent *cs, const char *const *keys, 
                           uint8_t *out, xp_region **held, uint32_t *nheld, int *fds, int *nfds) {
     uint32_t k = 0;
     *nfds = 0;
-    for (size_t i = 0; i < n && k < SHM_CHUNK; i++) {
+    for (size_t i = 0; i < n && *nheld < SHM_CHUNK; i++) {
         xp_region *r = offer_window(x, keys[i]);
         if (!r) continue;
         held[(*nheld)++] = r;

@@ -1633,6 +1633,67 @@ static void test_shm_offer_target(void **state) {
     ect_xport_close(t);
 }
 
+/* Our target, an initiator that asked for offers and does not read: offers
+ * of one new window each fill its socket until one cannot be sent (never
+ * waited for); that failed offer leaves the connection's state as it was,
+ * so once the initiator has read the queued OFFERs, its BEGIN for the
+ * window whose offer failed is granted with the mapping details (the pool's
+ * file by number), not as a window it was already given. */
+static void test_shm_offer_full_socket(void **state) {
+    (void)state;
+    enum { MAXW = 1000 };
+    ect_xport *t = open_kind("shm");
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), len;
+    region r;
+    private_region_open(t, MAXW * pg, &r);
+    struct sockaddr_un sa;
+    socklen_t sl;
+    assert_int_equal(shm_make_addr(ect_xport_session(t) + 5, &sa, &sl), 0);
+    uint8_t *buf = malloc(SHM_GRANT_MAX);
+    assert_non_null(buf);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sl), 0);
+    shm_set_timeouts(fd, 60000);
+    shm_hello_encode(buf);
+    xp_put_u16(buf + 6, SHM_HELLO_FILES | SHM_HELLO_OFFERS);
+    assert_int_equal(shm_msg_send(fd, buf, SHM_HELLO_LEN, NULL, 0, 10000), 0);
+    int seg = -1, nf = 0, fds[SHM_CHUNK], nfds;
+    assert_int_equal(shm_msg_recv(fd, buf, SHM_GRANT_MAX, &len, &seg, 1, &nf, false, 60000), 0);
+    close(seg);
+    shm_id_encode(buf, 0x55);
+    assert_int_equal(shm_msg_send(fd, buf, SHM_ID_LEN, NULL, 0, 10000), 0);
+    static char keys[MAXW][ECT_XPORT_KEY_MAX];
+    int n = 0, failed = -1;
+    assert_int_equal(xp_window_open(t, r.key, 0, pg, keys[0]), 0);
+    const char *k0 = keys[0];
+    offer_until_taken(t, 0x55, &k0, 1); /* the ID has been read */
+    for (n = 1; n < MAXW && failed < 0; n++) {
+        const char *k = keys[n];
+        assert_int_equal(xp_window_open(t, r.key, (size_t)n * pg, pg, keys[n]), 0);
+        if (xp_window_offer(t, 0x55, &k, 1) != 0) failed = n;
+    }
+    assert_true(failed > 0); /* the socket filled before MAXW windows */
+    int offers = 0;
+    while (shm_msg_recv_now(fd, buf, SHM_GRANT_MAX, &len, fds, SHM_CHUNK, &nfds) == 0) {
+        shm_grant g;
+        assert_int_equal(shm_offer_decode(buf, len, nfds, &g), 0);
+        for (int i = 0; i < nfds; i++) close(fds[i]);
+        offers++;
+    }
+    assert_int_equal(offers, failed); /* windows 0 .. failed - 1 */
+    shm_grant_entry e;
+    shm_raw_grant(fd, (uint64_t)(uintptr_t)(r.addr + (size_t)failed * pg), pg, keys[failed], &e,
+                  &nfds, buf);
+    assert_int_equal(e.status, 0);
+    assert_int_equal(e.flags, SHM_GF_FILE);
+    assert_int_equal(e.file, 1);
+    close(fd);
+    for (int i = 0; i < n; i++) assert_int_equal(xp_window_close(t, keys[i]), 0);
+    free(buf);
+    test_region_close(t, &r);
+    ect_xport_close(t);
+}
+
 static void test_tcp_stall(void **state) {
     (void)state;
     ect_xport *t = NULL;
@@ -1718,6 +1779,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_shm_offers),
         cmocka_unit_test(test_shm_offer_raw),
         cmocka_unit_test(test_shm_offer_target),
+        cmocka_unit_test(test_shm_offer_full_socket),
         cmocka_unit_test(test_tcp_stall),
         cmocka_unit_test(test_tcp_nodelay),
         KIND_TESTS("tcp"),
