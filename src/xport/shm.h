@@ -32,6 +32,7 @@ typedef struct shm_seg {
      * sent from the control server's thread, which only try-locks it). */
     pthread_mutex_t mu;
     struct conn_sent *cs;
+    uint8_t *obuf; /* an OFFER being built (SHM_OFFER_MAX), made on the first; under mu */
 } shm_seg;
 
 typedef struct shm_impl {

@@ -395,6 +395,7 @@ done:
     free(held);
     free(cs.ids.v);
     free(cs.files);
+    free(seg.obuf); /* seg_close waited out any offer */
     pthread_mutex_destroy(&seg.mu);
 }
 
@@ -462,7 +463,8 @@ int shm_target_offer(ect_xport *x, uint64_t id, const char *const *keys, size_t 
     if (!id || !n) return 0;
     shm_seg *g = offer_conn(si, id);
     if (!g) return ect_set_error(ECT_ENOTFOUND, "shm: no one connection to offer to");
-    uint8_t *out = malloc(SHM_OFFER_MAX);
+    if (!g->obuf) g->obuf = malloc(SHM_OFFER_MAX);
+    uint8_t *out = g->obuf;
     xp_region *held[SHM_CHUNK];
     uint32_t nheld = 0;
     int fds[SHM_CHUNK], nfds = 0, rc = ECT_ENOMEM;
@@ -480,7 +482,6 @@ int shm_target_offer(ect_xport *x, uint64_t id, const char *const *keys, size_t 
     }
     pthread_mutex_unlock(&g->mu);
     release_held(x, held, nheld);
-    free(out);
     return rc;
 }
 
