@@ -40,6 +40,13 @@
  * message, only the control segment's `users` count and `state` check;
  * everything else goes through BEGIN / GRANT / copy / DONE, one round trip
  * per chunk of up to SHM_CHUNK writes.
+ *
+ * Offers (x->offer_id set: HELLO bit 2, then the ID): a target may grant
+ * windows unasked (OFFER), before the producer even has their reserve
+ * reply; the connection applies them as a GRANT's mappings and drops, with
+ * no copy and no DONE, wherever it reads the socket (waiting for a GRANT:
+ * recv_past_offers; leaving the cache and after a fast batch: drain_offers),
+ * so the write into an offered window takes the fast path.
  */
 #include <errno.h>
 #include <inttypes.h>

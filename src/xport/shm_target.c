@@ -14,7 +14,10 @@
  * (conn_sent), and the pool's end is a file drop. The
  * fast path (a region mapped before) asks nothing: unregister clears the
  * region's state in every segment, then waits for the segments' `users` to
- * drain.
+ * drain. A connection whose initiator sent an ID (offers) can also be given
+ * windows unasked, from the control server's thread (shm_target_offer): an
+ * OFFER built and sent under the connection's lock, as every GRANT is, never
+ * waited for, and undone in the connection's sets when it cannot be sent.
  */
 #include <errno.h>
 #include <inttypes.h>
