@@ -1,13 +1,14 @@
 /*
  * fuzz_shm_msg — every decoder of the shm transport's messages
  * (xport/shm_wire.c): HELLO and its reply, BEGIN, GRANT (the message an
- * initiator trusts least: region addresses, fd counts, the CUDA IPC trailer)
- * and DONE.
+ * initiator trusts least: region addresses, fd counts, the CUDA IPC trailer),
+ * DONE, ID and OFFER (a GRANT answering no BEGIN, with its windows' keys).
  *
- * Input: byte 0 picks the message (mod 5: HELLO, HELLO reply, BEGIN, GRANT,
- * DONE); for GRANT byte 1 picks the BEGIN's n (1..250) and byte 2 the
- * number of fds "received" with it (0..n), for DONE byte 1 picks n; the rest
- * is the message.
+ * Input: byte 0 picks the message (mod 7: HELLO, HELLO reply, BEGIN, GRANT,
+ * DONE, ID, OFFER); for GRANT byte 1 picks the BEGIN's n (1..250) and byte 2
+ * the number of fds "received" with it (0..n), for DONE byte 1 picks n, for
+ * OFFER byte 1 the number of fds received (0..250); the rest is the
+ * message.
  *
  * Invariants beyond "no crash, no sanitizer report": every refusal is
  * ECT_EPROTO with a detail; whatever decodes encodes back, through the
@@ -22,6 +23,7 @@
 
 #include "util/util.h"
 #include "xport/shm_wire.h"
+#include "xport/xport.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -81,6 +83,38 @@ done:
     free(ipc);
 }
 
+/* An OFFER: what decodes encodes back to the same bytes, its entries obey
+ * the rules the initiator relies on (status 0, one of FD / FILE, a slot in
+ * range), and the fd-flagged entries number its fds. */
+static void offer(const uint8_t *msg, size_t len, int nfds) {
+    shm_grant g;
+    int rc = shm_offer_decode(msg, len, nfds, &g);
+    if (rc) {
+        (void)refused(rc);
+        return;
+    }
+    uint8_t *out = malloc(SHM_OFFER_MAX);
+    if (!out) return;
+    uint32_t seen = 0, fds = 0;
+    for (uint32_t i = 0; i < g.n; i++) {
+        shm_grant_entry e;
+        shm_grant_entry_get(msg, &g, i, &seen, &e);
+        if (e.status != 0 || (e.flags != SHM_GF_FD && e.flags != SHM_GF_FILE) ||
+            e.slot >= SHM_SLOTS || (e.flags == SHM_GF_FILE && e.file == 0))
+            __builtin_trap();
+        fds += e.flags == SHM_GF_FD;
+        shm_offer_put_entry(out, i, &e);
+    }
+    if (fds != g.nfds || seen != 0) __builtin_trap();
+    for (uint32_t k = 0; k < g.ndrop; k++) {
+        uint64_t rid = 0;
+        for (int b = 7; b >= 0; b--) rid = (rid << 8) | g.drops[8 * k + (uint32_t)b];
+        shm_offer_put_drop(out, g.n, k, rid);
+    }
+    same_bytes(msg, len, out, shm_offer_finish(out, g.n, g.ndrop, g.nfds), NULL, NULL, 0);
+    free(out);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static int quiet;
     if (!quiet) {
@@ -91,18 +125,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t *msg = data + 1;
     size_t len = size - 1;
     uint8_t out[SHM_BEGIN_MAX];
-    static const size_t hello_zero[] = {6}, hello_zlen[] = {2};
     int rc;
-    switch (data[0] % 5) {
+    switch (data[0] % 7) {
     case 0:
         if ((rc = shm_hello_decode(msg, len)) != 0) return refused(rc);
         shm_hello_encode(out);
-        same_bytes(msg, len, out, SHM_HELLO_LEN, hello_zero, hello_zlen, 1);
+        xp_put_u16(out + 6, shm_hello_flags(msg)); /* flags: any bits, the target reads its own */
+        same_bytes(msg, len, out, SHM_HELLO_LEN, NULL, NULL, 0);
         break;
     case 1:
         if ((rc = shm_hello_reply_decode(msg, len)) != 0) return refused(rc);
-        shm_hello_reply_encode(out);
-        same_bytes(msg, len, out, SHM_HELLO_REPLY_LEN, hello_zero, hello_zlen, 1);
+        shm_hello_reply_encode(out, shm_hello_flags(msg));
+        same_bytes(msg, len, out, SHM_HELLO_REPLY_LEN, NULL, NULL, 0);
         break;
     case 2: {
         uint32_t n;
@@ -117,6 +151,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         grant(data + 3, size - 3, n, (int)((uint32_t)data[2] % (n + 1)));
         break;
     }
+    case 5: {
+        uint64_t id;
+        if ((rc = shm_id_decode(msg, len, &id)) != 0) return refused(rc);
+        if (id == 0) __builtin_trap();
+        shm_id_encode(out, id);
+        same_bytes(msg, len, out, SHM_ID_LEN, NULL, NULL, 0);
+        break;
+    }
+    case 6: offer(data + 2, size - 2, (int)((uint32_t)data[1] % (SHM_CHUNK + 1))); break;
     default: {
         uint32_t n = data[1];
         if ((rc = shm_done_decode(data + 2, size - 2, n)) != 0) return refused(rc);

@@ -409,6 +409,7 @@ static void build_batches(pbatch *b, const push_action *a, size_t n, uint64_t no
             px_free(x);
             continue;
         }
+        if (xk == PX_RESERVE) x->req.shm_id = b->shm_id; /* shm offers (PROTOCOL.md "shm") */
         launch(b, x, now, tail, xk == PX_RESERVE ? &b->n.reserve_batches : &b->n.complete_batches);
     }
     free(gs.g);

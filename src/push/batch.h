@@ -92,8 +92,9 @@ typedef struct pbatch {
     down_table *downs;
     char transport[PUSH_KIND_MAX + 1]; /* required data plane, "" any */
     unsigned expect_shards;            /* 0 any */
-    pb_counts n;                       /* what went out */
-    atomic_size_t held_down;           /* down_count after the latest change (metrics) */
+    uint64_t shm_id; /* "ect_shm_id" every reserve names (our shm connections' id), 0 none */
+    pb_counts n;     /* what went out */
+    atomic_size_t held_down; /* down_count after the latest change (metrics) */
 } pbatch;
 
 /* A timeout or a transport failure: the consumer may be gone (an answer, even

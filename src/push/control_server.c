@@ -445,6 +445,28 @@ static void *reply_items(size_t n, size_t size, int *rc, char *errtext) {
     return items;
 }
 
+/* Offers the windows a reserve or reserve_batch that named its producer's
+ * shm connection ("ect_shm_id") opened, in messages of at most
+ * CTL_OFFER_MAX, before the reply goes out. Under mu. */
+#define CTL_OFFER_MAX 250
+static void offer_windows(ctl_server *s, const wire_ctl_request *q, const wire_ctl_reply *rep) {
+    const char *keys[CTL_OFFER_MAX];
+    size_t n = 0;
+    if (!q->shm_id || !s->o.win_offer) return;
+    if (q->op == WIRE_OP_RESERVE && rep->u.reserve.write && rep->u.reserve.dst_key)
+        keys[n++] = rep->u.reserve.dst_key;
+    for (size_t i = 0; q->op == WIRE_OP_RESERVE_BATCH && i < rep->u.reserve_batch.n; i++) {
+        const wire_reserve_outcome *oc = &rep->u.reserve_batch.items[i];
+        if (!oc->ok || !oc->result.write || !oc->result.dst_key) continue;
+        keys[n++] = oc->result.dst_key;
+        if (n == CTL_OFFER_MAX) {
+            s->o.win_offer(s->o.win_ctx, q->shm_id, keys, n);
+            n = 0;
+        }
+    }
+    if (n) s->o.win_offer(s->o.win_ctx, q->shm_id, keys, n);
+}
+
 static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now, char **reply) {
     wire_ctl_reply rep;
     memset(&rep, 0, sizeof rep);
@@ -569,6 +591,7 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
         break;
     }
     settle_expired(s);
+    if (!rc) offer_windows(s, q, &rep);
     pthread_mutex_unlock(&s->mu);
     if (q->op == WIRE_OP_RESERVE || q->op == WIRE_OP_RESERVE_BATCH) log_refusals(s, now);
     int erc;

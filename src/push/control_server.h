@@ -70,6 +70,12 @@ typedef struct ctl_server_opts {
      * (the reservation is then abandoned: every transport has windows). */
     int (*win_open)(void *ctx, uint64_t offset, uint64_t nbytes, char key[ECT_XPORT_KEY_MAX]);
     void (*win_close)(void *ctx, const char *key);
+    /* Optional (shm): offers the windows keys[0..n) a reserve or
+     * reserve_batch naming "ect_shm_id" opened to that producer's shm
+     * connection, before the reply goes out (docs/PROTOCOL.md "shm",
+     * "Offers"). Under the table lock; must not block; failures only mean
+     * the producer asks for the windows itself. */
+    void (*win_offer)(void *ctx, uint64_t shm_id, const char *const *keys, size_t n);
     void *win_ctx;
     /* Who may connect (docs/SECURITY.md). keys (borrowed, must outlive the
      * server): both sockets are CURVE servers. Else event_secret (copied):

@@ -145,6 +145,10 @@ int ect_push_producer_open(const ect_push_producer_opts *opts, ect_push_producer
     p->batch.t = p->table;
     ect_strcpy_cut(p->batch.transport, sizeof p->batch.transport, p->transport);
     p->batch.expect_shards = opts->expect_shards;
+    /* Our shm connections ask shards to offer windows with the reserve reply
+     * (docs/PROTOCOL.md "shm", "Offers"), named by this id. */
+    if (!p->transport[0] || !strcmp(p->transport, "shm"))
+        while (!p->batch.shm_id) p->batch.shm_id = ect_random_u64();
     p->acts_cap = 1024;
     if (!(p->acts = calloc(p->acts_cap, sizeof *p->acts)) || !(p->zctx = zmq_ctx_new())) {
         rc = ect_set_error(ECT_ENOMEM, "push producer: out of memory");

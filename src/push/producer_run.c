@@ -35,6 +35,7 @@
 #include "push/producer.h"
 #include "util/sync.h"
 #include "util/util.h"
+#include "xport/xport.h"
 
 #define MOD "producer"
 #define WAKE_MS 50
@@ -52,6 +53,7 @@ static ect_xport *xport_for(ect_push_producer *p, const char *kind) {
     xo.curve_keys = p->o.curve_keys;
     ect_xport *x = NULL;
     if (ect_xport_open(kind, &xo, &x)) return NULL;
+    if (!strcmp(kind, "shm")) xp_set_offer_id(x, p->batch.shm_id);
     pp_xport *e = calloc(1, sizeof *e);
     if (!e) {
         ect_xport_close(x);

@@ -173,7 +173,15 @@ int wctl_fast_encode_request(const wire_ctl_request *req, char **out) {
             jw_tensor(&w, &it->req.tensor);
             JW_LIT(&w, "}");
         }
-        JW_LIT(&w, "]}");
+        JW_LIT(&w, "]");
+        if (req->shm_id) {
+            char h[17];
+            wctl_shm_id_format(req->shm_id, h);
+            JW_LIT(&w, ",\"ect_shm_id\":\"");
+            jw_lit(&w, h, 16);
+            JW_LIT(&w, "\"");
+        }
+        JW_LIT(&w, "}");
     } else if (req->op == WIRE_OP_COMPLETE_BATCH) {
         size_t n = req->u.complete_batch.n;
         if (n > WIRE_BATCH_MAX || (n && !req->u.complete_batch.items)) return WCTL_FALLBACK;
@@ -593,6 +601,14 @@ int wctl_fast_decode_request(const void *buf, size_t len, wire_ctl_request *out)
     if (!r.bad)
         n = rsv ? jr_array(&r, WIRE_BATCH_MAX, sizeof(wire_reserve_item), &items, rd_reserve_item)
                 : jr_array(&r, WIRE_BATCH_MAX, sizeof(wire_complete_req), &items, rd_complete_item);
+    uint64_t shm_id = 0;
+    if (rsv && jr_peek(&r, ',')) { /* our producer's extension: exactly as it writes it */
+        const char *h;
+        size_t hn;
+        jr_ch(&r, ',');
+        jr_key(&r, "ect_shm_id");
+        if (!jr_raw_str(&r, &h, &hn) || !wctl_shm_id_parse(h, hn, &shm_id)) r.bad = true;
+    }
     jr_ch(&r, '}');
     jr_end(&r);
     if (r.bad) {
@@ -603,6 +619,7 @@ int wctl_fast_decode_request(const void *buf, size_t len, wire_ctl_request *out)
         out->op = WIRE_OP_RESERVE_BATCH;
         out->u.reserve_batch.n = n;
         out->u.reserve_batch.items = items;
+        out->shm_id = shm_id;
     } else {
         out->op = WIRE_OP_COMPLETE_BATCH;
         out->u.complete_batch.n = n;

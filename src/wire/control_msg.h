@@ -146,6 +146,9 @@ typedef struct wire_ctl_request {
         wire_cancel_req cancel;
         /* event_port and peers carry no fields. */
     } u;
+    /* reserve, reserve_batch: "ect_shm_id" (extension, docs/PROTOCOL.md
+     * "shm", "Offers"), the producer's shm initiator id; 0: absent. */
+    uint64_t shm_id;
 } wire_ctl_request;
 
 /* Encodes {"op": ..., fields...}. Batch items are encoded without "op". */
@@ -307,6 +310,11 @@ void wctl_put_tensor(json_t *obj, const wire_tensor *t, int *rc);
 /* Length of the valid UTF-8 sequence at p (jansson's rules), or 0. Reads
  * p[1..3] only while they continue the sequence. */
 size_t wctl_utf8_seq(const unsigned char *p);
+
+/* "ect_shm_id": 16 lowercase hex digits of a non-zero u64. Parse: true and
+ * *id for exactly that (n bytes at s); format: 17 bytes with the NUL. */
+bool wctl_shm_id_parse(const char *s, size_t n, uint64_t *id);
+void wctl_shm_id_format(uint64_t id, char out[17]);
 
 /* control_fast.c: the allocation-light path for the reserve_batch and
  * complete_batch requests and replies and the readiness event (encoded and

@@ -31,6 +31,37 @@ void wire_ctl_request_clear(wire_ctl_request *req) {
 
 /* ------------------------------------------------------------ encoding */
 
+bool wctl_shm_id_parse(const char *s, size_t n, uint64_t *id) {
+    uint64_t v = 0;
+    if (n != 16) return false;
+    for (size_t i = 0; i < 16; i++) {
+        char c = s[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (d < 0) return false;
+        v = (v << 4) | (uint64_t)d;
+    }
+    *id = v;
+    return v != 0;
+}
+
+void wctl_shm_id_format(uint64_t id, char out[17]) { snprintf(out, 17, "%016" PRIx64, id); }
+
+/* The optional "ect_shm_id" of reserve and reserve_batch (last key). */
+static void put_shm_id(json_t *o, uint64_t id, int *rc) {
+    char h[17];
+    if (!o || !id) return;
+    wctl_shm_id_format(id, h);
+    wctl_put_str(o, "ect_shm_id", h, 16, true, rc);
+}
+
+static int get_shm_id(const json_t *root, uint64_t *id) {
+    char h[WIRE_ID_MAX + 1];
+    int rc = wctl_get_str(root, "", "ect_shm_id", false, false, WIRE_ID_MAX, h);
+    if (rc == 0 && json_object_get(root, "ect_shm_id") && !wctl_shm_id_parse(h, strlen(h), id))
+        rc = ect_set_error(ECT_EINVAL, "ect_shm_id: expected 16 lowercase hex digits, not all 0");
+    return rc;
+}
+
 static json_t *reserve_obj(const wire_reserve_req *r, const char *op, int *rc) {
     json_t *o = json_object();
     if (!o) {
@@ -72,7 +103,10 @@ int wire_ctl_encode_request(const wire_ctl_request *req, char **out) {
     rc = 0;
     json_t *o = NULL;
     switch (req->op) {
-    case WIRE_OP_RESERVE: o = reserve_obj(&req->u.reserve, op, &rc); break;
+    case WIRE_OP_RESERVE:
+        o = reserve_obj(&req->u.reserve, op, &rc);
+        put_shm_id(o, req->shm_id, &rc);
+        break;
     case WIRE_OP_COMPLETE: o = complete_obj(&req->u.complete, op, &rc); break;
     case WIRE_OP_RESERVE_BATCH:
     case WIRE_OP_COMPLETE_BATCH: {
@@ -100,6 +134,7 @@ int wire_ctl_encode_request(const wire_ctl_request *req, char **out) {
             wctl_put_new(o, "items", arr, &rc);
         else
             json_decref(arr);
+        if (rsv) put_shm_id(o, req->shm_id, &rc);
         break;
     }
     case WIRE_OP_STATUS:
@@ -291,8 +326,12 @@ static int decode_body(const json_t *root, wire_ctl_request *out) {
     wire_cancel_req *c = &out->u.cancel;
     int rc;
     switch (out->op) {
-    case WIRE_OP_RESERVE: return decode_reserve(root, "", &out->u.reserve);
-    case WIRE_OP_RESERVE_BATCH: return decode_reserve_batch(root, out);
+    case WIRE_OP_RESERVE:
+        rc = decode_reserve(root, "", &out->u.reserve);
+        return rc ? rc : get_shm_id(root, &out->shm_id);
+    case WIRE_OP_RESERVE_BATCH:
+        rc = get_shm_id(root, &out->shm_id);
+        return rc ? rc : decode_reserve_batch(root, out);
     case WIRE_OP_STATUS:
         return wctl_get_str(root, "", "transfer_id", true, true, WIRE_ID_MAX,
                             out->u.status.transfer_id);

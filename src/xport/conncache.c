@@ -83,7 +83,7 @@ bool xp_cache_take(xp_conncache *c, xp_peer *p, xp_conn *out) {
         }
         pthread_mutex_unlock(&c->mu);
         if (!got) return false;
-        if (xp_fd_quiet(out->fd)) return true;
+        if (c->ops->alive ? c->ops->alive(*out) : xp_fd_quiet(out->fd)) return true;
         c->ops->close(*out);
     }
 }

@@ -5,7 +5,8 @@
  * peer acknowledged everything (xp_cache_give); a connection that failed is
  * closed instead, so the next batch connects anew. Taking checks that an
  * idle connection is still alive: a target that went away reads EOF, and
- * anything readable at all on an idle connection is out of protocol.
+ * anything readable at all on an idle connection is out of protocol, except
+ * what the back end's alive op reads (shm OFFERs).
  *
  * Thread-safe: one mutex guards the peer table and the idle lists, held for
  * list updates only, never across I/O (connecting is the caller's, outside).
@@ -32,6 +33,9 @@ typedef struct xp_conn_ops {
     int (*parse)(const char *session, void **addr);
     /* Closes a connection the cache drops (dead, or the idle list full). */
     void (*close)(xp_conn c);
+    /* Optional: true when an idle connection is alive, having read what a
+     * target may send between batches (shm OFFERs); NULL: xp_fd_quiet. */
+    bool (*alive)(xp_conn c);
 } xp_conn_ops;
 
 /* One peer session: its parsed address and its idle connections. Peers live

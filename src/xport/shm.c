@@ -74,9 +74,9 @@ int shm_msg_send(int fd, const void *buf, size_t len, const int *fds, int nfds, 
 }
 
 /* Blocking recvmsg, no poll: one system call per message on the latency
- * path. */
-int shm_msg_recv(int fd, void *buf, size_t cap, size_t *len, int *fds, int maxfds, int *nfds,
-                 bool wait_forever, int timeout_ms) {
+ * path. With MSG_DONTWAIT in flags, 1 when nothing is queued. */
+static int msg_recv(int fd, void *buf, size_t cap, size_t *len, int *fds, int maxfds, int *nfds,
+                    int flags, bool wait_forever, int timeout_ms) {
     union {
         char b[CMSG_SPACE(sizeof(int) * SHM_CHUNK)];
         struct cmsghdr align;
@@ -86,8 +86,9 @@ int shm_msg_recv(int fd, void *buf, size_t cap, size_t *len, int *fds, int maxfd
         struct iovec iov = {.iov_base = buf, .iov_len = cap};
         struct msghdr m = {
             .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cb.b, .msg_controllen = sizeof cb.b};
-        ssize_t k = recvmsg(fd, &m, MSG_CMSG_CLOEXEC);
+        ssize_t k = recvmsg(fd, &m, MSG_CMSG_CLOEXEC | flags);
         if (k < 0 && errno == EINTR) continue;
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && (flags & MSG_DONTWAIT)) return 1;
         if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             if (wait_forever) continue;
             return ect_set_error(ECT_ETIMEDOUT, "shm: no answer for %d ms", timeout_ms);
@@ -114,6 +115,15 @@ int shm_msg_recv(int fd, void *buf, size_t cap, size_t *len, int *fds, int maxfd
         *len = (size_t)k;
         return 0;
     }
+}
+
+int shm_msg_recv(int fd, void *buf, size_t cap, size_t *len, int *fds, int maxfds, int *nfds,
+                 bool wait_forever, int timeout_ms) {
+    return msg_recv(fd, buf, cap, len, fds, maxfds, nfds, 0, wait_forever, timeout_ms);
+}
+
+int shm_msg_recv_now(int fd, void *buf, size_t cap, size_t *len, int *fds, int maxfds, int *nfds) {
+    return msg_recv(fd, buf, cap, len, fds, maxfds, nfds, MSG_DONTWAIT, false, 0);
 }
 
 void shm_set_timeouts(int fd, int timeout_ms) {
@@ -181,6 +191,7 @@ const xp_backend xp_shm_backend = {
     .unreg = shm_target_unreg,
     .destroy = shm_destroy,
     .write_batch = shm_write_batch,
+    .offer = shm_target_offer,
 };
 
 int shm_auth_send(void *ctx, const uint8_t *b, size_t n) {

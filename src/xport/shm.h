@@ -19,10 +19,20 @@
 #include "xport/shm_wire.h"
 #include "xport/xport.h"
 
-/* Target side: a live connection's control segment. */
+struct conn_sent;
+
+/* Target side: a live connection: its control segment and, for offers
+ * (docs/PROTOCOL.md "shm", "Offers"), what its initiator was given. */
 typedef struct shm_seg {
     shm_slot *slots;
     struct shm_seg *next;
+    uint64_t init_id; /* the initiator's ID message, 0 before or without one; under smu */
+    int fd;           /* the connection's socket */
+    /* Guards cs and every GRANT or OFFER built and sent on fd (an OFFER is
+     * sent from the control server's thread, which only try-locks it). */
+    pthread_mutex_t mu;
+    struct conn_sent *cs;
+    uint8_t *obuf; /* an OFFER being built (SHM_OFFER_MAX), made on the first; under mu */
 } shm_seg;
 
 typedef struct shm_impl {
@@ -31,6 +41,8 @@ typedef struct shm_impl {
     shm_seg *segs;
     uint64_t slot_state[SHM_SLOTS]; /* master copy of every segment's states */
     xp_conncache cache;             /* the initiator's connections */
+    /* initiator: BEGINs sent and OFFERs applied (tests, benchmarks) */
+    uint64_t begins, offers; /* __atomic builtins */
 } shm_impl;
 
 /* ---- shm.c: messaging over the SOCK_SEQPACKET sockets. */
@@ -49,6 +61,8 @@ int shm_msg_send(int fd, const void *buf, size_t len, const int *fds, int nfds, 
  * at EOF; ECT_EPROTO for a message that did not fit. */
 int shm_msg_recv(int fd, void *buf, size_t cap, size_t *len, int *fds, int maxfds, int *nfds,
                  bool wait_forever, int timeout_ms);
+/* The same without waiting: 1 when no message is queued. */
+int shm_msg_recv_now(int fd, void *buf, size_t cap, size_t *len, int *fds, int maxfds, int *nfds);
 void shm_set_timeouts(int fd, int timeout_ms);
 /* The data-plane handshake's I/O over a shm socket: one message of exactly
  * n bytes each way, bounded by timeout_ms. */
@@ -66,6 +80,9 @@ uint64_t shm_process_token(void);
 int shm_target_open(ect_xport *x, shm_impl *s, const char *name);
 int shm_target_reg(ect_xport *x, xp_region *r);
 void shm_target_unreg(ect_xport *x, xp_region *r);
+/* Offers windows keys[0..n) to the one live connection whose initiator sent
+ * ID `id` (backend offer op, xport.h); never blocks. */
+int shm_target_offer(ect_xport *x, uint64_t id, const char *const *keys, size_t n);
 
 /* ---- shm_initiator.c */
 /* A dropped window's mapping is parked PROT_NONE for a later window on its
@@ -75,6 +92,8 @@ void shm_target_unreg(ect_xport *x, xp_region *r);
 #define SHM_PARK_BYTES (64ull << 20)
 #define SHM_PARK_PROCESS 4096
 extern const xp_conn_ops shm_conn_ops;
+/* BEGINs x's initiator sent and OFFERs it applied since open. */
+void shm_counts(ect_xport *x, uint64_t *begins, uint64_t *offers);
 int shm_write_batch(ect_xport *x, const char *session, const ect_write *w, size_t n, int *st);
 
 #endif

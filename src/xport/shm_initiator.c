@@ -40,6 +40,13 @@
  * message, only the control segment's `users` count and `state` check;
  * everything else goes through BEGIN / GRANT / copy / DONE, one round trip
  * per chunk of up to SHM_CHUNK writes.
+ *
+ * Offers (x->offer_id set: HELLO bit 2, then the ID): a target may grant
+ * windows unasked (OFFER), before the producer even has their reserve
+ * reply; the connection applies them as a GRANT's mappings and drops, with
+ * no copy and no DONE, wherever it reads the socket (waiting for a GRANT:
+ * recv_past_offers; leaving the cache and after a fast batch: drain_offers),
+ * so the write into an offered window takes the fast path.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -92,6 +99,9 @@ typedef struct shm_file {
 
 typedef struct shm_conn {
     int fd;
+    shm_impl *si;  /* its back end (counters) */
+    bool offers;   /* the target sends OFFERs on this connection */
+    uint8_t *obuf; /* an OFFER being read (SHM_OFFER_MAX), made on the first */
     shm_slot *seg; /* the target's control segment for this connection */
     shm_map *maps; /* this connection's mappings, by region id */
     shm_map *by_tok;
@@ -295,6 +305,7 @@ static void conn_free(shm_conn *c) {
     if (c->fd >= 0) close(c->fd);
     for (size_t i = 0; i < c->nfiles; i++) close(c->files[i].fd);
     free(c->files);
+    free(c->obuf);
     free(c);
 }
 
@@ -320,7 +331,9 @@ static int parse_session(const char *session, void **addr) {
 
 static void close_conn(xp_conn c) { conn_free(c.ctx); }
 
-const xp_conn_ops shm_conn_ops = {parse_session, close_conn};
+static bool conn_alive(xp_conn x);
+
+const xp_conn_ops shm_conn_ops = {parse_session, close_conn, conn_alive};
 
 /* A cached connection, or a new one: connect, HELLO, map the control
  * segment the reply carries. */
@@ -351,7 +364,8 @@ static int take_conn(ect_xport *x, xp_peer *p, shm_conn **out) {
     struct stat st;
     xp_auth_frame af;
     shm_hello_encode(h);
-    xp_put_u16(h + 6, (uint16_t)(SHM_HELLO_FILES | (x->keys ? SHM_HELLO_AUTH : 0)));
+    xp_put_u16(h + 6, (uint16_t)(SHM_HELLO_FILES | (x->keys ? SHM_HELLO_AUTH : 0) |
+                                 (x->offer_id ? SHM_HELLO_OFFERS : 0)));
     int rc = shm_msg_send(fd, h, SHM_HELLO_LEN, NULL, 0, x->opts.io_timeout_ms);
     shm_set_timeouts(fd, x->opts.io_timeout_ms);
     if (!rc && x->keys) {
@@ -382,6 +396,13 @@ static int take_conn(ect_xport *x, xp_peer *p, shm_conn **out) {
         if (seg == MAP_FAILED) rc = ect_set_errno(errno, "shm: map of the control segment");
     }
     if (nf == 1) close(segfd);
+    /* A target that sends offers said so in its reply (an older one ignores
+     * the flag and replies 0): name ourselves, before any BEGIN. */
+    bool offers = !rc && x->offer_id && (shm_hello_flags(h) & SHM_HELLO_OFFERS);
+    if (offers) {
+        shm_id_encode(h, x->offer_id);
+        rc = shm_msg_send(fd, h, SHM_ID_LEN, NULL, 0, x->opts.io_timeout_ms);
+    }
     shm_conn *c = rc ? NULL : calloc(1, sizeof *c);
     if (!c) {
         if (seg != MAP_FAILED) munmap(seg, SHM_SEG_LEN);
@@ -390,6 +411,8 @@ static int take_conn(ect_xport *x, xp_peer *p, shm_conn **out) {
     }
     c->fd = fd;
     c->seg = seg;
+    c->si = s;
+    c->offers = offers;
     *out = c;
     return 0;
 }
@@ -598,14 +621,14 @@ typedef struct src_kind {
     int kind, dev;
 } src_kind;
 
-/* Maps the regions of GRANT g's n entries (writes idx[0..n)) and closes
- * the fds it carried: es[i] is entry i's status (0: mapped), rids[i] its
- * region. Parked mappings taken are left on gm->reviving, PROT_NONE.
- * Returns true when the target named a memory file not held here (we could
- * not keep it). */
-static bool grant_map(shm_conn *c, const uint8_t *buf, const shm_grant *g, uint32_t n,
-                      const size_t *idx, const uint64_t *tok, const int *fds, int nfds,
-                      grant_maps *gm, int32_t *es, uint64_t *rids) {
+/* Maps the regions of GRANT (or OFFER) g's entries, entry i under key
+ * etok[i], and closes the fds it carried: es[i] is entry i's status (0:
+ * mapped), rids[i] its region. Parked mappings taken are left on
+ * gm->reviving, PROT_NONE. Returns true when the target named a memory
+ * file not held here (we could not keep it). */
+static bool grant_map(shm_conn *c, const uint8_t *buf, const shm_grant *g, const uint64_t *etok,
+                      const int *fds, int nfds, grant_maps *gm, int32_t *es, uint64_t *rids) {
+    uint32_t n = g->n;
     int fi = 0;
     uint32_t ipc_seen = 0;
     bool lost_file = false;
@@ -613,16 +636,15 @@ static bool grant_map(shm_conn *c, const uint8_t *buf, const shm_grant *g, uint3
         shm_grant_entry e;
         shm_grant_entry_get(buf, g, i, &ipc_seen, &e);
         int32_t s = e.status;
-        size_t wi = idx[i];
         if (e.flags & SHM_GF_FD) {
-            int err = map_fd(c, &e, fds[fi++], tok[wi], gm);
+            int err = map_fd(c, &e, fds[fi++], etok[i], gm);
             if (err && s == 0) s = err;
         } else if (e.flags & SHM_GF_FILE) {
-            int err = map_file(c, &e, tok[wi], gm);
+            int err = map_file(c, &e, etok[i], gm);
             lost_file |= err == ECT_EPROTO && !file_find(c, e.file);
             if (err && s == 0) s = err;
         } else if (e.flags & SHM_GF_IPC) {
-            int err = map_ipc(c, &e, tok[wi]);
+            int err = map_ipc(c, &e, etok[i]);
             if (err && s == 0) s = err;
         }
         if (s > 0 || s < ECT_EOVERFLOW) s = ECT_EPROTO;
@@ -656,55 +678,145 @@ static void grant_copy(shm_conn *c, const ect_write *w, const size_t *idx, uint3
     }
 }
 
-/* One BEGIN/GRANT/copy/DONE/ACK round for idx[0..n). Fails only for
- * connection-level errors; per-write refusals go to st. */
-static int chunk(ect_xport *x, shm_conn *c, const ect_write *w, const size_t *idx, uint32_t n,
-                 const uint64_t *tok, const src_kind *sk, int *st, uint8_t *buf) {
-    int to = x->opts.io_timeout_ms;
-    shm_begin_entry be[SHM_CHUNK];
-    for (uint32_t i = 0; i < n; i++)
-        be[i] = (shm_begin_entry){w[idx[i]].dst_addr, w[idx[i]].len, tok[idx[i]]};
-    size_t len = shm_begin_encode(buf, be, n);
-    int rc = shm_msg_send(c->fd, buf, len, NULL, 0, to);
-    int fds[SHM_CHUNK], nfds = 0;
-    if (!rc) rc = shm_msg_recv(c->fd, buf, SHM_GRANT_MAX, &len, fds, SHM_CHUNK, &nfds, false, to);
-    if (rc) return rc;
-    shm_grant g;
-    if ((rc = shm_grant_decode(buf, len, n, nfds, &g)) != 0) {
-        for (int i = 0; i < nfds; i++) close(fds[i]);
-        return rc;
-    }
-    /* Dropped host mappings leave the tables at once (no write can reach
-     * them any more) and are parked or unmapped at the end of this chunk
-     * unless a new grant takes one over (map_region). */
-    grant_maps gm = {NULL, NULL};
-    for (uint32_t i = 0; i < g.ndrop; i++) {
-        uint64_t rid = xp_get_u64(g.drops + 8 * (size_t)i);
+/* The first half of applying a GRANT or OFFER g: its drop list retires
+ * the dropped host mappings (out of the tables at once: no write can reach
+ * them any more; parked or unmapped by grant_end unless a new window takes
+ * one over, map_region), then its entries are mapped (grant_map) and the
+ * parked mappings they took are made read-write. */
+static bool grant_begin(shm_conn *c, const uint8_t *buf, const shm_grant *g, const uint64_t *etok,
+                        const int *fds, int nfds, grant_maps *gm, int32_t *es, uint64_t *rids) {
+    for (uint32_t i = 0; i < g->ndrop; i++) {
+        uint64_t rid = xp_get_u64(g->drops + 8 * (size_t)i);
         shm_map *m;
         if (rid & SHM_DROP_FILE) continue; /* a file: after the entries */
         HASH_FIND(hh, c->maps, &rid, sizeof rid, m);
         if (m && m->base) {
             HASH_DEL(c->maps, m);
             HASH_DELETE(hh_tok, c->by_tok, m);
-            m->next = gm.retired;
-            gm.retired = m;
+            m->next = gm->retired;
+            gm->retired = m;
         } else if (m) {
             map_drop(c, m);
         }
     }
-    int32_t es[SHM_CHUNK];
-    uint64_t rids[SHM_CHUNK];
-    bool lost_file = grant_map(c, buf, &g, n, idx, tok, fds, nfds, &gm, es, rids);
-    revive(c, gm.reviving);
-    grant_copy(c, w, idx, n, sk, es, rids, st);
-    retired_park(c, gm.retired);
-    /* Files of pools that are gone: after the entries, which may still map
-     * from them (the target numbers them afresh if it ever sends them
-     * again). */
-    for (uint32_t i = 0; i < g.ndrop; i++) {
-        uint64_t d = xp_get_u64(g.drops + 8 * (size_t)i);
+    bool lost_file = grant_map(c, buf, g, etok, fds, nfds, gm, es, rids);
+    revive(c, gm->reviving);
+    return lost_file;
+}
+
+/* The second half, after the copies: what was retired and not taken over
+ * is parked or unmapped, then the files of pools that are gone are closed
+ * (the entries may still have mapped from them; the target numbers them
+ * afresh if it ever sends them again). */
+static void grant_end(shm_conn *c, const shm_grant *g, grant_maps *gm) {
+    retired_park(c, gm->retired);
+    for (uint32_t i = 0; i < g->ndrop; i++) {
+        uint64_t d = xp_get_u64(g->drops + 8 * (size_t)i);
         if (d & SHM_DROP_FILE) file_close(c, (uint32_t)d);
     }
+}
+
+/* Applies an OFFER of len bytes (fds received with it) like a GRANT with
+ * no copies. An offered window already closed when we read the offer (its
+ * slot no longer shows it) is retired at once, so that no read-write
+ * mapping outlives a window by more than this call. Fails (the connection
+ * is then dropped) for a malformed OFFER or one naming a file not held. */
+static int offer_apply(shm_conn *c, const uint8_t *buf, size_t len, const int *fds, int nfds) {
+    shm_grant g;
+    int rc = shm_offer_decode(buf, len, nfds, &g);
+    if (rc) {
+        for (int i = 0; i < nfds; i++) close(fds[i]);
+        return rc;
+    }
+    uint64_t etok[SHM_CHUNK], rids[SHM_CHUNK];
+    int32_t es[SHM_CHUNK];
+    uint32_t ipc_seen = 0;
+    for (uint32_t i = 0; i < g.n; i++) {
+        shm_grant_entry e;
+        shm_grant_entry_get(buf, &g, i, &ipc_seen, &e);
+        etok[i] = e.key;
+    }
+    grant_maps gm = {NULL, NULL};
+    bool lost_file = grant_begin(c, buf, &g, etok, fds, nfds, &gm, es, rids);
+    for (uint32_t i = 0; i < g.n; i++) {
+        shm_map *m;
+        HASH_FIND(hh, c->maps, &rids[i], sizeof rids[i], m);
+        if (!m || !m->base) continue;
+        if (__atomic_load_n(&c->seg[m->slot].state, __ATOMIC_SEQ_CST) == ((m->rid << 1) | 1))
+            continue;
+        HASH_DEL(c->maps, m);
+        HASH_DELETE(hh_tok, c->by_tok, m);
+        m->next = gm.retired;
+        gm.retired = m;
+    }
+    grant_end(c, &g, &gm);
+    if (c->si) __atomic_add_fetch(&c->si->offers, 1, __ATOMIC_RELAXED);
+    return lost_file ? ect_set_error(ECT_EPROTO, "shm: an OFFER named a memory file not held here")
+                     : 0;
+}
+
+/* Receives the next message that is not an OFFER into buf (SHM_GRANT_MAX),
+ * applying the OFFERs that come first. */
+static int recv_past_offers(ect_xport *x, shm_conn *c, uint8_t *buf, size_t *len, int *fds,
+                            int *nfds) {
+    for (;;) {
+        int rc = shm_msg_recv(c->fd, buf, SHM_GRANT_MAX, len, fds, SHM_CHUNK, nfds, false,
+                              x->opts.io_timeout_ms);
+        if (rc || shm_msg_magic(buf, *len) != SHM_MAGIC_OFFER) return rc;
+        if ((rc = offer_apply(c, buf, *len, fds, *nfds)) != 0) return rc;
+    }
+}
+
+/* Applies every OFFER queued on an idle or working connection without
+ * waiting: 0 when none is left, ECT_ECLOSED at EOF, ECT_EPROTO for any
+ * other message (out of protocol between a DONE and the next BEGIN). */
+static int drain_offers(shm_conn *c) {
+    if (!c->offers) return xp_fd_quiet(c->fd) ? 0 : ECT_ECLOSED;
+    if (!c->obuf && !(c->obuf = malloc(SHM_OFFER_MAX))) return ECT_ENOMEM;
+    for (;;) {
+        size_t len;
+        int fds[SHM_CHUNK], nfds = 0;
+        int rc = shm_msg_recv_now(c->fd, c->obuf, SHM_OFFER_MAX, &len, fds, SHM_CHUNK, &nfds);
+        if (rc == 1) return 0;
+        if (rc) return rc;
+        if (shm_msg_magic(c->obuf, len) != SHM_MAGIC_OFFER) {
+            for (int i = 0; i < nfds; i++) close(fds[i]);
+            return ect_set_error(ECT_EPROTO, "shm: a message out of turn");
+        }
+        if ((rc = offer_apply(c, c->obuf, len, fds, nfds)) != 0) return rc;
+    }
+}
+
+static bool conn_alive(xp_conn x) { return drain_offers(x.ctx) == 0; }
+
+/* One BEGIN/GRANT/copy/DONE/ACK round for idx[0..n). Fails only for
+ * connection-level errors; per-write refusals go to st. */
+static int chunk(ect_xport *x, shm_conn *c, const ect_write *w, const size_t *idx, uint32_t n,
+                 const uint64_t *tok, const src_kind *sk, int *st, uint8_t *buf) {
+    int to = x->opts.io_timeout_ms;
+    shm_begin_entry be[SHM_CHUNK];
+    uint64_t etok[SHM_CHUNK];
+    for (uint32_t i = 0; i < n; i++) {
+        be[i] = (shm_begin_entry){w[idx[i]].dst_addr, w[idx[i]].len, tok[idx[i]]};
+        etok[i] = tok[idx[i]];
+    }
+    size_t len = shm_begin_encode(buf, be, n);
+    int rc = shm_msg_send(c->fd, buf, len, NULL, 0, to);
+    if (c->si) __atomic_add_fetch(&c->si->begins, 1, __ATOMIC_RELAXED);
+    int fds[SHM_CHUNK], nfds = 0;
+    if (!rc) rc = recv_past_offers(x, c, buf, &len, fds, &nfds);
+    if (rc) return rc;
+    shm_grant g;
+    if ((rc = shm_grant_decode(buf, len, n, nfds, &g)) != 0) {
+        for (int i = 0; i < nfds; i++) close(fds[i]);
+        return rc;
+    }
+    grant_maps gm = {NULL, NULL};
+    int32_t es[SHM_CHUNK];
+    uint64_t rids[SHM_CHUNK];
+    bool lost_file = grant_begin(c, buf, &g, etok, fds, nfds, &gm, es, rids);
+    grant_copy(c, w, idx, n, sk, es, rids, st);
+    grant_end(c, &g, &gm);
     shm_done_encode(buf, n);
     rc = shm_msg_send(c->fd, buf, SHM_DONE_LEN, NULL, 0, to);
     /* A connection whose files disagree with the target's is dropped; the
@@ -779,8 +891,9 @@ int shm_write_batch(ect_xport *x, const char *session, const ect_write *w, size_
         done += k;
     }
     /* Copies need no answer, but a target that died meanwhile must not
-     * count as having received them. */
-    if (!rc && fast && !xp_fd_quiet(c->fd)) {
+     * count as having received them (offers that came meanwhile are
+     * applied on the way). */
+    if (!rc && fast && drain_offers(c) != 0) {
         rc = ect_set_error(ECT_ECLOSED, "shm: %s went away during the batch", session);
         for (size_t i = 0; i < n; i++)
             if (st[i] == 0) st[i] = rc;
@@ -794,4 +907,10 @@ int shm_write_batch(ect_xport *x, const char *session, const ect_write *w, size_
     free(sk);
     free(buf);
     return rc;
+}
+
+void shm_counts(ect_xport *x, uint64_t *begins, uint64_t *offers) {
+    shm_impl *s = x->impl;
+    *begins = __atomic_load_n(&s->begins, __ATOMIC_RELAXED);
+    *offers = __atomic_load_n(&s->offers, __ATOMIC_RELAXED);
 }

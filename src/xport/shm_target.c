@@ -14,7 +14,10 @@
  * (conn_sent), and the pool's end is a file drop. The
  * fast path (a region mapped before) asks nothing: unregister clears the
  * region's state in every segment, then waits for the segments' `users` to
- * drain.
+ * drain. A connection whose initiator sent an ID (offers) can also be given
+ * windows unasked, from the control server's thread (shm_target_offer): an
+ * OFFER built and sent under the connection's lock, as every GRANT is, never
+ * waited for, and undone in the connection's sets when it cannot be sent.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -45,13 +48,55 @@ typedef struct sent_file {
 } sent_file;
 
 /* What this connection's initiator was given. */
-typedef struct conn_sent {
+struct conn_sent {
     sent_ids ids;     /* regions granted and not yet dropped */
     sent_file *files; /* memory files held (files capability only) */
     size_t nfiles, capfiles;
     uint32_t next_file; /* the last file number handed out */
     bool use_files;     /* the initiator said SHM_HELLO_FILES */
-} conn_sent;
+};
+typedef struct conn_sent conn_sent;
+
+/* A copy of a conn_sent's sets, to put back when an OFFER could not be
+ * sent (the initiator then was given nothing). */
+typedef struct sent_copy {
+    uint64_t *ids;
+    size_t nids;
+    sent_file *files;
+    size_t nfiles;
+    uint32_t next_file;
+} sent_copy;
+
+static void sent_free(sent_copy *k) {
+    free(k->ids);
+    free(k->files);
+}
+
+static bool sent_save(const conn_sent *cs, sent_copy *k) {
+    k->ids = malloc((cs->ids.n ? cs->ids.n : 1) * sizeof *k->ids);
+    k->files = malloc((cs->nfiles ? cs->nfiles : 1) * sizeof *k->files);
+    if (!k->ids || !k->files) {
+        free(k->ids);
+        free(k->files);
+        return false;
+    }
+    if (cs->ids.n) memcpy(k->ids, cs->ids.v, cs->ids.n * sizeof *k->ids);
+    if (cs->nfiles) memcpy(k->files, cs->files, cs->nfiles * sizeof *k->files);
+    k->nids = cs->ids.n;
+    k->nfiles = cs->nfiles;
+    k->next_file = cs->next_file;
+    return true;
+}
+
+/* Puts the saved sets back (their arrays only grew since the save). */
+static void sent_restore(conn_sent *cs, sent_copy *k) {
+    if (k->nids) memcpy(cs->ids.v, k->ids, k->nids * sizeof *k->ids);
+    cs->ids.n = k->nids;
+    if (k->nfiles) memcpy(cs->files, k->files, k->nfiles * sizeof *k->files);
+    cs->nfiles = k->nfiles;
+    cs->next_file = k->next_file;
+    sent_free(k);
+}
 
 static bool sent_has(const sent_ids *s, uint64_t id) {
     for (size_t i = 0; i < s->n; i++)
@@ -146,6 +191,10 @@ static void seg_close(shm_impl *s, shm_seg *g) {
             break;
         }
     pthread_mutex_unlock(&s->smu);
+    /* An offer that found the connection before it left the list may still
+     * hold its lock: wait it out. */
+    pthread_mutex_lock(&g->mu);
+    pthread_mutex_unlock(&g->mu);
     munmap(g->slots, SHM_SEG_LEN);
 }
 
@@ -169,13 +218,43 @@ static void attach(conn_sent *cs, const xp_region *r, shm_grant_entry *e, uint8_
     e->flags = SHM_GF_FD;
 }
 
+/* Lists (in drops, at most SHM_MAX_DROP) what this connection's initiator
+ * was given that is gone (regions to unmap, pools' files to close) and
+ * forgets it. Returns the count. */
+static uint32_t take_drops(ect_xport *x, conn_sent *cs, uint64_t *drops) {
+    sent_ids *sent = &cs->ids;
+    uint32_t ndrop = 0;
+    size_t nalive = 0;
+    uint64_t *alive = sent->n || cs->nfiles ? alive_ids(&x->regs, &nalive) : NULL;
+    /* (Out of memory: nothing counts as alive, so the peer unmaps what it was
+     * given and is granted it again on its next write: slower, still safe.) */
+    for (size_t i = 0; i < sent->n && ndrop < SHM_MAX_DROP;) {
+        if (alive && bsearch(&sent->v[i], alive, nalive, sizeof *alive, cmp_u64)) {
+            i++;
+            continue;
+        }
+        drops[ndrop++] = sent->v[i];
+        sent->v[i] = sent->v[--sent->n];
+    }
+    for (size_t i = 0; i < cs->nfiles && ndrop < SHM_MAX_DROP;) {
+        if (alive && bsearch(&cs->files[i].pool_id, alive, nalive, sizeof *alive, cmp_u64)) {
+            i++;
+            continue;
+        }
+        drops[ndrop++] = SHM_DROP_FILE | cs->files[i].num;
+        cs->files[i] = cs->files[--cs->nfiles];
+    }
+    free(alive);
+    return ndrop;
+}
+
 /* Grants one BEGIN of n entries (in `in`) into `out`: takes a reference on
  * each accepted write's region (held[i]), attaches what the connection has
  * not been given yet and lists what it was given that is gone. Returns the
  * GRANT's length and its fds, or 0 when out of memory. */
 static size_t grant(ect_xport *x, const uint8_t *in, uint32_t n, uint8_t *out, uint8_t *ipc,
                     xp_region **held, conn_sent *cs, int *fds, int *nfds) {
-    uint32_t ndrop = 0, nipc = 0;
+    uint32_t ndrop, nipc = 0;
     sent_ids *sent = &cs->ids;
     *nfds = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -200,27 +279,9 @@ static size_t grant(ect_xport *x, const uint8_t *in, uint32_t n, uint8_t *out, u
     }
     /* Regions this connection was given that are gone: tell it to unmap;
      * pools gone: tell it to close their files. */
-    size_t nalive = 0;
-    uint64_t *alive = sent->n || cs->nfiles ? alive_ids(&x->regs, &nalive) : NULL;
-    /* (Out of memory: nothing counts as alive, so the peer unmaps what it was
-     * given and is granted it again on its next write: slower, still safe.) */
-    for (size_t i = 0; i < sent->n && ndrop < SHM_MAX_DROP;) {
-        if (alive && bsearch(&sent->v[i], alive, nalive, sizeof *alive, cmp_u64)) {
-            i++;
-            continue;
-        }
-        shm_grant_put_drop(out, n, ndrop++, sent->v[i]);
-        sent->v[i] = sent->v[--sent->n];
-    }
-    for (size_t i = 0; i < cs->nfiles && ndrop < SHM_MAX_DROP;) {
-        if (alive && bsearch(&cs->files[i].pool_id, alive, nalive, sizeof *alive, cmp_u64)) {
-            i++;
-            continue;
-        }
-        shm_grant_put_drop(out, n, ndrop++, SHM_DROP_FILE | cs->files[i].num);
-        cs->files[i] = cs->files[--cs->nfiles];
-    }
-    free(alive);
+    uint64_t drops[SHM_MAX_DROP];
+    ndrop = take_drops(x, cs, drops);
+    for (uint32_t k = 0; k < ndrop; k++) shm_grant_put_drop(out, n, k, drops[k]);
     return shm_grant_finish(out, n, ndrop, (uint32_t)*nfds, ipc, nipc);
 }
 
@@ -228,6 +289,21 @@ static void release_held(ect_xport *x, xp_region **held, uint32_t n) {
     for (uint32_t i = 0; i < n; i++)
         if (held[i]) xp_region_release(&x->regs, held[i]);
     memset(held, 0, sizeof *held * n);
+}
+
+/* The initiator's ID message, right after a HELLO reply that said offers:
+ * from now on its reserve requests may name the connection. */
+static int read_id(shm_impl *si, shm_seg *seg, uint8_t *in, int to) {
+    size_t len;
+    uint64_t id;
+    int rc = shm_msg_recv(seg->fd, in, SHM_BEGIN_MAX, &len, NULL, 0, NULL, false, to);
+    if (!rc && (rc = shm_id_decode(in, len, &id)) != 0)
+        ECT_LOGW("xport", "shm target: %s; closing", ect_last_error());
+    if (rc) return rc;
+    pthread_mutex_lock(&si->smu);
+    seg->init_id = id;
+    pthread_mutex_unlock(&si->smu);
+    return 0;
 }
 
 static void serve_conn(void *ctx, int fd, int stopfd) {
@@ -241,6 +317,9 @@ static void serve_conn(void *ctx, int fd, int stopfd) {
     xp_region **held = calloc(SHM_CHUNK, sizeof *held);
     conn_sent cs = {0};
     size_t len;
+    seg.fd = fd;
+    seg.cs = &cs;
+    pthread_mutex_init(&seg.mu, NULL);
     (void)stopfd; /* the server's stop shuts the socket down, which ends recvmsg */
     if (!in || !out || !ipc || !held || !shm_same_uid(fd)) goto done;
     shm_set_timeouts(fd, to);
@@ -255,6 +334,7 @@ static void serve_conn(void *ctx, int fd, int stopfd) {
      * that says so. */
     bool wants_auth = xp_get_u16(in + 6) & SHM_HELLO_AUTH;
     cs.use_files = xp_get_u16(in + 6) & SHM_HELLO_FILES;
+    uint16_t offers = shm_hello_flags(in) & SHM_HELLO_OFFERS;
     if (x->keys || wants_auth) {
         uint8_t f[XP_AUTH_LEN];
         const char *why = NULL;
@@ -283,10 +363,10 @@ static void serve_conn(void *ctx, int fd, int stopfd) {
     }
     /* The hello reply carries the connection's control segment. */
     if (seg_open(si, &seg, &segfd) != 0) goto done;
-    shm_hello_reply_encode(in);
+    shm_hello_reply_encode(in, offers);
     int hrc = shm_msg_send(fd, in, SHM_HELLO_REPLY_LEN, &segfd, 1, to);
     close(segfd);
-    if (hrc != 0) goto done;
+    if (hrc != 0 || (offers && read_id(si, &seg, in, to) != 0)) goto done;
     for (;;) {
         uint32_t n;
         if (shm_msg_recv(fd, in, SHM_BEGIN_MAX, &len, NULL, 0, NULL, true, to) != 0) break;
@@ -295,8 +375,13 @@ static void serve_conn(void *ctx, int fd, int stopfd) {
             break;
         }
         int fds[SHM_CHUNK], nfds;
+        /* Built and sent under the connection's lock: an OFFER's file
+         * numbers and drops must reach the initiator in the order the
+         * connection's sets changed. */
+        pthread_mutex_lock(&seg.mu);
         size_t glen = grant(x, in, n, out, ipc, held, &cs, fds, &nfds);
         int rc = glen ? shm_msg_send(fd, out, glen, fds, nfds, to) : ECT_ENOMEM;
+        pthread_mutex_unlock(&seg.mu);
         /* The initiator copies now; wait for DONE within the io timeout.
          * DONE is not answered: the bytes landed when the initiator's copy
          * returned, and DONE only ends the references. */
@@ -313,6 +398,94 @@ done:
     free(held);
     free(cs.ids.v);
     free(cs.files);
+    free(seg.obuf); /* seg_close waited out any offer */
+    pthread_mutex_destroy(&seg.mu);
+}
+
+/* ---- offers (docs/PROTOCOL.md "shm", "Offers") */
+
+/* The one live connection whose initiator sent ID `id`, locked; NULL when
+ * none, several, or it is busy (granting: the offer is skipped, never
+ * waited for). */
+static shm_seg *offer_conn(shm_impl *si, uint64_t id) {
+    shm_seg *found = NULL;
+    int n = 0;
+    pthread_mutex_lock(&si->smu);
+    for (shm_seg *g = si->segs; g; g = g->next)
+        if (g->init_id == id && n++ == 0) found = g;
+    if (n != 1 || pthread_mutex_trylock(&found->mu) != 0) found = NULL;
+    pthread_mutex_unlock(&si->smu);
+    return found;
+}
+
+/* The live host window whose key is `key`, with a reference held; NULL
+ * for anything else (a region, CUDA memory, a closed or unknown key). */
+static xp_region *offer_window(ect_xport *x, const char *key) {
+    uint64_t tok;
+    if (xp_key_parse(key, &tok) != 0) return NULL;
+    xp_region *r;
+    pthread_mutex_lock(&x->regs.mu);
+    HASH_FIND(hh, x->regs.by_token, &tok, sizeof tok, r);
+    if (r && (!r->parent || r->dead || r->kind == ECT_MEM_CUDA || r->fd < 0)) r = NULL;
+    if (r) r->refs++;
+    pthread_mutex_unlock(&x->regs.mu);
+    return r;
+}
+
+/* Builds the OFFER of the windows keys[0..n) the connection was not given
+ * yet (references in held[], *nheld) and its drops into out; returns its
+ * length, 0 when there is nothing to offer or out of memory. */
+static size_t offer_build(ect_xport *x, conn_sent *cs, const char *const *keys, size_t n,
+                          uint8_t *out, xp_region **held, uint32_t *nheld, int *fds, int *nfds) {
+    uint32_t k = 0;
+    *nfds = 0;
+    for (size_t i = 0; i < n && *nheld < SHM_CHUNK; i++) {
+        xp_region *r = offer_window(x, keys[i]);
+        if (!r) continue;
+        held[(*nheld)++] = r;
+        if (sent_has(&cs->ids, r->id)) continue; /* granted before: the fast path has it */
+        if (!sent_add(&cs->ids, r->id)) return 0;
+        shm_grant_entry e = {.key = r->token,
+                             .rid = r->id,
+                             .raddr = (uint64_t)(uintptr_t)r->addr,
+                             .rlen = r->len,
+                             .fd_off = r->fd_off,
+                             .slot = (uint32_t)((uintptr_t)r->be - 1)};
+        attach(cs, r, &e, NULL, NULL, fds, nfds);
+        shm_offer_put_entry(out, k++, &e);
+    }
+    if (!k) return 0;
+    uint64_t drops[SHM_MAX_DROP];
+    uint32_t ndrop = take_drops(x, cs, drops);
+    for (uint32_t d = 0; d < ndrop; d++) shm_offer_put_drop(out, k, d, drops[d]);
+    return shm_offer_finish(out, k, ndrop, (uint32_t)*nfds);
+}
+
+int shm_target_offer(ect_xport *x, uint64_t id, const char *const *keys, size_t n) {
+    shm_impl *si = x->impl;
+    if (!id || !n) return 0;
+    shm_seg *g = offer_conn(si, id);
+    if (!g) return ect_set_error(ECT_ENOTFOUND, "shm: no one connection to offer to");
+    if (!g->obuf) g->obuf = malloc(SHM_OFFER_MAX);
+    uint8_t *out = g->obuf;
+    xp_region *held[SHM_CHUNK];
+    uint32_t nheld = 0;
+    int fds[SHM_CHUNK], nfds = 0, rc = ECT_ENOMEM;
+    sent_copy saved;
+    if (out && sent_save(g->cs, &saved)) {
+        size_t len = offer_build(x, g->cs, keys, n, out, held, &nheld, fds, &nfds);
+        /* Never waits: a full socket (the initiator is not reading) means no
+         * offer; the initiator asks with a BEGIN as before. */
+        rc = len ? shm_msg_send(g->fd, out, len, fds, nfds, 0) : 0;
+        if (!len) sent_restore(g->cs, &saved); /* nothing new, or out of memory */
+        if (len && rc)
+            sent_restore(g->cs, &saved);
+        else if (len)
+            sent_free(&saved);
+    }
+    pthread_mutex_unlock(&g->mu);
+    release_held(x, held, nheld);
+    return rc;
 }
 
 /* A region gets a slot; every connection's segment shows it registered. A

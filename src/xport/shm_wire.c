@@ -11,6 +11,10 @@
  *                in the IPC allocation, u64 target process token, u32 device
  *                ordinal, u32 0}
  *   DONE         u32 magic, u32 n
+ *   ID           u32 magic, u32 0, u64 initiator id (non-zero)
+ *   OFFER        u32 magic, u32 n, u32 ndrop, u32 nfds; n entries of 56 bytes
+ *                {a GRANT entry (status 0, flags FD or FILE), u64 key}; ndrop
+ *                u64 region ids (file drops as in a GRANT)
  */
 #include <stdbool.h>
 #include <string.h>
@@ -34,10 +38,31 @@ int shm_hello_decode(const uint8_t *buf, size_t len) {
     return 0;
 }
 
-void shm_hello_reply_encode(uint8_t out[SHM_HELLO_REPLY_LEN]) {
+uint16_t shm_hello_flags(const uint8_t *buf) { return xp_get_u16(buf + 6); }
+
+void shm_hello_reply_encode(uint8_t out[SHM_HELLO_REPLY_LEN], uint16_t flags) {
     shm_hello_encode(out);
+    xp_put_u16(out + 6, flags);
     xp_put_u32(out + 8, SHM_SLOTS);
 }
+
+/* --------------------------------------------------------------------- ID */
+
+void shm_id_encode(uint8_t out[SHM_ID_LEN], uint64_t id) {
+    xp_put_u32(out, SHM_MAGIC_ID);
+    xp_put_u32(out + 4, 0);
+    xp_put_u64(out + 8, id);
+}
+
+int shm_id_decode(const uint8_t *buf, size_t len, uint64_t *id) {
+    if (len != SHM_ID_LEN || xp_get_u32(buf) != SHM_MAGIC_ID || xp_get_u32(buf + 4) != 0 ||
+        xp_get_u64(buf + 8) == 0)
+        return ect_set_error(ECT_EPROTO, "shm: malformed ID (%zu bytes)", len);
+    *id = xp_get_u64(buf + 8);
+    return 0;
+}
+
+uint32_t shm_msg_magic(const uint8_t *buf, size_t len) { return len >= 4 ? xp_get_u32(buf) : 0; }
 
 int shm_hello_reply_decode(const uint8_t *buf, size_t len) {
     if (len != SHM_HELLO_REPLY_LEN || xp_get_u32(buf) != SHM_MAGIC_HELLO ||
@@ -78,8 +103,7 @@ void shm_begin_entry_get(const uint8_t *buf, uint32_t i, shm_begin_entry *e) {
 
 /* ------------------------------------------------------------------ GRANT */
 
-void shm_grant_put_entry(uint8_t *buf, uint32_t i, const shm_grant_entry *e) {
-    uint8_t *o = buf + 16 + SHM_GENT * (size_t)i;
+static void put_entry(uint8_t *o, const shm_grant_entry *e) {
     xp_put_u32(o, (uint32_t)e->status);
     xp_put_u32(o + 4, e->flags);
     xp_put_u64(o + 8, e->rid);
@@ -88,6 +112,10 @@ void shm_grant_put_entry(uint8_t *buf, uint32_t i, const shm_grant_entry *e) {
     xp_put_u64(o + 32, e->fd_off);
     xp_put_u32(o + 40, e->slot);
     xp_put_u32(o + 44, e->file);
+}
+
+void shm_grant_put_entry(uint8_t *buf, uint32_t i, const shm_grant_entry *e) {
+    put_entry(buf + 16 + SHM_GENT * (size_t)i, e);
 }
 
 void shm_grant_put_drop(uint8_t *buf, uint32_t n, uint32_t k, uint64_t rid) {
@@ -151,13 +179,15 @@ int shm_grant_decode(const uint8_t *buf, size_t len, uint32_t n, int nfds, shm_g
         return ect_set_error(ECT_EPROTO, "shm: malformed GRANT (%zu bytes, expected %zu)", len,
                              fixed + SHM_IPC_LEN * (size_t)nipc);
     g->drops = buf + 16 + SHM_GENT * (size_t)n;
+    g->stride = SHM_GENT;
     return 0;
 }
 
 void shm_grant_entry_get(const uint8_t *buf, const shm_grant *g, uint32_t i, uint32_t *ipc_seen,
                          shm_grant_entry *e) {
-    const uint8_t *p = buf + 16 + SHM_GENT * (size_t)i;
+    const uint8_t *p = buf + 16 + (size_t)g->stride * i;
     memset(e, 0, sizeof *e);
+    if (g->stride == SHM_OENT) e->key = xp_get_u64(p + SHM_GENT);
     e->status = (int32_t)xp_get_u32(p);
     e->flags = xp_get_u32(p + 4);
     e->rid = xp_get_u64(p + 8);
@@ -174,6 +204,53 @@ void shm_grant_entry_get(const uint8_t *buf, const shm_grant *g, uint32_t i, uin
         e->proc_token = xp_get_u64(r + 72);
         e->device = xp_get_u32(r + 80);
     }
+}
+
+/* ------------------------------------------------------------------ OFFER */
+
+void shm_offer_put_entry(uint8_t *buf, uint32_t i, const shm_grant_entry *e) {
+    uint8_t *o = buf + 16 + SHM_OENT * (size_t)i;
+    put_entry(o, e);
+    xp_put_u64(o + SHM_GENT, e->key);
+}
+
+void shm_offer_put_drop(uint8_t *buf, uint32_t n, uint32_t k, uint64_t rid) {
+    xp_put_u64(buf + 16 + SHM_OENT * (size_t)n + 8 * (size_t)k, rid);
+}
+
+size_t shm_offer_finish(uint8_t *buf, uint32_t n, uint32_t ndrop, uint32_t nfds) {
+    xp_put_u32(buf, SHM_MAGIC_OFFER);
+    xp_put_u32(buf + 4, n);
+    xp_put_u32(buf + 8, ndrop);
+    xp_put_u32(buf + 12, nfds);
+    return 16 + SHM_OENT * (size_t)n + 8 * (size_t)ndrop;
+}
+
+int shm_offer_decode(const uint8_t *buf, size_t len, int nfds, shm_grant *g) {
+    memset(g, 0, sizeof *g);
+    uint32_t n = len >= 16 ? xp_get_u32(buf + 4) : 0;
+    if (len < 16 || xp_get_u32(buf) != SHM_MAGIC_OFFER || n == 0 || n > SHM_CHUNK)
+        return ect_set_error(ECT_EPROTO, "shm: malformed OFFER (header)");
+    g->n = n;
+    g->ndrop = xp_get_u32(buf + 8);
+    g->nfds = xp_get_u32(buf + 12);
+    g->stride = SHM_OENT;
+    if (g->ndrop > SHM_MAX_DROP || g->nfds != (uint32_t)nfds || g->nfds > n ||
+        len != 16 + SHM_OENT * (size_t)n + 8 * (size_t)g->ndrop)
+        return ect_set_error(ECT_EPROTO, "shm: malformed OFFER (%zu bytes)", len);
+    uint32_t nfd = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *p = buf + 16 + SHM_OENT * (size_t)i;
+        uint32_t f = xp_get_u32(p + 4), file = xp_get_u32(p + 44);
+        if (xp_get_u32(p) != 0 || (f != SHM_GF_FD && f != SHM_GF_FILE) ||
+            !grant_flags_ok(f, file) || xp_get_u32(p + 40) >= SHM_SLOTS)
+            return ect_set_error(ECT_EPROTO, "shm: OFFER entry %u is malformed", i);
+        nfd += f == SHM_GF_FD;
+    }
+    if (nfd != g->nfds)
+        return ect_set_error(ECT_EPROTO, "shm: OFFER names %u fds, carries %u", nfd, g->nfds);
+    g->drops = buf + 16 + SHM_OENT * (size_t)n;
+    return 0;
 }
 
 /* ------------------------------------------------------------------- DONE */

@@ -21,6 +21,8 @@
 #define SHM_MAGIC_BEGIN 0x42534345u /* "ECSB" */
 #define SHM_MAGIC_GRANT 0x47534345u /* "ECSG" */
 #define SHM_MAGIC_DONE 0x44534345u  /* "ECSD" */
+#define SHM_MAGIC_ID 0x49534345u    /* "ECSI" */
+#define SHM_MAGIC_OFFER 0x4F534345u /* "ECSO" */
 #define SHM_VERSION 1
 /* HELLO flags (u16 at offset 6, formerly 0): bit 0 = the initiator has
  * data-plane keys and the handshake (xport/auth.h) follows the HELLO. */
@@ -29,11 +31,18 @@
  * connection (GRANT entries may then carry a file number, SHM_GF_FILE and
  * file drops; docs/PROTOCOL.md "shm", "Memory files once per connection"). */
 #define SHM_HELLO_FILES 2u
+/* HELLO flags bit 2 = the initiator accepts OFFERs (windows granted with no
+ * BEGIN, docs/PROTOCOL.md "shm", "Offers"); a target that sends them sets
+ * the same bit in its HELLO reply, and the initiator's ID message follows. */
+#define SHM_HELLO_OFFERS 4u
 #define SHM_CHUNK 250 /* writes per BEGIN; below SCM_MAX_FD (253) */
 #define SHM_MAX_DROP 256
 #define SHM_HELLO_LEN 8
 #define SHM_HELLO_REPLY_LEN 12
 #define SHM_DONE_LEN 8
+#define SHM_ID_LEN 16
+#define SHM_OENT 56 /* bytes of one OFFER entry: a GRANT entry, then the window's key */
+#define SHM_OFFER_MAX (16 + SHM_OENT * SHM_CHUNK + 8 * SHM_MAX_DROP)
 #define SHM_BENT 24 /* bytes of one BEGIN entry */
 #define SHM_BEGIN_MAX (8 + SHM_BENT * SHM_CHUNK)
 #define SHM_GENT 48    /* bytes of one GRANT entry */
@@ -62,9 +71,19 @@ typedef struct shm_slot {
  * the control segment's fd attached). */
 void shm_hello_encode(uint8_t out[SHM_HELLO_LEN]);
 int shm_hello_decode(const uint8_t *buf, size_t len);
-void shm_hello_reply_encode(uint8_t out[SHM_HELLO_REPLY_LEN]);
+/* The HELLO's flags (u16 at offset 6) of a HELLO or reply that decoded. */
+uint16_t shm_hello_flags(const uint8_t *buf);
+/* flags: 0, or SHM_HELLO_OFFERS towards an initiator that asked for them. */
+void shm_hello_reply_encode(uint8_t out[SHM_HELLO_REPLY_LEN], uint16_t flags);
 /* Also requires the reply's slot count to be SHM_SLOTS. */
 int shm_hello_reply_decode(const uint8_t *buf, size_t len);
+
+/* ---- ID (initiator -> target, once, right after a HELLO reply that set
+ * SHM_HELLO_OFFERS): the initiator's id (non-zero), which producers name in
+ * their reserve requests ("ect_shm_id"). */
+void shm_id_encode(uint8_t out[SHM_ID_LEN], uint64_t id);
+/* Checks magic, the reserved u32 (0), the exact length and id != 0. */
+int shm_id_decode(const uint8_t *buf, size_t len, uint64_t *id);
 
 /* ---- BEGIN (initiator -> target): up to SHM_CHUNK writes to grant. */
 typedef struct shm_begin_entry {
@@ -81,6 +100,7 @@ void shm_begin_entry_get(const uint8_t *buf, uint32_t i, shm_begin_entry *e);
 /* ---- GRANT (target -> initiator): one entry per BEGIN entry, the drop
  * list, the IPC trailer. */
 typedef struct shm_grant_entry {
+    uint64_t key; /* OFFER only: the window's key (token) */
     int32_t status;
     uint32_t flags;
     uint64_t rid, raddr, rlen, fd_off;
@@ -95,6 +115,7 @@ typedef struct shm_grant_entry {
 
 typedef struct shm_grant {
     uint32_t n, ndrop, nfds;
+    uint32_t stride;      /* bytes per entry: SHM_GENT (GRANT) or SHM_OENT (OFFER) */
     const uint8_t *drops; /* ndrop x u64 region ids */
 } shm_grant;
 
@@ -119,6 +140,23 @@ int shm_grant_decode(const uint8_t *buf, size_t len, uint32_t n, int nfds, shm_g
  * so call it with increasing i and pass the running count in *ipc_seen. */
 void shm_grant_entry_get(const uint8_t *buf, const shm_grant *g, uint32_t i, uint32_t *ipc_seen,
                          shm_grant_entry *e);
+
+/* ---- OFFER (target -> initiator, answers nothing): n (1..SHM_CHUNK)
+ * windows granted with no BEGIN, each entry a GRANT entry (status 0, flags
+ * SHM_GF_FD or SHM_GF_FILE) followed by the window's u64 key, then the drop
+ * list as in a GRANT; no IPC trailer. Built like a GRANT: entry i, drop k
+ * after the n entries, then shm_offer_finish writes the header and returns
+ * the message's length. */
+void shm_offer_put_entry(uint8_t *buf, uint32_t i, const shm_grant_entry *e);
+void shm_offer_put_drop(uint8_t *buf, uint32_t n, uint32_t k, uint64_t rid);
+size_t shm_offer_finish(uint8_t *buf, uint32_t n, uint32_t ndrop, uint32_t nfds);
+/* Checks an OFFER of len bytes with nfds descriptors: magic, counts, each
+ * entry's status (0), flags (exactly one of SHM_GF_FD, SHM_GF_FILE, file
+ * rules as in a GRANT) and slot (< SHM_SLOTS), the exact length and the
+ * fd count. Entries are read with shm_grant_entry_get (e->key filled). */
+int shm_offer_decode(const uint8_t *buf, size_t len, int nfds, shm_grant *g);
+/* The magic of a received message (0 when shorter than 4 bytes). */
+uint32_t shm_msg_magic(const uint8_t *buf, size_t len);
 
 /* ---- DONE (initiator -> target, not answered): the copies of a GRANT of
  * n entries are over. */

@@ -221,7 +221,7 @@ static int parse_session(const char *session, void **addr) {
 
 static void close_conn(xp_conn c) { close(c.fd); }
 
-static const xp_conn_ops conn_ops = {parse_session, close_conn};
+static const xp_conn_ops conn_ops = {parse_session, close_conn, NULL};
 
 static int tcp_open(ect_xport *x) {
     char host[256];

@@ -707,3 +707,13 @@ void xp_auth_refused_log(ect_xport *x, const char *peer, const char *why) {
 }
 
 uint64_t xp_auth_refused(ect_xport *x) { return atomic_load(&x->auth_refused); }
+
+/* ---- offers (shm; docs/PROTOCOL.md "shm", "Offers") */
+
+int xp_window_offer(ect_xport *x, uint64_t id, const char *const *keys, size_t n) {
+    if (!x || !keys) return ect_set_error(ECT_EINVAL, "x and keys must not be NULL");
+    if (!x->be->offer) return ect_set_error(ECT_ENOTSUP, "%s has no offers", x->be->name);
+    return x->be->offer(x, id, keys, n);
+}
+
+void xp_set_offer_id(ect_xport *x, uint64_t id) { x->offer_id = id; }

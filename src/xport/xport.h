@@ -70,6 +70,9 @@ struct ect_xport {
      * keys every connection runs the handshake of auth.h after its hello. */
     struct ect_keyset *keys;
     _Atomic uint64_t auth_refused; /* connections refused by the handshake */
+    /* shm initiator: the id its connections send after a HELLO asking for
+     * offers (xp_set_offer_id); 0: they do not ask. */
+    uint64_t offer_id;
 };
 
 /*
@@ -101,6 +104,8 @@ struct xp_backend {
      * session of this kind). Blocks until acknowledged, failed or timed out;
      * safe from any number of threads at once. Fills st[0..n). */
     int (*write_batch)(ect_xport *x, const char *session, const ect_write *w, size_t n, int *st);
+    /* Optional: offers windows to the initiator named by id (xp_window_offer). */
+    int (*offer)(ect_xport *x, uint64_t id, const char *const *keys, size_t n);
 };
 
 extern const xp_backend xp_tcp_backend;
@@ -144,6 +149,17 @@ bool xp_range_busy(ect_xport *x, const void *addr, uint64_t len);
  * I/O. */
 int xp_window_open(ect_xport *x, const char *region_key, uint64_t offset, uint64_t len,
                    char key[ECT_XPORT_KEY_MAX]);
+/* Offers (shm; docs/PROTOCOL.md "shm", "Offers") the open windows
+ * keys[0..n) (at most SHM_CHUNK, 250, are taken) to the one live connection
+ * whose initiator sent id: their mapping details are queued on its socket
+ * before this returns, so the initiator's write into them takes the fast
+ * path, no BEGIN. Never blocks; 0, or an error (no such connection, it is
+ * busy, its socket full, another transport: ECT_ENOTSUP) that only means
+ * the initiator will ask with a BEGIN as before. Thread-safe. */
+int xp_window_offer(ect_xport *x, uint64_t id, const char *const *keys, size_t n);
+/* Makes x's shm connections made from now on ask for offers and name
+ * themselves `id` (non-zero; 0 stops asking). Call before x's first write. */
+void xp_set_offer_id(ect_xport *x, uint64_t id);
 /* Closes a window: from now on every write naming its token is refused
  * (ECT_ENOTFOUND, counted). Never waits: a write already accepted finishes
  * landing and the window's memory is released after it (xp_range_busy says

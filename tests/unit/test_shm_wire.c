@@ -7,6 +7,7 @@
 #include "testutil.h"
 #include "util/util.h"
 #include "xport/shm_wire.h"
+#include "xport/xport.h"
 
 static void assert_hex(const uint8_t *buf, size_t len, const char *hex) {
     char got[1024];
@@ -21,7 +22,7 @@ static void test_layouts(void **state) {
     shm_hello_encode(b);
     assert_hex(b, SHM_HELLO_LEN, "4543534801000000"); /* "ECSH", version 1 */
     assert_int_equal(shm_hello_decode(b, SHM_HELLO_LEN), 0);
-    shm_hello_reply_encode(b);
+    shm_hello_reply_encode(b, 0);
     assert_hex(b, SHM_HELLO_REPLY_LEN, "454353480100000000040000"); /* 1024 slots */
     assert_int_equal(shm_hello_reply_decode(b, SHM_HELLO_REPLY_LEN), 0);
     shm_begin_entry e[2] = {{0x1000, 16, 0x0102030405060708}, {0x2000, 1, 9}};
@@ -152,7 +153,7 @@ static void test_refusals(void **state) {
     assert_err(shm_hello_decode(b, SHM_HELLO_LEN - 1), ECT_EPROTO, "bad HELLO");
     b[4] = 2; /* version 2 */
     assert_err(shm_hello_decode(b, SHM_HELLO_LEN), ECT_EPROTO, "bad HELLO");
-    shm_hello_reply_encode(b);
+    shm_hello_reply_encode(b, 0);
     b[8] = 1; /* 1025 slots */
     assert_err(shm_hello_reply_decode(b, SHM_HELLO_REPLY_LEN), ECT_EPROTO, "bad HELLO reply");
     shm_begin_entry e = {1, 2, 3};
@@ -184,12 +185,116 @@ static void test_refusals(void **state) {
     free(g);
 }
 
+/* Offers (docs/PROTOCOL.md "shm", "Offers"): the HELLO flag and reply flag,
+ * the ID message and an OFFER, byte-exact as documented; round trips; every
+ * malformed size or field refused. */
+static void test_offer(void **state) {
+    (void)state;
+    uint8_t b[SHM_OFFER_MAX];
+    shm_hello_encode(b);
+    xp_put_u16(b + 6, SHM_HELLO_FILES | SHM_HELLO_OFFERS);
+    assert_hex(b, SHM_HELLO_LEN, "4543534801000600");
+    assert_int_equal(shm_hello_decode(b, SHM_HELLO_LEN), 0);
+    assert_int_equal(shm_hello_flags(b), SHM_HELLO_FILES | SHM_HELLO_OFFERS);
+    shm_hello_reply_encode(b, SHM_HELLO_OFFERS);
+    assert_hex(b, SHM_HELLO_REPLY_LEN, "454353480100040000040000");
+    assert_int_equal(shm_hello_reply_decode(b, SHM_HELLO_REPLY_LEN), 0);
+    assert_int_equal(shm_hello_flags(b), SHM_HELLO_OFFERS);
+    uint64_t id = 0;
+    shm_id_encode(b, 0x0123456789abcdefull);
+    assert_hex(b, SHM_ID_LEN, "4543534900000000efcdab8967452301");
+    assert_int_equal(shm_id_decode(b, SHM_ID_LEN, &id), 0);
+    assert_true(id == 0x0123456789abcdefull);
+    assert_err(shm_id_decode(b, SHM_ID_LEN - 1, &id), ECT_EPROTO, "malformed ID");
+    assert_err(shm_id_decode(b, SHM_ID_LEN + 1, &id), ECT_EPROTO, "malformed ID");
+    b[4] = 1; /* reserved */
+    assert_err(shm_id_decode(b, SHM_ID_LEN, &id), ECT_EPROTO, "malformed ID");
+    shm_id_encode(b, 0);
+    assert_err(shm_id_decode(b, SHM_ID_LEN, &id), ECT_EPROTO, "malformed ID");
+
+    /* Window region 6, address 0x2000, 8 bytes at offset 4096 of file 1,
+     * slot 2, key 0102030405060708; region 5 dropped. */
+    shm_grant_entry e = {.key = 0x0102030405060708ull,
+                         .flags = SHM_GF_FILE,
+                         .rid = 6,
+                         .raddr = 0x2000,
+                         .rlen = 8,
+                         .fd_off = 4096,
+                         .slot = 2,
+                         .file = 1};
+    shm_offer_put_entry(b, 0, &e);
+    shm_offer_put_drop(b, 1, 0, 5);
+    size_t len = shm_offer_finish(b, 1, 1, 0);
+    assert_int_equal(len, 16 + SHM_OENT + 8);
+    assert_hex(b, len,
+               "4543534f010000000100000000000000" /* "ECSO", n 1, ndrop 1, nfds 0 */
+               "00000000040000000600000000000000002000000000000008000000000000000010000000000000"
+               "0200000001000000"
+               "0807060504030201"   /* the window's key */
+               "0500000000000000"); /* drop: region 5 */
+    shm_grant g;
+    assert_int_equal(shm_offer_decode(b, len, 0, &g), 0);
+    assert_int_equal(g.n, 1);
+    assert_int_equal(g.ndrop, 1);
+    shm_grant_entry back;
+    uint32_t seen = 0;
+    shm_grant_entry_get(b, &g, 0, &seen, &back);
+    assert_true(back.key == e.key && back.rid == 6 && back.raddr == 0x2000 && back.rlen == 8 &&
+                back.fd_off == 4096 && back.slot == 2 && back.file == 1 &&
+                back.flags == SHM_GF_FILE && back.status == 0);
+    assert_int_equal(shm_msg_magic(b, len), SHM_MAGIC_OFFER);
+    /* docs/PROTOCOL.md ("Offers") shows these bytes. */
+    const char *doc = test_protocol_md();
+    static const char *const shown[] = {
+        "`4543534900000000efcdab8967452301`", "`4543534801000600`", "`454353480100040000040000`",
+        "`4543534f 01000000 01000000 00000000`", "0807060504030201`, the drop `0500000000000000`"};
+    for (size_t i = 0; i < sizeof shown / sizeof shown[0]; i++)
+        assert_non_null(strstr(doc, shown[i]));
+    assert_int_equal(shm_msg_magic(b, 3), 0);
+    /* Malformed: sizes, counts, fds, and each entry field an OFFER forbids. */
+    assert_err(shm_offer_decode(b, len - 1, 0, &g), ECT_EPROTO, "malformed OFFER");
+    assert_err(shm_offer_decode(b, len + 1, 0, &g), ECT_EPROTO, "malformed OFFER");
+    assert_err(shm_offer_decode(b, 15, 0, &g), ECT_EPROTO, "header");
+    assert_err(shm_offer_decode(b, len, 1, &g), ECT_EPROTO, "malformed OFFER"); /* an extra fd */
+    struct {
+        uint32_t flags, file, slot;
+        int32_t status;
+    } bad[] = {{SHM_GF_IPC, 0, 2, 0},
+               {SHM_GF_FD | SHM_GF_FILE, 1, 2, 0},
+               {0, 0, 2, 0},
+               {SHM_GF_FILE, 0, 2, 0},
+               {SHM_GF_FILE, 1, SHM_SLOTS, 0},
+               {SHM_GF_FILE, 1, 2, ECT_EACCES}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        shm_grant_entry x = e;
+        x.flags = bad[i].flags;
+        x.file = bad[i].file;
+        x.slot = bad[i].slot;
+        x.status = bad[i].status;
+        shm_offer_put_entry(b, 0, &x);
+        assert_err(shm_offer_decode(b, len, 0, &g), ECT_EPROTO, "entry 0 is malformed");
+    }
+    e.flags = SHM_GF_FD; /* an fd named, none received */
+    shm_offer_put_entry(b, 0, &e);
+    assert_err(shm_offer_decode(b, len, 0, &g), ECT_EPROTO, "names 1 fds, carries 0");
+    shm_offer_finish(b, 1, 1, 1);
+    assert_int_equal(shm_offer_decode(b, len, 1, &g), 0);
+    xp_put_u32(b + 4, 0); /* n = 0 */
+    assert_err(shm_offer_decode(b, 16 + 8, 0, &g), ECT_EPROTO, "header");
+    xp_put_u32(b + 4, SHM_CHUNK + 1);
+    assert_err(shm_offer_decode(b, len, 0, &g), ECT_EPROTO, "header");
+    shm_offer_finish(b, 1, SHM_MAX_DROP + 1, 0);
+    assert_err(shm_offer_decode(b, 16 + SHM_OENT + 8 * (SHM_MAX_DROP + 1), 0, &g), ECT_EPROTO,
+               "malformed OFFER");
+    shm_grant_finish(b, 1, 1, 0, NULL, 0); /* a GRANT is no OFFER */
+    assert_err(shm_offer_decode(b, len, 0, &g), ECT_EPROTO, "header");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_layouts),
-        cmocka_unit_test(test_grant_round_trip),
-        cmocka_unit_test(test_grant_files),
-        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_layouts),     cmocka_unit_test(test_grant_round_trip),
+        cmocka_unit_test(test_grant_files), cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_offer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -44,6 +44,7 @@ static void assert_str_or_null_eq(const char *a, const char *b) {
 
 static void assert_request_eq(const wire_ctl_request *a, const wire_ctl_request *b) {
     assert_int_equal(a->op, b->op);
+    assert_true(a->shm_id == b->shm_id);
     switch (a->op) {
     case WIRE_OP_RESERVE:
         assert_string_equal(a->u.reserve.transfer_id, b->u.reserve.transfer_id);
@@ -1650,6 +1651,60 @@ static void test_mutations_never_crash(void **state) {
     assert_true(accepted > 0); /* some mutations stay valid: the loop exercises success too */
 }
 
+/* "ect_shm_id" (extension, docs/PROTOCOL.md "shm", "Offers"): written last in
+ * reserve and reserve_batch when set, byte-exact on both paths, decoded back;
+ * absent is 0; a value that is not 16 lowercase hex digits of a non-zero
+ * number fails the frame with a text naming it. */
+static void test_shm_id(void **st) {
+    (void)st;
+    wire_reserve_item it = {0};
+    snprintf(it.req.transfer_id, sizeof it.req.transfer_id, "t1");
+    snprintf(it.req.mm_hash, sizeof it.req.mm_hash, "h1");
+    it.req.tensor.nbytes = 8;
+    it.req.tensor.ndim = 1;
+    it.req.tensor.shape[0] = 4;
+    snprintf(it.req.tensor.dtype, sizeof it.req.tensor.dtype, "bfloat16");
+    wire_ctl_request q = {.op = WIRE_OP_RESERVE_BATCH, .shm_id = 0x00c0ffee12345678ull};
+    q.u.reserve_batch.n = 1;
+    q.u.reserve_batch.items = &it;
+    const char *batch = "{\"op\":\"reserve_batch\",\"items\":[{\"transfer_id\":\"t1\",\"mm_hash\":"
+                        "\"h1\",\"nbytes\":8,\"shape\":[4],\"dtype\":\"bfloat16\"}],"
+                        "\"ect_shm_id\":\"00c0ffee12345678\"}";
+    char *out = NULL;
+    assert_int_equal(wire_ctl_encode_request(&q, &out), 0);
+    assert_string_equal(out, batch);
+    free(out);
+    request_paths_agree(&q, batch);
+    char line[512];
+    snprintf(line, sizeof line, "\n%s\n", batch); /* docs/PROTOCOL.md's example */
+    assert_non_null(strstr(test_protocol_md(), line));
+    wire_ctl_request d;
+    assert_int_equal(wire_ctl_decode_request(batch, strlen(batch), &d), 0);
+    assert_true(d.shm_id == 0x00c0ffee12345678ull);
+    wire_ctl_request_clear(&d);
+    wire_ctl_request r1 = {.op = WIRE_OP_RESERVE, .shm_id = 1};
+    r1.u.reserve = it.req;
+    const char *one = "{\"op\":\"reserve\",\"transfer_id\":\"t1\",\"mm_hash\":\"h1\",\"nbytes\":8,"
+                      "\"shape\":[4],\"dtype\":\"bfloat16\",\"ect_shm_id\":\"0000000000000001\"}";
+    request_paths_agree(&r1, one);
+    /* Absent: 0 (an upstream producer). */
+    q.shm_id = 0;
+    request_paths_agree(&q,
+                        "{\"op\":\"reserve_batch\",\"items\":[{\"transfer_id\":\"t1\","
+                        "\"mm_hash\":\"h1\",\"nbytes\":8,\"shape\":[4],\"dtype\":\"bfloat16\"}]}");
+    static const char *const bad[] = {"\"00C0FFEE12345678\"",
+                                      "\"0000000000000000\"",
+                                      "\"123\"",
+                                      "\"00c0ffee123456789\"",
+                                      "12",
+                                      "null"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char f[256];
+        snprintf(f, sizeof f, "{\"op\":\"reserve_batch\",\"items\":[],\"ect_shm_id\":%s}", bad[i]);
+        assert_err(wire_ctl_decode_request(f, strlen(f), &d), ECT_EINVAL, "ect_shm_id");
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_requests),
@@ -1673,6 +1728,7 @@ int main(void) {
         cmocka_unit_test(test_encoders_refuse_what_decoders_refuse),
         cmocka_unit_test(test_out_of_memory_fails_cleanly),
         cmocka_unit_test(test_mutations_never_crash),
+        cmocka_unit_test(test_shm_id),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1315,6 +1315,385 @@ static void test_shm_parked_process_bound(void **state) {
 }
 
 /* A peer that stalls mid-frame is dropped after io_timeout_ms. */
+
+/* ---- shm offers (docs/PROTOCOL.md "shm", "Offers") */
+
+static uint64_t shm_begins(ect_xport *i) {
+    uint64_t b, o;
+    shm_counts(i, &b, &o);
+    return b;
+}
+
+static uint64_t shm_offers(ect_xport *i) {
+    uint64_t b, o;
+    shm_counts(i, &b, &o);
+    return o;
+}
+
+/* Offers keys[0..n) to id until the target takes the offer: it skips one
+ * while the connection's thread is still sending a GRANT (it never waits
+ * in the control server's path). */
+static void offer_until_taken(ect_xport *t, uint64_t id, const char *const *keys, size_t n) {
+    while (xp_window_offer(t, id, keys, n) != 0) test_nap_ms(1);
+}
+
+/* Our target and initiator: a window offered to the initiator's id before
+ * its write is written with no BEGIN (the initiator's count of BEGINs does
+ * not move, its count of applied OFFERs does) and the bytes land; once the
+ * window is closed its key is refused (the fast path sees the slot cleared,
+ * the BEGIN is refused); the next offer drops the closed offered windows
+ * (their mappings parked, none left writable). An offer to an id no
+ * connection named, or to an initiator that did not ask for offers (an
+ * older one), fails and changes nothing: that initiator writes with BEGINs
+ * as before. */
+static void test_shm_offers(void **state) {
+    (void)state;
+    ect_xport *t = open_kind("shm"), *i = open_kind("shm"), *old = open_kind("shm");
+    xp_set_offer_id(i, 0x1234);
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), sz;
+    region r;
+    private_region_open(t, 64 * pg, &r);
+    const char *ses = ect_xport_session(t);
+    /* The first write connects (a BEGIN: there was no connection to offer to). */
+    write_window(t, i, &r, 0, pg, 1);
+    assert_int_equal(shm_begins(i), 1);
+    char kb[ECT_XPORT_KEY_MAX], kc[ECT_XPORT_KEY_MAX];
+    const char *keys[1] = {kb};
+    assert_int_equal(xp_window_open(t, r.key, 4 * pg, 2 * pg, kb), 0);
+    assert_err(xp_window_offer(t, 0x9999, keys, 1), ECT_ENOTFOUND, NULL);
+    offer_until_taken(t, 0x1234, keys, 1);
+    static uint8_t src[4 * 4096];
+    int st;
+    test_fill_pattern(src, 2 * pg, 2);
+    ect_write w = {src, (uint64_t)(uintptr_t)(r.addr + 4 * pg), 2 * pg, kb};
+    assert_int_equal(ect_xport_write_batch(i, ses, &w, 1, &st), 0);
+    assert_memory_equal(r.addr + 4 * pg, src, 2 * pg);
+    assert_int_equal(shm_begins(i), 1); /* no BEGIN: offered */
+    assert_int_equal(shm_offers(i), 1);
+    /* Closed: the key is refused, nothing lands. */
+    assert_int_equal(xp_window_close(t, kb), 0);
+    uint8_t before[64];
+    memcpy(before, r.addr + 4 * pg, sizeof before);
+    test_fill_pattern(src, 2 * pg, 3);
+    ect_xport_write_batch(i, ses, &w, 1, &st);
+    assert_int_equal(st, ECT_EACCES);
+    assert_memory_equal(r.addr + 4 * pg, before, sizeof before);
+    assert_int_equal(shm_begins(i), 2);
+    /* Another offered window: its OFFER drops B's mapping, parked. */
+    assert_int_equal(xp_window_open(t, r.key, 16 * pg, pg, kc), 0);
+    keys[0] = kc;
+    offer_until_taken(t, 0x1234, keys, 1);
+    w = (ect_write){src, (uint64_t)(uintptr_t)(r.addr + 16 * pg), pg, kc};
+    assert_int_equal(ect_xport_write_batch(i, ses, &w, 1, &st), 0);
+    assert_memory_equal(r.addr + 16 * pg, src, pg);
+    assert_int_equal(shm_begins(i), 2);
+    assert_int_equal(shm_offers(i), 2);
+    assert_int_equal(small_maps(64 * pg, &sz), 1); /* C's only: B's no longer writable */
+    assert_int_equal(sz, pg);
+    assert_true(parked_maps(64 * pg).total >= 2 * pg);
+    assert_int_equal(xp_window_close(t, kc), 0);
+    /* An initiator that did not ask for offers: none is sent, BEGINs as before. */
+    write_window(t, old, &r, 32 * pg, pg, 4);
+    assert_int_equal(xp_window_open(t, r.key, 36 * pg, pg, kc), 0);
+    assert_int_equal(xp_window_offer(t, 0, keys, 1), 0); /* id 0: no one */
+    w = (ect_write){src, (uint64_t)(uintptr_t)(r.addr + 36 * pg), pg, kc};
+    assert_int_equal(ect_xport_write_batch(old, ses, &w, 1, &st), 0);
+    assert_int_equal(shm_begins(old), 2);
+    assert_int_equal(shm_offers(old), 0);
+    assert_int_equal(xp_window_close(t, kc), 0);
+    test_region_close(t, &r);
+    ect_xport_close(old);
+    ect_xport_close(i);
+    ect_xport_close(t);
+}
+
+/* A raw shm target for the initiator's side of offers: one connection;
+ * region file `mem` (4 pages), windows A (page 0, rid 7, slot 3) and B
+ * (page 2, rid 8, slot 5), both live in the control segment. With offers
+ * it answers the HELLO with SHM_HELLO_OFFERS, reads the ID, and answers the
+ * BEGIN (for A) with an OFFER of B (B's fd, file 1) first and then the
+ * GRANT of A (file 1 by number: the OFFER must have been applied); without
+ * offers (an older target) it replies flags 0 and the next message must be
+ * the BEGIN. Then it waits for DONE and for the connection's end. */
+typedef struct raw_target {
+    int lfd;
+    bool offers;
+    int mem;
+    uint64_t got_id;
+    uint16_t hello_flags;
+    bool ok;
+} raw_target;
+
+#define RAW_BASE 0x100000ull
+
+static void raw_entry(shm_grant_entry *e, uint64_t rid, uint32_t page, uint32_t slot, size_t pg) {
+    *e = (shm_grant_entry){.rid = rid,
+                           .raddr = RAW_BASE + page * pg,
+                           .rlen = pg,
+                           .fd_off = page * pg,
+                           .slot = slot,
+                           .file = 1};
+}
+
+static void *raw_target_main(void *p) {
+    raw_target *rt = p;
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), len;
+    int fd = accept(rt->lfd, NULL, NULL);
+    uint8_t *buf = malloc(SHM_GRANT_MAX);
+    if (fd < 0 || !buf) return NULL;
+    shm_set_timeouts(fd, 60000);
+    shm_slot *sl = MAP_FAILED;
+    int seg = memfd_create("raw-seg", MFD_CLOEXEC);
+    if (shm_msg_recv(fd, buf, SHM_GRANT_MAX, &len, NULL, 0, NULL, false, 60000) != 0 ||
+        shm_hello_decode(buf, len) != 0 || seg < 0 || ftruncate(seg, SHM_SEG_LEN) != 0)
+        goto out;
+    rt->hello_flags = shm_hello_flags(buf);
+    sl = mmap(NULL, SHM_SEG_LEN, PROT_READ | PROT_WRITE, MAP_SHARED, seg, 0);
+    if (sl == MAP_FAILED) goto out;
+    sl[3].state = (7 << 1) | 1;
+    sl[5].state = (8 << 1) | 1;
+    shm_hello_reply_encode(buf, rt->offers ? SHM_HELLO_OFFERS : 0);
+    if (shm_msg_send(fd, buf, SHM_HELLO_REPLY_LEN, &seg, 1, 10000) != 0) goto out;
+    if (rt->offers && (shm_msg_recv(fd, buf, SHM_GRANT_MAX, &len, NULL, 0, NULL, false, 60000) ||
+                       shm_id_decode(buf, len, &rt->got_id)))
+        goto out;
+    uint32_t n;
+    if (shm_msg_recv(fd, buf, SHM_GRANT_MAX, &len, NULL, 0, NULL, false, 60000) ||
+        shm_begin_decode(buf, len, &n) || n != 1)
+        goto out;
+    shm_grant_entry e;
+    if (rt->offers) {
+        raw_entry(&e, 8, 2, 5, pg);
+        e.flags = SHM_GF_FD;
+        e.key = 0xB0B;
+        shm_offer_put_entry(buf, 0, &e);
+        len = shm_offer_finish(buf, 1, 0, 1);
+        if (shm_msg_send(fd, buf, len, &rt->mem, 1, 10000) != 0) goto out;
+        raw_entry(&e, 7, 0, 3, pg);
+        e.flags = SHM_GF_FILE;
+        shm_grant_put_entry(buf, 0, &e);
+        len = shm_grant_finish(buf, 1, 0, 0, NULL, 0);
+        if (shm_msg_send(fd, buf, len, NULL, 0, 10000) != 0) goto out;
+    } else {
+        raw_entry(&e, 7, 0, 3, pg);
+        e.flags = SHM_GF_FD;
+        shm_grant_put_entry(buf, 0, &e);
+        len = shm_grant_finish(buf, 1, 0, 1, NULL, 0);
+        if (shm_msg_send(fd, buf, len, &rt->mem, 1, 10000) != 0) goto out;
+    }
+    if (shm_msg_recv(fd, buf, SHM_GRANT_MAX, &len, NULL, 0, NULL, false, 60000) ||
+        shm_done_decode(buf, len, 1))
+        goto out;
+    rt->ok = true;
+    /* Until the initiator closes: anything more (a BEGIN for B) fails. */
+    if (shm_msg_recv(fd, buf, SHM_GRANT_MAX, &len, NULL, 0, NULL, false, 60000) != ECT_ECLOSED)
+        rt->ok = false;
+out:
+    if (sl != MAP_FAILED) munmap(sl, SHM_SEG_LEN);
+    if (seg >= 0) close(seg);
+    free(buf);
+    if (fd >= 0) close(fd);
+    return NULL;
+}
+
+/* Our initiator against a raw target (raw_target_main): with a target that
+ * offers, it names itself with the ID right after the reply, applies an
+ * OFFER that arrives while it waits for a GRANT (the GRANT then names the
+ * file the OFFER brought), and writes the offered window with no BEGIN;
+ * against an older target (reply flags 0) it sends no ID and writes with
+ * BEGINs only. */
+static void shm_offer_raw_case(bool offers) {
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), len;
+    char name[64], ses[80];
+    snprintf(name, sizeof name, "ect-test-raw-%d-%d", (int)getpid(), offers);
+    snprintf(ses, sizeof ses, "shm:@%s", name);
+    struct sockaddr_un sa;
+    socklen_t sl;
+    assert_int_equal(shm_make_addr(name, &sa, &sl), 0);
+    raw_target rt = {.offers = offers};
+    rt.lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    assert_int_equal(bind(rt.lfd, (struct sockaddr *)&sa, sl), 0);
+    assert_int_equal(listen(rt.lfd, 4), 0);
+    rt.mem = memfd_create("ect-test-region", MFD_CLOEXEC);
+    assert_int_equal(ftruncate(rt.mem, (off_t)(4 * pg)), 0);
+    uint8_t *mem = mmap(NULL, 4 * pg, PROT_READ | PROT_WRITE, MAP_SHARED, rt.mem, 0);
+    assert_true(mem != MAP_FAILED);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, raw_target_main, &rt), 0);
+    ect_xport *i = open_kind("shm");
+    xp_set_offer_id(i, 0xABCDEF);
+    static uint8_t src[4096];
+    int st;
+    test_fill_pattern(src, pg, 1);
+    ect_write w = {src, RAW_BASE, pg, "0000000000000a0a"};
+    assert_int_equal(ect_xport_write_batch(i, ses, &w, 1, &st), 0);
+    assert_memory_equal(mem, src, pg);
+    if (offers) {
+        test_fill_pattern(src, pg, 2);
+        w = (ect_write){src, RAW_BASE + 2 * pg, pg, "0000000000000b0b"};
+        assert_int_equal(ect_xport_write_batch(i, ses, &w, 1, &st), 0);
+        assert_memory_equal(mem + 2 * pg, src, pg);
+        assert_int_equal(shm_offers(i), 1);
+    }
+    assert_int_equal(shm_begins(i), 1);
+    ect_xport_close(i);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_true(rt.ok);
+    assert_true(rt.hello_flags & SHM_HELLO_OFFERS);
+    assert_int_equal(rt.got_id, offers ? 0xABCDEF : 0);
+    (void)len;
+    munmap(mem, 4 * pg);
+    close(rt.mem);
+    close(rt.lfd);
+}
+
+static void test_shm_offer_raw(void **state) {
+    (void)state;
+    shm_offer_raw_case(true);
+    shm_offer_raw_case(false);
+}
+
+/* Our target against raw initiators: one that asks for offers gets
+ * SHM_HELLO_OFFERS in its reply and, after its ID, an OFFER of the window
+ * (the fd attached, file numbered, the key and slot in the entry, the
+ * window's range); one that does not (an older one) gets flags 0 and no
+ * offer can reach it. A malformed ID closes the connection. */
+static void test_shm_offer_target(void **state) {
+    (void)state;
+    ect_xport *t = open_kind("shm");
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), len;
+    region r;
+    private_region_open(t, 16 * pg, &r);
+    const char *ses = ect_xport_session(t);
+    struct sockaddr_un sa;
+    socklen_t sl;
+    assert_int_equal(shm_make_addr(ses + 5, &sa, &sl), 0);
+    uint8_t *buf = malloc(SHM_GRANT_MAX);
+    assert_non_null(buf);
+    char k[ECT_XPORT_KEY_MAX];
+    const char *keys[1] = {k};
+    assert_int_equal(xp_window_open(t, r.key, 2 * pg, pg, k), 0);
+    for (int asks = 0; asks < 3; asks++) {
+        int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        assert_int_equal(connect(fd, (struct sockaddr *)&sa, sl), 0);
+        shm_set_timeouts(fd, 60000);
+        shm_hello_encode(buf);
+        xp_put_u16(buf + 6, (uint16_t)(SHM_HELLO_FILES | (asks ? SHM_HELLO_OFFERS : 0)));
+        assert_int_equal(shm_msg_send(fd, buf, SHM_HELLO_LEN, NULL, 0, 10000), 0);
+        int seg = -1, nf = 0;
+        assert_int_equal(shm_msg_recv(fd, buf, SHM_GRANT_MAX, &len, &seg, 1, &nf, false, 60000), 0);
+        assert_int_equal(shm_hello_reply_decode(buf, len), 0);
+        close(seg);
+        assert_int_equal(shm_hello_flags(buf), asks ? SHM_HELLO_OFFERS : 0);
+        if (asks == 2) { /* a bad ID (id 0): closed */
+            shm_id_encode(buf, 0);
+            assert_int_equal(shm_msg_send(fd, buf, SHM_ID_LEN, NULL, 0, 10000), 0);
+            assert_int_equal(
+                shm_msg_recv(fd, buf, SHM_GRANT_MAX, &len, NULL, 0, NULL, false, 60000),
+                ECT_ECLOSED);
+            close(fd);
+            continue;
+        }
+        if (asks) {
+            shm_id_encode(buf, 0x77);
+            assert_int_equal(shm_msg_send(fd, buf, SHM_ID_LEN, NULL, 0, 10000), 0);
+            /* The target reads the ID on its own thread: offer until it has
+             * (offer_until_taken). */
+            offer_until_taken(t, 0x77, keys, 1);
+            int fds[SHM_CHUNK], nfds = 0;
+            assert_int_equal(
+                shm_msg_recv(fd, buf, SHM_GRANT_MAX, &len, fds, SHM_CHUNK, &nfds, false, 60000), 0);
+            shm_grant g;
+            assert_int_equal(shm_offer_decode(buf, len, nfds, &g), 0);
+            assert_int_equal(g.n, 1);
+            assert_int_equal(nfds, 1);
+            close(fds[0]);
+            shm_grant_entry e;
+            uint32_t seen = 0;
+            shm_grant_entry_get(buf, &g, 0, &seen, &e);
+            uint64_t tok;
+            assert_int_equal(xp_key_parse(k, &tok), 0);
+            assert_int_equal(e.key, tok);
+            assert_int_equal(e.flags, SHM_GF_FD);
+            assert_int_equal(e.file, 1);
+            assert_int_equal(e.raddr, (uint64_t)(uintptr_t)(r.addr + 2 * pg));
+            assert_int_equal(e.rlen, pg);
+            /* Offered once: a second offer of the same window sends nothing. */
+            assert_int_equal(xp_window_offer(t, 0x77, keys, 1), 0);
+            assert_true(xp_fd_quiet(fd));
+        } else {
+            assert_int_equal(xp_window_offer(t, 0, keys, 1), 0); /* id 0: no one */
+            assert_true(xp_fd_quiet(fd));
+        }
+        close(fd);
+    }
+    assert_int_equal(xp_window_close(t, k), 0);
+    free(buf);
+    test_region_close(t, &r);
+    ect_xport_close(t);
+}
+
+/* Our target, an initiator that asked for offers and does not read: offers
+ * of one new window each fill its socket until one cannot be sent (never
+ * waited for); that failed offer leaves the connection's state as it was,
+ * so once the initiator has read the queued OFFERs, its BEGIN for the
+ * window whose offer failed is granted with the mapping details (the pool's
+ * file by number), not as a window it was already given. */
+static void test_shm_offer_full_socket(void **state) {
+    (void)state;
+    enum { MAXW = 1000 };
+    ect_xport *t = open_kind("shm");
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), len;
+    region r;
+    private_region_open(t, MAXW * pg, &r);
+    struct sockaddr_un sa;
+    socklen_t sl;
+    assert_int_equal(shm_make_addr(ect_xport_session(t) + 5, &sa, &sl), 0);
+    uint8_t *buf = malloc(SHM_GRANT_MAX);
+    assert_non_null(buf);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sl), 0);
+    shm_set_timeouts(fd, 60000);
+    shm_hello_encode(buf);
+    xp_put_u16(buf + 6, SHM_HELLO_FILES | SHM_HELLO_OFFERS);
+    assert_int_equal(shm_msg_send(fd, buf, SHM_HELLO_LEN, NULL, 0, 10000), 0);
+    int seg = -1, nf = 0, fds[SHM_CHUNK], nfds;
+    assert_int_equal(shm_msg_recv(fd, buf, SHM_GRANT_MAX, &len, &seg, 1, &nf, false, 60000), 0);
+    close(seg);
+    shm_id_encode(buf, 0x55);
+    assert_int_equal(shm_msg_send(fd, buf, SHM_ID_LEN, NULL, 0, 10000), 0);
+    static char keys[MAXW][ECT_XPORT_KEY_MAX];
+    int n = 0, failed = -1;
+    assert_int_equal(xp_window_open(t, r.key, 0, pg, keys[0]), 0);
+    const char *k0 = keys[0];
+    offer_until_taken(t, 0x55, &k0, 1); /* the ID has been read */
+    for (n = 1; n < MAXW && failed < 0; n++) {
+        const char *k = keys[n];
+        assert_int_equal(xp_window_open(t, r.key, (size_t)n * pg, pg, keys[n]), 0);
+        if (xp_window_offer(t, 0x55, &k, 1) != 0) failed = n;
+    }
+    assert_true(failed > 0); /* the socket filled before MAXW windows */
+    int offers = 0;
+    while (shm_msg_recv_now(fd, buf, SHM_GRANT_MAX, &len, fds, SHM_CHUNK, &nfds) == 0) {
+        shm_grant g;
+        assert_int_equal(shm_offer_decode(buf, len, nfds, &g), 0);
+        for (int i = 0; i < nfds; i++) close(fds[i]);
+        offers++;
+    }
+    assert_int_equal(offers, failed); /* windows 0 .. failed - 1 */
+    shm_grant_entry e;
+    shm_raw_grant(fd, (uint64_t)(uintptr_t)(r.addr + (size_t)failed * pg), pg, keys[failed], &e,
+                  &nfds, buf);
+    assert_int_equal(e.status, 0);
+    assert_int_equal(e.flags, SHM_GF_FILE);
+    assert_int_equal(e.file, 1);
+    close(fd);
+    for (int i = 0; i < n; i++) assert_int_equal(xp_window_close(t, keys[i]), 0);
+    free(buf);
+    test_region_close(t, &r);
+    ect_xport_close(t);
+}
+
 static void test_tcp_stall(void **state) {
     (void)state;
     ect_xport *t = NULL;
@@ -1397,6 +1776,10 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_shm_parked_windows),
         cmocka_unit_test(test_shm_parked_runs),
         cmocka_unit_test(test_shm_parked_process_bound),
+        cmocka_unit_test(test_shm_offers),
+        cmocka_unit_test(test_shm_offer_raw),
+        cmocka_unit_test(test_shm_offer_target),
+        cmocka_unit_test(test_shm_offer_full_socket),
         cmocka_unit_test(test_tcp_stall),
         cmocka_unit_test(test_tcp_nodelay),
         KIND_TESTS("tcp"),
