@@ -425,7 +425,7 @@ static int many_reply(void *ctx, size_t i, const uint8_t *body, size_t len) {
 /* The exchanges x[0..n) pipelined on our own connection (see the header). */
 static int link_call_many(ctl_client *c, ctl_conn *k, const char *host, int port,
                           const char *addr, ctl_exchange *x, size_t n) {
-    ctl_link_req reqs[CTL_MANY_MAX];
+    ctl_link_req reqs[CTL_MANY_MAX] = {{0}};
     char *frames[CTL_MANY_MAX] = {0};
     size_t ndone = 0, nf = 0;
     int rc = watch_socket(c);
