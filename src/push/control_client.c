@@ -335,6 +335,29 @@ static int link_call(ctl_client *c, ctl_conn *k, const char *host, int port, con
     return ctl_link_call(&k->link, &o, frame, flen, body, blen);
 }
 
+/* Decodes the reply to req (body, blen from host's addr) into *out. */
+static int decode_reply(const char *addr, const wire_ctl_request *req, const uint8_t *body,
+                        size_t blen, wire_ctl_reply *out) {
+    size_t expect = SIZE_MAX;
+    if (req->op == WIRE_OP_RESERVE_BATCH) expect = req->u.reserve_batch.n;
+    if (req->op == WIRE_OP_COMPLETE_BATCH) expect = req->u.complete_batch.n;
+    int rc = wire_ctl_decode_reply(req->op, expect, body, blen, out);
+    if (!rc) return 0;
+    char detail[512];
+    snprintf(detail, sizeof detail, "%s", ect_last_error());
+    return ect_set_error(rc, "control %s: bad reply to %s: %s", addr, wire_ctl_op_name(req->op),
+                         detail);
+}
+
+/* ctl_call_ok's check of a decoded reply: {"ok": false} is ECT_EPROTO. */
+static int check_ok(const char *host, int port, const wire_ctl_request *req, wire_ctl_reply *out) {
+    if (out->ok) return 0;
+    int rc = ect_set_error(ECT_EPROTO, "%s:%d refused %s: %s", host, port,
+                           wire_ctl_op_name(req->op), out->error ? out->error : "(no text)");
+    wire_ctl_reply_clear(out);
+    return rc;
+}
+
 int ctl_call(ctl_client *c, const char *host, int port, const wire_ctl_request *req,
              wire_ctl_reply *out) {
     if (out) memset(out, 0, sizeof *out);
@@ -367,18 +390,91 @@ int ctl_call(ctl_client *c, const char *host, int port, const wire_ctl_request *
         conn_drop_socket(k);
         return rc;
     }
-    size_t expect = SIZE_MAX;
-    if (req->op == WIRE_OP_RESERVE_BATCH) expect = req->u.reserve_batch.n;
-    if (req->op == WIRE_OP_COMPLETE_BATCH) expect = req->u.complete_batch.n;
-    rc = wire_ctl_decode_reply(req->op, expect, body, blen, out);
+    rc = decode_reply(addr, req, body, blen, out);
     zmq_msg_close(&msg);
+    if (rc) conn_drop_socket(k);
+    return rc;
+}
+
+/* Records exchange e's failure: rc and the last error's text. */
+static int fail_exchange(ctl_exchange *e, int rc) {
+    e->rc = rc;
+    if (e->err && e->err_cap) snprintf(e->err, e->err_cap, "%s", ect_last_error());
+    return rc;
+}
+
+typedef struct many_ctx {
+    const char *host, *addr;
+    int port;
+    ctl_exchange *x;
+    bool bad; /* the reply on_reply refused is x[ndone]'s, already failed */
+} many_ctx;
+
+static int many_reply(void *ctx, size_t i, const uint8_t *body, size_t len) {
+    many_ctx *m = ctx;
+    ctl_exchange *e = &m->x[i];
+    int rc = decode_reply(m->addr, e->req, body, len, e->rep);
     if (rc) {
-        conn_drop_socket(k);
-        char detail[512];
-        snprintf(detail, sizeof detail, "%s", ect_last_error());
-        return ect_set_error(rc, "control %s: bad reply to %s: %s", addr, wire_ctl_op_name(req->op),
-                             detail);
+        m->bad = true;
+        return fail_exchange(e, rc);
     }
+    if (e->want_ok && (rc = check_ok(m->host, m->port, e->req, e->rep))) fail_exchange(e, rc);
+    return 0;
+}
+
+/* The exchanges x[0..n) pipelined on our own connection (see the header). */
+static int link_call_many(ctl_client *c, ctl_conn *k, const char *host, int port,
+                          const char *addr, ctl_exchange *x, size_t n) {
+    ctl_link_req reqs[CTL_MANY_MAX] = {{0}};
+    char *frames[CTL_MANY_MAX] = {0};
+    size_t ndone = 0, nf = 0;
+    int rc = watch_socket(c);
+    for (; !rc && nf < n; nf++) {
+        rc = wire_ctl_encode_request(x[nf].req, &frames[nf]);
+        reqs[nf] = (ctl_link_req){frames[nf], rc ? 0 : strlen(frames[nf]),
+                                  wire_ctl_op_name(x[nf].req->op)};
+    }
+    many_ctx m = {host, addr, port, x, false};
+    if (!rc) {
+        ctl_link_call_opts o = {.watch = c->watch,
+                                .watch_fd = c->watch_fd,
+                                .host = host,
+                                .port = port,
+                                .addr = addr,
+                                .op_name = reqs[0].op_name,
+                                .timeout_ms = c->timeout_ms,
+                                .fail_fast = c->fail_fast,
+                                .max_msg = CTL_MAX_MSG};
+        rc = ctl_link_call_many(&k->link, &o, reqs, n, many_reply, &m, &ndone);
+    }
+    for (size_t i = 0; i < nf; i++) free(frames[i]);
+    if (!rc) return 0;
+    conn_drop_socket(k);
+    for (size_t i = ndone + (m.bad ? 1 : 0); i < n; i++) fail_exchange(&x[i], rc);
+    return rc;
+}
+
+int ctl_call_many(ctl_client *c, const char *host, int port, ctl_exchange *x, size_t n) {
+    if (!c || !x || !n || n > CTL_MANY_MAX)
+        return ect_set_error(ECT_EINVAL, "ctl_call_many: NULL argument or n not 1..%d",
+                             CTL_MANY_MAX);
+    for (size_t i = 0; i < n; i++) {
+        x[i].rc = 0;
+        memset(x[i].rep, 0, sizeof *x[i].rep);
+    }
+    char addr[CTL_ADDR_MAX];
+    int rc = fmt_addr(host, port, addr);
+    ctl_conn *k = rc ? NULL : conn_get(c, addr, true);
+    if (!rc && !k) rc = ect_set_error(ECT_ENOMEM, "control client: out of memory");
+    for (size_t i = 0; rc && i < n; i++) fail_exchange(&x[i], rc); /* none went out */
+    if (!rc && !c->keys) link_call_many(c, k, host, port, addr, x, n);
+    for (size_t i = 0; !rc && c->keys && i < n; i++) { /* a libzmq REQ: one at a time */
+        int r = x[i].want_ok ? ctl_call_ok(c, host, port, x[i].req, x[i].rep)
+                             : ctl_call(c, host, port, x[i].req, x[i].rep);
+        if (r) fail_exchange(&x[i], r);
+    }
+    for (size_t i = 0; i < n; i++)
+        if (x[i].rc) return x[i].rc;
     return 0;
 }
 
@@ -393,14 +489,7 @@ void ctl_client_set_keys(ctl_client *c, const ect_keyset *ks) {
 int ctl_call_ok(ctl_client *c, const char *host, int port, const wire_ctl_request *req,
                 wire_ctl_reply *out) {
     int rc = ctl_call(c, host, port, req, out);
-    if (rc) return rc;
-    if (!out->ok) {
-        rc = ect_set_error(ECT_EPROTO, "%s:%d refused %s: %s", host, port,
-                           wire_ctl_op_name(req->op), out->error ? out->error : "(no text)");
-        wire_ctl_reply_clear(out);
-        return rc;
-    }
-    return 0;
+    return rc ? rc : check_ok(host, port, req, out);
 }
 
 int ctl_peers(ctl_client *c, const char *host, int port, int *ports, size_t cap, size_t *n) {

@@ -77,6 +77,33 @@ int ctl_call(ctl_client *c, const char *host, int port, const wire_ctl_request *
 int ctl_call_ok(ctl_client *c, const char *host, int port, const wire_ctl_request *req,
                 wire_ctl_reply *out);
 
+/* One exchange of ctl_call_many: the request, where its reply goes (cleared
+ * on failure), and its outcome. */
+typedef struct ctl_exchange {
+    const wire_ctl_request *req;
+    wire_ctl_reply *rep;
+    bool want_ok;  /* an {"ok": false} reply fails it, as ctl_call_ok */
+    int rc;        /* out: 0 or the error */
+    char *err;     /* out: rc's text (err_cap bytes; NULL: not wanted) */
+    size_t err_cap;
+} ctl_exchange;
+
+#define CTL_MANY_MAX 16
+
+/* The n (1..CTL_MANY_MAX) exchanges x[] with host:port, each as ctl_call
+ * (or ctl_call_ok where want_ok) would run it, and in that order at the
+ * peer. Without keys they are pipelined on the address's one connection:
+ * every request is written at once and the replies are read in order (a
+ * REP answers a connection's requests one after another; the bytes of each
+ * are a REQ's, docs/PROTOCOL.md "Control channel framing (ZMTP)"), so n
+ * exchanges cost one round trip and one write. With keys (a libzmq REQ,
+ * which cannot pipeline) one after another. A failed connection fails every
+ * exchange not answered yet with its error (each x[i].rc, err); an {"ok":
+ * false} or a bad reply fails only its own exchange (a bad reply also
+ * those after it: the connection is dropped). Returns the first x[i].rc, or
+ * ECT_EINVAL for bad arguments (no x[i] touched then). */
+int ctl_call_many(ctl_client *c, const char *host, int port, ctl_exchange *x, size_t n);
+
 /* The control ports of every TP rank of the consumer instance at host:port
  * (op `peers`), in rank order; at most `cap` are stored, *n gets the count
  * the shard reported (ECT_ERANGE when it exceeds cap). Cached per address

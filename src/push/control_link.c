@@ -237,52 +237,95 @@ static int on_lost(ctl_link *l, const ctl_link_call_opts *o, uint64_t deadline, 
     return timed_out(o); /* a lost request: libzmq waits for a reply that never comes */
 }
 
-int ctl_link_call(ctl_link **lp, const ctl_link_call_opts *o, const void *req, size_t len,
-                  const uint8_t **reply, size_t *reply_len) {
+/* Queues every request on the connection's codec (it holds them until the
+ * peer's READY): a first try, or a retry after a connection lost before any
+ * was written. */
+static int queue_reqs(ctl_link *l, const ctl_link_req *reqs, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        int rc = zmtp_conn_send_req(l->z, reqs[i].frame, reqs[i].len);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+int ctl_link_call_many(ctl_link **lp, const ctl_link_call_opts *o, const ctl_link_req *reqs,
+                       size_t n, ctl_link_reply_fn on_reply, void *ctx, size_t *ndone) {
+    *ndone = 0;
     if (!*lp) {
-        ctl_link *n = calloc(1, sizeof *n);
-        if (!n) return ect_set_error(ECT_ENOMEM, "control client: out of memory");
-        n->fd = -1;
-        *lp = n;
+        ctl_link *nl = calloc(1, sizeof *nl);
+        if (!nl) return ect_set_error(ECT_ENOMEM, "control client: out of memory");
+        nl->fd = -1;
+        *lp = nl;
     }
     ctl_link *l = *lp;
+    ctl_link_call_opts oi = *o; /* op_name: the request waited for */
+    oi.op_name = reqs[0].op_name ? reqs[0].op_name : o->op_name;
     uint64_t deadline = ect_now_ms() + (uint64_t)o->timeout_ms;
     if (l->fd >= 0 && !link_idle_ok(l)) link_reset(l);
     for (;;) {
         if (l->fd < 0) {
-            int rc = link_connect(l, o, deadline);
+            int rc = link_connect(l, &oi, deadline);
             if (rc == ECT_ECONNREFUSED && o->fail_fast)
                 return ect_set_error(ECT_ECONNREFUSED,
                                      "control %s: connection refused (no one listens there) "
                                      "sending %s",
-                                     o->addr, o->op_name);
+                                     o->addr, oi.op_name);
             if (rc == ECT_ECONNREFUSED || rc == ECT_ETIMEDOUT) {
-                rc = nap_until(o, deadline, RECONNECT_IVL_MS);
+                rc = nap_until(&oi, deadline, RECONNECT_IVL_MS);
                 if (rc < 0) return rc;
                 if (rc == 0) continue;
-                return timed_out(o);
+                return timed_out(&oi);
             }
             if (rc) return rc;
         }
-        int rc = zmtp_conn_send_req(l->z, req, len);
-        if (rc) return rc;
-        rc = link_exchange(l, o, deadline, reply, reply_len);
+        int rc = queue_reqs(l, reqs, n); /* all at once: one write when the peer is ready */
+        while (!rc && *ndone < n) {
+            const uint8_t *body = NULL;
+            size_t blen = 0;
+            if ((rc = link_exchange(l, &oi, deadline, &body, &blen))) break;
+            if ((rc = on_reply(ctx, *ndone, body, blen))) return rc;
+            if (++*ndone < n) { /* each reply gets the whole timeout */
+                deadline = ect_now_ms() + (uint64_t)o->timeout_ms;
+                oi.op_name = reqs[*ndone].op_name ? reqs[*ndone].op_name : o->op_name;
+            }
+        }
         if (rc == 0) return 0;
-        if (rc == ECT_ETIMEDOUT) return timed_out(o);
+        if (rc == ECT_ETIMEDOUT) return timed_out(&oi);
         if (rc == LINK_LOST || ((rc == ECT_EPROTO || rc == ECT_ERANGE) && !l->peer_ready)) {
-            bool retry;
-            rc = on_lost(l, o, deadline, &retry);
+            bool retry; /* only while nothing was written: *ndone is 0 then */
+            rc = on_lost(l, &oi, deadline, &retry);
             if (retry) continue;
             return rc;
         }
         if (rc == ECT_EPROTO || rc == ECT_ERANGE) {
             char why[256];
             snprintf(why, sizeof why, "%s", ect_last_error());
-            return ect_set_error(ECT_EPROTO, "control %s: bad reply to %s: %s", o->addr, o->op_name,
-                                 why);
+            return ect_set_error(ECT_EPROTO, "control %s: bad reply to %s: %s", o->addr,
+                                 oi.op_name, why);
         }
         return rc;
     }
+}
+
+typedef struct one_reply {
+    const uint8_t **body;
+    size_t *len;
+} one_reply;
+
+static int keep_reply(void *ctx, size_t i, const uint8_t *body, size_t len) {
+    one_reply *r = ctx;
+    (void)i;
+    *r->body = body;
+    *r->len = len;
+    return 0;
+}
+
+int ctl_link_call(ctl_link **lp, const ctl_link_call_opts *o, const void *req, size_t len,
+                  const uint8_t **reply, size_t *reply_len) {
+    ctl_link_req one = {.frame = req, .len = len, .op_name = o->op_name};
+    one_reply r = {reply, reply_len};
+    size_t ndone;
+    return ctl_link_call_many(lp, o, &one, 1, keep_reply, &r, &ndone);
 }
 
 void ctl_link_close(ctl_link *l) {

@@ -55,6 +55,31 @@ typedef struct ctl_link_call_opts {
 int ctl_link_call(ctl_link **lp, const ctl_link_call_opts *o, const void *req, size_t len,
                   const uint8_t **reply, size_t *reply_len);
 
+/* One request of ctl_link_call_many: its frame and its op (for messages;
+ * NULL: the opts' op_name). */
+typedef struct ctl_link_req {
+    const void *frame;
+    size_t len;
+    const char *op_name;
+} ctl_link_req;
+
+/* Called with the reply to reqs[i], in order; the body is valid only during
+ * the call. Nonzero ends ctl_link_call_many with that error. */
+typedef int (*ctl_link_reply_fn)(void *ctx, size_t i, const uint8_t *body, size_t len);
+
+/* ctl_link_call for n >= 1 requests pipelined on the one connection: all
+ * are queued at once (one write once the peer is ready), then the replies
+ * are read in order, each handed to on_reply, each waited for up to the
+ * timeout. The bytes of each request are a REQ's; a REP (libzmq's or ours)
+ * answers a connection's requests one after another, in order
+ * (docs/PROTOCOL.md "Control channel framing (ZMTP)"). *ndone gets the
+ * number of replies handed over: on an error, requests *ndone.. failed with
+ * it (those were written, except when nothing was: a connect that failed).
+ * The retry of a connection lost before the peer's READY resends them all
+ * (none was written). Errors as ctl_link_call, or on_reply's. */
+int ctl_link_call_many(ctl_link **lp, const ctl_link_call_opts *o, const ctl_link_req *reqs,
+                       size_t n, ctl_link_reply_fn on_reply, void *ctx, size_t *ndone);
+
 /* Closes the connection and frees l. NULL is fine. */
 void ctl_link_close(ctl_link *l);
 

@@ -477,9 +477,11 @@ void pp_local(ect_push_producer *p, const push_action *a, size_t n) {
     pthread_mutex_lock(&p->mu);
     for (size_t i = 0; i < n; i++)
         if (a[i].kind == PUSH_ACT_FINISHED) finish_locked(p, &a[i].fin);
+    pthread_mutex_unlock(&p->mu);
+    /* After the unlock: a poll woken under it would block on mu at once.
+     * Its wait looks at the results under mu, so it cannot miss them. */
     if (freed) pthread_cond_broadcast(&p->room);
     if (finished) pthread_cond_broadcast(&p->results);
-    pthread_mutex_unlock(&p->mu);
 }
 
 int ect_push_producer_cancel(ect_push_producer *p, const char *transfer_id) {

@@ -67,7 +67,8 @@ typedef struct pp_handoff {
 } pp_handoff;
 
 /* The completes of one control address queued or in flight on each of its
- * two lanes (producer_lanes.c, "Which lane a complete takes"). */
+ * two lanes, with CurveZMQ keys only (producer_lanes.c, "Steps in flight";
+ * without keys every complete rides the main lane, pipelined). */
 typedef struct pp_route {
     char key[PX_KEY_MAX];
     size_t main_n, side_n;
@@ -94,6 +95,7 @@ struct ect_push_producer {
     bool running;         /* a thread holds the baton: runs rounds (see the top) */
     pp_handoff ho;        /* the dispatcher takes the baton and finishes this round */
     uint64_t handoffs;    /* how often the dispatcher took the baton so (pp_handoffs) */
+    uint64_t pipelined;   /* exchanges that rode behind another in one write (pp_pipelined) */
     bool caller_runs;     /* the baton is a public call's (a flush: it never waits) */
     size_t baton_waiters; /* lanes waiting on `baton` for that call's round to end */
     pthread_cond_t baton; /* broadcast when a caller lets go of the baton */
@@ -166,7 +168,8 @@ void pp_lane_key(const px *x, char key[PP_LANE_KEY_MAX]);
  * (ECT_ENOMEM) the caller keeps it. The baton's holder. */
 int pp_lane_submit(ect_push_producer *p, px *x);
 
-/* Picks the lane of the complete_batch x (x->on_main) and counts it in
+/* Picks the lane of the complete_batch x (x->on_main: always without keys,
+ * where exchanges pipeline) and with keys counts it in
  * flight there. runner_lane: the key of the lane running the round when
  * nothing else is queued on it, else NULL. Caller holds mu. */
 void pp_route_complete_locked(ect_push_producer *p, px *x, const char *runner_lane);
@@ -194,6 +197,11 @@ void pp_local(ect_push_producer *p, const push_action *a, size_t n);
 /* How many times the dispatcher took the baton handed to it (p->ho): each
  * is a thread hand-off inside a step (for tests and profiles). Any thread. */
 uint64_t pp_handoffs(ect_push_producer *p);
+
+/* How many control exchanges went out pipelined behind another on one
+ * connection (producer_lanes.c): completes riding with the next step's
+ * reserve, steps flushed while the lane was busy (for tests). Any thread. */
+uint64_t pp_pipelined(ect_push_producer *p);
 
 /* Counts the FINISHED among a[0..n) into p->unreported. Caller holds mu. */
 void pp_count_finished_locked(ect_push_producer *p, const push_action *a, size_t n);

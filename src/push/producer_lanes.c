@@ -16,25 +16,31 @@
  * result), else the baton's holder or the dispatcher does (producer.h, "the
  * baton").
  *
- * Steps in flight: an address has two lanes, each with its own REQ socket:
- * "complete|host:port" carries its complete_batch exchanges, "host:port"
- * everything else (peers, reserve_batch, cancel). So the completes of step n
- * travel while the reserve of step n+1 does, and neither waits a round trip
- * for the other; the consumer's REP socket takes both connections in turn.
- * Each kind stays in order on its own lane, so completes reach the consumer
- * in the order their items were reserved, and a record has one action in
- * flight at a time (pushes.h), so nothing of one item overtakes another of
- * the same item. No wire change: two REQ connections are two peers to a REP
- * socket, as two producers are.
+ * Steps in flight: the exchanges queued on a lane while it waits for a
+ * reply ride together next: the lane takes up to CTL_MANY_MAX of them and
+ * pipelines them on its one connection (ctl_call_many: every request in one
+ * write, the replies read in order; a REP answers a connection's requests
+ * one after another). So the complete_batch of step n goes out with the
+ * reserve_batch of step n+1 in one write, and several steps' exchanges cost
+ * one round trip, without a second thread or socket per address. Order per
+ * consumer holds trivially: one connection, requests in queue order, and a
+ * record has one action in flight at a time (pushes.h), so nothing of one
+ * item overtakes another of the same item. A lane back from such a batch
+ * leaves the round's writes to the dispatcher (it is the one with steps in
+ * flight: its next batch should not wait behind a write).
  *
- * Which lane a complete takes: a lone step's complete rides the address's
- * main lane when the lane that got its reserve reply runs the round and has
- * nothing queued (it sends the complete itself next, one thread hand-off
- * fewer); otherwise the completes lane. Order per address still holds
- * because the completes of an address in flight are all on one lane: a
- * complete goes to the main lane while others are in flight there, to the
- * completes lane while others are there, and switches only when none is in
- * flight (pp_route, counted under mu from routing to settling).
+ * With CurveZMQ keys the connection is a libzmq REQ, which cannot pipeline:
+ * then complete_batch keeps a lane of its own per address,
+ * "complete|host:port" (a second REQ connection: two peers to the shard's
+ * REP socket, as two producers are), so the completes of step n travel
+ * while the reserve of step n+1 does. A lone step's complete rides the
+ * address's main lane when the lane that got its reserve reply runs the
+ * round and has nothing queued (it sends the complete itself next, one
+ * thread hand-off fewer); otherwise the completes lane. Order per address
+ * still holds because the completes of an address in flight are all on one
+ * lane: a complete goes to the main lane while others are in flight there,
+ * to the completes lane while others are there, and switches only when
+ * none is in flight (pp_route, counted under mu from routing to settling).
  *
  * An exchange that failed for want of the peer (timeout, refused, connection
  * closed) also fails the ones queued behind it on that lane at once, with the
@@ -81,17 +87,22 @@ void pp_deliver(ect_push_producer *p, px *x) {
  * would hand the baton to the dispatcher, which would take the write and
  * send the complete on the completes lane (two hand-offs more per step). */
 static void deliver_and_run(ect_push_producer *p, px *x, lane *l) {
-    bool queued = lane_has_queued(l);
+    /* Several exchanges that rode together: steps in flight, so this lane
+     * goes back to its exchanges and the writes are the dispatcher's. */
+    bool queued = x->lj.next || lane_has_queued(l), wake = false;
     pthread_mutex_lock(&p->mu);
+    for (px *e = (px *)x->lj.next; e; e = (px *)e->lj.next) p->pipelined += !e->held;
     append_done_locked(p, x);
     if (!queued) pp_wait_caller_locked(p);
     if (!p->running) {
         if (queued || p->stop)
-            pthread_cond_signal(&p->wake);
+            wake = true;
         else
             pp_run_locked(p, PP_RUN_LANE, lane_key(l));
     }
     pthread_mutex_unlock(&p->mu);
+    /* after the unlock: the dispatcher looks at p->done under mu before it waits */
+    if (wake) pthread_cond_signal(&p->wake);
 }
 
 /* A lane's own control client. */
@@ -120,29 +131,57 @@ static void lane_stop(void *ctx, void *state) {
     free(lc);
 }
 
+/* Runs the chain x (linked by lj.next, one address) on the lane's client:
+ * pipelined on its one connection (ctl_call_many), so the exchanges queued
+ * together cost one round trip; each gets its own rc and text. */
+static void run_chain(lane_ctl *lc, px *x) {
+    ctl_exchange ex[CTL_MANY_MAX];
+    size_t n = 0;
+    for (px *e = x; e; e = (px *)e->lj.next)
+        ex[n++] = (ctl_exchange){.req = &e->req,
+                                 .rep = &e->rep,
+                                 .want_ok = e->want_ok,
+                                 .err = e->err,
+                                 .err_cap = sizeof e->err};
+    ctl_call_many(lc->c, x->host, x->port, ex, n);
+    n = 0;
+    for (px *e = x; e; e = (px *)e->lj.next) e->rc = ex[n++].rc;
+}
+
+/* Fails every exchange of the chain x with rc and the text (why). */
+static void fail_chain(px *x, int rc, const char *why) {
+    for (; x; x = (px *)x->lj.next) {
+        x->rc = rc;
+        snprintf(x->err, sizeof x->err, "%s", why);
+    }
+}
+
 static void lane_run(void *ctx, lane *l, void *state, lane_job *lj) {
     ect_push_producer *p = ctx;
     lane_ctl *lc = state;
-    px *x = (px *)lj;
+    px *x = (px *)lj, *last = x;
+    x->lj.next = NULL;
+    /* What was queued behind rides with it (see the top); with keys a
+     * libzmq REQ cannot pipeline, so one at a time. */
+    if (lc && !lc->orc && !p->keys) x->lj.next = lane_take_queued_max(l, CTL_MANY_MAX - 1);
+    char why[PX_ERR_MAX];
     if (!lc) {
-        x->rc = ECT_ENOMEM;
-        snprintf(x->err, sizeof x->err, "control client: out of memory");
+        fail_chain(x, ECT_ENOMEM, "control client: out of memory");
     } else if (lc->orc) {
-        x->rc = lc->orc;
-        snprintf(x->err, sizeof x->err, "control client: %s", lc->oerr);
+        snprintf(why, sizeof why, "control client: %.200s", lc->oerr);
+        fail_chain(x, lc->orc, why);
     } else {
-        x->rc = x->want_ok ? ctl_call_ok(lc->c, x->host, x->port, &x->req, &x->rep)
-                           : ctl_call(lc->c, x->host, x->port, &x->req, &x->rep);
-        if (x->rc) snprintf(x->err, sizeof x->err, "%.300s", ect_last_error());
+        run_chain(lc, x);
     }
+    while (last->lj.next) last = (px *)last->lj.next;
     lane_job *behind = NULL;
-    if (x->rc && pb_unreachable_rc(x->rc)) behind = lane_take_queued(l); /* see the top */
+    if (last->rc && pb_unreachable_rc(last->rc)) behind = lane_take_queued(l); /* see the top */
     for (px *b = (px *)behind; b; b = (px *)b->lj.next) {
-        b->rc = x->rc;
+        b->rc = last->rc;
         b->held = true;
-        snprintf(b->err, sizeof b->err, "consumer %.100s unreachable: %.190s", b->key, x->err);
+        snprintf(b->err, sizeof b->err, "consumer %.100s unreachable: %.190s", b->key, last->err);
     }
-    x->lj.next = behind;
+    last->lj.next = behind;
     deliver_and_run(p, x, l);
 }
 
@@ -175,6 +214,10 @@ static pp_route **route_find(ect_push_producer *p, const char *key) {
 }
 
 void pp_route_complete_locked(ect_push_producer *p, px *x, const char *runner_lane) {
+    if (!p->keys) { /* pipelined with the address's other exchanges (see the top) */
+        x->on_main = true;
+        return;
+    }
     pp_route **rr = route_find(p, x->key), *r = *rr;
     if (!r && (r = calloc(1, sizeof *r))) {
         ect_strcpy_cut(r->key, sizeof r->key, x->key);

@@ -302,6 +302,13 @@ uint64_t pp_handoffs(ect_push_producer *p) {
     return n;
 }
 
+uint64_t pp_pipelined(ect_push_producer *p) {
+    pthread_mutex_lock(&p->mu);
+    uint64_t n = p->pipelined;
+    pthread_mutex_unlock(&p->mu);
+    return n;
+}
+
 /* Closing: what is still in flight fails here without contacting the
  * consumer (a control exchange could take the full timeout); the shards'
  * TTL ends their reservations. Every source is given back, every result

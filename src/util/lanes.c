@@ -6,6 +6,8 @@
  * submit after that starts a fresh lane instead of queueing on one that is
  * ending; its thread is joined by the next submit or by close.
  */
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +26,7 @@ struct lane {
     lane_job *head, *tail; /* [mu] queued, not started */
     bool indexed;          /* [mu] in lp->by_key: accepts jobs */
     bool done;             /* [mu] the thread is about to return: join it */
+    atomic_int waking;     /* submits signalling cv after the lock: not freed meanwhile */
     UT_hash_handle hh;     /* lp->by_key [mu] */
     struct lane *next;     /* lp->all [mu] */
 };
@@ -103,6 +106,7 @@ static void *lane_main(void *arg) {
 }
 
 static void lane_free(lane *l) {
+    while (atomic_load(&l->waking)) sched_yield(); /* a submit's signal is on its way out */
     pthread_cond_destroy(&l->cv);
     free(l->key);
     free(l->group);
@@ -186,16 +190,31 @@ int lanes_submit_group(lane_pool *lp, const char *key, const char *group, size_t
     else
         l->head = j;
     l->tail = j;
-    pthread_cond_signal(&l->cv);
+    /* Signalled after the unlock: a lane woken under the lock would at once
+     * block on it again (two more futex calls and a switch per job). The
+     * lane cannot miss it (it looks at its queue under the lock before it
+     * waits); `waking` keeps it from being freed until the signal is out. */
+    atomic_fetch_add(&l->waking, 1);
     pthread_mutex_unlock(&lp->mu);
+    pthread_cond_signal(&l->cv);
+    atomic_fetch_sub(&l->waking, 1);
     return 0;
 }
 
-lane_job *lane_take_queued(lane *l) {
+lane_job *lane_take_queued(lane *l) { return lane_take_queued_max(l, SIZE_MAX); }
+
+lane_job *lane_take_queued_max(lane *l, size_t max) {
+    if (!max) return NULL;
     lane_pool *lp = l->lp;
     pthread_mutex_lock(&lp->mu);
-    lane_job *q = l->head;
-    l->head = l->tail = NULL;
+    lane_job *q = l->head, *last = q;
+    for (size_t n = 1; last && n < max; n++) last = last->next;
+    if (!last || !last->next) { /* all of them */
+        l->head = l->tail = NULL;
+    } else {
+        l->head = last->next;
+        last->next = NULL;
+    }
     pthread_mutex_unlock(&lp->mu);
     return q;
 }
@@ -206,6 +225,16 @@ bool lane_has_queued(lane *l) {
     bool q = l->head != NULL;
     pthread_mutex_unlock(&lp->mu);
     return q;
+}
+
+size_t lanes_queued(lane_pool *lp, const char *key) {
+    pthread_mutex_lock(&lp->mu);
+    lane *l = NULL;
+    HASH_FIND_STR(lp->by_key, key, l);
+    size_t n = 0;
+    for (lane_job *j = l ? l->head : NULL; j; j = j->next) n++;
+    pthread_mutex_unlock(&lp->mu);
+    return n;
 }
 
 const char *lane_key(const lane *l) { return l->key; }

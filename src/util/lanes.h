@@ -70,11 +70,19 @@ size_t lanes_count_group(lane_pool *lp, const char *group);
  * running one, in order (they will not run on the lane), or NULL. */
 lane_job *lane_take_queued(lane *l);
 
+/* The same, at most the first `max` of them (the rest stay queued, in
+ * order); max 0 takes none. */
+lane_job *lane_take_queued_max(lane *l, size_t max);
+
 /* On the lane's own thread (inside run): whether jobs wait behind the running
  * one (a hint: a submit may add one right after). */
 bool lane_has_queued(lane *l);
 
 const char *lane_key(const lane *l);
+
+/* Jobs queued, not started, on the lane of `key` (0 when none runs): for
+ * tests that wait for work to be queued. */
+size_t lanes_queued(lane_pool *lp, const char *key);
 
 /* Lanes running now. */
 size_t lanes_count(lane_pool *lp);

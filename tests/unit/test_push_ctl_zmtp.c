@@ -42,6 +42,7 @@ typedef enum {
     S_BAD_REPLY,   /* answer with bytes that are not a reply */
     S_MULTI_REPLY, /* answer with two body frames */
     S_SILENT,      /* take the request, never answer, wait for the client to go */
+    S_GATHER3,     /* take three requests before answering any; the second {"ok": false} */
 } s_act;
 
 typedef struct server {
@@ -91,9 +92,38 @@ static bool s_next(zmtp_conn *z, int fd, zmtp_msg *m) {
     }
 }
 
+static const char reply_refused[] = "{\"ok\":false,\"error\":\"refused here\"}";
+
+/* S_GATHER3: only a client that wrote all three requests before reading a
+ * reply is answered at all. */
+static void s_gather3(server *s, zmtp_conn *z, int fd) {
+    uint8_t env[3][64];
+    size_t envn[3];
+    zmtp_msg m;
+    for (int i = 0; i < 3; i++) {
+        if (!s_next(z, fd, &m) || m.envelope_len > sizeof env[i]) return;
+        atomic_fetch_add(&s->requests, 1);
+        memcpy(env[i], m.envelope, m.envelope_len);
+        envn[i] = m.envelope_len;
+    }
+    for (int i = 0; i < 3; i++) {
+        const char *r = i == 1 ? reply_refused : reply_ok;
+        zmtp_conn_send_rep(z, env[i], envn[i], r, strlen(r));
+    }
+    if (!s_flush(z, fd, SIZE_MAX)) return;
+    uint8_t b;
+    while (recv(fd, &b, 1, 0) > 0) {
+    } /* until the client goes */
+}
+
 static void s_connection(server *s, int fd, s_act act) {
     zmtp_conn *z = NULL;
     if (zmtp_conn_new(ZMTP_REP, 1 << 20, &z) != 0) return;
+    if (act == S_GATHER3) {
+        s_gather3(s, z, fd);
+        zmtp_conn_free(z);
+        return;
+    }
     zmtp_msg m;
     while (act != S_CLOSE && s_next(z, fd, &m)) {
         atomic_fetch_add(&s->requests, 1);
@@ -458,6 +488,71 @@ static void test_libzmq_server_restarted(void **st) {
     zmq_ctx_term(z);
 }
 
+/* ctl_call_many runs n peers exchanges (all want_ok) on c. */
+static void call_many_peers(ctl_client *c, int port, size_t n, wire_ctl_reply *rep,
+                            ctl_exchange *x, char err[][160]) {
+    static const wire_ctl_request req = {.op = WIRE_OP_PEERS};
+    for (size_t i = 0; i < n; i++)
+        x[i] = (ctl_exchange){.req = &req, .rep = &rep[i], .want_ok = true, .err = err[i],
+                              .err_cap = 160};
+    ctl_call_many(c, "127.0.0.1", port, x, n);
+}
+
+/* Three exchanges pipelined: the server reads all three requests before it
+ * answers any (a client that waited for a reply first would only time out),
+ * and each gets its own outcome: the second's {"ok": false} fails only it,
+ * on the same connection. */
+static void test_many_pipelined(void **st) {
+    (void)st;
+    void *z = zmq_ctx_new();
+    server s;
+    server_start(&s, 1, (s_act[]){S_GATHER3});
+    ctl_client *c = client(z, LONG_MS, true);
+    wire_ctl_reply rep[3];
+    ctl_exchange x[3];
+    char err[3][160];
+    call_many_peers(c, s.port, 3, rep, x, err);
+    assert_int_equal(x[0].rc, 0);
+    assert_int_equal(rep[0].u.peers.ports[0], 5555);
+    assert_int_equal(x[1].rc, ECT_EPROTO);
+    assert_non_null(strstr(err[1], "refused here"));
+    assert_int_equal(x[2].rc, 0);
+    assert_int_equal(rep[2].u.peers.ports[0], 5555);
+    for (int i = 0; i < 3; i++) wire_ctl_reply_clear(&rep[i]);
+    ctl_client_close(c);
+    server_stop(&s);
+    assert_int_equal(atomic_load(&s.accepted), 1);
+    assert_int_equal(atomic_load(&s.requests), 3);
+    zmq_ctx_term(z);
+}
+
+/* A libzmq REP answers requests pipelined on one connection in order (the
+ * upstream consumer's socket); the wrong count is refused up front. */
+static void test_many_libzmq_rep(void **st) {
+    (void)st;
+    void *z = zmq_ctx_new();
+    zserver s;
+    zserver_start(&s, 0, 6);
+    ctl_client *c = client(z, LONG_MS, true);
+    wire_ctl_reply rep[CTL_MANY_MAX];
+    ctl_exchange x[CTL_MANY_MAX];
+    char err[CTL_MANY_MAX][160];
+    for (int round = 0; round < 2; round++) {
+        call_many_peers(c, s.port, 3, rep, x, err);
+        for (int i = 0; i < 3; i++) {
+            assert_int_equal(x[i].rc, 0);
+            assert_int_equal(rep[i].u.peers.ports[0], 5555);
+            wire_ctl_reply_clear(&rep[i]);
+        }
+    }
+    assert_err(ctl_call_many(c, "127.0.0.1", s.port, x, 0), ECT_EINVAL, "ctl_call_many");
+    assert_err(ctl_call_many(c, "127.0.0.1", s.port, x, CTL_MANY_MAX + 1), ECT_EINVAL,
+               "ctl_call_many");
+    ctl_client_close(c);
+    zserver_stop(&s);
+    zmq_ctx_term(z);
+}
+
 /* Host names and IPv6 literals, as the libzmq path takes them. */
 static void test_hosts(void **st) {
     (void)st;
@@ -500,6 +595,8 @@ int main(void) {
         cmocka_unit_test(test_server_comes_up_within_timeout),
         cmocka_unit_test(test_libzmq_server_restarted),
         cmocka_unit_test(test_hosts),
+        cmocka_unit_test(test_many_pipelined),
+        cmocka_unit_test(test_many_libzmq_rep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -45,6 +45,7 @@ typedef struct shard {
     atomic_bool fail_reserve;
     atomic_int die_after_op; /* close the socket after answering this op (0: never) */
     atomic_int delay_ms;     /* before answering reserve_batch */
+    atomic_bool hold;        /* a reserve_batch waits while set */
     /* counters */
     atomic_int n_op[WIRE_OP_CANCEL + 1];
     atomic_int n_items_cancel_refresh;
@@ -87,6 +88,7 @@ static void answer(shard *s, const void *buf, size_t len, char **out) {
             snprintf(rep.u.peers.transport, sizeof rep.u.peers.transport, "%s", s->f->kind);
         break;
     case WIRE_OP_RESERVE_BATCH: {
+        while (atomic_load(&s->hold)) test_nap_ms(1);
         if (atomic_load(&s->delay_ms)) {
             int in = atomic_fetch_add(&delaying_now, 1) + 1, max = atomic_load(&delaying_max);
             while (in > max && !atomic_compare_exchange_weak(&delaying_max, &max, in)) {
@@ -595,6 +597,58 @@ static void test_lone_steps_stay_on_the_lane(void **st) {
     (void)st;
     lone_steps("tcp");
     lone_steps("shm");
+}
+
+/* Waits until no thread runs the producer's rounds and no flush waits for
+ * one: every flushed item's reserve is on its lane. */
+static void wait_rounds_idle(ect_push_producer *p) {
+    for (;;) {
+        pthread_mutex_lock(&p->mu);
+        bool idle = !p->running && !p->kick && !p->ho.set;
+        pthread_mutex_unlock(&p->mu);
+        if (idle) return;
+        test_nap_ms(1);
+    }
+}
+
+/* Steps in flight ride together: while the shard holds step 0's
+ * reserve_batch, steps 1-3 are flushed (each its own reserve_batch) and
+ * queue on the address's lane; once it answers, the lane sends the three
+ * in one write, pipelined on its connection (a libzmq REP answers them in
+ * turn), and every complete rides that lane too: no second lane (thread,
+ * socket) per address. Every item lands, every byte checked. */
+static void test_steps_in_flight_pipelined(void **st) {
+    (void)st;
+    enum { STEPS = 4, K = 3 };
+    fake *f = fake_open(1, "tcp");
+    shard *s = &f->sh[0];
+    ect_push_producer *p = prod_open(30000, 150000);
+    atomic_store(&s->hold, true);
+    item_buf b[STEPS * K];
+    for (int step = 0; step < STEPS; step++) {
+        for (int j = 0; j < K; j++) {
+            item_make(&b[step * K + j], "fl", step * K + j, 65536);
+            ect_push_item it = item_of(&b[step * K + j], f->addr);
+            assert_int_equal(ect_push_producer_reserve(p, &it), 0);
+        }
+        assert_int_equal(ect_push_producer_flush(p), K);
+        if (step == 0) /* the shard holds it: the lane waits for its reply */
+            while (atomic_load(&s->n_op[WIRE_OP_RESERVE_BATCH]) < 1) test_nap_ms(1);
+        wait_rounds_idle(p);
+    }
+    assert_int_equal(lanes_queued(p->lanes, f->addr), STEPS - 1);
+    atomic_store(&s->hold, false);
+    ect_push_result r[STEPS * K];
+    wait_results(p, r, STEPS * K, 10);
+    for (int i = 0; i < STEPS * K; i++) assert_int_equal(r[i].status, 0);
+    for (int i = 0; i < STEPS * K; i++) expect_bytes(s, b[i].tid, b[i].seed, b[i].nbytes);
+    assert_true(pp_pipelined(p) >= STEPS - 2); /* steps 2 and 3 rode behind step 1 */
+    assert_int_equal(atomic_load(&s->n_op[WIRE_OP_RESERVE_BATCH]), STEPS);
+    assert_int_equal(lanes_count(p->lanes), 1); /* no completes lane */
+    expect_drained(f, p);
+    ect_push_producer_close(p);
+    fake_close(f);
+    for (int i = 0; i < STEPS * K; i++) free(b[i].data);
 }
 
 /* Shard 1 of 3 refuses: the item fails naming the cause, the reservations
@@ -1456,6 +1510,7 @@ int main(void) {
         cmocka_unit_test(test_release_off_the_caller_held_down),
         cmocka_unit_test(test_flush_on_a_running_lane),
         cmocka_unit_test(test_lone_steps_stay_on_the_lane),
+        cmocka_unit_test(test_steps_in_flight_pipelined),
         cmocka_unit_test(test_real_consumer),
         cmocka_unit_test(test_shm_steps_offered),
     };

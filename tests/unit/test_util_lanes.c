@@ -23,6 +23,7 @@ typedef struct job {
     atomic_bool *wait_for;            /* run blocks until this is true */
     atomic_bool *set;                 /* run sets this */
     bool take_behind;                 /* run takes the jobs queued behind it */
+    size_t take_max;                  /* at most this many of them (0: all) */
     bool queued_before, queued_after; /* lane_has_queued around that take */
 } job;
 
@@ -56,7 +57,7 @@ static void on_run(void *ctx, lane *l, void *state, lane_job *lj) {
     j->ran_on = pthread_self();
     if (j->take_behind) {
         j->queued_before = lane_has_queued(l);
-        taken = lane_take_queued(l);
+        taken = j->take_max ? lane_take_queued_max(l, j->take_max) : lane_take_queued(l);
         j->queued_after = lane_has_queued(l);
     }
     if (j->set) atomic_store(j->set, true);
@@ -177,6 +178,35 @@ static void test_take_queued_and_close(void **state) {
     lanes_close(NULL, true);
 }
 
+/* lane_take_queued_max takes the first `max` jobs behind the running one;
+ * the rest stay queued and run on the lane, in order. */
+static void test_take_queued_max(void **state) {
+    (void)state;
+    reset();
+    lane_pool *lp;
+    assert_int_equal(lanes_open(&OPS, 4, 60000, &lp), 0);
+    atomic_bool go = false;
+    static job j[6];
+    j[0].wait_for = &go;
+    j[0].take_behind = true;
+    j[0].take_max = 2;
+    for (int i = 0; i < 6; i++) assert_int_equal(submit(lp, &j[i], 0, i + 1), 0);
+    assert_true(lanes_queued(lp, "k0") >= 5); /* j[0] may have started */
+    assert_int_equal(lanes_queued(lp, "k9"), 0);
+    atomic_store(&go, true);
+    for (int i = 3; i < 6; i++) wait_true(&j[i].ran);
+    assert_int_equal(lanes_queued(lp, "k0"), 0);
+    int n = 0;
+    for (lane_job *q = taken; q; q = q->next) assert_ptr_equal(q, &j[1 + n++].lj);
+    assert_int_equal(n, 2);
+    assert_true(j[0].queued_after); /* three stayed */
+    for (int i = 1; i < 3; i++) assert_false(atomic_load(&j[i].ran));
+    /* the three left ran in order, after the taken ones' sequence numbers */
+    assert_int_equal(atomic_load(&order_errors), 1); /* j[3] follows j[0]: seq 4 after 1 */
+    assert_int_equal(atomic_load(&last_seq[0]), 6);
+    lanes_close(lp, false);
+}
+
 /* A group (a peer) holds at most group_max lanes: a new key of a full group
  * is refused, a job for a lane it runs already is queued, and another group
  * still gets a lane while the first group's lanes are blocked. */
@@ -227,6 +257,7 @@ int main(void) {
         cmocka_unit_test(test_order_parallel_and_limit),
         cmocka_unit_test(test_idle_lanes_end),
         cmocka_unit_test(test_take_queued_and_close),
+        cmocka_unit_test(test_take_queued_max),
         cmocka_unit_test(test_group_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
