@@ -44,8 +44,9 @@ typedef struct entry {
     char want[17]; /* checksum the producing side printed */
     char got[17];  /* checksum the consuming side computed */
     uint64_t nbytes;
-    bool have_want, have_got, settled;
-    UT_hash_handle hh;
+    uint64_t mm; /* push: XXH3 of the mm_hash the producer printed (moved items) */
+    bool have_want, have_got, settled, moved;
+    UT_hash_handle hh; /* pull: entries are found by mm_hash */
 } entry;
 
 typedef struct seen_hash {
@@ -63,7 +64,9 @@ typedef struct demo {
     const char *cons_keys, *prod_keys; /* NULL, or ckeys / pkeys */
     /* run */
     demo_procs procs;
-    entry *entries;
+    entry *entries; /* pull: by mm_hash */
+    entry *slots;   /* push: item i (transfer_id <id_prefix>-<i>) at [i] */
+    char id_prefix[32];
     seen_hash *seen;
     char **pull_hashes; /* pull: the producer's hashes in save order */
     size_t n_pull_hashes;
@@ -218,6 +221,31 @@ static entry *get_entry(demo *d, const char *key) {
     return e;
 }
 
+/* Push: the entry of transfer_id "<id_prefix>-<i>" (the demo chose the
+ * prefix), i < items, its key set; NULL for any other id. */
+static entry *push_entry(demo *d, const char *id) {
+    size_t lp = strlen(d->id_prefix);
+    if (strncmp(id, d->id_prefix, lp) != 0 || id[lp] != '-') return NULL;
+    const char *p = id + lp + 1;
+    if (!*p || (*p == '0' && p[1])) return NULL;
+    uint64_t i = 0;
+    for (; *p; p++) {
+        if (*p < '0' || *p > '9' || i >= d->items) return NULL;
+        i = i * 10 + (uint64_t)(*p - '0');
+    }
+    if (i >= d->items) return NULL;
+    entry *e = &d->slots[i];
+    if (!e->key[0]) memcpy(e->key, id, (size_t)(p - id) + 1); /* < 64 bytes */
+    return e;
+}
+
+/* Push: the earlier item whose content item i repeats (ect push --repeat
+ * BATCH_NEW:BATCH_REP), or NULL for a new one. */
+static const entry *repeated_item(const demo *d, const entry *e) {
+    uint64_t i = (uint64_t)(e - d->slots), r = i % (BATCH_NEW + BATCH_REP);
+    return r < BATCH_NEW ? NULL : e - BATCH_NEW;
+}
+
 static void settle(demo *d, entry *e) {
     if (e->settled || !e->have_want || !e->have_got) return;
     e->settled = true;
@@ -270,8 +298,11 @@ static void push_line(demo *d, int child, const demo_line *o) {
         return;
     }
     const char *id = demo_line_str(o, "transfer_id");
-    entry *e = *id ? get_entry(d, id) : NULL;
-    if (!e) return;
+    entry *e = push_entry(d, id);
+    if (!e) {
+        item_failed(d, *id ? id : "a line", "not an item of this run");
+        return;
+    }
     if (child == SLOT_CONSUMER) {
         snprintf(e->got, sizeof e->got, "%s", demo_line_str(o, "checksum"));
         e->have_got = true;
@@ -285,7 +316,13 @@ static void push_line(demo *d, int child, const demo_line *o) {
         }
         d->moved++;
         if (demo_line_int(o, "retries") > 0) d->retried++;
-        note_hash(d, demo_line_str(o, "mm_hash"));
+        /* a dedup hit: the same mm_hash as the item whose content it repeats,
+         * moved before */
+        const char *mm = demo_line_str(o, "mm_hash");
+        e->mm = cli_checksum(mm, strlen(mm));
+        e->moved = true;
+        const entry *first = repeated_item(d, e);
+        d->dedup += first && first->moved && first->mm == e->mm;
         snprintf(e->want, sizeof e->want, "%s", demo_line_str(o, "checksum"));
         e->nbytes = (uint64_t)demo_line_int(o, "nbytes");
         e->have_want = true;
@@ -487,7 +524,10 @@ static bool start_push_consumer(demo *d, int *port, long long deadline, const ch
 /* Items the producer reported that have not settled yet. */
 static uint64_t unsettled(const demo *d) {
     uint64_t n = 0;
-    for (const entry *e = d->entries; e; e = e->hh.next) n += !e->settled;
+    for (uint64_t i = 0; i < d->items; i++) {
+        const entry *e = &d->slots[i];
+        n += (e->have_want || e->have_got) && !e->settled;
+    }
     return n;
 }
 
@@ -543,6 +583,8 @@ static bool push_round(demo *d, int port, uint64_t seed, uint64_t count, long lo
                     "--tp",
                     tp,
                     "--wait-go",
+                    "--id-prefix",
+                    d->id_prefix,
                     d->prod_keys ? "--curve-keys" : NULL,
                     (char *)d->prod_keys,
                     NULL};
@@ -584,8 +626,8 @@ static bool run_push(demo *d, const char **why) {
     for (;;) {
         if (!unsettled(d)) break;
         if (now_ms() > until) {
-            for (entry *e = d->entries; e; e = e->hh.next)
-                if (!e->settled) {
+            for (entry *e = d->slots; e < d->slots + d->items; e++)
+                if ((e->have_want || e->have_got) && !e->settled) {
                     e->settled = true;
                     item_failed(d, e->key,
                                 e->have_want ? "never reached the consumer's engine"
@@ -960,13 +1002,18 @@ int cmd_demo(int argc, char **argv) {
                                "size that is even and at most 256 MiB");
 
     d.lat_ns = calloc(d.items, sizeof *d.lat_ns);
-    if (!d.lat_ns) {
+    d.slots = strcmp(d.protocol, "push") == 0 ? calloc(d.items, sizeof *d.slots) : NULL;
+    if (!d.lat_ns || (!d.slots && strcmp(d.protocol, "push") == 0)) {
         fprintf(stderr, "ect demo: out of memory\n");
+        free(d.lat_ns);
+        free(d.slots);
         return CLI_EXIT_FAIL;
     }
+    snprintf(d.id_prefix, sizeof d.id_prefix, "demo-%d", (int)getpid());
     if (d.keys && !make_keys(&d)) {
         remove_keys(&d);
         free(d.lat_ns);
+        free(d.slots);
         return CLI_EXIT_FAIL;
     }
     d.tty = isatty(STDOUT_FILENO);
@@ -1040,6 +1087,7 @@ int cmd_demo(int argc, char **argv) {
     for (size_t i = 0; i < d.n_pull_hashes; i++) free(d.pull_hashes[i]);
     free(d.pull_hashes);
     free(d.lat_ns);
+    free(d.slots);
     remove_keys(&d);
     return pass ? CLI_EXIT_OK : CLI_EXIT_FAIL;
 }
