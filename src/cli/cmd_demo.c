@@ -823,8 +823,8 @@ static void report(demo *d, const span *sp) {
     else
         printf("  time        %.2f s transfer, %.2f s in all (%s)\n", sp->secs, sp->all_secs,
                strcmp(d->protocol, "push") == 0
-                   ? "start-up and the first step, moved alone, before the transfer clock"
-                   : "start-up before the transfer clock");
+                   ? "start-up and a first step moved alone before the clock"
+                   : "start-up before the clock");
     printf("  throughput  %.2f GB/s (%.1f items/s) over %s (%" PRIu64 " items)\n",
            per_sec((double)sp->bytes, sp->secs) / 1e9, per_sec((double)sp->items, sp->secs),
            sp->whole ? "the run in all: every item went in the first step" : "the transfer",
