@@ -82,6 +82,7 @@ echo go | "${wg[@]}" --id-prefix go >"$tmp/wg.go" 2>"$tmp/wg.go.err" ||
 [ "$(grep -c '"state":"done"' "$tmp/wg.go")" -eq 12 ] &&
   [ "$(sed -n 5p "$tmp/wg.go")" = '{"event":"ready","warmup_items":4}' ] ||
   { cat "$tmp/wg.go"; echo "--wait-go with go: not 4 lines, ready, 8 lines"; exit 1; }
+wait_items "$tmp/wg.cons" 16 # the consumer took all 4 + 12 before it is stopped
 stop_consumer "$tmp/wg.cons"
 echo "push --wait-go: first step alone, ready, exit 1 without a go, every item with it"
 
