@@ -300,9 +300,10 @@ static void push_line(demo *d, int child, const demo_line *o) {
         return;
     }
     const char *id = demo_line_str(o, "transfer_id");
+    if (!*id) return; /* not an item's line */
     entry *e = push_entry(d, id);
     if (!e) {
-        item_failed(d, *id ? id : "a line", "not an item of this run");
+        item_failed(d, id, "not an item of this run");
         return;
     }
     if (child == SLOT_CONSUMER) {
