@@ -44,8 +44,9 @@ typedef struct entry {
     char want[17]; /* checksum the producing side printed */
     char got[17];  /* checksum the consuming side computed */
     uint64_t nbytes;
-    bool have_want, have_got, settled;
-    UT_hash_handle hh;
+    uint64_t mm; /* push: XXH3 of the mm_hash the producer printed (moved items) */
+    bool have_want, have_got, settled, moved;
+    UT_hash_handle hh; /* pull: entries are found by mm_hash */
 } entry;
 
 typedef struct seen_hash {
@@ -63,7 +64,9 @@ typedef struct demo {
     const char *cons_keys, *prod_keys; /* NULL, or ckeys / pkeys */
     /* run */
     demo_procs procs;
-    entry *entries;
+    entry *entries; /* pull: by mm_hash */
+    entry *slots;   /* push: item i (transfer_id <id_prefix>-<i>) at [i] */
+    char id_prefix[32];
     seen_hash *seen;
     char **pull_hashes; /* pull: the producer's hashes in save order */
     size_t n_pull_hashes;
@@ -74,14 +77,24 @@ typedef struct demo {
      * after waiting for room (push) or a second attempt (pull) */
     uint64_t sent, moved, retried, verified, failed, mismatched, dedup, bytes;
     bool consumer_ready;
+    bool producer_ready; /* push: ect push --wait-go reported its first step */
+    bool went;           /* push: the go was sent */
     int pull_port;
     bool tty;
     bool bench;        /* --bench: `ect bench push` of the same size after the run */
     uint64_t inflight; /* push: steps in flight (ect push --inflight) */
-    /* t_start: the producing side started; t_settled: the last item settled
-     * (verified, mismatched or failed), 0 until then — the report's time
-     * span, which leaves out stopping the children afterwards */
-    long long t_start, t_settled, t_last_progress;
+    /* t_begin: the demo started (before any child); t_start: the transfer
+     * clock's start (push: the go, after the first step went alone; pull:
+     * the first `ect pull` started); t_settled: the last item settled
+     * (verified, mismatched or failed), 0 until then. The transfer span
+     * [t_start, t_settled] is what the report's rate and `vs bench` use;
+     * [t_begin, t_settled] is the run in all. Stopping the children after
+     * is in neither. */
+    long long t_begin, t_start, t_settled, t_last_progress, t_ready;
+    long long t_serving; /* the consuming side's ready event (push: the consumer's) */
+    /* verified items and their bytes when the transfer clock started (the
+     * first step's, moved before it) */
+    uint64_t verified_at_go, bytes_at_go;
     uint64_t next_plain;
 } demo;
 
@@ -181,10 +194,17 @@ static void help(void) {
         "\n"
         "Prints a live progress line on a terminal (plain lines otherwise), then a report:\n"
         "items moved (the bytes arrived), verified (checksums equal), retried (moved after\n"
-        "waiting for room in a full pool) and failed, bytes, time (from starting the\n"
-        "producing side to the last item verified or failed; stopping the children after\n"
-        "that is not counted), throughput over that time, per-item latency p50/p99, dedup\n"
-        "hits, failures.\n"
+        "waiting for room in a full pool) and failed, bytes, time, throughput, per-item\n"
+        "latency p50/p99, dedup hits, failures.\n"
+        "Time: the transfer, and the run in all. Push: `ect push --wait-go` moves its first\n"
+        "step (8 items) alone, which connects it (discovery, data-plane session), and says\n"
+        "so; once those items are verified and the consumer serves, the demo starts the\n"
+        "transfer clock and sends it the go: the transfer runs from the go to the last item\n"
+        "verified or failed, as `ect bench push` times its pushes after its own set-up and\n"
+        "warm-up. Pull: from starting the first `ect pull` (each round's start-up is in it).\n"
+        "In all: from the demo's start, the children's start-up included. Throughput (and\n"
+        "`vs bench`) is over the transfer, counting the items verified in it (push: all but\n"
+        "the first step's); stopping the children is in neither time.\n"
         "Exit status: 0 when every item arrived with equal checksums, 1 otherwise (or on\n"
         "SIGINT; the children are always stopped), 2 for bad flags.\n");
 }
@@ -200,6 +220,31 @@ static entry *get_entry(demo *d, const char *key) {
     snprintf(e->key, sizeof e->key, "%s", key);
     HASH_ADD_STR(d->entries, key, e);
     return e;
+}
+
+/* Push: the entry of transfer_id "<id_prefix>-<i>" (the demo chose the
+ * prefix), i < items, its key set; NULL for any other id. */
+static entry *push_entry(demo *d, const char *id) {
+    size_t lp = strlen(d->id_prefix);
+    if (strncmp(id, d->id_prefix, lp) != 0 || id[lp] != '-') return NULL;
+    const char *p = id + lp + 1;
+    if (!*p || (*p == '0' && p[1])) return NULL;
+    uint64_t i = 0;
+    for (; *p; p++) {
+        if (*p < '0' || *p > '9' || i >= d->items) return NULL;
+        i = i * 10 + (uint64_t)(*p - '0');
+    }
+    if (i >= d->items) return NULL;
+    entry *e = &d->slots[i];
+    if (!e->key[0]) memcpy(e->key, id, (size_t)(p - id) + 1); /* < 64 bytes */
+    return e;
+}
+
+/* Push: the earlier item whose content item i repeats (ect push --repeat
+ * BATCH_NEW:BATCH_REP), or NULL for a new one. */
+static const entry *repeated_item(const demo *d, const entry *e) {
+    uint64_t i = (uint64_t)(e - d->slots), r = i % (BATCH_NEW + BATCH_REP);
+    return r < BATCH_NEW ? NULL : e - BATCH_NEW;
 }
 
 static void settle(demo *d, entry *e) {
@@ -246,13 +291,21 @@ static bool is_ready(const demo_line *o) { return strcmp(demo_line_str(o, "event
 
 static void push_line(demo *d, int child, const demo_line *o) {
     if (!o) return;
-    if (child == SLOT_CONSUMER && is_ready(o)) {
-        d->consumer_ready = true;
+    if (is_ready(o)) {
+        if (child == SLOT_CONSUMER) {
+            d->consumer_ready = true;
+            d->t_serving = now_ms();
+        } else
+            d->producer_ready = true;
         return;
     }
     const char *id = demo_line_str(o, "transfer_id");
-    entry *e = *id ? get_entry(d, id) : NULL;
-    if (!e) return;
+    if (!*id) return; /* not an item's line */
+    entry *e = push_entry(d, id);
+    if (!e) {
+        item_failed(d, id, "not an item of this run");
+        return;
+    }
     if (child == SLOT_CONSUMER) {
         snprintf(e->got, sizeof e->got, "%s", demo_line_str(o, "checksum"));
         e->have_got = true;
@@ -266,7 +319,13 @@ static void push_line(demo *d, int child, const demo_line *o) {
         }
         d->moved++;
         if (demo_line_int(o, "retries") > 0) d->retried++;
-        note_hash(d, demo_line_str(o, "mm_hash"));
+        /* a dedup hit: the same mm_hash as the item whose content it repeats,
+         * moved before */
+        const char *mm = demo_line_str(o, "mm_hash");
+        e->mm = cli_checksum(mm, strlen(mm));
+        e->moved = true;
+        const entry *first = repeated_item(d, e);
+        d->dedup += first && first->moved && first->mm == e->mm;
         snprintf(e->want, sizeof e->want, "%s", demo_line_str(o, "checksum"));
         e->nbytes = (uint64_t)demo_line_int(o, "nbytes");
         e->have_want = true;
@@ -346,7 +405,7 @@ static void on_line(void *user, int child, bool is_stderr, char *line) {
 static void progress(demo *d, bool final) {
     long long t = now_ms();
     double secs = (double)(t - d->t_start) / 1000.0;
-    double gbps = secs > 0 ? (double)d->bytes / secs / 1e9 : 0;
+    double gbps = secs > 0 ? (double)(d->bytes - d->bytes_at_go) / secs / 1e9 : 0;
     char b[32];
     cli_fmt_size(d->bytes, b, sizeof b);
     if (d->tty) {
@@ -374,11 +433,11 @@ static void note_settled(demo *d) {
         d->t_settled = now_ms();
 }
 
-/* The report's time span in seconds: from the start of the producing side
- * to the last item settled (or to now, when not every item did). */
-static double run_secs(const demo *d) {
+/* Seconds from `from` to the last item settled (or to now, when not every
+ * item did). */
+static double secs_since(const demo *d, long long from) {
     long long end = d->t_settled ? d->t_settled : now_ms();
-    return (double)(end - d->t_start) / 1000.0;
+    return (double)(end - from) / 1000.0;
 }
 
 /* Pumps output for up to ms; false when interrupted or past the deadline. */
@@ -465,6 +524,32 @@ static bool start_push_consumer(demo *d, int *port, long long deadline, const ch
     return false;
 }
 
+/* Items the producer reported that have not settled yet. */
+static uint64_t unsettled(const demo *d) {
+    uint64_t n = 0;
+    for (uint64_t i = 0; i < d->items; i++) {
+        const entry *e = &d->slots[i];
+        n += (e->have_want || e->have_got) && !e->settled;
+    }
+    return n;
+}
+
+/* Push: once `ect push --wait-go` reported its first step (sent alone: it
+ * connected) and those items settled on both sides (or 15 s passed: they
+ * fail at the end), starts the transfer clock and sends the go. False when
+ * the go cannot be sent. */
+static bool maybe_go(demo *d) {
+    if (d->went || !d->producer_ready) return true;
+    long long now = now_ms();
+    if (!d->t_ready) d->t_ready = now;
+    if (unsettled(d) && now - d->t_ready < 15000) return true;
+    d->went = true;
+    d->verified_at_go = d->verified;
+    d->bytes_at_go = d->bytes;
+    d->t_start = now_ms();
+    return demo_send(&d->procs, SLOT_PRODUCER, "go");
+}
+
 /* Runs one `ect push` of count items (the whole workload: --repeat gives
  * every block of BATCH_NEW new items BATCH_REP repeats of its first ones) and
  * waits for it to exit. --inflight steps of DEMO_STEP move at once; it
@@ -500,6 +585,9 @@ static bool push_round(demo *d, int port, uint64_t seed, uint64_t count, long lo
                     tmo,
                     "--tp",
                     tp,
+                    "--wait-go",
+                    "--id-prefix",
+                    d->id_prefix,
                     d->prod_keys ? "--curve-keys" : NULL,
                     (char *)d->prod_keys,
                     NULL};
@@ -510,6 +598,10 @@ static bool push_round(demo *d, int port, uint64_t seed, uint64_t count, long lo
     }
     while (!demo_exited(&d->procs, SLOT_PRODUCER)) {
         if (!pump(d, 50, deadline, why)) return false;
+        if (!maybe_go(d)) {
+            *why = "cannot send ect push its go";
+            return false;
+        }
         if (demo_exited(&d->procs, SLOT_CONSUMER)) {
             *why = "ect push-consumer exited during the run";
             return false;
@@ -531,17 +623,14 @@ static bool run_push(demo *d, const char **why) {
     long long deadline = now_ms() + (long long)d->timeout_ms;
     int port;
     if (!start_push_consumer(d, &port, deadline, why)) return false;
-    d->t_start = now_ms();
     if (!push_round(d, port, 1, d->items, deadline, why)) return false;
     /* the consumer prints an item once every rank took it: wait for the rest */
     long long until = now_ms() + 15000;
     for (;;) {
-        uint64_t pending = 0;
-        for (entry *e = d->entries; e; e = e->hh.next) pending += !e->settled;
-        if (!pending) break;
+        if (!unsettled(d)) break;
         if (now_ms() > until) {
-            for (entry *e = d->entries; e; e = e->hh.next)
-                if (!e->settled) {
+            for (entry *e = d->slots; e < d->slots + d->items; e++)
+                if ((e->have_want || e->have_got) && !e->settled) {
                     e->settled = true;
                     item_failed(d, e->key,
                                 e->have_want ? "never reached the consumer's engine"
@@ -690,7 +779,33 @@ static bool run_pull(demo *d, const char **why) {
 
 /* ---------------------------------------------------------------- report */
 
-static void report(demo *d, double secs) {
+/* What the report's rate is over: the transfer span (from the transfer
+ * clock's start to the last item settled) and the items verified in it;
+ * the whole run when none was (every item went before the clock, in the
+ * first step). all_secs: the run in all, start-up included. */
+typedef struct span {
+    double secs, all_secs;
+    uint64_t items, bytes;
+    bool whole;
+} span;
+
+static span transfer_span(const demo *d) {
+    span s = {.secs = secs_since(d, d->t_start),
+              .all_secs = secs_since(d, d->t_begin),
+              .items = d->verified - d->verified_at_go,
+              .bytes = d->bytes - d->bytes_at_go};
+    if (!s.items)
+        s = (span){.secs = s.all_secs,
+                   .all_secs = s.all_secs,
+                   .items = d->verified,
+                   .bytes = d->bytes,
+                   .whole = true};
+    return s;
+}
+
+static double per_sec(double x, double secs) { return secs > 0 ? x / secs : 0.0; }
+
+static void report(demo *d, const span *sp) {
     char b[32], isz[32];
     cli_fmt_size(d->bytes, b, sizeof b);
     cli_fmt_size(d->item_bytes, isz, sizeof isz);
@@ -704,10 +819,22 @@ static void report(demo *d, double secs) {
            " verified (checksums equal end to end), %" PRIu64 " retried, %" PRIu64 " failed\n",
            d->moved - d->mismatched, d->verified, d->retried, failures);
     printf("  bytes       %s\n", b);
-    printf("  time        %.2f s\n", secs);
-    printf("  throughput  %.2f GB/s (%.1f items/s)\n",
-           secs > 0 ? (double)d->bytes / secs / 1e9 : 0.0,
-           secs > 0 ? (double)d->verified / secs : 0.0);
+    if (sp->whole)
+        printf("  time        %.2f s in all (no transfer span: every item went in the first "
+               "step, moved alone before the transfer clock)\n",
+               sp->all_secs);
+    else if (strcmp(d->protocol, "push") == 0 && d->went)
+        printf("  time        %.2f s transfer, %.2f s in all (before the clock: %.2f s starting "
+               "the consumer, %.2f s ect push and its first step alone)\n",
+               sp->secs, sp->all_secs, (double)(d->t_serving - d->t_begin) / 1000.0,
+               (double)(d->t_start - d->t_serving) / 1000.0);
+    else
+        printf("  time        %.2f s transfer, %.2f s in all (start-up before the clock)\n",
+               sp->secs, sp->all_secs);
+    printf("  throughput  %.2f GB/s (%.1f items/s) over %s (%" PRIu64 " items)\n",
+           per_sec((double)sp->bytes, sp->secs) / 1e9, per_sec((double)sp->items, sp->secs),
+           sp->whole ? "the run in all: every item went in the first step" : "the transfer",
+           sp->items);
     printf("  latency     p50 %.2f ms, p99 %.2f ms per item (%s)\n",
            (double)cli_pct_u64(d->lat_ns, d->n_lat, 50) / 1e6,
            (double)cli_pct_u64(d->lat_ns, d->n_lat, 99) / 1e6,
@@ -881,13 +1008,18 @@ int cmd_demo(int argc, char **argv) {
                                "size that is even and at most 256 MiB");
 
     d.lat_ns = calloc(d.items, sizeof *d.lat_ns);
-    if (!d.lat_ns) {
+    d.slots = strcmp(d.protocol, "push") == 0 ? calloc(d.items, sizeof *d.slots) : NULL;
+    if (!d.lat_ns || (!d.slots && strcmp(d.protocol, "push") == 0)) {
         fprintf(stderr, "ect demo: out of memory\n");
+        free(d.lat_ns);
+        free(d.slots);
         return CLI_EXIT_FAIL;
     }
+    snprintf(d.id_prefix, sizeof d.id_prefix, "demo-%d", (int)getpid());
     if (d.keys && !make_keys(&d)) {
         remove_keys(&d);
         free(d.lat_ns);
+        free(d.slots);
         return CLI_EXIT_FAIL;
     }
     d.tty = isatty(STDOUT_FILENO);
@@ -898,7 +1030,8 @@ int cmd_demo(int argc, char **argv) {
      * the parent woke ~1,400 times per 10,000 items and spent a quarter of
      * its CPU switching (docs/BENCHMARKS.md, issue 13 fifth pass) */
     d.procs.batch_ms = 2;
-    for (int i = 0; i < DEMO_MAX_CHILDREN; i++) d.procs.c[i].fd[0] = d.procs.c[i].fd[1] = -1;
+    for (int i = 0; i < DEMO_MAX_CHILDREN; i++)
+        d.procs.c[i].fd[0] = d.procs.c[i].fd[1] = d.procs.c[i].in = -1;
     struct sigaction sa, old_int, old_term;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal; /* no SA_RESTART: poll returns at once */
@@ -921,18 +1054,17 @@ int cmd_demo(int argc, char **argv) {
                "other)\n",
                d.ckeys, d.pkeys);
     fflush(stdout);
-    long long t0 = now_ms();
-    d.t_start = t0;
+    d.t_begin = d.t_start = now_ms();
     const char *why = NULL;
     bool ok = strcmp(d.protocol, "push") == 0 ? run_push(&d, &why) : run_pull(&d, &why);
-    double secs = run_secs(&d);
+    span sp = transfer_span(&d);
     demo_stop_all(&d.procs);
     progress(&d, true);
-    report(&d, secs);
+    report(&d, &sp);
     if (!ok) fprintf(stderr, "ect demo: %s\n", why);
     bool pass = ok && d.verified == d.items && d.failed == 0 && d.mismatched == 0;
     if (pass && d.bench && !stop_flag) {
-        double mine = secs > 0 ? (double)d.verified / secs : 0.0, b = bench_items_s(&d);
+        double mine = per_sec((double)sp.items, sp.secs), b = bench_items_s(&d);
         if (b > 0)
             printf("  vs bench    %.2f x `ect bench push` (%.1f items/s; like for like, as its "
                    "row says: %s items, steps of " DEMO_STEP ", %" PRIu64 " in flight, %s; "
@@ -961,6 +1093,7 @@ int cmd_demo(int argc, char **argv) {
     for (size_t i = 0; i < d.n_pull_hashes; i++) free(d.pull_hashes[i]);
     free(d.pull_hashes);
     free(d.lat_ns);
+    free(d.slots);
     remove_keys(&d);
     return pass ? CLI_EXIT_OK : CLI_EXIT_FAIL;
 }

@@ -32,7 +32,7 @@ static void help(void) {
         "                [--file F] [--step K] [--seed S] [--id-prefix P] [--timeout D]\n"
         "                [--control-timeout D] [--transport tcp|shm|ucx] [--tp N]\n"
         "                [--repeat NEW:REP] [--push-wait D] [--device cpu|cuda|cuda:N]\n"
-        "                [--inflight N] [--curve-keys DIR]\n\n"
+        "                [--inflight N] [--wait-go] [--curve-keys DIR]\n\n"
         "Pushes items into the consumer instance whose TP rank 0 serves control requests at\n"
         "HOST:PORT (`ect push-consumer`): reserve on every shard (found through `peers`), one\n"
         "batched write per destination session, complete on every shard. The data plane\n"
@@ -51,6 +51,11 @@ static void help(void) {
         "                        the previous one's results; N: up to N steps move at once,\n"
         "                        counted from the oldest unfinished one; the consumer still\n"
         "                        receives the items in push order)\n"
+        "  --wait-go             start-up apart from the transfer (what `ect demo` times): the\n"
+        "                        first step goes alone (it connects: discovery, the data-plane\n"
+        "                        sessions); once its items are reported, print\n"
+        "                        {\"event\":\"ready\",\"warmup_items\":K} and wait for a line \"go\"\n"
+        "                        on stdin before the next step; stdin ending first: exit 1\n"
         "  --seed S              synthetic content seed (default 1)\n"
         "  --repeat NEW:REP      in every block of NEW + REP items, the last REP carry the\n"
         "                        content of the block's first REP (same mm_hash: dedup hits);\n"
@@ -254,6 +259,18 @@ static slot *find_slot(slot *slots, const char *pfx, const char *tid, uint64_t s
     return !s->reported && s->index == i && !strcmp(s->tid, tid) ? s : NULL;
 }
 
+/* --wait-go: the ready event (the first step's k items are reported), then
+ * a line "go" on stdin. False, saying why, when stdin ends or says
+ * anything else first. */
+static bool await_go(size_t k) {
+    printf("{\"event\":\"ready\",\"warmup_items\":%zu}\n", k);
+    fflush(stdout);
+    char line[16];
+    if (fgets(line, sizeof line, stdin) && strcmp(line, "go\n") == 0) return true;
+    fprintf(stderr, "ect push: --wait-go: stdin ended (or said something else) before \"go\"\n");
+    return false;
+}
+
 static int read_file(const char *path, void **data, uint64_t *n) {
     FILE *f = fopen(path, "rb");
     if (!f) {
@@ -314,6 +331,7 @@ int cmd_push(int argc, char **argv) {
                                          {"device", required_argument, 0, 'D'},
                                          {"curve-keys", required_argument, 0, 'K'},
                                          {"inflight", required_argument, 0, 'F'},
+                                         {"wait-go", no_argument, 0, 'G'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *curve_keys = NULL;
@@ -325,10 +343,10 @@ int cmd_push(int argc, char **argv) {
     uint64_t shape[ECT_POOL_MAX_NDIM] = {576, 4096};
     uint64_t repeat[2] = {0, 0}; /* --repeat NEW:REP; 0: every item new */
     size_t ndim = 2;
-    bool have_size = false, have_shape = false;
+    bool have_size = false, have_shape = false, wait_go = false;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "t:n:s:S:d:f:k:r:p:T:C:x:P:R:W:D:F:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "t:n:s:S:d:f:k:r:p:T:C:x:P:R:W:D:F:Gh", opts, NULL)) != -1) {
         switch (c) {
         case 't': to = optarg; break;
         case 'n':
@@ -399,6 +417,7 @@ int cmd_push(int argc, char **argv) {
             break;
         }
         case 'K': curve_keys = optarg; break;
+        case 'G': wait_go = true; break;
         case 'h': help(); return CLI_EXIT_OK;
         default: return cli_bad_flag(CMD, opts);
         }
@@ -523,9 +542,17 @@ int cmd_push(int argc, char **argv) {
      * [oldest, next) */
     uint64_t nsteps = (count + step - 1) / step, oldest = 0, next = 0;
     bool stop_starting = rc != CLI_EXIT_OK, gave_up = false;
-    while (!gave_up && (oldest < next || (!stop_starting && next < nsteps))) {
+    bool held = wait_go; /* --wait-go: the first step alone, then wait for the go */
+    while (!gave_up && (oldest < next || (!stop_starting && (next < nsteps || held)))) {
+        if (held && next > 0 && oldest == next) { /* the first step is reported */
+            held = false;
+            if (!await_go(win[0].k)) {
+                rc = CLI_EXIT_FAIL;
+                break;
+            }
+        }
         /* start steps while the window has room */
-        while (!stop_starting && next < nsteps && next - oldest < inflight) {
+        while (!stop_starting && next < nsteps && next - oldest < inflight && !(held && next > 0)) {
             start_step(&win[next % inflight], p, slots, next, count, step, nbank, to, shape, ndim,
                        dtype, nbytes, file ? (fdev ? fdev : fdata) : NULL, timeout_ms, &n_failed);
             next++;

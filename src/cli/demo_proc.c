@@ -22,29 +22,30 @@
 
 static long long now_ms(void) { return (long long)cli_now_ms(); }
 
+/* Closes both ends of each of n pipes. */
+static void close_pipes(int (*pp)[2], int n) {
+    for (int i = 0; i < n; i++) {
+        close(pp[i][0]);
+        close(pp[i][1]);
+    }
+}
+
 bool demo_spawn(demo_procs *p, int slot, const char *name, char *const argv[]) {
     demo_child *c = &p->c[slot];
-    int out[2], err[2];
-    if (pipe2(out, O_CLOEXEC) != 0) {
-        fprintf(stderr, "ect demo: pipe: %s\n", strerror(errno));
-        return false;
-    }
-    if (pipe2(err, O_CLOEXEC) != 0) {
-        fprintf(stderr, "ect demo: pipe: %s\n", strerror(errno));
-        close(out[0]);
-        close(out[1]);
-        return false;
-    }
+    int pp[3][2]; /* the child's stdout, stderr, stdin */
+    for (int i = 0; i < 3; i++)
+        if (pipe2(pp[i], O_CLOEXEC) != 0) {
+            fprintf(stderr, "ect demo: pipe: %s\n", strerror(errno));
+            close_pipes(pp, i);
+            return false;
+        }
     pid_t parent = getpid();
     fflush(stdout);
     fflush(stderr);
     pid_t pid = fork();
     if (pid < 0) {
         fprintf(stderr, "ect demo: fork: %s\n", strerror(errno));
-        close(out[0]);
-        close(out[1]);
-        close(err[0]);
-        close(err[1]);
+        close_pipes(pp, 3);
         return false;
     }
     if (pid == 0) {
@@ -55,8 +56,9 @@ bool demo_spawn(demo_procs *p, int slot, const char *name, char *const argv[]) {
         signal(SIGINT, SIG_DFL);
         signal(SIGTERM, SIG_DFL);
         signal(SIGPIPE, SIG_DFL);
-        dup2(out[1], STDOUT_FILENO);
-        dup2(err[1], STDERR_FILENO);
+        dup2(pp[0][1], STDOUT_FILENO);
+        dup2(pp[1][1], STDERR_FILENO);
+        dup2(pp[2][0], STDIN_FILENO);
         size_t n = 0;
         while (argv[n]) n++;
         char **full = calloc(n + 2, sizeof *full);
@@ -67,17 +69,43 @@ bool demo_spawn(demo_procs *p, int slot, const char *name, char *const argv[]) {
         fprintf(stderr, "ect demo: exec /proc/self/exe: %s\n", strerror(errno));
         _exit(127);
     }
-    close(out[1]);
-    close(err[1]);
+    close(pp[0][1]);
+    close(pp[1][1]);
+    close(pp[2][0]);
+    if (c->pid != 0 && c->in >= 0) close(c->in); /* the slot's previous child's */
     /* room for the lines of a batch_ms pause and more: the child never
      * waits on a full pipe meanwhile (a refusal leaves the default 64 KiB) */
-    fcntl(out[0], F_SETPIPE_SZ, 1 << 20);
+    fcntl(pp[0][0], F_SETPIPE_SZ, 1 << 20);
     memset(c, 0, sizeof *c);
     c->pid = pid;
-    c->fd[0] = out[0];
-    c->fd[1] = err[0];
+    c->fd[0] = pp[0][0];
+    c->fd[1] = pp[1][0];
+    c->in = pp[2][1];
     snprintf(c->name, sizeof c->name, "%s", name);
     return true;
+}
+
+bool demo_send(demo_procs *p, int slot, const char *line) {
+    demo_child *c = &p->c[slot];
+    if (c->in < 0) return false;
+    size_t n = strlen(line);
+    char *buf = malloc(n + 1);
+    if (!buf) return false;
+    memcpy(buf, line, n);
+    buf[n++] = '\n';
+    /* a child gone makes the write fail with EPIPE, not kill the parent */
+    struct sigaction ign = {.sa_handler = SIG_IGN}, old;
+    sigaction(SIGPIPE, &ign, &old);
+    size_t done = 0;
+    while (done < n) {
+        ssize_t w = write(c->in, buf + done, n - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) break;
+        done += (size_t)w;
+    }
+    sigaction(SIGPIPE, &old, NULL);
+    free(buf);
+    return done == n;
 }
 
 static void keep_tail(demo_child *c, const char *line) {
@@ -177,6 +205,8 @@ static void reap(demo_procs *p, bool all) {
         if (waitpid(c->pid, &st, WNOHANG) == c->pid) {
             c->status = st;
             c->pid = -1;
+            if (c->in >= 0) close(c->in);
+            c->in = -1;
         }
     }
 }
@@ -226,6 +256,8 @@ int demo_stop(demo_procs *p, int slot, int sig, int grace_ms) {
     /* drain what the child left in its pipes (bounded: the writer is gone) */
     end = now_ms() + 1000;
     while ((c->fd[0] >= 0 || c->fd[1] >= 0) && now_ms() < end) demo_pump(p, 20);
+    if (c->in >= 0) close(c->in);
+    c->in = -1;
     for (int s = 0; s < 2; s++) {
         if (c->fd[s] >= 0) close(c->fd[s]);
         c->fd[s] = -1;

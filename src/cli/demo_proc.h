@@ -1,7 +1,8 @@
 /*
  * demo_proc — the child processes of `ect demo`: each is this same `ect`
  * binary (/proc/self/exe) running one of the daemon commands, with stdout and
- * stderr on pipes the parent reads line by line. Children run in their own
+ * stderr on pipes the parent reads line by line, and stdin on a pipe the
+ * parent writes to (demo_send: the producer's "go"). Children run in their own
  * process group (a terminal's Ctrl-C reaches only the parent, which stops
  * them in order) and get SIGKILL if the parent dies (PR_SET_PDEATHSIG), so
  * none outlives the demo.
@@ -21,6 +22,7 @@ typedef void (*demo_line_fn)(void *user, int child, bool is_stderr, char *line);
 typedef struct demo_child {
     pid_t pid;    /* 0: slot free; -1: exited and reaped */
     int fd[2];    /* stdout, stderr pipes (-1 once at EOF) */
+    int in;       /* the write end of its stdin pipe (-1: closed) */
     char *buf[2]; /* partial line per stream */
     size_t len[2];
     int status; /* waitpid status once reaped */
@@ -39,6 +41,11 @@ typedef struct demo_procs {
 /* Starts `ect ARGV...` (argv[0] is the command name, NULL-terminated) in
  * slot (the child runs `ect ARGV...`); false with a message on stderr. */
 bool demo_spawn(demo_procs *p, int slot, const char *name, char *const argv[]);
+
+/* Writes line and a newline to the child's stdin (a pipe the parent holds:
+ * a child never reads the demo's own stdin). False when the child's stdin
+ * is closed or gone (no SIGPIPE). */
+bool demo_send(demo_procs *p, int slot, const char *line);
 
 /* Delivers the complete lines of n bytes read from stream (0 stdout, 1
  * stderr) of the child in slot: a line is its bytes up to a newline, or

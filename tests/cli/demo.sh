@@ -5,7 +5,8 @@
 # library tests/fault/checksum_fault.c, preloaded: the shipped ect has no
 # fault switch) must fail the run; SIGINT and a consumer
 # killed mid-run must end the demo with exit 1 within bounds, leaving no child
-# process behind. Bad flags exit 2 naming what is accepted.
+# process behind. Bad flags exit 2 naming what is accepted. `ect push --wait-go`
+# (the demo's go) moves its first step alone and waits for a go on stdin.
 . "$(dirname "$0")/lib.sh"
 
 # ok_run NAME ARGS...: the demo exits 0, moves and verifies N of N (some may
@@ -26,6 +27,15 @@ ok_run() {
   grep -q "^  dedup hits  $((n / 40 * 8 + r)) " "$tmp/$name" ||
     { cat "$tmp/$name"; echo "dedup hits: want $((n / 40 * 8 + r))"; exit 1; }
   grep -Eq '^  latency     p50 [0-9.]+ ms, p99 [0-9.]+ ms' "$tmp/$name" || { cat "$tmp/$name"; exit 1; }
+  # the rate is over the transfer: push leaves out the first step (8 items, moved
+  # alone before the go), pull nothing; the run in all is at least as long
+  local span=$n
+  case " $* " in *" --protocol pull "*) ;; *) span=$((n - 8)) ;; esac
+  grep -Eq "^  throughput  [0-9.]+ GB/s \([0-9.]+ items/s\) over the transfer \($span items\)$" "$tmp/$name" ||
+    { cat "$tmp/$name"; echo "$name: the rate is not over the $span items of the transfer"; exit 1; }
+  sed -n 's/^  time        \([0-9.]*\) s transfer, \([0-9.]*\) s in all (.*)$/\1 \2/p' "$tmp/$name" |
+    awk '{ exit !(NF == 2 && $1 + 0 <= $2 + 0) }' ||
+    { cat "$tmp/$name"; echo "$name: no transfer and in-all times, or transfer > in all"; exit 1; }
   # not a terminal: plain progress lines, no carriage returns
   if grep -q $'\r' "$tmp/$name"; then echo "$name: \\r on a pipe"; exit 1; fi
   echo "$name: $(grep throughput "$tmp/$name")"
@@ -52,6 +62,29 @@ grep -q 'consumer checksum' "$tmp/f.err" || { cat "$tmp/f.err"; exit 1; }
 grep -q '^  failures    1$' "$tmp/f" || { cat "$tmp/f"; exit 1; }
 # moved never counts a failed item: the corrupted one is moved-but-failed
 grep -Eq '^  items       4 moved, 4 verified .*, 1 failed$' "$tmp/f" || { cat "$tmp/f"; exit 1; }
+
+# ect push --wait-go (what the demo times the transfer by): the first step goes
+# alone, then the ready event with its item count; stdin ending instead of a go
+# ends the run with exit 1 after exactly that step (nothing more was started);
+# with the go every item moves, the ready event after the first step's lines.
+start_consumer "$tmp/wg.cons" 1 --pool-size 64MiB
+wg=(timeout 60 "$ect" push --to "127.0.0.1:$port" --count 12 --size 64KiB --step 4 --inflight 2
+  --control-timeout 5 --wait-go)
+rc=0
+"${wg[@]}" --id-prefix nogo </dev/null >"$tmp/wg.nogo" 2>"$tmp/wg.nogo.err" || rc=$?
+[ "$rc" -eq 1 ] || { cat "$tmp/wg.nogo" "$tmp/wg.nogo.err"; echo "--wait-go without go: exit $rc"; exit 1; }
+grep -q 'before "go"' "$tmp/wg.nogo.err" || { cat "$tmp/wg.nogo.err"; exit 1; }
+[ "$(tail -1 "$tmp/wg.nogo")" = '{"event":"ready","warmup_items":4}' ] &&
+  [ "$(grep -c '"state":"done"' "$tmp/wg.nogo")" -eq 4 ] && [ "$(wc -l <"$tmp/wg.nogo")" -eq 5 ] ||
+  { cat "$tmp/wg.nogo"; echo "--wait-go: not the first step alone, then ready"; exit 1; }
+echo go | "${wg[@]}" --id-prefix go >"$tmp/wg.go" 2>"$tmp/wg.go.err" ||
+  { cat "$tmp/wg.go" "$tmp/wg.go.err"; echo "--wait-go with go failed"; exit 1; }
+[ "$(grep -c '"state":"done"' "$tmp/wg.go")" -eq 12 ] &&
+  [ "$(sed -n 5p "$tmp/wg.go")" = '{"event":"ready","warmup_items":4}' ] ||
+  { cat "$tmp/wg.go"; echo "--wait-go with go: not 4 lines, ready, 8 lines"; exit 1; }
+wait_items "$tmp/wg.cons" 16 # the consumer took all 4 + 12 before it is stopped
+stop_consumer "$tmp/wg.cons"
+echo "push --wait-go: first step alone, ready, exit 1 without a go, every item with it"
 
 # children of a running demo (their pids)
 children() { pgrep -P "$1" || true; }
