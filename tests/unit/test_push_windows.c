@@ -127,10 +127,11 @@ static void held_from(const json_t *res, held *h) {
 
 static void reserve(ctl_server *s, const char *tid, uint64_t now, held *h) {
     char f[256];
-    snprintf(f, sizeof f,
-             "{\"op\":\"reserve\",\"transfer_id\":\"%s\",\"mm_hash\":\"h-%s\",\"nbytes\":8,"
-             "\"shape\":[4],\"dtype\":\"bfloat16\"}",
-             tid, tid);
+    int n = snprintf(f, sizeof f,
+                     "{\"op\":\"reserve\",\"transfer_id\":\"%s\",\"mm_hash\":\"h-%s\",\"nbytes\":8,"
+                     "\"shape\":[4],\"dtype\":\"bfloat16\"}",
+                     tid, tid);
+    assert_true(n > 0 && (size_t)n < sizeof f);
     json_t *v = call(s, f, now);
     held_from(json_object_get(v, "result"), h);
     json_decref(v);
