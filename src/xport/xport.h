@@ -42,6 +42,10 @@ typedef struct xp_region {
     bool priv;                /* region: refuses its own token (only windows write) */
     bool dead;                /* window closed while written: freed by the last release */
     struct xp_region *next_dead;
+    /* A region: its open windows sorted by address (none overlap), so a
+     * window's overlap check is a binary search, not a walk of the table. */
+    struct xp_region **wins;
+    size_t nwins, capwins;
     UT_hash_handle hh; /* by token */
 } xp_region;
 
