@@ -70,6 +70,10 @@ typedef struct ctl_server_opts {
      * (the reservation is then abandoned: every transport has windows). */
     int (*win_open)(void *ctx, uint64_t offset, uint64_t nbytes, char key[ECT_XPORT_KEY_MAX]);
     void (*win_close)(void *ctx, const char *key);
+    /* Optional: closes n windows at once (else win_close each). The shard
+     * closes the windows a request ended together, before the request's
+     * reply and before it opens another window. */
+    void (*win_close_many)(void *ctx, const char *const *keys, size_t n);
     void *win_ctx;
     /* Who may connect (docs/SECURITY.md). keys (borrowed, must outlive the
      * server): both sockets are CURVE servers. Else event_secret (copied):

@@ -479,12 +479,11 @@ int xp_window_open(ect_xport *x, const char *region_key, uint64_t offset, uint64
         w->kind = p->kind;
         w->device = p->device;
         w->fd_off = p->fd_off + offset;
-        w->fd = p->fd; /* borrowed: the region outlives its windows (unregister waits) */
+        w->fd = p->fd;       /* borrowed: the region outlives its windows (unregister waits) */
         rc = wins_insert(w); /* claims the range now: a racing open of it is refused */
         if (rc == ECT_EEXIST)
-            rc = ect_set_error(ECT_EEXIST,
-                               "window [%" PRIu64 ", +%" PRIu64 ") overlaps an open one", offset,
-                               len);
+            rc = ect_set_error(
+                ECT_EEXIST, "window [%" PRIu64 ", +%" PRIu64 ") overlaps an open one", offset, len);
         else if (rc)
             rc = ect_set_error(ECT_ENOMEM, "window index");
     }
@@ -515,25 +514,57 @@ int xp_window_open(ect_xport *x, const char *region_key, uint64_t offset, uint64
     return 0;
 }
 
-int xp_window_close(ect_xport *x, const char *key) {
-    if (!x || !key) return ect_set_error(ECT_EINVAL, "x and key must not be NULL");
-    pthread_mutex_lock(&x->regs.mu);
+/* Takes the open window with key out of the table (NULL: no open window
+ * has it). *now: nothing writes it, free it (outside the lock); else it is
+ * dead and its last release frees it. regs.mu held. */
+static xp_region *window_take(ect_xport *x, const char *key, bool *now) {
     xp_region *w = find_key(&x->regs, key);
-    if (!w || !w->parent) {
-        pthread_mutex_unlock(&x->regs.mu);
-        return ect_set_error(ECT_ENOTFOUND, "no open window has key '%.40s'", key);
-    }
+    if (!w || !w->parent) return NULL;
     HASH_DEL(x->regs.by_token, w);
     wins_remove(w);
-    bool now = w->refs == 0;
-    if (!now) {
+    *now = w->refs == 0;
+    if (!*now) {
         w->dead = true;
         w->next_dead = x->regs.dead;
         x->regs.dead = w;
     }
+    return w;
+}
+
+int xp_window_close(ect_xport *x, const char *key) {
+    if (!x || !key) return ect_set_error(ECT_EINVAL, "x and key must not be NULL");
+    bool now = false;
+    pthread_mutex_lock(&x->regs.mu);
+    xp_region *w = window_take(x, key, &now);
     pthread_mutex_unlock(&x->regs.mu);
+    if (!w) return ect_set_error(ECT_ENOTFOUND, "no open window has key '%.40s'", key);
     if (now) region_free(x, w);
     return 0;
+}
+
+size_t xp_window_close_many(ect_xport *x, const char *const *keys, size_t n) {
+    if (!x || !keys) return n;
+    size_t missing = 0;
+    xp_region *to_free = NULL;
+    pthread_mutex_lock(&x->regs.mu);
+    for (size_t i = 0; i < n; i++) {
+        bool now = false;
+        xp_region *w = keys[i] ? window_take(x, keys[i], &now) : NULL;
+        if (!w) {
+            missing++;
+        } else if (now) {
+            w->next_dead = to_free; /* a live window's link: unused until it dies */
+            to_free = w;
+        }
+    }
+    pthread_mutex_unlock(&x->regs.mu);
+    while (to_free) {
+        xp_region *w = to_free;
+        to_free = w->next_dead;
+        region_free(x, w);
+    }
+    if (missing) ect_set_error(ECT_ENOTFOUND, "%zu of %zu keys named no open window", missing, n);
+    return missing;
 }
 
 int xp_region_acquire(xp_regions *t, uint64_t token, uint64_t addr, uint64_t len, xp_region **out) {

@@ -153,6 +153,10 @@ int xp_window_open(ect_xport *x, const char *region_key, uint64_t offset, uint64
  * landing and the window's memory is released after it (xp_range_busy says
  * when). ECT_ENOTFOUND for an unknown key. Thread-safe. */
 int xp_window_close(ect_xport *x, const char *key);
+/* Closes n windows as xp_window_close each, under one lock of the region
+ * table (a request that ends many reservations). Returns how many keys named
+ * no open window (skipped; the error is set when any did). */
+size_t xp_window_close_many(ect_xport *x, const char *const *keys, size_t n);
 /* Makes the region whose key is region_key refuse writes naming its own
  * token (ECT_EACCES): only its windows accept writes. */
 int xp_region_set_private(ect_xport *x, const char *region_key);

@@ -778,6 +778,35 @@ static void test_tcp_window(void **state) {
  * accepted, any shared byte refused, the same offsets on the other region
  * are independent, a closed window frees its range, and every key is
  * distinct and not the region's. */
+/* xp_window_close_many: the named windows close under one lock (their
+ * ranges free again, their keys refused by a second close), the others stay
+ * open, and unknown or NULL keys are counted and skipped. */
+static void test_window_close_many(void **state) {
+    (void)state;
+    ect_xport *t = open_kind("tcp");
+    region r;
+    private_region_open(t, 64 * 1024, &r);
+    char k[5][ECT_XPORT_KEY_MAX], again[ECT_XPORT_KEY_MAX];
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(xp_window_open(t, r.key, 4096u * (unsigned)i, 4096, k[i]), 0);
+    const char *some[] = {k[0], "0123456789abcdef", k[2], NULL, k[4]};
+    assert_int_equal(xp_window_close_many(t, some, 5), 2);
+    assert_int_equal(xp_window_close_many(t, some, 5), 5); /* all gone now */
+    assert_int_equal(xp_window_close_many(t, some, 0), 0);
+    for (int i = 0; i < 5; i++) {
+        int rc = xp_window_open(t, r.key, 4096u * (unsigned)i, 4096, again);
+        if (i % 2 == 0) {
+            assert_int_equal(rc, 0); /* its range is free again */
+            assert_int_equal(xp_window_close(t, again), 0);
+        } else {
+            assert_int_equal(rc, ECT_EEXIST); /* still open */
+            assert_int_equal(xp_window_close(t, k[i]), 0);
+        }
+    }
+    test_region_close(t, &r);
+    ect_xport_close(t);
+}
+
 #define OV_SLOTS 64
 typedef struct ov_win {
     int reg; /* -1: closed */
@@ -1462,6 +1491,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_unregister_waits),
         cmocka_unit_test(test_tcp_window),
         cmocka_unit_test(test_window_overlap_model),
+        cmocka_unit_test(test_window_close_many),
         cmocka_unit_test(test_shm_window_reuse),
         cmocka_unit_test(test_shm_file_once),
         cmocka_unit_test(test_shm_parked_windows),
