@@ -410,7 +410,7 @@ static size_t wins_lower(const xp_region *p, uint64_t a) {
     size_t lo = 0, hi = p->nwins;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (addr_of(p->wins[mid]) < a)
+        if (p->wins[mid].addr < a)
             lo = mid + 1;
         else
             hi = mid;
@@ -427,18 +427,17 @@ static int wins_insert(xp_region *w) {
     xp_region *p = w->parent;
     uint64_t a = addr_of(w), end = a + w->len;
     size_t i = wins_lower(p, a);
-    if ((i < p->nwins && addr_of(p->wins[i]) < end) ||
-        (i > 0 && addr_of(p->wins[i - 1]) + p->wins[i - 1]->len > a))
+    if ((i < p->nwins && p->wins[i].addr < end) || (i > 0 && p->wins[i - 1].end > a))
         return ECT_EEXIST;
     if (p->nwins == p->capwins) {
         size_t cap = p->capwins ? 2 * p->capwins : 16;
-        xp_region **nw = realloc(p->wins, cap * sizeof *nw);
+        struct xp_win_ref *nw = realloc(p->wins, cap * sizeof *nw);
         if (!nw) return ECT_ENOMEM;
         p->wins = nw;
         p->capwins = cap;
     }
     memmove(&p->wins[i + 1], &p->wins[i], (p->nwins - i) * sizeof *p->wins);
-    p->wins[i] = w;
+    p->wins[i] = (struct xp_win_ref){.addr = a, .end = end, .w = w};
     p->nwins++;
     return 0;
 }
@@ -447,7 +446,7 @@ static int wins_insert(xp_region *w) {
 static void wins_remove(xp_region *w) {
     xp_region *p = w->parent;
     size_t i = wins_lower(p, addr_of(w));
-    if (i >= p->nwins || p->wins[i] != w) return; /* not filed (never: open windows are) */
+    if (i >= p->nwins || p->wins[i].w != w) return; /* not filed (never: open windows are) */
     memmove(&p->wins[i], &p->wins[i + 1], (p->nwins - i - 1) * sizeof *p->wins);
     p->nwins--;
 }

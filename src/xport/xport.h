@@ -19,6 +19,11 @@
 #include "ect_config.h"
 #include "ectransfer.h"
 
+struct xp_win_ref {
+    uint64_t addr, end;  /* [addr, end) in the target's address space */
+    struct xp_region *w; /* the window */
+};
+
 typedef struct xp_region {
     uint64_t token;  /* tcp/shm key: random 64-bit token, hash key */
     uint64_t id;     /* unique per target, never reused */
@@ -42,9 +47,10 @@ typedef struct xp_region {
     bool priv;                /* region: refuses its own token (only windows write) */
     bool dead;                /* window closed while written: freed by the last release */
     struct xp_region *next_dead;
-    /* A region: its open windows sorted by address (none overlap), so a
-     * window's overlap check is a binary search, not a walk of the table. */
-    struct xp_region **wins;
+    /* A region: its open windows sorted by address (none overlap), each
+     * with its range inline (a search reads one array, not each window), so
+     * a window's overlap check is a binary search, not a walk of the table. */
+    struct xp_win_ref *wins;
     size_t nwins, capwins;
     UT_hash_handle hh; /* by token */
 } xp_region;
