@@ -67,6 +67,9 @@ typedef struct ctl_window {
 } ctl_window;
 
 #define SPARE_WINDOWS 64 /* closed windows kept for reuse: no malloc per item */
+/* The spares grow with the most windows open at once, up to this: a shard
+ * with k steps of n items in flight reuses k x n entries each round. */
+#define SPARE_WINDOWS_MAX 1024
 
 struct ctl_server {
     ctl_server_opts o;
@@ -96,6 +99,7 @@ struct ctl_server {
     uint64_t expiry_log_ms;
     uint64_t swept_expired; /* [mu] the table's expired_writing at the last full sweep */
     atomic_uint_fast64_t bytes_in, items_in, requests; /* metrics */
+    atomic_uint_fast64_t window_entries;               /* window entries malloc'd */
     ctl_error last_err[CTL_LAST_ERRORS];               /* [mu] newest at last_err_head - 1 */
     size_t last_err_head, last_err_n;                  /* [mu] */
 };
@@ -201,7 +205,9 @@ static void log_expiries(ctl_server *s, uint64_t now) {
 /* A window entry: a spare one, else a new one (NULL out of memory). */
 static ctl_window *window_new(ctl_server *s) {
     ctl_window *w = ect_spares_get(&s->spare);
-    return w ? w : malloc(sizeof *w); /* not calloc: the key alone is 2 KiB, set by the caller */
+    if (w) return w;
+    atomic_fetch_add(&s->window_entries, 1);
+    return malloc(sizeof *w); /* not calloc: the key alone is 2 KiB, set by the caller */
 }
 
 /* Gives w back: kept as a spare up to SPARE_WINDOWS, else freed. */
@@ -328,6 +334,8 @@ static int open_window(ctl_server *s, const char *transfer_id, const rsv_reply *
                              transfer_id, why);
     }
     HASH_ADD_STR(s->wins, transfer_id, w);
+    size_t open_now = HASH_COUNT(s->wins);
+    if (open_now > s->spare.max && open_now <= SPARE_WINDOWS_MAX) s->spare.max = open_now;
     *key = w->key;
     return 0;
 }
@@ -1019,6 +1027,7 @@ void ctl_server_counters(ctl_server *s, ctl_counters *c) {
     c->bytes_in = atomic_load(&s->bytes_in);
     c->items_in = atomic_load(&s->items_in);
     c->requests = atomic_load(&s->requests);
+    c->window_entries = atomic_load(&s->window_entries);
 }
 
 void ctl_server_count_states(ctl_server *s, uint64_t counts[RSV_EXPIRED + 1]) {

@@ -156,6 +156,7 @@ uint64_t ctl_server_events_sent(ctl_server *s);
  * writer's complete), control requests handled (every frame). Any thread. */
 typedef struct ctl_counters {
     uint64_t bytes_in, items_in, requests;
+    uint64_t window_entries; /* window entries allocated (not taken from the spares) */
 } ctl_counters;
 void ctl_server_counters(ctl_server *s, ctl_counters *c);
 /* rsv_count_states under the lock. */
