@@ -140,7 +140,7 @@ static void held_from(const json_t *res, held *h) {
 }
 
 static void reserve(ctl_server *s, const char *tid, uint64_t now, held *h) {
-    char f[256];
+    char f[3072]; /* room for any tid the compiler can see (a row of a 2-D array) */
     snprintf(f, sizeof f,
              "{\"op\":\"reserve\",\"transfer_id\":\"%s\",\"mm_hash\":\"h-%s\",\"nbytes\":8,"
              "\"shape\":[4],\"dtype\":\"bfloat16\"}",
