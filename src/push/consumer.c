@@ -118,6 +118,12 @@ static void win_offer(void *ctx, uint64_t shm_id, const char *const *keys, size_
     (void)xp_window_offer(c->xp, shm_id, keys, n);
 }
 
+static void win_close_many(void *ctx, const char *const *keys, size_t n) {
+    ect_push_consumer *c = ctx;
+    if (xp_window_close_many(c->xp, keys, n) != 0)
+        ECT_LOGE(MOD, "closing %zu write windows: %s", n, ect_last_error());
+}
+
 static int check_opts(const ect_push_consumer_opts *o) {
     if (!o->ec_ip || !*o->ec_ip || strlen(o->ec_ip) > 255)
         return ect_set_error(ECT_EINVAL, "ec_ip: required, at most 255 bytes");
@@ -316,6 +322,7 @@ int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_consumer
     so.win_open = windows ? win_open : NULL;
     so.win_close = win_close;
     so.win_offer = windows && !strcmp(ect_xport_kind(c->xp), "shm") ? win_offer : NULL;
+    so.win_close_many = win_close_many;
     so.win_ctx = c;
     so.trusted_peers = opts->trusted_peers;
     so.pool_base = (uint64_t)(uintptr_t)ect_pool_base(c->pool);

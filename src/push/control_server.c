@@ -67,11 +67,15 @@ typedef struct ctl_window {
 } ctl_window;
 
 #define SPARE_WINDOWS 64 /* closed windows kept for reuse: no malloc per item */
+/* The spares grow with the most windows open at once, up to this: a shard
+ * with k steps of n items in flight reuses k x n entries each round. */
+#define SPARE_WINDOWS_MAX 1024
 
 struct ctl_server {
     ctl_server_opts o;
-    ctl_window *wins; /* guarded by mu */
-    ect_spares spare; /* [mu] closed windows for reuse */
+    ctl_window *wins;    /* guarded by mu */
+    ctl_window *closing; /* [mu] dropped, keys not closed yet (close_pending) */
+    ect_spares spare;    /* [mu] closed windows for reuse */
     char ip[256], session[WIRE_SESSION_MAX + 1], transport[WIRE_TRANSPORT_MAX + 1];
     char advertise[256];
     /* The peer of the request being handled ("" unknown) and the session
@@ -95,6 +99,7 @@ struct ctl_server {
     uint64_t expiry_log_ms;
     uint64_t swept_expired; /* [mu] the table's expired_writing at the last full sweep */
     atomic_uint_fast64_t bytes_in, items_in, requests; /* metrics */
+    atomic_uint_fast64_t window_entries;               /* window entries malloc'd */
     ctl_error last_err[CTL_LAST_ERRORS];               /* [mu] newest at last_err_head - 1 */
     size_t last_err_head, last_err_n;                  /* [mu] */
 };
@@ -200,16 +205,45 @@ static void log_expiries(ctl_server *s, uint64_t now) {
 /* A window entry: a spare one, else a new one (NULL out of memory). */
 static ctl_window *window_new(ctl_server *s) {
     ctl_window *w = ect_spares_get(&s->spare);
-    return w ? w : malloc(sizeof *w); /* not calloc: the key alone is 2 KiB, set by the caller */
+    if (w) return w;
+    atomic_fetch_add(&s->window_entries, 1);
+    return malloc(sizeof *w); /* not calloc: the key alone is 2 KiB, set by the caller */
 }
 
 /* Gives w back: kept as a spare up to SPARE_WINDOWS, else freed. */
 static void window_put(ctl_server *s, ctl_window *w) { ect_spares_put(&s->spare, w); }
 
+/* Takes w off the open windows; its key is closed by the next
+ * close_pending, with the others the same request dropped. Under mu. */
 static void drop_window(ctl_server *s, ctl_window *w) {
-    if (s->o.win_close) s->o.win_close(s->o.win_ctx, w->key);
     HASH_DEL(s->wins, w);
-    window_put(s, w);
+    w->next = s->closing;
+    s->closing = w;
+}
+
+#define CLOSE_CHUNK 64
+
+/* Closes the keys of every dropped window, CLOSE_CHUNK at a time through
+ * win_close_many (one lock of the transport's table), else win_close each,
+ * and keeps the entries as spares. Under mu, before mu is let go and before
+ * a window opens: a window never outlives the request that ended its
+ * reservation, and a range is free again before it is reused. */
+static void close_pending(ctl_server *s) {
+    while (s->closing) {
+        const char *keys[CLOSE_CHUNK];
+        ctl_window *got[CLOSE_CHUNK];
+        size_t n = 0;
+        for (; s->closing && n < CLOSE_CHUNK; n++) {
+            got[n] = s->closing;
+            keys[n] = got[n]->key;
+            s->closing = got[n]->next;
+        }
+        if (s->o.win_close_many)
+            s->o.win_close_many(s->o.win_ctx, keys, n);
+        else if (s->o.win_close)
+            for (size_t i = 0; i < n; i++) s->o.win_close(s->o.win_ctx, keys[i]);
+        for (size_t i = 0; i < n; i++) window_put(s, got[i]);
+    }
 }
 
 /* True while w's reservation (st, found: rc 0) is still the WRITING writer
@@ -279,6 +313,7 @@ static int open_window(ctl_server *s, const char *transfer_id, const rsv_reply *
     ctl_window *w;
     HASH_FIND_STR(s->wins, transfer_id, w);
     if (w) drop_window(s, w); /* a stale entry: replace it */
+    close_pending(s);         /* what this request ended frees its range first */
     int rc = ECT_ENOMEM;
     if ((w = window_new(s))) {
         memset(&w->hh, 0, sizeof w->hh);
@@ -299,6 +334,8 @@ static int open_window(ctl_server *s, const char *transfer_id, const rsv_reply *
                              transfer_id, why);
     }
     HASH_ADD_STR(s->wins, transfer_id, w);
+    size_t open_now = HASH_COUNT(s->wins);
+    if (open_now > s->spare.max && open_now <= SPARE_WINDOWS_MAX) s->spare.max = open_now;
     *key = w->key;
     return 0;
 }
@@ -591,6 +628,7 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
         break;
     }
     settle_expired(s);
+    close_pending(s);
     if (!rc) offer_windows(s, q, &rep);
     pthread_mutex_unlock(&s->mu);
     if (q->op == WIRE_OP_RESERVE || q->op == WIRE_OP_RESERVE_BATCH) log_refusals(s, now);
@@ -920,6 +958,7 @@ void ctl_server_stop(ctl_server *s) {
     s->rep = s->push = NULL;
     pthread_mutex_lock(&s->mu);
     close_all_windows(s);
+    close_pending(s);
     ect_spares_clear(&s->spare);
     pthread_mutex_unlock(&s->mu);
 }
@@ -943,6 +982,7 @@ size_t ctl_server_reap(ctl_server *s, uint64_t now_ms) {
     pthread_mutex_lock(&s->mu);
     size_t n = rsv_reap(s->tab, now_ms);
     if (s->wins) sweep_windows(s);
+    close_pending(s);
     pthread_mutex_unlock(&s->mu);
     return n;
 }
@@ -1010,6 +1050,7 @@ void ctl_server_counters(ctl_server *s, ctl_counters *c) {
     c->bytes_in = atomic_load(&s->bytes_in);
     c->items_in = atomic_load(&s->items_in);
     c->requests = atomic_load(&s->requests);
+    c->window_entries = atomic_load(&s->window_entries);
 }
 
 void ctl_server_count_states(ctl_server *s, uint64_t counts[RSV_EXPIRED + 1]) {

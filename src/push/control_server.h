@@ -76,6 +76,10 @@ typedef struct ctl_server_opts {
      * "Offers"). Under the table lock; must not block; failures only mean
      * the producer asks for the windows itself. */
     void (*win_offer)(void *ctx, uint64_t shm_id, const char *const *keys, size_t n);
+    /* Optional: closes n windows at once (else win_close each). The shard
+     * closes the windows a request ended together, before the request's
+     * reply and before it opens another window. */
+    void (*win_close_many)(void *ctx, const char *const *keys, size_t n);
     void *win_ctx;
     /* Who may connect (docs/SECURITY.md). keys (borrowed, must outlive the
      * server): both sockets are CURVE servers. Else event_secret (copied):
@@ -158,6 +162,7 @@ uint64_t ctl_server_events_sent(ctl_server *s);
  * writer's complete), control requests handled (every frame). Any thread. */
 typedef struct ctl_counters {
     uint64_t bytes_in, items_in, requests;
+    uint64_t window_entries; /* window entries allocated (not taken from the spares) */
 } ctl_counters;
 void ctl_server_counters(ctl_server *s, ctl_counters *c);
 /* rsv_count_states under the lock. */

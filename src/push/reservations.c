@@ -140,6 +140,10 @@ struct rsv_table {
     ect_spares spare_events; /* popped nodes kept for the next events */
     ect_spares spare_bufs;   /* freed buffer records kept for the next reserves */
     rsv_stats st;
+    /* The entry the latest lookup found, or NULL: an op and the guard's
+     * lookup just before it name the same id, so the second costs one
+     * compare. Cleared when that entry leaves the table. */
+    rsv_entry *last;
 };
 
 static const char *const state_names[] = {
@@ -201,7 +205,7 @@ int rsv_open(const rsv_opts *o, rsv_table **out) {
         free(t);
         return ECT_ENOMEM;
     }
-    idt_init(&t->ids, o->ttl_ms, o->max_tombstones, &(idt_ops){.drop = on_drop});
+    idt_init(&t->ids, o->ttl_ms, o->max_tombstones, &(idt_ops){.drop = on_drop, .ctx = t});
     *out = t;
     return 0;
 }
@@ -390,18 +394,28 @@ static void free_entry_mem(rsv_entry *e) { free(e); }
 
 /* idt_ops.drop: a tombstone expired or went over the cap (or close). */
 static void on_drop(void *ctx, idt_node *n) {
-    (void)ctx;
+    rsv_table *t = ctx;
+    if (t->last == ENTRY(n)) t->last = NULL;
     free_entry_mem(ENTRY(n));
 }
 
 static void entry_free(rsv_table *t, rsv_entry *e) {
+    if (t->last == e) t->last = NULL;
     idt_remove(&t->ids, &e->node);
     free_entry_mem(e);
 }
 
-static rsv_entry *find_entry(const rsv_table *t, const char *id) {
+static rsv_entry *lookup(const rsv_table *t, const char *id) {
     idt_node *n = idt_find(&t->ids, id);
     return n ? ENTRY(n) : NULL;
+}
+
+/* The entry of id (NULL: none), remembered for the next lookup. */
+static rsv_entry *find_entry(rsv_table *t, const char *id) {
+    if (t->last && id && strcmp(t->last->transfer_id, id) == 0) return t->last;
+    rsv_entry *e = lookup(t, id);
+    if (e) t->last = e;
+    return e;
 }
 
 /* Moves e to `s`, relinking it on the right list with `deadline` (a
@@ -858,7 +872,7 @@ int rsv_cancel(rsv_table *t, const char *transfer_id, const char *reservation_id
 /* ---- status and residency */
 
 int rsv_status_get(const rsv_table *t, const char *transfer_id, rsv_status *st) {
-    const rsv_entry *e = find_entry(t, transfer_id);
+    const rsv_entry *e = lookup(t, transfer_id);
     if (!e)
         return ect_set_error(ECT_ENOTFOUND, "no reservation for transfer_id '%s'",
                              transfer_id ? transfer_id : "(null)");
@@ -866,7 +880,7 @@ int rsv_status_get(const rsv_table *t, const char *transfer_id, rsv_status *st) 
     return 0;
 }
 
-int rsv_brief_get(const rsv_table *t, const char *transfer_id, rsv_brief *b) {
+int rsv_brief_get(rsv_table *t, const char *transfer_id, rsv_brief *b) {
     const rsv_entry *e = transfer_id ? find_entry(t, transfer_id) : NULL;
     if (!e) return ECT_ENOTFOUND;
     b->state = e->state;

@@ -230,7 +230,7 @@ typedef struct rsv_brief {
 
 /* rsv_status_get's brief form: 0 and *b filled, or ECT_ENOTFOUND (no error
  * text set: callers use it as a cheap lookup). */
-int rsv_brief_get(const rsv_table *t, const char *transfer_id, rsv_brief *b);
+int rsv_brief_get(rsv_table *t, const char *transfer_id, rsv_brief *b);
 
 /* The consumer takes a READY item for zero-copy reading: a lease on its
  * buffer, which no reaper, cancel or reclaim frees until released. Fills *st

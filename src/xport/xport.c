@@ -301,6 +301,7 @@ int xp_window_close(ect_xport *x, const char *key);
 
 static void region_free(ect_xport *x, xp_region *r) {
     if (x->be->unreg) x->be->unreg(x, r);
+    free(r->wins); /* a region's window index (its windows are gone or going) */
     if (r->fd >= 0 && !r->parent) close(r->fd); /* a window borrows its region's fd */
     region_key_free(r);
     free(r);
@@ -401,6 +402,55 @@ int xp_region_set_private(ect_xport *x, const char *region_key) {
     return 0;
 }
 
+static uint64_t addr_of(const xp_region *r) { return (uint64_t)(uintptr_t)r->addr; }
+
+/* The index in p's window index of the first window at or after address a.
+ * regs.mu held. */
+static size_t wins_lower(const xp_region *p, uint64_t a) {
+    size_t lo = 0, hi = p->nwins;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (p->wins[mid].addr < a)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Files window w (parent, addr and len set) in its region's index, which
+ * claims its range: 0, ECT_EEXIST when it overlaps an open window, or
+ * ECT_ENOMEM (errors not set). Open windows never overlap, so sorted by
+ * address they are sorted by end too: only the two neighbours of w's place
+ * can overlap it. regs.mu held. */
+static int wins_insert(xp_region *w) {
+    xp_region *p = w->parent;
+    uint64_t a = addr_of(w), end = a + w->len;
+    size_t i = wins_lower(p, a);
+    if ((i < p->nwins && p->wins[i].addr < end) || (i > 0 && p->wins[i - 1].end > a))
+        return ECT_EEXIST;
+    if (p->nwins == p->capwins) {
+        size_t cap = p->capwins ? 2 * p->capwins : 16;
+        struct xp_win_ref *nw = realloc(p->wins, cap * sizeof *nw);
+        if (!nw) return ECT_ENOMEM;
+        p->wins = nw;
+        p->capwins = cap;
+    }
+    memmove(&p->wins[i + 1], &p->wins[i], (p->nwins - i) * sizeof *p->wins);
+    p->wins[i] = (struct xp_win_ref){.addr = a, .end = end, .w = w};
+    p->nwins++;
+    return 0;
+}
+
+/* Takes window w out of its region's index. regs.mu held. */
+static void wins_remove(xp_region *w) {
+    xp_region *p = w->parent;
+    size_t i = wins_lower(p, addr_of(w));
+    if (i >= p->nwins || p->wins[i].w != w) return; /* not filed (never: open windows are) */
+    memmove(&p->wins[i], &p->wins[i + 1], (p->nwins - i - 1) * sizeof *p->wins);
+    p->nwins--;
+}
+
 int xp_window_open(ect_xport *x, const char *region_key, uint64_t offset, uint64_t len,
                    char key[ECT_XPORT_KEY_MAX]) {
     if (!x || !region_key || !key)
@@ -411,7 +461,7 @@ int xp_window_open(ect_xport *x, const char *region_key, uint64_t offset, uint64
     if (!w) return ect_set_error(ECT_ENOMEM, "window");
     w->fd = -1;
     pthread_mutex_lock(&x->regs.mu);
-    xp_region *p = find_key(&x->regs, region_key), *o, *tmp, *found;
+    xp_region *p = find_key(&x->regs, region_key), *found;
     int rc = 0;
     uint64_t end;
     if (!p || p->parent)
@@ -422,25 +472,19 @@ int xp_window_open(ect_xport *x, const char *region_key, uint64_t offset, uint64
                            " bytes)",
                            offset, len, p->len);
     if (!rc) {
-        uint64_t a = (uint64_t)(uintptr_t)p->addr + offset;
-        HASH_ITER(hh, x->regs.by_token, o, tmp) {
-            uint64_t b = (uint64_t)(uintptr_t)o->addr;
-            if (o->parent == p && b < a + len && a < b + o->len) {
-                rc = ect_set_error(ECT_EEXIST,
-                                   "window [%" PRIu64 ", +%" PRIu64 ") overlaps an open one",
-                                   offset, len);
-                break;
-            }
-        }
-    }
-    if (!rc) {
         w->parent = p;
         w->addr = p->addr + offset;
         w->len = len;
         w->kind = p->kind;
         w->device = p->device;
         w->fd_off = p->fd_off + offset;
-        w->fd = p->fd; /* borrowed: the region outlives its windows (unregister waits) */
+        w->fd = p->fd;       /* borrowed: the region outlives its windows (unregister waits) */
+        rc = wins_insert(w); /* claims the range now: a racing open of it is refused */
+        if (rc == ECT_EEXIST)
+            rc = ect_set_error(
+                ECT_EEXIST, "window [%" PRIu64 ", +%" PRIu64 ") overlaps an open one", offset, len);
+        else if (rc)
+            rc = ect_set_error(ECT_ENOMEM, "window index");
     }
     if (!rc) {
         do {
@@ -452,7 +496,11 @@ int xp_window_open(ect_xport *x, const char *region_key, uint64_t offset, uint64
     pthread_mutex_unlock(&x->regs.mu);
     w->keystr = w->keybuf;
     if (!rc) hex16(w->keystr, w->token);
-    if (!rc && x->be->reg) rc = x->be->reg(x, w);
+    if (!rc && x->be->reg && (rc = x->be->reg(x, w)) != 0) {
+        pthread_mutex_lock(&x->regs.mu);
+        wins_remove(w);
+        pthread_mutex_unlock(&x->regs.mu);
+    }
     if (rc) {
         region_key_free(w);
         free(w);
@@ -465,24 +513,57 @@ int xp_window_open(ect_xport *x, const char *region_key, uint64_t offset, uint64
     return 0;
 }
 
-int xp_window_close(ect_xport *x, const char *key) {
-    if (!x || !key) return ect_set_error(ECT_EINVAL, "x and key must not be NULL");
-    pthread_mutex_lock(&x->regs.mu);
+/* Takes the open window with key out of the table (NULL: no open window
+ * has it). *now: nothing writes it, free it (outside the lock); else it is
+ * dead and its last release frees it. regs.mu held. */
+static xp_region *window_take(ect_xport *x, const char *key, bool *now) {
     xp_region *w = find_key(&x->regs, key);
-    if (!w || !w->parent) {
-        pthread_mutex_unlock(&x->regs.mu);
-        return ect_set_error(ECT_ENOTFOUND, "no open window has key '%.40s'", key);
-    }
+    if (!w || !w->parent) return NULL;
     HASH_DEL(x->regs.by_token, w);
-    bool now = w->refs == 0;
-    if (!now) {
+    wins_remove(w);
+    *now = w->refs == 0;
+    if (!*now) {
         w->dead = true;
         w->next_dead = x->regs.dead;
         x->regs.dead = w;
     }
+    return w;
+}
+
+int xp_window_close(ect_xport *x, const char *key) {
+    if (!x || !key) return ect_set_error(ECT_EINVAL, "x and key must not be NULL");
+    bool now = false;
+    pthread_mutex_lock(&x->regs.mu);
+    xp_region *w = window_take(x, key, &now);
     pthread_mutex_unlock(&x->regs.mu);
+    if (!w) return ect_set_error(ECT_ENOTFOUND, "no open window has key '%.40s'", key);
     if (now) region_free(x, w);
     return 0;
+}
+
+size_t xp_window_close_many(ect_xport *x, const char *const *keys, size_t n) {
+    if (!x || !keys) return n;
+    size_t missing = 0;
+    xp_region *to_free = NULL;
+    pthread_mutex_lock(&x->regs.mu);
+    for (size_t i = 0; i < n; i++) {
+        bool now = false;
+        xp_region *w = keys[i] ? window_take(x, keys[i], &now) : NULL;
+        if (!w) {
+            missing++;
+        } else if (now) {
+            w->next_dead = to_free; /* a live window's link: unused until it dies */
+            to_free = w;
+        }
+    }
+    pthread_mutex_unlock(&x->regs.mu);
+    while (to_free) {
+        xp_region *w = to_free;
+        to_free = w->next_dead;
+        region_free(x, w);
+    }
+    if (missing) ect_set_error(ECT_ENOTFOUND, "%zu of %zu keys named no open window", missing, n);
+    return missing;
 }
 
 int xp_region_acquire(xp_regions *t, uint64_t token, uint64_t addr, uint64_t len, xp_region **out) {

@@ -19,6 +19,11 @@
 #include "ect_config.h"
 #include "ectransfer.h"
 
+struct xp_win_ref {
+    uint64_t addr, end;  /* [addr, end) in the target's address space */
+    struct xp_region *w; /* the window */
+};
+
 typedef struct xp_region {
     uint64_t token;  /* tcp/shm key: random 64-bit token, hash key */
     uint64_t id;     /* unique per target, never reused */
@@ -42,6 +47,11 @@ typedef struct xp_region {
     bool priv;                /* region: refuses its own token (only windows write) */
     bool dead;                /* window closed while written: freed by the last release */
     struct xp_region *next_dead;
+    /* A region: its open windows sorted by address (none overlap), each
+     * with its range inline (a search reads one array, not each window), so
+     * a window's overlap check is a binary search, not a walk of the table. */
+    struct xp_win_ref *wins;
+    size_t nwins, capwins;
     UT_hash_handle hh; /* by token */
 } xp_region;
 
@@ -165,6 +175,10 @@ void xp_set_offer_id(ect_xport *x, uint64_t id);
  * landing and the window's memory is released after it (xp_range_busy says
  * when). ECT_ENOTFOUND for an unknown key. Thread-safe. */
 int xp_window_close(ect_xport *x, const char *key);
+/* Closes n windows as xp_window_close each, under one lock of the region
+ * table (a request that ends many reservations). Returns how many keys named
+ * no open window (skipped; the error is set when any did). */
+size_t xp_window_close_many(ect_xport *x, const char *const *keys, size_t n);
 /* Makes the region whose key is region_key refuse writes naming its own
  * token (ECT_EACCES): only its windows accept writes. */
 int xp_region_set_private(ect_xport *x, const char *region_key);

@@ -69,6 +69,18 @@ static void w_close(void *ctx, const char *key) {
     fail_msg("closed a window that is not open: %s", key);
 }
 
+/* The shard's batched close (ctl_server_opts.win_close_many): when
+ * batch_closes is set, open_shard hands it and the calls are counted. */
+static bool batch_closes;
+static int n_close_calls;
+static size_t last_close_n;
+
+static void w_close_many(void *ctx, const char *const *keys, size_t n) {
+    n_close_calls++;
+    last_close_n = n;
+    for (size_t i = 0; i < n; i++) w_close(ctx, keys[i]);
+}
+
 static bool is_open(const char *key) {
     for (int i = 0; i < MAX_OPEN; i++)
         if (strcmp(open_keys[i], key) == 0) return true;
@@ -94,6 +106,8 @@ static ctl_server *open_shard(void) {
     o.transport = "shm";
     o.win_open = w_open;
     o.win_close = w_close;
+    o.win_close_many = batch_closes ? w_close_many : NULL;
+    n_close_calls = 0;
     ctl_server *s = NULL;
     assert_int_equal(ctl_server_open(NULL, &o, &s), 0);
     return s;
@@ -126,12 +140,11 @@ static void held_from(const json_t *res, held *h) {
 }
 
 static void reserve(ctl_server *s, const char *tid, uint64_t now, held *h) {
-    char f[256];
-    int n = snprintf(f, sizeof f,
-                     "{\"op\":\"reserve\",\"transfer_id\":\"%s\",\"mm_hash\":\"h-%s\",\"nbytes\":8,"
-                     "\"shape\":[4],\"dtype\":\"bfloat16\"}",
-                     tid, tid);
-    assert_true(n > 0 && (size_t)n < sizeof f);
+    char f[3072]; /* room for any tid the compiler can see (a row of a 2-D array) */
+    snprintf(f, sizeof f,
+             "{\"op\":\"reserve\",\"transfer_id\":\"%s\",\"mm_hash\":\"h-%s\",\"nbytes\":8,"
+             "\"shape\":[4],\"dtype\":\"bfloat16\"}",
+             tid, tid);
     json_t *v = call(s, f, now);
     held_from(json_object_get(v, "result"), h);
     json_decref(v);
@@ -241,8 +254,10 @@ static void test_expiry_inside_reserve_closes_window(void **state) {
 }
 
 /* Many items through the shard, more than it keeps spare window entries
- * for: each closes exactly its own window (w_close refuses a key that is
- * not open, so an entry reused with a stale key fails here). */
+ * for at first: each closes exactly its own window (w_close refuses a key
+ * that is not open, so an entry reused with a stale key fails here), and
+ * after the first round every entry comes from the spares (they grew to
+ * the SLOTS windows open at once). */
 static void test_windows_reused_across_items(void **state) {
     (void)state;
     ctl_server *s = open_shard();
@@ -260,9 +275,65 @@ static void test_windows_reused_across_items(void **state) {
             assert_int_equal(n_open(), i);
         }
         for (int i = 0; i < SLOTS; i++) assert_int_equal(ctl_server_finish(s, tid[i]), 0);
+        ctl_counters c;
+        ctl_server_counters(s, &c);
+        assert_int_equal(c.window_entries, SLOTS); /* the first round's, reused since */
     }
     assert_int_equal(ctl_server_check(s), 0);
     ctl_server_close(s);
+}
+
+/* With win_close_many, every window one request ended is closed by one
+ * call, before the reply: a complete_batch of 10 closes its 10 keys at
+ * once; a request that ends none calls nothing. */
+static void test_batch_closes_once_per_request(void **state) {
+    (void)state;
+    ctl_server *s = open_shard();
+    enum { N = 10 };
+    char f[4096];
+    int k = snprintf(f, sizeof f, "{\"op\":\"reserve_batch\",\"items\":[");
+    for (int i = 0; i < N; i++)
+        k += snprintf(f + k, sizeof f - (size_t)k,
+                      "%s{\"transfer_id\":\"t%d\",\"mm_hash\":\"h%d\",\"nbytes\":8,"
+                      "\"shape\":[4],\"dtype\":\"bfloat16\"}",
+                      i ? "," : "", i, i);
+    snprintf(f + k, sizeof f - (size_t)k, "]}");
+    json_t *v = call(s, f, 10);
+    json_t *items = json_object_get(json_object_get(v, "result"), "items");
+    held h[N];
+    for (int i = 0; i < N; i++)
+        held_from(json_object_get(json_array_get(items, (size_t)i), "result"), &h[i]);
+    json_decref(v);
+    assert_int_equal(n_open(), N);
+    assert_int_equal(n_close_calls, 0);
+    k = snprintf(f, sizeof f, "{\"op\":\"complete_batch\",\"items\":[");
+    for (int i = 0; i < N; i++)
+        k += snprintf(f + k, sizeof f - (size_t)k,
+                      "%s{\"transfer_id\":\"t%d\",\"reservation_id\":\"%s\"}", i ? "," : "", i,
+                      h[i].rid);
+    snprintf(f + k, sizeof f - (size_t)k, "]}");
+    json_decref(call(s, f, 20));
+    assert_int_equal(n_open(), 0);
+    assert_int_equal(n_close_calls, 1);
+    assert_int_equal(last_close_n, N);
+    assert_received(s, N);
+    json_decref(call(s, "{\"op\":\"status\",\"transfer_id\":\"t0\"}", 20));
+    assert_int_equal(n_close_calls, 1);
+    assert_int_equal(ctl_server_check(s), 0);
+    ctl_server_close(s);
+}
+
+/* The tests above again, the shard closing through win_close_many. */
+static int with_batch_closes(void **state) {
+    (void)state;
+    batch_closes = true;
+    return 0;
+}
+
+static int without_batch_closes(void **state) {
+    (void)state;
+    batch_closes = false;
+    return 0;
 }
 
 int main(void) {
@@ -270,6 +341,14 @@ int main(void) {
         cmocka_unit_test(test_ops_close_their_window),
         cmocka_unit_test(test_expiry_inside_reserve_closes_window),
         cmocka_unit_test(test_windows_reused_across_items),
+        cmocka_unit_test_setup_teardown(test_ops_close_their_window, with_batch_closes,
+                                        without_batch_closes),
+        cmocka_unit_test_setup_teardown(test_expiry_inside_reserve_closes_window, with_batch_closes,
+                                        without_batch_closes),
+        cmocka_unit_test_setup_teardown(test_windows_reused_across_items, with_batch_closes,
+                                        without_batch_closes),
+        cmocka_unit_test_setup_teardown(test_batch_closes_once_per_request, with_batch_closes,
+                                        without_batch_closes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -771,6 +771,104 @@ static void test_tcp_window(void **state) {
     ect_xport_close(t);
 }
 
+/* Window overlap (xp_window_open keeps each region's open windows in
+ * address order and checks only the neighbours of a new one's place):
+ * random opens and closes over two regions, each open's outcome checked
+ * against a walk of every window still open. Ranges touching end to end are
+ * accepted, any shared byte refused, the same offsets on the other region
+ * are independent, a closed window frees its range, and every key is
+ * distinct and not the region's. */
+/* xp_window_close_many: the named windows close under one lock (their
+ * ranges free again, their keys refused by a second close), the others stay
+ * open, and unknown or NULL keys are counted and skipped. */
+static void test_window_close_many(void **state) {
+    (void)state;
+    ect_xport *t = open_kind("tcp");
+    region r;
+    private_region_open(t, 64 * 1024, &r);
+    char k[5][ECT_XPORT_KEY_MAX], again[ECT_XPORT_KEY_MAX];
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(xp_window_open(t, r.key, 4096u * (unsigned)i, 4096, k[i]), 0);
+    const char *some[] = {k[0], "0123456789abcdef", k[2], NULL, k[4]};
+    assert_int_equal(xp_window_close_many(t, some, 5), 2);
+    assert_int_equal(xp_window_close_many(t, some, 5), 5); /* all gone now */
+    assert_int_equal(xp_window_close_many(t, some, 0), 0);
+    for (int i = 0; i < 5; i++) {
+        int rc = xp_window_open(t, r.key, 4096u * (unsigned)i, 4096, again);
+        if (i % 2 == 0) {
+            assert_int_equal(rc, 0); /* its range is free again */
+            assert_int_equal(xp_window_close(t, again), 0);
+        } else {
+            assert_int_equal(rc, ECT_EEXIST); /* still open */
+            assert_int_equal(xp_window_close(t, k[i]), 0);
+        }
+    }
+    test_region_close(t, &r);
+    ect_xport_close(t);
+}
+
+#define OV_SLOTS 64
+typedef struct ov_win {
+    int reg; /* -1: closed */
+    uint64_t off, len;
+    char key[ECT_XPORT_KEY_MAX];
+} ov_win;
+
+static bool ov_overlaps(const ov_win *w, int reg, uint64_t off, uint64_t len) {
+    for (int k = 0; k < OV_SLOTS; k++)
+        if (w[k].reg == reg && w[k].off < off + len && off < w[k].off + w[k].len) return true;
+    return false;
+}
+
+static void test_window_overlap_model(void **state) {
+    (void)state;
+    ect_xport *t = open_kind("tcp");
+    region r[2];
+    private_region_open(t, 64 * 1024, &r[0]);
+    private_region_open(t, 64 * 1024, &r[1]);
+    ov_win w[OV_SLOTS];
+    for (int k = 0; k < OV_SLOTS; k++) w[k].reg = -1;
+    uint64_t seed = 0x13c71ull;
+    int opened = 0, refused = 0, touching = 0;
+    for (int step = 0; step < 20000; step++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        uint32_t rnd = (uint32_t)(seed >> 33);
+        int k = (int)(rnd % OV_SLOTS);
+        if (w[k].reg >= 0) { /* close it */
+            assert_int_equal(xp_window_close(t, w[k].key), 0);
+            w[k].reg = -1;
+            continue;
+        }
+        int reg = (int)((rnd >> 8) & 1);
+        uint64_t off = ((rnd >> 9) % 1024) * 64, len = 64 * (1 + ((rnd >> 19) % 16));
+        if (off + len > 64 * 1024) len = 64 * 1024 - off;
+        bool want_refused = ov_overlaps(w, reg, off, len);
+        touching += !want_refused && (ov_overlaps(w, reg, off ? off - 1 : 0, 1) ||
+                                      ov_overlaps(w, reg, off + len, 1));
+        char key[ECT_XPORT_KEY_MAX];
+        int rc = xp_window_open(t, r[reg].key, off, len, key);
+        if (want_refused) {
+            assert_int_equal(rc, ECT_EEXIST);
+            refused++;
+            continue;
+        }
+        assert_int_equal(rc, 0);
+        assert_string_not_equal(key, r[0].key);
+        assert_string_not_equal(key, r[1].key);
+        for (int j = 0; j < OV_SLOTS; j++)
+            if (w[j].reg >= 0) assert_string_not_equal(key, w[j].key);
+        w[k] = (ov_win){.reg = reg, .off = off, .len = len};
+        strcpy(w[k].key, key);
+        opened++;
+    }
+    assert_true(opened > 1000 && refused > 1000 && touching > 100); /* each case ran */
+    for (int k = 0; k < OV_SLOTS; k++)
+        if (w[k].reg == 0) assert_int_equal(xp_window_close(t, w[k].key), 0);
+    test_region_close(t, &r[0]); /* region 1 goes with its windows still open */
+    test_region_close(t, &r[1]);
+    ect_xport_close(t);
+}
+
 #if ECT_HAVE_UCX && !XP_TSAN
 /* ucx windows (docs/PROTOCOL.md "Write windows"): a window is its own
  * ucp_mem_map of exactly its bytes with its own packed rkey, so its key
@@ -1771,6 +1869,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_garbage),
         cmocka_unit_test(test_tcp_unregister_waits),
         cmocka_unit_test(test_tcp_window),
+        cmocka_unit_test(test_window_overlap_model),
+        cmocka_unit_test(test_window_close_many),
         cmocka_unit_test(test_shm_window_reuse),
         cmocka_unit_test(test_shm_file_once),
         cmocka_unit_test(test_shm_parked_windows),
