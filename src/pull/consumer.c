@@ -219,6 +219,23 @@ static int recv_own_complete(ect_pull_consumer *c, wire_transfer_complete *done,
     return 1;
 }
 
+/* The unanswered pull a completion settles: by its token (a load_many's
+ * tokens are consecutive, so first at its index), or (an upstream producer
+ * echoes none) the first unanswered one of that mm_hash; NULL: none. */
+static pend *find_pend(pend *pd, size_t n, const wire_transfer_complete *done) {
+    if (done->has_token && n) {
+        uint64_t k = done->token - pd[0].token;
+        if (k < n && !pd[k].done && pd[k].token == done->token &&
+            !strcmp(done->mm_hash, pd[k].mm_hash))
+            return &pd[k];
+    }
+    for (size_t i = 0; i < n; i++)
+        if (!pd[i].done && !strcmp(done->mm_hash, pd[i].mm_hash) &&
+            (!done->has_token || done->token == pd[i].token))
+            return &pd[i];
+    return NULL;
+}
+
 /* Takes one message off the DEALER (non-blocking) and settles the pull it
  * completes among pd[0..n): by token, or (an upstream producer echoes none)
  * the first unanswered one of that mm_hash. A completion of none of them is
@@ -235,11 +252,7 @@ static int take_complete(ect_pull_consumer *c, pend *pd, size_t n) {
         wire_transfer_complete_free(&done);
         return 0;
     }
-    pend *mine = NULL;
-    for (size_t i = 0; i < n && !mine; i++)
-        if (!pd[i].done && !strcmp(done.mm_hash, pd[i].mm_hash) &&
-            (!done.has_token || done.token == pd[i].token))
-            mine = &pd[i];
+    pend *mine = find_pend(pd, n, &done);
     if (mine) {
         mine->done = true;
         mine->status = done.status;
@@ -428,8 +441,10 @@ static int finish_pull(ect_pull_consumer *c, pend *pd, ect_pull_view *view) {
         }
         return ect_set_error(rc, "pull load of %s: %s", mm_hash, why);
     }
-    if (ect_pool_lookup(c->pool, mm_hash, &info) != 0)
-        return ect_set_error(ECT_ESTATE, "pull load of %s: vanished after put", mm_hash);
+    /* The item is what was just put (and leased): no lookup for it. */
+    info = (ect_resident_info){.offset = pd->off, .nbytes = meta->nbytes, .ndim = meta->ndim};
+    memcpy(info.shape, meta->shape, sizeof info.shape);
+    memcpy(info.dtype, meta->dtype, sizeof info.dtype);
     view_from_info(c, &info, view, 0);
     c->st.remote++;
     met_add(&c->m_remote, 1);

@@ -176,7 +176,9 @@ typedef struct scanner {
     size_t len, pos;
     size_t nobj;
     const char *msg;
-    char key[64]; /* top-level key being scanned, printable; "" outside */
+    /* the top-level str key whose value is being scanned: its bytes in p
+     * (made printable only for an error text); klen 0 outside */
+    size_t kpos, klen;
 } scanner;
 
 static int scan_fail(const scanner *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -186,7 +188,11 @@ static int scan_fail(const scanner *s, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    if (s->key[0]) return ect_set_error(ECT_EPROTO, "%s.%s: %s", s->msg, s->key, what);
+    if (s->klen) {
+        char key[64];
+        printable((const char *)s->p + s->kpos, s->klen, key, sizeof key);
+        return ect_set_error(ECT_EPROTO, "%s.%s: %s", s->msg, key, what);
+    }
     return ect_set_error(ECT_EPROTO, "%s: %s", s->msg, what);
 }
 
@@ -306,18 +312,20 @@ static int scan_message(scanner *s) {
                          WIRE_PULL_MAX_KEYS);
     for (uint64_t k = 0; k < n; k++) {
         size_t kpos = s->pos;
-        s->key[0] = '\0';
+        s->klen = 0;
         rc = scan_value(s, 2);
         if (rc) return rc;
         /* Name the key in later errors when it is a str. */
         uint8_t kb = s->p[kpos];
         size_t hdr = (kb & 0xe0) == 0xa0 ? 1 : kb == 0xd9 ? 2 : kb == 0xda ? 3 : kb == 0xdb ? 5 : 0;
-        if (hdr)
-            printable((const char *)s->p + kpos + hdr, s->pos - kpos - hdr, s->key, sizeof s->key);
+        if (hdr) {
+            s->kpos = kpos + hdr;
+            s->klen = s->pos - kpos - hdr;
+        }
         rc = scan_value(s, 2);
         if (rc) return rc;
     }
-    s->key[0] = '\0';
+    s->klen = 0;
     if (s->pos != s->len)
         return scan_fail(s, "%zu trailing bytes after the message", s->len - s->pos);
     return 0;
