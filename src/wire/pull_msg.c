@@ -19,7 +19,10 @@
  *     memory. It sees only trees that step 1 has bounded.
  *
  * Encoders validate with the same bounds and emit the smallest msgpack forms
- * (msgpack-c's packer does that), which is also what msgspec emits.
+ * (msgpack-c's packer does that), which is also what msgspec emits. The two
+ * messages sent once per pull (ECTransferPull, ECTransferComplete) are packed
+ * by a small packer of their own into one buffer of their size, byte for
+ * byte what msgpack-c makes of them (mp_*; issue 13).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -836,6 +839,110 @@ static int finish(msgpack_sbuffer *sb, int pack_err, const char *msg, void **out
     return 0;
 }
 
+/* The bytes an error text is packed as, so that the decoders accept it
+ * whatever the text: at most WIRE_PULL_MAX_STR bytes, cut at a UTF-8
+ * boundary, and with every non-ASCII byte made '?' (into ascii) should the
+ * cut text still not be UTF-8. */
+static const char *error_text(const char *s, char ascii[WIRE_PULL_MAX_STR], size_t *len) {
+    size_t n = strlen(s);
+    if (n > WIRE_PULL_MAX_STR) {
+        n = WIRE_PULL_MAX_STR;
+        while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80) n--;
+        if (n == 0) n = WIRE_PULL_MAX_STR; /* no boundary at all: not UTF-8, made ASCII below */
+    }
+    *len = n;
+    if (utf8_valid((const unsigned char *)s, n)) return s;
+    for (size_t i = 0; i < n; i++) ascii[i] = (unsigned char)s[i] < 0x80 ? s[i] : '?';
+    return ascii;
+}
+
+/* ------------------------------------------- the per-pull messages' packer */
+
+/* ECTransferPull and ECTransferComplete go out once per pull, each way: they
+ * are packed here straight into one buffer of their size, in the forms
+ * msgpack-c's packer picks (the smallest: fixint / uint8..64, int8..32,
+ * fixstr / str8..32, fixmap / map16; test_wire_pull compares the two), not
+ * through msgpack_sbuffer's write call per piece and growth checks. */
+typedef struct mp_out {
+    uint8_t *p;
+    size_t len;
+} mp_out;
+
+/* Bytes a str of n bytes, and an unsigned, take packed. */
+static size_t mp_str_size(size_t n) { return n + (n < 32 ? 1 : n < 256 ? 2 : n < 65536 ? 3 : 5); }
+static size_t mp_uint_size(uint64_t v) {
+    return v < 128 ? 1 : v < 256 ? 2 : v < 65536 ? 3 : v <= UINT32_MAX ? 5 : 9;
+}
+
+/* A tag byte and v big-endian in width bytes. */
+static void mp_tagged(mp_out *o, uint8_t tag, uint64_t v, unsigned width) {
+    o->p[o->len++] = tag;
+    for (unsigned k = width; k-- > 0;) o->p[o->len++] = (uint8_t)(v >> (8 * k));
+}
+
+static void mp_map(mp_out *o, uint32_t n) {
+    if (n < 16)
+        o->p[o->len++] = (uint8_t)(0x80 | n);
+    else
+        mp_tagged(o, n < 65536 ? 0xde : 0xdf, n, n < 65536 ? 2 : 4);
+}
+
+static void mp_uint(mp_out *o, uint64_t v) {
+    if (v < 128)
+        o->p[o->len++] = (uint8_t)v;
+    else if (v < 256)
+        mp_tagged(o, 0xcc, v, 1);
+    else if (v < 65536)
+        mp_tagged(o, 0xcd, v, 2);
+    else if (v <= UINT32_MAX)
+        mp_tagged(o, 0xce, v, 4);
+    else
+        mp_tagged(o, 0xcf, v, 8);
+}
+
+static void mp_int32(mp_out *o, int32_t v) {
+    if (v >= 0)
+        mp_uint(o, (uint64_t)v);
+    else if (v >= -32)
+        o->p[o->len++] = (uint8_t)v;
+    else if (v >= -128)
+        mp_tagged(o, 0xd0, (uint8_t)v, 1);
+    else if (v >= -32768)
+        mp_tagged(o, 0xd1, (uint16_t)v, 2);
+    else
+        mp_tagged(o, 0xd2, (uint32_t)v, 4);
+}
+
+static void mp_strn(mp_out *o, const char *s, size_t n) {
+    if (n < 32)
+        o->p[o->len++] = (uint8_t)(0xa0 | n);
+    else if (n < 256)
+        mp_tagged(o, 0xd9, n, 1);
+    else if (n < 65536)
+        mp_tagged(o, 0xda, n, 2);
+    else
+        mp_tagged(o, 0xdb, n, 4);
+    memcpy(o->p + o->len, s, n);
+    o->len += n;
+}
+
+/* A key (a literal) and a str value of n bytes; their packed size. */
+#define KEY(k) (sizeof(k) - 1 + 1)
+static size_t mp_kv_str_size(size_t key, size_t n) { return key + mp_str_size(n); }
+
+/* Hands o's bytes (size bytes reserved) to the caller. */
+static int mp_finish(mp_out *o, size_t size, const char *msg, void **out, size_t *out_len) {
+    /* The bounds checked by the encoders keep every message far below the limit. */
+    if (o->len > WIRE_PULL_MAX_MSG || o->len > size) {
+        free(o->p);
+        return ect_set_error(ECT_EINVAL, "%s: encodes to more than %u bytes", msg,
+                             WIRE_PULL_MAX_MSG);
+    }
+    *out = o->p;
+    *out_len = o->len;
+    return 0;
+}
+
 /* Argument checks shared by the encoders (before validation)... */
 #define ENCODE_ARGS(msg)                                                                           \
     if (out) *out = NULL;                                                                          \
@@ -871,32 +978,33 @@ int wire_transfer_pull_encode(const wire_transfer_pull *m, void **out, size_t *o
         rc = check_text(&(fpath){msg, "dst_key", -1, -1}, ECT_EINVAL, m->dst_key,
                         strlen(m->dst_key), WIRE_PULL_MAX_KEY);
     if (rc) return rc;
-    PACK_BEGIN();
-    int e = msgpack_pack_map(&pk, ECT_ARRAY_LEN(pull_keys) + !!m->dst_key + m->has_token);
-    e |= pack_str(&pk, "mm_hash") | pack_str(&pk, m->mm_hash);
-    e |= pack_str(&pk, "dst_ptr") | msgpack_pack_uint64(&pk, m->dst_ptr);
-    e |= pack_str(&pk, "dst_offset") | msgpack_pack_uint64(&pk, m->dst_offset);
-    e |= pack_str(&pk, "consumer_session_id") | pack_str(&pk, m->consumer_session_id);
-    if (m->dst_key) e |= pack_str(&pk, "dst_key") | pack_str(&pk, m->dst_key);
-    if (m->has_token) e |= pack_str(&pk, "token") | msgpack_pack_uint64(&pk, m->token);
-    return finish(&sb, e, msg, out, out_len);
-}
-
-/* Packs an error text as a str the decoders accept whatever the text: at
- * most WIRE_PULL_MAX_STR bytes, cut at a UTF-8 boundary, and with every
- * non-ASCII byte made '?' should the cut text still not be UTF-8. */
-static int pack_error_text(msgpack_packer *pk, const char *s) {
-    size_t n = strlen(s);
-    if (n > WIRE_PULL_MAX_STR) {
-        n = WIRE_PULL_MAX_STR;
-        while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80) n--;
-        if (n == 0) n = WIRE_PULL_MAX_STR; /* no boundary at all: not UTF-8, made ASCII below */
+    size_t hl = strlen(m->mm_hash), sl = strlen(m->consumer_session_id),
+           kl = m->dst_key ? strlen(m->dst_key) : 0;
+    size_t size = 1 + mp_kv_str_size(KEY("mm_hash"), hl) + KEY("dst_ptr") +
+                  mp_uint_size(m->dst_ptr) + KEY("dst_offset") + mp_uint_size(m->dst_offset) +
+                  mp_kv_str_size(KEY("consumer_session_id"), sl) +
+                  (m->dst_key ? mp_kv_str_size(KEY("dst_key"), kl) : 0) +
+                  (m->has_token ? KEY("token") + mp_uint_size(m->token) : 0);
+    mp_out o = {malloc(size), 0};
+    if (!o.p) return ect_set_error(ECT_ENOMEM, "%s: out of memory encoding", msg);
+    mp_map(&o, (uint32_t)(ECT_ARRAY_LEN(pull_keys) + !!m->dst_key + m->has_token));
+    mp_strn(&o, "mm_hash", 7);
+    mp_strn(&o, m->mm_hash, hl);
+    mp_strn(&o, "dst_ptr", 7);
+    mp_uint(&o, m->dst_ptr);
+    mp_strn(&o, "dst_offset", 10);
+    mp_uint(&o, m->dst_offset);
+    mp_strn(&o, "consumer_session_id", 19);
+    mp_strn(&o, m->consumer_session_id, sl);
+    if (m->dst_key) {
+        mp_strn(&o, "dst_key", 7);
+        mp_strn(&o, m->dst_key, kl);
     }
-    if (utf8_valid((const unsigned char *)s, n))
-        return msgpack_pack_str(pk, n) | msgpack_pack_str_body(pk, s, n);
-    char ascii[WIRE_PULL_MAX_STR];
-    for (size_t i = 0; i < n; i++) ascii[i] = (unsigned char)s[i] < 0x80 ? s[i] : '?';
-    return msgpack_pack_str(pk, n) | msgpack_pack_str_body(pk, ascii, n);
+    if (m->has_token) {
+        mp_strn(&o, "token", 5);
+        mp_uint(&o, m->token);
+    }
+    return mp_finish(&o, size, msg, out, out_len);
 }
 
 int wire_transfer_complete_encode(const wire_transfer_complete *m, void **out, size_t *out_len) {
@@ -905,13 +1013,28 @@ int wire_transfer_complete_encode(const wire_transfer_complete *m, void **out, s
     int rc = check_cstr(m->mm_hash, &(fpath){msg, "mm_hash", -1, -1});
     if (rc) return rc;
     bool has_error = m->error && m->error[0];
-    PACK_BEGIN();
-    int e = msgpack_pack_map(&pk, ECT_ARRAY_LEN(complete_keys) + m->has_token + has_error);
-    e |= pack_str(&pk, "mm_hash") | pack_str(&pk, m->mm_hash);
-    e |= pack_str(&pk, "status") | msgpack_pack_int32(&pk, m->status);
-    if (m->has_token) e |= pack_str(&pk, "token") | msgpack_pack_uint64(&pk, m->token);
-    if (has_error) e |= pack_str(&pk, "error") | pack_error_text(&pk, m->error);
-    return finish(&sb, e, msg, out, out_len);
+    char ascii[WIRE_PULL_MAX_STR];
+    size_t hl = strlen(m->mm_hash), el = 0;
+    const char *err = has_error ? error_text(m->error, ascii, &el) : NULL;
+    size_t size = 1 + mp_kv_str_size(KEY("mm_hash"), hl) + KEY("status") + 5 +
+                  (m->has_token ? KEY("token") + mp_uint_size(m->token) : 0) +
+                  (has_error ? mp_kv_str_size(KEY("error"), el) : 0);
+    mp_out o = {malloc(size), 0};
+    if (!o.p) return ect_set_error(ECT_ENOMEM, "%s: out of memory encoding", msg);
+    mp_map(&o, (uint32_t)(ECT_ARRAY_LEN(complete_keys) + m->has_token + has_error));
+    mp_strn(&o, "mm_hash", 7);
+    mp_strn(&o, m->mm_hash, hl);
+    mp_strn(&o, "status", 6);
+    mp_int32(&o, m->status);
+    if (m->has_token) {
+        mp_strn(&o, "token", 5);
+        mp_uint(&o, m->token);
+    }
+    if (has_error) {
+        mp_strn(&o, "error", 5);
+        mp_strn(&o, err, el);
+    }
+    return mp_finish(&o, size, msg, out, out_len);
 }
 
 int wire_transfer_request_encode(const wire_transfer_request *m, void **out, size_t *out_len) {

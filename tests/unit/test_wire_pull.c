@@ -1256,6 +1256,121 @@ static void write_seed_corpus(const char *dir) {
     mb_free(&b);
 }
 
+/* ----------------------------------------- the per-pull messages' packer */
+
+/* msgpack-c's bytes for a str, an unsigned and an int32 (the forms the
+ * encoders used to emit through it). */
+static void ref_str(msgpack_packer *pk, const char *s) {
+    size_t n = strlen(s);
+    msgpack_pack_str(pk, n);
+    msgpack_pack_str_body(pk, s, n);
+}
+
+static void expect_same(const msgpack_sbuffer *ref, const void *buf, size_t len) {
+    if (ref->size != len || memcmp(ref->data, buf, len) != 0) {
+        print_error("msgpack-c: ");
+        for (size_t i = 0; i < ref->size; i++) print_error("%02x", (unsigned char)ref->data[i]);
+        print_error("\nours:      ");
+        for (size_t i = 0; i < len; i++) print_error("%02x", ((const unsigned char *)buf)[i]);
+        print_error("\n");
+        fail();
+    }
+}
+
+/* ECTransferPull and ECTransferComplete, packed by their own packer, are
+ * byte for byte what msgpack-c's packer makes of them: every width class of
+ * every unsigned (fixint, uint8..64) and int32 (negative fixint, int8..32),
+ * str lengths around each class boundary (fixstr, str8, str16), with and
+ * without the extension keys. */
+static void test_pull_packer_matches_msgpack_c(void **st) {
+    (void)st;
+    static const uint64_t u[] = {0,     1,      127,        128,           255,
+                                 256,   65535,  65536,      4294967295ull, 4294967296ull,
+                                 ~0ull, 1ull << 47};
+    static const int32_t s32[] = {INT32_MIN, -32769, -32768, -129, -128, -33, -32, -1,
+                                  0,         1,      127,    128,  255,  256, 65535, 65536,
+                                  INT32_MAX};
+    static const size_t lens[] = {1, 31, 32, 255, 256};
+    char text[5][WIRE_PULL_MAX_STR + 1], key[2100];
+    for (int l = 0; l < 5; l++) {
+        memset(text[l], 'a' + l, lens[l]);
+        text[l][lens[l]] = '\0';
+    }
+    memset(key, 'k', 2047);
+    key[2047] = '\0';
+    const char *keys[] = {NULL, "9e01c4d27a3f58b6", key};
+    for (size_t i = 0; i < ECT_ARRAY_LEN(u); i++)
+        for (int l = 0; l < 5; l++)
+            for (int k = 0; k < 3; k++) {
+                wire_transfer_pull m = {.mm_hash = text[l],
+                                        .dst_ptr = u[i],
+                                        .dst_offset = u[(i + 3) % ECT_ARRAY_LEN(u)],
+                                        .consumer_session_id = text[4 - l],
+                                        .dst_key = (char *)keys[k],
+                                        .has_token = k != 1,
+                                        .token = u[(i + 7) % ECT_ARRAY_LEN(u)]};
+                msgpack_sbuffer ref;
+                msgpack_packer pk;
+                msgpack_sbuffer_init(&ref);
+                msgpack_packer_init(&pk, &ref, msgpack_sbuffer_write);
+                msgpack_pack_map(&pk, 4 + !!m.dst_key + m.has_token);
+                ref_str(&pk, "mm_hash");
+                ref_str(&pk, m.mm_hash);
+                ref_str(&pk, "dst_ptr");
+                msgpack_pack_uint64(&pk, m.dst_ptr);
+                ref_str(&pk, "dst_offset");
+                msgpack_pack_uint64(&pk, m.dst_offset);
+                ref_str(&pk, "consumer_session_id");
+                ref_str(&pk, m.consumer_session_id);
+                if (m.dst_key) {
+                    ref_str(&pk, "dst_key");
+                    ref_str(&pk, m.dst_key);
+                }
+                if (m.has_token) {
+                    ref_str(&pk, "token");
+                    msgpack_pack_uint64(&pk, m.token);
+                }
+                void *buf;
+                size_t len;
+                assert_int_equal(wire_transfer_pull_encode(&m, &buf, &len), 0);
+                expect_same(&ref, buf, len);
+                free(buf);
+                msgpack_sbuffer_destroy(&ref);
+            }
+    for (size_t i = 0; i < ECT_ARRAY_LEN(s32); i++)
+        for (int l = 0; l < 5; l++)
+            for (int k = 0; k < 4; k++) {
+                wire_transfer_complete m = {.mm_hash = text[l],
+                                            .status = s32[i],
+                                            .has_token = k & 1,
+                                            .token = u[(i + (size_t)l) % ECT_ARRAY_LEN(u)],
+                                            .error = k & 2 ? text[4 - l] : NULL};
+                msgpack_sbuffer ref;
+                msgpack_packer pk;
+                msgpack_sbuffer_init(&ref);
+                msgpack_packer_init(&pk, &ref, msgpack_sbuffer_write);
+                msgpack_pack_map(&pk, 2 + m.has_token + !!m.error);
+                ref_str(&pk, "mm_hash");
+                ref_str(&pk, m.mm_hash);
+                ref_str(&pk, "status");
+                msgpack_pack_int32(&pk, m.status);
+                if (m.has_token) {
+                    ref_str(&pk, "token");
+                    msgpack_pack_uint64(&pk, m.token);
+                }
+                if (m.error) {
+                    ref_str(&pk, "error");
+                    ref_str(&pk, m.error);
+                }
+                void *buf;
+                size_t len;
+                assert_int_equal(wire_transfer_complete_encode(&m, &buf, &len), 0);
+                expect_same(&ref, buf, len);
+                free(buf);
+                msgpack_sbuffer_destroy(&ref);
+            }
+}
+
 int main(void) {
     const char *seed_dir = getenv("ECT_PULL_SEED_DIR");
     if (seed_dir) {
@@ -1268,6 +1383,7 @@ int main(void) {
         cmocka_unit_test(test_round_trip_request),
         cmocka_unit_test(test_largest_messages_fit_bounds),
         cmocka_unit_test(test_golden_bytes),
+        cmocka_unit_test(test_pull_packer_matches_msgpack_c),
         cmocka_unit_test(test_reject_by_class),
         cmocka_unit_test(test_reject_mismatched_list_lengths),
         cmocka_unit_test(test_extension_keys),
