@@ -427,8 +427,8 @@ static bool share_window(ect_pull_consumer *c, pend *pd, const int *statuses, si
     bool end_to_end = true;
     for (size_t j = 1; j < k && end_to_end; j++)
         end_to_end = sp[j].off == (sp[j - 1].end + c->align - 1) / c->align * c->align;
-    bool ok = end_to_end && xp_window_open(c->x, c->key, sp[0].off, sp[k - 1].end - sp[0].off,
-                                           key) == 0;
+    bool ok =
+        end_to_end && xp_window_open(c->x, c->key, sp[0].off, sp[k - 1].end - sp[0].off, key) == 0;
     free(sp);
     if (!ok) return false;
     for (size_t i = 0; i < n; i++)

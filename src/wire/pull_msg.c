@@ -653,6 +653,195 @@ static int ready_from_obj(const msgpack_object *root, wire_transfer_ready *m) {
     return rc;
 }
 
+/* ------------------------------------- the per-pull messages, fast path */
+
+/* ECTransferPull and ECTransferComplete arrive once per pull: a message of
+ * the shape every sender of them uses (a fixmap of fixstr keys, each one
+ * of that message's fields at most once, values in the usual forms, texts
+ * valid) is decoded here in one pass over the bytes, without msgpack-c's
+ * object tree; anything else (another key, a duplicate, another form of a
+ * value, a text or field the decoder would refuse) goes to the general
+ * decoder, which gives the result or the error. So this path only ever
+ * accepts what the general one accepts, with the same result
+ * (wire_pull_decode_general; fuzz_pull_msg compares the two). */
+
+enum { F_HASH, F_PTR, F_OFF, F_SESS, F_KEY, F_TOKEN, F_STATUS, F_ERROR, F_N };
+static const char *const fast_names[F_N] = {
+    "mm_hash", "dst_ptr", "dst_offset", "consumer_session_id",
+    "dst_key", "token",   "status",     "error"};
+#define PULL_FIELDS (1u << F_HASH | 1u << F_PTR | 1u << F_OFF | 1u << F_SESS)
+#define PULL_ALLOWED (PULL_FIELDS | 1u << F_KEY | 1u << F_TOKEN)
+#define COMPLETE_FIELDS (1u << F_HASH | 1u << F_STATUS)
+#define COMPLETE_ALLOWED (COMPLETE_FIELDS | 1u << F_TOKEN | 1u << F_ERROR)
+
+typedef struct fast_in {
+    const uint8_t *p, *end;
+} fast_in;
+
+/* v, the big-endian unsigned of width bytes at in->p; false past the end. */
+static bool fast_be(fast_in *in, unsigned width, uint64_t *v) {
+    if ((size_t)(in->end - in->p) < width) return false;
+    uint64_t x = 0;
+    for (unsigned k = 0; k < width; k++) x = (x << 8) | *in->p++;
+    *v = x;
+    return true;
+}
+
+/* A str (fixstr, str8, str16): its bytes. */
+static bool fast_str(fast_in *in, const char **s, size_t *n) {
+    if (in->p == in->end) return false;
+    uint8_t b = *in->p++;
+    uint64_t len;
+    if ((b & 0xe0) == 0xa0)
+        len = b & 0x1f;
+    else if (!((b == 0xd9 && fast_be(in, 1, &len)) || (b == 0xda && fast_be(in, 2, &len))))
+        return false;
+    if ((uint64_t)(in->end - in->p) < len) return false;
+    *s = (const char *)in->p;
+    *n = (size_t)len;
+    in->p += len;
+    return true;
+}
+
+/* An unsigned (positive fixint, uint8..64), as msgpack-c reads it. */
+static bool fast_uint(fast_in *in, uint64_t *v) {
+    if (in->p == in->end) return false;
+    uint8_t b = *in->p++;
+    if (b <= 0x7f) {
+        *v = b;
+        return true;
+    }
+    return b >= 0xcc && b <= 0xcf && fast_be(in, 1u << (b - 0xcc), v);
+}
+
+/* An int32 (fixint either sign, uint8..32 up to INT32_MAX, int8..32). */
+static bool fast_i32(fast_in *in, int32_t *v) {
+    if (in->p == in->end) return false;
+    uint8_t b = *in->p;
+    uint64_t x;
+    if (b >= 0xe0) {
+        in->p++;
+        *v = (int8_t)b;
+        return true;
+    }
+    if (b >= 0xd0 && b <= 0xd2) {
+        in->p++;
+        unsigned w = 1u << (b - 0xd0);
+        if (!fast_be(in, w, &x)) return false;
+        *v = w == 1 ? (int8_t)x : w == 2 ? (int16_t)x : (int32_t)(uint32_t)x;
+        return true;
+    }
+    if (b == 0xcf || !fast_uint(in, &x) || x > INT32_MAX) return false;
+    *v = (int32_t)x;
+    return true;
+}
+
+static bool text_ok(const char *s, size_t n, size_t max) {
+    return n && n <= max && !memchr(s, '\0', n) && utf8_valid((const unsigned char *)s, n);
+}
+
+static char *text_dup(const char *s, size_t n) {
+    char *d = malloc(n + 1);
+    if (d) {
+        memcpy(d, s, n);
+        d[n] = '\0';
+    }
+    return d;
+}
+
+/* The fields of one fast-path message. */
+typedef struct fast_msg {
+    unsigned seen;
+    const char *str[F_N];
+    size_t len[F_N];
+    uint64_t u[F_N];
+    int32_t status;
+} fast_msg;
+
+/* Reads the whole message into f; false when it is not of the fast shape. */
+static bool fast_scan(const void *buf, size_t len, fast_msg *f) {
+    fast_in in = {buf, (const uint8_t *)buf + len};
+    if (!buf || len == 0 || len > WIRE_PULL_MAX_MSG || (*in.p & 0xf0) != 0x80) return false;
+    unsigned n = *in.p++ & 0x0f;
+    f->seen = 0;
+    for (unsigned k = 0; k < n; k++) {
+        const char *key;
+        size_t kl;
+        if (in.p == in.end || (*in.p & 0xe0) != 0xa0 || !fast_str(&in, &key, &kl)) return false;
+        int id = 0;
+        while (id < F_N && !(strlen(fast_names[id]) == kl && !memcmp(fast_names[id], key, kl)))
+            id++;
+        if (id == F_N || (f->seen & 1u << id)) return false;
+        f->seen |= 1u << id;
+        bool ok;
+        switch (id) {
+        case F_PTR:
+        case F_OFF:
+        case F_TOKEN: ok = fast_uint(&in, &f->u[id]); break;
+        case F_STATUS: ok = fast_i32(&in, &f->status); break;
+        default:
+            ok = fast_str(&in, &f->str[id], &f->len[id]) &&
+                 text_ok(f->str[id], f->len[id],
+                         id == F_KEY ? WIRE_PULL_MAX_KEY : WIRE_PULL_MAX_STR);
+        }
+        if (!ok) return false;
+    }
+    return in.p == in.end;
+}
+
+static bool fast_pull(const fast_msg *f, wire_transfer_pull *m) {
+    memset(m, 0, sizeof *m);
+    m->mm_hash = text_dup(f->str[F_HASH], f->len[F_HASH]);
+    m->consumer_session_id = text_dup(f->str[F_SESS], f->len[F_SESS]);
+    if (f->seen & 1u << F_KEY) m->dst_key = text_dup(f->str[F_KEY], f->len[F_KEY]);
+    if (!m->mm_hash || !m->consumer_session_id || (!m->dst_key && (f->seen & 1u << F_KEY))) {
+        wire_transfer_pull_free(m);
+        return false; /* out of memory: the general decoder says so */
+    }
+    m->dst_ptr = f->u[F_PTR];
+    m->dst_offset = f->u[F_OFF];
+    m->has_token = f->seen & 1u << F_TOKEN;
+    m->token = m->has_token ? f->u[F_TOKEN] : 0;
+    return true;
+}
+
+static bool fast_complete(const fast_msg *f, wire_transfer_complete *m) {
+    memset(m, 0, sizeof *m);
+    m->mm_hash = text_dup(f->str[F_HASH], f->len[F_HASH]);
+    if (f->seen & 1u << F_ERROR) m->error = text_dup(f->str[F_ERROR], f->len[F_ERROR]);
+    if (!m->mm_hash || (!m->error && (f->seen & 1u << F_ERROR))) {
+        wire_transfer_complete_free(m);
+        return false;
+    }
+    m->status = f->status;
+    m->has_token = f->seen & 1u << F_TOKEN;
+    m->token = m->has_token ? f->u[F_TOKEN] : 0;
+    return true;
+}
+
+/* The type the fast path decodes buf as (by decode_any's key rule, among
+ * its own fields only), or WIRE_PULL_NONE. */
+static wire_pull_type fast_type(const fast_msg *f) {
+    if ((f->seen & 1u << F_PTR) && (f->seen & ~PULL_ALLOWED) == 0 &&
+        (f->seen & PULL_FIELDS) == PULL_FIELDS)
+        return WIRE_PULL_PULL;
+    if (!(f->seen & 1u << F_PTR) && (f->seen & ~COMPLETE_ALLOWED) == 0 &&
+        (f->seen & COMPLETE_FIELDS) == COMPLETE_FIELDS)
+        return WIRE_PULL_COMPLETE;
+    return WIRE_PULL_NONE;
+}
+
+/* Decodes buf through the fast path into out: true, or false (nothing
+ * left in out) for the general decoder. */
+static bool fast_decode(const void *buf, size_t len, wire_pull_msg *out) {
+    fast_msg f;
+    if (!fast_scan(buf, len, &f)) return false;
+    out->type = fast_type(&f);
+    if (out->type == WIRE_PULL_PULL) return fast_pull(&f, &out->u.pull);
+    if (out->type == WIRE_PULL_COMPLETE) return fast_complete(&f, &out->u.complete);
+    return false;
+}
+
 /* ---------------------------------------------------------------- decode */
 
 #define DEFINE_DECODE(fn, type, msgname, from_obj)                                                 \
@@ -667,14 +856,35 @@ static int ready_from_obj(const msgpack_object *root, wire_transfer_ready *m) {
 
 DEFINE_DECODE(wire_hash_notification_decode, wire_hash_notification, "ECHashNotification",
               notification_from_obj)
-DEFINE_DECODE(wire_transfer_pull_decode, wire_transfer_pull, "ECTransferPull", pull_from_obj)
-DEFINE_DECODE(wire_transfer_complete_decode, wire_transfer_complete, "ECTransferComplete",
-              complete_from_obj)
+static DEFINE_DECODE(pull_decode_general, wire_transfer_pull, "ECTransferPull",
+                     pull_from_obj) static DEFINE_DECODE(complete_decode_general,
+                                                         wire_transfer_complete,
+                                                         "ECTransferComplete", complete_from_obj)
+
+    int wire_transfer_pull_decode(const void *buf, size_t len, wire_transfer_pull *out) {
+    wire_pull_msg m = {0};
+    if (fast_decode(buf, len, &m) && m.type == WIRE_PULL_PULL) {
+        *out = m.u.pull;
+        return 0;
+    }
+    wire_pull_msg_free(&m);
+    return pull_decode_general(buf, len, out);
+}
+
+int wire_transfer_complete_decode(const void *buf, size_t len, wire_transfer_complete *out) {
+    wire_pull_msg m = {0};
+    if (fast_decode(buf, len, &m) && m.type == WIRE_PULL_COMPLETE) {
+        *out = m.u.complete;
+        return 0;
+    }
+    wire_pull_msg_free(&m);
+    return complete_decode_general(buf, len, out);
+}
 DEFINE_DECODE(wire_transfer_request_decode, wire_transfer_request, "ECTransferRequest",
               request_from_obj)
 DEFINE_DECODE(wire_transfer_ready_decode, wire_transfer_ready, "ECTransferReady", ready_from_obj)
 
-int wire_pull_decode_any(const void *buf, size_t len, wire_pull_msg *out) {
+int wire_pull_decode_general(const void *buf, size_t len, wire_pull_msg *out) {
     memset(out, 0, sizeof *out);
     msgpack_unpacked u;
     int rc = unpack(buf, len, "pull message", &u);
@@ -706,6 +916,13 @@ int wire_pull_decode_any(const void *buf, size_t len, wire_pull_msg *out) {
     else
         memset(out, 0, sizeof *out);
     return rc;
+}
+
+int wire_pull_decode_any(const void *buf, size_t len, wire_pull_msg *out) {
+    memset(out, 0, sizeof *out);
+    if (fast_decode(buf, len, out)) return 0;
+    wire_pull_msg_free(out);
+    return wire_pull_decode_general(buf, len, out);
 }
 
 /* ------------------------------------------------------------------ free */
