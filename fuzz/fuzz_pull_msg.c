@@ -10,10 +10,14 @@
  *  - when wire_pull_decode_any picks a type, that type's own decoder accepts
  *    the same bytes;
  *  - a pull or completion whose extension keys were refused (ext_error set)
- *    carries none of them, and its error text is non-empty.
+ *    carries none of them, and its error text is non-empty;
+ *  - wire_pull_decode_any (with its one-pass path for ECTransferPull and
+ *    ECTransferComplete) and wire_pull_decode_general agree: the same result
+ *    code, type, fields and ext_error.
  * Seeds in fuzz/corpus/pull_msg/ are written by the unit test:
  *   ECT_PULL_SEED_DIR=fuzz/corpus/pull_msg build/tests/test_wire_pull
  */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,6 +66,35 @@ static void check_round_trip(const wire_pull_msg *m) {
     wire_pull_msg_free(&again);
 }
 
+static bool same_str(const char *a, const char *b) {
+    return (!a && !b) || (a && b && strcmp(a, b) == 0);
+}
+
+/* decode_any's result is the general decoder's. */
+static void check_general(const uint8_t *data, size_t size, int rc, const wire_pull_msg *m) {
+    wire_pull_msg g;
+    int grc = wire_pull_decode_general(data, size, &g);
+    if (grc != rc) abort();
+    if (rc) return;
+    if (g.type != m->type) abort();
+    if (m->type == WIRE_PULL_PULL) {
+        const wire_transfer_pull *a = &m->u.pull, *b = &g.u.pull;
+        if (!same_str(a->mm_hash, b->mm_hash) || a->dst_ptr != b->dst_ptr ||
+            a->dst_offset != b->dst_offset ||
+            !same_str(a->consumer_session_id, b->consumer_session_id) ||
+            !same_str(a->dst_key, b->dst_key) || a->has_token != b->has_token ||
+            a->token != b->token || !same_str(a->ext_error, b->ext_error))
+            abort();
+    } else if (m->type == WIRE_PULL_COMPLETE) {
+        const wire_transfer_complete *a = &m->u.complete, *b = &g.u.complete;
+        if (!same_str(a->mm_hash, b->mm_hash) || a->status != b->status ||
+            a->has_token != b->has_token || a->token != b->token || !same_str(a->error, b->error) ||
+            !same_str(a->ext_error, b->ext_error))
+            abort();
+    }
+    wire_pull_msg_free(&g);
+}
+
 /* Runs one typed decoder; on success wraps the result as a wire_pull_msg for
  * the round trip (which goes through decode_any, so the key rule must also
  * classify it as this type). */
@@ -82,6 +115,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int ok_typed[WIRE_PULL_READY + 1] = {0};
     wire_pull_msg any;
     int rc = wire_pull_decode_any(data, size, &any);
+    check_general(data, size, rc, &any);
     if (rc)
         check_failure(rc);
     else

@@ -38,6 +38,10 @@
 typedef struct row {
     double gbps, p50_ms, raw_gbps, raw_p50_ms;
     double bat_gbps; /* in-flight rows: the same writes batched as the lane does; else NaN */
+    /* process CPU time (every thread: consumer, producer, data plane) per
+     * item of the pull rounds, and of the limit's rounds (the batched one
+     * for in-flight rows) */
+    double cpu_us, lim_cpu_us;
     bool ok;
 } row;
 
@@ -45,26 +49,32 @@ typedef int (*round_fn)(void *ctx);
 
 /* Alternates rounds of a (pull) and b (raw) for `ms` in all (at least 3 of
  * each, at most 1000), so load changes on a busy machine hit both alike;
- * fills each one's p50 round time and GB/s at that median. */
-static int timed_pair(round_fn a, round_fn b, round_fn c, void *ctx, uint64_t bytes, int ms,
-                      row *r) {
+ * fills each one's p50 round time and GB/s at that median, and the CPU time
+ * per item of a's rounds and of the limit's (c's when given, else b's). */
+static int timed_pair(round_fn a, round_fn b, round_fn c, void *ctx, uint64_t bytes, int items,
+                      int ms, row *r) {
     static uint64_t la[1000], lb[1000], lc[1000];
     /* warm-up: connections, page faults */
     if (a(ctx) != 0 || b(ctx) != 0 || (c && c(ctx) != 0)) return -1;
     size_t n = 0;
-    uint64_t t0 = cli_now_ns(), budget = (uint64_t)ms * 1000000ull;
+    uint64_t t0 = cli_now_ns(), budget = (uint64_t)ms * 1000000ull, cpu_a = 0, cpu_lim = 0;
     while (n < 1000 && (n < 3 || cli_now_ns() - t0 < budget)) {
-        uint64_t t = cli_now_ns();
+        uint64_t ca = cli_cpu_ns(), t = cli_now_ns();
         if (a(ctx) != 0) return -1;
-        uint64_t u = cli_now_ns();
+        uint64_t u = cli_now_ns(), cb = cli_cpu_ns();
         if (b(ctx) != 0) return -1;
-        uint64_t v = cli_now_ns();
+        uint64_t v = cli_now_ns(), cc = cli_cpu_ns();
         if (c && c(ctx) != 0) return -1;
+        uint64_t ce = cli_cpu_ns();
+        cpu_a += cb - ca;
+        cpu_lim += c ? ce - cc : cc - cb;
         la[n] = u - t;
         lb[n] = v - u;
         lc[n] = cli_now_ns() - v;
         n++;
     }
+    r->cpu_us = (double)cpu_a / 1e3 / (double)n / (double)items;
+    r->lim_cpu_us = (double)cpu_lim / 1e3 / (double)n / (double)items;
     cli_sort_u64(la, n);
     cli_sort_u64(lb, n);
     cli_sort_u64(lc, n);
@@ -255,8 +265,8 @@ static int one_kind(const char *kind, const uint64_t *sizes, size_t nsizes, int 
             snprintf(x.meta.dtype, sizeof x.meta.dtype, "uint8");
             row r = {0};
             uint64_t bytes = size * (uint64_t)count;
-            if (timed_pair(pull_round, raw_round, x.many ? batched_round : NULL, &x, bytes, 2 * ms,
-                           &r) != 0)
+            if (timed_pair(pull_round, raw_round, x.many ? batched_round : NULL, &x, bytes, count,
+                           2 * ms, &r) != 0)
                 goto fail;
             char sz[32];
             cli_fmt_size(size, sz, sizeof sz);
@@ -271,14 +281,18 @@ static int one_kind(const char *kind, const uint64_t *sizes, size_t nsizes, int 
                 cli_json_num(r.bat_gbps);
                 printf(",\"ratio_batched\":");
                 cli_json_num(r.gbps / r.bat_gbps);
-                printf("}");
+                printf(",\"cpu_us_per_item\":%.17g,\"limit_cpu_us_per_item\":%.17g}", r.cpu_us,
+                       r.lim_cpu_us);
                 *first = false;
             } else {
-                char bat[48] = "";
+                char bat[48];
                 if (isfinite(r.bat_gbps))
                     snprintf(bat, sizeof bat, " %10.3f %7.2f", r.bat_gbps, r.gbps / r.bat_gbps);
-                printf("%-5s %10s %5d %3d %10.3f %12.3f %10.3f %12.3f %7.2f%s\n", kind, sz, count,
-                       fl, r.gbps, r.p50_ms, r.raw_gbps, r.raw_p50_ms, ratio, bat);
+                else
+                    snprintf(bat, sizeof bat, " %10s %7s", "-", "-");
+                printf("%-5s %10s %5d %3d %10.3f %12.3f %10.3f %12.3f %7.2f%s %8.2f %8.2f\n", kind,
+                       sz, count, fl, r.gbps, r.p50_ms, r.raw_gbps, r.raw_p50_ms, ratio, bat,
+                       r.cpu_us, r.lim_cpu_us);
             }
             fflush(stdout);
         }
@@ -307,12 +321,15 @@ static void help(void) {
         "32 with every pull in flight at once (ect_pull_consumer_load_many; column fl),\n"
         "beside the same bytes written with ect_xport_write_batch one item per call (raw,\n"
         "ratio) and, for the in-flight rows, batched as the producer's write lane batches\n"
-        "the pulls queued for one consumer, up to 64 items / 4 MiB per call (batch, ratio b).\n\n"
+        "the pulls queued for one consumer, up to 64 items / 4 MiB per call (batch, ratio b).\n"
+        "cpu us/i: the process's CPU time (every thread) per item of the pull rounds; lim\n"
+        "us/i: the same of the limit's rounds (the batched one for in-flight rows).\n\n"
         "  --json         one JSON list of rows: transport, size, items, inflight (1 or items),\n"
         "                 gbps (item bytes of a round over its median time), p50_ms (per\n"
         "                 round of `items` loads),\n"
         "                 raw_gbps, raw_p50_ms, ratio (gbps / raw_gbps), raw_batched_gbps\n"
-        "                 and ratio_batched (in-flight rows; null for the others)\n"
+        "                 and ratio_batched (in-flight rows; null for the others),\n"
+        "                 cpu_us_per_item and limit_cpu_us_per_item\n"
         "  --ms N         time per measurement, pull and raw each (bare: ms, or 1s; default 400)\n"
         "  --transport L  comma-separated back ends (default tcp,shm)\n"
         "  --sizes LIST   item sizes, each 1 B .. 16 MiB (default 64KiB,4.5MiB,16MiB)\n"
@@ -364,9 +381,9 @@ int bench_pull(int argc, char **argv) {
     if (json)
         printf("[");
     else
-        printf("%-5s %10s %5s %3s %10s %12s %10s %12s %7s %10s %7s\n", "xport", "size", "items",
-               "fl", "pull GB/s", "pull p50 ms", "raw GB/s", "raw p50 ms", "ratio", "batch GB/s",
-               "ratio b");
+        printf("%-5s %10s %5s %3s %10s %12s %10s %12s %7s %10s %7s %8s %8s\n", "xport", "size",
+               "items", "fl", "pull GB/s", "pull p50 ms", "raw GB/s", "raw p50 ms", "ratio",
+               "batch GB/s", "ratio b", "cpu us/i", "lim us/i");
     bool first = true;
     int rc = CLI_EXIT_OK;
     char *save = NULL;

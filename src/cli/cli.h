@@ -66,10 +66,12 @@ int cli_bad_flag(const char *cmd, const struct option *opts);
 /* Formats a byte count as "4.5 MiB" into buf. */
 const char *cli_fmt_size(uint64_t bytes, char *buf, size_t cap);
 
-/* clock.c: the monotonic clock; 64 random bits and 32 random hex digits
- * (like a uuid4 hex) from the OS random source. */
+/* clock.c: the monotonic clock; the CPU time of the process (every
+ * thread); 64 random bits and 32 random hex digits (like a uuid4 hex) from
+ * the OS random source. */
 uint64_t cli_now_ns(void);
 uint64_t cli_now_ms(void);
+uint64_t cli_cpu_ns(void);
 uint64_t cli_random_u64(void);
 void cli_random_id(char out[33]);
 /* args.c: whether the library was built with transport `kind` ("ucx"),

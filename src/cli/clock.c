@@ -14,6 +14,12 @@ uint64_t cli_now_ns(void) {
 
 uint64_t cli_now_ms(void) { return cli_now_ns() / 1000000ull; }
 
+uint64_t cli_cpu_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 uint64_t cli_random_u64(void) {
     uint64_t v;
     if (getrandom(&v, sizeof v, 0) == (ssize_t)sizeof v) return v;

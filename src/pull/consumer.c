@@ -49,6 +49,7 @@ struct ect_pull_consumer {
     char key[ECT_XPORT_KEY_MAX];
     bool registered;
     bool windows;        /* each pull gets its own write key (every transport) */
+    uint64_t align;      /* the pool's allocation alignment */
     dealer_link *dl;     /* without keys: our own ZMTP DEALER (dealer_link.h) */
     void *zctx, *dealer; /* with keys: libzmq's DEALER */
     char *curve_keys;
@@ -174,8 +175,10 @@ typedef struct pend {
     const ect_pull_meta *meta;
     uint64_t token, off, t0;
     char wkey[ECT_XPORT_KEY_MAX];
-    bool win;  /* wkey is this pull's own write window */
-    void *msg; /* its ECTransferPull, encoded, until sent */
+    bool win;       /* wkey is this pull's own write window */
+    bool shared;    /* wkey is its load_many's one window (share_window), closed there */
+    bool free_late; /* undone while under the shared window: freed once it is closed */
+    void *msg;      /* its ECTransferPull, encoded, until sent */
     size_t len;
     bool done; /* its completion arrived: status, reason */
     int status;
@@ -219,6 +222,23 @@ static int recv_own_complete(ect_pull_consumer *c, wire_transfer_complete *done,
     return 1;
 }
 
+/* The unanswered pull a completion settles: by its token (a load_many's
+ * tokens are consecutive, so first at its index), or (an upstream producer
+ * echoes none) the first unanswered one of that mm_hash; NULL: none. */
+static pend *find_pend(pend *pd, size_t n, const wire_transfer_complete *done) {
+    if (done->has_token && n) {
+        uint64_t k = done->token - pd[0].token;
+        if (k < n && !pd[k].done && pd[k].token == done->token &&
+            !strcmp(done->mm_hash, pd[k].mm_hash))
+            return &pd[k];
+    }
+    for (size_t i = 0; i < n; i++)
+        if (!pd[i].done && !strcmp(done->mm_hash, pd[i].mm_hash) &&
+            (!done->has_token || done->token == pd[i].token))
+            return &pd[i];
+    return NULL;
+}
+
 /* Takes one message off the DEALER (non-blocking) and settles the pull it
  * completes among pd[0..n): by token, or (an upstream producer echoes none)
  * the first unanswered one of that mm_hash. A completion of none of them is
@@ -235,11 +255,7 @@ static int take_complete(ect_pull_consumer *c, pend *pd, size_t n) {
         wire_transfer_complete_free(&done);
         return 0;
     }
-    pend *mine = NULL;
-    for (size_t i = 0; i < n && !mine; i++)
-        if (!pd[i].done && !strcmp(done.mm_hash, pd[i].mm_hash) &&
-            (!done.has_token || done.token == pd[i].token))
-            mine = &pd[i];
+    pend *mine = find_pend(pd, n, &done);
     if (mine) {
         mine->done = true;
         mine->status = done.status;
@@ -289,19 +305,22 @@ static void wait_complete(ect_pull_consumer *c, pend *pd, size_t n, uint64_t dea
         if (!pd[i].done) pd[i].status = why;
 }
 
-/* Undoes a prepared pull that was not sent: its message, window, region. */
+/* Undoes a prepared pull that was not sent: its message, window, region
+ * (a region under its load_many's shared window only once that is closed). */
 static void unprepare_pull(ect_pull_consumer *c, pend *pd) {
     free(pd->msg);
     pd->msg = NULL;
     if (pd->win) xp_window_close(c->x, pd->wkey);
-    ect_pool_free(c->pool, pd->off);
+    if (pd->shared)
+        pd->free_late = true;
+    else
+        ect_pool_free(c->pool, pd->off);
 }
 
-/* Checks meta, allocates the region, opens its write window and encodes
- * the ECTransferPull of pd->mm_hash into pd->msg (send_pull sends it). On
+/* Checks meta and takes the pull's region, token and start time. On
  * failure nothing is left behind. The caller drained the monitor just
  * before (once for a whole load_many). */
-static int prepare_pull(ect_pull_consumer *c, pend *pd) {
+static int reserve_pull(ect_pull_consumer *c, pend *pd) {
     const char *mm_hash = pd->mm_hash;
     const ect_pull_meta *meta = pd->meta;
     if (!meta)
@@ -328,27 +347,96 @@ static int prepare_pull(ect_pull_consumer *c, pend *pd) {
     pd->token = ++c->next_token;
     pd->t0 = ect_now_ns();
     met_add(&c->m_requests, 1);
-    /* This pull's own write key over [off, off + nbytes) (docs/PROTOCOL.md
-     * "Write windows"), on every transport (ucx: its own rkey). */
-    pd->win = c->windows;
-    if (pd->win && (rc = xp_window_open(c->x, c->key, off, meta->nbytes, pd->wkey)) != 0) {
-        ect_pool_free(c->pool, off);
+    return 0;
+}
+
+/* Opens the pull's own write key over [off, off + nbytes) (docs/PROTOCOL.md
+ * "Write windows"), on every transport (ucx: its own rkey); on failure its
+ * region is freed. */
+static int open_own_window(ect_pull_consumer *c, pend *pd) {
+    pd->win = c->windows && !pd->shared;
+    if (!pd->win) return 0;
+    int rc = xp_window_open(c->x, c->key, pd->off, pd->meta->nbytes, pd->wkey);
+    if (rc) {
+        ect_pool_free(c->pool, pd->off);
         pd->win = false;
-        return ect_set_error(rc, "pull load of %s: write window: %s", mm_hash, ect_last_error());
-    }
-    wire_transfer_pull req = {.mm_hash = (char *)mm_hash,
-                              .dst_ptr = (uint64_t)(uintptr_t)ect_pool_base(c->pool),
-                              .dst_offset = off,
-                              .consumer_session_id = c->session,
-                              .dst_key = pd->win ? pd->wkey : c->key,
-                              .has_token = true,
-                              .token = pd->token};
-    if ((rc = wire_transfer_pull_encode(&req, &pd->msg, &pd->len)) != 0) {
-        pd->msg = NULL;
-        unprepare_pull(c, pd);
-        return rc;
+        return ect_set_error(rc, "pull load of %s: write window: %s", pd->mm_hash,
+                             ect_last_error());
     }
     return 0;
+}
+
+/* Encodes the ECTransferPull of a reserved pull (with its window's key)
+ * into pd->msg (send_pull sends it); on failure undoes the pull. */
+static int encode_pull(ect_pull_consumer *c, pend *pd) {
+    wire_transfer_pull req = {.mm_hash = (char *)pd->mm_hash,
+                              .dst_ptr = (uint64_t)(uintptr_t)ect_pool_base(c->pool),
+                              .dst_offset = pd->off,
+                              .consumer_session_id = c->session,
+                              .dst_key = pd->win || pd->shared ? pd->wkey : c->key,
+                              .has_token = true,
+                              .token = pd->token};
+    int rc = wire_transfer_pull_encode(&req, &pd->msg, &pd->len);
+    if (rc) {
+        pd->msg = NULL;
+        unprepare_pull(c, pd);
+    }
+    return rc;
+}
+
+/* Reserves the pull, opens its window and encodes its ECTransferPull. On
+ * failure nothing is left behind. */
+static int prepare_pull(ect_pull_consumer *c, pend *pd) {
+    int rc = reserve_pull(c, pd);
+    if (!rc) rc = open_own_window(c, pd);
+    if (!rc) rc = encode_pull(c, pd);
+    return rc;
+}
+
+typedef struct span {
+    uint64_t off, end;
+} span;
+
+static int by_off(const void *a, const void *b) {
+    uint64_t x = ((const span *)a)->off, y = ((const span *)b)->off;
+    return x < y ? -1 : x > y;
+}
+
+/* One write window over the regions of a load_many's reserved pulls
+ * (statuses[i] == 1) when they lie end to end in the pool, as a consumer
+ * that pulls sets of items gets them in its steady state (the pool hands
+ * back the ranges the last set freed): one window, one grant and one
+ * mapping on the data plane for the set instead of one per pull (issue 13).
+ * Every byte it covers belongs to one of the set's regions: each region
+ * starts on the pool's alignment, and the next starts at the first aligned
+ * offset after its end (the bytes between are its allocation's rounding,
+ * no one else's). The pulls are marked shared and carry its key in wkey.
+ * False, and each pull opens its own, when fewer than two are reserved,
+ * they are not end to end, or the window cannot be opened. */
+static bool share_window(ect_pull_consumer *c, pend *pd, const int *statuses, size_t n,
+                         char key[ECT_XPORT_KEY_MAX]) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) k += statuses[i] == 1;
+    if (!c->windows || k < 2) return false;
+    span *sp = malloc(k * sizeof *sp);
+    if (!sp) return false;
+    k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (statuses[i] == 1) sp[k++] = (span){pd[i].off, pd[i].off + pd[i].meta->nbytes};
+    qsort(sp, k, sizeof *sp, by_off);
+    bool end_to_end = true;
+    for (size_t j = 1; j < k && end_to_end; j++)
+        end_to_end = sp[j].off == (sp[j - 1].end + c->align - 1) / c->align * c->align;
+    bool ok =
+        end_to_end && xp_window_open(c->x, c->key, sp[0].off, sp[k - 1].end - sp[0].off, key) == 0;
+    free(sp);
+    if (!ok) return false;
+    for (size_t i = 0; i < n; i++)
+        if (statuses[i] == 1) {
+            pd[i].shared = true;
+            memcpy(pd[i].wkey, key, ECT_XPORT_KEY_MAX);
+        }
+    return true;
 }
 
 /* Sends a prepared pull's ECTransferPull; on failure undoes the pull. */
@@ -428,8 +516,10 @@ static int finish_pull(ect_pull_consumer *c, pend *pd, ect_pull_view *view) {
         }
         return ect_set_error(rc, "pull load of %s: %s", mm_hash, why);
     }
-    if (ect_pool_lookup(c->pool, mm_hash, &info) != 0)
-        return ect_set_error(ECT_ESTATE, "pull load of %s: vanished after put", mm_hash);
+    /* The item is what was just put (and leased): no lookup for it. */
+    info = (ect_resident_info){.offset = pd->off, .nbytes = meta->nbytes, .ndim = meta->ndim};
+    memcpy(info.shape, meta->shape, sizeof info.shape);
+    memcpy(info.dtype, meta->dtype, sizeof info.dtype);
     view_from_info(c, &info, view, 0);
     c->st.remote++;
     met_add(&c->m_remote, 1);
@@ -502,12 +592,20 @@ int ect_pull_consumer_load_many(ect_pull_consumer *c, size_t n, const char *cons
             statuses[i] = 0;
             continue;
         }
-        if (!rc) rc = prepare_pull(c, &pd[i]);
+        if (!rc) rc = reserve_pull(c, &pd[i]);
         if (rc) {
             NOTE(i, rc);
             continue;
         }
-        statuses[i] = 1; /* prepared, then in flight */
+        statuses[i] = 1; /* reserved, then prepared, then in flight */
+    }
+    char shared_key[ECT_XPORT_KEY_MAX];
+    bool shared = share_window(c, pd, statuses, n, shared_key);
+    for (size_t i = 0; i < n; i++) {
+        if (statuses[i] != 1) continue;
+        int rc = open_own_window(c, &pd[i]);
+        if (!rc) rc = encode_pull(c, &pd[i]);
+        if (rc) NOTE(i, rc);
     }
     /* The requests go out in one tight loop, after every region and window
      * is ready: they reach the producer together, as one burst its lane
@@ -523,6 +621,11 @@ int ect_pull_consumer_load_many(ect_pull_consumer *c, size_t n, const char *cons
         pd[i].status = 0;
     }
     wait_complete(c, pd, n, ect_now_ms() + (uint64_t)c->o.timeout_ms);
+    if (shared) { /* answered or not: no write lands from now on */
+        xp_window_close(c->x, shared_key);
+        for (size_t i = 0; i < n; i++)
+            if (pd[i].free_late) ect_pool_free(c->pool, pd[i].off);
+    }
     for (size_t i = 0; i < n; i++) {
         if (statuses[i] != 1) continue;
         int rc = finish_pull(c, &pd[i], &views[i]);
@@ -654,6 +757,9 @@ int ect_pull_consumer_open(const ect_pull_consumer_opts *o, ect_pull_consumer **
         goto fail;
     c->registered = true;
     c->windows = true;
+    ect_pool_stat ps;
+    ect_pool_stats(c->pool, &ps);
+    c->align = ps.alignment ? ps.alignment : 1;
     if ((rc = xp_region_set_private(c->x, c->key)) != 0) goto fail;
     if (!c->keys) {
         dealer_link_opts dlo = {.host = host,

@@ -609,7 +609,7 @@ static void on_listener_msg(void *ctx, uint64_t conn, const char *peer_addr, con
                             size_t len, bool multi, bool delim) {
     ect_pull_producer *p = ctx;
     pull_peer peer = {.conn = conn, .delim = delim};
-    snprintf(peer.addr, sizeof peer.addr, "%s", peer_addr);
+    ect_strcpy_cut(peer.addr, sizeof peer.addr, peer_addr);
     pthread_mutex_lock(&p->stat_mu);
     if (multi) {
         p->r.st.frames++;

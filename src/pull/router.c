@@ -171,24 +171,22 @@ static void handle_pull(pull_router *r, const pull_peer *peer, wire_transfer_pul
         return;
     }
     pull_job *j = calloc(1, sizeof *j);
-    if (j) {
-        j->peer = *peer;
-        j->mm_hash = strdup(p->mm_hash);
-        j->session = strdup(p->consumer_session_id);
-        j->dst_key = p->dst_key;
-        p->dst_key = NULL;
-        j->dst_addr = dst;
-        j->has_token = p->has_token;
-        j->token = p->token;
-        j->src_offset = info.offset;
-        j->nbytes = info.nbytes;
-    }
-    if (!j || !j->mm_hash || !j->session) {
-        pull_job_free(j);
+    if (!j) {
         ect_pool_release(r->pool, p->mm_hash);
         refuse(r, peer, p, ECT_ENOMEM, "producer out of memory");
         return;
     }
+    j->peer = *peer;
+    /* The decoded strings move into the job (no copy per pull). */
+    j->mm_hash = p->mm_hash;
+    j->session = p->consumer_session_id;
+    j->dst_key = p->dst_key;
+    p->mm_hash = p->consumer_session_id = p->dst_key = NULL;
+    j->dst_addr = dst;
+    j->has_token = p->has_token;
+    j->token = p->token;
+    j->src_offset = info.offset;
+    j->nbytes = info.nbytes;
     rc = r->ops.dispatch(r->ops.user, j);
     if (rc) {
         snprintf(why, sizeof why, "%s", ect_last_error());

@@ -19,7 +19,10 @@
  *     memory. It sees only trees that step 1 has bounded.
  *
  * Encoders validate with the same bounds and emit the smallest msgpack forms
- * (msgpack-c's packer does that), which is also what msgspec emits.
+ * (msgpack-c's packer does that), which is also what msgspec emits. The two
+ * messages sent once per pull (ECTransferPull, ECTransferComplete) are packed
+ * by a small packer of their own into one buffer of their size, byte for
+ * byte what msgpack-c makes of them (mp_*; issue 13).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -176,7 +179,9 @@ typedef struct scanner {
     size_t len, pos;
     size_t nobj;
     const char *msg;
-    char key[64]; /* top-level key being scanned, printable; "" outside */
+    /* the top-level str key whose value is being scanned: its bytes in p
+     * (made printable only for an error text); klen 0 outside */
+    size_t kpos, klen;
 } scanner;
 
 static int scan_fail(const scanner *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -186,7 +191,11 @@ static int scan_fail(const scanner *s, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    if (s->key[0]) return ect_set_error(ECT_EPROTO, "%s.%s: %s", s->msg, s->key, what);
+    if (s->klen) {
+        char key[64];
+        printable((const char *)s->p + s->kpos, s->klen, key, sizeof key);
+        return ect_set_error(ECT_EPROTO, "%s.%s: %s", s->msg, key, what);
+    }
     return ect_set_error(ECT_EPROTO, "%s: %s", s->msg, what);
 }
 
@@ -306,18 +315,20 @@ static int scan_message(scanner *s) {
                          WIRE_PULL_MAX_KEYS);
     for (uint64_t k = 0; k < n; k++) {
         size_t kpos = s->pos;
-        s->key[0] = '\0';
+        s->klen = 0;
         rc = scan_value(s, 2);
         if (rc) return rc;
         /* Name the key in later errors when it is a str. */
         uint8_t kb = s->p[kpos];
         size_t hdr = (kb & 0xe0) == 0xa0 ? 1 : kb == 0xd9 ? 2 : kb == 0xda ? 3 : kb == 0xdb ? 5 : 0;
-        if (hdr)
-            printable((const char *)s->p + kpos + hdr, s->pos - kpos - hdr, s->key, sizeof s->key);
+        if (hdr) {
+            s->kpos = kpos + hdr;
+            s->klen = s->pos - kpos - hdr;
+        }
         rc = scan_value(s, 2);
         if (rc) return rc;
     }
-    s->key[0] = '\0';
+    s->klen = 0;
     if (s->pos != s->len)
         return scan_fail(s, "%zu trailing bytes after the message", s->len - s->pos);
     return 0;
@@ -642,6 +653,195 @@ static int ready_from_obj(const msgpack_object *root, wire_transfer_ready *m) {
     return rc;
 }
 
+/* ------------------------------------- the per-pull messages, fast path */
+
+/* ECTransferPull and ECTransferComplete arrive once per pull: a message of
+ * the shape every sender of them uses (a fixmap of fixstr keys, each one
+ * of that message's fields at most once, values in the usual forms, texts
+ * valid) is decoded here in one pass over the bytes, without msgpack-c's
+ * object tree; anything else (another key, a duplicate, another form of a
+ * value, a text or field the decoder would refuse) goes to the general
+ * decoder, which gives the result or the error. So this path only ever
+ * accepts what the general one accepts, with the same result
+ * (wire_pull_decode_general; fuzz_pull_msg compares the two). */
+
+enum { F_HASH, F_PTR, F_OFF, F_SESS, F_KEY, F_TOKEN, F_STATUS, F_ERROR, F_N };
+static const char *const fast_names[F_N] = {
+    "mm_hash", "dst_ptr", "dst_offset", "consumer_session_id",
+    "dst_key", "token",   "status",     "error"};
+#define PULL_FIELDS (1u << F_HASH | 1u << F_PTR | 1u << F_OFF | 1u << F_SESS)
+#define PULL_ALLOWED (PULL_FIELDS | 1u << F_KEY | 1u << F_TOKEN)
+#define COMPLETE_FIELDS (1u << F_HASH | 1u << F_STATUS)
+#define COMPLETE_ALLOWED (COMPLETE_FIELDS | 1u << F_TOKEN | 1u << F_ERROR)
+
+typedef struct fast_in {
+    const uint8_t *p, *end;
+} fast_in;
+
+/* v, the big-endian unsigned of width bytes at in->p; false past the end. */
+static bool fast_be(fast_in *in, unsigned width, uint64_t *v) {
+    if ((size_t)(in->end - in->p) < width) return false;
+    uint64_t x = 0;
+    for (unsigned k = 0; k < width; k++) x = (x << 8) | *in->p++;
+    *v = x;
+    return true;
+}
+
+/* A str (fixstr, str8, str16): its bytes. */
+static bool fast_str(fast_in *in, const char **s, size_t *n) {
+    if (in->p == in->end) return false;
+    uint8_t b = *in->p++;
+    uint64_t len;
+    if ((b & 0xe0) == 0xa0)
+        len = b & 0x1f;
+    else if (!((b == 0xd9 && fast_be(in, 1, &len)) || (b == 0xda && fast_be(in, 2, &len))))
+        return false;
+    if ((uint64_t)(in->end - in->p) < len) return false;
+    *s = (const char *)in->p;
+    *n = (size_t)len;
+    in->p += len;
+    return true;
+}
+
+/* An unsigned (positive fixint, uint8..64), as msgpack-c reads it. */
+static bool fast_uint(fast_in *in, uint64_t *v) {
+    if (in->p == in->end) return false;
+    uint8_t b = *in->p++;
+    if (b <= 0x7f) {
+        *v = b;
+        return true;
+    }
+    return b >= 0xcc && b <= 0xcf && fast_be(in, 1u << (b - 0xcc), v);
+}
+
+/* An int32 (fixint either sign, uint8..32 up to INT32_MAX, int8..32). */
+static bool fast_i32(fast_in *in, int32_t *v) {
+    if (in->p == in->end) return false;
+    uint8_t b = *in->p;
+    uint64_t x;
+    if (b >= 0xe0) {
+        in->p++;
+        *v = (int8_t)b;
+        return true;
+    }
+    if (b >= 0xd0 && b <= 0xd2) {
+        in->p++;
+        unsigned w = 1u << (b - 0xd0);
+        if (!fast_be(in, w, &x)) return false;
+        *v = w == 1 ? (int8_t)x : w == 2 ? (int16_t)x : (int32_t)(uint32_t)x;
+        return true;
+    }
+    if (b == 0xcf || !fast_uint(in, &x) || x > INT32_MAX) return false;
+    *v = (int32_t)x;
+    return true;
+}
+
+static bool text_ok(const char *s, size_t n, size_t max) {
+    return n && n <= max && !memchr(s, '\0', n) && utf8_valid((const unsigned char *)s, n);
+}
+
+static char *text_dup(const char *s, size_t n) {
+    char *d = malloc(n + 1);
+    if (d) {
+        memcpy(d, s, n);
+        d[n] = '\0';
+    }
+    return d;
+}
+
+/* The fields of one fast-path message. */
+typedef struct fast_msg {
+    unsigned seen;
+    const char *str[F_N];
+    size_t len[F_N];
+    uint64_t u[F_N];
+    int32_t status;
+} fast_msg;
+
+/* Reads the whole message into f; false when it is not of the fast shape. */
+static bool fast_scan(const void *buf, size_t len, fast_msg *f) {
+    fast_in in = {buf, (const uint8_t *)buf + len};
+    if (!buf || len == 0 || len > WIRE_PULL_MAX_MSG || (*in.p & 0xf0) != 0x80) return false;
+    unsigned n = *in.p++ & 0x0f;
+    f->seen = 0;
+    for (unsigned k = 0; k < n; k++) {
+        const char *key;
+        size_t kl;
+        if (in.p == in.end || (*in.p & 0xe0) != 0xa0 || !fast_str(&in, &key, &kl)) return false;
+        int id = 0;
+        while (id < F_N && !(strlen(fast_names[id]) == kl && !memcmp(fast_names[id], key, kl)))
+            id++;
+        if (id == F_N || (f->seen & 1u << id)) return false;
+        f->seen |= 1u << id;
+        bool ok;
+        switch (id) {
+        case F_PTR:
+        case F_OFF:
+        case F_TOKEN: ok = fast_uint(&in, &f->u[id]); break;
+        case F_STATUS: ok = fast_i32(&in, &f->status); break;
+        default:
+            ok = fast_str(&in, &f->str[id], &f->len[id]) &&
+                 text_ok(f->str[id], f->len[id],
+                         id == F_KEY ? WIRE_PULL_MAX_KEY : WIRE_PULL_MAX_STR);
+        }
+        if (!ok) return false;
+    }
+    return in.p == in.end;
+}
+
+static bool fast_pull(const fast_msg *f, wire_transfer_pull *m) {
+    memset(m, 0, sizeof *m);
+    m->mm_hash = text_dup(f->str[F_HASH], f->len[F_HASH]);
+    m->consumer_session_id = text_dup(f->str[F_SESS], f->len[F_SESS]);
+    if (f->seen & 1u << F_KEY) m->dst_key = text_dup(f->str[F_KEY], f->len[F_KEY]);
+    if (!m->mm_hash || !m->consumer_session_id || (!m->dst_key && (f->seen & 1u << F_KEY))) {
+        wire_transfer_pull_free(m);
+        return false; /* out of memory: the general decoder says so */
+    }
+    m->dst_ptr = f->u[F_PTR];
+    m->dst_offset = f->u[F_OFF];
+    m->has_token = f->seen & 1u << F_TOKEN;
+    m->token = m->has_token ? f->u[F_TOKEN] : 0;
+    return true;
+}
+
+static bool fast_complete(const fast_msg *f, wire_transfer_complete *m) {
+    memset(m, 0, sizeof *m);
+    m->mm_hash = text_dup(f->str[F_HASH], f->len[F_HASH]);
+    if (f->seen & 1u << F_ERROR) m->error = text_dup(f->str[F_ERROR], f->len[F_ERROR]);
+    if (!m->mm_hash || (!m->error && (f->seen & 1u << F_ERROR))) {
+        wire_transfer_complete_free(m);
+        return false;
+    }
+    m->status = f->status;
+    m->has_token = f->seen & 1u << F_TOKEN;
+    m->token = m->has_token ? f->u[F_TOKEN] : 0;
+    return true;
+}
+
+/* The type the fast path decodes buf as (by decode_any's key rule, among
+ * its own fields only), or WIRE_PULL_NONE. */
+static wire_pull_type fast_type(const fast_msg *f) {
+    if ((f->seen & 1u << F_PTR) && (f->seen & ~PULL_ALLOWED) == 0 &&
+        (f->seen & PULL_FIELDS) == PULL_FIELDS)
+        return WIRE_PULL_PULL;
+    if (!(f->seen & 1u << F_PTR) && (f->seen & ~COMPLETE_ALLOWED) == 0 &&
+        (f->seen & COMPLETE_FIELDS) == COMPLETE_FIELDS)
+        return WIRE_PULL_COMPLETE;
+    return WIRE_PULL_NONE;
+}
+
+/* Decodes buf through the fast path into out: true, or false (nothing
+ * left in out) for the general decoder. */
+static bool fast_decode(const void *buf, size_t len, wire_pull_msg *out) {
+    fast_msg f;
+    if (!fast_scan(buf, len, &f)) return false;
+    out->type = fast_type(&f);
+    if (out->type == WIRE_PULL_PULL) return fast_pull(&f, &out->u.pull);
+    if (out->type == WIRE_PULL_COMPLETE) return fast_complete(&f, &out->u.complete);
+    return false;
+}
+
 /* ---------------------------------------------------------------- decode */
 
 #define DEFINE_DECODE(fn, type, msgname, from_obj)                                                 \
@@ -656,14 +856,35 @@ static int ready_from_obj(const msgpack_object *root, wire_transfer_ready *m) {
 
 DEFINE_DECODE(wire_hash_notification_decode, wire_hash_notification, "ECHashNotification",
               notification_from_obj)
-DEFINE_DECODE(wire_transfer_pull_decode, wire_transfer_pull, "ECTransferPull", pull_from_obj)
-DEFINE_DECODE(wire_transfer_complete_decode, wire_transfer_complete, "ECTransferComplete",
-              complete_from_obj)
+static DEFINE_DECODE(pull_decode_general, wire_transfer_pull, "ECTransferPull",
+                     pull_from_obj) static DEFINE_DECODE(complete_decode_general,
+                                                         wire_transfer_complete,
+                                                         "ECTransferComplete", complete_from_obj)
+
+    int wire_transfer_pull_decode(const void *buf, size_t len, wire_transfer_pull *out) {
+    wire_pull_msg m = {0};
+    if (fast_decode(buf, len, &m) && m.type == WIRE_PULL_PULL) {
+        *out = m.u.pull;
+        return 0;
+    }
+    wire_pull_msg_free(&m);
+    return pull_decode_general(buf, len, out);
+}
+
+int wire_transfer_complete_decode(const void *buf, size_t len, wire_transfer_complete *out) {
+    wire_pull_msg m = {0};
+    if (fast_decode(buf, len, &m) && m.type == WIRE_PULL_COMPLETE) {
+        *out = m.u.complete;
+        return 0;
+    }
+    wire_pull_msg_free(&m);
+    return complete_decode_general(buf, len, out);
+}
 DEFINE_DECODE(wire_transfer_request_decode, wire_transfer_request, "ECTransferRequest",
               request_from_obj)
 DEFINE_DECODE(wire_transfer_ready_decode, wire_transfer_ready, "ECTransferReady", ready_from_obj)
 
-int wire_pull_decode_any(const void *buf, size_t len, wire_pull_msg *out) {
+int wire_pull_decode_general(const void *buf, size_t len, wire_pull_msg *out) {
     memset(out, 0, sizeof *out);
     msgpack_unpacked u;
     int rc = unpack(buf, len, "pull message", &u);
@@ -695,6 +916,13 @@ int wire_pull_decode_any(const void *buf, size_t len, wire_pull_msg *out) {
     else
         memset(out, 0, sizeof *out);
     return rc;
+}
+
+int wire_pull_decode_any(const void *buf, size_t len, wire_pull_msg *out) {
+    memset(out, 0, sizeof *out);
+    if (fast_decode(buf, len, out)) return 0;
+    wire_pull_msg_free(out);
+    return wire_pull_decode_general(buf, len, out);
 }
 
 /* ------------------------------------------------------------------ free */
@@ -828,6 +1056,110 @@ static int finish(msgpack_sbuffer *sb, int pack_err, const char *msg, void **out
     return 0;
 }
 
+/* The bytes an error text is packed as, so that the decoders accept it
+ * whatever the text: at most WIRE_PULL_MAX_STR bytes, cut at a UTF-8
+ * boundary, and with every non-ASCII byte made '?' (into ascii) should the
+ * cut text still not be UTF-8. */
+static const char *error_text(const char *s, char ascii[WIRE_PULL_MAX_STR], size_t *len) {
+    size_t n = strlen(s);
+    if (n > WIRE_PULL_MAX_STR) {
+        n = WIRE_PULL_MAX_STR;
+        while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80) n--;
+        if (n == 0) n = WIRE_PULL_MAX_STR; /* no boundary at all: not UTF-8, made ASCII below */
+    }
+    *len = n;
+    if (utf8_valid((const unsigned char *)s, n)) return s;
+    for (size_t i = 0; i < n; i++) ascii[i] = (unsigned char)s[i] < 0x80 ? s[i] : '?';
+    return ascii;
+}
+
+/* ------------------------------------------- the per-pull messages' packer */
+
+/* ECTransferPull and ECTransferComplete go out once per pull, each way: they
+ * are packed here straight into one buffer of their size, in the forms
+ * msgpack-c's packer picks (the smallest: fixint / uint8..64, int8..32,
+ * fixstr / str8..32, fixmap / map16; test_wire_pull compares the two), not
+ * through msgpack_sbuffer's write call per piece and growth checks. */
+typedef struct mp_out {
+    uint8_t *p;
+    size_t len;
+} mp_out;
+
+/* Bytes a str of n bytes, and an unsigned, take packed. */
+static size_t mp_str_size(size_t n) { return n + (n < 32 ? 1 : n < 256 ? 2 : n < 65536 ? 3 : 5); }
+static size_t mp_uint_size(uint64_t v) {
+    return v < 128 ? 1 : v < 256 ? 2 : v < 65536 ? 3 : v <= UINT32_MAX ? 5 : 9;
+}
+
+/* A tag byte and v big-endian in width bytes. */
+static void mp_tagged(mp_out *o, uint8_t tag, uint64_t v, unsigned width) {
+    o->p[o->len++] = tag;
+    for (unsigned k = width; k-- > 0;) o->p[o->len++] = (uint8_t)(v >> (8 * k));
+}
+
+static void mp_map(mp_out *o, uint32_t n) {
+    if (n < 16)
+        o->p[o->len++] = (uint8_t)(0x80 | n);
+    else
+        mp_tagged(o, n < 65536 ? 0xde : 0xdf, n, n < 65536 ? 2 : 4);
+}
+
+static void mp_uint(mp_out *o, uint64_t v) {
+    if (v < 128)
+        o->p[o->len++] = (uint8_t)v;
+    else if (v < 256)
+        mp_tagged(o, 0xcc, v, 1);
+    else if (v < 65536)
+        mp_tagged(o, 0xcd, v, 2);
+    else if (v <= UINT32_MAX)
+        mp_tagged(o, 0xce, v, 4);
+    else
+        mp_tagged(o, 0xcf, v, 8);
+}
+
+static void mp_int32(mp_out *o, int32_t v) {
+    if (v >= 0)
+        mp_uint(o, (uint64_t)v);
+    else if (v >= -32)
+        o->p[o->len++] = (uint8_t)v;
+    else if (v >= -128)
+        mp_tagged(o, 0xd0, (uint8_t)v, 1);
+    else if (v >= -32768)
+        mp_tagged(o, 0xd1, (uint16_t)v, 2);
+    else
+        mp_tagged(o, 0xd2, (uint32_t)v, 4);
+}
+
+static void mp_strn(mp_out *o, const char *s, size_t n) {
+    if (n < 32)
+        o->p[o->len++] = (uint8_t)(0xa0 | n);
+    else if (n < 256)
+        mp_tagged(o, 0xd9, n, 1);
+    else if (n < 65536)
+        mp_tagged(o, 0xda, n, 2);
+    else
+        mp_tagged(o, 0xdb, n, 4);
+    memcpy(o->p + o->len, s, n);
+    o->len += n;
+}
+
+/* A key (a literal) and a str value of n bytes; their packed size. */
+#define KEY(k) (sizeof(k) - 1 + 1)
+static size_t mp_kv_str_size(size_t key, size_t n) { return key + mp_str_size(n); }
+
+/* Hands o's bytes (size bytes reserved) to the caller. */
+static int mp_finish(mp_out *o, size_t size, const char *msg, void **out, size_t *out_len) {
+    /* The bounds checked by the encoders keep every message far below the limit. */
+    if (o->len > WIRE_PULL_MAX_MSG || o->len > size) {
+        free(o->p);
+        return ect_set_error(ECT_EINVAL, "%s: encodes to more than %u bytes", msg,
+                             WIRE_PULL_MAX_MSG);
+    }
+    *out = o->p;
+    *out_len = o->len;
+    return 0;
+}
+
 /* Argument checks shared by the encoders (before validation)... */
 #define ENCODE_ARGS(msg)                                                                           \
     if (out) *out = NULL;                                                                          \
@@ -863,32 +1195,33 @@ int wire_transfer_pull_encode(const wire_transfer_pull *m, void **out, size_t *o
         rc = check_text(&(fpath){msg, "dst_key", -1, -1}, ECT_EINVAL, m->dst_key,
                         strlen(m->dst_key), WIRE_PULL_MAX_KEY);
     if (rc) return rc;
-    PACK_BEGIN();
-    int e = msgpack_pack_map(&pk, ECT_ARRAY_LEN(pull_keys) + !!m->dst_key + m->has_token);
-    e |= pack_str(&pk, "mm_hash") | pack_str(&pk, m->mm_hash);
-    e |= pack_str(&pk, "dst_ptr") | msgpack_pack_uint64(&pk, m->dst_ptr);
-    e |= pack_str(&pk, "dst_offset") | msgpack_pack_uint64(&pk, m->dst_offset);
-    e |= pack_str(&pk, "consumer_session_id") | pack_str(&pk, m->consumer_session_id);
-    if (m->dst_key) e |= pack_str(&pk, "dst_key") | pack_str(&pk, m->dst_key);
-    if (m->has_token) e |= pack_str(&pk, "token") | msgpack_pack_uint64(&pk, m->token);
-    return finish(&sb, e, msg, out, out_len);
-}
-
-/* Packs an error text as a str the decoders accept whatever the text: at
- * most WIRE_PULL_MAX_STR bytes, cut at a UTF-8 boundary, and with every
- * non-ASCII byte made '?' should the cut text still not be UTF-8. */
-static int pack_error_text(msgpack_packer *pk, const char *s) {
-    size_t n = strlen(s);
-    if (n > WIRE_PULL_MAX_STR) {
-        n = WIRE_PULL_MAX_STR;
-        while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80) n--;
-        if (n == 0) n = WIRE_PULL_MAX_STR; /* no boundary at all: not UTF-8, made ASCII below */
+    size_t hl = strlen(m->mm_hash), sl = strlen(m->consumer_session_id),
+           kl = m->dst_key ? strlen(m->dst_key) : 0;
+    size_t size = 1 + mp_kv_str_size(KEY("mm_hash"), hl) + KEY("dst_ptr") +
+                  mp_uint_size(m->dst_ptr) + KEY("dst_offset") + mp_uint_size(m->dst_offset) +
+                  mp_kv_str_size(KEY("consumer_session_id"), sl) +
+                  (m->dst_key ? mp_kv_str_size(KEY("dst_key"), kl) : 0) +
+                  (m->has_token ? KEY("token") + mp_uint_size(m->token) : 0);
+    mp_out o = {malloc(size), 0};
+    if (!o.p) return ect_set_error(ECT_ENOMEM, "%s: out of memory encoding", msg);
+    mp_map(&o, (uint32_t)(ECT_ARRAY_LEN(pull_keys) + !!m->dst_key + m->has_token));
+    mp_strn(&o, "mm_hash", 7);
+    mp_strn(&o, m->mm_hash, hl);
+    mp_strn(&o, "dst_ptr", 7);
+    mp_uint(&o, m->dst_ptr);
+    mp_strn(&o, "dst_offset", 10);
+    mp_uint(&o, m->dst_offset);
+    mp_strn(&o, "consumer_session_id", 19);
+    mp_strn(&o, m->consumer_session_id, sl);
+    if (m->dst_key) {
+        mp_strn(&o, "dst_key", 7);
+        mp_strn(&o, m->dst_key, kl);
     }
-    if (utf8_valid((const unsigned char *)s, n))
-        return msgpack_pack_str(pk, n) | msgpack_pack_str_body(pk, s, n);
-    char ascii[WIRE_PULL_MAX_STR];
-    for (size_t i = 0; i < n; i++) ascii[i] = (unsigned char)s[i] < 0x80 ? s[i] : '?';
-    return msgpack_pack_str(pk, n) | msgpack_pack_str_body(pk, ascii, n);
+    if (m->has_token) {
+        mp_strn(&o, "token", 5);
+        mp_uint(&o, m->token);
+    }
+    return mp_finish(&o, size, msg, out, out_len);
 }
 
 int wire_transfer_complete_encode(const wire_transfer_complete *m, void **out, size_t *out_len) {
@@ -897,13 +1230,28 @@ int wire_transfer_complete_encode(const wire_transfer_complete *m, void **out, s
     int rc = check_cstr(m->mm_hash, &(fpath){msg, "mm_hash", -1, -1});
     if (rc) return rc;
     bool has_error = m->error && m->error[0];
-    PACK_BEGIN();
-    int e = msgpack_pack_map(&pk, ECT_ARRAY_LEN(complete_keys) + m->has_token + has_error);
-    e |= pack_str(&pk, "mm_hash") | pack_str(&pk, m->mm_hash);
-    e |= pack_str(&pk, "status") | msgpack_pack_int32(&pk, m->status);
-    if (m->has_token) e |= pack_str(&pk, "token") | msgpack_pack_uint64(&pk, m->token);
-    if (has_error) e |= pack_str(&pk, "error") | pack_error_text(&pk, m->error);
-    return finish(&sb, e, msg, out, out_len);
+    char ascii[WIRE_PULL_MAX_STR];
+    size_t hl = strlen(m->mm_hash), el = 0;
+    const char *err = has_error ? error_text(m->error, ascii, &el) : NULL;
+    size_t size = 1 + mp_kv_str_size(KEY("mm_hash"), hl) + KEY("status") + 5 +
+                  (m->has_token ? KEY("token") + mp_uint_size(m->token) : 0) +
+                  (has_error ? mp_kv_str_size(KEY("error"), el) : 0);
+    mp_out o = {malloc(size), 0};
+    if (!o.p) return ect_set_error(ECT_ENOMEM, "%s: out of memory encoding", msg);
+    mp_map(&o, (uint32_t)(ECT_ARRAY_LEN(complete_keys) + m->has_token + has_error));
+    mp_strn(&o, "mm_hash", 7);
+    mp_strn(&o, m->mm_hash, hl);
+    mp_strn(&o, "status", 6);
+    mp_int32(&o, m->status);
+    if (m->has_token) {
+        mp_strn(&o, "token", 5);
+        mp_uint(&o, m->token);
+    }
+    if (has_error) {
+        mp_strn(&o, "error", 5);
+        mp_strn(&o, err, el);
+    }
+    return mp_finish(&o, size, msg, out, out_len);
 }
 
 int wire_transfer_request_encode(const wire_transfer_request *m, void **out, size_t *out_len) {

@@ -164,6 +164,11 @@ void wire_transfer_ready_free(wire_transfer_ready *m);
  *   none of them -> ECT_EPROTO "unknown message type".
  * The chosen type is then decoded strictly, so a missing field is named. */
 int wire_pull_decode_any(const void *buf, size_t len, wire_pull_msg *out);
+/* The same through the general decoder alone. wire_pull_decode_any and the
+ * pull / complete decoders first try a one-pass path for the usual shape of
+ * ECTransferPull and ECTransferComplete and fall back to this for anything
+ * else; both give the same result (test_wire_pull, fuzz_pull_msg). */
+int wire_pull_decode_general(const void *buf, size_t len, wire_pull_msg *out);
 /* Encodes m->u according to m->type. */
 int wire_pull_msg_encode(const wire_pull_msg *m, void **out, size_t *out_len);
 /* Frees m->u according to m->type and zeroes *m; accepts NULL. */

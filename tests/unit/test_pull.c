@@ -856,6 +856,150 @@ static void test_load_many_upstream_reverse(void **st) {
     router_stop(&sr); /* its thread has sent every answer by now */
 }
 
+/* A producer that takes the n pulls of one load_many, writes each pull's
+ * bytes (pattern 700 + i) with the key its ECTransferPull carries, tries
+ * one more write with the first pull's key at probe_addr (0: the byte just
+ * past the highest pull's range), then answers each with its token. */
+typedef struct window_probe {
+    slow_router sr; /* first: the serving thread gets &sr */
+    const char *transport;
+    int n;
+    uint64_t nbytes[4], probe_addr;
+    char keys[4][ECT_XPORT_KEY_MAX], session[320];
+    int write_rc[4], probe_rc;
+    bool ok;
+} window_probe;
+
+static int write_one(ect_xport *x, const char *session, uint64_t addr, const void *src,
+                     uint64_t len, const char *key) {
+    ect_write w = {.src = src, .dst_addr = addr, .len = len, .dst_key = key};
+    int st = 0, rc = ect_xport_write_batch(x, session, &w, 1, &st);
+    return rc ? rc : st;
+}
+
+static void *window_main(void *arg) {
+    window_probe *wp = arg;
+    char id[256], msg[4096], hashes[4][64];
+    uint64_t dst[4], tokens[4], top = 0;
+    int idl = 0;
+    for (int i = 0; i < wp->n; i++) {
+        idl = zmq_recv(wp->sr.sock, id, sizeof id, 0);
+        int ml = zmq_recv(wp->sr.sock, msg, sizeof msg, 0);
+        wire_transfer_pull pl;
+        if (idl <= 0 || ml <= 0 || wire_transfer_pull_decode(msg, (size_t)ml, &pl) != 0 ||
+            !pl.dst_key || !pl.has_token)
+            return NULL;
+        snprintf(hashes[i], sizeof hashes[i], "%s", pl.mm_hash);
+        snprintf(wp->keys[i], sizeof wp->keys[i], "%s", pl.dst_key);
+        snprintf(wp->session, sizeof wp->session, "%s", pl.consumer_session_id);
+        dst[i] = pl.dst_ptr + pl.dst_offset;
+        tokens[i] = pl.token;
+        if (dst[i] + wp->nbytes[i] > top) top = dst[i] + wp->nbytes[i];
+        wire_transfer_pull_free(&pl);
+    }
+    ect_xport *x = NULL;
+    if (ect_xport_open(wp->transport, NULL, &x) != 0) return NULL;
+    uint8_t buf[4096];
+    for (int i = 0; i < wp->n; i++) {
+        test_fill_pattern(buf, (size_t)wp->nbytes[i], 700 + (uint64_t)i);
+        wp->write_rc[i] = write_one(x, wp->session, dst[i], buf, wp->nbytes[i], wp->keys[i]);
+    }
+    wp->probe_rc =
+        write_one(x, wp->session, wp->probe_addr ? wp->probe_addr : top, buf, 1, wp->keys[0]);
+    ect_xport_close(x);
+    for (int i = 0; i < wp->n; i++) {
+        wire_transfer_complete c = {
+            .mm_hash = hashes[i], .status = 0, .has_token = true, .token = tokens[i]};
+        void *out;
+        size_t len;
+        if (wire_transfer_complete_encode(&c, &out, &len) != 0) return NULL;
+        zmq_send(wp->sr.sock, id, (size_t)idl, ZMQ_SNDMORE);
+        zmq_send(wp->sr.sock, out, len, 0);
+        free(out);
+    }
+    wp->ok = true;
+    return NULL;
+}
+
+/* Starts window_main and a consumer of a fresh 1 MiB pool that pulls from it. */
+static ect_pull_consumer *window_start(window_probe *wp) {
+    router_start(&wp->sr, window_main);
+    return open_consumer(wp->transport, wp->sr.port, 1 * MiB, 30000);
+}
+
+/* One load_many of wp->n items (h) against window_main: every pull was
+ * written with its key and its bytes landed. */
+static void window_load(window_probe *wp, ect_pull_consumer *c, const char *const *h) {
+    ect_pull_meta m[4];
+    for (int i = 0; i < wp->n; i++) {
+        m[i] = (ect_pull_meta){.nbytes = wp->nbytes[i], .ndim = 1, .shape = {wp->nbytes[i]}};
+        snprintf(m[i].dtype, sizeof m[i].dtype, "uint8");
+    }
+    ect_pull_view v[4];
+    int sts[4];
+    assert_int_equal(ect_pull_consumer_load_many(c, (size_t)wp->n, h, m, v, sts), 0);
+    router_stop(&wp->sr);
+    assert_true(wp->ok);
+    for (int i = 0; i < wp->n; i++) {
+        assert_int_equal(sts[i], 0);
+        assert_int_equal(wp->write_rc[i], 0);
+        assert_true(test_check_pattern(v[i].data, (size_t)wp->nbytes[i], 700 + (uint64_t)i));
+        assert_int_equal(ect_pull_consumer_release(c, h[i]), 0);
+    }
+}
+
+/* load_many's regions end to end (a fresh pool; sizes that leave rounding
+ * between them): one window for the set, its key on every pull; it admits
+ * no byte past the set, and nothing once load_many returned. Then regions
+ * with another allocation between them: a window each, and the first
+ * pull's key does not reach the allocation between. */
+static void run_shared_window(const char *transport) {
+    window_probe wp = {.transport = transport, .n = 3, .nbytes = {1000, 3000, 100}};
+    const char *h[3] = {"w0", "w1", "w2"};
+    ect_pull_consumer *c = window_start(&wp);
+    window_load(&wp, c, h);
+    assert_string_equal(wp.keys[0], wp.keys[1]);
+    assert_string_equal(wp.keys[0], wp.keys[2]);
+    assert_int_equal(wp.probe_rc, ECT_EACCES); /* one byte past the set */
+    ect_pool *pool = ect_pull_consumer_pool(c);
+    uint64_t base = (uint64_t)(uintptr_t)ect_pool_base(pool);
+    ect_resident_info info;
+    assert_int_equal(ect_pool_lookup(pool, "w1", &info), 0);
+    ect_xport *x = NULL;
+    assert_int_equal(ect_xport_open(transport, NULL, &x), 0);
+    uint8_t one = 1; /* the set's window is closed: its key writes nothing */
+    assert_int_not_equal(write_one(x, wp.session, base + info.offset, &one, 1, wp.keys[0]), 0);
+    ect_xport_close(x);
+    ect_pull_consumer_close(c);
+
+    window_probe w2 = {.transport = transport, .n = 2, .nbytes = {1024, 1024}};
+    const char *h2[2] = {"x0", "x1"};
+    c = window_start(&w2);
+    pool = ect_pull_consumer_pool(c);
+    /* a, b, d back to back, a and d freed: the two pulls get their ranges */
+    uint64_t a, b, d;
+    assert_int_equal(ect_pool_alloc(pool, 1024, &a), 0);
+    assert_int_equal(ect_pool_alloc(pool, 1024, &b), 0);
+    assert_int_equal(ect_pool_alloc(pool, 1024, &d), 0);
+    assert_int_equal(ect_pool_free(pool, a), 0);
+    assert_int_equal(ect_pool_free(pool, d), 0);
+    w2.probe_addr = (uint64_t)(uintptr_t)ect_pool_base(pool) + b;
+    window_load(&w2, c, h2);
+    assert_string_not_equal(w2.keys[0], w2.keys[1]);
+    assert_int_equal(w2.probe_rc, ECT_EACCES); /* the allocation between */
+    assert_int_equal(ect_pool_free(pool, b), 0);
+    ect_pull_consumer_close(c);
+}
+
+static void test_shared_window_tcp(void **st) {
+    (void)st;
+    run_shared_window("tcp");
+}
+static void test_shared_window_shm(void **st) {
+    (void)st;
+    run_shared_window("shm");
+}
+
 /* load_many against our producer: 24 items in flight at once, one already
  * resident, one unknown; every byte checked; bad arguments refused. */
 static void run_load_many(const char *transport) {
@@ -1316,6 +1460,8 @@ int main(void) {
         cmocka_unit_test(test_load_many_upstream_reverse),
         cmocka_unit_test(test_load_many_tcp),
         cmocka_unit_test(test_load_many_shm),
+        cmocka_unit_test(test_shared_window_tcp),
+        cmocka_unit_test(test_shared_window_shm),
         cmocka_unit_test(test_peer_gone),
         cmocka_unit_test(test_producer_back_on_its_port),
         cmocka_unit_test(test_producer_killed),

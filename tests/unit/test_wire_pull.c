@@ -1256,6 +1256,186 @@ static void write_seed_corpus(const char *dir) {
     mb_free(&b);
 }
 
+/* ----------------------------------------- the per-pull messages' packer */
+
+/* msgpack-c's bytes for a str, an unsigned and an int32 (the forms the
+ * encoders used to emit through it). */
+static void ref_str(msgpack_packer *pk, const char *s) {
+    size_t n = strlen(s);
+    msgpack_pack_str(pk, n);
+    msgpack_pack_str_body(pk, s, n);
+}
+
+static void expect_same(const msgpack_sbuffer *ref, const void *buf, size_t len) {
+    if (ref->size != len || memcmp(ref->data, buf, len) != 0) {
+        print_error("msgpack-c: ");
+        for (size_t i = 0; i < ref->size; i++) print_error("%02x", (unsigned char)ref->data[i]);
+        print_error("\nours:      ");
+        for (size_t i = 0; i < len; i++) print_error("%02x", ((const unsigned char *)buf)[i]);
+        print_error("\n");
+        fail();
+    }
+}
+
+/* ECTransferPull and ECTransferComplete, packed by their own packer, are
+ * byte for byte what msgpack-c's packer makes of them: every width class of
+ * every unsigned (fixint, uint8..64) and int32 (negative fixint, int8..32),
+ * str lengths around each class boundary (fixstr, str8, str16), with and
+ * without the extension keys. */
+static void test_pull_packer_matches_msgpack_c(void **st) {
+    (void)st;
+    static const uint64_t u[] = {0,     1,     127,           128,           255,   256,
+                                 65535, 65536, 4294967295ull, 4294967296ull, ~0ull, 1ull << 47};
+    static const int32_t s32[] = {INT32_MIN, -32769, -32768, -129, -128, -33,   -32,   -1,       0,
+                                  1,         127,    128,    255,  256,  65535, 65536, INT32_MAX};
+    static const size_t lens[] = {1, 31, 32, 255, 256};
+    char text[5][WIRE_PULL_MAX_STR + 1], key[2100];
+    for (int l = 0; l < 5; l++) {
+        memset(text[l], 'a' + l, lens[l]);
+        text[l][lens[l]] = '\0';
+    }
+    memset(key, 'k', 2047);
+    key[2047] = '\0';
+    const char *keys[] = {NULL, "9e01c4d27a3f58b6", key};
+    for (size_t i = 0; i < ECT_ARRAY_LEN(u); i++)
+        for (int l = 0; l < 5; l++)
+            for (int k = 0; k < 3; k++) {
+                wire_transfer_pull m = {.mm_hash = text[l],
+                                        .dst_ptr = u[i],
+                                        .dst_offset = u[(i + 3) % ECT_ARRAY_LEN(u)],
+                                        .consumer_session_id = text[4 - l],
+                                        .dst_key = (char *)keys[k],
+                                        .has_token = k != 1,
+                                        .token = u[(i + 7) % ECT_ARRAY_LEN(u)]};
+                msgpack_sbuffer ref;
+                msgpack_packer pk;
+                msgpack_sbuffer_init(&ref);
+                msgpack_packer_init(&pk, &ref, msgpack_sbuffer_write);
+                msgpack_pack_map(&pk, 4 + !!m.dst_key + m.has_token);
+                ref_str(&pk, "mm_hash");
+                ref_str(&pk, m.mm_hash);
+                ref_str(&pk, "dst_ptr");
+                msgpack_pack_uint64(&pk, m.dst_ptr);
+                ref_str(&pk, "dst_offset");
+                msgpack_pack_uint64(&pk, m.dst_offset);
+                ref_str(&pk, "consumer_session_id");
+                ref_str(&pk, m.consumer_session_id);
+                if (m.dst_key) {
+                    ref_str(&pk, "dst_key");
+                    ref_str(&pk, m.dst_key);
+                }
+                if (m.has_token) {
+                    ref_str(&pk, "token");
+                    msgpack_pack_uint64(&pk, m.token);
+                }
+                void *buf;
+                size_t len;
+                assert_int_equal(wire_transfer_pull_encode(&m, &buf, &len), 0);
+                expect_same(&ref, buf, len);
+                free(buf);
+                msgpack_sbuffer_destroy(&ref);
+            }
+    for (size_t i = 0; i < ECT_ARRAY_LEN(s32); i++)
+        for (int l = 0; l < 5; l++)
+            for (int k = 0; k < 4; k++) {
+                wire_transfer_complete m = {.mm_hash = text[l],
+                                            .status = s32[i],
+                                            .has_token = k & 1,
+                                            .token = u[(i + (size_t)l) % ECT_ARRAY_LEN(u)],
+                                            .error = k & 2 ? text[4 - l] : NULL};
+                msgpack_sbuffer ref;
+                msgpack_packer pk;
+                msgpack_sbuffer_init(&ref);
+                msgpack_packer_init(&pk, &ref, msgpack_sbuffer_write);
+                msgpack_pack_map(&pk, 2 + m.has_token + !!m.error);
+                ref_str(&pk, "mm_hash");
+                ref_str(&pk, m.mm_hash);
+                ref_str(&pk, "status");
+                msgpack_pack_int32(&pk, m.status);
+                if (m.has_token) {
+                    ref_str(&pk, "token");
+                    msgpack_pack_uint64(&pk, m.token);
+                }
+                if (m.error) {
+                    ref_str(&pk, "error");
+                    ref_str(&pk, m.error);
+                }
+                void *buf;
+                size_t len;
+                assert_int_equal(wire_transfer_complete_encode(&m, &buf, &len), 0);
+                expect_same(&ref, buf, len);
+                free(buf);
+                msgpack_sbuffer_destroy(&ref);
+            }
+}
+
+/* The one-pass path for ECTransferPull / ECTransferComplete gives what the
+ * general decoder gives: the same result code and, decoded, the same
+ * message (its encoding and ext_error), for the usual shape and for every
+ * way out of it (another form of a value or key, an unknown or duplicate
+ * key, a text or extension the decoder refuses, trailing bytes). */
+static void test_fast_path_matches_general(void **st) {
+    (void)st;
+    static const char *const hex[] = {
+        GOLDEN_PULL,
+        GOLDEN_COMPLETE,
+        GOLDEN_PULL_EXT,
+        GOLDEN_COMPLETE_EXT,
+        /* status -1 (negative fixint), -200 (int16), 70000 (uint32), as int8 5 */
+        "82a76d6d5f68617368a161a6737461747573ff",
+        "82a76d6d5f68617368a161a6737461747573d1ff38",
+        "82a76d6d5f68617368a161a6737461747573ce00011170",
+        "82a76d6d5f68617368a161a6737461747573d005",
+        /* status 2^31 (out of int32), as uint64 1, token negative */
+        "82a76d6d5f68617368a161a6737461747573ce80000000",
+        "82a76d6d5f68617368a161a6737461747573cf0000000000000001",
+        "83a76d6d5f68617368a161a673746174757300a5746f6b656eff",
+        /* mm_hash as str8, as bin, empty, with a NUL, bad UTF-8 */
+        "82a76d6d5f68617368d90161a673746174757300",
+        "82a76d6d5f68617368c40161a673746174757300",
+        "82a76d6d5f68617368a0a673746174757300",
+        "82a76d6d5f68617368a26100a673746174757300",
+        "82a76d6d5f68617368a1ffa673746174757300",
+        /* a duplicate key, an unknown key, dst_key on a completion, trailing byte */
+        "83a76d6d5f68617368a161a673746174757300a6737461747573c0",
+        "83a76d6d5f68617368a161a673746174757300a178c0",
+        "83a76d6d5f68617368a161a673746174757300a76473745f6b6579a16b",
+        "82a76d6d5f68617368a161a673746174757300c0",
+        /* a pull: dst_key empty (refused extension), token as int8, error key on a pull */
+        "85a76d6d5f68617368a161a76473745f70747201aa6473745f6f666673657402b3636f6e73756d65725f736573"
+        "73696f6e5f6964a173a76473745f6b6579a0",
+        "85a76d6d5f68617368a161a76473745f70747201aa6473745f6f666673657402b3636f6e73756d65725f736573"
+        "73696f6e5f6964a173a5746f6b656ed005",
+        "85a76d6d5f68617368a161a76473745f70747201aa6473745f6f666673657402b3636f6e73756d65725f736573"
+        "73696f6e5f6964a173a56572726f72a165",
+        /* a pull without consumer_session_id; dst_ptr and status together */
+        "83a76d6d5f68617368a161a76473745f70747201aa6473745f6f666673657402",
+        "83a76d6d5f68617368a161a76473745f70747201a673746174757300",
+    };
+    for (size_t i = 0; i < ECT_ARRAY_LEN(hex); i++) {
+        unsigned char buf[512];
+        size_t len = unhex(hex[i], buf, sizeof buf);
+        wire_pull_msg a, g;
+        int arc = wire_pull_decode_any(buf, len, &a);
+        int grc = wire_pull_decode_general(buf, len, &g);
+        if (arc != grc) fail_msg("case %zu: decode_any %d, general %d", i, arc, grc);
+        if (arc) continue;
+        assert_int_equal(a.type, g.type);
+        const char *ae = a.type == WIRE_PULL_PULL ? a.u.pull.ext_error : a.u.complete.ext_error;
+        const char *ge = g.type == WIRE_PULL_PULL ? g.u.pull.ext_error : g.u.complete.ext_error;
+        assert_true((!ae && !ge) || (ae && ge && strcmp(ae, ge) == 0));
+        void *ea, *eg;
+        size_t la, lg;
+        assert_int_equal(wire_pull_msg_encode(&a, &ea, &la), 0);
+        assert_int_equal(wire_pull_msg_encode(&g, &eg, &lg), 0);
+        if (la != lg || memcmp(ea, eg, la) != 0) fail_msg("case %zu: different messages", i);
+        free(ea);
+        free(eg);
+        wire_pull_msg_free(&a);
+        wire_pull_msg_free(&g);
+    }
+}
+
 int main(void) {
     const char *seed_dir = getenv("ECT_PULL_SEED_DIR");
     if (seed_dir) {
@@ -1268,6 +1448,8 @@ int main(void) {
         cmocka_unit_test(test_round_trip_request),
         cmocka_unit_test(test_largest_messages_fit_bounds),
         cmocka_unit_test(test_golden_bytes),
+        cmocka_unit_test(test_pull_packer_matches_msgpack_c),
+        cmocka_unit_test(test_fast_path_matches_general),
         cmocka_unit_test(test_reject_by_class),
         cmocka_unit_test(test_reject_mismatched_list_lengths),
         cmocka_unit_test(test_extension_keys),
