@@ -867,8 +867,9 @@ int shm_write_batch(ect_xport *x, const char *session, const ect_write *w, size_
         return ect_set_error(ECT_ENOMEM, "batch");
     }
     size_t m = 0, fast = 0;
+    bool cu = cuda_active(); /* once a batch: it walks the loaded objects */
     for (size_t i = 0; i < n; i++) {
-        if (w[i].len && mem_is_device(w[i].src, &sk[i].dev)) sk[i].kind = ECT_MEM_CUDA;
+        if (cu && w[i].len && mem_is_device(w[i].src, &sk[i].dev)) sk[i].kind = ECT_MEM_CUDA;
         int f;
         if (xp_key_parse(w[i].dst_key, &tok[i]) != 0)
             st[i] = ECT_EINVAL;

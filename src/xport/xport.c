@@ -17,6 +17,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include "mem/cuda.h"
 #include "mem/memkind.h"
 #include "util/keys.h"
 #include "util/util.h"
@@ -680,6 +681,7 @@ static int stage_device_srcs(const ect_write *w, size_t n, ect_write **out, void
     uint64_t total = 0;
     bool any = false;
     bool *dev = NULL;
+    if (!cuda_active()) return 0; /* no driver: no device source (one walk a batch) */
     for (size_t i = 0; i < n; i++) {
         if (!w[i].len || !mem_is_device(w[i].src, NULL)) continue;
         if (!dev && !(dev = calloc(n, sizeof *dev))) return ect_set_error(ECT_ENOMEM, "staging");
