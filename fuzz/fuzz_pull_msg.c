@@ -46,7 +46,8 @@ static void check_extensions(const wire_pull_msg *m) {
         if (why && (m->u.pull.dst_key || m->u.pull.has_token)) abort();
     } else if (m->type == WIRE_PULL_COMPLETE) {
         why = m->u.complete.ext_error;
-        if (why && (m->u.complete.error || m->u.complete.has_token)) abort();
+        if (why && (m->u.complete.error || m->u.complete.has_token || m->u.complete.shm_id))
+            abort();
     }
     if (why && !why[0]) abort();
 }
@@ -89,7 +90,7 @@ static void check_general(const uint8_t *data, size_t size, int rc, const wire_p
         const wire_transfer_complete *a = &m->u.complete, *b = &g.u.complete;
         if (!same_str(a->mm_hash, b->mm_hash) || a->status != b->status ||
             a->has_token != b->has_token || a->token != b->token || !same_str(a->error, b->error) ||
-            !same_str(a->ext_error, b->ext_error))
+            a->shm_id != b->shm_id || !same_str(a->ext_error, b->ext_error))
             abort();
     }
     wire_pull_msg_free(&g);

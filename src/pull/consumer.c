@@ -49,6 +49,9 @@ struct ect_pull_consumer {
     char key[ECT_XPORT_KEY_MAX];
     bool registered;
     bool windows;        /* each pull gets its own write key (every transport) */
+    bool offers;         /* shm with windows: offer them to the producer before the pull */
+    uint64_t shm_id;     /* the producer's offer id, from the latest ECTransferComplete
+                            that named one ("ect_shm_id"); 0: none yet */
     uint64_t align;      /* the pool's allocation alignment */
     dealer_link *dl;     /* without keys: our own ZMTP DEALER (dealer_link.h) */
     void *zctx, *dealer; /* with keys: libzmq's DEALER */
@@ -255,6 +258,7 @@ static int take_complete(ect_pull_consumer *c, pend *pd, size_t n) {
         wire_transfer_complete_free(&done);
         return 0;
     }
+    if (done.shm_id) c->shm_id = done.shm_id;
     pend *mine = find_pend(pd, n, &done);
     if (mine) {
         mine->done = true;
@@ -457,9 +461,34 @@ static int send_pull(ect_pull_consumer *c, pend *pd) {
     return 0;
 }
 
+/* Offers (shm: docs/PROTOCOL.md "shm", "Offers") the windows of the
+ * prepared pulls pd[0..n) (statuses[i] == 1; NULL: all) and the shared one
+ * (NULL: none) to the producer's connection it named in a completion, so
+ * its writes into them need no BEGIN. Best effort: a refused offer only
+ * means the producer asks with a BEGIN as before. */
+#define PULL_OFFER_MAX 250
+static void offer_windows(ect_pull_consumer *c, const pend *pd, size_t n, const int *statuses,
+                          const char *shared_key) {
+    if (!c->offers || !c->windows || !c->shm_id) return;
+    const char *keys[PULL_OFFER_MAX];
+    size_t k = 0;
+    if (shared_key) keys[k++] = shared_key;
+    for (size_t i = 0; i < n; i++) {
+        if ((statuses && statuses[i] != 1) || !pd[i].win) continue;
+        keys[k++] = pd[i].wkey;
+        if (k == PULL_OFFER_MAX) {
+            (void)xp_window_offer(c->x, c->shm_id, keys, k);
+            k = 0;
+        }
+    }
+    if (k) (void)xp_window_offer(c->x, c->shm_id, keys, k);
+}
+
 static int start_pull(ect_pull_consumer *c, pend *pd) {
     int rc = prepare_pull(c, pd);
-    return rc ? rc : send_pull(c, pd);
+    if (rc) return rc;
+    offer_windows(c, pd, 1, NULL, NULL);
+    return send_pull(c, pd);
 }
 
 /* Settles a started pull once answered (or not): closes its window, and
@@ -607,6 +636,7 @@ int ect_pull_consumer_load_many(ect_pull_consumer *c, size_t n, const char *cons
         if (!rc) rc = encode_pull(c, &pd[i]);
         if (rc) NOTE(i, rc);
     }
+    offer_windows(c, pd, n, statuses, shared ? shared_key : NULL);
     /* The requests go out in one tight loop, after every region and window
      * is ready: they reach the producer together, as one burst its lane
      * writes as one batch (sent while preparing, they trickled in). */
@@ -757,6 +787,7 @@ int ect_pull_consumer_open(const ect_pull_consumer_opts *o, ect_pull_consumer **
         goto fail;
     c->registered = true;
     c->windows = true;
+    c->offers = strcmp(ect_xport_kind(c->x), "shm") == 0;
     ect_pool_stat ps;
     ect_pool_stats(c->pool, &ps);
     c->align = ps.alignment ? ps.alignment : 1;

@@ -45,6 +45,7 @@
 #include "util/util.h"
 #include "util/zauth.h"
 #include "wire/dtype.h"
+#include "xport/xport.h"
 
 #define MOD "pull"
 #define LANE_IDLE_MS 5000
@@ -793,6 +794,17 @@ static void collect(void *ctx, met_out *o) {
                   NULL, (double)st.lanes);
 }
 
+ect_xport *pull_producer_xport(ect_pull_producer *p) { return p->x; }
+
+/* On shm, our connections ask consumers to offer their windows before the
+ * pull (docs/PROTOCOL.md "shm", "Offers"), named by a random id every
+ * ECTransferComplete carries ("ect_shm_id"), so the write needs no BEGIN. */
+static void offer_id_draw(ect_pull_producer *p) {
+    if (strcmp(ect_xport_kind(p->x), "shm") != 0) return;
+    while (!p->r.shm_id) p->r.shm_id = ect_random_u64();
+    xp_set_offer_id(p->x, p->r.shm_id);
+}
+
 int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer **out) {
     if (!out) return ect_set_error(ECT_EINVAL, "pull producer: out is NULL");
     *out = NULL;
@@ -848,6 +860,7 @@ int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer
     xo.io_timeout_ms = opts->io_timeout_ms;
     xo.curve_keys = opts->curve_keys;
     if ((rc = ect_xport_open(p->transport, &xo, &p->x)) != 0) goto fail;
+    offer_id_draw(p);
     if ((rc = ect_xport_register(p->x, ect_pool_base(p->pool), ect_pool_capacity(p->pool),
                                  ect_pool_fd(p->pool), 0, p->key)) != 0)
         goto fail;

@@ -96,9 +96,13 @@ typedef struct pull_router {
     const char *session_id; /* producer_session_id */
     size_t page_items;      /* items per ECTransferReady, 1..WIRE_PULL_MAX_ITEMS */
     const char *allow;      /* connect policy (ect_pull_producer_opts.connect_allow) */
+    uint64_t shm_id;        /* our shm offer id, sent in every ECTransferComplete; 0: none */
     pull_router_ops ops;
     pull_router_stat st;
 } pull_router;
+
+/* The producer's data-plane transport (tests: shm_counts). */
+ect_xport *pull_producer_xport(ect_pull_producer *p);
 
 /* Checks a connect_allow value: "*", or IP addresses (IPv4 or IPv6)
  * separated by commas, none empty. 0, or ECT_EINVAL with a sentence naming

@@ -34,7 +34,8 @@ void pull_router_complete(pull_router *r, const pull_peer *peer, const char *mm_
                                 .status = status,
                                 .has_token = has_token,
                                 .token = token,
-                                .error = (char *)reason};
+                                .error = (char *)reason,
+                                .shm_id = r->shm_id};
     void *buf = NULL;
     size_t len = 0;
     if (wire_transfer_complete_encode(&m, &buf, &len) != 0) {

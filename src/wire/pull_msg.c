@@ -36,6 +36,7 @@
 #include <msgpack.h>
 
 #include "util/util.h"
+#include "wire/control_msg.h" /* wctl_shm_id_parse, _format */
 #include "wire/pull_msg.h"
 
 /* ------------------------------------------------------------ field names */
@@ -566,8 +567,18 @@ static int notification_from_obj(const msgpack_object *root, wire_hash_notificat
  * (dst_key and error only where the message has them: non-NULL pointers).
  * A malformed one leaves every extension absent and says why in *ext_error;
  * only ECT_ENOMEM fails. */
+/* The optional "ect_shm_id" of ECTransferComplete: 16 lowercase hex digits, not all 0. */
+static int get_shm_id(const msgpack_object *v, const char *msg, uint64_t *id) {
+    if (v->type == MSGPACK_OBJECT_STR && wctl_shm_id_parse(v->via.str.ptr, v->via.str.size, id))
+        return 0;
+    *id = 0;
+    return ect_set_error(ECT_EINVAL, "%s: ect_shm_id: expected 16 lowercase hex digits, not all 0",
+                         msg);
+}
+
 static int ext_from_obj(const msgpack_object *root, const char *msg, char **dst_key,
-                        bool *has_token, uint64_t *token, char **error, char **ext_error) {
+                        bool *has_token, uint64_t *token, char **error, uint64_t *shm_id,
+                        char **ext_error) {
     const msgpack_object *v;
     int rc = 0;
     if (dst_key && (v = find_key(root, "dst_key")))
@@ -576,7 +587,9 @@ static int ext_from_obj(const msgpack_object *root, const char *msg, char **dst_
         *has_token = (rc = get_u64(v, &(fpath){msg, "token", -1, -1}, token)) == 0;
     if (!rc && error && (v = find_key(root, "error")))
         rc = get_str(v, &(fpath){msg, "error", -1, -1}, error);
+    if (!rc && shm_id && (v = find_key(root, "ect_shm_id"))) rc = get_shm_id(v, msg, shm_id);
     if (rc == 0 || rc == ECT_ENOMEM) return rc;
+    if (shm_id) *shm_id = 0;
     if (dst_key) {
         free(*dst_key);
         *dst_key = NULL;
@@ -602,7 +615,8 @@ static int pull_from_obj(const msgpack_object *root, wire_transfer_pull *m) {
     if (!rc)
         rc = get_str(v[3], &(fpath){msg, "consumer_session_id", -1, -1}, &m->consumer_session_id);
     if (!rc)
-        rc = ext_from_obj(root, msg, &m->dst_key, &m->has_token, &m->token, NULL, &m->ext_error);
+        rc = ext_from_obj(root, msg, &m->dst_key, &m->has_token, &m->token, NULL, NULL,
+                          &m->ext_error);
     if (rc) wire_transfer_pull_free(m);
     return rc;
 }
@@ -613,7 +627,9 @@ static int complete_from_obj(const msgpack_object *root, wire_transfer_complete 
     int rc = bind_fields(root, msg, complete_keys, ECT_ARRAY_LEN(complete_keys), v);
     if (!rc) rc = get_str(v[0], &(fpath){msg, "mm_hash", -1, -1}, &m->mm_hash);
     if (!rc) rc = get_i32(v[1], &(fpath){msg, "status", -1, -1}, &m->status);
-    if (!rc) rc = ext_from_obj(root, msg, NULL, &m->has_token, &m->token, &m->error, &m->ext_error);
+    if (!rc)
+        rc = ext_from_obj(root, msg, NULL, &m->has_token, &m->token, &m->error, &m->shm_id,
+                          &m->ext_error);
     if (rc) wire_transfer_complete_free(m);
     return rc;
 }
@@ -665,14 +681,14 @@ static int ready_from_obj(const msgpack_object *root, wire_transfer_ready *m) {
  * accepts what the general one accepts, with the same result
  * (wire_pull_decode_general; fuzz_pull_msg compares the two). */
 
-enum { F_HASH, F_PTR, F_OFF, F_SESS, F_KEY, F_TOKEN, F_STATUS, F_ERROR, F_N };
+enum { F_HASH, F_PTR, F_OFF, F_SESS, F_KEY, F_TOKEN, F_STATUS, F_ERROR, F_SHM, F_N };
 static const char *const fast_names[F_N] = {
-    "mm_hash", "dst_ptr", "dst_offset", "consumer_session_id",
-    "dst_key", "token",   "status",     "error"};
+    "mm_hash", "dst_ptr", "dst_offset", "consumer_session_id", "dst_key",
+    "token",   "status",  "error",      "ect_shm_id"};
 #define PULL_FIELDS (1u << F_HASH | 1u << F_PTR | 1u << F_OFF | 1u << F_SESS)
 #define PULL_ALLOWED (PULL_FIELDS | 1u << F_KEY | 1u << F_TOKEN)
 #define COMPLETE_FIELDS (1u << F_HASH | 1u << F_STATUS)
-#define COMPLETE_ALLOWED (COMPLETE_FIELDS | 1u << F_TOKEN | 1u << F_ERROR)
+#define COMPLETE_ALLOWED (COMPLETE_FIELDS | 1u << F_TOKEN | 1u << F_ERROR | 1u << F_SHM)
 
 typedef struct fast_in {
     const uint8_t *p, *end;
@@ -779,6 +795,10 @@ static bool fast_scan(const void *buf, size_t len, fast_msg *f) {
         case F_OFF:
         case F_TOKEN: ok = fast_uint(&in, &f->u[id]); break;
         case F_STATUS: ok = fast_i32(&in, &f->status); break;
+        case F_SHM: /* a bad one: the general decoder says why */
+            ok = fast_str(&in, &f->str[id], &f->len[id]) &&
+                 wctl_shm_id_parse(f->str[id], f->len[id], &f->u[id]);
+            break;
         default:
             ok = fast_str(&in, &f->str[id], &f->len[id]) &&
                  text_ok(f->str[id], f->len[id],
@@ -816,6 +836,7 @@ static bool fast_complete(const fast_msg *f, wire_transfer_complete *m) {
     m->status = f->status;
     m->has_token = f->seen & 1u << F_TOKEN;
     m->token = m->has_token ? f->u[F_TOKEN] : 0;
+    m->shm_id = f->seen & 1u << F_SHM ? f->u[F_SHM] : 0;
     return true;
 }
 
@@ -1235,10 +1256,11 @@ int wire_transfer_complete_encode(const wire_transfer_complete *m, void **out, s
     const char *err = has_error ? error_text(m->error, ascii, &el) : NULL;
     size_t size = 1 + mp_kv_str_size(KEY("mm_hash"), hl) + KEY("status") + 5 +
                   (m->has_token ? KEY("token") + mp_uint_size(m->token) : 0) +
-                  (has_error ? mp_kv_str_size(KEY("error"), el) : 0);
+                  (has_error ? mp_kv_str_size(KEY("error"), el) : 0) +
+                  (m->shm_id ? mp_kv_str_size(KEY("ect_shm_id"), 16) : 0);
     mp_out o = {malloc(size), 0};
     if (!o.p) return ect_set_error(ECT_ENOMEM, "%s: out of memory encoding", msg);
-    mp_map(&o, (uint32_t)(ECT_ARRAY_LEN(complete_keys) + m->has_token + has_error));
+    mp_map(&o, (uint32_t)(ECT_ARRAY_LEN(complete_keys) + m->has_token + has_error + !!m->shm_id));
     mp_strn(&o, "mm_hash", 7);
     mp_strn(&o, m->mm_hash, hl);
     mp_strn(&o, "status", 6);
@@ -1250,6 +1272,12 @@ int wire_transfer_complete_encode(const wire_transfer_complete *m, void **out, s
     if (has_error) {
         mp_strn(&o, "error", 5);
         mp_strn(&o, err, el);
+    }
+    if (m->shm_id) { /* last: docs/PROTOCOL.md "ectransfer's pull roles" */
+        char h[17];
+        wctl_shm_id_format(m->shm_id, h);
+        mp_strn(&o, "ect_shm_id", 10);
+        mp_strn(&o, h, 16);
     }
     return mp_finish(&o, size, msg, out, out_len);
 }

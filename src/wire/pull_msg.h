@@ -89,6 +89,8 @@ typedef struct wire_transfer_complete {
     uint64_t token;
     char *error;     /* why, when status != 0; NULL or "": absent. The encoder cuts it to
                         WIRE_PULL_MAX_STR bytes at a UTF-8 boundary */
+    uint64_t shm_id; /* `ect_shm_id`: the producer's shm offer id (docs/PROTOCOL.md "shm",
+                        "Offers"), 16 lowercase hex digits on the wire; 0: absent */
     char *ext_error; /* decode only: why a present extension key was refused, else NULL */
 } wire_transfer_complete;
 

@@ -21,6 +21,7 @@
 
 #include "pull/pull_internal.h"
 #include "util/util.h"
+#include "xport/shm.h"
 
 #define KiB 1024u
 #define MiB (1024u * 1024u)
@@ -1000,6 +1001,55 @@ static void test_shared_window_shm(void **st) {
     run_shared_window("shm");
 }
 
+/* Over shm the producer names its offer id in each completion and the
+ * consumer offers a pull's windows before sending it: the first pull (no id
+ * known yet) asks with a BEGIN, the later ones, single and in a load_many
+ * set, are offered. Offers never wait (one may meet the consumer's
+ * connection thread mid-GRANT and ask after all): most must be offered. */
+static void test_shm_pulls_offered(void **st) {
+    (void)st;
+    ect_pull_producer *p = open_producer("shm", 64 * MiB, 0);
+    ect_pull_consumer *c = open_consumer("shm", ect_pull_producer_port(p), 64 * MiB, 30000);
+    enum { N = 24, SINGLE = 12 };
+    char names[N][32];
+    const char *h[N];
+    ect_pull_meta m[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(names[i], sizeof names[i], "of-%d", i);
+        h[i] = names[i];
+        m[i] = (ect_pull_meta){.nbytes = 64 * KiB, .ndim = 1};
+        m[i].shape[0] = m[i].nbytes;
+        snprintf(m[i].dtype, sizeof m[i].dtype, "uint8");
+        save_item(p, names[i], (size_t)m[i].nbytes, 900 + (uint64_t)i);
+    }
+    assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
+    uint64_t begins, offers;
+    load_check(c, h[0], &m[0], (size_t)m[0].nbytes, 900);
+    shm_counts(pull_producer_xport(p), &begins, &offers);
+    assert_int_equal(begins, 1);
+    assert_int_equal(offers, 0);
+    for (int i = 1; i < SINGLE; i++)
+        load_check(c, h[i], &m[i], (size_t)m[i].nbytes, 900 + (uint64_t)i);
+    shm_counts(pull_producer_xport(p), &begins, &offers);
+    assert_true(begins <= 4);
+    assert_true(offers >= SINGLE - 4);
+    uint64_t begins_before_set = begins, offers_before_set = offers;
+    ect_pull_view v[N - SINGLE];
+    int sts[N - SINGLE];
+    assert_int_equal(ect_pull_consumer_load_many(c, N - SINGLE, h + SINGLE, m + SINGLE, v, sts), 0);
+    for (int i = 0; i < N - SINGLE; i++) {
+        assert_int_equal(sts[i], 0);
+        assert_true(test_check_pattern(v[i].data, (size_t)m[SINGLE + i].nbytes,
+                                       900 + (uint64_t)(SINGLE + i)));
+        assert_int_equal(ect_pull_consumer_release(c, h[SINGLE + i]), 0);
+    }
+    shm_counts(pull_producer_xport(p), &begins, &offers);
+    assert_true(offers > offers_before_set);
+    assert_true(begins <= begins_before_set + 1);
+    ect_pull_consumer_close(c);
+    ect_pull_producer_close(p);
+}
+
 /* load_many against our producer: 24 items in flight at once, one already
  * resident, one unknown; every byte checked; bad arguments refused. */
 static void run_load_many(const char *transport) {
@@ -1460,6 +1510,7 @@ int main(void) {
         cmocka_unit_test(test_load_many_upstream_reverse),
         cmocka_unit_test(test_load_many_tcp),
         cmocka_unit_test(test_load_many_shm),
+        cmocka_unit_test(test_shm_pulls_offered),
         cmocka_unit_test(test_shared_window_tcp),
         cmocka_unit_test(test_shared_window_shm),
         cmocka_unit_test(test_peer_gone),

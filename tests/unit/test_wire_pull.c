@@ -40,6 +40,10 @@ static const char GOLDEN_PULL_EXT[] =
 static const char GOLDEN_COMPLETE_EXT[] =
     "84a76d6d5f68617368a3616263a6737461747573fca5746f6b656e2aa56572726f72d9216d6d5f68617368206162"
     "6320697320756e6b6e6f776e206f722065766963746564";
+/* A pull producer on shm names its offer id (docs/PROTOCOL.md "shm", "Offers"), last. */
+static const char GOLDEN_COMPLETE_SHM[] =
+    "84a76d6d5f68617368a3616263a673746174757300a5746f6b656e2aaa6563745f73686d5f6964b030313233"
+    "343536373839616263646566";
 
 static size_t unhex(const char *hex, unsigned char *out, size_t cap) {
     size_t n = strlen(hex) / 2;
@@ -367,6 +371,9 @@ static void test_golden_bytes(void **state) {
         {GOLDEN_COMPLETE_EXT,
          {WIRE_PULL_COMPLETE, .u.complete = {"abc", ECT_ENOTFOUND, .has_token = true, .token = 42,
                                              .error = "mm_hash abc is unknown or evicted"}}},
+        {GOLDEN_COMPLETE_SHM,
+         {WIRE_PULL_COMPLETE, .u.complete = {"abc", 0, .has_token = true, .token = 42,
+                                             .shm_id = 0x0123456789abcdefull}}},
     };
     for (size_t i = 0; i < ECT_ARRAY_LEN(rows); i++) {
         void *buf, *again;
@@ -399,7 +406,20 @@ static void test_golden_bytes(void **state) {
     assert_true(c.has_token);
     assert_int_equal(c.token, 42);
     assert_string_equal(c.error, "mm_hash abc is unknown or evicted");
+    assert_int_equal(c.shm_id, 0); /* absent */
     wire_transfer_complete_free(&c);
+    n = unhex(GOLDEN_COMPLETE_SHM, raw, sizeof raw);
+    assert_int_equal(wire_transfer_complete_decode(raw, n, &c), 0);
+    assert_true(c.status == 0 && c.has_token && c.token == 42 && !c.ext_error);
+    assert_true(c.shm_id == 0x0123456789abcdefull);
+    wire_transfer_complete_free(&c);
+    /* Without an id the bytes are the ones before ect_shm_id existed. */
+    wire_transfer_complete plain = {.mm_hash = "abc", .status = -5};
+    void *pb;
+    size_t pl;
+    assert_int_equal(wire_transfer_complete_encode(&plain, &pb, &pl), 0);
+    assert_bytes_hex(pb, pl, GOLDEN_COMPLETE);
+    free(pb);
     /* docs/PROTOCOL.md shows every one of them (hex wrapped over lines). */
     const char *doc = test_protocol_md();
     char *flat = malloc(strlen(doc) + 1);
@@ -752,6 +772,11 @@ static void test_extension_keys(void **state) {
          {"error", A(WIRE_PULL_MAX_STR + 1)},
          "ECTransferComplete.error: string of 257 bytes exceeds the bound of 256"},
         {COMPLETE, {"error", S("\xff")}, "ECTransferComplete.error: is not valid UTF-8"},
+        {COMPLETE, {"ect_shm_id", S("00000000000000ff")}, NULL},
+        {COMPLETE, {"ect_shm_id", S("00000000000000FF")}, "ect_shm_id: expected 16 lowercase hex"},
+        {COMPLETE, {"ect_shm_id", S("0000000000000000")}, "ect_shm_id: expected 16 lowercase hex"},
+        {COMPLETE, {"ect_shm_id", S("ff")}, "ECTransferComplete: ect_shm_id: expected 16"},
+        {COMPLETE, {"ect_shm_id", U(255)}, "ect_shm_id: expected 16 lowercase hex"},
     };
     for (size_t c = 0; c < ECT_ARRAY_LEN(cases); c++) {
         mb b;
@@ -1212,7 +1237,8 @@ static void write_seed_corpus(const char *dir) {
                    {"golden_request", GOLDEN_REQUEST},
                    {"golden_ready", GOLDEN_READY},
                    {"golden_pull_ext", GOLDEN_PULL_EXT},
-                   {"golden_complete_ext", GOLDEN_COMPLETE_EXT}};
+                   {"golden_complete_ext", GOLDEN_COMPLETE_EXT},
+                   {"golden_complete_shm", GOLDEN_COMPLETE_SHM}};
     unsigned char raw[512];
     for (size_t i = 0; i < ECT_ARRAY_LEN(goldens); i++)
         write_seed(dir, goldens[i].name, raw, unhex(goldens[i].hex, raw, sizeof raw));
@@ -1411,6 +1437,14 @@ static void test_fast_path_matches_general(void **st) {
         /* a pull without consumer_session_id; dst_ptr and status together */
         "83a76d6d5f68617368a161a76473745f70747201aa6473745f6f666673657402",
         "83a76d6d5f68617368a161a76473745f70747201a673746174757300",
+        /* ect_shm_id: as fixstr, uppercase (refused), as str8, on a pull (ignored) */
+        GOLDEN_COMPLETE_SHM,
+        "83a76d6d5f68617368a161a673746174757300aa6563745f73686d5f6964b03031323334353637383941424344"
+        "4546",
+        "83a76d6d5f68617368a161a673746174757300aa6563745f73686d5f6964d91030313233343536373839616263"
+        "646566",
+        "85a76d6d5f68617368a161a76473745f70747201aa6473745f6f666673657402b3636f6e73756d65725f736573"
+        "73696f6e5f6964a173aa6563745f73686d5f6964b030313233343536373839616263646566",
     };
     for (size_t i = 0; i < ECT_ARRAY_LEN(hex); i++) {
         unsigned char buf[512];
