@@ -3,13 +3,19 @@
  * ROUTER thread (owns ROUTER), one write lane per consumer session.
  *
  * Why lanes: upstream's save thread waited for each item's pull before the
- * next (head-of-line blocking). Here the ROUTER thread never writes: it hands
- * the pulls it accepted from one burst of frames to the lanes of their
- * consumer sessions, one lane job per session (util/lanes: started
- * on demand, ended after LANE_IDLE_MS without work), so a consumer that is
- * slow or gone holds up only its own lane. Lanes push finished jobs onto a
- * completion queue and wake the ROUTER thread through an eventfd it polls
- * beside the ROUTER socket; only the ROUTER thread sends on the ROUTER socket.
+ * next (head-of-line blocking). Here the ROUTER thread never waits on a
+ * consumer: it hands the pulls it accepted from one burst of frames to the
+ * lanes of their consumer sessions, one lane job per session (util/lanes:
+ * started on demand, ended after LANE_IDLE_MS without work), so a consumer
+ * that is slow or gone holds up only its own lane. Lanes push finished jobs
+ * onto a completion queue and wake the ROUTER thread through an eventfd it
+ * polls beside the ROUTER socket; only the ROUTER thread sends on the ROUTER
+ * socket. The one write the ROUTER thread does itself is one that needs no
+ * answer from the consumer (xp_write_ready: over shm, a copy into a window
+ * the consumer offered, on a connection already made): those it writes and
+ * answers at once, up to READY_BURST_BYTES a burst, which saves the set two
+ * thread wake-ups (to the lane and back) and the hand-offs (issue 13,
+ * seventh pass).
  *
  * The ROUTER socket: without CURVE keys it is our own ZMTP listener
  * (push/control_listener in ROUTER mode, issue 13) served by the ROUTER
@@ -115,6 +121,10 @@ struct ect_pull_producer {
 
     atomic_uint_fast64_t saved, save_failed, notifications, pulls_ok, pulls_failed;
     atomic_uint_fast64_t bytes_out; /* bytes of the pulls written */
+    /* Pulls the ROUTER thread wrote itself, and jobs it handed to lanes
+     * (pull_producer_handoffs). ready_writes: it may (shm, with offers). */
+    atomic_uint_fast64_t ready_pulls, lane_jobs;
+    bool ready_writes;
     met_source *met;
 };
 
@@ -354,6 +364,42 @@ static void wake_router(ect_pull_producer *p) {
 #define LANE_BATCH_ITEMS 64
 #define LANE_BATCH_BYTES (4ull << 20)
 
+/* Settles one pull whose write ended with jrc (why: the batch's error
+ * text): releases its lease, counts and logs it, and fills c, its
+ * completion, taking j's mm_hash. */
+static void settle_job(ect_pull_producer *p, pull_job *j, int jrc, const char *why,
+                       completion *c) {
+    ect_pool_release(p->pool, j->mm_hash);
+    if (jrc) {
+        ECT_LOGW_ID(MOD, NULL, j->mm_hash, "write of %s to %s failed (%s): %s", j->mm_hash,
+                    j->session, ect_strerror(jrc), why);
+        atomic_fetch_add(&p->pulls_failed, 1);
+    } else {
+        atomic_fetch_add(&p->bytes_out, j->nbytes);
+        atomic_fetch_add(&p->pulls_ok, 1);
+    }
+    *c = (completion){.peer = j->peer,
+                      .mm_hash = j->mm_hash,
+                      .status = jrc,
+                      .has_token = j->has_token,
+                      .token = j->token};
+    j->mm_hash = NULL;
+    if (jrc) {
+        /* reason is a summary: a cut one is still the cause (the full text was logged above) */
+        int cut = snprintf(c->reason, sizeof c->reason, "write to %s failed: %s", j->session, why);
+        (void)cut;
+    }
+}
+
+/* The writes of the n pulls js[] (one session), from the pool. */
+static void jobs_writes(ect_pull_producer *p, pull_job *const *js, size_t n, ect_write *w) {
+    for (size_t i = 0; i < n; i++)
+        w[i] = (ect_write){.src = (const char *)ect_pool_base(p->pool) + js[i]->src_offset,
+                           .dst_addr = js[i]->dst_addr,
+                           .len = js[i]->nbytes,
+                           .dst_key = js[i]->dst_key};
+}
+
 /* Writes the n pulls js[] (one session: the lane's) with one
  * ect_xport_write_batch, so their acknowledgements overlap instead of each
  * write waiting for its own, then queues their completions for the ROUTER
@@ -361,13 +407,8 @@ static void wake_router(ect_pull_producer *p) {
 static void run_jobs(ect_pull_producer *p, pull_job **js, size_t n) {
     ect_write w[LANE_BATCH_ITEMS];
     int st[LANE_BATCH_ITEMS];
-    for (size_t i = 0; i < n; i++) {
-        w[i] = (ect_write){.src = (const char *)ect_pool_base(p->pool) + js[i]->src_offset,
-                           .dst_addr = js[i]->dst_addr,
-                           .len = js[i]->nbytes,
-                           .dst_key = js[i]->dst_key};
-        st[i] = 0;
-    }
+    jobs_writes(p, js, n, w);
+    for (size_t i = 0; i < n; i++) st[i] = 0;
     int rc = ect_xport_write_batch(p->x, js[0]->session, w, n, st);
     char why[ECT_ERROR_LEN] = "";
     if (rc) snprintf(why, sizeof why, "%s", ect_last_error());
@@ -375,35 +416,15 @@ static void run_jobs(ect_pull_producer *p, pull_job **js, size_t n) {
     for (size_t i = 0; i < n; i++) any = any || st[i];
     completion *head = NULL, **tail = &head;
     for (size_t i = 0; i < n; i++) {
-        pull_job *j = js[i];
-        int jrc = any ? st[i] : rc; /* a batch that failed as a whole fails every write */
-        ect_pool_release(p->pool, j->mm_hash);
-        if (jrc) {
-            ECT_LOGW_ID(MOD, NULL, j->mm_hash, "write of %s to %s failed (%s): %s", j->mm_hash,
-                        j->session, ect_strerror(jrc), why);
-            atomic_fetch_add(&p->pulls_failed, 1);
-        } else {
-            atomic_fetch_add(&p->bytes_out, j->nbytes);
-            atomic_fetch_add(&p->pulls_ok, 1);
-        }
-        completion *c = calloc(1, sizeof *c);
-        if (!c) {
-            ECT_LOGE_ID(MOD, NULL, j->mm_hash, "out of memory: completion of %s dropped",
-                        j->mm_hash);
+        completion done, *c;
+        settle_job(p, js[i], any ? st[i] : rc, why, &done); /* a failed batch fails each */
+        if (!(c = malloc(sizeof *c))) {
+            ECT_LOGE_ID(MOD, NULL, done.mm_hash, "out of memory: completion of %s dropped",
+                        done.mm_hash);
+            free(done.mm_hash);
             continue;
         }
-        c->peer = j->peer;
-        c->mm_hash = j->mm_hash;
-        j->mm_hash = NULL;
-        c->status = jrc;
-        c->has_token = j->has_token;
-        c->token = j->token;
-        if (jrc) {
-            /* reason is a summary: a cut one is still the cause (the full text was logged above) */
-            int cut =
-                snprintf(c->reason, sizeof c->reason, "write to %s failed: %s", j->session, why);
-            (void)cut;
-        }
+        *c = done;
         *tail = c;
         tail = &c->next;
     }
@@ -484,7 +505,10 @@ static void submit_group(ect_pull_producer *p, lane_pull *lp) {
      * many sessions that never answer holds at most max_lanes_per_peer. */
     const char *group = j->peer.addr[0] ? j->peer.addr : "?";
     int rc = lanes_submit_group(p->lanes, j->session, group, p->o.max_lanes_per_peer, &lp->lj);
-    if (!rc) return;
+    if (!rc) {
+        atomic_fetch_add(&p->lane_jobs, 1);
+        return;
+    }
     char why[ECT_ERROR_LEN];
     if (rc == ECT_EBUSY && lanes_count(p->lanes) >= p->o.max_lanes)
         snprintf(why, sizeof why, "producer serves %u consumer sessions already", p->o.max_lanes);
@@ -503,14 +527,80 @@ static void submit_group(ect_pull_producer *p, lane_pull *lp) {
     free(lp);
 }
 
+/* Bytes of pulls the ROUTER thread writes itself per burst at most; the
+ * rest go to their lanes (a large copy here would hold up every other
+ * consumer's requests). */
+#define READY_BURST_BYTES LANE_BATCH_BYTES
+
+/* Answers a pull written (or failed) on the ROUTER thread, at once. */
+static void complete_here(ect_pull_producer *p, pull_job *j, int jrc, const char *why) {
+    completion c;
+    settle_job(p, j, jrc, why, &c);
+    pull_router_complete(&p->r, &c.peer, c.mm_hash, c.status, c.has_token, c.token,
+                         c.status ? c.reason : NULL);
+    free(c.mm_hash);
+    pull_job_free(j);
+    atomic_fetch_add(&p->ready_pulls, 1);
+}
+
+/* Writes, on the ROUTER thread, the pulls js[0..n) that need no answer from
+ * their consumer (xp_write_ready: shm copies into windows it offered) and
+ * answers them at once; appends the others to *kt. */
+static void write_ready_batch(ect_pull_producer *p, pull_job **js, size_t n, pull_job ***kt) {
+    ect_write w[LANE_BATCH_ITEMS];
+    int st[LANE_BATCH_ITEMS];
+    jobs_writes(p, js, n, w);
+    xp_write_ready(p->x, js[0]->session, w, n, st);
+    char why[ECT_ERROR_LEN] = "";
+    for (size_t i = 0; i < n && !why[0]; i++)
+        if (st[i] < 0) snprintf(why, sizeof why, "%s", ect_last_error());
+    for (size_t i = 0; i < n; i++) {
+        if (st[i] > 0) {
+            **kt = js[i];
+            *kt = &js[i]->next;
+        } else {
+            complete_here(p, js[i], st[i], why);
+        }
+    }
+}
+
+/* The pulls of lp that need no answer from their consumer, written and
+ * answered here (no hand-off to the lane and back: two wake-ups a set),
+ * within *budget bytes; what is left stays in lp, in order, for its lane. */
+static void write_ready_pulls(ect_pull_producer *p, lane_pull *lp, uint64_t *budget) {
+    pull_job *keep = NULL, **kt = &keep, *chain = lp->head;
+    while (chain) {
+        pull_job *js[LANE_BATCH_ITEMS];
+        size_t n = 0;
+        for (; chain && n < LANE_BATCH_ITEMS; chain = chain->next) {
+            if (chain->nbytes > *budget) {
+                *kt = chain;
+                kt = &chain->next;
+                continue;
+            }
+            *budget -= chain->nbytes;
+            js[n++] = chain;
+        }
+        if (n) write_ready_batch(p, js, n, &kt);
+    }
+    *kt = NULL;
+    lp->head = keep;
+    lp->tail = keep ? kt : &lp->head;
+}
+
 /* Hands the pulls accepted in this burst to their lanes, one job per
- * consumer session, in order of first arrival (ROUTER thread, stat_mu
- * held). */
+ * consumer session, in order of first arrival, after writing here those
+ * that need no answer (ROUTER thread, stat_mu held). */
 static void flush_burst(ect_pull_producer *p) {
+    uint64_t budget = READY_BURST_BYTES;
     while (p->burst) {
         lane_pull *lp = p->burst;
         p->burst = lp->next;
-        submit_group(p, lp);
+        if (p->ready_writes) write_ready_pulls(p, lp, &budget);
+        if (lp->head)
+            submit_group(p, lp);
+        else
+            free(lp);
     }
 }
 
@@ -803,6 +893,12 @@ static void offer_id_draw(ect_pull_producer *p) {
     if (strcmp(ect_xport_kind(p->x), "shm") != 0) return;
     while (!p->r.shm_id) p->r.shm_id = ect_random_u64();
     xp_set_offer_id(p->x, p->r.shm_id);
+    p->ready_writes = true; /* offered windows take copies without an answer */
+}
+
+void pull_producer_handoffs(ect_pull_producer *p, uint64_t *lane_jobs, uint64_t *ready_pulls) {
+    *lane_jobs = atomic_load(&p->lane_jobs);
+    *ready_pulls = atomic_load(&p->ready_pulls);
 }
 
 int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer **out) {

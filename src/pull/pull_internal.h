@@ -103,6 +103,9 @@ typedef struct pull_router {
 
 /* The producer's data-plane transport (tests: shm_counts). */
 ect_xport *pull_producer_xport(ect_pull_producer *p);
+/* Hand-offs so far (tests): jobs the ROUTER thread gave to write lanes, and
+ * pulls it wrote and answered itself (shm copies into offered windows). */
+void pull_producer_handoffs(ect_pull_producer *p, uint64_t *lane_jobs, uint64_t *ready_pulls);
 
 /* Checks a connect_allow value: "*", or IP addresses (IPv4 or IPv6)
  * separated by commas, none empty. 0, or ECT_EINVAL with a sentence naming

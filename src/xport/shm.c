@@ -192,6 +192,7 @@ const xp_backend xp_shm_backend = {
     .destroy = shm_destroy,
     .write_batch = shm_write_batch,
     .offer = shm_target_offer,
+    .write_ready = shm_write_ready,
 };
 
 int shm_auth_send(void *ctx, const uint8_t *b, size_t n) {

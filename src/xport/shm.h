@@ -95,5 +95,8 @@ extern const xp_conn_ops shm_conn_ops;
 /* BEGINs x's initiator sent and OFFERs it applied since open. */
 void shm_counts(ect_xport *x, uint64_t *begins, uint64_t *offers);
 int shm_write_batch(ect_xport *x, const char *session, const ect_write *w, size_t n, int *st);
+/* backend write_ready (xp_write_ready): the fast-path writes only, on a
+ * cached connection; never connects, never sends a BEGIN. */
+int shm_write_ready(ect_xport *x, const char *session, const ect_write *w, size_t n, int *st);
 
 #endif

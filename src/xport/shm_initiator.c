@@ -844,21 +844,34 @@ static int fast_copy(shm_conn *c, const ect_write *w, uint64_t token, const src_
     return rc;
 }
 
-int shm_write_batch(ect_xport *x, const char *session, const ect_write *w, size_t n, int *st) {
+/* A cached connection only (ready_only: 1 when there is none), or a new
+ * one. */
+static int conn_for(ect_xport *x, xp_peer *p, bool ready_only, shm_conn **out) {
+    if (!ready_only) return take_conn(x, p, out);
+    xp_conn cached;
+    if (!xp_cache_take(&((shm_impl *)x->impl)->cache, p, &cached)) return 1;
+    *out = cached.ctx;
+    return 0;
+}
+
+/* write_batch, and with ready_only write_ready: only the fast-path copies,
+ * the rest left at st 1. */
+static int write_batch(ect_xport *x, const char *session, const ect_write *w, size_t n, int *st,
+                       bool ready_only) {
     shm_impl *s = x->impl;
     xp_peer *p = NULL;
     shm_conn *c = NULL;
     int rc = xp_cache_peer(&s->cache, session, &p);
-    if (!rc) rc = take_conn(x, p, &c);
-    if (rc) {
-        for (size_t i = 0; i < n; i++) st[i] = rc;
-        return rc;
+    if (!rc) rc = conn_for(x, p, ready_only, &c);
+    if (rc) { /* ready_only: left to write_batch, which reports it */
+        for (size_t i = 0; i < n; i++) st[i] = ready_only ? 1 : rc;
+        return ready_only ? 0 : rc;
     }
     uint64_t *tok = malloc(n * sizeof *tok);
     size_t *idx = malloc(n * sizeof *idx);
     src_kind *sk = calloc(n, sizeof *sk);
-    uint8_t *buf = malloc(SHM_GRANT_MAX);
-    if (!tok || !idx || !sk || !buf) {
+    uint8_t *buf = ready_only ? NULL : malloc(SHM_GRANT_MAX);
+    if (!tok || !idx || !sk || (!buf && !ready_only)) {
         free(tok);
         free(idx);
         free(sk);
@@ -871,6 +884,7 @@ int shm_write_batch(ect_xport *x, const char *session, const ect_write *w, size_
     for (size_t i = 0; i < n; i++) {
         if (cu && w[i].len && mem_is_device(w[i].src, &sk[i].dev)) sk[i].kind = ECT_MEM_CUDA;
         int f;
+        st[i] = 0;
         if (xp_key_parse(w[i].dst_key, &tok[i]) != 0)
             st[i] = ECT_EINVAL;
         else if ((f = fast_copy(c, &w[i], tok[i], &sk[i])) == 0)
@@ -881,7 +895,8 @@ int shm_write_batch(ect_xport *x, const char *session, const ect_write *w, size_
             idx[m++] = i;
     }
     rc = 0;
-    for (size_t done = 0; done < m && !rc;) {
+    for (size_t i = 0; ready_only && i < m; i++) st[idx[i]] = 1;
+    for (size_t done = 0; done < m && !rc && !ready_only;) {
         uint32_t k = (uint32_t)(m - done < SHM_CHUNK ? m - done : SHM_CHUNK);
         rc = chunk(x, c, w, idx + done, k, tok, sk, st, buf);
         if (rc) {
@@ -908,6 +923,14 @@ int shm_write_batch(ect_xport *x, const char *session, const ect_write *w, size_
     free(sk);
     free(buf);
     return rc;
+}
+
+int shm_write_batch(ect_xport *x, const char *session, const ect_write *w, size_t n, int *st) {
+    return write_batch(x, session, w, n, st, false);
+}
+
+int shm_write_ready(ect_xport *x, const char *session, const ect_write *w, size_t n, int *st) {
+    return write_batch(x, session, w, n, st, true);
 }
 
 void shm_counts(ect_xport *x, uint64_t *begins, uint64_t *offers) {

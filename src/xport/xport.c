@@ -763,6 +763,18 @@ int ect_xport_write_batch(ect_xport *x, const char *peer_session, const ect_writ
     return rc;
 }
 
+size_t xp_write_ready(ect_xport *x, const char *session, const ect_write *w, size_t n, int *st) {
+    for (size_t i = 0; i < n; i++) st[i] = 1;
+    if (!x || !session || !w || !n || !x->be->write_ready || !session_matches(x->be, session))
+        return 0;
+    for (size_t i = 0; i < n; i++) /* what write_batch would refuse: left to it */
+        if (!w[i].dst_key || (!w[i].src && w[i].len > 0)) return 0;
+    (void)x->be->write_ready(x, session, w, n, st); /* st says what became of each */
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) k += st[i] <= 0;
+    return k;
+}
+
 void ect_xport_close(ect_xport *x) {
     if (!x) return;
     x->be->close(x);

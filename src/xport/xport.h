@@ -116,6 +116,9 @@ struct xp_backend {
     int (*write_batch)(ect_xport *x, const char *session, const ect_write *w, size_t n, int *st);
     /* Optional: offers windows to the initiator named by id (xp_window_offer). */
     int (*offer)(ect_xport *x, uint64_t id, const char *const *keys, size_t n);
+    /* Optional: write_batch's writes that need no answer from the peer
+     * (xp_write_ready); never waits. */
+    int (*write_ready)(ect_xport *x, const char *session, const ect_write *w, size_t n, int *st);
 };
 
 extern const xp_backend xp_tcp_backend;
@@ -167,6 +170,14 @@ int xp_window_open(ect_xport *x, const char *region_key, uint64_t offset, uint64
  * busy, its socket full, another transport: ECT_ENOTSUP) that only means
  * the initiator will ask with a BEGIN as before. Thread-safe. */
 int xp_window_offer(ect_xport *x, uint64_t id, const char *const *keys, size_t n);
+/* Writes, of w[0..n) (host sources), those that need no answer from the
+ * peer and no new connection: shm writes into windows a cached connection
+ * already maps (an offer, an earlier grant), a memcpy each. Never waits on
+ * the peer. st[i]: 0 written, a negative ECT_E* code failed, 1 not written
+ * (write it with ect_xport_write_batch). Transports without such writes
+ * set every st[i] to 1. Returns how many were settled (st[i] <= 0).
+ * Thread-safe. */
+size_t xp_write_ready(ect_xport *x, const char *session, const ect_write *w, size_t n, int *st);
 /* Makes x's shm connections made from now on ask for offers and name
  * themselves `id` (non-zero; 0 stops asking). Call before x's first write. */
 void xp_set_offer_id(ect_xport *x, uint64_t id);

@@ -1050,6 +1050,163 @@ static void test_shm_pulls_offered(void **st) {
     ect_pull_producer_close(p);
 }
 
+/* Over shm with offers, a set's pulls are written by the producer's ROUTER
+ * thread itself (copies into the offered windows) and answered at once: no
+ * lane job, so no hand-off to a lane and back. A set that still needed a
+ * BEGIN (an offer that met the target busy) goes to the lane as before.
+ * Every byte checked. Over tcp every pull goes to a lane. */
+static void pull_sets_handoffs(const char *transport, int sets, int *all_ready) {
+    ect_pull_producer *p = open_producer(transport, 64 * MiB, 0);
+    ect_pull_consumer *c = open_consumer(transport, ect_pull_producer_port(p), 64 * MiB, 30000);
+    enum { SET = 16 };
+    char names[SET][32];
+    const char *h[SET];
+    ect_pull_meta m[SET];
+    for (int i = 0; i < SET; i++) {
+        snprintf(names[i], sizeof names[i], "hs-%d", i);
+        h[i] = names[i];
+        m[i] = (ect_pull_meta){.nbytes = 64 * KiB + 64 * (uint64_t)i, .ndim = 1};
+        m[i].shape[0] = m[i].nbytes;
+        snprintf(m[i].dtype, sizeof m[i].dtype, "uint8");
+        save_item(p, names[i], (size_t)m[i].nbytes, 1300 + (uint64_t)i);
+    }
+    assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
+    load_check(c, h[0], &m[0], (size_t)m[0].nbytes, 1300); /* learns the offer id (shm) */
+    assert_int_equal(ect_pool_remove(ect_pull_consumer_pool(c), h[0]), 0);
+    *all_ready = 0;
+    for (int s = 0; s < sets; s++) {
+        uint64_t lanes0, ready0, lanes1, ready1, begins0 = 0, begins1 = 0, offers;
+        pull_producer_handoffs(p, &lanes0, &ready0);
+        if (!strcmp(transport, "shm")) shm_counts(pull_producer_xport(p), &begins0, &offers);
+        ect_pull_view v[SET];
+        int sts[SET];
+        assert_int_equal(ect_pull_consumer_load_many(c, SET, h, m, v, sts), 0);
+        for (int i = 0; i < SET; i++) {
+            assert_int_equal(sts[i], 0);
+            assert_int_equal(v[i].cached, 0);
+            assert_true(test_check_pattern(v[i].data, (size_t)m[i].nbytes, 1300 + (uint64_t)i));
+            assert_int_equal(ect_pull_consumer_release(c, h[i]), 0);
+            assert_int_equal(ect_pool_remove(ect_pull_consumer_pool(c), h[i]), 0);
+        }
+        pull_producer_handoffs(p, &lanes1, &ready1);
+        if (!strcmp(transport, "shm")) shm_counts(pull_producer_xport(p), &begins1, &offers);
+        if (strcmp(transport, "shm") != 0) {
+            assert_int_equal(ready1, ready0);
+            assert_true(lanes1 > lanes0);
+        } else if (begins1 == begins0) { /* every write took an offered window */
+            assert_int_equal(ready1 - ready0, SET);
+            assert_int_equal(lanes1, lanes0);
+            ++*all_ready;
+        } else { /* some asked with a BEGIN: those went to the lane */
+            assert_true(ready1 - ready0 < SET);
+            assert_true(lanes1 > lanes0);
+        }
+    }
+    ect_pull_consumer_close(c);
+    ect_pull_producer_close(p);
+}
+
+static void test_shm_set_written_by_router(void **st) {
+    (void)st;
+    int all_ready;
+    pull_sets_handoffs("shm", 6, &all_ready);
+    assert_true(all_ready >= 1); /* offers take: the sixth pass's test allows one BEGIN a set */
+}
+
+static void test_tcp_set_on_lane(void **st) {
+    (void)st;
+    int all_ready;
+    pull_sets_handoffs("tcp", 2, &all_ready);
+}
+
+/* Receives one ECTransferComplete on a raw DEALER: its status; *shm_id gets
+ * the producer's offer id. */
+static int recv_complete_id(void *dealer, const char *h, uint64_t token, uint64_t *shm_id) {
+    char buf[4096];
+    int n = zmq_recv(dealer, buf, sizeof buf, 0);
+    assert_true(n > 0);
+    wire_transfer_complete c;
+    assert_int_equal(wire_transfer_complete_decode(buf, (size_t)n, &c), 0);
+    assert_string_equal(c.mm_hash, h);
+    assert_true(c.has_token);
+    assert_int_equal(c.token, token);
+    *shm_id = c.shm_id;
+    int st = c.status;
+    wire_transfer_complete_free(&c);
+    return st;
+}
+
+/* The ROUTER thread's own writes admit only what the offered window
+ * admits: a pull inside it is written there (no lane job); one running past
+ * it, one with another key, and one after the window closed are refused
+ * (through the lane's BEGIN, which the target refuses), and no byte outside
+ * the window or after its close lands. */
+static void test_shm_ready_write_refusals(void **st) {
+    (void)st;
+    ect_pull_producer *p = open_producer("shm", 4 * MiB, 0);
+    enum { ITEM = 8192 };
+    save_item(p, "rw", ITEM, 41);
+    assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
+    void *ctx = zmq_ctx_new();
+    void *d = zsock(ctx, ZMQ_DEALER);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", ect_pull_producer_port(p));
+    assert_int_equal(zmq_connect(d, ep), 0);
+    ect_xport *x = NULL;
+    assert_int_equal(ect_xport_open("shm", NULL, &x), 0);
+    size_t rl = 64 * KiB;
+    int fd = memfd_create("test_pull_ready", MFD_CLOEXEC);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)rl), 0);
+    uint8_t *r = mmap(NULL, rl, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    assert_true(r != MAP_FAILED);
+    char key[ECT_XPORT_KEY_MAX], wkey[ECT_XPORT_KEY_MAX];
+    assert_int_equal(ect_xport_register(x, r, rl, fd, 0, key), 0);
+    const char *sess = ect_xport_session(x);
+    uint64_t ptr = (uint64_t)(uintptr_t)r, shm_id = 0, lanes0, ready0, lanes1, ready1;
+    /* the first pull asks (BEGIN) and tells us the producer's offer id */
+    send_pull(d, "rw", ptr, 0, sess, key, 1);
+    assert_int_equal(recv_complete_id(d, "rw", 1, &shm_id), 0);
+    assert_true(shm_id != 0);
+    memset(r, 0, rl);
+    assert_int_equal(xp_window_open(x, key, 16 * KiB, 16 * KiB, wkey), 0);
+    const char *keys[1] = {wkey};
+    assert_int_equal(xp_window_offer(x, shm_id, keys, 1), 0);
+    /* inside the window: written by the ROUTER thread */
+    pull_producer_handoffs(p, &lanes0, &ready0);
+    send_pull(d, "rw", ptr, 16 * KiB, sess, wkey, 2);
+    assert_int_equal(recv_complete_id(d, "rw", 2, &shm_id), 0);
+    pull_producer_handoffs(p, &lanes1, &ready1);
+    assert_int_equal(ready1, ready0 + 1);
+    assert_int_equal(lanes1, lanes0);
+    assert_true(test_check_pattern(r + 16 * KiB, ITEM, 41));
+    memset(r, 0, rl);
+    /* past the window's end, another key: refused, nothing lands */
+    send_pull(d, "rw", ptr, 32 * KiB - ITEM / 2, sess, wkey, 3);
+    assert_int_not_equal(recv_complete_id(d, "rw", 3, &shm_id), 0);
+    send_pull(d, "rw", ptr, 16 * KiB, sess, "0000000000000000", 4);
+    assert_int_not_equal(recv_complete_id(d, "rw", 4, &shm_id), 0);
+    /* the window closed: its key writes nothing more */
+    assert_int_equal(xp_window_close(x, wkey), 0);
+    send_pull(d, "rw", ptr, 16 * KiB, sess, wkey, 5);
+    assert_int_not_equal(recv_complete_id(d, "rw", 5, &shm_id), 0);
+    pull_producer_handoffs(p, &lanes1, &ready1);
+    assert_int_equal(ready1, ready0 + 1);
+    for (size_t i = 0; i < rl; i++)
+        if (r[i]) fail_msg("byte %zu written by a refused pull", i);
+    ect_pull_producer_stat ps;
+    ect_pull_producer_stats(p, &ps);
+    assert_int_equal(ps.pulls_ok, 2);
+    assert_int_equal(ps.pulls_failed, 3);
+    assert_int_equal(ect_pool_remove(ect_pull_producer_pool(p), "rw"), 0); /* leases given back */
+    zmq_close(d);
+    zmq_ctx_term(ctx);
+    ect_pull_producer_close(p);
+    ect_xport_close(x);
+    munmap(r, rl);
+    close(fd);
+}
+
 /* load_many against our producer: 24 items in flight at once, one already
  * resident, one unknown; every byte checked; bad arguments refused. */
 static void run_load_many(const char *transport) {
@@ -1511,6 +1668,9 @@ int main(void) {
         cmocka_unit_test(test_load_many_tcp),
         cmocka_unit_test(test_load_many_shm),
         cmocka_unit_test(test_shm_pulls_offered),
+        cmocka_unit_test(test_shm_set_written_by_router),
+        cmocka_unit_test(test_tcp_set_on_lane),
+        cmocka_unit_test(test_shm_ready_write_refusals),
         cmocka_unit_test(test_shared_window_tcp),
         cmocka_unit_test(test_shared_window_shm),
         cmocka_unit_test(test_peer_gone),
