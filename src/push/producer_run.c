@@ -22,9 +22,9 @@
  * decisions (grouping, discovery checks, holding a dead address down, error
  * texts) are the table's and the batcher's.
  *
- * Writes in flight: a round whose writes do not cover every live item of
- * the table (other steps are being reserved, written or completed) does not
- * wait for them. Each goes to its session's write lane "async|" + key, so a
+ * Writes in flight: a round whose writes are of large items and do not
+ * cover every live item of the table (other steps are being reserved,
+ * written or completed) does not wait for them. Each goes to its session's write lane "async|" + key, so a
  * session's writes run back to back in the order the rounds made them, and
  * the round goes on: the next step's reserve and the previous step's
  * complete go out while a copy runs. The lane hands the finished write back
@@ -53,6 +53,11 @@
 #define MOD "producer"
 #define WAKE_MS 50
 #define ASYNC_KEY "async|" /* a write lane whose writes no round waits for */
+/* Items from this size on are written unwaited with steps in flight: their
+ * copy or send (~80 us a MiB over shm, more over tcp) dwarfs the two thread
+ * hand-offs it costs; smaller ones keep the round's write (the 64 KiB rows of
+ * `ect bench push` spent more cpu per item unwaited, BENCHMARKS.md). */
+#define ASYNC_MIN_ITEM (1u << 20)
 
 static ect_xport *xport_for(ect_push_producer *p, const char *kind) {
     for (pp_xport *e = p->xports; e; e = e->next)
@@ -192,13 +197,18 @@ static px *launch_writes(ect_push_producer *p, px *list, uint64_t *nq) {
     return left;
 }
 
-/* Whether the round's writes go out unwaited: the table has live items
- * beyond their members (other steps in flight). Caller holds mu. */
+/* Whether the round's writes go out unwaited: they are of large items
+ * (ASYNC_MIN_ITEM on average) and the table has live items beyond their
+ * members (other steps in flight). Caller holds mu. */
 static bool writes_async_locked(ect_push_producer *p, const px *xs) {
     size_t members = 0;
-    for (const px *x = xs; x; x = x->next)
-        if (x->kind == PX_WRITE) members += x->n;
-    if (!members) return false;
+    uint64_t bytes = 0;
+    for (const px *x = xs; x; x = x->next) {
+        if (x->kind != PX_WRITE) continue;
+        members += x->n;
+        for (size_t i = 0; i < x->n; i++) bytes += x->w[i].len;
+    }
+    if (!members || bytes / members < ASYNC_MIN_ITEM) return false;
     push_stats st;
     push_get_stats(p->table, &st);
     return st.live > members;

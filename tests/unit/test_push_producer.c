@@ -664,13 +664,14 @@ static void on_release_scribble(void *user, const void *data, uint64_t nbytes) {
  * it runs on the session's write lane and comes back on its own; A still
  * lands intact and completes after it. B, flushed alone once A is done, is
  * a lone step: written by the thread that runs its round, waited for. */
+#define WU_SIZE (3u << 19) /* 1.5 MiB: a large item (producer_run.c, ASYNC_MIN_ITEM) */
 static void write_unwaited(const char *kind) {
     fake *f = fake_open(1, kind);
     ect_push_producer *p = prod_open(5000, 150000);
     item_buf b[2];
     ect_push_item it[2];
     for (int i = 0; i < 2; i++) {
-        item_make(&b[i], "wu", i, 262144);
+        item_make(&b[i], "wu", i, WU_SIZE);
         it[i] = borrowed(&b[i], f->addr);
         it[i].release = on_release_scribble;
     }
@@ -681,7 +682,7 @@ static void write_unwaited(const char *kind) {
     expect_bytes(&f->sh[0], b[0].tid, b[0].seed, b[0].nbytes);
     assert_int_equal(pp_async_writes(p) - a0, 0);
     free(b[0].data);
-    item_make(&b[0], "wu", 2, 262144); /* A */
+    item_make(&b[0], "wu", 2, WU_SIZE); /* A */
     it[0] = item_of(&b[0], f->addr);
     it[0].release = on_release_scribble;
     it[0].release_user = b[0].data;
@@ -719,7 +720,7 @@ static void test_write_unwaited_with_steps_in_flight(void **st) {
  * went after its write), sources released once each; closing with the last
  * writes just settled leaves nothing behind. */
 static void steps_in_flight_intact(const char *kind) {
-    enum { STEPS = 24, FLIGHT = 4, SIZE = 196608 };
+    enum { STEPS = 16, FLIGHT = 4, SIZE = 5u << 18 }; /* 1.25 MiB: large (producer_run.c) */
     fake *f = fake_open(1, kind);
     ect_push_producer *p = prod_open(5000, 150000);
     item_buf b[STEPS];
