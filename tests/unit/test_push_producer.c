@@ -714,6 +714,37 @@ static void test_write_unwaited_with_steps_in_flight(void **st) {
     write_unwaited("shm");
 }
 
+/* Closing while a step's write may be out unwaited (its reply let go just
+ * before): close waits for it before it gives the sources back and closes
+ * the transports (ASan sees any use after), every source released once. */
+static void close_with_write_out(const char *kind) {
+    fake *f = fake_open(1, kind);
+    ect_push_producer *p = prod_open(5000, 150000);
+    item_buf b[2];
+    ect_push_item it[2];
+    for (int i = 0; i < 2; i++) {
+        item_make(&b[i], "cw", i, WU_SIZE);
+        it[i] = borrowed(&b[i], f->addr);
+    }
+    atomic_store(&f->sh[0].hold, true);
+    assert_int_equal(ect_push_producer_reserve(p, &it[0]), 0);
+    assert_int_equal(ect_push_producer_flush(p), 1);
+    assert_int_equal(ect_push_producer_reserve(p, &it[1]), 0); /* live: A's write is unwaited */
+    while (atomic_load(&f->sh[0].n_op[WIRE_OP_RESERVE_BATCH]) < 1) test_nap_ms(1);
+    atomic_store(&f->sh[0].hold, false);
+    while (pp_async_writes(p) < 1) test_nap_ms(1); /* A's write is queued on its lane */
+    ect_push_producer_close(p);
+    assert_int_equal(atomic_load(&released), 2);
+    fake_close(f);
+    for (int i = 0; i < 2; i++) free(b[i].data);
+}
+
+static void test_close_with_write_out(void **st) {
+    (void)st;
+    close_with_write_out("tcp");
+    close_with_write_out("shm");
+}
+
 /* Steps kept in flight (a new one flushed as each result comes, as `ect
  * bench push --inflight` does) with borrowed sources scribbled over on
  * release: every item lands intact and is READY on the shard (its complete
@@ -1616,6 +1647,7 @@ int main(void) {
         cmocka_unit_test(test_steps_in_flight_pipelined),
         cmocka_unit_test(test_write_unwaited_with_steps_in_flight),
         cmocka_unit_test(test_steps_in_flight_land_intact),
+        cmocka_unit_test(test_close_with_write_out),
         cmocka_unit_test(test_real_consumer),
         cmocka_unit_test(test_shm_steps_offered),
     };
