@@ -24,16 +24,17 @@
  *
  * Writes in flight: a round whose writes are of large items and do not
  * cover every live item of the table (other steps are being reserved,
- * written or completed) does not wait for them. Each goes to its session's write lane "async|" + key, so a
- * session's writes run back to back in the order the rounds made them, and
- * the round goes on: the next step's reserve and the previous step's
- * complete go out while a copy runs. The lane hands the finished write back
- * on p->done like a control exchange; when nobody runs rounds and no write
- * waits behind it there, it settles it itself (the item's complete is
- * queued from there), else the baton's holder or the dispatcher does. A
- * lone step (every live item in this round's writes) still writes on the
- * running thread and waits: no hand-off in its path. Either way an item's
- * complete is built only once its write settled, after the write's ack.
+ * written or completed) does not wait for them. Each goes to its session's
+ * write lane "async|" + key, so a session's writes run back to back in the
+ * order the rounds made them, and the round goes on: the next step's
+ * reserve and the previous step's complete go out while a copy runs. The
+ * lane hands the finished write back on p->done like a control exchange;
+ * when nobody runs rounds and no write waits behind it there, it settles it
+ * itself (the item's complete is queued from there), else the baton's
+ * holder or the dispatcher does. A lone step (every live item in this
+ * round's writes) still writes on the running thread and waits: no hand-off
+ * in its path. Either way an item's complete is built only once its write
+ * settled, after the write's ack.
  *
  * Locking: the table and the batcher are called under p->mu; the mutex is
  * dropped around every send, write and release callback.
