@@ -663,15 +663,17 @@ static void on_release_scribble(void *user, const void *data, uint64_t nbytes) {
  * waits unflushed (a live item beyond A's write), so no round waits for it:
  * it runs on the session's write lane and comes back on its own; A still
  * lands intact and completes after it. B, flushed alone once A is done, is
- * a lone step: written by the thread that runs its round, waited for. */
+ * a lone step: written by the thread that runs its round, waited for. Small
+ * items (under ASYNC_MIN_ITEM) keep the round's write either way: `unwaited`
+ * is how many of A's writes went out unwaited (1 or 0). */
 #define WU_SIZE (3u << 19) /* 1.5 MiB: a large item (producer_run.c, ASYNC_MIN_ITEM) */
-static void write_unwaited(const char *kind) {
+static void write_unwaited(const char *kind, uint64_t size, uint64_t unwaited) {
     fake *f = fake_open(1, kind);
     ect_push_producer *p = prod_open(5000, 150000);
     item_buf b[2];
     ect_push_item it[2];
     for (int i = 0; i < 2; i++) {
-        item_make(&b[i], "wu", i, WU_SIZE);
+        item_make(&b[i], "wu", i, size);
         it[i] = borrowed(&b[i], f->addr);
         it[i].release = on_release_scribble;
     }
@@ -682,7 +684,7 @@ static void write_unwaited(const char *kind) {
     expect_bytes(&f->sh[0], b[0].tid, b[0].seed, b[0].nbytes);
     assert_int_equal(pp_async_writes(p) - a0, 0);
     free(b[0].data);
-    item_make(&b[0], "wu", 2, WU_SIZE); /* A */
+    item_make(&b[0], "wu", 2, size); /* A */
     it[0] = item_of(&b[0], f->addr);
     it[0].release = on_release_scribble;
     it[0].release_user = b[0].data;
@@ -694,12 +696,12 @@ static void write_unwaited(const char *kind) {
     wait_results(p, &r, 1, 10);
     assert_int_equal(r.status, 0);
     assert_string_equal(r.transfer_id, b[0].tid);
-    assert_int_equal(pp_async_writes(p) - a0, 1);
+    assert_int_equal(pp_async_writes(p) - a0, unwaited);
     expect_bytes(&f->sh[0], b[0].tid, b[0].seed, b[0].nbytes);
     assert_int_equal(ect_push_producer_flush(p), 1);
     wait_results(p, &r, 1, 10);
     assert_int_equal(r.status, 0);
-    assert_int_equal(pp_async_writes(p) - a0, 1); /* B alone: waited */
+    assert_int_equal(pp_async_writes(p) - a0, unwaited); /* B alone: waited */
     expect_bytes(&f->sh[0], b[1].tid, b[1].seed, b[1].nbytes);
     assert_int_equal(atomic_load(&released), 3);
     expect_drained(f, p);
@@ -710,8 +712,9 @@ static void write_unwaited(const char *kind) {
 
 static void test_write_unwaited_with_steps_in_flight(void **st) {
     (void)st;
-    write_unwaited("tcp");
-    write_unwaited("shm");
+    write_unwaited("tcp", WU_SIZE, 1);
+    write_unwaited("shm", WU_SIZE, 1);
+    write_unwaited("shm", 65536, 0);
 }
 
 /* Closing while a step's write may be out unwaited (its reply let go just
