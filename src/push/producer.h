@@ -64,6 +64,7 @@ typedef struct pp_handoff {
     bool set;
     size_t nacts;
     px *writes, *failed;
+    bool async; /* the writes go out on the write lanes, unwaited (producer_run.c) */
 } pp_handoff;
 
 /* The completes of one control address queued or in flight on each of its
@@ -120,6 +121,8 @@ struct ect_push_producer {
     pthread_mutex_t wmu; /* write groups of the round in flight on wlanes */
     pthread_cond_t wcv;
     size_t wpending; /* [wmu] */
+    size_t wflight;  /* [wmu] writes out on the lanes that no round waits for */
+    uint64_t wasync; /* [mu] writes that went out so (pp_async_writes) */
     /* metrics */
     struct met_source *met;
     uint64_t moved_bytes[PP_MET_KINDS], moved_items[PP_MET_KINDS]; /* [mu] by pp_met_kinds */
@@ -133,6 +136,7 @@ typedef enum {
     PP_RUN_DISPATCHER,
     PP_RUN_LANE,   /* a control lane: hands writes off once its own lane has work */
     PP_RUN_CALLER, /* a public call: hands off every write and local action */
+    PP_RUN_WRITER, /* a write lane whose unwaited write just came back */
 } pp_run_mode;
 
 /* Takes the baton when no thread holds it (and the producer is not
@@ -197,6 +201,11 @@ void pp_local(ect_push_producer *p, const push_action *a, size_t n);
 /* How many times the dispatcher took the baton handed to it (p->ho): each
  * is a thread hand-off inside a step (for tests and profiles). Any thread. */
 uint64_t pp_handoffs(ect_push_producer *p);
+
+/* How many write batches went out on a write lane with no round waiting
+ * for them (steps in flight, producer_run.c "Writes in flight"). Any
+ * thread. */
+uint64_t pp_async_writes(ect_push_producer *p);
 
 /* How many control exchanges went out pipelined behind another on one
  * connection (producer_lanes.c): completes riding with the next step's

@@ -22,6 +22,20 @@
  * decisions (grouping, discovery checks, holding a dead address down, error
  * texts) are the table's and the batcher's.
  *
+ * Writes in flight: a round whose writes are of large items and do not
+ * cover every live item of the table (other steps are being reserved,
+ * written or completed) does not wait for them. Each goes to its session's
+ * write lane "async|" + key, so a session's writes run back to back in the
+ * order the rounds made them, and the round goes on: the next step's
+ * reserve and the previous step's complete go out while a copy runs. The
+ * lane hands the finished write back on p->done like a control exchange;
+ * when nobody runs rounds and no write waits behind it there, it settles it
+ * itself (the item's complete is queued from there), else the baton's
+ * holder or the dispatcher does. A lone step (every live item in this
+ * round's writes) still writes on the running thread and waits: no hand-off
+ * in its path. Either way an item's complete is built only once its write
+ * settled, after the write's ack.
+ *
  * Locking: the table and the batcher are called under p->mu; the mutex is
  * dropped around every send, write and release callback.
  */
@@ -39,6 +53,12 @@
 
 #define MOD "producer"
 #define WAKE_MS 50
+#define ASYNC_KEY "async|" /* a write lane whose writes no round waits for */
+/* Items from this size on are written unwaited with steps in flight: their
+ * copy or send (~80 us a MiB over shm, more over tcp) dwarfs the two thread
+ * hand-offs it costs; smaller ones keep the round's write (the 64 KiB rows of
+ * `ect bench push` spent more cpu per item unwaited, BENCHMARKS.md). */
+#define ASYNC_MIN_ITEM (1u << 20)
 
 static ect_xport *xport_for(ect_push_producer *p, const char *kind) {
     for (pp_xport *e = p->xports; e; e = e->next)
@@ -70,15 +90,43 @@ static void write_batch(px *x) {
     x->rc = ect_xport_write_batch(x->xport, x->session, x->w, x->n, x->status);
 }
 
-/* lane_ops.run of the write lanes: one batch, then the round hears of it. */
+/* An unwaited write is in: it goes to p->done and is settled here when
+ * nobody runs rounds and no write waits behind it on this lane, else by the
+ * baton's holder or the dispatcher (see the top). */
+static void write_async_done(ect_push_producer *p, px *x, lane *l) {
+    bool behind = lane_has_queued(l), wake = false;
+    pthread_mutex_lock(&p->mu);
+    x->lj.next = NULL;
+    x->next = NULL;
+    *p->done_tail = x;
+    p->done_tail = &x->next;
+    if (!p->running) {
+        if (behind || p->stop)
+            wake = true;
+        else
+            pp_run_locked(p, PP_RUN_WRITER, NULL);
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (wake) pthread_cond_signal(&p->wake);
+    pthread_mutex_lock(&p->wmu); /* after p->done: closing waits for this */
+    p->wflight--;
+    pthread_cond_broadcast(&p->wcv);
+    pthread_mutex_unlock(&p->wmu);
+}
+
+/* lane_ops.run of the write lanes: one batch, then the round hears of it
+ * (or, unwaited, p->done). */
 static void write_lane_run(void *ctx, lane *l, void *state, lane_job *lj) {
     ect_push_producer *p = ctx;
-    (void)l;
     (void)state;
     write_batch((px *)lj);
+    if (!strncmp(lane_key(l), ASYNC_KEY, sizeof ASYNC_KEY - 1)) {
+        write_async_done(p, (px *)lj, l);
+        return;
+    }
     pthread_mutex_lock(&p->wmu);
     p->wpending--;
-    pthread_cond_signal(&p->wcv);
+    pthread_cond_broadcast(&p->wcv);
     pthread_mutex_unlock(&p->wmu);
 }
 
@@ -87,17 +135,20 @@ int pp_write_lanes_open(ect_push_producer *p) {
     return lanes_open(&o, PP_MAX_LANES, PP_LANE_IDLE_MS, &p->wlanes);
 }
 
+/* Picks x's initiator; without one every write of x fails here. */
+static bool write_xport(ect_push_producer *p, px *x) {
+    if ((x->xport = xport_for(p, x->xkind)) != NULL) return true;
+    ECT_LOGW(MOD, "no transport for %s: %s", x->key, ect_last_error());
+    x->rc = ECT_ENOTSUP;
+    for (size_t k = 0; k < x->n; k++) x->status[k] = ECT_ENOTSUP;
+    return false;
+}
+
 /* Runs the round's write batches, sessions in parallel; returns when all
- * are in. Without mu. */
+ * are in. Skips a write that failed before it ran. Without mu. */
 static void run_writes(ect_push_producer *p, px *list) {
     for (px *x = list; x; x = x->next) {
-        x->xport = xport_for(p, x->xkind);
-        if (!x->xport) {
-            ECT_LOGW(MOD, "no transport for %s: %s", x->key, ect_last_error());
-            x->rc = ECT_ENOTSUP;
-            for (size_t k = 0; k < x->n; k++) x->status[k] = ECT_ENOTSUP;
-            continue;
-        }
+        if (x->rc || (!x->xport && !write_xport(p, x))) continue;
         bool queued = false;
         if (x->next) { /* the last one runs on this thread */
             pthread_mutex_lock(&p->wmu);
@@ -115,6 +166,63 @@ static void run_writes(ect_push_producer *p, px *list) {
     pthread_mutex_lock(&p->wmu);
     while (p->wpending) pthread_cond_wait(&p->wcv, &p->wmu);
     pthread_mutex_unlock(&p->wmu);
+}
+
+/* Queues each write of the list on its session's unwaited lane (see the
+ * top); returns those that did not go (failed, or no lane: the round runs
+ * them), *nq the number that went. Without mu. */
+static px *launch_writes(ect_push_producer *p, px *list, uint64_t *nq) {
+    px *left = NULL, **tail = &left;
+    *nq = 0;
+    while (list) {
+        px *x = list;
+        list = x->next;
+        x->next = NULL;
+        if (write_xport(p, x)) {
+            char key[PP_LANE_KEY_MAX];
+            snprintf(key, sizeof key, ASYNC_KEY "%s", x->key);
+            pthread_mutex_lock(&p->wmu);
+            p->wflight++;
+            pthread_mutex_unlock(&p->wmu);
+            if (lanes_submit(p->wlanes, key, &x->lj) == 0) {
+                (*nq)++;
+                continue;
+            }
+            pthread_mutex_lock(&p->wmu);
+            p->wflight--;
+            pthread_mutex_unlock(&p->wmu);
+        }
+        *tail = x;
+        tail = &x->next;
+    }
+    return left;
+}
+
+/* Whether the round's writes go out unwaited: they are of large items
+ * (ASYNC_MIN_ITEM on average) and the table has live items beyond their
+ * members (other steps in flight). Caller holds mu. */
+static bool writes_async_locked(ect_push_producer *p, const px *xs) {
+    size_t members = 0;
+    uint64_t bytes = 0;
+    for (const px *x = xs; x; x = x->next) {
+        if (x->kind != PX_WRITE) continue;
+        members += x->n;
+        for (size_t i = 0; i < x->n; i++) bytes += x->w[i].len;
+    }
+    if (!members || bytes / members < ASYNC_MIN_ITEM) return false;
+    push_stats st;
+    push_get_stats(p->table, &st);
+    return st.live > members;
+}
+
+/* Closing: waits until no unwaited write is out (they read the sources and
+ * the transports). Caller holds mu; dropped meanwhile. */
+static void wait_writes_out(ect_push_producer *p) {
+    pthread_mutex_unlock(&p->mu);
+    pthread_mutex_lock(&p->wmu);
+    while (p->wflight) pthread_cond_wait(&p->wcv, &p->wmu);
+    pthread_mutex_unlock(&p->wmu);
+    pthread_mutex_lock(&p->mu);
 }
 
 /* Settles the exchanges of the list x. Caller holds mu. */
@@ -149,8 +257,8 @@ static bool has_local(const push_action *a, size_t n) {
 }
 
 /* Whether this thread hands the rest of the round to the dispatcher: a
- * caller must not block (a write) nor run release callbacks; a lane that
- * queued work on its own lane must not hold it up with writes. */
+ * caller must not block (a waited write) nor run release callbacks; a lane
+ * that queued work on its own lane must not hold it up with writes. */
 static bool hands_off(const runner *r, bool writes, bool local) {
     if (r->mode == PP_RUN_CALLER) return writes || local;
     return r->mode == PP_RUN_LANE && r->own_queued && writes;
@@ -185,11 +293,15 @@ static void submit_round(ect_push_producer *p, runner *r, px *xs, px **writes, p
 }
 
 /* The rest of a round after its submits: local actions (p->acts[0..nacts)),
- * writes, then settling them. Called without mu; returns with it. */
-static void finish_round(ect_push_producer *p, size_t nacts, px *writes, px *failed) {
+ * writes (async: unwaited, see the top), then settling what is in. Called
+ * without mu; returns with it. */
+static void finish_round(ect_push_producer *p, size_t nacts, px *writes, px *failed, bool async) {
     pp_local(p, p->acts, nacts); /* p->acts is the baton's: only its local kinds are read */
+    uint64_t nq = 0;
+    if (async) writes = launch_writes(p, writes, &nq);
     run_writes(p, writes);
     pthread_mutex_lock(&p->mu);
+    p->wasync += nq;
     settle_list_locked(p, writes);
     settle_list_locked(p, failed);
 }
@@ -224,25 +336,29 @@ static bool run_rounds(ect_push_producer *p, runner *r) {
         pb_build(&p->batch, p->acts, n, now, &xs);
         route_completes_locked(p, r, xs);
         pp_count_finished_locked(p, p->acts, n);
+        bool async = writes_async_locked(p, xs);
         pthread_mutex_unlock(&p->mu);
         px *writes = NULL, *failed = NULL;
         submit_round(p, r, xs, &writes, &failed);
-        if (hands_off(r, writes != NULL, has_local(p->acts, n))) {
+        if (hands_off(r, writes != NULL && !async, has_local(p->acts, n))) {
             pthread_mutex_lock(&p->mu);
-            p->ho = (pp_handoff){.set = true, .nacts = n, .writes = writes, .failed = failed};
+            p->ho = (pp_handoff){
+                .set = true, .nacts = n, .writes = writes, .failed = failed, .async = async};
             pthread_cond_signal(&p->wake);
             return true;
         }
-        finish_round(p, n, writes, failed);
+        finish_round(p, n, writes, failed, async);
     }
     return false;
 }
 
 /* Whether more work that came in meanwhile goes to the dispatcher: a
  * caller's flush does one pass, not other threads' work for as long as it
- * keeps coming; a lane with its own exchanges queued goes back to them. */
+ * keeps coming; a lane with its own exchanges queued goes back to them, a
+ * write lane to the writes that may come. */
 static bool leaves_the_rest(const runner *r) {
-    return r->mode == PP_RUN_CALLER || (r->mode == PP_RUN_LANE && r->own_queued);
+    return r->mode == PP_RUN_CALLER || r->mode == PP_RUN_WRITER ||
+           (r->mode == PP_RUN_LANE && r->own_queued);
 }
 
 /* Settles and runs rounds while there is work; the caller holds the baton
@@ -292,12 +408,19 @@ static void take_handoff(ect_push_producer *p) {
     p->ho = (pp_handoff){0};
     p->handoffs++;
     pthread_mutex_unlock(&p->mu);
-    finish_round(p, ho.nacts, ho.writes, ho.failed);
+    finish_round(p, ho.nacts, ho.writes, ho.failed, ho.async);
 }
 
 uint64_t pp_handoffs(ect_push_producer *p) {
     pthread_mutex_lock(&p->mu);
     uint64_t n = p->handoffs;
+    pthread_mutex_unlock(&p->mu);
+    return n;
+}
+
+uint64_t pp_async_writes(ect_push_producer *p) {
+    pthread_mutex_lock(&p->mu);
+    uint64_t n = p->wasync;
     pthread_mutex_unlock(&p->mu);
     return n;
 }
@@ -311,9 +434,11 @@ uint64_t pp_pipelined(ect_push_producer *p) {
 
 /* Closing: what is still in flight fails here without contacting the
  * consumer (a control exchange could take the full timeout); the shards'
- * TTL ends their reservations. Every source is given back, every result
- * queued. Caller holds mu; returns without it. */
+ * TTL ends their reservations; unwaited writes are waited for first (they
+ * read the sources). Every source is given back, every result queued.
+ * Caller holds mu; returns without it. */
 static void close_all(ect_push_producer *p) {
+    wait_writes_out(p);
     push_abort_all(p->table, "push producer closed");
     for (;;) {
         size_t n = push_next_actions(p->table, ect_now_ms(), p->acts, p->acts_cap);

@@ -651,6 +651,143 @@ static void test_steps_in_flight_pipelined(void **st) {
     for (int i = 0; i < STEPS * K; i++) free(b[i].data);
 }
 
+/* A borrowed source whose release scribbles over it: a write that read
+ * the source after its release would land other bytes. */
+static void on_release_scribble(void *user, const void *data, uint64_t nbytes) {
+    assert_ptr_equal(user, data);
+    memset(user, 0xa5, nbytes);
+    atomic_fetch_add(&released, 1);
+}
+
+/* Writes in flight (producer_run.c): step A's write goes out while item B
+ * waits unflushed (a live item beyond A's write), so no round waits for it:
+ * it runs on the session's write lane and comes back on its own; A still
+ * lands intact and completes after it. B, flushed alone once A is done, is
+ * a lone step: written by the thread that runs its round, waited for. Small
+ * items (under ASYNC_MIN_ITEM) keep the round's write either way: `unwaited`
+ * is how many of A's writes went out unwaited (1 or 0). */
+#define WU_SIZE (3u << 19) /* 1.5 MiB: a large item (producer_run.c, ASYNC_MIN_ITEM) */
+static void write_unwaited(const char *kind, uint64_t size, uint64_t unwaited) {
+    fake *f = fake_open(1, kind);
+    ect_push_producer *p = prod_open(5000, 150000);
+    item_buf b[2];
+    ect_push_item it[2];
+    for (int i = 0; i < 2; i++) {
+        item_make(&b[i], "wu", i, size);
+        it[i] = borrowed(&b[i], f->addr);
+        it[i].release = on_release_scribble;
+    }
+    uint64_t a0 = pp_async_writes(p);
+    ect_push_result r;
+    push_one(p, &it[0], &r, 10); /* a lone step first: waited */
+    assert_int_equal(r.status, 0);
+    expect_bytes(&f->sh[0], b[0].tid, b[0].seed, b[0].nbytes);
+    assert_int_equal(pp_async_writes(p) - a0, 0);
+    free(b[0].data);
+    item_make(&b[0], "wu", 2, size); /* A */
+    it[0] = item_of(&b[0], f->addr);
+    it[0].release = on_release_scribble;
+    it[0].release_user = b[0].data;
+    atomic_store(&f->sh[0].hold, true); /* A's reserve reply waits until B is live */
+    assert_int_equal(ect_push_producer_reserve(p, &it[0]), 0);
+    assert_int_equal(ect_push_producer_flush(p), 1);
+    assert_int_equal(ect_push_producer_reserve(p, &it[1]), 0); /* B: live, unflushed */
+    atomic_store(&f->sh[0].hold, false);
+    wait_results(p, &r, 1, 10);
+    assert_int_equal(r.status, 0);
+    assert_string_equal(r.transfer_id, b[0].tid);
+    assert_int_equal(pp_async_writes(p) - a0, unwaited);
+    expect_bytes(&f->sh[0], b[0].tid, b[0].seed, b[0].nbytes);
+    assert_int_equal(ect_push_producer_flush(p), 1);
+    wait_results(p, &r, 1, 10);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(pp_async_writes(p) - a0, unwaited); /* B alone: waited */
+    expect_bytes(&f->sh[0], b[1].tid, b[1].seed, b[1].nbytes);
+    assert_int_equal(atomic_load(&released), 3);
+    expect_drained(f, p);
+    ect_push_producer_close(p);
+    fake_close(f);
+    for (int i = 0; i < 2; i++) free(b[i].data);
+}
+
+static void test_write_unwaited_with_steps_in_flight(void **st) {
+    (void)st;
+    write_unwaited("tcp", WU_SIZE, 1);
+    write_unwaited("shm", WU_SIZE, 1);
+    write_unwaited("shm", 65536, 0);
+}
+
+/* Closing while a step's write may be out unwaited (its reply let go just
+ * before): close waits for it before it gives the sources back and closes
+ * the transports (ASan sees any use after), every source released once. */
+static void close_with_write_out(const char *kind) {
+    fake *f = fake_open(1, kind);
+    ect_push_producer *p = prod_open(5000, 150000);
+    item_buf b[2];
+    ect_push_item it[2];
+    for (int i = 0; i < 2; i++) {
+        item_make(&b[i], "cw", i, WU_SIZE);
+        it[i] = borrowed(&b[i], f->addr);
+    }
+    atomic_store(&f->sh[0].hold, true);
+    assert_int_equal(ect_push_producer_reserve(p, &it[0]), 0);
+    assert_int_equal(ect_push_producer_flush(p), 1);
+    assert_int_equal(ect_push_producer_reserve(p, &it[1]), 0); /* live: A's write is unwaited */
+    while (atomic_load(&f->sh[0].n_op[WIRE_OP_RESERVE_BATCH]) < 1) test_nap_ms(1);
+    atomic_store(&f->sh[0].hold, false);
+    while (pp_async_writes(p) < 1) test_nap_ms(1); /* A's write is queued on its lane */
+    ect_push_producer_close(p);
+    assert_int_equal(atomic_load(&released), 2);
+    fake_close(f);
+    for (int i = 0; i < 2; i++) free(b[i].data);
+}
+
+static void test_close_with_write_out(void **st) {
+    (void)st;
+    close_with_write_out("tcp");
+    close_with_write_out("shm");
+}
+
+/* Steps kept in flight (a new one flushed as each result comes, as `ect
+ * bench push --inflight` does) with borrowed sources scribbled over on
+ * release: every item lands intact and is READY on the shard (its complete
+ * went after its write), sources released once each; closing with the last
+ * writes just settled leaves nothing behind. */
+static void steps_in_flight_intact(const char *kind) {
+    enum { STEPS = 16, FLIGHT = 4, SIZE = 5u << 18 }; /* 1.25 MiB: large (producer_run.c) */
+    fake *f = fake_open(1, kind);
+    ect_push_producer *p = prod_open(5000, 150000);
+    item_buf b[STEPS];
+    int started = 0, done = 0;
+    atomic_store(&released, 0);
+    while (done < STEPS) {
+        for (; started < STEPS && started - done < FLIGHT; started++) {
+            item_make(&b[started], "sf", started, SIZE);
+            ect_push_item it = item_of(&b[started], f->addr);
+            it.release = on_release_scribble;
+            it.release_user = b[started].data;
+            assert_int_equal(ect_push_producer_reserve(p, &it), 0);
+            assert_int_equal(ect_push_producer_flush(p), 1);
+        }
+        ect_push_result r;
+        wait_results(p, &r, 1, 10);
+        assert_int_equal(r.status, 0);
+        done++;
+    }
+    for (int i = 0; i < STEPS; i++) expect_bytes(&f->sh[0], b[i].tid, b[i].seed, b[i].nbytes);
+    assert_int_equal(atomic_load(&released), STEPS);
+    expect_drained(f, p);
+    ect_push_producer_close(p);
+    fake_close(f);
+    for (int i = 0; i < STEPS; i++) free(b[i].data);
+}
+
+static void test_steps_in_flight_land_intact(void **st) {
+    (void)st;
+    steps_in_flight_intact("tcp");
+    steps_in_flight_intact("shm");
+}
+
 /* Shard 1 of 3 refuses: the item fails naming the cause, the reservations
  * made on shards 0 and 2 are abandoned (their pools drain), and the
  * borrowed source is released exactly once. */
@@ -1511,6 +1648,9 @@ int main(void) {
         cmocka_unit_test(test_flush_on_a_running_lane),
         cmocka_unit_test(test_lone_steps_stay_on_the_lane),
         cmocka_unit_test(test_steps_in_flight_pipelined),
+        cmocka_unit_test(test_write_unwaited_with_steps_in_flight),
+        cmocka_unit_test(test_steps_in_flight_land_intact),
+        cmocka_unit_test(test_close_with_write_out),
         cmocka_unit_test(test_real_consumer),
         cmocka_unit_test(test_shm_steps_offered),
     };
