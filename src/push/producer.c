@@ -306,8 +306,12 @@ int ect_push_producer_reserve(ect_push_producer *p, const ect_push_item *item) {
     int port;
     if ((rc = ect_hostport_parse("consumer", item->consumer, 1, 65535, host, sizeof host, &port)))
         return rc;
+    /* A repeated id is refused before its source is copied (push_add refuses
+     * it again under the same lock that adds): one lookup per item when the
+     * source is borrowed. */
+    bool copies = item->data && !item->release;
     pthread_mutex_lock(&p->mu);
-    bool known = push_find(p->table, item->transfer_id) != NULL, closing = p->stop;
+    bool known = copies && push_find(p->table, item->transfer_id) != NULL, closing = p->stop;
     pthread_mutex_unlock(&p->mu);
     if (closing) return ect_set_error(ECT_ECLOSED, "push producer is closing");
     if (known)

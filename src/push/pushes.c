@@ -60,6 +60,9 @@ struct push_table {
     pcons *cons;
     bool aborting; /* push_abort_all: end without abandoning */
     push_stats st;
+    push_rec *spares; /* finished records with inline ids, for the next ones */
+    size_t nspares;
+    size_t compact; /* compact tombstones */
 };
 
 static const char *const names[] = {"?",    "WAITING_INPUTS", "WRITING",   "NOTIFYING",
@@ -111,14 +114,30 @@ static void shard_reset(push_shard *s) {
     s->port = port;
 }
 
-/* Frees a record (also idt_ops.drop: a tombstone expired or went over the
- * cap, or close; one a stage still copies into stays, see on_pinned). */
-static void rec_free(void *ctx, idt_node *n) {
-    (void)ctx;
-    push_rec *r = REC(n);
+/* A record's shards and keys go; the record itself stays allocated. */
+static void rec_clear(push_rec *r) {
     for (size_t i = 0; r->sh && i < r->n; i++) shard_key_free(&r->sh[i]);
     if (r->sh != &r->sh_one) free(r->sh);
-    free(r);
+    r->sh = NULL;
+}
+
+/* Frees a record (also idt_ops.drop, ctx the table or NULL: a tombstone
+ * expired or went over the cap, or close; one a stage still copies into
+ * stays, see on_pinned). A full record with inline ids becomes a spare of
+ * the table (at most PUSH_SPARES_MAX): the next record needs no allocation
+ * and no fresh page. */
+static void rec_free(void *ctx, idt_node *n) {
+    push_table *t = ctx;
+    push_rec *r = REC(n);
+    if (r->tomb && t) t->compact--;
+    if (!r->tomb) rec_clear(r);
+    if (r->tomb || !t || r->transfer_id != r->ids || t->nspares >= PUSH_SPARES_MAX) {
+        free(r);
+        return;
+    }
+    r->disc_next = t->spares;
+    t->spares = r;
+    t->nspares++;
 }
 
 static bool on_pinned(void *ctx, const idt_node *n) {
@@ -144,7 +163,7 @@ int push_open(const push_opts *o, push_table **out) {
     if (!t) return ect_set_error(ECT_ENOMEM, "push table: out of memory");
     t->o = *o;
     idt_init(&t->ids, o->ttl_ms, o->max_tombstones,
-             &(idt_ops){.drop = rec_free, .pinned = on_pinned});
+             &(idt_ops){.drop = rec_free, .pinned = on_pinned, .ctx = t});
     *out = t;
     return 0;
 }
@@ -158,6 +177,11 @@ static void cons_free(push_table *t, pcons *c) {
 void push_close(push_table *t) {
     if (!t) return;
     idt_clear(&t->ids);
+    while (t->spares) {
+        push_rec *r = t->spares;
+        t->spares = r->disc_next;
+        free(r);
+    }
     pcons *c, *tmp;
     HASH_ITER(hh, t->cons, c, tmp) cons_free(t, c);
     free(t);
@@ -192,13 +216,25 @@ static int set_shards(push_rec *r, size_t n, const int *ports) {
     return 0;
 }
 
-/* A zeroed record with its transfer_id, consumer and mm_hash in the same
- * allocation (one malloc per item, not four), or NULL. */
-static push_rec *rec_alloc(const push_item *it) {
+/* A zeroed record with its transfer_id, consumer and mm_hash: in the record
+ * when they fit (a spare of the table if there is one), else in the same
+ * allocation after it; or NULL. */
+static push_rec *rec_alloc(push_table *t, const push_item *it) {
     size_t lt = strlen(it->transfer_id), lc = strlen(it->consumer), lm = strlen(it->mm_hash);
-    push_rec *r = calloc(1, sizeof *r + lt + lc + lm + 3);
-    if (!r) return NULL;
-    r->transfer_id = memcpy((char *)(r + 1), it->transfer_id, lt + 1);
+    size_t ids = lt + lc + lm + 3;
+    push_rec *r;
+    if (ids <= PUSH_IDS_INLINE && t->spares) {
+        r = t->spares;
+        t->spares = r->disc_next;
+        t->nspares--;
+        memset(r, 0, sizeof *r);
+    } else if (!(r = calloc(1, sizeof *r + (ids <= PUSH_IDS_INLINE ? 0 : ids)))) {
+        return NULL;
+    } else {
+        t->st.records++;
+    }
+    r->transfer_id = ids <= PUSH_IDS_INLINE ? r->ids : (char *)(r + 1);
+    memcpy(r->transfer_id, it->transfer_id, lt + 1);
     r->consumer = memcpy(r->transfer_id + lt + 1, it->consumer, lc + 1);
     r->mm_hash = memcpy(r->consumer + lc + 1, it->mm_hash, lm + 1);
     return r;
@@ -227,8 +263,8 @@ int push_add(push_table *t, const push_item *it, uint64_t now_ms, push_rec **out
     if (r)
         return ect_set_error(ECT_EEXIST, "transfer_id '%s' already pushed (%s)", it->transfer_id,
                              push_state_name(r->state));
-    if (!(r = rec_alloc(it)) || (it->n_shards && set_shards(r, it->n_shards, it->ports))) {
-        if (r) rec_free(NULL, &r->node);
+    if (!(r = rec_alloc(t, it)) || (it->n_shards && set_shards(r, it->n_shards, it->ports))) {
+        if (r) rec_free(t, &r->node);
         return ect_set_error(ECT_ENOMEM, "push: out of memory");
     }
     ect_strcpy_cut(r->host, sizeof r->host, it->host ? it->host : "");
@@ -248,7 +284,7 @@ int push_add(push_table *t, const push_item *it, uint64_t now_ms, push_rec **out
     }
     r->node.id = r->transfer_id;
     if (idt_add(&t->ids, &r->node, IDT_LIVE, 0)) {
-        rec_free(NULL, &r->node);
+        rec_free(t, &r->node);
         return ect_set_error(ECT_ENOMEM, "push: out of memory");
     }
     if (out) *out = r;
@@ -401,12 +437,46 @@ static bool in_flight(const push_rec *r) {
     return false;
 }
 
+static void shard_counts(const push_rec *r, uint16_t *reserved, uint16_t *written,
+                         uint16_t *completed) {
+    if (r->tomb) {
+        *reserved = r->reserved, *written = r->written, *completed = r->completed;
+        return;
+    }
+    *reserved = *written = *completed = 0;
+    for (size_t i = 0; i < r->n; i++) {
+        *reserved += r->sh[i].rsv == ST_OK;
+        *written += r->sh[i].write == ST_OK;
+        *completed += r->sh[i].complete == ST_OK;
+    }
+}
+
+/* r's head and ids in an allocation of their own, in r's place in the table;
+ * r is freed or kept as a spare. Without memory r stays whole. */
+static void compact(push_table *t, push_rec *r) {
+    size_t le = strlen(r->error), lt = strlen(r->transfer_id), lc = strlen(r->consumer),
+           lm = strlen(r->mm_hash);
+    push_rec *c = malloc(PUSH_REC_HEAD + le + 1 + lt + lc + lm + 3);
+    if (!c) return;
+    memcpy(c, r, PUSH_REC_HEAD + le + 1);
+    shard_counts(r, &c->reserved, &c->written, &c->completed);
+    c->tomb = true;
+    c->transfer_id = memcpy(c->error + le + 1, r->transfer_id, lt + 1);
+    c->consumer = memcpy(c->transfer_id + lt + 1, r->consumer, lc + 1);
+    c->mm_hash = memcpy(c->consumer + lc + 1, r->mm_hash, lm + 1);
+    c->node.id = c->transfer_id;
+    idt_replace(&t->ids, &r->node, &c->node);
+    t->compact++;
+    rec_free(t, &r->node);
+}
+
 static void entomb(push_table *t, push_rec *r, push_state s) {
     r->state = s;
     if (s == PUSH_DONE) t->st.done++;
     if (s == PUSH_FAILED) t->st.failed++;
     if (s == PUSH_CANCELLED) t->st.cancelled++;
     idt_move(&t->ids, &r->node, IDT_TOMBS, t->now);
+    compact(t, r);
 }
 
 /* A local action: what it needs travels with it (the record may go). */
@@ -848,12 +918,12 @@ int push_get(const push_table *t, const char *transfer_id, push_info *info) {
     info->n_shards = r->n;
     info->retries = r->retries;
     info->waiting_room = r->waiting_room;
-    for (size_t i = 0; i < r->n; i++) {
-        info->reserved += r->sh[i].rsv == ST_OK;
-        info->written += r->sh[i].write == ST_OK;
-        info->completed += r->sh[i].complete == ST_OK;
-    }
-    memcpy(info->error, r->error, sizeof info->error);
+    uint16_t rs, wr, co;
+    shard_counts(r, &rs, &wr, &co);
+    info->reserved = rs;
+    info->written = wr;
+    info->completed = co;
+    ect_strcpy_cut(info->error, sizeof info->error, r->error);
     return 0;
 }
 
@@ -862,6 +932,8 @@ void push_get_stats(const push_table *t, push_stats *st) {
     st->live = idt_live(&t->ids);
     st->tombstones = idt_count(&t->ids, IDT_TOMBS);
     st->tombstones_dropped = t->ids.dropped;
+    st->spares = t->nspares;
+    st->compact = t->compact;
 }
 
 int push_check(const push_table *t) {
@@ -874,7 +946,7 @@ int push_check(const push_table *t) {
                 return ect_set_error(ECT_ESTATE, "%s is %s on the wrong list", r->transfer_id,
                                      push_state_name(r->state));
             if (is_final(r->state)) {
-                if (in_flight(r))
+                if (!r->tomb && in_flight(r))
                     return ect_set_error(ECT_ESTATE, "%s ended with actions in flight",
                                          r->transfer_id);
                 if (r->staged != r->released)

@@ -82,6 +82,8 @@
 #define PUSH_ERROR_MAX 191
 #define PUSH_MAX_SHARDS 64
 #define PUSH_KEY_INLINE 31 /* a shard keeps a dst_key this long without a malloc */
+#define PUSH_IDS_INLINE 160 /* a record keeps its three ids this long (NULs in) in itself */
+#define PUSH_SPARES_MAX 1024 /* finished records kept for the next ones */
 #define PUSH_DEFAULT_TTL_MS 300000u
 #define PUSH_DEFAULT_REFRESH_MS 150000u
 #define PUSH_DEFAULT_MAX_TOMBSTONES 65536u
@@ -143,38 +145,51 @@ typedef struct push_shard {
     char key_buf[PUSH_KEY_INLINE + 1]; /* dst_key when it fits (tcp/shm: 16 hex digits) */
 } push_shard;
 
+/* A record. A finished one stays a tombstone for one TTL (dedup, push_get):
+ * entombing copies the head, the fields before `host` with `error` cut to
+ * its string, into an allocation of its own with the ids after it (an eighth
+ * of the record) and recycles the full record: nothing from `host` on, nor
+ * past error's NUL, may be read from a record that is_final. */
 typedef struct push_rec {
+    /* ---- head: valid in live records and tombstones */
+    idt_node node;                          /* by transfer_id; live records, then tombstones */
     char *transfer_id, *consumer, *mm_hash; /* in the record's own allocation */
-    char host[PUSH_HOST_MAX + 1];           /* the consumer's control address */
+    push_state state, ending; /* ending: 0, PUSH_FAILED or PUSH_CANCELLED */
+    int status;               /* FAILED: the code reported (ECT_EIO unless a cause said) */
+    size_t n;                 /* shards; 0 while its consumer is being discovered */
+    bool held;                /* added since the last flush: nothing goes out */
+    bool staged, stage_held;  /* source given; given since the last flush */
+    bool staging;             /* a stage is copying its source (the record stays) */
+    bool released, finishing;
+    bool tomb;                /* only the head is allocated (a compact tombstone) */
+    bool waiting_room;        /* a shard refused as full; not yet every shard reserved */
+    unsigned retries;         /* rounds refused as full */
+    uint16_t reserved, written, completed; /* a compact tombstone's shard counts */
+    char error[PUSH_ERROR_MAX + 1];        /* the table's account of a failure (last) */
+    /* ---- live only (absent from a compact tombstone) */
+    char host[PUSH_HOST_MAX + 1]; /* the consumer's control address */
     int port;
     uint64_t nbytes;
     uint64_t shape[WIRE_MAX_NDIM];
     size_t ndim;
     char dtype[PUSH_DTYPE_MAX + 1];
     uint64_t t0_ns; /* the caller's, reported back */
-    size_t n;       /* shards; 0 while its consumer is being discovered */
     push_shard *sh; /* &sh_one for one shard, else malloc'd */
     push_shard sh_one;
-    push_state state, ending; /* ending: 0, PUSH_FAILED or PUSH_CANCELLED */
-    int status;               /* FAILED: the code reported (ECT_EIO unless a cause said) */
-    bool held;                /* added since the last flush: nothing goes out */
-    bool staged, stage_held;  /* source given; given since the last flush */
-    bool staging;             /* a stage is copying its source (the record stays) */
-    bool released, finishing;
     push_source src;
     uint64_t created;
-    char error[PUSH_ERROR_MAX + 1];    /* the table's account of a failure */
     char cause[PUSH_ERROR_MAX + 1];    /* a sharper cause the shell named, reported first */
     char used_kind[PUSH_KIND_MAX + 1]; /* the data plane of the first write that landed */
     /* back-pressure */
-    bool waiting_room;          /* a shard refused as full; not yet every shard reserved */
     uint64_t retry_at;          /* reserve again at this time (0: not backing off) */
     uint64_t backoff;           /* the last backoff (ms) */
-    unsigned retries;           /* rounds refused as full */
     char full_error[120];       /* the latest refusal, for the failure text */
-    struct push_rec *disc_next; /* waiting for its consumer's discovery */
-    idt_node node;              /* by transfer_id; live records, then tombstones */
+    struct push_rec *disc_next; /* waiting for its consumer's discovery; a spare's next */
+    char ids[PUSH_IDS_INLINE];  /* the ids when they fit (then the record is recycled) */
 } push_rec;
+
+/* The bytes of a record a compact tombstone keeps, then its error's string. */
+#define PUSH_REC_HEAD offsetof(push_rec, error)
 
 typedef struct push_item {
     const char *transfer_id;
@@ -344,6 +359,9 @@ typedef struct push_stats {
     uint64_t full_refusals; /* reserves a shard refused as full */
     uint64_t retries;       /* reserve rounds started again after one */
     uint64_t give_backs;    /* reservations given back meanwhile */
+    uint64_t records;       /* full records allocated (the rest were spares) */
+    size_t spares;          /* finished records kept for the next ones */
+    size_t compact;         /* tombstones in an allocation of their own */
 } push_stats;
 
 void push_get_stats(const push_table *t, push_stats *st);

@@ -159,6 +159,15 @@ void idt_move(idtab *t, idt_node *n, int list, uint64_t when) {
     if (list == IDT_TOMBS) cap(t);
 }
 
+void idt_replace(idtab *t, idt_node *old, idt_node *n) {
+    size_t mask = t->cap - 1, i = (size_t)id_hash(old->id) & mask;
+    while (t->slots[i].n != old) i = (i + 1) & mask; /* by node, as index_del */
+    t->slots[i].n = n;
+    n->list = old->list;
+    n->deadline = old->deadline;
+    DL_REPLACE_ELEM(t->head[old->list], old, n);
+}
+
 void idt_remove(idtab *t, idt_node *n) {
     index_del(t, n);
     unlink_node(t, n);

@@ -97,6 +97,11 @@ int idt_add(idtab *t, idt_node *n, int list, uint64_t when);
 /* Moves n to the tail of `list` (its own list too), `when` as for idt_add. */
 void idt_move(idtab *t, idt_node *n, int list, uint64_t when);
 
+/* Puts n where old is, in the index and on old's list (same place, same
+ * deadline); n->id is set to the same id. old is unlinked without ops.drop:
+ * the owner frees it. For moving a record to a smaller allocation. */
+void idt_replace(idtab *t, idt_node *old, idt_node *n);
+
 /* Unlinks n without ops.drop; the owner frees the record. */
 void idt_remove(idtab *t, idt_node *n);
 

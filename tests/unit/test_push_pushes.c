@@ -599,6 +599,86 @@ static void test_record_keeps_ids_and_keys(void **state) {
     push_close(t); /* frees records with keys of both kinds */
 }
 
+/* Runs tid (one shard) to DONE. */
+static void run_to_done(push_table *t, const char *tid, uint64_t now) {
+    expect_kind(next(t, now), PUSH_ACT_RESERVE, 1);
+    reserve_ok(t, tid, 0, true, now);
+    assert_int_equal(push_source_ready(t, tid, NULL, now), 0);
+    expect_kind(next(t, now), PUSH_ACT_WRITE, 1);
+    assert_int_equal(push_write_done(t, R(t, tid), 0, true), 0);
+    expect_kind(next(t, now), PUSH_ACT_COMPLETE, 1);
+    assert_int_equal(push_complete_done(t, R(t, tid), 0, true, true), 0);
+    acts *A = next(t, now);
+    assert_int_equal(A->n, 2);
+    assert_int_equal(A->a[1].fin.state, PUSH_DONE);
+}
+
+/* A finished record becomes a compact tombstone (its head, error and ids in
+ * an allocation of their own) and the full record serves the next item: 20
+ * items one after another allocate one full record. The tombstones keep
+ * what push_get and dedup read (under ASan a read past the head shows). */
+static void test_finished_records_are_compact_and_recycled(void **state) {
+    (void)state;
+    push_table *t = open_default();
+    char id[16];
+    for (int i = 0; i < 20; i++) {
+        snprintf(id, sizeof id, "r%d", i);
+        assert_int_equal(add(t, id, 1, 0), 0);
+        run_to_done(t, id, 0);
+        push_rec *r = R(t, id);
+        assert_true(r->tomb);
+        assert_string_equal(r->transfer_id, id);
+        assert_string_equal(r->consumer, "127.0.0.1:14579");
+        assert_string_equal(r->mm_hash, "hash");
+        push_info in;
+        assert_int_equal(push_get(t, id, &in), 0);
+        assert_int_equal(in.state, PUSH_DONE);
+        assert_int_equal(in.n_shards, 1);
+        assert_int_equal(in.reserved + in.written + in.completed, 3);
+        assert_true(in.source_staged);
+        assert_string_equal(in.error, "");
+        assert_err(add(t, id, 1, 0), ECT_EEXIST, "already pushed (DONE)");
+    }
+    push_stats st;
+    push_get_stats(t, &st);
+    assert_int_equal(st.records, 1);
+    assert_int_equal(st.spares, 1);
+    assert_int_equal(st.compact, 20);
+    assert_int_equal(st.tombstones, 20);
+    /* a failure keeps its text; ids too long for the record are not recycled */
+    char longid[PUSH_KEY_MAX + 1];
+    memset(longid, 'x', PUSH_KEY_MAX);
+    longid[PUSH_KEY_MAX] = '\0';
+    const char *ids[2] = {"f", longid};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(add(t, ids[i], 2, 0), 0);
+        expect_kind(next(t, 0), PUSH_ACT_RESERVE, 2);
+        assert_int_equal(push_reserve_done(t, R(t, ids[i]), 0, NULL, "no room at all", 0), 0);
+        assert_int_equal(push_reserve_done(t, R(t, ids[i]), 1, NULL, "nor here", 0), 0);
+        acts *A = next(t, 0);
+        assert_int_equal(A->a[A->n - 1].fin.state, PUSH_FAILED);
+        push_info in;
+        assert_int_equal(push_get(t, ids[i], &in), 0);
+        assert_int_equal(in.state, PUSH_FAILED);
+        assert_int_equal(in.n_shards, 2);
+        assert_int_equal(in.reserved, 0);
+        assert_non_null(strstr(in.error, "no room at all"));
+        assert_true(R(t, ids[i])->tomb);
+        assert_string_equal(R(t, ids[i])->transfer_id, ids[i]);
+    }
+    push_get_stats(t, &st);
+    assert_int_equal(st.records, 2); /* "f" took the spare; longid has a record of its own */
+    assert_int_equal(st.spares, 1);  /* "f" back; longid freed */
+    assert_int_equal(st.compact, 22);
+    /* expiry and the table's close free compact tombstones and spares */
+    next(t, 301 * S);
+    push_get_stats(t, &st);
+    assert_int_equal(st.tombstones, 0);
+    assert_int_equal(st.compact, 0);
+    assert_int_equal(push_check(t), 0);
+    push_close(t);
+}
+
 static void test_write_and_complete_failures(void **state) {
     (void)state;
     push_table *t = open_default();
@@ -890,6 +970,7 @@ int main(void) {
         cmocka_unit_test(test_engine_cancel_while_writing),
         cmocka_unit_test(test_refresh_before_write),
         cmocka_unit_test(test_record_keeps_ids_and_keys),
+        cmocka_unit_test(test_finished_records_are_compact_and_recycled),
         cmocka_unit_test(test_write_and_complete_failures),
         cmocka_unit_test(test_input_wait_timeout),
         cmocka_unit_test(test_small_action_buffers),

@@ -300,12 +300,55 @@ static void test_index_many_ids(void **state) {
     free(b);
 }
 
+/* idt_replace puts a new node (same id, other bytes) in the old one's place:
+ * found by id, same list position and deadline, the index consistent; with
+ * colliding runs around it (many ids), each replaced in turn. */
+static void test_replace_keeps_place(void **state) {
+    (void)state;
+    reset();
+    idtab t;
+    idt_init(&t, 100, N, &OPS);
+    for (int i = 0; i < N; i++) assert_int_equal(add(&t, i, i % 2 ? IDT_TOMBS : IDT_LIVE, 5), 0);
+    static rec C[N];
+    for (int i = 0; i < N; i += 3) {
+        memcpy(C[i].id, R[i].id, sizeof C[i].id);
+        C[i].node.id = C[i].id;
+        uint64_t deadline = R[i].node.deadline;
+        idt_node *prev = R[i].node.prev, *next = R[i].node.next;
+        int list = R[i].node.list;
+        idt_replace(&t, &R[i].node, &C[i].node);
+        R[i].in = false;
+        assert_ptr_equal(idt_find(&t, R[i].id), &C[i].node);
+        assert_int_equal(C[i].node.list, list);
+        assert_int_equal(C[i].node.deadline, deadline);
+        /* same neighbours: the head's prev is the tail, and may be itself */
+        if (prev != &R[i].node) assert_ptr_equal(C[i].node.prev, prev);
+        assert_ptr_equal(C[i].node.next, next);
+        assert_int_equal(idt_check(&t), 0);
+    }
+    /* order of arrival kept on both lists */
+    for (int l = IDT_TOMBS; l <= IDT_LIVE; l++) {
+        int want = l == IDT_LIVE ? 0 : 1;
+        for (idt_node *n = idt_first(&t, l); n; n = n->next, want += 2) {
+            char id[16];
+            snprintf(id, sizeof id, "id-%d", want);
+            assert_string_equal(n->id, id);
+            assert_ptr_equal(n, want % 3 ? &R[want].node : &C[want].node);
+        }
+        assert_int_equal(want, N + (l == IDT_LIVE ? 0 : 1));
+    }
+    for (int i = 0; i < N; i += 3) idt_remove(&t, &C[i].node);
+    assert_int_equal(idt_check(&t), 0);
+    idt_clear(&t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_contract),
         cmocka_unit_test(test_random_against_model),
         cmocka_unit_test(test_duplicate_at_growth),
         cmocka_unit_test(test_index_many_ids),
+        cmocka_unit_test(test_replace_keeps_place),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
