@@ -40,6 +40,7 @@ typedef struct shm_impl {
     pthread_mutex_t smu; /* guards segs and slot_state (target side) */
     shm_seg *segs;
     uint64_t slot_state[SHM_SLOTS]; /* master copy of every segment's states */
+    int slot_next; /* [smu] where the search for a free slot starts (after the last taken) */
     xp_conncache cache;             /* the initiator's connections */
     /* initiator: BEGINs sent and OFFERs applied (tests, benchmarks) */
     uint64_t begins, offers; /* __atomic builtins */

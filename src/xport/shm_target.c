@@ -499,8 +499,12 @@ int shm_target_reg(ect_xport *x, xp_region *r) {
     int slot = -1;
     pthread_mutex_lock(&s->smu);
     /* A free slot: no region, and no copy of a closed window's still in
-     * progress in any connection's segment (window close does not wait). */
-    for (int i = 0; i < SHM_SLOTS && slot < 0; i++) {
+     * progress in any connection's segment (window close does not wait).
+     * Next fit, from after the slot taken last: windows close about in the
+     * order they opened, so the next slot is free as a rule and a window
+     * costs one probe, not a scan past every window open. */
+    for (int k = 0; k < SHM_SLOTS && slot < 0; k++) {
+        int i = (s->slot_next + k) % SHM_SLOTS;
         if (s->slot_state[i] != 0) continue;
         bool users = false;
         for (shm_seg *g = s->segs; g && !users; g = g->next)
@@ -508,6 +512,7 @@ int shm_target_reg(ect_xport *x, xp_region *r) {
         if (!users) slot = i;
     }
     if (slot >= 0) {
+        s->slot_next = (slot + 1) % SHM_SLOTS;
         s->slot_state[slot] = (r->id << 1) | 1;
         for (shm_seg *g = s->segs; g; g = g->next)
             __atomic_store_n(&g->slots[slot].state, s->slot_state[slot], __ATOMIC_SEQ_CST);
