@@ -301,6 +301,12 @@ int ect_xport_register_mem(ect_xport *x, void *addr, uint64_t len, int mem_kind,
 
 int xp_window_close(ect_xport *x, const char *key);
 
+/* Takes r out of the table by token and logs its id as gone. regs.mu held. */
+static void region_unlink(xp_regions *t, xp_region *r) {
+    HASH_DEL(t->by_token, r);
+    t->gone[t->gone_seq++ % XP_GONE_LOG] = r->id;
+}
+
 /* Releases what r holds but its entry: the back end's state, its key, and
  * for a region its window index and its fd (a window borrows its region's). */
 static void region_undo(ect_xport *x, xp_region *r) {
@@ -356,12 +362,12 @@ int ect_xport_unregister(ect_xport *x, const char *key) {
         pthread_mutex_unlock(&x->regs.mu);
         return xp_window_close(x, key);
     }
-    HASH_DEL(x->regs.by_token, hit);
+    region_unlink(&x->regs, hit);
     /* Its windows go with it (each waited for like the region). */
     xp_region *wins = NULL;
     HASH_ITER(hh, x->regs.by_token, r, tmp) {
         if (r->parent == hit) {
-            HASH_DEL(x->regs.by_token, r);
+            region_unlink(&x->regs, r);
             r->next_dead = wins;
             wins = r;
         }
@@ -565,7 +571,7 @@ int xp_window_open(ect_xport *x, const char *region_key, uint64_t offset, uint64
 static xp_region *window_take(ect_xport *x, const char *key, bool *now) {
     xp_region *w = find_key(&x->regs, key);
     if (!w || !w->parent) return NULL;
-    HASH_DEL(x->regs.by_token, w);
+    region_unlink(&x->regs, w);
     wins_remove(w);
     *now = w->refs == 0;
     if (!*now) {

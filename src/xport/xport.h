@@ -58,6 +58,8 @@ typedef struct xp_region {
 
 /* Closed windows' entries kept for reuse (xp_regions.spare_wins). */
 #define XP_SPARE_WINDOWS 1024
+/* Ids of regions gone kept for the shm target's drops (xp_regions.gone). */
+#define XP_GONE_LOG 4096
 
 typedef struct xp_regions {
     pthread_mutex_t mu; /* guards the table and refs; never held across I/O */
@@ -74,6 +76,13 @@ typedef struct xp_regions {
      * were open at once. windows_allocated counts the entries calloc'd. */
     ect_spares spare_wins; /* linked through next_dead */
     uint64_t windows_allocated;
+    /* The ids of the last XP_GONE_LOG regions and windows taken out of
+     * by_token, the k-th (from 0) at gone[k % XP_GONE_LOG]; gone_seq counts
+     * them. A reader that kept its place asks only what went since (the shm
+     * target's drops: per GRANT or OFFER, the windows closed since, not a
+     * walk of every region open); one that fell further behind walks. */
+    uint64_t gone[XP_GONE_LOG];
+    uint64_t gone_seq;
 } xp_regions;
 
 typedef struct xp_backend xp_backend;

@@ -1171,10 +1171,12 @@ static int shm_raw_hello(const char *session, uint16_t flags) {
     return fd;
 }
 
-/* One BEGIN of one write and its GRANT's entry; the fds that came with it
- * closed (their count in *nfds), DONE sent. */
-static void shm_raw_grant(int fd, uint64_t addr, uint64_t len, const char *key, shm_grant_entry *e,
-                          int *nfds, uint8_t *buf) {
+/* One BEGIN of one write and its GRANT's entry and drops (up to `max` in
+ * drops, their count in *ndrop; drops NULL: not read); the fds that came
+ * with it closed (their count in *nfds), DONE sent. */
+static void shm_raw_grant_drops(int fd, uint64_t addr, uint64_t len, const char *key,
+                                shm_grant_entry *e, int *nfds, uint8_t *buf, uint64_t *drops,
+                                uint32_t max, uint32_t *ndrop) {
     shm_begin_entry be = {addr, len, 0};
     assert_int_equal(xp_key_parse(key, &be.token), 0);
     size_t n = shm_begin_encode(buf, &be, 1), glen;
@@ -1187,9 +1189,78 @@ static void shm_raw_grant(int fd, uint64_t addr, uint64_t len, const char *key, 
     uint32_t seen = 0;
     assert_int_equal(shm_grant_decode(buf, glen, 1, *nfds, &g), 0);
     shm_grant_entry_get(buf, &g, 0, &seen, e);
+    if (drops) {
+        assert_true(g.ndrop <= max);
+        for (uint32_t k = 0; k < g.ndrop; k++) drops[k] = xp_get_u64(g.drops + 8 * (size_t)k);
+        *ndrop = g.ndrop;
+    }
     uint8_t d[SHM_DONE_LEN];
     shm_done_encode(d, 1);
     assert_int_equal(shm_msg_send(fd, d, SHM_DONE_LEN, NULL, 0, 10000), 0);
+}
+
+static void shm_raw_grant(int fd, uint64_t addr, uint64_t len, const char *key, shm_grant_entry *e,
+                          int *nfds, uint8_t *buf) {
+    shm_raw_grant_drops(fd, addr, len, key, e, nfds, buf, NULL, 0, NULL);
+}
+
+/* shm drops from the regions' gone log: a GRANT lists exactly the windows
+ * this connection was given and that closed since, without a walk of every
+ * region open (shm_target_drop_walks stays 0); a connection that fell more
+ * than XP_GONE_LOG closes behind gets its drops by one walk, then reads the
+ * log again. */
+static void test_shm_drops_from_log(void **state) {
+    (void)state;
+    ect_xport *t = open_kind("shm");
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    region r;
+    private_region_open(t, 8 * pg, &r);
+    uint64_t base = (uint64_t)(uintptr_t)r.addr;
+    char k[6][ECT_XPORT_KEY_MAX], other[ECT_XPORT_KEY_MAX];
+    uint8_t *buf = malloc(SHM_GRANT_MAX);
+    assert_non_null(buf);
+    int fd = shm_raw_hello(ect_xport_session(t), 0), nf;
+    shm_grant_entry e[6];
+    uint64_t drops[SHM_MAX_DROP];
+    uint32_t nd = 99;
+    for (int i = 0; i < 3; i++) { /* A, B, C given */
+        assert_int_equal(xp_window_open(t, r.key, (uint64_t)i * pg, pg, k[i]), 0);
+        shm_raw_grant_drops(fd, base + i * pg, pg, k[i], &e[i], &nf, buf, drops, SHM_MAX_DROP,
+                            &nd);
+        assert_int_equal(e[i].status, 0);
+        assert_int_equal(nd, 0);
+    }
+    assert_int_equal(xp_window_close(t, k[0]), 0);
+    assert_int_equal(xp_window_close(t, k[2]), 0);
+    assert_int_equal(xp_window_open(t, r.key, 3 * pg, pg, k[3]), 0);
+    shm_raw_grant_drops(fd, base + 3 * pg, pg, k[3], &e[3], &nf, buf, drops, SHM_MAX_DROP, &nd);
+    assert_int_equal(nd, 2); /* A and C, nothing else */
+    assert_true((drops[0] == e[0].rid && drops[1] == e[2].rid) ||
+                (drops[0] == e[2].rid && drops[1] == e[0].rid));
+    assert_int_equal(shm_target_drop_walks(t), 0);
+    /* More than the log holds closes, never given to this connection. */
+    for (int i = 0; i <= XP_GONE_LOG; i++) {
+        assert_int_equal(xp_window_open(t, r.key, 5 * pg, pg, other), 0);
+        assert_int_equal(xp_window_close(t, other), 0);
+    }
+    assert_int_equal(xp_window_close(t, k[1]), 0);
+    assert_int_equal(xp_window_open(t, r.key, 4 * pg, pg, k[4]), 0);
+    shm_raw_grant_drops(fd, base + 4 * pg, pg, k[4], &e[4], &nf, buf, drops, SHM_MAX_DROP, &nd);
+    assert_int_equal(nd, 1);
+    assert_true(drops[0] == e[1].rid); /* B */
+    assert_int_equal(shm_target_drop_walks(t), 1);
+    assert_int_equal(xp_window_close(t, k[3]), 0); /* D: from the log again */
+    assert_int_equal(xp_window_open(t, r.key, 0, pg, k[5]), 0);
+    shm_raw_grant_drops(fd, base, pg, k[5], &e[5], &nf, buf, drops, SHM_MAX_DROP, &nd);
+    assert_int_equal(nd, 1);
+    assert_true(drops[0] == e[3].rid);
+    assert_int_equal(shm_target_drop_walks(t), 1);
+    assert_int_equal(xp_window_close(t, k[4]), 0);
+    assert_int_equal(xp_window_close(t, k[5]), 0);
+    close(fd);
+    free(buf);
+    test_region_close(t, &r);
+    ect_xport_close(t);
 }
 
 /* shm slots, next fit: a window takes the slot after the one taken last,
@@ -1969,6 +2040,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_window_close_many),
         cmocka_unit_test(test_window_entries_reused),
         cmocka_unit_test(test_shm_slots_next_fit),
+        cmocka_unit_test(test_shm_drops_from_log),
         cmocka_unit_test(test_shm_window_reuse),
         cmocka_unit_test(test_shm_file_once),
         cmocka_unit_test(test_shm_parked_windows),
