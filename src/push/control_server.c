@@ -103,8 +103,10 @@ struct ctl_server {
     ctl_error last_err[CTL_LAST_ERRORS];               /* [mu] newest at last_err_head - 1 */
     size_t last_err_head, last_err_n;                  /* [mu] */
     /* A batch's request items and reply items, kept from one request to the
-     * next (the handling thread): no item array allocated, nor fresh pages
-     * zeroed, per request. */
+     * next: no item array allocated, nor fresh pages zeroed, per request.
+     * Whoever holds keep_mu uses them; a request handled at the same time on
+     * another thread (ctl_server_handle is thread-safe) uses the heap. */
+    pthread_mutex_t keep_mu;
     wire_ctl_keep req_keep, rep_keep;
 };
 
@@ -511,7 +513,8 @@ static void offer_windows(ctl_server *s, const wire_ctl_request *q, const wire_c
     if (n) s->o.win_offer(s->o.win_ctx, q->shm_id, keys, n);
 }
 
-static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now, char **reply) {
+static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now,
+                          wire_ctl_keep *keep, char **reply) {
     wire_ctl_reply rep;
     memset(&rep, 0, sizeof rep);
     rep.op = q->op;
@@ -527,7 +530,7 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
     case WIRE_OP_RESERVE_BATCH: {
         size_t n = q->u.reserve_batch.n;
         rep.u.reserve_batch.items =
-            reply_items(n, sizeof *rep.u.reserve_batch.items, &s->rep_keep, &rc, errtext);
+            reply_items(n, sizeof *rep.u.reserve_batch.items, keep, &rc, errtext);
         if (!rep.u.reserve_batch.items) break;
         rep.u.reserve_batch.n = n;
         for (size_t i = 0; i < n; i++) {
@@ -601,7 +604,7 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
     case WIRE_OP_COMPLETE_BATCH: {
         size_t n = q->u.complete_batch.n;
         rep.u.complete_batch.items =
-            reply_items(n, sizeof *rep.u.complete_batch.items, &s->rep_keep, &rc, errtext);
+            reply_items(n, sizeof *rep.u.complete_batch.items, keep, &rc, errtext);
         if (!rep.u.complete_batch.items) break;
         rep.u.complete_batch.n = n;
         for (size_t i = 0; i < n; i++) { /* another peer's item: (false, false), counted */
@@ -653,7 +656,7 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
             erc = wire_ctl_encode_error(why, reply);
         }
     }
-    wire_ctl_reply_clear_kept(&rep, &s->rep_keep); /* dst_key is a copy (a window may close) */
+    wire_ctl_reply_clear_kept(&rep, keep); /* dst_key is a copy (a window may close) */
     return erc;
 }
 
@@ -661,8 +664,11 @@ int ctl_server_handle(ctl_server *s, const void *buf, size_t len, uint64_t now_m
     *reply = NULL;
     atomic_fetch_add(&s->requests, 1);
     wire_ctl_request q;
-    int rc = wire_ctl_decode_request_kept(buf, len, &q, &s->req_keep);
+    bool kept = pthread_mutex_trylock(&s->keep_mu) == 0;
+    wire_ctl_keep *req_keep = kept ? &s->req_keep : NULL, *rep_keep = kept ? &s->rep_keep : NULL;
+    int rc = wire_ctl_decode_request_kept(buf, len, &q, req_keep);
     if (rc) {
+        if (kept) pthread_mutex_unlock(&s->keep_mu);
         atomic_fetch_add(&s->bad_requests, 1);
         ECT_LOGD(MOD, "refused request: %s", ect_last_error());
         return wire_ctl_encode_decode_failure(rc, reply);
@@ -672,8 +678,9 @@ int ctl_server_handle(ctl_server *s, const void *buf, size_t len, uint64_t now_m
                  q.op == WIRE_OP_RESERVE_BATCH ? q.u.reserve_batch.n : q.u.complete_batch.n);
     else
         ECT_LOGD(MOD, "shard %d: %s", s->port, wire_ctl_op_name(q.op));
-    rc = handle_decoded(s, &q, now_ms, reply);
-    wire_ctl_request_clear_kept(&q, &s->req_keep);
+    rc = handle_decoded(s, &q, now_ms, rep_keep, reply);
+    wire_ctl_request_clear_kept(&q, req_keep);
+    if (kept) pthread_mutex_unlock(&s->keep_mu);
     return rc;
 }
 
@@ -903,6 +910,7 @@ int ctl_server_open(void *zctx, const ctl_server_opts *o, ctl_server **out) {
         return ect_set_error(ECT_ENOMEM, "control server: out of memory");
     }
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->keep_mu, NULL);
     rc = rsv_open(&o->rsv, &s->tab);
     if (!rc) rc = pg_open(o->trusted_peers, &s->guard);
     if (rc) goto fail;
@@ -977,6 +985,7 @@ void ctl_server_close(ctl_server *s) {
     rsv_close(s->tab);
     pg_close(s->guard);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->keep_mu);
     wire_ctl_keep_free(&s->req_keep);
     wire_ctl_keep_free(&s->rep_keep);
     free(s->dst_key);
