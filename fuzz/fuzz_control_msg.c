@@ -41,25 +41,32 @@ static int slow_encode_reply(const wire_ctl_reply *r, char **out) {
     return rc;
 }
 
-/* Both decoders agree on the frame; both encoders agree on what it decoded to. */
+/* Both decoders agree on the frame, and so does the fast one decoding into
+ * memory kept from the frames before (the shard's way); the encoders agree
+ * on what each decoded to. */
+static wire_ctl_keep kept;
+
 static void diff_request(const uint8_t *data, size_t size) {
-    wire_ctl_request f, s;
+    wire_ctl_request f, s, k;
     int rf = wire_ctl_decode_request(data, size, &f);
+    int rk = wire_ctl_decode_request_kept(data, size, &k, &kept);
     wctl_fast_off = true;
     int rs = wire_ctl_decode_request(data, size, &s);
     wctl_fast_off = false;
-    CHECK(rf == rs);
+    CHECK(rf == rs && rf == rk);
     if (rf == 0) {
-        char *a = NULL, *b = NULL, *c = NULL;
+        char *a = NULL, *b = NULL, *c = NULL, *d = NULL;
         int ea = slow_encode_request(&f, &a), eb = slow_encode_request(&s, &b);
-        int ec = wire_ctl_encode_request(&s, &c);
-        CHECK(ea == eb && eb == ec);
-        if (ea == 0) CHECK(strcmp(a, b) == 0 && strcmp(b, c) == 0);
+        int ec = wire_ctl_encode_request(&s, &c), ed = slow_encode_request(&k, &d);
+        CHECK(ea == eb && eb == ec && ec == ed);
+        if (ea == 0) CHECK(strcmp(a, b) == 0 && strcmp(b, c) == 0 && strcmp(c, d) == 0);
         free(a);
         free(b);
         free(c);
+        free(d);
         wire_ctl_request_clear(&f);
         wire_ctl_request_clear(&s);
+        wire_ctl_request_clear_kept(&k, &kept);
     }
 }
 

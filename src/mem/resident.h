@@ -116,6 +116,7 @@ typedef struct resident_stats {
     uint64_t bytes;     /* allocated bytes they hold (rounded sizes) */
     uint64_t leased;    /* items with at least one lease */
     uint64_t reclaimed; /* items reclaimed since creation */
+    uint64_t allocated; /* entries calloc'd since creation (the rest were reused) */
 } resident_stats;
 
 void resident_get_stats(const resident_cache *c, resident_stats *st);

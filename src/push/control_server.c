@@ -102,6 +102,12 @@ struct ctl_server {
     atomic_uint_fast64_t window_entries;               /* window entries malloc'd */
     ctl_error last_err[CTL_LAST_ERRORS];               /* [mu] newest at last_err_head - 1 */
     size_t last_err_head, last_err_n;                  /* [mu] */
+    /* A batch's request items and reply items, kept from one request to the
+     * next: no item array allocated, nor fresh pages zeroed, per request.
+     * Whoever holds keep_mu uses them; a request handled at the same time on
+     * another thread (ctl_server_handle is thread-safe) uses the heap. */
+    pthread_mutex_t keep_mu;
+    wire_ctl_keep req_keep, rep_keep;
 };
 
 void ctl_server_opts_init(ctl_server_opts *o) {
@@ -475,10 +481,13 @@ static void out_of_memory(int *rc, char *errtext) {
     snprintf(errtext, WIRE_ERROR_MAX + 1, "EC consumer out of memory");
 }
 
-/* n reply items of `size` bytes, or NULL with the error set. */
-static void *reply_items(size_t n, size_t size, int *rc, char *errtext) {
-    void *items = calloc(n ? n : 1, size);
+/* n zeroed reply items of `size` bytes, or NULL with the error set: in
+ * keep's memory when keep is not NULL (wire_ctl_reply_clear_kept). */
+static void *reply_items(size_t n, size_t size, wire_ctl_keep *keep, int *rc, char *errtext) {
+    size_t bytes = (n ? n : 1) * size;
+    void *items = keep ? (wire_ctl_keep_reserve(keep, bytes) ? keep->mem : NULL) : calloc(1, bytes);
     if (!items) out_of_memory(rc, errtext);
+    else if (keep) memset(items, 0, bytes);
     return items;
 }
 
@@ -504,7 +513,8 @@ static void offer_windows(ctl_server *s, const wire_ctl_request *q, const wire_c
     if (n) s->o.win_offer(s->o.win_ctx, q->shm_id, keys, n);
 }
 
-static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now, char **reply) {
+static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now,
+                          wire_ctl_keep *keep, char **reply) {
     wire_ctl_reply rep;
     memset(&rep, 0, sizeof rep);
     rep.op = q->op;
@@ -519,7 +529,8 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
         break;
     case WIRE_OP_RESERVE_BATCH: {
         size_t n = q->u.reserve_batch.n;
-        rep.u.reserve_batch.items = reply_items(n, sizeof *rep.u.reserve_batch.items, &rc, errtext);
+        rep.u.reserve_batch.items =
+            reply_items(n, sizeof *rep.u.reserve_batch.items, keep, &rc, errtext);
         if (!rep.u.reserve_batch.items) break;
         rep.u.reserve_batch.n = n;
         for (size_t i = 0; i < n; i++) {
@@ -568,7 +579,7 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
         int base = s->o.base_port ? s->o.base_port : s->port - s->o.tp_rank;
         size_t n = (s->o.base_port || s->o.port) ? (size_t)s->o.tp_size : 1;
         if (!s->o.base_port && !s->o.port) base = s->port;
-        rep.u.peers.ports = reply_items(n, sizeof *rep.u.peers.ports, &rc, errtext);
+        rep.u.peers.ports = reply_items(n, sizeof *rep.u.peers.ports, NULL, &rc, errtext);
         if (!rep.u.peers.ports) break;
         rep.u.peers.n = n;
         ect_strcpy_cut(rep.u.peers.transport, sizeof rep.u.peers.transport, s->transport);
@@ -593,7 +604,7 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
     case WIRE_OP_COMPLETE_BATCH: {
         size_t n = q->u.complete_batch.n;
         rep.u.complete_batch.items =
-            reply_items(n, sizeof *rep.u.complete_batch.items, &rc, errtext);
+            reply_items(n, sizeof *rep.u.complete_batch.items, keep, &rc, errtext);
         if (!rep.u.complete_batch.items) break;
         rep.u.complete_batch.n = n;
         for (size_t i = 0; i < n; i++) { /* another peer's item: (false, false), counted */
@@ -645,7 +656,7 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
             erc = wire_ctl_encode_error(why, reply);
         }
     }
-    wire_ctl_reply_clear(&rep); /* dst_key is a copy (a window may close right after) */
+    wire_ctl_reply_clear_kept(&rep, keep); /* dst_key is a copy (a window may close) */
     return erc;
 }
 
@@ -653,8 +664,11 @@ int ctl_server_handle(ctl_server *s, const void *buf, size_t len, uint64_t now_m
     *reply = NULL;
     atomic_fetch_add(&s->requests, 1);
     wire_ctl_request q;
-    int rc = wire_ctl_decode_request(buf, len, &q);
+    bool kept = pthread_mutex_trylock(&s->keep_mu) == 0;
+    wire_ctl_keep *req_keep = kept ? &s->req_keep : NULL, *rep_keep = kept ? &s->rep_keep : NULL;
+    int rc = wire_ctl_decode_request_kept(buf, len, &q, req_keep);
     if (rc) {
+        if (kept) pthread_mutex_unlock(&s->keep_mu);
         atomic_fetch_add(&s->bad_requests, 1);
         ECT_LOGD(MOD, "refused request: %s", ect_last_error());
         return wire_ctl_encode_decode_failure(rc, reply);
@@ -664,8 +678,9 @@ int ctl_server_handle(ctl_server *s, const void *buf, size_t len, uint64_t now_m
                  q.op == WIRE_OP_RESERVE_BATCH ? q.u.reserve_batch.n : q.u.complete_batch.n);
     else
         ECT_LOGD(MOD, "shard %d: %s", s->port, wire_ctl_op_name(q.op));
-    rc = handle_decoded(s, &q, now_ms, reply);
-    wire_ctl_request_clear(&q);
+    rc = handle_decoded(s, &q, now_ms, rep_keep, reply);
+    wire_ctl_request_clear_kept(&q, req_keep);
+    if (kept) pthread_mutex_unlock(&s->keep_mu);
     return rc;
 }
 
@@ -895,6 +910,7 @@ int ctl_server_open(void *zctx, const ctl_server_opts *o, ctl_server **out) {
         return ect_set_error(ECT_ENOMEM, "control server: out of memory");
     }
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->keep_mu, NULL);
     rc = rsv_open(&o->rsv, &s->tab);
     if (!rc) rc = pg_open(o->trusted_peers, &s->guard);
     if (rc) goto fail;
@@ -969,6 +985,9 @@ void ctl_server_close(ctl_server *s) {
     rsv_close(s->tab);
     pg_close(s->guard);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->keep_mu);
+    wire_ctl_keep_free(&s->req_keep);
+    wire_ctl_keep_free(&s->rep_keep);
     free(s->dst_key);
     free(s);
 }

@@ -111,7 +111,8 @@ struct rsv_entry {
     rsv_entry *lead;       /* follower: its writer */
     rsv_entry *followers;  /* writer: its WRITING followers */
     rsv_entry *fol_prev, *fol_next;
-    idt_node node; /* by transfer_id, on live, pending or tombs */
+    size_t str_cap; /* bytes after the entry for transfer_id and mm_hash */
+    idt_node node;  /* by transfer_id, on live, pending or tombs */
     UT_hash_handle hh_inflight;
 };
 
@@ -120,9 +121,19 @@ struct rsv_entry {
 
 /* Popped event nodes and freed buffer records kept for reuse: enough for a
  * few steps' items. A spare buffer record has room for a hash this long. */
-#define SPARE_EVENTS 256
-#define SPARE_BUFS 256
+/* Popped event nodes, freed buffer records and dropped entries kept for
+ * reuse. Spares never outnumber what was held at once, so the caps only
+ * bound a burst's leftovers: 8 steps of 32 items in flight queue up to 256
+ * events and hold 256 buffers at once (256 spares missed at every step's
+ * edge). An entry is dropped when its tombstone goes (cap or TTL), so a
+ * busy shard's reserve reuses the entry of the tombstone it pushed out. A
+ * spare buffer record has room for a hash this long, a spare entry for ids
+ * this long together. */
+#define SPARE_EVENTS 1024
+#define SPARE_BUFS 1024
+#define SPARE_ENTRIES 1024
 #define RSV_BUF_HASH_MIN 64
+#define RSV_ENTRY_STR_MIN 128
 
 typedef struct ev_node {
     rsv_event ev;
@@ -139,6 +150,7 @@ struct rsv_table {
     ev_node *events;
     ect_spares spare_events; /* popped nodes kept for the next events */
     ect_spares spare_bufs;   /* freed buffer records kept for the next reserves */
+    ect_spares spare_entries; /* dropped entries kept for the next reserves */
     rsv_stats st;
     /* The entry the latest lookup found, or NULL: an op and the guard's
      * lookup just before it name the same id, so the second costs one
@@ -201,6 +213,7 @@ int rsv_open(const rsv_opts *o, rsv_table **out) {
     t->o = *o;
     t->spare_events = ECT_SPARES_INIT(ev_node, next, SPARE_EVENTS);
     t->spare_bufs = ECT_SPARES_INIT(rsv_buf, all_next, SPARE_BUFS);
+    t->spare_entries = ECT_SPARES_INIT(rsv_entry, fol_next, SPARE_ENTRIES);
     if (resident_create(NULL, &t->cache)) {
         free(t);
         return ECT_ENOMEM;
@@ -242,6 +255,7 @@ static rsv_buf *buf_alloc(rsv_table *t, const char *mm_hash) {
         size_t cap = lm + 1 > RSV_BUF_HASH_MIN ? lm + 1 : RSV_BUF_HASH_MIN;
         if (!(b = calloc(1, sizeof *b + cap))) return NULL;
         b->hash_cap = cap;
+        t->st.allocs++;
     }
     b->mm_hash = (char *)(b + 1);
     memcpy(b->mm_hash, mm_hash, lm + 1);
@@ -354,11 +368,14 @@ static void queue_event(rsv_table *t, const rsv_entry *e, rsv_event_kind kind) {
         DL_DELETE(t->events, n);
         t->st.events--;
         t->st.events_dropped++;
-    } else if (!(n = ect_spares_get(&t->spare_events)) && !(n = malloc(sizeof *n))) {
-        ECT_LOGE_ID(MOD, e->transfer_id, NULL, "out of memory queueing an event for transfer_id=%s",
-                    e->transfer_id);
-        t->st.events_dropped++;
-        return;
+    } else if (!(n = ect_spares_get(&t->spare_events))) {
+        if (!(n = malloc(sizeof *n))) {
+            ECT_LOGE_ID(MOD, e->transfer_id, NULL,
+                        "out of memory queueing an event for transfer_id=%s", e->transfer_id);
+            t->st.events_dropped++;
+            return;
+        }
+        t->st.allocs++;
     }
     fill_event(&n->ev, e, kind);
     DL_APPEND(t->events, n);
@@ -378,11 +395,22 @@ void rsv_event_pop(rsv_table *t) {
 /* ---- entries */
 
 /* A zeroed entry with its transfer_id and mm_hash in the same allocation
- * (one malloc per reserve, not three), or NULL. */
-static rsv_entry *alloc_entry(const char *transfer_id, const char *mm_hash) {
-    size_t lt = strlen(transfer_id), lm = strlen(mm_hash);
-    rsv_entry *e = calloc(1, sizeof *e + lt + lm + 2);
-    if (!e) return NULL;
+ * (one malloc per reserve, not three), from the spares when the first one
+ * has room, or NULL. */
+static rsv_entry *alloc_entry(rsv_table *t, const char *transfer_id, const char *mm_hash) {
+    size_t lt = strlen(transfer_id), lm = strlen(mm_hash), need = lt + lm + 2;
+    rsv_entry *e = ect_spares_peek(&t->spare_entries);
+    if (e && e->str_cap >= need) {
+        ect_spares_get(&t->spare_entries);
+        size_t cap = e->str_cap;
+        memset(e, 0, sizeof *e);
+        e->str_cap = cap;
+    } else {
+        size_t cap = need > RSV_ENTRY_STR_MIN ? need : RSV_ENTRY_STR_MIN;
+        if (!(e = calloc(1, sizeof *e + cap))) return NULL;
+        e->str_cap = cap;
+        t->st.allocs++;
+    }
     e->transfer_id = (char *)(e + 1);
     memcpy(e->transfer_id, transfer_id, lt + 1);
     e->mm_hash = e->transfer_id + lt + 1;
@@ -390,19 +418,20 @@ static rsv_entry *alloc_entry(const char *transfer_id, const char *mm_hash) {
     return e;
 }
 
-static void free_entry_mem(rsv_entry *e) { free(e); }
+/* An entry (in no index, on no list) to the spares, or freed. */
+static void free_entry_mem(rsv_table *t, rsv_entry *e) { ect_spares_put(&t->spare_entries, e); }
 
 /* idt_ops.drop: a tombstone expired or went over the cap (or close). */
 static void on_drop(void *ctx, idt_node *n) {
     rsv_table *t = ctx;
     if (t->last == ENTRY(n)) t->last = NULL;
-    free_entry_mem(ENTRY(n));
+    free_entry_mem(t, ENTRY(n));
 }
 
 static void entry_free(rsv_table *t, rsv_entry *e) {
     if (t->last == e) t->last = NULL;
     idt_remove(&t->ids, &e->node);
-    free_entry_mem(e);
+    free_entry_mem(t, e);
 }
 
 static rsv_entry *lookup(const rsv_table *t, const char *id) {
@@ -560,8 +589,8 @@ static int alloc_reclaiming(rsv_table *t, uint64_t size, uint64_t *off) {
     return rc;
 }
 
-static rsv_entry *new_entry(const rsv_request *r, const tensor *tn) {
-    rsv_entry *e = alloc_entry(r->transfer_id, r->mm_hash ? r->mm_hash : "");
+static rsv_entry *new_entry(rsv_table *t, const rsv_request *r, const tensor *tn) {
+    rsv_entry *e = alloc_entry(t, r->transfer_id, r->mm_hash ? r->mm_hash : "");
     if (!e) return NULL;
     e->tn = *tn;
     ect_strcpy_cut(e->owner, sizeof e->owner, r->owner);
@@ -591,13 +620,13 @@ static int reserve_new(rsv_table *t, const rsv_request *r, const tensor *tn, rsv
     if ((w && !same_tensor(&w->tn, tn)) || (orph && !same_tensor(&orph->tn, tn)))
         return ect_set_error(ECT_EEXIST, "conflicting in-flight tensor for mm_hash '%s'",
                              r->mm_hash);
-    rsv_entry *e = new_entry(r, tn);
+    rsv_entry *e = new_entry(t, r, tn);
     if (!e) return ect_set_error(ECT_ENOMEM, "reserve: out of memory");
     if (pub) { /* (1) dedup against the published copy: no bytes move */
         e->role = ROLE_CACHED;
         e->buf = pub;
         if (add_entry(t, e, RSV_READY, expiry)) {
-            free_entry_mem(e);
+            free_entry_mem(t, e);
             return ECT_ENOMEM;
         }
         pub->refs++;
@@ -609,7 +638,7 @@ static int reserve_new(rsv_table *t, const rsv_request *r, const tensor *tn, rsv
         e->buf = w->buf;
         e->lead = w;
         if (add_entry(t, e, RSV_WRITING, expiry)) {
-            free_entry_mem(e);
+            free_entry_mem(t, e);
             return ECT_ENOMEM;
         }
         w->buf->refs++;
@@ -622,7 +651,7 @@ static int reserve_new(rsv_table *t, const rsv_request *r, const tensor *tn, rsv
         bool indexed = !hash_oom;
         if (!indexed || add_entry(t, e, RSV_WRITING, expiry)) {
             if (indexed) HASH_DELETE(hh_inflight, t->inflight, e);
-            free_entry_mem(e);
+            free_entry_mem(t, e);
             return ect_set_error(ECT_ENOMEM, "reserve: out of memory");
         }
         HASH_DELETE(hh_orphan, t->orphans, orph);
@@ -640,7 +669,7 @@ static int reserve_new(rsv_table *t, const rsv_request *r, const tensor *tn, rsv
         uint64_t size = tn->nbytes ? tn->nbytes : 1, off = 0;
         if (t->o.capacity && size > t->o.capacity) {
             free(b); /* not kept: a failed reserve holds no more memory than before */
-            free_entry_mem(e);
+            free_entry_mem(t, e);
             return ect_set_error(ECT_EFULL,
                                  "EC consumer buffer pool is full: more than the whole pool "
                                  "(%" PRIu64 " bytes wanted, %" PRIu64
@@ -650,7 +679,7 @@ static int reserve_new(rsv_table *t, const rsv_request *r, const tensor *tn, rsv
         int rc = b ? alloc_reclaiming(t, size, &off) : ECT_ENOMEM;
         if (rc) {
             free(b);
-            free_entry_mem(e);
+            free_entry_mem(t, e);
             if (rc == ECT_EFULL)
                 return ect_set_error(ECT_EFULL,
                                      "EC consumer buffer pool is full (%" PRIu64
@@ -669,7 +698,7 @@ static int reserve_new(rsv_table *t, const rsv_request *r, const tensor *tn, rsv
             if (indexed) HASH_DELETE(hh_inflight, t->inflight, e);
             t->o.mem->free(t->o.mem_ctx, off, size); /* nobody was told about it */
             free(b);
-            free_entry_mem(e);
+            free_entry_mem(t, e);
             return ect_set_error(ECT_ENOMEM, "reserve: out of memory");
         }
         b->offset = off;
@@ -790,12 +819,12 @@ void rsv_complete(rsv_table *t, const char *transfer_id, const char *reservation
 }
 
 static int add_tombstone(rsv_table *t, const char *transfer_id) {
-    rsv_entry *e = alloc_entry(transfer_id, "");
+    rsv_entry *e = alloc_entry(t, transfer_id, "");
     if (!e) return ect_set_error(ECT_ENOMEM, "cancel: out of memory");
     e->why = RSV_END_PRECANCEL;
     e->ended_at = t->now;
     if (add_entry(t, e, RSV_CANCELLED, t->now + t->o.ttl_ms)) {
-        free_entry_mem(e);
+        free_entry_mem(t, e);
         return ECT_ENOMEM;
     }
     return 0;
@@ -971,6 +1000,7 @@ void rsv_close(rsv_table *t) {
     DL_FOREACH_SAFE(t->events, n, ntmp) free(n);
     ect_spares_clear(&t->spare_events);
     ect_spares_clear(&t->spare_bufs);
+    ect_spares_clear(&t->spare_entries);
     free(t);
 }
 

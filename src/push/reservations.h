@@ -284,6 +284,7 @@ typedef struct rsv_stats {
     uint64_t adopted;            /* refreshed writers' followers taken over by a new writer */
     uint64_t published_bytes;    /* bytes of published buffers (the resident cache: READY,
                                     leased and released items; allocation sizes) */
+    uint64_t allocs; /* entries, buffer records and event nodes malloc'd (the rest reused) */
 } rsv_stats;
 
 void rsv_get_stats(const rsv_table *t, rsv_stats *st);

@@ -463,20 +463,41 @@ static void jr_end(jr *r) {
 }
 
 /* "[" then n items parsed by fn, "]"; the count bounded by cap. Returns the
- * number of items or sets bad. */
+ * number of items or sets bad. The items are on the heap, or with keep in
+ * its memory (kept by the caller); each is zeroed just before fn parses it. */
 typedef bool (*jr_item_fn)(jr *r, void *arr, size_t i);
 
-static size_t jr_array(jr *r, size_t cap, size_t elem, void **out, jr_item_fn fn) {
+/* Room for `n` items of `elem` bytes in *arr (have: how many fit now). */
+static bool jr_room(char **arr, size_t *have, size_t n, size_t cap, size_t elem,
+                    wire_ctl_keep *keep) {
+    if (n < *have) return true;
+    size_t nh = *have ? *have * 2 : 32;
+    if (nh > cap) nh = cap;
+    if (nh < n + 1) nh = n + 1;
+    if (keep) {
+        if (!wire_ctl_keep_reserve(keep, nh * elem)) return false;
+        *arr = keep->mem;
+        *have = keep->cap / elem;
+        return true;
+    }
+    char *na = realloc(*arr, nh * elem);
+    if (!na) return false;
+    *arr = na;
+    *have = nh;
+    return true;
+}
+
+static size_t jr_array_kept(jr *r, size_t cap, size_t elem, void **out, jr_item_fn fn,
+                            wire_ctl_keep *keep) {
     *out = NULL;
     if (!jr_ch(r, '[')) return 0;
-    /* count first: the items are ',' separated objects; a cheap upper bound is
-     * not worth it, so grow */
     size_t n = 0, have = 0;
     char *arr = NULL;
     if (jr_peek(r, ']')) {
         r->p++;
-        *out = calloc(1, elem);
-        if (!*out) r->bad = true;
+        if (!jr_room(&arr, &have, 0, cap, elem, keep)) r->bad = true;
+        if (arr) memset(arr, 0, elem);
+        *out = arr;
         return 0;
     }
     for (;;) {
@@ -484,18 +505,11 @@ static size_t jr_array(jr *r, size_t cap, size_t elem, void **out, jr_item_fn fn
             r->bad = true;
             break;
         }
-        if (n == have) {
-            size_t nh = have ? have * 2 : 32;
-            if (nh > cap) nh = cap;
-            char *na = realloc(arr, nh * elem);
-            if (!na) {
-                r->bad = true;
-                break;
-            }
-            memset(na + have * elem, 0, (nh - have) * elem);
-            arr = na;
-            have = nh;
+        if (!jr_room(&arr, &have, n, cap, elem, keep)) {
+            r->bad = true;
+            break;
         }
+        memset(arr + n * elem, 0, elem);
         if (!fn(r, arr, n)) {
             n++; /* item n may own memory: the caller frees n items */
             r->bad = true;
@@ -511,6 +525,10 @@ static size_t jr_array(jr *r, size_t cap, size_t elem, void **out, jr_item_fn fn
     }
     *out = arr;
     return n;
+}
+
+static size_t jr_array(jr *r, size_t cap, size_t elem, void **out, jr_item_fn fn) {
+    return jr_array_kept(r, cap, elem, out, fn, NULL);
 }
 
 /* ------------------------------------------------------------ requests */
@@ -579,6 +597,11 @@ static bool rd_complete_item(jr *r, void *arr, size_t i) {
 }
 
 int wctl_fast_decode_request(const void *buf, size_t len, wire_ctl_request *out) {
+    return wctl_fast_decode_request_kept(buf, len, out, NULL);
+}
+
+int wctl_fast_decode_request_kept(const void *buf, size_t len, wire_ctl_request *out,
+                                  wire_ctl_keep *keep) {
     memset(out, 0, sizeof *out);
     if (wctl_fast_off || !buf || len > WIRE_CTL_MAX_FRAME) return WCTL_FALLBACK;
     jr r = {buf, (const unsigned char *)buf + len, false};
@@ -599,8 +622,10 @@ int wctl_fast_decode_request(const void *buf, size_t len, wire_ctl_request *out)
     void *items = NULL;
     size_t n = 0;
     if (!r.bad)
-        n = rsv ? jr_array(&r, WIRE_BATCH_MAX, sizeof(wire_reserve_item), &items, rd_reserve_item)
-                : jr_array(&r, WIRE_BATCH_MAX, sizeof(wire_complete_req), &items, rd_complete_item);
+        n = rsv ? jr_array_kept(&r, WIRE_BATCH_MAX, sizeof(wire_reserve_item), &items,
+                                rd_reserve_item, keep)
+                : jr_array_kept(&r, WIRE_BATCH_MAX, sizeof(wire_complete_req), &items,
+                                rd_complete_item, keep);
     uint64_t shm_id = 0;
     if (rsv && jr_peek(&r, ',')) { /* our producer's extension: exactly as it writes it */
         const char *h;
@@ -612,7 +637,7 @@ int wctl_fast_decode_request(const void *buf, size_t len, wire_ctl_request *out)
     jr_ch(&r, '}');
     jr_end(&r);
     if (r.bad) {
-        free(items);
+        if (!keep) free(items);
         return WCTL_FALLBACK;
     }
     if (rsv) {

@@ -157,6 +157,26 @@ int wire_ctl_encode_request(const wire_ctl_request *req, char **out);
 int wire_ctl_decode_request(const void *buf, size_t len, wire_ctl_request *out);
 void wire_ctl_request_clear(wire_ctl_request *req);
 
+/* Memory a server keeps from one request (or reply) to the next for a
+ * batch's items: a shard decoding reserve_batch after reserve_batch then
+ * allocates (and zeroes fresh pages for) no item array per request. Starts
+ * zeroed; wire_ctl_keep_free frees it. */
+typedef struct wire_ctl_keep {
+    void *mem;
+    size_t cap; /* bytes */
+} wire_ctl_keep;
+
+/* Room for at least `bytes` (the contents are not kept); false out of memory. */
+bool wire_ctl_keep_reserve(wire_ctl_keep *k, size_t bytes);
+void wire_ctl_keep_free(wire_ctl_keep *k);
+
+/* wire_ctl_decode_request with a batch's items in keep's memory (when the
+ * fast path decodes it; NULL keep: on the heap). Such a request is cleared
+ * by wire_ctl_request_clear_kept, which leaves keep's memory alone. */
+int wire_ctl_decode_request_kept(const void *buf, size_t len, wire_ctl_request *out,
+                                 wire_ctl_keep *keep);
+void wire_ctl_request_clear_kept(wire_ctl_request *req, const wire_ctl_keep *keep);
+
 /* The reply a server sends for a request that failed wire_ctl_decode_request
  * with `rc`: WIRE_CTL_MALFORMED for ECT_EPROTO, else the error text
  * ect_last_error() holds. Call it right after the failed decode. */
@@ -255,6 +275,9 @@ int wire_ctl_encode_error(const char *text, char **out);
 int wire_ctl_decode_reply(wire_ctl_op op, size_t expect_items, const void *buf, size_t len,
                           wire_ctl_reply *out);
 void wire_ctl_reply_clear(wire_ctl_reply *rep);
+/* wire_ctl_reply_clear of a reply whose batch items lie in keep's memory
+ * (a server's reply_items): their strings are freed, the array is not. */
+void wire_ctl_reply_clear_kept(wire_ctl_reply *rep, const wire_ctl_keep *keep);
 
 /* --------------------------------------------------------------- events */
 
@@ -329,6 +352,8 @@ int wctl_fast_encode_request(const wire_ctl_request *req, char **out);
 int wctl_fast_encode_reply(const wire_ctl_reply *rep, char **out);
 int wctl_fast_encode_event(const wire_event *ev, char **out);
 int wctl_fast_decode_request(const void *buf, size_t len, wire_ctl_request *out);
+int wctl_fast_decode_request_kept(const void *buf, size_t len, wire_ctl_request *out,
+                                  wire_ctl_keep *keep);
 int wctl_fast_decode_reply(wire_ctl_op op, size_t expect, const void *buf, size_t len,
                            wire_ctl_reply *out);
 int wctl_fast_decode_event(const void *buf, size_t len, wire_event *out);

@@ -19,6 +19,28 @@ static void reserve_result_clear(wire_reserve_result *r) {
     memset(r, 0, sizeof *r);
 }
 
+/* Frees what a reserve_batch's outcomes own (not the array). */
+static void outcomes_clear(wire_reserve_outcome *items, size_t n) {
+    for (size_t i = 0; items && i < n; i++) {
+        free(items[i].error);
+        items[i].error = NULL;
+        reserve_result_clear(&items[i].result);
+    }
+}
+
+void wire_ctl_reply_clear_kept(wire_ctl_reply *rep, const wire_ctl_keep *keep) {
+    if (!rep) return;
+    if (keep && rep->ok && rep->op == WIRE_OP_RESERVE_BATCH &&
+        (void *)rep->u.reserve_batch.items == keep->mem) {
+        outcomes_clear(rep->u.reserve_batch.items, rep->u.reserve_batch.n);
+        rep->u.reserve_batch.items = NULL;
+    }
+    if (keep && rep->ok && rep->op == WIRE_OP_COMPLETE_BATCH &&
+        (void *)rep->u.complete_batch.items == keep->mem)
+        rep->u.complete_batch.items = NULL;
+    wire_ctl_reply_clear(rep);
+}
+
 void wire_ctl_reply_clear(wire_ctl_reply *rep) {
     if (!rep) return;
     free(rep->error);
@@ -26,10 +48,7 @@ void wire_ctl_reply_clear(wire_ctl_reply *rep) {
         switch (rep->op) {
         case WIRE_OP_RESERVE: reserve_result_clear(&rep->u.reserve); break;
         case WIRE_OP_RESERVE_BATCH:
-            for (size_t i = 0; rep->u.reserve_batch.items && i < rep->u.reserve_batch.n; i++) {
-                free(rep->u.reserve_batch.items[i].error);
-                reserve_result_clear(&rep->u.reserve_batch.items[i].result);
-            }
+            outcomes_clear(rep->u.reserve_batch.items, rep->u.reserve_batch.n);
             free(rep->u.reserve_batch.items);
             break;
         case WIRE_OP_PEERS: free(rep->u.peers.ports); break;

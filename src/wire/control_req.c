@@ -22,11 +22,32 @@
 /* Longest op name we send. */
 #define OP_NAME_MAX 16
 
-void wire_ctl_request_clear(wire_ctl_request *req) {
+void wire_ctl_request_clear_kept(wire_ctl_request *req, const wire_ctl_keep *keep) {
     if (!req) return;
-    if (req->op == WIRE_OP_RESERVE_BATCH) free(req->u.reserve_batch.items);
-    if (req->op == WIRE_OP_COMPLETE_BATCH) free(req->u.complete_batch.items);
+    void *items = req->op == WIRE_OP_RESERVE_BATCH    ? (void *)req->u.reserve_batch.items
+                  : req->op == WIRE_OP_COMPLETE_BATCH ? (void *)req->u.complete_batch.items
+                                                      : NULL;
+    if (!keep || items != keep->mem) free(items);
     memset(req, 0, sizeof *req);
+}
+
+void wire_ctl_request_clear(wire_ctl_request *req) { wire_ctl_request_clear_kept(req, NULL); }
+
+bool wire_ctl_keep_reserve(wire_ctl_keep *k, size_t bytes) {
+    if (k->cap >= bytes) return true;
+    size_t cap = k->cap ? k->cap : 4096;
+    while (cap < bytes) cap *= 2;
+    void *m = realloc(k->mem, cap);
+    if (!m) return false;
+    k->mem = m;
+    k->cap = cap;
+    return true;
+}
+
+void wire_ctl_keep_free(wire_ctl_keep *k) {
+    free(k->mem);
+    k->mem = NULL;
+    k->cap = 0;
 }
 
 /* ------------------------------------------------------------ encoding */
@@ -353,7 +374,12 @@ static int decode_body(const json_t *root, wire_ctl_request *out) {
 }
 
 int wire_ctl_decode_request(const void *buf, size_t len, wire_ctl_request *out) {
-    int rc = wctl_fast_decode_request(buf, len, out);
+    return wire_ctl_decode_request_kept(buf, len, out, NULL);
+}
+
+int wire_ctl_decode_request_kept(const void *buf, size_t len, wire_ctl_request *out,
+                                 wire_ctl_keep *keep) {
+    int rc = wctl_fast_decode_request_kept(buf, len, out, keep);
     if (rc != WCTL_FALLBACK) return rc;
     memset(out, 0, sizeof *out);
     json_t *root;

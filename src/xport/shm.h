@@ -40,6 +40,8 @@ typedef struct shm_impl {
     pthread_mutex_t smu; /* guards segs and slot_state (target side) */
     shm_seg *segs;
     uint64_t slot_state[SHM_SLOTS]; /* master copy of every segment's states */
+    int slot_next; /* [smu] where the search for a free slot starts (after the last taken) */
+    uint64_t drop_walks; /* drop lists made by a walk of every region (atomic) */
     xp_conncache cache;             /* the initiator's connections */
     /* initiator: BEGINs sent and OFFERs applied (tests, benchmarks) */
     uint64_t begins, offers; /* __atomic builtins */
@@ -83,6 +85,9 @@ void shm_target_unreg(ect_xport *x, xp_region *r);
 /* Offers windows keys[0..n) to the one live connection whose initiator sent
  * ID `id` (backend offer op, xport.h); never blocks. */
 int shm_target_offer(ect_xport *x, uint64_t id, const char *const *keys, size_t n);
+/* Drop lists this target made by a walk of every region (a connection more
+ * than XP_GONE_LOG regions behind); the rest read only what went since. */
+uint64_t shm_target_drop_walks(ect_xport *x);
 
 /* ---- shm_initiator.c */
 /* A dropped window's mapping is parked PROT_NONE for a later window on its

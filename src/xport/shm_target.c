@@ -49,7 +49,8 @@ typedef struct sent_file {
 
 /* What this connection's initiator was given. */
 struct conn_sent {
-    sent_ids ids;     /* regions granted and not yet dropped */
+    sent_ids ids;     /* regions granted and not yet dropped, sorted */
+    uint64_t gone_seen; /* the regions' gone log read up to here (take_drops) */
     sent_file *files; /* memory files held (files capability only) */
     size_t nfiles, capfiles;
     uint32_t next_file; /* the last file number handed out */
@@ -62,6 +63,7 @@ typedef struct conn_sent conn_sent;
 typedef struct sent_copy {
     uint64_t *ids;
     size_t nids;
+    uint64_t gone_seen;
     sent_file *files;
     size_t nfiles;
     uint32_t next_file;
@@ -83,6 +85,7 @@ static bool sent_save(const conn_sent *cs, sent_copy *k) {
     if (cs->ids.n) memcpy(k->ids, cs->ids.v, cs->ids.n * sizeof *k->ids);
     if (cs->nfiles) memcpy(k->files, cs->files, cs->nfiles * sizeof *k->files);
     k->nids = cs->ids.n;
+    k->gone_seen = cs->gone_seen;
     k->nfiles = cs->nfiles;
     k->next_file = cs->next_file;
     return true;
@@ -92,18 +95,33 @@ static bool sent_save(const conn_sent *cs, sent_copy *k) {
 static void sent_restore(conn_sent *cs, sent_copy *k) {
     if (k->nids) memcpy(cs->ids.v, k->ids, k->nids * sizeof *k->ids);
     cs->ids.n = k->nids;
+    cs->gone_seen = k->gone_seen; /* the drops read since are listed again */
     if (k->nfiles) memcpy(cs->files, k->files, k->nfiles * sizeof *k->files);
     cs->nfiles = k->nfiles;
     cs->next_file = k->next_file;
     sent_free(k);
 }
 
-static bool sent_has(const sent_ids *s, uint64_t id) {
-    for (size_t i = 0; i < s->n; i++)
-        if (s->v[i] == id) return true;
-    return false;
+/* Where id is in the sorted set, or would go. */
+static size_t sent_pos(const sent_ids *s, uint64_t id) {
+    size_t lo = 0, hi = s->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (s->v[mid] < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
 }
 
+static bool sent_has(const sent_ids *s, uint64_t id) {
+    size_t i = sent_pos(s, id);
+    return i < s->n && s->v[i] == id;
+}
+
+/* Adds id (not in the set). Ids grow with each region and window opened,
+ * so this is an append as a rule. */
 static bool sent_add(sent_ids *s, uint64_t id) {
     if (s->n == s->cap) {
         size_t nc = s->cap ? 2 * s->cap : 16;
@@ -112,7 +130,19 @@ static bool sent_add(sent_ids *s, uint64_t id) {
         s->v = nv;
         s->cap = nc;
     }
-    s->v[s->n++] = id;
+    size_t i = sent_pos(s, id);
+    memmove(&s->v[i + 1], &s->v[i], (s->n - i) * sizeof *s->v);
+    s->v[i] = id;
+    s->n++;
+    return true;
+}
+
+/* Takes id out of the set; false when it was not there. */
+static bool sent_del(sent_ids *s, uint64_t id) {
+    size_t i = sent_pos(s, id);
+    if (i >= s->n || s->v[i] != id) return false;
+    memmove(&s->v[i], &s->v[i + 1], (s->n - i - 1) * sizeof *s->v);
+    s->n--;
     return true;
 }
 
@@ -144,9 +174,10 @@ static int cmp_u64(const void *a, const void *b) {
 }
 
 /* The ids of every registered region and open window, sorted (one pass
- * under the lock, so a GRANT's drop list costs O(n log n), not
- * O(sent x regions)). NULL with *n = 0 when empty or out of memory. */
-static uint64_t *alive_ids(xp_regions *t, size_t *n) {
+ * under the lock, so a walk's drop list costs O(n log n), not
+ * O(sent x regions)), and the gone log's count as of that pass in *seq.
+ * NULL with *n = 0 when empty or out of memory. */
+static uint64_t *alive_ids(xp_regions *t, size_t *n, uint64_t *seq) {
     xp_region *r, *tmp;
     pthread_mutex_lock(&t->mu);
     size_t cnt = HASH_COUNT(t->by_token), k = 0;
@@ -154,6 +185,7 @@ static uint64_t *alive_ids(xp_regions *t, size_t *n) {
     if (v) {
         HASH_ITER(hh, t->by_token, r, tmp) v[k++] = r->id;
     }
+    *seq = t->gone_seq;
     pthread_mutex_unlock(&t->mu);
     if (v) qsort(v, k, sizeof *v, cmp_u64);
     *n = k;
@@ -218,24 +250,54 @@ static void attach(conn_sent *cs, const xp_region *r, shm_grant_entry *e, uint8_
     e->flags = SHM_GF_FD;
 }
 
-/* Lists (in drops, at most SHM_MAX_DROP) what this connection's initiator
- * was given that is gone (regions to unmap, pools' files to close) and
- * forgets it. Returns the count. */
-static uint32_t take_drops(ect_xport *x, conn_sent *cs, uint64_t *drops) {
+/* A drop for gone region `id`, when this connection was given it: the
+ * region to unmap, or the pool's memory file to close. Returns the count
+ * listed (0 or 1). */
+static uint32_t drop_if_sent(conn_sent *cs, uint64_t id, uint64_t *drop) {
+    if (sent_del(&cs->ids, id)) {
+        *drop = id;
+        return 1;
+    }
+    for (size_t i = 0; i < cs->nfiles; i++)
+        if (cs->files[i].pool_id == id) {
+            *drop = SHM_DROP_FILE | cs->files[i].num;
+            cs->files[i] = cs->files[--cs->nfiles];
+            return 1;
+        }
+    return 0;
+}
+
+/* take_drops from the regions' gone log: the ids gone since this
+ * connection last read it, each looked up in its sets (O(gone x log sent),
+ * not a walk of every region open). False, nothing read, when it fell more
+ * than XP_GONE_LOG behind. */
+static bool drops_from_log(xp_regions *t, conn_sent *cs, uint64_t *drops, uint32_t *ndrop) {
+    pthread_mutex_lock(&t->mu);
+    bool fits = t->gone_seq - cs->gone_seen <= XP_GONE_LOG;
+    for (; fits && cs->gone_seen < t->gone_seq && *ndrop < SHM_MAX_DROP; cs->gone_seen++)
+        *ndrop += drop_if_sent(cs, t->gone[cs->gone_seen % XP_GONE_LOG], &drops[*ndrop]);
+    pthread_mutex_unlock(&t->mu);
+    return fits;
+}
+
+/* take_drops by a walk of every region alive: what was given and is not
+ * among them. The log counts as read once the walk listed every drop. */
+static uint32_t drops_from_walk(xp_regions *t, conn_sent *cs, uint64_t *drops) {
     sent_ids *sent = &cs->ids;
     uint32_t ndrop = 0;
-    size_t nalive = 0;
-    uint64_t *alive = sent->n || cs->nfiles ? alive_ids(&x->regs, &nalive) : NULL;
+    size_t nalive = 0, keep = 0;
+    uint64_t seq;
+    uint64_t *alive = alive_ids(t, &nalive, &seq);
     /* (Out of memory: nothing counts as alive, so the peer unmaps what it was
      * given and is granted it again on its next write: slower, still safe.) */
-    for (size_t i = 0; i < sent->n && ndrop < SHM_MAX_DROP;) {
-        if (alive && bsearch(&sent->v[i], alive, nalive, sizeof *alive, cmp_u64)) {
-            i++;
-            continue;
-        }
-        drops[ndrop++] = sent->v[i];
-        sent->v[i] = sent->v[--sent->n];
+    for (size_t i = 0; i < sent->n; i++) { /* in order: the set stays sorted */
+        bool live = alive && bsearch(&sent->v[i], alive, nalive, sizeof *alive, cmp_u64);
+        if (live || ndrop == SHM_MAX_DROP)
+            sent->v[keep++] = sent->v[i];
+        else
+            drops[ndrop++] = sent->v[i];
     }
+    sent->n = keep;
     for (size_t i = 0; i < cs->nfiles && ndrop < SHM_MAX_DROP;) {
         if (alive && bsearch(&cs->files[i].pool_id, alive, nalive, sizeof *alive, cmp_u64)) {
             i++;
@@ -245,7 +307,18 @@ static uint32_t take_drops(ect_xport *x, conn_sent *cs, uint64_t *drops) {
         cs->files[i] = cs->files[--cs->nfiles];
     }
     free(alive);
+    if (ndrop < SHM_MAX_DROP) cs->gone_seen = seq; /* every drop listed */
     return ndrop;
+}
+
+/* Lists (in drops, at most SHM_MAX_DROP) what this connection's initiator
+ * was given that is gone (regions to unmap, pools' files to close) and
+ * forgets it. Returns the count. */
+static uint32_t take_drops(ect_xport *x, conn_sent *cs, uint64_t *drops) {
+    uint32_t ndrop = 0;
+    if (drops_from_log(&x->regs, cs, drops, &ndrop)) return ndrop;
+    __atomic_fetch_add(&((shm_impl *)x->impl)->drop_walks, 1, __ATOMIC_RELAXED);
+    return drops_from_walk(&x->regs, cs, drops);
 }
 
 /* Grants one BEGIN of n entries (in `in`) into `out`: takes a reference on
@@ -488,6 +561,10 @@ int shm_target_offer(ect_xport *x, uint64_t id, const char *const *keys, size_t 
     return rc;
 }
 
+uint64_t shm_target_drop_walks(ect_xport *x) {
+    return __atomic_load_n(&((shm_impl *)x->impl)->drop_walks, __ATOMIC_RELAXED);
+}
+
 /* A region gets a slot; every connection's segment shows it registered. A
  * CUDA region also gets its IPC handle, handed to peers in the GRANT. */
 int shm_target_reg(ect_xport *x, xp_region *r) {
@@ -499,8 +576,12 @@ int shm_target_reg(ect_xport *x, xp_region *r) {
     int slot = -1;
     pthread_mutex_lock(&s->smu);
     /* A free slot: no region, and no copy of a closed window's still in
-     * progress in any connection's segment (window close does not wait). */
-    for (int i = 0; i < SHM_SLOTS && slot < 0; i++) {
+     * progress in any connection's segment (window close does not wait).
+     * Next fit, from after the slot taken last: windows close about in the
+     * order they opened, so the next slot is free as a rule and a window
+     * costs one probe, not a scan past every window open. */
+    for (int k = 0; k < SHM_SLOTS && slot < 0; k++) {
+        int i = (s->slot_next + k) % SHM_SLOTS;
         if (s->slot_state[i] != 0) continue;
         bool users = false;
         for (shm_seg *g = s->segs; g && !users; g = g->next)
@@ -508,6 +589,7 @@ int shm_target_reg(ect_xport *x, xp_region *r) {
         if (!users) slot = i;
     }
     if (slot >= 0) {
+        s->slot_next = (slot + 1) % SHM_SLOTS;
         s->slot_state[slot] = (r->id << 1) | 1;
         for (shm_seg *g = s->segs; g; g = g->next)
             __atomic_store_n(&g->slots[slot].state, s->slot_state[slot], __ATOMIC_SEQ_CST);

@@ -121,6 +121,7 @@ int ect_xport_open(const char *kind, const ect_xport_opts *opts, ect_xport **out
     pthread_cond_init(&x->regs.cv, NULL);
     x->regs.next_id = 1;
     x->regs.owner = x;
+    x->regs.spare_wins = ECT_SPARES_INIT(xp_region, next_dead, XP_SPARE_WINDOWS);
     rc = be->open(x);
     if (rc) {
         pthread_mutex_destroy(&x->regs.mu);
@@ -300,12 +301,50 @@ int ect_xport_register_mem(ect_xport *x, void *addr, uint64_t len, int mem_kind,
 
 int xp_window_close(ect_xport *x, const char *key);
 
-static void region_free(ect_xport *x, xp_region *r) {
+/* Takes r out of the table by token and logs its id as gone. regs.mu held. */
+static void region_unlink(xp_regions *t, xp_region *r) {
+    HASH_DEL(t->by_token, r);
+    t->gone[t->gone_seq++ % XP_GONE_LOG] = r->id;
+}
+
+/* Releases what r holds but its entry: the back end's state, its key, and
+ * for a region its window index and its fd (a window borrows its region's). */
+static void region_undo(ect_xport *x, xp_region *r) {
     if (x->be->unreg) x->be->unreg(x, r);
     free(r->wins); /* a region's window index (its windows are gone or going) */
-    if (r->fd >= 0 && !r->parent) close(r->fd); /* a window borrows its region's fd */
+    if (r->fd >= 0 && !r->parent) close(r->fd);
     region_key_free(r);
+}
+
+static void region_free(ect_xport *x, xp_region *r) {
+    region_undo(x, r);
     free(r);
+}
+
+/* Frees the closed windows on the list `ws` (linked by next_dead, nothing
+ * references them): undone outside the lock, their entries then kept as
+ * spares for the next opens under one lock. */
+static void windows_free(ect_xport *x, xp_region *ws) {
+    for (xp_region *w = ws; w; w = w->next_dead) region_undo(x, w);
+    pthread_mutex_lock(&x->regs.mu);
+    while (ws) {
+        xp_region *w = ws;
+        ws = w->next_dead;
+        ect_spares_put(&x->regs.spare_wins, w);
+    }
+    pthread_mutex_unlock(&x->regs.mu);
+}
+
+/* A zeroed window entry: a closed window's, else a new one (NULL out of
+ * memory). regs.mu held. */
+static xp_region *window_entry(xp_regions *t) {
+    xp_region *w = ect_spares_get(&t->spare_wins);
+    if (w) {
+        memset(w, 0, sizeof *w);
+        return w;
+    }
+    if ((w = calloc(1, sizeof *w))) t->windows_allocated++;
+    return w;
 }
 
 int ect_xport_unregister(ect_xport *x, const char *key) {
@@ -323,12 +362,12 @@ int ect_xport_unregister(ect_xport *x, const char *key) {
         pthread_mutex_unlock(&x->regs.mu);
         return xp_window_close(x, key);
     }
-    HASH_DEL(x->regs.by_token, hit);
+    region_unlink(&x->regs, hit);
     /* Its windows go with it (each waited for like the region). */
     xp_region *wins = NULL;
     HASH_ITER(hh, x->regs.by_token, r, tmp) {
         if (r->parent == hit) {
-            HASH_DEL(x->regs.by_token, r);
+            region_unlink(&x->regs, r);
             r->next_dead = wins;
             wins = r;
         }
@@ -367,6 +406,13 @@ static void refused_note(xp_regions *t, int rc) {
         t->refused_logged = t->refused;
         t->refused_log_ms = now;
     }
+}
+
+uint64_t xp_windows_allocated(ect_xport *x) {
+    pthread_mutex_lock(&x->regs.mu);
+    uint64_t n = x->regs.windows_allocated;
+    pthread_mutex_unlock(&x->regs.mu);
+    return n;
 }
 
 uint64_t xp_refused(ect_xport *x) {
@@ -458,10 +504,13 @@ int xp_window_open(ect_xport *x, const char *region_key, uint64_t offset, uint64
         return ect_set_error(ECT_EINVAL, "x, region_key and key must not be NULL");
     key[0] = '\0';
     if (len == 0) return ect_set_error(ECT_EINVAL, "window len must be at least 1");
-    xp_region *w = calloc(1, sizeof *w);
-    if (!w) return ect_set_error(ECT_ENOMEM, "window");
-    w->fd = -1;
     pthread_mutex_lock(&x->regs.mu);
+    xp_region *w = window_entry(&x->regs);
+    if (!w) {
+        pthread_mutex_unlock(&x->regs.mu);
+        return ect_set_error(ECT_ENOMEM, "window");
+    }
+    w->fd = -1;
     xp_region *p = find_key(&x->regs, region_key), *found;
     int rc = 0;
     uint64_t end;
@@ -504,7 +553,9 @@ int xp_window_open(ect_xport *x, const char *region_key, uint64_t offset, uint64
     }
     if (rc) {
         region_key_free(w);
-        free(w);
+        pthread_mutex_lock(&x->regs.mu);
+        ect_spares_put(&x->regs.spare_wins, w);
+        pthread_mutex_unlock(&x->regs.mu);
         return rc;
     }
     pthread_mutex_lock(&x->regs.mu);
@@ -520,7 +571,7 @@ int xp_window_open(ect_xport *x, const char *region_key, uint64_t offset, uint64
 static xp_region *window_take(ect_xport *x, const char *key, bool *now) {
     xp_region *w = find_key(&x->regs, key);
     if (!w || !w->parent) return NULL;
-    HASH_DEL(x->regs.by_token, w);
+    region_unlink(&x->regs, w);
     wins_remove(w);
     *now = w->refs == 0;
     if (!*now) {
@@ -538,7 +589,10 @@ int xp_window_close(ect_xport *x, const char *key) {
     xp_region *w = window_take(x, key, &now);
     pthread_mutex_unlock(&x->regs.mu);
     if (!w) return ect_set_error(ECT_ENOTFOUND, "no open window has key '%.40s'", key);
-    if (now) region_free(x, w);
+    if (now) {
+        w->next_dead = NULL;
+        windows_free(x, w);
+    }
     return 0;
 }
 
@@ -558,11 +612,7 @@ size_t xp_window_close_many(ect_xport *x, const char *const *keys, size_t n) {
         }
     }
     pthread_mutex_unlock(&x->regs.mu);
-    while (to_free) {
-        xp_region *w = to_free;
-        to_free = w->next_dead;
-        region_free(x, w);
-    }
+    if (to_free) windows_free(x, to_free);
     if (missing) ect_set_error(ECT_ENOTFOUND, "%zu of %zu keys named no open window", missing, n);
     return missing;
 }
@@ -631,7 +681,10 @@ void xp_region_release(xp_regions *t, xp_region *r) {
         }
     }
     pthread_mutex_unlock(&t->mu);
-    if (free_it) region_free(t->owner, r);
+    if (free_it) { /* a dead window */
+        r->next_dead = NULL;
+        windows_free(t->owner, r);
+    }
 }
 
 bool xp_range_busy(ect_xport *x, const void *addr, uint64_t len) {
@@ -788,6 +841,7 @@ void ect_xport_close(ect_xport *x) {
         region_free(x, r);
     }
     if (x->be->destroy) x->be->destroy(x);
+    ect_spares_clear(&x->regs.spare_wins);
     pthread_mutex_destroy(&x->regs.mu);
     pthread_cond_destroy(&x->regs.cv);
     ect_keys_free(x->keys);

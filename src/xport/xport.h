@@ -18,6 +18,7 @@
 
 #include "ect_config.h"
 #include "ectransfer.h"
+#include "util/spares.h"
 
 struct xp_win_ref {
     uint64_t addr, end;  /* [addr, end) in the target's address space */
@@ -55,6 +56,11 @@ typedef struct xp_region {
     UT_hash_handle hh; /* by token */
 } xp_region;
 
+/* Closed windows' entries kept for reuse (xp_regions.spare_wins). */
+#define XP_SPARE_WINDOWS 1024
+/* Ids of regions gone kept for the shm target's drops (xp_regions.gone). */
+#define XP_GONE_LOG 4096
+
 typedef struct xp_regions {
     pthread_mutex_t mu; /* guards the table and refs; never held across I/O */
     pthread_cond_t cv;  /* signalled when a region's refs drop to 0 */
@@ -65,6 +71,18 @@ typedef struct xp_regions {
     uint64_t refused;        /* writes refused (wrong key, range, dead window) */
     uint64_t refused_logged; /* refused as of the last log line */
     uint64_t refused_log_ms; /* when that line went out */
+    /* Closed windows' entries kept for the next opens (a window per item
+     * then costs no calloc): at most XP_SPARE_WINDOWS, and never more than
+     * were open at once. windows_allocated counts the entries calloc'd. */
+    ect_spares spare_wins; /* linked through next_dead */
+    uint64_t windows_allocated;
+    /* The ids of the last XP_GONE_LOG regions and windows taken out of
+     * by_token, the k-th (from 0) at gone[k % XP_GONE_LOG]; gone_seq counts
+     * them. A reader that kept its place asks only what went since (the shm
+     * target's drops: per GRANT or OFFER, the windows closed since, not a
+     * walk of every region open); one that fell further behind walks. */
+    uint64_t gone[XP_GONE_LOG];
+    uint64_t gone_seq;
 } xp_regions;
 
 typedef struct xp_backend xp_backend;
@@ -195,6 +213,8 @@ size_t xp_window_close_many(ect_xport *x, const char *const *keys, size_t n);
 int xp_region_set_private(ect_xport *x, const char *region_key);
 /* Writes refused by this target since it opened. Thread-safe. */
 uint64_t xp_refused(ect_xport *x);
+/* Window entries calloc'd so far (the rest were closed windows' reused). */
+uint64_t xp_windows_allocated(ect_xport *x);
 /* Parses a 16-hex-digit tcp/shm key; ECT_EINVAL with "dst_key" otherwise. */
 int xp_key_parse(const char *s, uint64_t *token);
 

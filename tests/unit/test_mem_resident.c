@@ -400,6 +400,41 @@ static void test_owner_keeps_memory(void **state) {
     resident_destroy(c);
 }
 
+/* Entries are reused: rounds of 256 items put and removed (a shard with 8
+ * steps of 32 items resident) allocate 256 entries in all, and each round's
+ * items read back as put. */
+#define REUSE_ITEMS 256
+static void test_entries_reused(void **state) {
+    (void)state;
+    resident_cache *c;
+    assert_int_equal(resident_create(NULL, &c), 0);
+    for (int round = 0; round < 3; round++) {
+        char h[32];
+        for (int i = 0; i < REUSE_ITEMS; i++) {
+            snprintf(h, sizeof h, "r%d-%d", round, i);
+            uint64_t shape[1] = {(uint64_t)i + 1};
+            assert_int_equal(
+                resident_put(c, h, (uint64_t)i * 100, (uint64_t)i + 1, shape, 1, "uint8", false),
+                0);
+        }
+        for (int i = 0; i < REUSE_ITEMS; i++) {
+            snprintf(h, sizeof h, "r%d-%d", round, i);
+            ect_resident_info info;
+            assert_int_equal(resident_peek(c, h, &info), 0);
+            assert_int_equal(info.offset, (uint64_t)i * 100);
+            assert_int_equal(info.nbytes, (uint64_t)i + 1);
+            assert_int_equal(info.leases, 0);
+            assert_string_equal(info.dtype, "uint8");
+            assert_int_equal(resident_remove(c, h), 0);
+        }
+        resident_stats st;
+        resident_get_stats(c, &st);
+        assert_int_equal(st.count, 0);
+        assert_int_equal(st.allocated, REUSE_ITEMS);
+    }
+    resident_destroy(c);
+}
+
 /* A producer thread keeps writing items into a small pool (so reclaim runs
  * all the time) while a reader thread leases recent items and checks their
  * bytes: a lease must keep an item's memory from being reclaimed and reused. */
@@ -498,6 +533,7 @@ int main(void) {
         cmocka_unit_test(test_resident_internal),
         cmocka_unit_test(test_writer_veto),
         cmocka_unit_test(test_owner_keeps_memory),
+        cmocka_unit_test(test_entries_reused),
         cmocka_unit_test(test_threads_lease_protects_from_reclaim),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -5,6 +5,7 @@
  * client timeouts with discard-and-reconnect, the peers cache, and the
  * pool's used bytes back at zero after every scenario.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include "ctl_req.h"
 #include "push/control_server.h"
 #include "util/util.h"
+#include "wire/control_msg.h"
 
 #define CAP (8u << 20)
 
@@ -564,6 +566,95 @@ static void test_refusals_reasons_and_transport(void **state) {
     fx_close(&f);
 }
 
+/* ctl_server_handle is thread-safe with the kept batch memory: two threads
+ * handling reserve_batch and complete_batch of 32 items at once on one
+ * detached shard each get their own items back (every reserve granted with
+ * its own reservation id, every complete completing it), whichever of them
+ * holds the kept arrays. */
+#define CONC_N 32
+#define CONC_ROUNDS 8
+typedef struct conc_arg {
+    ctl_server *s;
+    int who, bad;
+} conc_arg;
+
+static void conc_round(conc_arg *a, int round) {
+    static __thread char frame[16384];
+    char rid[CONC_N][WIRE_ID_MAX + 1];
+    size_t at = (size_t)snprintf(frame, sizeof frame, "{\"op\":\"reserve_batch\",\"items\":[");
+    for (int i = 0; i < CONC_N; i++)
+        at += (size_t)snprintf(frame + at, sizeof frame - at,
+                               "%s{\"transfer_id\":\"c%d-%d-%d\",\"mm_hash\":\"m%d-%d-%d\","
+                               "\"nbytes\":8,\"shape\":[4],\"dtype\":\"bfloat16\"}",
+                               i ? "," : "", a->who, round, i, a->who, round, i);
+    snprintf(frame + at, sizeof frame - at, "]}");
+    char *text = NULL;
+    wire_ctl_reply rep;
+    if (ctl_server_handle(a->s, frame, strlen(frame), 0, &text) ||
+        wire_ctl_decode_reply(WIRE_OP_RESERVE_BATCH, CONC_N, text, strlen(text), &rep)) {
+        a->bad++;
+        free(text);
+        return;
+    }
+    free(text);
+    for (int i = 0; i < CONC_N; i++) {
+        const wire_reserve_outcome *o = &rep.u.reserve_batch.items[i];
+        if (!rep.ok || rep.u.reserve_batch.n != CONC_N || !o->ok || !o->result.write) a->bad++;
+        snprintf(rid[i], sizeof rid[i], "%s", o->ok ? o->result.reservation_id : "");
+    }
+    wire_ctl_reply_clear(&rep);
+    at = (size_t)snprintf(frame, sizeof frame, "{\"op\":\"complete_batch\",\"items\":[");
+    for (int i = 0; i < CONC_N; i++)
+        at += (size_t)snprintf(frame + at, sizeof frame - at,
+                               "%s{\"transfer_id\":\"c%d-%d-%d\",\"reservation_id\":\"%s\"}",
+                               i ? "," : "", a->who, round, i, rid[i]);
+    snprintf(frame + at, sizeof frame - at, "]}");
+    if (ctl_server_handle(a->s, frame, strlen(frame), 0, &text) ||
+        wire_ctl_decode_reply(WIRE_OP_COMPLETE_BATCH, CONC_N, text, strlen(text), &rep)) {
+        a->bad++;
+        free(text);
+        return;
+    }
+    free(text);
+    for (int i = 0; i < CONC_N; i++)
+        if (!rep.ok || !rep.u.complete_batch.items[i].completed ||
+            !rep.u.complete_batch.items[i].became_ready)
+            a->bad++;
+    wire_ctl_reply_clear(&rep);
+}
+
+static void *conc_main(void *arg) {
+    conc_arg *a = arg;
+    for (int r = 0; r < CONC_ROUNDS; r++) conc_round(a, r);
+    return NULL;
+}
+
+static void test_handle_concurrent_batches(void **state) {
+    (void)state;
+    fx f;
+    fx_open(&f, 0, 5000);
+    ctl_server_close(f.srv);
+    ctl_server_opts o;
+    ctl_server_opts_init(&o);
+    o.rsv.mem = &rsv_pool_ops;
+    o.rsv.mem_ctx = f.pool;
+    o.dst_session = "x:1";
+    o.transport = "tcp";
+    o.detached = true;
+    assert_int_equal(ctl_server_open(NULL, &o, &f.srv), 0);
+    conc_arg a[2] = {{f.srv, 0, 0}, {f.srv, 1, 0}};
+    pthread_t t[2];
+    for (int k = 0; k < 2; k++) assert_int_equal(pthread_create(&t[k], NULL, conc_main, &a[k]), 0);
+    for (int k = 0; k < 2; k++) pthread_join(t[k], NULL);
+    assert_int_equal(a[0].bad, 0);
+    assert_int_equal(a[1].bad, 0);
+    assert_int_equal(ctl_server_check(f.srv), 0);
+    rsv_stats st;
+    ctl_server_stats(f.srv, &st);
+    assert_int_equal(st.live, 2 * CONC_N * CONC_ROUNDS); /* all READY */
+    fx_close(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reserve_complete_event),
@@ -573,6 +664,7 @@ int main(void) {
         cmocka_unit_test(test_event_backlog),
         cmocka_unit_test(test_bind_timeout_reconnect),
         cmocka_unit_test(test_peers_tp),
+        cmocka_unit_test(test_handle_concurrent_batches),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

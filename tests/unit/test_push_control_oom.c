@@ -16,6 +16,7 @@
 
 #include "testutil.h"
 #include "push/control_server.h"
+#include "wire/control_msg.h"
 
 #include "oom_inject.h"
 
@@ -140,10 +141,83 @@ static void test_handler_oom_empty_table(void **state) {
     run_frames(0);
 }
 
+/* The shard's kept batch memory (wire_ctl_keep): once a reserve_batch or
+ * complete_batch of 32 items was decoded into it, the next decodes into it
+ * allocate nothing at all (every allocation fails, the decode still
+ * succeeds and reads back), where a plain decode fails; a reply's items in
+ * kept memory lose their strings at clear, not the array. */
+#define KEPT_N 32
+static void batch_frame(char *out, size_t cap, bool reserve) {
+    size_t at = (size_t)snprintf(out, cap, "{\"op\":\"%s\",\"items\":[",
+                                 reserve ? "reserve_batch" : "complete_batch");
+    for (int i = 0; i < KEPT_N; i++)
+        at += (size_t)snprintf(out + at, cap - at,
+                               reserve ? "%s{\"transfer_id\":\"t%d\",\"mm_hash\":\"h%d\","
+                                         "\"nbytes\":8,\"shape\":[4],\"dtype\":\"bfloat16\"}"
+                                       : "%s{\"transfer_id\":\"t%d\",\"reservation_id\":\"r%d\"}",
+                               i ? "," : "", i, i);
+    snprintf(out + at, cap - at, "]}");
+}
+
+static void test_kept_decode_allocates_nothing(void **state) {
+    (void)state;
+    SKIP_UNDER_SANITIZER();
+    static char frame[8192];
+    wire_ctl_keep keep = {0};
+    for (int reserve = 1; reserve >= 0; reserve--) {
+        batch_frame(frame, sizeof frame, reserve);
+        wire_ctl_request q;
+        assert_int_equal(wire_ctl_decode_request_kept(frame, strlen(frame), &q, &keep), 0);
+        wire_ctl_request_clear_kept(&q, &keep);
+        for (int round = 0; round < 2; round++) {
+            countdown = 0; /* every allocation fails */
+            int rc = wire_ctl_decode_request_kept(frame, strlen(frame), &q, &keep);
+            countdown = -1;
+            assert_int_equal(rc, 0);
+            char want[16];
+            for (int i = 0; i < KEPT_N; i++) {
+                snprintf(want, sizeof want, "t%d", i);
+                if (reserve) {
+                    assert_int_equal(q.u.reserve_batch.n, KEPT_N);
+                    assert_int_equal(q.u.reserve_batch.items[i].rc, 0);
+                    assert_string_equal(q.u.reserve_batch.items[i].req.transfer_id, want);
+                    assert_int_equal(q.u.reserve_batch.items[i].req.tensor.nbytes, 8);
+                    assert_int_equal(q.u.reserve_batch.items[i].req.tensor.ndim, 1);
+                } else {
+                    assert_int_equal(q.u.complete_batch.n, KEPT_N);
+                    assert_string_equal(q.u.complete_batch.items[i].transfer_id, want);
+                }
+            }
+            long before = live;
+            wire_ctl_request_clear_kept(&q, &keep);
+            assert_int_equal(live, before); /* the kept array stays */
+        }
+        countdown = 0;
+        wire_ctl_request plain;
+        int rc = wire_ctl_decode_request(frame, strlen(frame), &plain);
+        countdown = -1;
+        assert_int_equal(rc, ECT_ENOMEM);
+    }
+    wire_ctl_reply rep = {.op = WIRE_OP_RESERVE_BATCH, .ok = true};
+    assert_true(wire_ctl_keep_reserve(&keep, 2 * sizeof(wire_reserve_outcome)));
+    rep.u.reserve_batch.items = keep.mem;
+    rep.u.reserve_batch.n = 2;
+    memset(keep.mem, 0, 2 * sizeof(wire_reserve_outcome));
+    long before = live;
+    rep.u.reserve_batch.items[0].error = strdup("no");
+    rep.u.reserve_batch.items[1].result.dst_key = strdup("k");
+    wire_ctl_reply_clear_kept(&rep, &keep);
+    assert_int_equal(live, before); /* both strings freed, the array not */
+    assert_null(((wire_reserve_outcome *)keep.mem)[0].error);
+    wire_ctl_keep_free(&keep);
+    assert_int_equal(live, before - 1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_handler_oom),
         cmocka_unit_test(test_handler_oom_empty_table),
+        cmocka_unit_test(test_kept_decode_allocates_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

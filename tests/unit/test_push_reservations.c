@@ -860,6 +860,71 @@ static void test_lookup_memory_follows_the_table(void **state) {
     fx_finish(f, 12 + TTL);
 }
 
+/* 320 items (10 steps of 32 in flight, or a consumer that lags: more than
+ * 256 events queued and buffers held at once) reserved, completed, their
+ * events popped, taken, released and finished, with a tombstone cap of 64:
+ * from the third round on nothing is allocated (entries come back from the
+ * tombstones the cap pushed out, buffer records and event nodes from the
+ * round before; the second round still allocates the 64 entries the cap
+ * keeps as tombstones), and every event reads back as its item was
+ * reserved. */
+#define REUSE_STEP 320
+static void test_records_reused_across_steps(void **state) {
+    (void)state;
+    fx *f = fx_new(1 << 20, &fake_ops);
+    f->o.max_tombstones = 64;
+    fx_open(f);
+    char rid[REUSE_STEP][ECT_ID_LEN + 1];
+    uint64_t allocs[4];
+    for (int round = 0; round < 4; round++) {
+        char id[32], h[32];
+        for (int i = 0; i < REUSE_STEP; i++) {
+            rsv_reply r;
+            snprintf(id, sizeof id, "t%d-%d", round, i);
+            snprintf(h, sizeof h, "h%d-%d", round, i);
+            assert_int_equal(reserve(f, id, h, 1, &r), 0);
+            assert_true(r.write);
+            snprintf(rid[i], sizeof rid[i], "%s", r.reservation_id);
+        }
+        for (int i = 0; i < REUSE_STEP; i++) {
+            snprintf(id, sizeof id, "t%d-%d", round, i);
+            complete(f, id, rid[i], 2, true, true);
+        }
+        for (int i = 0; i < REUSE_STEP; i++) {
+            const rsv_event *ev = rsv_event_peek(f->t);
+            assert_non_null(ev);
+            snprintf(id, sizeof id, "t%d-%d", round, i);
+            snprintf(h, sizeof h, "h%d-%d", round, i);
+            assert_int_equal(ev->kind, RSV_EV_READY);
+            assert_string_equal(ev->transfer_id, id);
+            assert_string_equal(ev->st.mm_hash, h);
+            assert_string_equal(ev->st.reservation_id, rid[i]);
+            assert_int_equal(ev->st.nbytes, 64);
+            rsv_event_pop(f->t);
+        }
+        assert_null(rsv_event_peek(f->t));
+        for (int i = 0; i < REUSE_STEP; i++) {
+            rsv_status st;
+            snprintf(id, sizeof id, "t%d-%d", round, i);
+            snprintf(h, sizeof h, "h%d-%d", round, i);
+            assert_int_equal(rsv_take(f->t, id, 3, &st), 0);
+            assert_int_equal(rsv_release(f->t, h, 3), 0);
+            assert_int_equal(rsv_finish(f->t, id, 3), 0);
+        }
+        rsv_evict_resident(f->t, SIZE_MAX);
+        assert_int_equal(rsv_check(f->t), 0);
+        rsv_stats st;
+        rsv_get_stats(f->t, &st);
+        assert_int_equal(st.buffers, 0);
+        allocs[round] = st.allocs;
+    }
+    assert_int_equal(allocs[0], 3 * REUSE_STEP); /* an entry, a record and an event each */
+    assert_int_equal(allocs[1], allocs[0] + 64); /* the entries the cap kept as tombstones */
+    assert_int_equal(allocs[2], allocs[1]);
+    assert_int_equal(allocs[3], allocs[2]);
+    fx_finish(f, 4);
+}
+
 static void test_event_backlog(void **state) {
     (void)state;
     fx *f = fx_new(1 << 20, &fake_ops);
@@ -1110,6 +1175,7 @@ int main(void) {
         cmocka_unit_test(test_pool_full_lru_reclaim),
         cmocka_unit_test(test_tombstone_cap),
         cmocka_unit_test(test_lookup_memory_follows_the_table),
+        cmocka_unit_test(test_records_reused_across_steps),
         cmocka_unit_test(test_event_backlog),
         cmocka_unit_test(test_real_pool),
         cmocka_unit_test(test_random_ops),

@@ -807,6 +807,66 @@ static void test_window_close_many(void **state) {
     ect_xport_close(t);
 }
 
+/* Closed windows' entries are reused (xp_windows_allocated): three rounds
+ * of 80 one-page windows opened and closed in one close_many allocate 80
+ * entries in all (nothing writes them: a window still being written is
+ * freed by its last write's release, whenever that comes). Then three rounds
+ * written through the initiator: a reused entry's new key is not its old
+ * one, the old key is refused, and the bytes land. Over tcp and shm (whose
+ * slots the windows take and give back). */
+#define REUSE_WINS 80
+static void reuse_round(ect_xport *t, const region *r, char keys[][ECT_XPORT_KEY_MAX],
+                        char prev[][ECT_XPORT_KEY_MAX]) {
+    for (int k = 0; k < REUSE_WINS; k++) {
+        assert_int_equal(xp_window_open(t, r->key, (uint64_t)k * 4096, 4096, keys[k]), 0);
+        if (prev) assert_string_not_equal(keys[k], prev[k]);
+    }
+}
+
+static void reuse_close(ect_xport *t, char keys[][ECT_XPORT_KEY_MAX]) {
+    const char *names[REUSE_WINS];
+    for (int k = 0; k < REUSE_WINS; k++) names[k] = keys[k];
+    assert_int_equal(xp_window_close_many(t, names, REUSE_WINS), 0);
+}
+
+static void window_entries_reused(const char *kind) {
+    ect_xport *t = open_kind(kind), *i = open_kind(kind);
+    region r;
+    private_region_open(t, REUSE_WINS * 4096, &r);
+    uint64_t base = (uint64_t)(uintptr_t)r.addr;
+    static uint8_t src[REUSE_WINS * 4096];
+    static char keys[6][REUSE_WINS][ECT_XPORT_KEY_MAX];
+    ect_write w[REUSE_WINS];
+    int st[REUSE_WINS];
+    for (int round = 0; round < 6; round++) {
+        reuse_round(t, &r, keys[round], round ? keys[round - 1] : NULL);
+        if (round < 3) {
+            reuse_close(t, keys[round]);
+            assert_int_equal(xp_windows_allocated(t), REUSE_WINS);
+            continue;
+        }
+        test_fill_pattern(src, sizeof src, (uint64_t)round);
+        for (int k = 0; k < REUSE_WINS; k++)
+            w[k] = (ect_write){src + (size_t)k * 4096, base + (uint64_t)k * 4096, 4096,
+                               keys[round][k]};
+        assert_int_equal(ect_xport_write_batch(i, ect_xport_session(t), w, REUSE_WINS, st), 0);
+        assert_memory_equal(r.addr, src, sizeof src);
+        ect_write old = {src, base, 64, keys[round - 1][0]}; /* on its own page: refused */
+        int ost;
+        assert_int_not_equal(ect_xport_write_batch(i, ect_xport_session(t), &old, 1, &ost), 0);
+        reuse_close(t, keys[round]);
+    }
+    test_region_close(t, &r);
+    ect_xport_close(i);
+    ect_xport_close(t);
+}
+
+static void test_window_entries_reused(void **state) {
+    (void)state;
+    window_entries_reused("tcp");
+    window_entries_reused("shm");
+}
+
 #define OV_SLOTS 64
 typedef struct ov_win {
     int reg; /* -1: closed */
@@ -1111,10 +1171,12 @@ static int shm_raw_hello(const char *session, uint16_t flags) {
     return fd;
 }
 
-/* One BEGIN of one write and its GRANT's entry; the fds that came with it
- * closed (their count in *nfds), DONE sent. */
-static void shm_raw_grant(int fd, uint64_t addr, uint64_t len, const char *key, shm_grant_entry *e,
-                          int *nfds, uint8_t *buf) {
+/* One BEGIN of one write and its GRANT's entry and drops (up to `max` in
+ * drops, their count in *ndrop; drops NULL: not read); the fds that came
+ * with it closed (their count in *nfds), DONE sent. */
+static void shm_raw_grant_drops(int fd, uint64_t addr, uint64_t len, const char *key,
+                                shm_grant_entry *e, int *nfds, uint8_t *buf, uint64_t *drops,
+                                uint32_t max, uint32_t *ndrop) {
     shm_begin_entry be = {addr, len, 0};
     assert_int_equal(xp_key_parse(key, &be.token), 0);
     size_t n = shm_begin_encode(buf, &be, 1), glen;
@@ -1127,9 +1189,114 @@ static void shm_raw_grant(int fd, uint64_t addr, uint64_t len, const char *key, 
     uint32_t seen = 0;
     assert_int_equal(shm_grant_decode(buf, glen, 1, *nfds, &g), 0);
     shm_grant_entry_get(buf, &g, 0, &seen, e);
+    if (drops) {
+        assert_true(g.ndrop <= max);
+        for (uint32_t k = 0; k < g.ndrop; k++) drops[k] = xp_get_u64(g.drops + 8 * (size_t)k);
+        *ndrop = g.ndrop;
+    }
     uint8_t d[SHM_DONE_LEN];
     shm_done_encode(d, 1);
     assert_int_equal(shm_msg_send(fd, d, SHM_DONE_LEN, NULL, 0, 10000), 0);
+}
+
+static void shm_raw_grant(int fd, uint64_t addr, uint64_t len, const char *key, shm_grant_entry *e,
+                          int *nfds, uint8_t *buf) {
+    shm_raw_grant_drops(fd, addr, len, key, e, nfds, buf, NULL, 0, NULL);
+}
+
+/* shm drops from the regions' gone log: a GRANT lists exactly the windows
+ * this connection was given and that closed since, without a walk of every
+ * region open (shm_target_drop_walks stays 0); a connection that fell more
+ * than XP_GONE_LOG closes behind gets its drops by one walk, then reads the
+ * log again. */
+static void test_shm_drops_from_log(void **state) {
+    (void)state;
+    ect_xport *t = open_kind("shm");
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    region r;
+    private_region_open(t, 8 * pg, &r);
+    uint64_t base = (uint64_t)(uintptr_t)r.addr;
+    char k[6][ECT_XPORT_KEY_MAX], other[ECT_XPORT_KEY_MAX];
+    uint8_t *buf = malloc(SHM_GRANT_MAX);
+    assert_non_null(buf);
+    int fd = shm_raw_hello(ect_xport_session(t), 0), nf;
+    shm_grant_entry e[6];
+    uint64_t drops[SHM_MAX_DROP];
+    uint32_t nd = 99;
+    for (int i = 0; i < 3; i++) { /* A, B, C given */
+        assert_int_equal(xp_window_open(t, r.key, (uint64_t)i * pg, pg, k[i]), 0);
+        shm_raw_grant_drops(fd, base + i * pg, pg, k[i], &e[i], &nf, buf, drops, SHM_MAX_DROP,
+                            &nd);
+        assert_int_equal(e[i].status, 0);
+        assert_int_equal(nd, 0);
+    }
+    assert_int_equal(xp_window_close(t, k[0]), 0);
+    assert_int_equal(xp_window_close(t, k[2]), 0);
+    assert_int_equal(xp_window_open(t, r.key, 3 * pg, pg, k[3]), 0);
+    shm_raw_grant_drops(fd, base + 3 * pg, pg, k[3], &e[3], &nf, buf, drops, SHM_MAX_DROP, &nd);
+    assert_int_equal(nd, 2); /* A and C, nothing else */
+    assert_true((drops[0] == e[0].rid && drops[1] == e[2].rid) ||
+                (drops[0] == e[2].rid && drops[1] == e[0].rid));
+    assert_int_equal(shm_target_drop_walks(t), 0);
+    /* More than the log holds closes, never given to this connection. */
+    for (int i = 0; i <= XP_GONE_LOG; i++) {
+        assert_int_equal(xp_window_open(t, r.key, 5 * pg, pg, other), 0);
+        assert_int_equal(xp_window_close(t, other), 0);
+    }
+    assert_int_equal(xp_window_close(t, k[1]), 0);
+    assert_int_equal(xp_window_open(t, r.key, 4 * pg, pg, k[4]), 0);
+    shm_raw_grant_drops(fd, base + 4 * pg, pg, k[4], &e[4], &nf, buf, drops, SHM_MAX_DROP, &nd);
+    assert_int_equal(nd, 1);
+    assert_true(drops[0] == e[1].rid); /* B */
+    assert_int_equal(shm_target_drop_walks(t), 1);
+    assert_int_equal(xp_window_close(t, k[3]), 0); /* D: from the log again */
+    assert_int_equal(xp_window_open(t, r.key, 0, pg, k[5]), 0);
+    shm_raw_grant_drops(fd, base, pg, k[5], &e[5], &nf, buf, drops, SHM_MAX_DROP, &nd);
+    assert_int_equal(nd, 1);
+    assert_true(drops[0] == e[3].rid);
+    assert_int_equal(shm_target_drop_walks(t), 1);
+    assert_int_equal(xp_window_close(t, k[4]), 0);
+    assert_int_equal(xp_window_close(t, k[5]), 0);
+    close(fd);
+    free(buf);
+    test_region_close(t, &r);
+    ect_xport_close(t);
+}
+
+/* shm slots, next fit: a window takes the slot after the one taken last,
+ * not the first free one, so a shard with many windows open finds a free
+ * slot in one probe (windows close about in the order they opened). A
+ * closed window's slot is taken again once the search wraps round to it. */
+static void test_shm_slots_next_fit(void **state) {
+    (void)state;
+    ect_xport *t = open_kind("shm");
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    region r;
+    private_region_open(t, 8 * pg, &r);
+    uint64_t base = (uint64_t)(uintptr_t)r.addr;
+    char k[3][ECT_XPORT_KEY_MAX];
+    uint8_t *buf = malloc(SHM_GRANT_MAX);
+    assert_non_null(buf);
+    int fd = shm_raw_hello(ect_xport_session(t), 0), nf;
+    shm_grant_entry e[3];
+    assert_int_equal(xp_window_open(t, r.key, 0, pg, k[0]), 0);
+    assert_int_equal(xp_window_open(t, r.key, pg, pg, k[1]), 0);
+    shm_raw_grant(fd, base, pg, k[0], &e[0], &nf, buf);
+    shm_raw_grant(fd, base + pg, pg, k[1], &e[1], &nf, buf);
+    /* The target answered the second BEGIN after the first DONE: nothing
+     * writes k[0] now, so its close frees its slot at once. */
+    assert_int_equal(e[1].slot, e[0].slot + 1);
+    assert_int_equal(xp_window_close(t, k[0]), 0);
+    assert_int_equal(xp_window_open(t, r.key, 2 * pg, pg, k[2]), 0);
+    shm_raw_grant(fd, base + 2 * pg, pg, k[2], &e[2], &nf, buf);
+    assert_int_equal(e[2].status, 0);
+    assert_int_equal(e[2].slot, e[1].slot + 1); /* not the closed window's, the first free */
+    assert_int_equal(xp_window_close(t, k[1]), 0);
+    assert_int_equal(xp_window_close(t, k[2]), 0);
+    close(fd);
+    free(buf);
+    test_region_close(t, &r);
+    ect_xport_close(t);
 }
 
 /* shm, memory files once per connection: an initiator that says
@@ -1871,6 +2038,9 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_window),
         cmocka_unit_test(test_window_overlap_model),
         cmocka_unit_test(test_window_close_many),
+        cmocka_unit_test(test_window_entries_reused),
+        cmocka_unit_test(test_shm_slots_next_fit),
+        cmocka_unit_test(test_shm_drops_from_log),
         cmocka_unit_test(test_shm_window_reuse),
         cmocka_unit_test(test_shm_file_once),
         cmocka_unit_test(test_shm_parked_windows),
