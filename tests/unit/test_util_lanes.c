@@ -75,7 +75,7 @@ static void on_cancel(void *ctx, lane_job *lj) {
     atomic_store(&((job *)lj)->cancelled, true);
 }
 
-static const lane_ops OPS = {on_start, on_run, on_stop, on_cancel, NULL};
+static const lane_ops OPS = {on_start, on_run, on_stop, on_cancel, NULL, NULL};
 
 static void reset(void) {
     atomic_store(&starts, 0);
