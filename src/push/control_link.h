@@ -52,8 +52,8 @@ typedef struct ctl_link_call_opts {
 
 /* ctl_link_call_many gave the calling thread up (opts.yield_at): not an
  * error; _UNSENT: before anything was sent. */
-#define CTL_LINK_YIELDED 1
-#define CTL_LINK_YIELDED_UNSENT 2
+#define CTL_LINK_YIELDED 2 /* (1 is the link's own LINK_LOST) */
+#define CTL_LINK_YIELDED_UNSENT 3
 
 /* Sends the request frame req (len bytes) on *lp, making the link when *lp
  * is NULL (the caller owns it then: ctl_link_close), and waits for the reply,

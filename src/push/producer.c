@@ -16,6 +16,7 @@
  * pool with items of its own step, and those only drain once sent.
  */
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,6 +122,8 @@ int ect_push_producer_open(const ect_push_producer_opts *opts, ect_push_producer
     p->o.curve_keys = p->curve_keys;
     p->done_tail = &p->done;
     p->quiet_ms = PP_QUIET_MS;
+    static _Atomic uint64_t serials;
+    p->serial = atomic_fetch_add(&serials, 1) + 1;
     pthread_mutex_init(&p->mu, NULL);
     ect_cond_init(&p->wake);
     ect_cond_init(&p->results);

@@ -102,6 +102,7 @@ struct ect_push_producer {
     atomic_bool quiet;         /* a caller's flush left a lane asleep (pp_lane_submit) */
     _Atomic uint64_t quiet_at; /* when (ms): the dispatcher wakes it after quiet_ms */
     uint64_t quiet_ms;         /* PP_QUIET_MS (pp_set_quiet_ms: tests) */
+    uint64_t serial;           /* this producer's number in the process (set at open) */
     bool kick_lender;          /* [mu] the kick is a lending thread's flush: quiet submits */
     size_t pollers;            /* [mu] polls waiting on `results` */
     uint64_t lend_seq;         /* [mu] bumped when a lane's work was left to a poll */

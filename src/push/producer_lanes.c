@@ -240,13 +240,15 @@ static bool lend_over(ect_push_producer *p, uint64_t until_ms) {
 }
 
 static _Thread_local bool tl_lending; /* this thread runs a lent lane (no nesting) */
-static _Thread_local ect_push_producer *tl_poller; /* this thread waits in p's poll */
+/* The producer (its serial: a pointer may be reused by the next one) whose
+ * poll this thread waits in. */
+static _Thread_local uint64_t tl_poller;
 
-bool pp_lends_next(ect_push_producer *p) { return !p->keys && tl_poller == p; }
+bool pp_lends_next(ect_push_producer *p) { return !p->keys && tl_poller == p->serial; }
 
 bool pp_lend(ect_push_producer *p, uint64_t until_ms) {
     if (p->keys || tl_lending) return false; /* a libzmq REQ is not lent (control_client.h) */
-    tl_poller = p;
+    tl_poller = p->serial;
     lane_job *j = NULL;
     void *state = NULL;
     lane *l = lanes_lend(p->lanes, &j, &state);
