@@ -191,7 +191,12 @@ static size_t flush_locked(ect_push_producer *p) {
     size_t n = push_flush(p->table);
     if (n) p->st.steps++;
     p->kick = true;
-    p->kick_lender |= pp_lends_next(p);
+    /* A lone step (nothing else in flight) is left to the poll that comes
+     * next; with steps in flight the lanes keep theirs, so that the caller
+     * is free to flush the next step as soon as a result is in. */
+    push_stats ps;
+    push_get_stats(p->table, &ps);
+    p->kick_lender |= n && ps.live == n && !p->unreported && pp_lends_next(p);
     pp_run_locked(p, PP_RUN_CALLER, NULL);
     return n;
 }

@@ -282,7 +282,8 @@ lane *lanes_lend(lane_pool *lp, lane_job **j, void **state) {
     pthread_mutex_lock(&lp->mu);
     lane *l = NULL;
     for (lane *e = lp->by_key; e && !l; e = e->hh.next)
-        if (e->started && !e->running && !e->lent && !e->resume && !lp->stop && e->head) l = e;
+        if (e->quiet && e->started && !e->running && !e->lent && !e->resume && !lp->stop && e->head)
+            l = e;
     if (l) {
         l->lent = true;
         l->quiet = false;

@@ -100,7 +100,8 @@ const char *lane_key(const lane *l);
 /* Lending: a thread that would otherwise wait (the push producer's poll)
  * runs a lane's jobs itself instead of waking the lane's thread for them,
  * so work queued for an idle lane crosses no thread. lanes_lend picks a lane
- * whose thread is started and idle (not running a job) with a job queued,
+ * whose jobs were left to a borrower (lanes_submit_quiet) and whose thread
+ * is idle (not running a job),
  * marks it lent and returns it with that job (*j, which the borrower runs
  * with ops.run(ctx, l, *state, *j), the lane's own state) and *state; NULL
  * when there is none. While lent, the lane's thread takes no job and does
