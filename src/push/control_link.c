@@ -12,6 +12,11 @@
  * connection). Here: before the peer's READY the request was never written,
  * so a new connection may carry it; after, it may have reached the server
  * and is never sent twice.
+ *
+ * Lending (control_link.h): a call given up at its yield_at keeps its state
+ * on the link (susp: the replies handed over so far and the current reply's
+ * deadline; the requests are on the codec or the wire), and a call with
+ * `resume` picks it up on whichever thread holds the link next.
  */
 #include "push/control_link.h"
 

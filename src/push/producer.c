@@ -4,7 +4,17 @@
  * under the producer's mutex: reserve adds a held record (after copying its
  * source into the staging pool when it is not borrowed), flush releases the
  * held records and queues their reserves (producer_run.c), poll drains the
- * results. Nothing here touches a socket, so no call waits on the network.
+ * results. Nothing here touches a socket but a waiting poll lent to a lone
+ * step (below), so no other call waits on the network.
+ *
+ * A poll that waits lends its thread (producer_lanes.c, pp_lend): the flush
+ * of a lone step on a thread that polls leaves the step's exchange queued
+ * on its idle lane without a wake-up (pp_lane_submit, "quiet"), and the
+ * poll runs it and what follows (settle, write, complete, result) as the
+ * lane's thread would; between lends it waits for a result or for more work
+ * left to it (lend_seq). Its timeout hands an exchange still waiting for a
+ * reply back to the lane's thread, which goes on reading it. Every other
+ * call, and poll on its way out, wakes lanes left so (pp_wake_quiet).
  *
  * Dedup: the table remembers every transfer_id from reserve until ttl_ms
  * after it finished (at most max_tombstones finished ones), so a repeated

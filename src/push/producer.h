@@ -28,7 +28,9 @@
  * its next exchange is not held up by writes (steps in flight). A lane whose
  * reply comes back while a caller's flush holds the baton waits for that
  * short round (pp_wait_caller_locked) and takes the baton after it, so a lone
- * step's reserve, write, complete and result all stay on its lane.
+ * step's reserve, write, complete and result all stay on its lane. A poll
+ * that waits runs a lone step instead, when the thread's flush left it
+ * quietly queued (pp_lend, below): then it all stays on the caller's thread.
  */
 #ifndef ECT_PUSH_PRODUCER_H
 #define ECT_PUSH_PRODUCER_H

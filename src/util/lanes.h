@@ -13,6 +13,9 @@
  * lane may keep per-thread state (a socket belongs to one thread): ops.start
  * makes it on the lane's thread, ops.stop ends it there.
  *
+ * Lending: a thread that would otherwise wait may run a lane's jobs itself
+ * (lanes_lend, below), with jobs left to it by lanes_submit_quiet.
+ *
  * Threading: lanes_submit from any thread; the callbacks run on the lane's
  * thread without the pool's lock, so they may call lanes_submit (another key)
  * or lane_take_queued (their own lane). lanes_close from one thread, once.
