@@ -97,6 +97,7 @@ static void *lane_main(void *arg) {
     l->state = state;
     l->started = true;
     for (;;) {
+        if (lp->stop && !l->lent) l->quiet = false; /* closing: the queue is the thread's */
         if (!has_work_locked(l)) {
             uint64_t end = ect_deadline_ns(lp->idle_ms);
             bool idle = false;
@@ -107,6 +108,8 @@ static void *lane_main(void *arg) {
                 else
                     idle = ect_cond_wait_until(&l->cv, &lp->mu, end) != 0;
             }
+            /* closing, or idle so long: jobs left to a borrower are its own again */
+            if (!l->lent && (idle || lp->stop)) l->quiet = false;
             if (!has_work_locked(l)) break; /* idle (or stopping): end */
         }
         if (lp->stop && !lp->drain) {
