@@ -214,7 +214,8 @@ void pp_routes_free(ect_push_producer *p);
  * ECT_ECLOSED. */
 void pp_lanes_close(ect_push_producer *p);
 
-/* Appends x to p->done and wakes the dispatcher. Takes mu. */
+/* Appends the chain x (linked by lj.next; one exchange: next NULL) to
+ * p->done and wakes the dispatcher. Takes mu. */
 void pp_deliver(ect_push_producer *p, px *x);
 
 /* Carries out the local actions a[0..n): every RELEASE_SOURCE (gives the

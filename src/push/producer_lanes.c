@@ -86,7 +86,6 @@ static void append_done_locked(ect_push_producer *p, px *x) {
 }
 
 void pp_deliver(ect_push_producer *p, px *x) {
-    x->lj.next = NULL;
     pthread_mutex_lock(&p->mu);
     append_done_locked(p, x);
     pthread_cond_signal(&p->wake);
@@ -227,10 +226,7 @@ static void lane_cancel(void *ctx, lane_job *lj) {
         b->held = true;
         snprintf(b->err, sizeof b->err, "push producer closed");
     }
-    pthread_mutex_lock(&p->mu);
-    append_done_locked(p, x);
-    pthread_cond_signal(&p->wake);
-    pthread_mutex_unlock(&p->mu);
+    pp_deliver(p, x);
 }
 
 /* Work was left to a poll (a quiet submit, or a lane gone idle with its
