@@ -1079,7 +1079,8 @@ ECT_API void ect_push_scheduler_stats(ect_push_scheduler *s, ect_push_scheduler_
  * (steps in flight; order per address is kept); write batches to different sessions run on
  * short-lived helper threads. Every ect_push_producer_* call except _open and _close is safe from
  * any thread at once and never waits on the network (the only wait is ect_push_producer_poll's
- * timeout, chosen by the caller). _close must not race with any other call.
+ * timeout, chosen by the caller; a poll may run a lone step's work meanwhile, see there).
+ * _close must not race with any other call.
  *
  * Finished transfers (done, failed, cancelled) are reported once each by
  * ect_push_producer_poll; until polled, results wait in a queue that grows
@@ -1092,7 +1093,8 @@ typedef struct ect_push_producer ect_push_producer;
  *  reserve, write and complete of its transfer settled, or when the push
  *  failed or was cancelled). Runs on one of the producer's own threads (the
  *  dispatcher, or the control lane that settled the transfer's last
- *  exchange; never inside _flush), or on the caller's thread from _cancel of
+ *  exchange; never inside _flush), inside a waiting _poll that ran the step
+ *  (see there), or on the caller's thread from _cancel of
  *  an unflushed item or from _close; it must not call ect_push_producer_*
  *  functions of the same producer. */
 typedef void (*ect_push_release_fn)(void *user, const void *data, uint64_t nbytes);
@@ -1266,7 +1268,22 @@ ECT_API int ect_push_producer_cancel(ect_push_producer *p, const char *transfer_
 
 /** Moves up to max finished transfers into out, waiting up to timeout_ms
  *  (0: do not wait, -1: forever) for at least one. Returns how many. Any
- *  thread. */
+ *  thread.
+ *
+ *  A poll that waits lends the calling thread to the producer: when the
+ *  thread's last flush was a lone step (nothing else in flight) and this
+ *  thread polled before, that flush left the step's control exchange to
+ *  this poll instead of waking the address's lane thread, and the poll runs
+ *  the step itself (the exchange on the lane's connection, the write, the
+ *  complete, the result, and the step's release callbacks) so a lone step
+ *  crosses no thread. Release callbacks may therefore run inside poll, on
+ *  the caller's thread (never inside _reserve or _flush). The network never
+ *  holds poll much past its timeout: an exchange still waiting for its reply
+ *  then is handed back to the lane thread, which goes on reading it with its
+ *  own control timeout and outcome. Not with CurveZMQ keys (curve_keys):
+ *  their sockets belong to the lane threads. A thread that flushes and does
+ *  not poll next loses nothing but a few ms: any other call of the producer
+ *  wakes the lane, and the dispatcher does after 2 ms. */
 ECT_API size_t ect_push_producer_poll(ect_push_producer *p, ect_push_result *out, size_t max,
                                       int timeout_ms);
 

@@ -38,6 +38,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "wire/control_msg.h"
 
@@ -103,6 +104,19 @@ typedef struct ctl_exchange {
  * those after it: the connection is dropped). Returns the first x[i].rc, or
  * ECT_EINVAL for bad arguments (no x[i] touched then). */
 int ctl_call_many(ctl_client *c, const char *host, int port, ctl_exchange *x, size_t n);
+
+/* ctl_call_many run by a thread lent to it (the push producer's poll, whose
+ * own time runs out at yield_at, ms on ect_now_ms's clock): without keys it
+ * returns CTL_YIELDED when yield_at passes before every reply is in (or
+ * CTL_YIELDED_UNSENT at once when the address has no live connection). The
+ * exchanges then go on with resume set, the same x[] (replies already in
+ * stay), on any thread that holds the client next (control_link.h): each
+ * keeps its control timeout and is never sent twice. With keys it never
+ * yields (it is ctl_call_many: a libzmq socket is not lent). */
+#define CTL_YIELDED 1
+#define CTL_YIELDED_UNSENT 2 /* nothing was sent: no live connection */
+int ctl_call_many_lent(ctl_client *c, const char *host, int port, ctl_exchange *x, size_t n,
+                       uint64_t yield_at, bool resume);
 
 /* The control ports of every TP rank of the consumer instance at host:port
  * (op `peers`), in rank order; at most `cap` are stored, *n gets the count

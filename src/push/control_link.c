@@ -12,6 +12,11 @@
  * connection). Here: before the peer's READY the request was never written,
  * so a new connection may carry it; after, it may have reached the server
  * and is never sent twice.
+ *
+ * Lending (control_link.h): a call given up at its yield_at keeps its state
+ * on the link (susp: the replies handed over so far and the current reply's
+ * deadline; the requests are on the codec or the wire), and a call with
+ * `resume` picks it up on whichever thread holds the link next.
  */
 #include "push/control_link.h"
 
@@ -43,6 +48,10 @@ struct ctl_link {
     int fd; /* -1: not connected */
     zmtp_conn *z;
     bool peer_ready; /* the peer's READY came: the request may be on the wire */
+    /* a call given up at its yield_at with its requests queued (resume it) */
+    bool susp;
+    size_t susp_ndone;
+    uint64_t susp_deadline;
     uint8_t buf[READ_CHUNK];
 };
 
@@ -52,6 +61,7 @@ static void link_reset(ctl_link *l) {
     l->fd = -1;
     l->z = NULL;
     l->peer_ready = false;
+    l->susp = false;
 }
 
 static int ms_left(uint64_t deadline) {
@@ -179,8 +189,9 @@ static bool link_idle_ok(ctl_link *l) {
 }
 
 /* Runs the connection until a reply is whole (0), the deadline passes
- * (ECT_ETIMEDOUT, no text), the connection is lost (LINK_LOST), the codec
- * refuses what came (its error) or wait_io fails. */
+ * (ECT_ETIMEDOUT, no text), o->yield_at passes (CTL_LINK_YIELDED), the
+ * connection is lost (LINK_LOST), the codec refuses what came (its error) or
+ * wait_io fails. */
 static int link_exchange(ctl_link *l, const ctl_link_call_opts *o, uint64_t deadline,
                          const uint8_t **reply, size_t *len) {
     for (;;) {
@@ -197,6 +208,11 @@ static int link_exchange(ctl_link *l, const ctl_link_call_opts *o, uint64_t dead
         }
         int left = ms_left(deadline);
         if (left == 0) return ECT_ETIMEDOUT;
+        if (o->yield_at) {
+            int yl = ms_left(o->yield_at);
+            if (yl == 0) return CTL_LINK_YIELDED;
+            if (yl < left) left = yl;
+        }
         size_t pending;
         zmtp_conn_out(l->z, &pending);
         short rev;
@@ -261,7 +277,16 @@ int ctl_link_call_many(ctl_link **lp, const ctl_link_call_opts *o, const ctl_lin
     ctl_link_call_opts oi = *o; /* op_name: the request waited for */
     oi.op_name = reqs[0].op_name ? reqs[0].op_name : o->op_name;
     uint64_t deadline = ect_now_ms() + (uint64_t)o->timeout_ms;
-    if (l->fd >= 0 && !link_idle_ok(l)) link_reset(l);
+    bool queued = o->resume && l->susp; /* the requests are on the codec already */
+    if (queued) {
+        *ndone = l->susp_ndone;
+        deadline = l->susp_deadline;
+        if (reqs[*ndone].op_name) oi.op_name = reqs[*ndone].op_name;
+        l->susp = false;
+    } else {
+        if (l->fd >= 0 && !link_idle_ok(l)) link_reset(l);
+        if (o->yield_at && l->fd < 0) return CTL_LINK_YIELDED_UNSENT;
+    }
     for (;;) {
         if (l->fd < 0) {
             int rc = link_connect(l, &oi, deadline);
@@ -278,11 +303,14 @@ int ctl_link_call_many(ctl_link **lp, const ctl_link_call_opts *o, const ctl_lin
             }
             if (rc) return rc;
         }
-        int rc = queue_reqs(l, reqs, n); /* all at once: one write when the peer is ready */
+        /* all at once: one write when the peer is ready */
+        int rc = queued ? 0 : queue_reqs(l, reqs, n);
+        queued = false; /* a retry below queues them again */
         while (!rc && *ndone < n) {
             const uint8_t *body = NULL;
             size_t blen = 0;
             if ((rc = link_exchange(l, &oi, deadline, &body, &blen))) break;
+            /* (a yield below leaves the link as it is: resumed, it goes on) */
             if ((rc = on_reply(ctx, *ndone, body, blen))) return rc;
             if (++*ndone < n) { /* each reply gets the whole timeout */
                 deadline = ect_now_ms() + (uint64_t)o->timeout_ms;
@@ -290,6 +318,12 @@ int ctl_link_call_many(ctl_link **lp, const ctl_link_call_opts *o, const ctl_lin
             }
         }
         if (rc == 0) return 0;
+        if (rc == CTL_LINK_YIELDED) {
+            l->susp = true;
+            l->susp_ndone = *ndone;
+            l->susp_deadline = deadline;
+            return rc;
+        }
         if (rc == ECT_ETIMEDOUT) return timed_out(&oi);
         if (rc == LINK_LOST || ((rc == ECT_EPROTO || rc == ECT_ERANGE) && !l->peer_ready)) {
             bool retry; /* only while nothing was written: *ndone is 0 then */

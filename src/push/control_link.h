@@ -43,7 +43,17 @@ typedef struct ctl_link_call_opts {
      * with ECT_EIO, as a libzmq REQ's would with ETERM. */
     void *watch;
     int watch_fd;
+    /* Lending (ctl_link_call_many): at yield_at (ms, ect_now_ms's clock; 0:
+     * never) the calling thread gives the call up; `resume` goes on with a
+     * call given up so (see there). */
+    uint64_t yield_at;
+    bool resume;
 } ctl_link_call_opts;
+
+/* ctl_link_call_many gave the calling thread up (opts.yield_at): not an
+ * error; _UNSENT: before anything was sent. */
+#define CTL_LINK_YIELDED 2 /* (1 is the link's own LINK_LOST) */
+#define CTL_LINK_YIELDED_UNSENT 3
 
 /* Sends the request frame req (len bytes) on *lp, making the link when *lp
  * is NULL (the caller owns it then: ctl_link_close), and waits for the reply,
@@ -76,7 +86,20 @@ typedef int (*ctl_link_reply_fn)(void *ctx, size_t i, const uint8_t *body, size_
  * number of replies handed over: on an error, requests *ndone.. failed with
  * it (those were written, except when nothing was: a connect that failed).
  * The retry of a connection lost before the peer's READY resends them all
- * (none was written). Errors as ctl_link_call, or on_reply's. */
+ * (none was written). Errors as ctl_link_call, or on_reply's.
+ *
+ * With o->yield_at, a thread lent to the call (the push producer's poll)
+ * gives it up at that time: with no live connection it returns
+ * CTL_LINK_YIELDED_UNSENT at once, before anything is sent (a connect could take
+ * the whole timeout); once the requests are queued it returns
+ * CTL_LINK_YIELDED when yield_at passes before the replies are in, *ndone
+ * replies handed over, the rest written or queued on the codec, and each
+ * waited reply keeping its own deadline. The call then goes on with
+ * o->resume set, on whichever thread holds the link next (the same reqs,
+ * on_reply's replies numbered as before, *ndone counting from the start):
+ * the request is never sent twice and its control timeout runs as if the
+ * call had never been given up. A call with nothing begun resumes as a
+ * fresh call. */
 int ctl_link_call_many(ctl_link **lp, const ctl_link_call_opts *o, const ctl_link_req *reqs,
                        size_t n, ctl_link_reply_fn on_reply, void *ctx, size_t *ndone);
 

@@ -4,7 +4,17 @@
  * under the producer's mutex: reserve adds a held record (after copying its
  * source into the staging pool when it is not borrowed), flush releases the
  * held records and queues their reserves (producer_run.c), poll drains the
- * results. Nothing here touches a socket, so no call waits on the network.
+ * results. Nothing here touches a socket but a waiting poll lent to a lone
+ * step (below), so no other call waits on the network.
+ *
+ * A poll that waits lends its thread (producer_lanes.c, pp_lend): the flush
+ * of a lone step on a thread that polls leaves the step's exchange queued
+ * on its idle lane without a wake-up (pp_lane_submit, "quiet"), and the
+ * poll runs it and what follows (settle, write, complete, result) as the
+ * lane's thread would; between lends it waits for a result or for more work
+ * left to it (lend_seq). Its timeout hands an exchange still waiting for a
+ * reply back to the lane's thread, which goes on reading it. Every other
+ * call, and poll on its way out, wakes lanes left so (pp_wake_quiet).
  *
  * Dedup: the table remembers every transfer_id from reserve until ttl_ms
  * after it finished (at most max_tombstones finished ones), so a repeated
@@ -16,6 +26,7 @@
  * pool with items of its own step, and those only drain once sent.
  */
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,6 +131,9 @@ int ect_push_producer_open(const ect_push_producer_opts *opts, ect_push_producer
     }
     p->o.curve_keys = p->curve_keys;
     p->done_tail = &p->done;
+    p->quiet_ms = PP_QUIET_MS;
+    static _Atomic uint64_t serials;
+    p->serial = atomic_fetch_add(&serials, 1) + 1;
     pthread_mutex_init(&p->mu, NULL);
     ect_cond_init(&p->wake);
     ect_cond_init(&p->results);
@@ -187,6 +201,12 @@ static size_t flush_locked(ect_push_producer *p) {
     size_t n = push_flush(p->table);
     if (n) p->st.steps++;
     p->kick = true;
+    /* A lone step (nothing else in flight) is left to the poll that comes
+     * next; with steps in flight the lanes keep theirs, so that the caller
+     * is free to flush the next step as soon as a result is in. */
+    push_stats ps;
+    push_get_stats(p->table, &ps);
+    p->kick_lender |= n && ps.live == n && !p->unreported && pp_lends_next(p);
     pp_run_locked(p, PP_RUN_CALLER, NULL);
     return n;
 }
@@ -291,6 +311,7 @@ static void drop_src(ect_push_producer *p, const push_source *src) {
 
 int ect_push_producer_reserve(ect_push_producer *p, const ect_push_item *item) {
     if (!p || !item) return ect_set_error(ECT_EINVAL, "ect_push_producer_reserve: NULL argument");
+    pp_wake_quiet(p); /* the last flush's exchanges do not wait for a poll */
     int rc;
     if ((rc = check_str(item->transfer_id, PUSH_KEY_MAX, "transfer_id")) ||
         (rc = check_str(item->mm_hash, PUSH_KEY_MAX, "mm_hash")) ||
@@ -362,6 +383,7 @@ int ect_push_producer_stage(ect_push_producer *p, const char *transfer_id, const
 
 int ect_push_producer_flush(ect_push_producer *p) {
     if (!p) return ect_set_error(ECT_EINVAL, "ect_push_producer_flush: NULL");
+    pp_wake_quiet(p);
     pthread_mutex_lock(&p->mu);
     if (p->stop) {
         pthread_mutex_unlock(&p->mu);
@@ -490,6 +512,7 @@ void pp_local(ect_push_producer *p, const push_action *a, size_t n) {
 
 int ect_push_producer_cancel(ect_push_producer *p, const char *transfer_id) {
     if (!p || !transfer_id) return ect_set_error(ECT_EINVAL, "ect_push_producer_cancel: NULL");
+    pp_wake_quiet(p);
     pthread_mutex_lock(&p->mu);
     push_rec *r = push_find(p->table, transfer_id);
     if (!r || r->state == PUSH_DONE || r->state == PUSH_CANCELLED || r->state == PUSH_FAILED) {
@@ -509,19 +532,45 @@ int ect_push_producer_cancel(ect_push_producer *p, const char *transfer_id) {
     return rc;
 }
 
+/* Lends this thread to the lanes while they have work left to it and no
+ * result is in (pp_lend), up to the poll's own end (ms; 0: none). Caller
+ * holds mu; it is dropped meanwhile. */
+static void lend_locked(ect_push_producer *p, uint64_t end_ms) {
+    while (!p->res_n && !p->stop && (!end_ms || ect_now_ms() < end_ms)) {
+        pthread_mutex_unlock(&p->mu);
+        bool ran = pp_lend(p, end_ms);
+        pthread_mutex_lock(&p->mu);
+        if (!ran) return;
+    }
+}
+
+/* Poll's wait (timeout_ms != 0): lends this thread to the work left to it,
+ * and between lends waits for a result or for more such work (lend_seq),
+ * up to the timeout (< 0: none). Caller holds mu. */
+static void wait_locked(ect_push_producer *p, int timeout_ms) {
+    uint64_t end_ms = timeout_ms < 0 ? 0 : ect_now_ms() + (uint64_t)timeout_ms;
+    uint64_t end_ns = timeout_ms < 0 ? 0 : ect_deadline_ns((uint64_t)timeout_ms);
+    while (!p->res_n && !p->stop) {
+        uint64_t seq = p->lend_seq;
+        lend_locked(p, end_ms);
+        if (p->res_n || p->stop || (end_ms && ect_now_ms() >= end_ms)) break;
+        if (p->lend_seq != seq) continue; /* more was left to it meanwhile */
+        p->pollers++;
+        bool out = false;
+        if (timeout_ms < 0)
+            pthread_cond_wait(&p->results, &p->mu);
+        else
+            out = ect_cond_wait_until(&p->results, &p->mu, end_ns) != 0;
+        p->pollers--;
+        if (out) break;
+    }
+}
+
 size_t ect_push_producer_poll(ect_push_producer *p, ect_push_result *out, size_t max,
                               int timeout_ms) {
     if (!p || !out || !max) return 0;
     pthread_mutex_lock(&p->mu);
-    if (!p->res_n && timeout_ms != 0) {
-        if (timeout_ms < 0) {
-            while (!p->res_n && !p->stop) pthread_cond_wait(&p->results, &p->mu);
-        } else {
-            uint64_t end = ect_deadline_ns((uint64_t)timeout_ms);
-            while (!p->res_n && !p->stop)
-                if (ect_cond_wait_until(&p->results, &p->mu, end)) break;
-        }
-    }
+    if (!p->res_n && timeout_ms != 0) wait_locked(p, timeout_ms);
     size_t n = 0;
     while (n < max && p->res_n) {
         out[n++] = p->res[p->res_head];
@@ -529,11 +578,13 @@ size_t ect_push_producer_poll(ect_push_producer *p, ect_push_result *out, size_t
         p->res_n--;
     }
     pthread_mutex_unlock(&p->mu);
+    pp_wake_quiet(p); /* nothing left asleep once this thread goes elsewhere */
     return n;
 }
 
 size_t ect_push_producer_pending(ect_push_producer *p) {
     if (!p) return 0;
+    pp_wake_quiet(p);
     pthread_mutex_lock(&p->mu);
     push_stats ps;
     push_get_stats(p->table, &ps);
@@ -544,6 +595,7 @@ size_t ect_push_producer_pending(ect_push_producer *p) {
 
 void ect_push_producer_stats(ect_push_producer *p, ect_push_producer_stat *st) {
     if (!p || !st) return;
+    pp_wake_quiet(p);
     pthread_mutex_lock(&p->mu);
     *st = p->st;
     const pb_counts *c = &p->batch.n;

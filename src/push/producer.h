@@ -28,12 +28,15 @@
  * its next exchange is not held up by writes (steps in flight). A lane whose
  * reply comes back while a caller's flush holds the baton waits for that
  * short round (pp_wait_caller_locked) and takes the baton after it, so a lone
- * step's reserve, write, complete and result all stay on its lane.
+ * step's reserve, write, complete and result all stay on its lane. A poll
+ * that waits runs a lone step instead, when the thread's flush left it
+ * quietly queued (pp_lend, below): then it all stays on the caller's thread.
  */
 #ifndef ECT_PUSH_PRODUCER_H
 #define ECT_PUSH_PRODUCER_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -97,6 +100,15 @@ struct ect_push_producer {
     pp_handoff ho;        /* the dispatcher takes the baton and finishes this round */
     uint64_t handoffs;    /* how often the dispatcher took the baton so (pp_handoffs) */
     uint64_t pipelined;   /* exchanges that rode behind another in one write (pp_pipelined) */
+    _Atomic uint64_t lent;   /* lane jobs run on a poll's thread (pp_lent) */
+    _Atomic uint64_t yields; /* ... handed back mid-exchange (pp_lend_yields) */
+    atomic_bool quiet;         /* a caller's flush left a lane asleep (pp_lane_submit) */
+    _Atomic uint64_t quiet_at; /* when (ms): the dispatcher wakes it after quiet_ms */
+    uint64_t quiet_ms;         /* PP_QUIET_MS (pp_set_quiet_ms: tests) */
+    uint64_t serial;           /* this producer's number in the process (set at open) */
+    bool kick_lender;          /* [mu] the kick is a lending thread's flush: quiet submits */
+    size_t pollers;            /* [mu] polls waiting on `results` */
+    uint64_t lend_seq;         /* [mu] bumped when a lane's work was left to a poll */
     bool caller_runs;     /* the baton is a public call's (a flush: it never waits) */
     size_t baton_waiters; /* lanes waiting on `baton` for that call's round to end */
     pthread_cond_t baton; /* broadcast when a caller lets go of the baton */
@@ -170,7 +182,24 @@ void pp_lane_key(const px *x, char key[PP_LANE_KEY_MAX]);
  * or wakes the dispatcher; one failed for want of the peer also fails those
  * queued behind it (held, same cause). Takes x on success; on failure
  * (ECT_ENOMEM) the caller keeps it. The baton's holder. */
-int pp_lane_submit(ect_push_producer *p, px *x);
+int pp_lane_submit(ect_push_producer *p, px *x, bool quiet_ok);
+
+/* The round a flush kicked, made on a thread that waits in poll for its
+ * results (a lender, pp_lend), queues its exchanges with quiet_ok: an idle
+ * lane's thread is not woken (lanes_submit_quiet, p->quiet set), nor does a
+ * lane that queues it on itself take it, since the poll that comes next runs
+ * the exchange itself; a poll already waiting is told (lend_seq). Every
+ * other public call wakes such lanes first (pp_wake_quiet), poll when it
+ * returns, and the dispatcher after PP_QUIET_MS when no call came (a caller
+ * that flushed and went elsewhere). */
+#define PP_QUIET_MS 2
+void pp_wake_quiet(ect_push_producer *p);
+
+/* Tests: the dispatcher's fallback wake after ms instead of PP_QUIET_MS (a
+ * test whose caller always polls next makes it long, so that a loaded
+ * machine's preemption between flush and poll cannot send a step to the
+ * lane's thread). Before any push. */
+void pp_set_quiet_ms(ect_push_producer *p, uint64_t ms);
 
 /* Picks the lane of the complete_batch x (x->on_main: always without keys,
  * where exchanges pipeline) and with keys counts it in
@@ -189,7 +218,8 @@ void pp_routes_free(ect_push_producer *p);
  * ECT_ECLOSED. */
 void pp_lanes_close(ect_push_producer *p);
 
-/* Appends x to p->done and wakes the dispatcher. Takes mu. */
+/* Appends the chain x (linked by lj.next; one exchange: next NULL) to
+ * p->done and wakes the dispatcher. Takes mu. */
 void pp_deliver(ect_push_producer *p, px *x);
 
 /* Carries out the local actions a[0..n): every RELEASE_SOURCE (gives the
@@ -211,6 +241,27 @@ uint64_t pp_async_writes(ect_push_producer *p);
  * connection (producer_lanes.c): completes riding with the next step's
  * reserve, steps flushed while the lane was busy (for tests). Any thread. */
 uint64_t pp_pipelined(ect_push_producer *p);
+
+/* Lends the calling thread (a poll about to wait, no mu held) to the control
+ * lanes: takes an idle lane with an exchange queued (util/lanes, lanes_lend)
+ * and runs its jobs here as the lane's thread would (the exchange on the
+ * lane's connection, then settle, write, complete, result), until a result
+ * is queued, until_ms (ms, ect_now_ms; 0: none) passes or the lane has no
+ * job left. An exchange still waiting for its reply at until_ms is handed
+ * back to the lane's thread, which goes on reading it (control_link.h,
+ * yield). Not with CurveZMQ keys (a libzmq REQ belongs to its thread), nor
+ * nested. Returns whether it ran anything. */
+bool pp_lend(ect_push_producer *p, uint64_t until_ms);
+
+/* Whether this thread lends itself in p's poll (it did before): its flush
+ * may then leave lanes asleep (pp_lane_submit). */
+bool pp_lends_next(ect_push_producer *p);
+
+/* How many lane jobs ran on a poll's thread (pp_lend; tests), and how many
+ * of them it handed back to the lane's thread mid-exchange, its time up
+ * (one begun before a connection was up is not counted). Any thread. */
+uint64_t pp_lent(ect_push_producer *p);
+uint64_t pp_lend_yields(ect_push_producer *p);
 
 /* Counts the FINISHED among a[0..n) into p->unreported. Caller holds mu. */
 void pp_count_finished_locked(ect_push_producer *p, const push_action *a, size_t n);

@@ -42,12 +42,28 @@
  * to the completes lane while others are there, and switches only when
  * none is in flight (pp_route, counted under mu from routing to settling).
  *
+ * Lending (pp_lend): a poll about to wait runs an idle lane's jobs on its
+ * own thread with the lane's own control client (util/lanes lanes_lend: the
+ * lane's thread takes no job meanwhile, so the client is used by one thread
+ * at a time), so a lone step's reserve, write, complete and result cross no
+ * thread: the flush left the reserve queued without waking the lane, the
+ * poll takes it, and the complete the round queues on the lent lane is taken
+ * next. The poll's timeout is the exchange's yield_at (control_link.h): a
+ * reply still awaited then stays on the link and the chain goes back to the
+ * lane's thread (lanes_lend_end with it as `resume`; lc->susp), which
+ * resumes the same call: the request is not sent again, its control timeout
+ * runs on, order per address holds (the resumed chain runs before the
+ * queue). A call that would have to connect first is not lent at all (it
+ * goes back unsent). With CurveZMQ keys nothing is lent: a libzmq REQ and
+ * its monitor belong to the thread that made them.
+ *
  * An exchange that failed for want of the peer (timeout, refused, connection
  * closed) also fails the ones queued behind it on that lane at once, with the
  * same cause: they were queued before anyone knew, and each would otherwise
  * wait out its own timeout. From then on the batcher's down table keeps new
  * work away from the address until its backoff runs out.
  */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,7 +86,6 @@ static void append_done_locked(ect_push_producer *p, px *x) {
 }
 
 void pp_deliver(ect_push_producer *p, px *x) {
-    x->lj.next = NULL;
     pthread_mutex_lock(&p->mu);
     append_done_locked(p, x);
     pthread_cond_signal(&p->wake);
@@ -110,6 +125,10 @@ typedef struct lane_ctl {
     ctl_client *c;
     int orc;        /* opening it failed: every exchange fails with this */
     char oerr[160]; /* and this text */
+    /* Lending (pp_lend): set by the thread running the lane's job */
+    uint64_t yield_at; /* a borrower's time runs out then (ms; 0: the lane's own thread) */
+    px *susp;          /* the chain a borrower gave up mid-exchange: resumed next */
+    bool fresh;        /* ... before anything was sent (no live connection) */
 } lane_ctl;
 
 static void *lane_start(void *ctx, const char *key) {
@@ -133,8 +152,11 @@ static void lane_stop(void *ctx, void *state) {
 
 /* Runs the chain x (linked by lj.next, one address) on the lane's client:
  * pipelined on its one connection (ctl_call_many), so the exchanges queued
- * together cost one round trip; each gets its own rc and text. */
-static void run_chain(lane_ctl *lc, px *x) {
+ * together cost one round trip; each gets its own rc and text. Returns true
+ * when a borrower's time ran out first (lc->yield_at): the chain is then
+ * lc->susp, to be resumed (pp_lend). */
+static bool run_chain(lane_ctl *lc, px *x) {
+    bool resume = lc->susp == x;
     ctl_exchange ex[CTL_MANY_MAX];
     size_t n = 0;
     for (px *e = x; e; e = (px *)e->lj.next)
@@ -143,9 +165,16 @@ static void run_chain(lane_ctl *lc, px *x) {
                                  .want_ok = e->want_ok,
                                  .err = e->err,
                                  .err_cap = sizeof e->err};
-    ctl_call_many(lc->c, x->host, x->port, ex, n);
+    lc->susp = NULL;
+    int rc = ctl_call_many_lent(lc->c, x->host, x->port, ex, n, lc->yield_at, resume);
+    if (rc == CTL_YIELDED || rc == CTL_YIELDED_UNSENT) {
+        lc->susp = x;
+        lc->fresh = rc == CTL_YIELDED_UNSENT;
+        return true;
+    }
     n = 0;
     for (px *e = x; e; e = (px *)e->lj.next) e->rc = ex[n++].rc;
+    return false;
 }
 
 /* Fails every exchange of the chain x with rc and the text (why). */
@@ -160,18 +189,20 @@ static void lane_run(void *ctx, lane *l, void *state, lane_job *lj) {
     ect_push_producer *p = ctx;
     lane_ctl *lc = state;
     px *x = (px *)lj, *last = x;
-    x->lj.next = NULL;
+    bool resumed = lc && lc->susp == x; /* a chain a borrower gave up: it is whole */
+    if (!resumed) x->lj.next = NULL;
     /* What was queued behind rides with it (see the top); with keys a
      * libzmq REQ cannot pipeline, so one at a time. */
-    if (lc && !lc->orc && !p->keys) x->lj.next = lane_take_queued_max(l, CTL_MANY_MAX - 1);
+    if (!resumed && lc && !lc->orc && !p->keys)
+        x->lj.next = lane_take_queued_max(l, CTL_MANY_MAX - 1);
     char why[PX_ERR_MAX];
     if (!lc) {
         fail_chain(x, ECT_ENOMEM, "control client: out of memory");
     } else if (lc->orc) {
         snprintf(why, sizeof why, "control client: %.200s", lc->oerr);
         fail_chain(x, lc->orc, why);
-    } else {
-        run_chain(lc, x);
+    } else if (run_chain(lc, x)) {
+        return; /* a borrower's time ran out: the lane's thread goes on with it */
     }
     while (last->lj.next) last = (px *)last->lj.next;
     lane_job *behind = NULL;
@@ -185,17 +216,81 @@ static void lane_run(void *ctx, lane *l, void *state, lane_job *lj) {
     deliver_and_run(p, x, l);
 }
 
-/* Closing: what never ran goes back to the dispatcher, which frees it. */
+/* Closing: what never ran (or a chain a borrower gave up, lanes_lend_end)
+ * goes back to the dispatcher, which frees it. */
 static void lane_cancel(void *ctx, lane_job *lj) {
-    px *b = (px *)lj;
-    b->rc = ECT_ECLOSED;
-    b->held = true;
-    snprintf(b->err, sizeof b->err, "push producer closed");
-    pp_deliver(ctx, b);
+    ect_push_producer *p = ctx;
+    px *x = (px *)lj;
+    for (px *b = x; b; b = (px *)b->lj.next) {
+        b->rc = ECT_ECLOSED;
+        b->held = true;
+        snprintf(b->err, sizeof b->err, "push producer closed");
+    }
+    pp_deliver(p, x);
 }
 
+/* Work was left to a poll (a quiet submit, or a lane gone idle with its
+ * queue left so): a poll waiting for results looks again (lane_ops.lendable). */
+static void lendable(void *ctx) {
+    ect_push_producer *p = ctx;
+    pthread_mutex_lock(&p->mu);
+    p->lend_seq++;
+    bool wake = p->pollers > 0;
+    pthread_mutex_unlock(&p->mu);
+    if (wake) pthread_cond_broadcast(&p->results);
+}
+
+/* Whether a poll lending its thread may stop: a result is queued, its time
+ * is up, or the producer closes. */
+static bool lend_over(ect_push_producer *p, uint64_t until_ms) {
+    if (until_ms && ect_now_ms() >= until_ms) return true;
+    pthread_mutex_lock(&p->mu);
+    bool over = p->res_n || p->stop;
+    pthread_mutex_unlock(&p->mu);
+    return over;
+}
+
+static _Thread_local bool tl_lending; /* this thread runs a lent lane (no nesting) */
+/* The producer (its serial: a pointer may be reused by the next one) whose
+ * poll this thread waits in. */
+static _Thread_local uint64_t tl_poller;
+
+bool pp_lends_next(ect_push_producer *p) { return !p->keys && tl_poller == p->serial; }
+
+bool pp_lend(ect_push_producer *p, uint64_t until_ms) {
+    if (p->keys || tl_lending) return false; /* a libzmq REQ is not lent (control_client.h) */
+    tl_poller = p->serial;
+    lane_job *j = NULL;
+    void *state = NULL;
+    lane *l = lanes_lend(p->lanes, &j, &state);
+    if (!l) return false;
+    lane_ctl *lc = state;
+    lane_job *resume = NULL;
+    tl_lending = true;
+    while (j) {
+        if (lc) lc->yield_at = until_ms;
+        lane_run(p, l, lc, j);
+        if (lc) lc->yield_at = 0;
+        bool gave_up = lc && lc->susp, unsent = gave_up && lc->fresh;
+        atomic_fetch_add(&p->lent, !unsent);
+        if (gave_up) { /* time ran out mid-exchange (or no connection): its thread goes on */
+            resume = &lc->susp->lj;
+            atomic_fetch_add(&p->yields, !unsent);
+            break;
+        }
+        j = lend_over(p, until_ms) ? NULL : lane_lend_next(l);
+    }
+    tl_lending = false;
+    lanes_lend_end(l, resume);
+    return true;
+}
+
+uint64_t pp_lent(ect_push_producer *p) { return atomic_load(&p->lent); }
+
+uint64_t pp_lend_yields(ect_push_producer *p) { return atomic_load(&p->yields); }
+
 int pp_lanes_open(ect_push_producer *p) {
-    lane_ops o = {lane_start, lane_run, lane_stop, lane_cancel, p};
+    lane_ops o = {lane_start, lane_run, lane_stop, lane_cancel, p, lendable};
     return lanes_open(&o, PP_MAX_LANES, PP_LANE_IDLE_MS, &p->lanes);
 }
 
@@ -253,12 +348,23 @@ void pp_routes_free(ect_push_producer *p) {
     }
 }
 
-int pp_lane_submit(ect_push_producer *p, px *x) {
+int pp_lane_submit(ect_push_producer *p, px *x, bool quiet_ok) {
     char key[PP_LANE_KEY_MAX];
     pp_lane_key(x, key);
-    int rc = lanes_submit(p->lanes, key, &x->lj);
+    bool quiet = false;
+    int rc = quiet_ok ? lanes_submit_quiet(p->lanes, key, &x->lj, &quiet)
+                      : lanes_submit(p->lanes, key, &x->lj);
     if (rc) return ect_set_error(rc, "no control lane for %s: %s", x->key, ect_last_error());
+    if (quiet) {
+        atomic_store(&p->quiet_at, ect_now_ms());
+        atomic_store(&p->quiet, true);
+        lendable(p);
+    }
     return 0;
+}
+
+void pp_wake_quiet(ect_push_producer *p) {
+    if (atomic_load(&p->quiet) && atomic_exchange(&p->quiet, false)) lanes_wake_quiet(p->lanes);
 }
 
 void pp_lanes_close(ect_push_producer *p) {

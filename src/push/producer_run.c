@@ -246,6 +246,7 @@ static void settle_done_locked(ect_push_producer *p) {
 
 typedef struct runner {
     pp_run_mode mode;
+    bool quiet_ok;        /* this round is a lender's flush's: lanes may stay asleep */
     const char *lane_key; /* PP_RUN_LANE: the lane this thread runs */
     bool own_queued;      /* it queued an exchange on its own lane */
 } runner;
@@ -282,7 +283,7 @@ static void submit_round(ect_push_producer *p, runner *r, px *xs, px **writes, p
             pp_lane_key(x, key);
             r->own_queued |= strcmp(key, r->lane_key) == 0;
         }
-        if (pp_lane_submit(p, x)) { /* it never goes out */
+        if (pp_lane_submit(p, x, r->quiet_ok)) { /* it never goes out */
             x->rc = ECT_ENOMEM;
             x->held = true;
             snprintf(x->err, sizeof x->err, "%.300s", ect_last_error());
@@ -329,6 +330,8 @@ static bool run_rounds(ect_push_producer *p, runner *r) {
          * empty baton to the dispatcher, which then took the step's write
          * and sent its complete to the other lane (two hand-offs more). */
         p->kick = false;
+        r->quiet_ok = p->kick_lender; /* the lender's poll runs this round's exchanges */
+        p->kick_lender = false;
         uint64_t now = ect_now_ms();
         size_t n = push_next_actions(p->table, now, p->acts, p->acts_cap);
         if (!n) return false;
@@ -386,7 +389,7 @@ static void run_with_baton(ect_push_producer *p, runner *r) {
 void pp_run_locked(ect_push_producer *p, pp_run_mode mode, const char *lane_key) {
     if (p->running || p->stop) return;
     p->running = true;
-    runner r = {mode, lane_key, false};
+    runner r = {mode, false, lane_key, false};
     p->caller_runs = mode == PP_RUN_CALLER;
     run_with_baton(p, &r);
     if (!p->caller_runs) return;
@@ -409,6 +412,12 @@ static void take_handoff(ect_push_producer *p) {
     p->handoffs++;
     pthread_mutex_unlock(&p->mu);
     finish_round(p, ho.nacts, ho.writes, ho.failed, ho.async);
+}
+
+void pp_set_quiet_ms(ect_push_producer *p, uint64_t ms) {
+    pthread_mutex_lock(&p->mu);
+    p->quiet_ms = ms;
+    pthread_mutex_unlock(&p->mu);
 }
 
 uint64_t pp_handoffs(ect_push_producer *p) {
@@ -470,9 +479,31 @@ static void close_all(ect_push_producer *p) {
 /* The dispatcher: takes the baton when it is handed over, when work came
  * back that nobody runs (a lane with more queued), and on its timer (input
  * waits, backoffs, tombstones); otherwise it sleeps. */
+/* The dispatcher's wait: until its next timer (ms from now), but in slices
+ * of PP_QUIET_MS while a caller's flush left lanes asleep lately (a second),
+ * waking them once PP_QUIET_MS old (pp_lane_submit: the caller went
+ * elsewhere instead of polling). Returns true when the timer ran out. */
+static bool dispatch_wait(ect_push_producer *p, uint64_t ms) {
+    uint64_t end = ect_now_ms() + ms;
+    for (;;) {
+        uint64_t now = ect_now_ms(), q = atomic_load(&p->quiet_at);
+        bool watch = q && now - q < 1000 && !p->stop;
+        uint64_t left = end > now ? end - now : 0;
+        if (!watch || left <= p->quiet_ms)
+            return ect_cond_wait_until(&p->wake, &p->mu, ect_deadline_ns(left)) != 0;
+        if (!ect_cond_wait_until(&p->wake, &p->mu, ect_deadline_ns(p->quiet_ms)))
+            return false; /* signalled */
+        if (atomic_load(&p->quiet) && ect_now_ms() - atomic_load(&p->quiet_at) >= p->quiet_ms) {
+            pthread_mutex_unlock(&p->mu);
+            pp_wake_quiet(p);
+            pthread_mutex_lock(&p->mu);
+        }
+    }
+}
+
 void *pp_dispatch_main(void *arg) {
     ect_push_producer *p = arg;
-    runner self = {PP_RUN_DISPATCHER, NULL, false};
+    runner self = {PP_RUN_DISPATCHER, false, NULL, false};
     bool timed = false;
     pthread_mutex_lock(&p->mu);
     for (;;) {
@@ -490,7 +521,7 @@ void *pp_dispatch_main(void *arg) {
         }
         uint64_t ms = WAKE_MS, wake = push_next_wake(p->table), now = ect_now_ms();
         if (wake && !p->running) ms = wake <= now ? 0 : wake - now < ms ? wake - now : ms;
-        timed |= ect_cond_wait_until(&p->wake, &p->mu, ect_deadline_ns(ms));
+        timed |= dispatch_wait(p, ms);
     }
     close_all(p);
     return NULL;

@@ -24,6 +24,12 @@ struct lane {
     pthread_t th;
     pthread_cond_t cv;
     lane_job *head, *tail; /* [mu] queued, not started */
+    lane_job *resume;      /* [mu] handed back by a borrower: runs before head, chain intact */
+    void *state;           /* ops.start's, once `started` */
+    bool started;          /* [mu] state is made: the lane may be lent */
+    bool running;          /* [mu] its thread runs a job */
+    bool lent;             /* [mu] another thread runs its jobs (lanes_lend) */
+    bool quiet;            /* [mu] a job was queued without waking the thread */
     bool indexed;          /* [mu] in lp->by_key: accepts jobs */
     bool done;             /* [mu] the thread is about to return: join it */
     atomic_int waking;     /* submits signalling cv after the lock: not freed meanwhile */
@@ -63,35 +69,71 @@ static void unindex(lane_pool *lp, lane *l) {
     lp->live--;
 }
 
+/* Whether the lane's own thread has a job to take now (mu held). */
+static bool has_work_locked(const lane *l) {
+    return !l->lent && (l->resume || (l->head && !l->quiet));
+}
+
+/* Takes the next job: the one a borrower handed back, else the head (mu held). */
+static lane_job *pop_locked(lane *l) {
+    lane_job *j = l->resume;
+    if (j) {
+        l->resume = NULL; /* its chain (next) is the job's own */
+        return j;
+    }
+    j = l->head;
+    l->head = j->next;
+    if (!l->head) l->tail = NULL;
+    j->next = NULL;
+    return j;
+}
+
 static void *lane_main(void *arg) {
     lane *l = arg;
     lane_pool *lp = l->lp;
     void *state = lp->ops.start ? lp->ops.start(lp->ops.ctx, l->key) : NULL;
-    lane_job *cancelled = NULL;
+    lane_job *cancelled = NULL, *resumed = NULL;
     pthread_mutex_lock(&lp->mu);
+    l->state = state;
+    l->started = true;
     for (;;) {
-        if (!l->head) {
-            if (lp->stop) break;
+        if (lp->stop && !l->lent) l->quiet = false; /* closing: the queue is the thread's */
+        if (!has_work_locked(l)) {
             uint64_t end = ect_deadline_ns(lp->idle_ms);
-            while (!l->head && !lp->stop)
-                if (ect_cond_wait_until(&l->cv, &lp->mu, end)) break;
-            if (!l->head) break; /* idle (or stopping): end */
+            bool idle = false;
+            /* a lent lane neither idles out nor stops: its state is in use */
+            while (!has_work_locked(l) && (l->lent || (!lp->stop && !idle))) {
+                if (l->lent) /* lanes_lend_end signals when it leaves work */
+                    ect_cond_wait_until(&l->cv, &lp->mu, ect_deadline_ns(lp->idle_ms));
+                else
+                    idle = ect_cond_wait_until(&l->cv, &lp->mu, end) != 0;
+            }
+            /* closing, or idle so long: jobs left to a borrower are its own again */
+            if (!l->lent && (idle || lp->stop)) l->quiet = false;
+            if (!has_work_locked(l)) break; /* idle (or stopping): end */
         }
         if (lp->stop && !lp->drain) {
+            resumed = l->resume; /* its chain (next) travels with it */
+            l->resume = NULL;
             cancelled = l->head;
             l->head = l->tail = NULL;
             break;
         }
-        lane_job *j = l->head;
-        l->head = j->next;
-        if (!l->head) l->tail = NULL;
-        j->next = NULL;
+        lane_job *j = pop_locked(l);
+        l->running = true;
         pthread_mutex_unlock(&lp->mu);
         lp->ops.run(lp->ops.ctx, l, state, j);
         pthread_mutex_lock(&lp->mu);
+        l->running = false;
+        if (l->quiet && l->head && !l->lent && lp->ops.lendable) { /* left to a borrower */
+            pthread_mutex_unlock(&lp->mu);
+            lp->ops.lendable(lp->ops.ctx);
+            pthread_mutex_lock(&lp->mu);
+        }
     }
     unindex(lp, l); /* from here a submit for the key starts a new lane */
     pthread_mutex_unlock(&lp->mu);
+    if (resumed) lp->ops.cancel(lp->ops.ctx, resumed);
     while (cancelled) {
         lane_job *j = cancelled;
         cancelled = j->next;
@@ -139,12 +181,36 @@ static void reap_locked(lane_pool *lp) {
     }
 }
 
+static int submit(lane_pool *lp, const char *key, const char *group, size_t group_max,
+                  lane_job *j, bool *quiet);
+
 int lanes_submit(lane_pool *lp, const char *key, lane_job *j) {
-    return lanes_submit_group(lp, key, NULL, 0, j);
+    return submit(lp, key, NULL, 0, j, NULL);
+}
+
+int lanes_submit_quiet(lane_pool *lp, const char *key, lane_job *j, bool *quiet) {
+    *quiet = false;
+    return submit(lp, key, NULL, 0, j, quiet);
 }
 
 int lanes_submit_group(lane_pool *lp, const char *key, const char *group, size_t group_max,
                        lane_job *j) {
+    return submit(lp, key, group, group_max, j, NULL);
+}
+
+void lanes_wake_quiet(lane_pool *lp) {
+    pthread_mutex_lock(&lp->mu);
+    for (lane *l = lp->by_key; l; l = l->hh.next)
+        if (l->quiet) {
+            l->quiet = false;
+            pthread_cond_signal(&l->cv); /* under the lock: rare (a fallback) */
+        }
+    pthread_mutex_unlock(&lp->mu);
+}
+
+/* lanes_submit_group; with quiet, an idle lane is not woken (*quiet set). */
+static int submit(lane_pool *lp, const char *key, const char *group, size_t group_max,
+                  lane_job *j, bool *quiet) {
     pthread_mutex_lock(&lp->mu);
     reap_locked(lp);
     int rc = 0;
@@ -190,6 +256,18 @@ int lanes_submit_group(lane_pool *lp, const char *key, const char *group, size_t
     else
         l->head = j;
     l->tail = j;
+    /* lent: the borrower runs it, or hands it back with a signal; quiet: an
+     * idle lane's job waits for a borrower or lanes_wake_quiet */
+    bool alone = l->head == j || l->quiet; /* nothing queued it was woken for */
+    bool own = l->running && pthread_equal(pthread_self(), l->th); /* its own round */
+    bool asleep = l->started && (!l->running || own) && !l->resume && !lp->stop && alone;
+    bool stay = l->lent || (quiet && asleep);
+    if (!l->lent) l->quiet = stay;
+    if (quiet) *quiet = stay && !l->lent;
+    if (stay) {
+        pthread_mutex_unlock(&lp->mu);
+        return 0;
+    }
     /* Signalled after the unlock: a lane woken under the lock would at once
      * block on it again (two more futex calls and a switch per job). The
      * lane cannot miss it (it looks at its queue under the lock before it
@@ -199,6 +277,45 @@ int lanes_submit_group(lane_pool *lp, const char *key, const char *group, size_t
     pthread_cond_signal(&l->cv);
     atomic_fetch_sub(&l->waking, 1);
     return 0;
+}
+
+lane *lanes_lend(lane_pool *lp, lane_job **j, void **state) {
+    *j = NULL;
+    *state = NULL;
+    pthread_mutex_lock(&lp->mu);
+    lane *l = NULL;
+    for (lane *e = lp->by_key; e && !l; e = e->hh.next)
+        if (e->quiet && e->started && !e->running && !e->lent && !e->resume && !lp->stop && e->head)
+            l = e;
+    if (l) {
+        l->lent = true;
+        l->quiet = false;
+        *j = pop_locked(l);
+        *state = l->state;
+    }
+    pthread_mutex_unlock(&lp->mu);
+    return l;
+}
+
+lane_job *lane_lend_next(lane *l) {
+    lane_pool *lp = l->lp;
+    pthread_mutex_lock(&lp->mu);
+    lane_job *j = lp->stop || !(l->resume || l->head) ? NULL : pop_locked(l);
+    pthread_mutex_unlock(&lp->mu);
+    return j;
+}
+
+void lanes_lend_end(lane *l, lane_job *resume) {
+    lane_pool *lp = l->lp;
+    pthread_mutex_lock(&lp->mu);
+    l->resume = resume;
+    l->lent = false;
+    /* its thread sleeps on: woken only for work left (or closing) */
+    bool wake = resume || l->head || lp->stop;
+    atomic_fetch_add(&l->waking, 1);
+    pthread_mutex_unlock(&lp->mu);
+    if (wake) pthread_cond_signal(&l->cv);
+    atomic_fetch_sub(&l->waking, 1);
 }
 
 lane_job *lane_take_queued(lane *l) { return lane_take_queued_max(l, SIZE_MAX); }

@@ -13,6 +13,9 @@
  * lane may keep per-thread state (a socket belongs to one thread): ops.start
  * makes it on the lane's thread, ops.stop ends it there.
  *
+ * Lending: a thread that would otherwise wait may run a lane's jobs itself
+ * (lanes_lend, below), with jobs left to it by lanes_submit_quiet.
+ *
  * Threading: lanes_submit from any thread; the callbacks run on the lane's
  * thread without the pool's lock, so they may call lanes_submit (another key)
  * or lane_take_queued (their own lane). lanes_close from one thread, once.
@@ -42,6 +45,10 @@ typedef struct lane_ops {
      * cancel. Required unless every close drains. */
     void (*cancel)(void *ctx, lane_job *j);
     void *ctx;
+    /* Optional: the lane's thread went idle leaving jobs queued quietly
+     * (lanes_submit_quiet) for a borrower; called on that thread, without
+     * the pool's lock, so the owner can tell a thread that lends. */
+    void (*lendable)(void *ctx);
 } lane_ops;
 
 typedef struct lane_pool lane_pool;
@@ -63,6 +70,19 @@ int lanes_submit(lane_pool *lp, const char *key, lane_job *j);
 int lanes_submit_group(lane_pool *lp, const char *key, const char *group, size_t group_max,
                        lane_job *j);
 
+/* lanes_submit that leaves the lane's queue to a borrower (*quiet set): the
+ * lane's thread takes no job until a thread lent to the lane (lanes_lend)
+ * takes them, a later lanes_submit to the lane or lanes_wake_quiet wakes
+ * it. Only for a caller that makes sure one of these comes. So when the
+ * lane is idle (started, not running, nothing handed back, nothing queued
+ * that it was woken for), and when the lane's own thread submits to itself
+ * with nothing else queued (it then goes idle after its job and calls
+ * ops.lendable); otherwise as lanes_submit (a lent lane: queued, no wake). */
+int lanes_submit_quiet(lane_pool *lp, const char *key, lane_job *j, bool *quiet);
+
+/* Wakes every lane left asleep by lanes_submit_quiet. */
+void lanes_wake_quiet(lane_pool *lp);
+
 /* Lanes of `group` running now. */
 size_t lanes_count_group(lane_pool *lp, const char *group);
 
@@ -79,6 +99,29 @@ lane_job *lane_take_queued_max(lane *l, size_t max);
 bool lane_has_queued(lane *l);
 
 const char *lane_key(const lane *l);
+
+/* Lending: a thread that would otherwise wait (the push producer's poll)
+ * runs a lane's jobs itself instead of waking the lane's thread for them,
+ * so work queued for an idle lane crosses no thread. lanes_lend picks a lane
+ * whose jobs were left to a borrower (lanes_submit_quiet) and whose thread
+ * is idle (not running a job),
+ * marks it lent and returns it with that job (*j, which the borrower runs
+ * with ops.run(ctx, l, *state, *j), the lane's own state) and *state; NULL
+ * when there is none. While lent, the lane's thread takes no job and does
+ * not end (so its state stays), and lanes_submit to it queues without a
+ * wake-up. lane_lend_next takes the lane's next job (NULL: none, or
+ * closing). lanes_lend_end gives the lane back to its thread, with
+ * `resume` (or NULL): a job the borrower began and its thread must finish,
+ * run before the queue with its `next` untouched (lane_ops.cancel gets it
+ * so when the pool closes without drain). Only the borrower calls the last
+ * two, once per lend. The state is used by one thread at a time (the lent
+ * flag changes under the pool's lock), so state that belongs to a thread
+ * (a libzmq socket) must not be lent. */
+lane *lanes_lend(lane_pool *lp, lane_job **j, void **state);
+/* (a lane with a job handed back to it, `resume`, is not lent again until
+ * its thread ran that job) */
+lane_job *lane_lend_next(lane *l);
+void lanes_lend_end(lane *l, lane_job *resume);
 
 /* Jobs queued, not started, on the lane of `key` (0 when none runs): for
  * tests that wait for work to be queued. */

@@ -464,18 +464,28 @@ static ect_push_item borrowed(item_buf *b, const char *addr) {
     return it;
 }
 
-/* Sources are given back on the producer's own threads, never inside the
- * caller's flush (a flush that finds no thread running the rounds runs them
+/* Sources are given back on the producer's own threads or inside a poll that
+ * lends the caller's thread (pp_lend), never inside the caller's flush (a flush that finds no thread running the rounds runs them
  * itself, but hands writes and release callbacks to the dispatcher), each
  * exactly once and before its result: twelve steps of four borrowed items
  * flushed back to back, so flushes meet finished work of earlier steps. */
 static pthread_t caller_thread;
 static atomic_int released_on_caller, released_where;
+static atomic_bool in_flush; /* the caller is inside _flush (flush_counted) */
 static void on_release_where(void *user, const void *data, uint64_t nbytes) {
     (void)nbytes;
     assert_ptr_equal(user, data);
-    if (pthread_equal(pthread_self(), caller_thread)) atomic_fetch_add(&released_on_caller, 1);
+    if (pthread_equal(pthread_self(), caller_thread) && atomic_load(&in_flush))
+        atomic_fetch_add(&released_on_caller, 1);
     atomic_fetch_add(&released_where, 1);
+}
+
+/* ect_push_producer_flush with in_flush set around it. */
+static int flush_counted(ect_push_producer *p) {
+    atomic_store(&in_flush, true);
+    int n = ect_push_producer_flush(p);
+    atomic_store(&in_flush, false);
+    return n;
 }
 
 static void test_release_off_the_caller(void **st) {
@@ -496,7 +506,7 @@ static void test_release_off_the_caller(void **st) {
             it.release_user = b[i].data;
             assert_int_equal(ect_push_producer_reserve(p, &it), 0);
         }
-        assert_int_equal(ect_push_producer_flush(p), K);
+        assert_int_equal(flush_counted(p), K);
     }
     for (size_t got = 0; got < N;) {
         wait_results(p, r + got, 1, 20);
@@ -597,6 +607,101 @@ static void test_lone_steps_stay_on_the_lane(void **st) {
     (void)st;
     lone_steps("tcp");
     lone_steps("shm");
+}
+
+/* A poll about to wait lends its thread: each lone step's reserve and
+ * complete (and the settle, write and result between them) run on the
+ * caller's thread in poll, not on the address's lane thread (pp_lent counts
+ * the exchanges so run). The flush leaves the idle lane asleep for the poll
+ * that comes next; the dispatcher's fallback wake is pushed out of reach
+ * (pp_set_quiet_ms) so that a preempted caller cannot lose a step to it on
+ * a loaded machine; a flush that meets the rounds held by another thread
+ * (the dispatcher's timer, a lane) leaves its step to the poll all the same
+ * (kick_lender). The first step connects on the lane (a connect is never
+ * lent). Without lending none of the exchanges counts. */
+static void lone_steps_lent(const char *kind) {
+    enum { STEPS = 100 };
+    fake *f = fake_open(1, kind);
+    ect_push_producer *p = prod_open(5000, 150000);
+    pp_set_quiet_ms(p, 3600000);
+    for (int i = 0; i <= STEPS; i++) {
+        if (i == 1) assert_int_equal(pp_lent(p), 0); /* the first step connects on the lane */
+        item_buf b;
+        item_make(&b, "lent", i, 65536);
+        ect_push_item it = item_of(&b, f->addr);
+        ect_push_result r;
+        push_one(p, &it, &r, 10);
+        assert_int_equal(r.status, 0);
+        expect_bytes(&f->sh[0], b.tid, b.seed, b.nbytes);
+        free(b.data);
+    }
+    assert_int_equal(pp_lent(p), 2 * STEPS);
+    assert_int_equal(pp_lend_yields(p), 0);
+    assert_int_equal(pp_handoffs(p), 0);
+    expect_drained(f, p);
+    ect_push_producer_close(p);
+    fake_close(f);
+}
+
+static void test_lone_steps_on_the_caller(void **st) {
+    (void)st;
+    lone_steps_lent("tcp");
+    lone_steps_lent("shm");
+}
+
+/* A lent poll whose timeout runs out mid-exchange hands the exchange to the
+ * lane's thread and returns with no result; the exchange keeps its own
+ * control timeout and outcome. The shard holds the reserve (a consumer
+ * that does not answer, `hold`) until the poll came back: with `answer`
+ * it then answers and the item lands; without, the item fails with the
+ * control timeout (no reply), as it would had the lane sent it. */
+static void poll_gives_up(bool answer) {
+    fake *f = fake_open(1, "tcp");
+    shard *s = &f->sh[0];
+    ect_push_producer *p = prod_open(answer ? 30000 : 1000, 150000);
+    pp_set_quiet_ms(p, 3600000);
+    item_buf w, b;
+    item_make(&w, "warm", 0, 4096);
+    ect_push_item wi = item_of(&w, f->addr);
+    ect_push_result r;
+    push_one(p, &wi, &r, 10); /* connected; this thread polls: its flushes lend */
+    assert_int_equal(r.status, 0);
+    expect_bytes(s, w.tid, w.seed, w.nbytes);
+    atomic_store(&s->hold, true);
+    item_make(&b, "late", 0, 65536);
+    ect_push_item it = item_of(&b, f->addr);
+    assert_int_equal(ect_push_producer_reserve(p, &it), 0);
+    assert_int_equal(ect_push_producer_flush(p), 1);
+    uint64_t l0 = pp_lent(p);
+    assert_int_equal(ect_push_producer_poll(p, &r, 1, 20), 0); /* nothing, and it came back */
+    assert_int_equal(pp_lend_yields(p), 1);                    /* it began the exchange */
+    assert_int_equal(pp_lent(p) - l0, 1);
+    if (answer) atomic_store(&s->hold, false);
+    wait_results(p, &r, 1, 10);
+    atomic_store(&s->hold, false);
+    assert_string_equal(r.transfer_id, b.tid);
+    if (answer) {
+        assert_int_equal(r.status, 0);
+        expect_bytes(s, b.tid, b.seed, b.nbytes);
+        expect_drained(f, p);
+    } else {
+        assert_int_not_equal(r.status, 0); /* the control timeout ran its course */
+        assert_non_null(strstr(r.error, "no reply to reserve_batch within 1000 ms"));
+    }
+    ect_push_producer_close(p);
+    fake_close(f);
+    free(w.data);
+    free(b.data);
+}
+
+static void test_poll_gives_up_a_hung_exchange(void **st) {
+    (void)st;
+    poll_gives_up(false);
+}
+
+static void test_poll_gives_up_a_late_answer(void **st) {
+    (void)st;
+    poll_gives_up(true);
 }
 
 /* Waits until no thread runs the producer's rounds and no flush waits for
@@ -1458,7 +1563,9 @@ static void test_release_off_the_caller_held_down(void **st) {
         it.release = on_release_where;
         it.release_user = b[i].data;
         ect_push_result r;
-        push_one(p, &it, &r, 10);
+        assert_int_equal(ect_push_producer_reserve(p, &it), 0);
+        assert_int_equal(flush_counted(p), 1);
+        wait_results(p, &r, 1, 10);
         assert_int_not_equal(r.status, 0);
         assert_non_null(strstr(r.error, "127.0.0.1:1"));
         assert_int_equal(atomic_load(&released_where), i + 1);
@@ -1647,6 +1754,9 @@ int main(void) {
         cmocka_unit_test(test_release_off_the_caller_held_down),
         cmocka_unit_test(test_flush_on_a_running_lane),
         cmocka_unit_test(test_lone_steps_stay_on_the_lane),
+        cmocka_unit_test(test_lone_steps_on_the_caller),
+        cmocka_unit_test(test_poll_gives_up_a_hung_exchange),
+        cmocka_unit_test(test_poll_gives_up_a_late_answer),
         cmocka_unit_test(test_steps_in_flight_pipelined),
         cmocka_unit_test(test_write_unwaited_with_steps_in_flight),
         cmocka_unit_test(test_steps_in_flight_land_intact),

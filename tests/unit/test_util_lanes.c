@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "testutil.h"
@@ -75,7 +76,7 @@ static void on_cancel(void *ctx, lane_job *lj) {
     atomic_store(&((job *)lj)->cancelled, true);
 }
 
-static const lane_ops OPS = {on_start, on_run, on_stop, on_cancel, NULL};
+static const lane_ops OPS = {on_start, on_run, on_stop, on_cancel, NULL, NULL};
 
 static void reset(void) {
     atomic_store(&starts, 0);
@@ -252,6 +253,76 @@ static void test_group_cap(void **state) {
     assert_int_equal(atomic_load(&order_errors), 0);
 }
 
+/* Quiet-submits j (key 0, seq) until the lane's thread was idle for it (it
+ * runs those it was not: each is waited for and the next seq used).
+ * Returns the seq after the quiet one. */
+static int submit_quiet_idle(lane_pool *lp, job *spare, job *j, int seq) {
+    for (;;) {
+        job *t = spare ? spare : j;
+        memset(t, 0, sizeof *t);
+        t->key = 0;
+        t->seq = seq++;
+        bool quiet = false;
+        assert_int_equal(lanes_submit_quiet(lp, "k0", &t->lj, &quiet), 0);
+        if (quiet && t == j) return seq;
+        if (!quiet) {
+            wait_true(&t->ran); /* the thread was busy: it runs it */
+            continue;
+        }
+        spare = NULL; /* quiet, but the spare: hand it out by a wake and retry with j */
+        lanes_wake_quiet(lp);
+        wait_true(&t->ran);
+    }
+}
+
+/* Lending: a job queued quietly on an idle lane is left to a borrower, who
+ * runs it and the jobs queued meanwhile on its own thread with the lane's
+ * state; a job handed back runs on the lane's thread, before the queue, in
+ * order; lanes_wake_quiet hands a quiet job to the lane's thread. */
+static void test_lend(void **state) {
+    (void)state;
+    reset();
+    lane_pool *lp;
+    assert_int_equal(lanes_open(&OPS, 4, 60000, &lp), 0);
+    static job a[8], spare;
+    assert_int_equal(submit(lp, &a[0], 0, 1), 0);
+    wait_true(&a[0].ran);
+    pthread_t lane_th = a[0].ran_on;
+    int seq = submit_quiet_idle(lp, &spare, &a[1], 2);
+    lane_job *j = NULL;
+    void *st = NULL;
+    lane *l = lanes_lend(lp, &j, &st);
+    assert_non_null(l);
+    assert_ptr_equal(j, &a[1].lj);
+    on_run(NULL, l, st, j);
+    assert_true(pthread_equal(a[1].ran_on, pthread_self()));
+    assert_int_equal(submit(lp, &a[2], 0, seq++), 0); /* lent: queued for the borrower */
+    j = lane_lend_next(l);
+    assert_ptr_equal(j, &a[2].lj);
+    on_run(NULL, l, st, j);
+    assert_true(pthread_equal(a[2].ran_on, pthread_self()));
+    assert_null(lane_lend_next(l));
+    lanes_lend_end(l, NULL);
+    assert_null(lanes_lend(lp, &j, &st)); /* nothing left to lend */
+    seq = submit_quiet_idle(lp, NULL, &a[3], seq);
+    l = lanes_lend(lp, &j, &st);
+    assert_ptr_equal(j, &a[3].lj);
+    assert_int_equal(submit(lp, &a[4], 0, seq++), 0);
+    lanes_lend_end(l, j); /* handed back unrun: the lane's thread runs it, then a[4] */
+    wait_true(&a[4].ran);
+    assert_true(a[3].ran);
+    assert_true(pthread_equal(a[3].ran_on, lane_th));
+    assert_true(pthread_equal(a[4].ran_on, lane_th));
+    seq = submit_quiet_idle(lp, NULL, &a[5], seq);
+    lanes_wake_quiet(lp);
+    wait_true(&a[5].ran);
+    assert_true(pthread_equal(a[5].ran_on, lane_th));
+    assert_int_equal(atomic_load(&order_errors), 0);
+    lanes_close(lp, false);
+    assert_int_equal(atomic_load(&starts), 1);
+    assert_int_equal(atomic_load(&stops), 1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_order_parallel_and_limit),
@@ -259,6 +330,7 @@ int main(void) {
         cmocka_unit_test(test_take_queued_and_close),
         cmocka_unit_test(test_take_queued_max),
         cmocka_unit_test(test_group_cap),
+        cmocka_unit_test(test_lend),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
