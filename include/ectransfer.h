@@ -1079,7 +1079,7 @@ ECT_API void ect_push_scheduler_stats(ect_push_scheduler *s, ect_push_scheduler_
  * (steps in flight; order per address is kept); write batches to different sessions run on
  * short-lived helper threads. Every ect_push_producer_* call except _open and _close is safe from
  * any thread at once and never waits on the network (the only wait is ect_push_producer_poll's
- * timeout, chosen by the caller; a poll may run a lone step's work meanwhile, see there).
+ * timeout, chosen by the caller; _flush_poll may run a lone step's work meanwhile, see there).
  * _close must not race with any other call.
  *
  * Finished transfers (done, failed, cancelled) are reported once each by
@@ -1093,8 +1093,8 @@ typedef struct ect_push_producer ect_push_producer;
  *  reserve, write and complete of its transfer settled, or when the push
  *  failed or was cancelled). Runs on one of the producer's own threads (the
  *  dispatcher, or the control lane that settled the transfer's last
- *  exchange; never inside _flush), inside a waiting _poll that ran the step
- *  (see there), or on the caller's thread from _cancel of
+ *  exchange; never inside _flush), inside a waiting _flush_poll that ran the
+ *  step (see there), or on the caller's thread from _cancel of
  *  an unflushed item or from _close; it must not call ect_push_producer_*
  *  functions of the same producer. */
 typedef void (*ect_push_release_fn)(void *user, const void *data, uint64_t nbytes);
@@ -1260,6 +1260,26 @@ ECT_API int ect_push_producer_stage(ect_push_producer *p, const char *transfer_i
  *  number of items handed over, or ECT_ECLOSED. Any thread; non-blocking. */
 ECT_API int ect_push_producer_flush(ect_push_producer *p);
 
+/** _flush, then _poll(p, out, max, timeout_ms) into *polled, in one call:
+ *  for a caller that waits for its step right away (the latency case, one
+ *  step in flight). When the step is lone (nothing else in flight, no result
+ *  unpolled) and timeout_ms != 0, the flush leaves the step's control
+ *  exchange to this call instead of waking the address's lane thread, and
+ *  the wait runs the step itself on the calling thread: the exchange on the
+ *  lane's connection, the write, the complete, the result and the step's
+ *  release callbacks. A lone step then crosses no thread (two wake-ups
+ *  fewer than _flush + _poll). Release callbacks may therefore run inside
+ *  this call (never inside _reserve or _flush). The network never holds the
+ *  call much past its timeout: an exchange still waiting for its reply then
+ *  is handed back to the lane thread, which goes on reading it with its own
+ *  control timeout and outcome. Steps in flight, max 0 or timeout_ms 0:
+ *  exactly _flush then _poll. Not with CurveZMQ keys (curve_keys): their
+ *  sockets belong to the lane threads, so the step goes there. Returns what
+ *  _flush returns (items flushed, or ECT_ECLOSED: then nothing is polled);
+ *  ECT_EINVAL for a NULL p or polled, or out NULL with max > 0. Any thread. */
+ECT_API int ect_push_producer_flush_poll(ect_push_producer *p, ect_push_result *out, size_t max,
+                                         int timeout_ms, size_t *polled);
+
 /** Cancels a transfer: an unflushed one ends at once; one in flight is
  *  abandoned on its shards once its actions in flight settled. It is reported
  *  by poll with ECT_ECANCELED (unless it finished first). Errors:
@@ -1270,20 +1290,9 @@ ECT_API int ect_push_producer_cancel(ect_push_producer *p, const char *transfer_
  *  (0: do not wait, -1: forever) for at least one. Returns how many. Any
  *  thread.
  *
- *  A poll that waits lends the calling thread to the producer: when the
- *  thread's last flush was a lone step (nothing else in flight) and this
- *  thread polled before, that flush left the step's control exchange to
- *  this poll instead of waking the address's lane thread, and the poll runs
- *  the step itself (the exchange on the lane's connection, the write, the
- *  complete, the result, and the step's release callbacks) so a lone step
- *  crosses no thread. Release callbacks may therefore run inside poll, on
- *  the caller's thread (never inside _reserve or _flush). The network never
- *  holds poll much past its timeout: an exchange still waiting for its reply
- *  then is handed back to the lane thread, which goes on reading it with its
- *  own control timeout and outcome. Not with CurveZMQ keys (curve_keys):
- *  their sockets belong to the lane threads. A thread that flushes and does
- *  not poll next loses nothing but a few ms: any other call of the producer
- *  wakes the lane, and the dispatcher does after 2 ms. */
+ *  A poll that waits may lend the calling thread to the producer: it runs
+ *  the lone step that ect_push_producer_flush_poll's flush left to it (see
+ *  there). */
 ECT_API size_t ect_push_producer_poll(ect_push_producer *p, ect_push_result *out, size_t max,
                                       int timeout_ms);
 

@@ -140,7 +140,9 @@ static void bench_id(char buf[64], const char *prefix, uint64_t v) {
  * keeping up to `inflight` steps in flight: a new step is queued and flushed
  * as soon as fewer than `inflight` steps' items are unfinished. The time
  * spent clearing the shard (take + release + evict, no round trip) is not
- * counted. With inflight 1 every step waits for the previous one's results.
+ * counted. With inflight 1 every step waits for the previous one's results:
+ * it is flushed and waited for in one call (ect_push_producer_flush_poll, which
+ * runs a lone step on this thread), as a latency-bound caller would.
  * The warm-up runs `inflight` steps, and for warm_s seconds. With s NULL (a
  * remote consumer) nothing is cleared here: the server does it. */
 static int run_push(shard *s, const char *addr, ect_push_producer *p, void **src, size_t k,
@@ -169,6 +171,8 @@ static int run_push(shard *s, const char *addr, ect_push_producer *p, void **src
         uint64_t deadline = cli_now_ms() + 60000;
         for (;;) {
             bool more = started < want_steps || cli_now_ns() < (warm ? warm_end : t_end);
+            size_t m = 0;
+            bool polled = false;
             while (!rc && more && outstanding + k <= k * inflight) {
                 for (size_t j = 0; j < k && !rc; j++) {
                     uint64_t id = (*serial)++;
@@ -187,7 +191,13 @@ static int run_push(shard *s, const char *addr, ect_push_producer *p, void **src
                     rc = ect_push_producer_reserve(p, &item);
                 }
                 if (rc) break;
-                ect_push_producer_flush(p);
+                if (inflight == 1) { /* the step is waited for next: one call */
+                    int f = ect_push_producer_flush_poll(p, res, rcap, 1000, &m);
+                    if (f < 0) rc = f;
+                    polled = true;
+                } else {
+                    ect_push_producer_flush(p);
+                }
                 outstanding += k;
                 started++;
                 more = started < want_steps || cli_now_ns() < (warm ? warm_end : t_end);
@@ -197,7 +207,7 @@ static int run_push(shard *s, const char *addr, ect_push_producer *p, void **src
                 rc = ECT_ETIMEDOUT;
                 break;
             }
-            size_t m = ect_push_producer_poll(p, res, rcap, 1000);
+            if (!polled || !m) m = ect_push_producer_poll(p, res, rcap, 1000);
             uint64_t c0 = cli_now_ns();
             for (size_t i = 0; i < m; i++) {
                 if (res[i].status) {

@@ -7,14 +7,17 @@
  * results. Nothing here touches a socket but a waiting poll lent to a lone
  * step (below), so no other call waits on the network.
  *
- * A poll that waits lends its thread (producer_lanes.c, pp_lend): the flush
- * of a lone step on a thread that polls leaves the step's exchange queued
- * on its idle lane without a wake-up (pp_lane_submit, "quiet"), and the
- * poll runs it and what follows (settle, write, complete, result) as the
- * lane's thread would; between lends it waits for a result or for more work
- * left to it (lend_seq). Its timeout hands an exchange still waiting for a
- * reply back to the lane's thread, which goes on reading it. Every other
- * call, and poll on its way out, wakes lanes left so (pp_wake_quiet).
+ * A poll that waits lends its thread (producer_lanes.c, pp_lend). The flush
+ * of ect_push_producer_flush_poll, when its step is lone, leaves the step's
+ * exchange queued on its idle lane without a wake-up (pp_lane_submit,
+ * "quiet"), and the poll that follows in the same call runs it and what
+ * follows (settle, write, complete, result) as the lane's thread would;
+ * between lends it waits for a result or for more work left to it
+ * (lend_seq). Its timeout hands an exchange still waiting for a reply back
+ * to the lane's thread, which goes on reading it. A plain flush wakes the
+ * lane as before; every other call, and flush_poll on its way out, wakes
+ * lanes left asleep (pp_wake_quiet), and a quiet submit made when no
+ * flush_poll is in progress (p->lenders 0) wakes its lane at once.
  *
  * Dedup: the table remembers every transfer_id from reserve until ttl_ms
  * after it finished (at most max_tombstones finished ones), so a repeated
@@ -131,9 +134,6 @@ int ect_push_producer_open(const ect_push_producer_opts *opts, ect_push_producer
     }
     p->o.curve_keys = p->curve_keys;
     p->done_tail = &p->done;
-    p->quiet_ms = PP_QUIET_MS;
-    static _Atomic uint64_t serials;
-    p->serial = atomic_fetch_add(&serials, 1) + 1;
     pthread_mutex_init(&p->mu, NULL);
     ect_cond_init(&p->wake);
     ect_cond_init(&p->results);
@@ -197,16 +197,19 @@ static int check_str(const char *s, size_t max, const char *field) {
  * baton"; whatever could block is handed to the dispatcher), else leaves
  * them to the one that does. Returns how many records. Caller holds mu; it
  * may be dropped meanwhile. */
-static size_t flush_locked(ect_push_producer *p) {
+static size_t flush_locked(ect_push_producer *p, bool lend) {
     size_t n = push_flush(p->table);
     if (n) p->st.steps++;
     p->kick = true;
-    /* A lone step (nothing else in flight) is left to the poll that comes
-     * next; with steps in flight the lanes keep theirs, so that the caller
-     * is free to flush the next step as soon as a result is in. */
-    push_stats ps;
-    push_get_stats(p->table, &ps);
-    p->kick_lender |= n && ps.live == n && !p->unreported && pp_lends_next(p);
+    /* A lone step (nothing else in flight) flushed by flush_poll is left to
+     * the poll that follows; with steps in flight the lanes keep theirs, so
+     * that the caller is free to flush the next step as soon as a result is
+     * in. Without keys only: a libzmq REQ is not lent (control_client.h). */
+    if (lend && n && !p->keys) {
+        push_stats ps;
+        push_get_stats(p->table, &ps);
+        p->kick_lender |= ps.live == n && !p->unreported;
+    }
     pp_run_locked(p, PP_RUN_CALLER, NULL);
     return n;
 }
@@ -226,7 +229,7 @@ static int staging_alloc(ect_push_producer *p, uint64_t n, uint64_t *off) {
     uint64_t t0 = ect_now_ms(), end = t0 + p->o.staging_wait_ms;
     pthread_mutex_lock(&p->mu);
     p->st.staging_waits++;
-    flush_locked(p);
+    flush_locked(p, false);
     for (;;) {
         if (p->stop) {
             pthread_mutex_unlock(&p->mu);
@@ -381,17 +384,22 @@ int ect_push_producer_stage(ect_push_producer *p, const char *transfer_id, const
     return rc;
 }
 
-int ect_push_producer_flush(ect_push_producer *p) {
-    if (!p) return ect_set_error(ECT_EINVAL, "ect_push_producer_flush: NULL");
+/* ect_push_producer_flush; lend: the caller polls next (flush_poll). */
+static int flush(ect_push_producer *p, bool lend) {
     pp_wake_quiet(p);
     pthread_mutex_lock(&p->mu);
     if (p->stop) {
         pthread_mutex_unlock(&p->mu);
         return ect_set_error(ECT_ECLOSED, "push producer is closing");
     }
-    size_t n = flush_locked(p);
+    size_t n = flush_locked(p, lend);
     pthread_mutex_unlock(&p->mu);
     return (int)n;
+}
+
+int ect_push_producer_flush(ect_push_producer *p) {
+    if (!p) return ect_set_error(ECT_EINVAL, "ect_push_producer_flush: NULL");
+    return flush(p, false);
 }
 
 static void push_result(ect_push_producer *p, const ect_push_result *r) {
@@ -544,17 +552,18 @@ static void lend_locked(ect_push_producer *p, uint64_t end_ms) {
     }
 }
 
-/* Poll's wait (timeout_ms != 0): lends this thread to the work left to it,
- * and between lends waits for a result or for more such work (lend_seq),
- * up to the timeout (< 0: none). Caller holds mu. */
-static void wait_locked(ect_push_producer *p, int timeout_ms) {
+/* Poll's wait (timeout_ms != 0) for a result, up to the timeout (< 0:
+ * none). lend (flush_poll): meanwhile lends this thread to the work left to
+ * it, and between lends also wakes for more such work (lend_seq). Caller
+ * holds mu. */
+static void wait_locked(ect_push_producer *p, int timeout_ms, bool lend) {
     uint64_t end_ms = timeout_ms < 0 ? 0 : ect_now_ms() + (uint64_t)timeout_ms;
     uint64_t end_ns = timeout_ms < 0 ? 0 : ect_deadline_ns((uint64_t)timeout_ms);
     while (!p->res_n && !p->stop) {
         uint64_t seq = p->lend_seq;
-        lend_locked(p, end_ms);
+        if (lend) lend_locked(p, end_ms);
         if (p->res_n || p->stop || (end_ms && ect_now_ms() >= end_ms)) break;
-        if (p->lend_seq != seq) continue; /* more was left to it meanwhile */
+        if (lend && p->lend_seq != seq) continue; /* more was left to it meanwhile */
         p->pollers++;
         bool out = false;
         if (timeout_ms < 0)
@@ -566,11 +575,10 @@ static void wait_locked(ect_push_producer *p, int timeout_ms) {
     }
 }
 
-size_t ect_push_producer_poll(ect_push_producer *p, ect_push_result *out, size_t max,
-                              int timeout_ms) {
-    if (!p || !out || !max) return 0;
+static size_t poll_results(ect_push_producer *p, ect_push_result *out, size_t max,
+                           int timeout_ms, bool lend) {
     pthread_mutex_lock(&p->mu);
-    if (!p->res_n && timeout_ms != 0) wait_locked(p, timeout_ms);
+    if (!p->res_n && timeout_ms != 0) wait_locked(p, timeout_ms, lend);
     size_t n = 0;
     while (n < max && p->res_n) {
         out[n++] = p->res[p->res_head];
@@ -579,6 +587,31 @@ size_t ect_push_producer_poll(ect_push_producer *p, ect_push_result *out, size_t
     }
     pthread_mutex_unlock(&p->mu);
     pp_wake_quiet(p); /* nothing left asleep once this thread goes elsewhere */
+    return n;
+}
+
+size_t ect_push_producer_poll(ect_push_producer *p, ect_push_result *out, size_t max,
+                              int timeout_ms) {
+    if (!p || !out || !max) return 0;
+    return poll_results(p, out, max, timeout_ms, false);
+}
+
+int ect_push_producer_flush_poll(ect_push_producer *p, ect_push_result *out, size_t max,
+                                 int timeout_ms, size_t *polled) {
+    if (polled) *polled = 0;
+    if (!p || !polled || (max && !out))
+        return ect_set_error(ECT_EINVAL, "ect_push_producer_flush_poll: NULL argument");
+    /* A lender while counted: a lane left asleep by this flush's round is
+     * woken by whoever sees the count at 0 (pp_lane_submit, pp_wake_quiet
+     * below), so no step waits for a poll that is gone. */
+    bool lend = max && timeout_ms != 0;
+    if (lend) atomic_fetch_add(&p->lenders, 1);
+    int n = flush(p, lend);
+    if (n >= 0 && max) *polled = poll_results(p, out, max, timeout_ms, lend);
+    if (lend) {
+        atomic_fetch_sub(&p->lenders, 1);
+        pp_wake_quiet(p);
+    }
     return n;
 }
 

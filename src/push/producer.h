@@ -28,8 +28,8 @@
  * its next exchange is not held up by writes (steps in flight). A lane whose
  * reply comes back while a caller's flush holds the baton waits for that
  * short round (pp_wait_caller_locked) and takes the baton after it, so a lone
- * step's reserve, write, complete and result all stay on its lane. A poll
- * that waits runs a lone step instead, when the thread's flush left it
+ * step's reserve, write, complete and result all stay on its lane. A
+ * flush_poll's poll runs a lone step instead, its flush having left it
  * quietly queued (pp_lend, below): then it all stays on the caller's thread.
  */
 #ifndef ECT_PUSH_PRODUCER_H
@@ -102,11 +102,9 @@ struct ect_push_producer {
     uint64_t pipelined;   /* exchanges that rode behind another in one write (pp_pipelined) */
     _Atomic uint64_t lent;   /* lane jobs run on a poll's thread (pp_lent) */
     _Atomic uint64_t yields; /* ... handed back mid-exchange (pp_lend_yields) */
-    atomic_bool quiet;         /* a caller's flush left a lane asleep (pp_lane_submit) */
-    _Atomic uint64_t quiet_at; /* when (ms): the dispatcher wakes it after quiet_ms */
-    uint64_t quiet_ms;         /* PP_QUIET_MS (pp_set_quiet_ms: tests) */
-    uint64_t serial;           /* this producer's number in the process (set at open) */
-    bool kick_lender;          /* [mu] the kick is a lending thread's flush: quiet submits */
+    atomic_bool quiet;         /* a flush_poll's round left a lane asleep (pp_lane_submit) */
+    atomic_int lenders;        /* ect_push_producer_flush_poll calls in progress */
+    bool kick_lender;          /* [mu] the kick is a flush_poll's flush: quiet submits */
     size_t pollers;            /* [mu] polls waiting on `results` */
     uint64_t lend_seq;         /* [mu] bumped when a lane's work was left to a poll */
     bool caller_runs;     /* the baton is a public call's (a flush: it never waits) */
@@ -184,22 +182,16 @@ void pp_lane_key(const px *x, char key[PP_LANE_KEY_MAX]);
  * (ECT_ENOMEM) the caller keeps it. The baton's holder. */
 int pp_lane_submit(ect_push_producer *p, px *x, bool quiet_ok);
 
-/* The round a flush kicked, made on a thread that waits in poll for its
- * results (a lender, pp_lend), queues its exchanges with quiet_ok: an idle
- * lane's thread is not woken (lanes_submit_quiet, p->quiet set), nor does a
- * lane that queues it on itself take it, since the poll that comes next runs
- * the exchange itself; a poll already waiting is told (lend_seq). Every
- * other public call wakes such lanes first (pp_wake_quiet), poll when it
- * returns, and the dispatcher after PP_QUIET_MS when no call came (a caller
- * that flushed and went elsewhere). */
-#define PP_QUIET_MS 2
+/* The round the flush of ect_push_producer_flush_poll kicked (a lone step;
+ * the same call's poll lends its thread, pp_lend) queues its exchanges with
+ * quiet_ok: an idle lane's thread is not woken (lanes_submit_quiet, p->quiet
+ * set), nor does a lane that queues it on itself take it, since the poll
+ * runs the exchange itself; a poll already waiting is told (lend_seq). Every
+ * other public call wakes such lanes first (pp_wake_quiet), flush_poll when
+ * it returns, and a quiet submit made while no flush_poll is in progress
+ * (p->lenders 0: its round ran late, on another thread) wakes its lane at
+ * once, so no step waits for a poll that is not coming. */
 void pp_wake_quiet(ect_push_producer *p);
-
-/* Tests: the dispatcher's fallback wake after ms instead of PP_QUIET_MS (a
- * test whose caller always polls next makes it long, so that a loaded
- * machine's preemption between flush and poll cannot send a step to the
- * lane's thread). Before any push. */
-void pp_set_quiet_ms(ect_push_producer *p, uint64_t ms);
 
 /* Picks the lane of the complete_batch x (x->on_main: always without keys,
  * where exchanges pipeline) and with keys counts it in
@@ -252,10 +244,6 @@ uint64_t pp_pipelined(ect_push_producer *p);
  * yield). Not with CurveZMQ keys (a libzmq REQ belongs to its thread), nor
  * nested. Returns whether it ran anything. */
 bool pp_lend(ect_push_producer *p, uint64_t until_ms);
-
-/* Whether this thread lends itself in p's poll (it did before): its flush
- * may then leave lanes asleep (pp_lane_submit). */
-bool pp_lends_next(ect_push_producer *p);
 
 /* How many lane jobs ran on a poll's thread (pp_lend; tests), and how many
  * of them it handed back to the lane's thread mid-exchange, its time up

@@ -251,15 +251,9 @@ static bool lend_over(ect_push_producer *p, uint64_t until_ms) {
 }
 
 static _Thread_local bool tl_lending; /* this thread runs a lent lane (no nesting) */
-/* The producer (its serial: a pointer may be reused by the next one) whose
- * poll this thread waits in. */
-static _Thread_local uint64_t tl_poller;
-
-bool pp_lends_next(ect_push_producer *p) { return !p->keys && tl_poller == p->serial; }
 
 bool pp_lend(ect_push_producer *p, uint64_t until_ms) {
     if (p->keys || tl_lending) return false; /* a libzmq REQ is not lent (control_client.h) */
-    tl_poller = p->serial;
     lane_job *j = NULL;
     void *state = NULL;
     lane *l = lanes_lend(p->lanes, &j, &state);
@@ -356,9 +350,13 @@ int pp_lane_submit(ect_push_producer *p, px *x, bool quiet_ok) {
                       : lanes_submit(p->lanes, key, &x->lj);
     if (rc) return ect_set_error(rc, "no control lane for %s: %s", x->key, ect_last_error());
     if (quiet) {
-        atomic_store(&p->quiet_at, ect_now_ms());
         atomic_store(&p->quiet, true);
-        lendable(p);
+        /* the flush_poll that asked for it may be gone already (a round run
+         * late by another thread): then nobody would lend, wake it here */
+        if (!atomic_load(&p->lenders))
+            pp_wake_quiet(p);
+        else
+            lendable(p);
     }
     return 0;
 }

@@ -414,12 +414,6 @@ static void take_handoff(ect_push_producer *p) {
     finish_round(p, ho.nacts, ho.writes, ho.failed, ho.async);
 }
 
-void pp_set_quiet_ms(ect_push_producer *p, uint64_t ms) {
-    pthread_mutex_lock(&p->mu);
-    p->quiet_ms = ms;
-    pthread_mutex_unlock(&p->mu);
-}
-
 uint64_t pp_handoffs(ect_push_producer *p) {
     pthread_mutex_lock(&p->mu);
     uint64_t n = p->handoffs;
@@ -479,28 +473,6 @@ static void close_all(ect_push_producer *p) {
 /* The dispatcher: takes the baton when it is handed over, when work came
  * back that nobody runs (a lane with more queued), and on its timer (input
  * waits, backoffs, tombstones); otherwise it sleeps. */
-/* The dispatcher's wait: until its next timer (ms from now), but in slices
- * of PP_QUIET_MS while a caller's flush left lanes asleep lately (a second),
- * waking them once PP_QUIET_MS old (pp_lane_submit: the caller went
- * elsewhere instead of polling). Returns true when the timer ran out. */
-static bool dispatch_wait(ect_push_producer *p, uint64_t ms) {
-    uint64_t end = ect_now_ms() + ms;
-    for (;;) {
-        uint64_t now = ect_now_ms(), q = atomic_load(&p->quiet_at);
-        bool watch = q && now - q < 1000 && !p->stop;
-        uint64_t left = end > now ? end - now : 0;
-        if (!watch || left <= p->quiet_ms)
-            return ect_cond_wait_until(&p->wake, &p->mu, ect_deadline_ns(left)) != 0;
-        if (!ect_cond_wait_until(&p->wake, &p->mu, ect_deadline_ns(p->quiet_ms)))
-            return false; /* signalled */
-        if (atomic_load(&p->quiet) && ect_now_ms() - atomic_load(&p->quiet_at) >= p->quiet_ms) {
-            pthread_mutex_unlock(&p->mu);
-            pp_wake_quiet(p);
-            pthread_mutex_lock(&p->mu);
-        }
-    }
-}
-
 void *pp_dispatch_main(void *arg) {
     ect_push_producer *p = arg;
     runner self = {PP_RUN_DISPATCHER, false, NULL, false};
@@ -521,7 +493,7 @@ void *pp_dispatch_main(void *arg) {
         }
         uint64_t ms = WAKE_MS, wake = push_next_wake(p->table), now = ect_now_ms();
         if (wake && !p->running) ms = wake <= now ? 0 : wake - now < ms ? wake - now : ms;
-        timed |= dispatch_wait(p, ms);
+        timed |= ect_cond_wait_until(&p->wake, &p->mu, ect_deadline_ns(ms)) != 0;
     }
     close_all(p);
     return NULL;

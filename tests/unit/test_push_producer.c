@@ -598,6 +598,7 @@ static void lone_steps(const char *kind) {
         free(b.data);
     }
     assert_int_equal(pp_handoffs(p) - h0, 0);
+    assert_int_equal(pp_lent(p), 0); /* a plain flush wakes its lane: nothing waits for a poll */
     expect_drained(f, p);
     ect_push_producer_close(p);
     fake_close(f);
@@ -609,28 +610,40 @@ static void test_lone_steps_stay_on_the_lane(void **st) {
     lone_steps("shm");
 }
 
-/* A poll about to wait lends its thread: each lone step's reserve and
+/* flush_poll of one item: its result in *r (waits up to secs). */
+static void push_one_lent(ect_push_producer *p, const ect_push_item *it, ect_push_result *r,
+                          double secs) {
+    assert_int_equal(ect_push_producer_reserve(p, it), 0);
+    size_t m = 0;
+    assert_int_equal(ect_push_producer_flush_poll(p, r, 1, (int)(secs * 1000), &m), 1);
+    if (!m) wait_results(p, r, 1, secs);
+}
+
+/* flush_poll lends the calling thread: each lone step's reserve and
  * complete (and the settle, write and result between them) run on the
- * caller's thread in poll, not on the address's lane thread (pp_lent counts
- * the exchanges so run). The flush leaves the idle lane asleep for the poll
- * that comes next; the dispatcher's fallback wake is pushed out of reach
- * (pp_set_quiet_ms) so that a preempted caller cannot lose a step to it on
- * a loaded machine; a flush that meets the rounds held by another thread
- * (the dispatcher's timer, a lane) leaves its step to the poll all the same
- * (kick_lender). The first step connects on the lane (a connect is never
- * lent). Without lending none of the exchanges counts. */
+ * caller's thread in its wait, not on the address's lane thread (pp_lent
+ * counts the exchanges so run). The flush leaves the idle lane asleep for
+ * the wait that follows in the same call; a flush that meets the rounds
+ * held by another thread (the dispatcher's timer, a lane) leaves its step to
+ * it all the same (kick_lender). The first step connects on the lane (a
+ * connect is never lent). Without lending none of the exchanges counts. */
 static void lone_steps_lent(const char *kind) {
     enum { STEPS = 100 };
     fake *f = fake_open(1, kind);
     ect_push_producer *p = prod_open(5000, 150000);
-    pp_set_quiet_ms(p, 3600000);
+    ect_push_result r0;
+    size_t m = 7;
+    assert_int_equal(ect_push_producer_flush_poll(p, &r0, 1, 10, NULL), ECT_EINVAL);
+    assert_int_equal(ect_push_producer_flush_poll(p, NULL, 1, 10, &m), ECT_EINVAL);
+    assert_int_equal(m, 0);
+    assert_int_equal(ect_push_producer_flush_poll(p, NULL, 0, 0, &m), 0); /* nothing queued */
     for (int i = 0; i <= STEPS; i++) {
         if (i == 1) assert_int_equal(pp_lent(p), 0); /* the first step connects on the lane */
         item_buf b;
         item_make(&b, "lent", i, 65536);
         ect_push_item it = item_of(&b, f->addr);
         ect_push_result r;
-        push_one(p, &it, &r, 10);
+        push_one_lent(p, &it, &r, 10);
         assert_int_equal(r.status, 0);
         expect_bytes(&f->sh[0], b.tid, b.seed, b.nbytes);
         free(b.data);
@@ -659,21 +672,21 @@ static void poll_gives_up(bool answer) {
     fake *f = fake_open(1, "tcp");
     shard *s = &f->sh[0];
     ect_push_producer *p = prod_open(answer ? 30000 : 1000, 150000);
-    pp_set_quiet_ms(p, 3600000);
     item_buf w, b;
     item_make(&w, "warm", 0, 4096);
     ect_push_item wi = item_of(&w, f->addr);
     ect_push_result r;
-    push_one(p, &wi, &r, 10); /* connected; this thread polls: its flushes lend */
+    push_one(p, &wi, &r, 10); /* connected */
     assert_int_equal(r.status, 0);
     expect_bytes(s, w.tid, w.seed, w.nbytes);
     atomic_store(&s->hold, true);
     item_make(&b, "late", 0, 65536);
     ect_push_item it = item_of(&b, f->addr);
     assert_int_equal(ect_push_producer_reserve(p, &it), 0);
-    assert_int_equal(ect_push_producer_flush(p), 1);
     uint64_t l0 = pp_lent(p);
-    assert_int_equal(ect_push_producer_poll(p, &r, 1, 20), 0); /* nothing, and it came back */
+    size_t m = 1;
+    assert_int_equal(ect_push_producer_flush_poll(p, &r, 1, 20, &m), 1);
+    assert_int_equal(m, 0);                                    /* nothing, and it came back */
     assert_int_equal(pp_lend_yields(p), 1);                    /* it began the exchange */
     assert_int_equal(pp_lent(p) - l0, 1);
     if (answer) atomic_store(&s->hold, false);
