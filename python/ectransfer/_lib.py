@@ -404,6 +404,7 @@ _PROTOS = {
     "ect_push_producer_reserve": (I, [P, P]),
     "ect_push_producer_stage": (I, [P, S, P, U64, P, P]),
     "ect_push_producer_flush": (I, [P]),
+    "ect_push_producer_flush_poll": (I, [P, P, SZ, I, P]),
     "ect_push_producer_cancel": (I, [P, S]),
     "ect_push_producer_poll": (SZ, [P, P, SZ, I]),
     "ect_push_producer_pending": (SZ, [P]),

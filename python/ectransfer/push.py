@@ -173,6 +173,20 @@ class PushProducer(_lib.Handle):
         how many items were handed over."""
         return check(_lib.lib.ect_push_producer_flush(self._handle()))
 
+    def flush_poll(self, timeout: float) -> tuple[int, list[Result]]:
+        """flush, then poll(timeout), in one call: for a caller that waits for its step
+        right away. A lone step (nothing else in flight) then runs on this thread inside
+        the call, with no thread wake-up in its path; its release runs here too.
+        Returns (items handed over, results)."""
+        h = self._handle()
+        polled = ctypes.c_size_t(0)
+        n = check(
+            _lib.lib.ect_push_producer_flush_poll(
+                h, self._results, 256, max(0, int(timeout * 1000)), ctypes.byref(polled)
+            )
+        )
+        return n, self._results_out(polled.value)
+
     def cancel(self, transfer_id: str) -> bool:
         """Cancels a transfer (reported by poll as cancelled unless it finished first).
         Returns False when it is unknown or already finished."""
@@ -201,7 +215,9 @@ class PushProducer(_lib.Handle):
                 return out + (self._poll_once(h, 0) if not out else [])
 
     def _poll_once(self, h, timeout_ms: int) -> list[Result]:
-        n = _lib.lib.ect_push_producer_poll(h, self._results, 256, timeout_ms)
+        return self._results_out(_lib.lib.ect_push_producer_poll(h, self._results, 256, timeout_ms))
+
+    def _results_out(self, n: int) -> list[Result]:
         out = []
         for i in range(n):
             r = _lib.struct_at(self._results, "ect_push_result", i)

@@ -44,6 +44,28 @@ def move(inst, src, mm_hash=None, **kw):
     return tid
 
 
+
+def test_flush_poll_runs_a_lone_step_and_returns_its_result(inst):
+    """flush_poll hands the step over and waits for it in one call; the result is
+    the item's own, its bytes land, and a flush_poll with nothing queued hands over
+    nothing and returns no result."""
+    shard, sched, prod = inst
+    src = rand_tensor((16, 64), torch.float32, seed=7)
+    sched.expect("fp1")
+    prod.push("fp1", shard.address, "hfp1", src)
+    n, results = prod.flush_poll(30)
+    if not results:
+        results = wait_for(lambda: prod.poll(0), "result")
+    assert n == 1
+    (r,) = results
+    assert r.ok and r.transfer_id == "fp1", r
+    wait_for(lambda: "fp1" in sched.poll() or sched.state("fp1").state == "LOADING", "arrival")
+    t = shard.take("fp1")
+    assert torch.equal(t, src)
+    shard.release("fp1")
+    assert prod.flush_poll(0) == (0, [])
+
+
 def rand_tensor(shape, dtype, seed=0):
     g = torch.Generator().manual_seed(seed)
     if dtype == torch.bool:
