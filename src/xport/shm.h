@@ -88,6 +88,9 @@ int shm_target_offer(ect_xport *x, uint64_t id, const char *const *keys, size_t 
 /* Drop lists this target made by a walk of every region (a connection more
  * than XP_GONE_LOG regions behind); the rest read only what went since. */
 uint64_t shm_target_drop_walks(ect_xport *x);
+/* Offers skipped in this process (the connection busy or its socket full:
+ * the initiator then asks with a BEGIN). Tests. */
+uint64_t shm_offer_skips(void);
 
 /* ---- shm_initiator.c */
 /* A dropped window's mapping is parked PROT_NONE for a later window on its

@@ -477,16 +477,31 @@ done:
 
 /* ---- offers (docs/PROTOCOL.md "shm", "Offers") */
 
+/* Offers skipped because the connection was busy or its socket full (the
+ * initiator asks with a BEGIN instead), in this process: tests account for
+ * every BEGIN with it. */
+static uint64_t offer_skips;
+
+uint64_t shm_offer_skips(void) { return __atomic_load_n(&offer_skips, __ATOMIC_RELAXED); }
+
+static void offer_skipped(void) { __atomic_fetch_add(&offer_skips, 1, __ATOMIC_RELAXED); }
+
 /* The one live connection whose initiator sent ID `id`, locked; NULL when
- * none, several, or it is busy (granting: the offer is skipped, never
- * waited for). */
-static shm_seg *offer_conn(shm_impl *si, uint64_t id) {
+ * none, several, or it is busy (*busy: granting; the offer is skipped,
+ * never waited for, and counted). */
+static shm_seg *offer_conn(shm_impl *si, uint64_t id, bool *busy) {
     shm_seg *found = NULL;
     int n = 0;
     pthread_mutex_lock(&si->smu);
     for (shm_seg *g = si->segs; g; g = g->next)
         if (g->init_id == id && n++ == 0) found = g;
-    if (n != 1 || pthread_mutex_trylock(&found->mu) != 0) found = NULL;
+    if (n != 1) {
+        found = NULL;
+    } else if (pthread_mutex_trylock(&found->mu) != 0) {
+        found = NULL;
+        *busy = true;
+        offer_skipped();
+    }
     pthread_mutex_unlock(&si->smu);
     return found;
 }
@@ -537,7 +552,9 @@ static size_t offer_build(ect_xport *x, conn_sent *cs, const char *const *keys, 
 int shm_target_offer(ect_xport *x, uint64_t id, const char *const *keys, size_t n) {
     shm_impl *si = x->impl;
     if (!id || !n) return 0;
-    shm_seg *g = offer_conn(si, id);
+    bool busy = false;
+    shm_seg *g = offer_conn(si, id, &busy);
+    if (busy) return ect_set_error(ECT_EBUSY, "shm: the connection to offer to is busy");
     if (!g) return ect_set_error(ECT_ENOTFOUND, "shm: no one connection to offer to");
     if (!g->obuf) g->obuf = malloc(SHM_OFFER_MAX);
     uint8_t *out = g->obuf;
@@ -551,8 +568,10 @@ int shm_target_offer(ect_xport *x, uint64_t id, const char *const *keys, size_t 
          * offer; the initiator asks with a BEGIN as before. */
         rc = len ? shm_msg_send(g->fd, out, len, fds, nfds, 0) : 0;
         if (!len) sent_restore(g->cs, &saved); /* nothing new, or out of memory */
-        if (len && rc)
+        if (len && rc) {
             sent_restore(g->cs, &saved);
+            offer_skipped();
+        }
         else if (len)
             sent_free(&saved);
     }

@@ -185,8 +185,8 @@ int xp_window_open(ect_xport *x, const char *region_key, uint64_t offset, uint64
  * whose initiator sent id: their mapping details are queued on its socket
  * before this returns, so the initiator's write into them takes the fast
  * path, no BEGIN. Never blocks; 0, or an error (no such connection, it is
- * busy, its socket full, another transport: ECT_ENOTSUP) that only means
- * the initiator will ask with a BEGIN as before. Thread-safe. */
+ * busy: ECT_EBUSY, its socket full, another transport: ECT_ENOTSUP) that
+ * only means the initiator will ask with a BEGIN as before. Thread-safe. */
 int xp_window_offer(ect_xport *x, uint64_t id, const char *const *keys, size_t n);
 /* Writes, of w[0..n) (host sources), those that need no answer from the
  * peer and no new connection: shm writes into windows a cached connection

@@ -1023,7 +1023,7 @@ static void test_shm_pulls_offered(void **st) {
         save_item(p, names[i], (size_t)m[i].nbytes, 900 + (uint64_t)i);
     }
     assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
-    uint64_t begins, offers;
+    uint64_t begins, offers, skips0 = shm_offer_skips();
     load_check(c, h[0], &m[0], (size_t)m[0].nbytes, 900);
     shm_counts(pull_producer_xport(p), &begins, &offers);
     assert_int_equal(begins, 1);
@@ -1031,8 +1031,10 @@ static void test_shm_pulls_offered(void **st) {
     for (int i = 1; i < SINGLE; i++)
         load_check(c, h[i], &m[i], (size_t)m[i].nbytes, 900 + (uint64_t)i);
     shm_counts(pull_producer_xport(p), &begins, &offers);
-    assert_true(begins <= 4);
-    assert_true(offers >= SINGLE - 4);
+    /* a pull asks only when its offer was skipped (counted) */
+    uint64_t skips = shm_offer_skips() - skips0;
+    assert_true(begins <= 1 + skips);
+    assert_true(offers + skips >= SINGLE - 4);
     uint64_t begins_before_set = begins, offers_before_set = offers;
     ect_pull_view v[N - SINGLE];
     int sts[N - SINGLE];
@@ -1171,7 +1173,13 @@ static void test_shm_ready_write_refusals(void **st) {
     memset(r, 0, rl);
     assert_int_equal(xp_window_open(x, key, 16 * KiB, 16 * KiB, wkey), 0);
     const char *keys[1] = {wkey};
-    assert_int_equal(xp_window_offer(x, shm_id, keys, 1), 0);
+    /* the target's connection thread may still be busy with the first pull
+     * (an offer never waits: ECT_EBUSY); it is idle soon, offer again */
+    int orc;
+    for (int tries = 0; (orc = xp_window_offer(x, shm_id, keys, 1)) == ECT_EBUSY && tries < 30000;
+         tries++)
+        test_nap_ms(1);
+    assert_int_equal(orc, 0);
     /* inside the window: written by the ROUTER thread */
     pull_producer_handoffs(p, &lanes0, &ready0);
     send_pull(d, "rw", ptr, 16 * KiB, sess, wkey, 2);
