@@ -412,8 +412,11 @@ static void send_pull(void *dealer, const char *h, uint64_t ptr, uint64_t off, c
     free(buf);
 }
 
-/* Receives one ECTransferComplete; returns its status, checks the token. */
-static int recv_complete(void *dealer, const char *h, uint64_t token, char *err, size_t cap) {
+/* Receives one ECTransferComplete; returns its status, checks the token;
+ * its error text into err (cap > 0), the producer's offer id into *shm_id
+ * (non-NULL). */
+static int recv_complete_ex(void *dealer, const char *h, uint64_t token, char *err, size_t cap,
+                            uint64_t *shm_id) {
     char buf[4096];
     int n = zmq_recv(dealer, buf, sizeof buf, 0);
     assert_true(n > 0);
@@ -423,10 +426,15 @@ static int recv_complete(void *dealer, const char *h, uint64_t token, char *err,
     assert_string_equal(c.mm_hash, h);
     assert_true(c.has_token);
     assert_int_equal(c.token, token);
-    snprintf(err, cap, "%s", c.error ? c.error : "");
+    if (cap) snprintf(err, cap, "%s", c.error ? c.error : "");
+    if (shm_id) *shm_id = c.shm_id;
     int st = c.status;
     wire_transfer_complete_free(&c);
     return st;
+}
+
+static int recv_complete(void *dealer, const char *h, uint64_t token, char *err, size_t cap) {
+    return recv_complete_ex(dealer, h, token, err, cap, NULL);
 }
 
 static void test_raw_router(void **st) {
@@ -1124,18 +1132,7 @@ static void test_tcp_set_on_lane(void **st) {
 /* Receives one ECTransferComplete on a raw DEALER: its status; *shm_id gets
  * the producer's offer id. */
 static int recv_complete_id(void *dealer, const char *h, uint64_t token, uint64_t *shm_id) {
-    char buf[4096];
-    int n = zmq_recv(dealer, buf, sizeof buf, 0);
-    assert_true(n > 0);
-    wire_transfer_complete c;
-    assert_int_equal(wire_transfer_complete_decode(buf, (size_t)n, &c), 0);
-    assert_string_equal(c.mm_hash, h);
-    assert_true(c.has_token);
-    assert_int_equal(c.token, token);
-    *shm_id = c.shm_id;
-    int st = c.status;
-    wire_transfer_complete_free(&c);
-    return st;
+    return recv_complete_ex(dealer, h, token, NULL, 0, shm_id);
 }
 
 /* The ROUTER thread's own writes admit only what the offered window
