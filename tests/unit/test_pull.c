@@ -412,6 +412,16 @@ static void send_pull(void *dealer, const char *h, uint64_t ptr, uint64_t off, c
     free(buf);
 }
 
+/* Item i of a test set: its name "<prefix>-<i>" into name (32 bytes) and a
+ * flat uint8 meta of base + i * step bytes. */
+static void item_meta(char name[32], const char *prefix, int i, uint64_t base, uint64_t step,
+                      ect_pull_meta *m) {
+    snprintf(name, 32, "%s-%d", prefix, i);
+    *m = (ect_pull_meta){.nbytes = base + step * (uint64_t)i, .ndim = 1};
+    m->shape[0] = m->nbytes;
+    snprintf(m->dtype, sizeof m->dtype, "uint8");
+}
+
 /* Receives one ECTransferComplete; returns its status, checks the token;
  * its error text into err (cap > 0), the producer's offer id into *shm_id
  * (non-NULL). */
@@ -1023,11 +1033,8 @@ static void test_shm_pulls_offered(void **st) {
     const char *h[N];
     ect_pull_meta m[N];
     for (int i = 0; i < N; i++) {
-        snprintf(names[i], sizeof names[i], "of-%d", i);
+        item_meta(names[i], "of", i, 64 * KiB, 0, &m[i]);
         h[i] = names[i];
-        m[i] = (ect_pull_meta){.nbytes = 64 * KiB, .ndim = 1};
-        m[i].shape[0] = m[i].nbytes;
-        snprintf(m[i].dtype, sizeof m[i].dtype, "uint8");
         save_item(p, names[i], (size_t)m[i].nbytes, 900 + (uint64_t)i);
     }
     assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
@@ -1073,11 +1080,8 @@ static void pull_sets_handoffs(const char *transport, int sets, int *all_ready) 
     const char *h[SET];
     ect_pull_meta m[SET];
     for (int i = 0; i < SET; i++) {
-        snprintf(names[i], sizeof names[i], "hs-%d", i);
+        item_meta(names[i], "hs", i, 64 * KiB, 64, &m[i]);
         h[i] = names[i];
-        m[i] = (ect_pull_meta){.nbytes = 64 * KiB + 64 * (uint64_t)i, .ndim = 1};
-        m[i].shape[0] = m[i].nbytes;
-        snprintf(m[i].dtype, sizeof m[i].dtype, "uint8");
         save_item(p, names[i], (size_t)m[i].nbytes, 1300 + (uint64_t)i);
     }
     assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
@@ -1223,11 +1227,8 @@ static void run_load_many(const char *transport) {
     const char *h[N];
     ect_pull_meta m[N];
     for (int i = 0; i < N; i++) {
-        snprintf(names[i], sizeof names[i], "lm-%d", i);
+        item_meta(names[i], "lm", i, 64 * KiB, 1, &m[i]);
         h[i] = names[i];
-        m[i] = (ect_pull_meta){.nbytes = 64 * KiB + (uint64_t)i, .ndim = 1};
-        m[i].shape[0] = m[i].nbytes;
-        snprintf(m[i].dtype, sizeof m[i].dtype, "uint8");
         if (i < N - 1) save_item(p, names[i], (size_t)m[i].nbytes, 500 + (uint64_t)i);
     }
     assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
