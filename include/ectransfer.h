@@ -1290,9 +1290,8 @@ ECT_API int ect_push_producer_cancel(ect_push_producer *p, const char *transfer_
  *  (0: do not wait, -1: forever) for at least one. Returns how many. Any
  *  thread.
  *
- *  A poll that waits may lend the calling thread to the producer: it runs
- *  the lone step that ect_push_producer_flush_poll's flush left to it (see
- *  there). */
+ *  A plain poll only waits; ect_push_producer_flush_poll is the call that
+ *  may run a lone step on the calling thread (see there). */
 ECT_API size_t ect_push_producer_poll(ect_push_producer *p, ect_push_result *out, size_t max,
                                       int timeout_ms);
 

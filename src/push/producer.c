@@ -7,17 +7,17 @@
  * results. Nothing here touches a socket but a waiting poll lent to a lone
  * step (below), so no other call waits on the network.
  *
- * A poll that waits lends its thread (producer_lanes.c, pp_lend). The flush
- * of ect_push_producer_flush_poll, when its step is lone, leaves the step's
+ * ect_push_producer_flush_poll lends its thread (producer_lanes.c, pp_lend);
+ * a plain poll never does. Its flush, when the step is lone, leaves the step's
  * exchange queued on its idle lane without a wake-up (pp_lane_submit,
  * "quiet"), and the poll that follows in the same call runs it and what
  * follows (settle, write, complete, result) as the lane's thread would;
  * between lends it waits for a result or for more work left to it
  * (lend_seq). Its timeout hands an exchange still waiting for a reply back
  * to the lane's thread, which goes on reading it. A plain flush wakes the
- * lane as before; every other call, and flush_poll on its way out, wakes
- * lanes left asleep (pp_wake_quiet), and a quiet submit made when no
- * flush_poll is in progress (p->lenders 0) wakes its lane at once.
+ * lane as before. Lanes left asleep are woken by flush_poll on its way out
+ * (pp_wake_quiet), and a quiet submit made when no flush_poll is in progress
+ * (p->lenders 0) wakes its lane at once: nothing else needs to.
  *
  * Dedup: the table remembers every transfer_id from reserve until ttl_ms
  * after it finished (at most max_tombstones finished ones), so a repeated
@@ -314,7 +314,6 @@ static void drop_src(ect_push_producer *p, const push_source *src) {
 
 int ect_push_producer_reserve(ect_push_producer *p, const ect_push_item *item) {
     if (!p || !item) return ect_set_error(ECT_EINVAL, "ect_push_producer_reserve: NULL argument");
-    pp_wake_quiet(p); /* the last flush's exchanges do not wait for a poll */
     int rc;
     if ((rc = check_str(item->transfer_id, PUSH_KEY_MAX, "transfer_id")) ||
         (rc = check_str(item->mm_hash, PUSH_KEY_MAX, "mm_hash")) ||
@@ -386,7 +385,6 @@ int ect_push_producer_stage(ect_push_producer *p, const char *transfer_id, const
 
 /* ect_push_producer_flush; lend: the caller polls next (flush_poll). */
 static int flush(ect_push_producer *p, bool lend) {
-    pp_wake_quiet(p);
     pthread_mutex_lock(&p->mu);
     if (p->stop) {
         pthread_mutex_unlock(&p->mu);
@@ -520,7 +518,6 @@ void pp_local(ect_push_producer *p, const push_action *a, size_t n) {
 
 int ect_push_producer_cancel(ect_push_producer *p, const char *transfer_id) {
     if (!p || !transfer_id) return ect_set_error(ECT_EINVAL, "ect_push_producer_cancel: NULL");
-    pp_wake_quiet(p);
     pthread_mutex_lock(&p->mu);
     push_rec *r = push_find(p->table, transfer_id);
     if (!r || r->state == PUSH_DONE || r->state == PUSH_CANCELLED || r->state == PUSH_FAILED) {
@@ -586,7 +583,6 @@ static size_t poll_results(ect_push_producer *p, ect_push_result *out, size_t ma
         p->res_n--;
     }
     pthread_mutex_unlock(&p->mu);
-    pp_wake_quiet(p); /* nothing left asleep once this thread goes elsewhere */
     return n;
 }
 
@@ -617,7 +613,6 @@ int ect_push_producer_flush_poll(ect_push_producer *p, ect_push_result *out, siz
 
 size_t ect_push_producer_pending(ect_push_producer *p) {
     if (!p) return 0;
-    pp_wake_quiet(p);
     pthread_mutex_lock(&p->mu);
     push_stats ps;
     push_get_stats(p->table, &ps);
@@ -628,7 +623,6 @@ size_t ect_push_producer_pending(ect_push_producer *p) {
 
 void ect_push_producer_stats(ect_push_producer *p, ect_push_producer_stat *st) {
     if (!p || !st) return;
-    pp_wake_quiet(p);
     pthread_mutex_lock(&p->mu);
     *st = p->st;
     const pb_counts *c = &p->batch.n;

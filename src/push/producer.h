@@ -186,9 +186,9 @@ int pp_lane_submit(ect_push_producer *p, px *x, bool quiet_ok);
  * the same call's poll lends its thread, pp_lend) queues its exchanges with
  * quiet_ok: an idle lane's thread is not woken (lanes_submit_quiet, p->quiet
  * set), nor does a lane that queues it on itself take it, since the poll
- * runs the exchange itself; a poll already waiting is told (lend_seq). Every
- * other public call wakes such lanes first (pp_wake_quiet), flush_poll when
- * it returns, and a quiet submit made while no flush_poll is in progress
+ * runs the exchange itself; a poll already waiting is told (lend_seq).
+ * flush_poll wakes such lanes when it returns (pp_wake_quiet), and a quiet
+ * submit made while no flush_poll is in progress
  * (p->lenders 0: its round ran late, on another thread) wakes its lane at
  * once, so no step waits for a poll that is not coming. */
 void pp_wake_quiet(ect_push_producer *p);
@@ -234,7 +234,7 @@ uint64_t pp_async_writes(ect_push_producer *p);
  * reserve, steps flushed while the lane was busy (for tests). Any thread. */
 uint64_t pp_pipelined(ect_push_producer *p);
 
-/* Lends the calling thread (a poll about to wait, no mu held) to the control
+/* Lends the calling thread (flush_poll's wait, no mu held) to the control
  * lanes: takes an idle lane with an exchange queued (util/lanes, lanes_lend)
  * and runs its jobs here as the lane's thread would (the exchange on the
  * lane's connection, then settle, write, complete, result), until a result

@@ -42,12 +42,12 @@
  * to the completes lane while others are there, and switches only when
  * none is in flight (pp_route, counted under mu from routing to settling).
  *
- * Lending (pp_lend): a poll about to wait runs an idle lane's jobs on its
+ * Lending (pp_lend): flush_poll's wait runs an idle lane's jobs on its
  * own thread with the lane's own control client (util/lanes lanes_lend: the
  * lane's thread takes no job meanwhile, so the client is used by one thread
  * at a time), so a lone step's reserve, write, complete and result cross no
- * thread: the flush left the reserve queued without waking the lane, the
- * poll takes it, and the complete the round queues on the lent lane is taken
+ * thread: its flush left the reserve queued without waking the lane, the
+ * wait takes it, and the complete the round queues on the lent lane is taken
  * next. The poll's timeout is the exchange's yield_at (control_link.h): a
  * reply still awaited then stays on the link and the chain goes back to the
  * lane's thread (lanes_lend_end with it as `resume`; lc->susp), which
