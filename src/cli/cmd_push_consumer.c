@@ -46,7 +46,7 @@ static void help(void) {
         "usage: ect push-consumer --host H --port P [--tp N] [--dp-index I] [--pool-size SIZE]\n"
         "                         [--transport tcp|shm|ucx] [--count N] [--ttl D]\n"
         "                         [--pool-device cpu|pinned|cuda|cuda:N] [--metrics-port P]\n"
-        "                         [--advertise HOST] [--data-port P]\n"
+        "                         [--advertise HOST] [--data-port P] [--keep-resident N]\n"
         "                         [--curve-keys DIR] [--event-auth secret|none]\n"
         "\n"
         "Runs one push-protocol consumer instance: a control server per TP rank, bound on\n"
@@ -69,6 +69,11 @@ static void help(void) {
         "  --pool-size SIZE  buffer pool per rank (\"1GiB\", \"64MiB\"); default 1000000000\n"
         "  --transport T     tcp (default), shm or ucx\n"
         "  --count N         exit 0 after N items (default: run until a signal)\n"
+        "  --keep-resident N after each round of items, evict each rank's least recently used\n"
+        "                    resident copies beyond N (default: keep all the pool holds, the\n"
+        "                    pool evicting them only when it needs the room). A small N keeps\n"
+        "                    the memory the pool cycles through small (`ect demo` keeps 64:\n"
+        "                    its repeats come 32 items after their first)\n"
         "  --ttl D           reservation TTL (90s, 5m; bare: seconds; default 300s); the pending\n"
         "                    grace is the same\n"
         "  --pool-device D   where each rank's pool lives (upstream ec_buffer_device): cpu\n"
@@ -232,6 +237,16 @@ static bool consume(ect_push_consumer **cons, int tp, ect_push_scheduler *s,
     return ok;
 }
 
+/* --keep-resident: evicts each rank's least recently used resident copies
+ * beyond keep (leased ones and those a reservation uses stay). */
+static void trim_resident(ect_push_consumer **cons, int tp, uint64_t keep) {
+    for (int r = 0; r < tp; r++) {
+        ect_push_consumer_stat st;
+        ect_push_consumer_stats(cons[r], &st);
+        if (st.resident > keep) ect_push_consumer_evict(cons[r], (size_t)(st.resident - keep));
+    }
+}
+
 /* The main loop's longest sleep in ect_push_scheduler_wait: an event wakes
  * it at once; this bounds how late the once-a-second report, the readiness
  * line and a signal are seen. */
@@ -279,12 +294,14 @@ int cmd_push_consumer(int argc, char **argv) {
                                          {"data-port", required_argument, 0, 'P'},
                                          {"curve-keys", required_argument, 0, 'K'},
                                          {"event-auth", required_argument, 0, 'E'},
+                                         {"keep-resident", required_argument, 0, 'R'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *host = NULL, *transport = "tcp", *pool_device = "cpu", *advertise = NULL;
     const char *curve_keys = NULL;
     int event_auth_off = 0;
     uint64_t port = 0, tp = 1, dp = 0, pool = 1000000000ull, count = 0, ttl = 300000, dport = 0;
+    uint64_t keep_resident = UINT64_MAX; /* --keep-resident; UINT64_MAX: no trimming */
     int c, metrics_port = -1;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -339,6 +356,10 @@ int cmd_push_consumer(int argc, char **argv) {
             if (!cli_parse_u64("--data-port", optarg, 1, 65535, &dport)) return CLI_EXIT_USAGE;
             break;
         case 'K': curve_keys = optarg; break;
+        case 'R':
+            if (!cli_parse_u64("--keep-resident", optarg, 0, UINT32_MAX, &keep_resident))
+                return CLI_EXIT_USAGE;
+            break;
         case 'E':
             if (strcmp(optarg, "secret") && strcmp(optarg, "none"))
                 return cli_usage_error("push-consumer", "--event-auth %s: expected secret or none",
@@ -440,6 +461,9 @@ int cmd_push_consumer(int argc, char **argv) {
             any = true;
             if (consume(cons, (int)tp, s, &it)) done++;
         }
+        /* trimmed before the round's lines go out: whoever reads them sees
+         * the cache as it is now */
+        if (any && keep_resident != UINT64_MAX) trim_resident(cons, (int)tp, keep_resident);
         if (any) fflush(stdout); /* this round's item lines, in one write */
         while (ect_push_scheduler_next_failed(s, &it) == 0)
             fprintf(stderr, "ect push-consumer: transfer %s failed: %s: %s\n", it.transfer_id,

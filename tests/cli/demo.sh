@@ -50,6 +50,11 @@ ok_run push_shm --items 45 --shape 64x1024 --transport shm
 ok_run push_bench --items 45 --shape 64x1024 --inflight 2 --bench
 grep -Eq '^  vs bench    [0-9]+\.[0-9]+ x `ect bench push` \([0-9.]+ items/s; like for like, as its row says: 128 KiB items, steps of 8, 2 in flight, tcp; measured right after\)$' \
   "$tmp/push_bench" || { cat "$tmp/push_bench"; echo "no vs bench line"; exit 1; }
+# ... and the same ratio over the items whose bytes moved: the 37 of the
+# transfer less its 8 dedup hits (items 32..39), i.e. 29/37 of the first
+sed -n 's/^  vs bench    \([0-9.]*\) x .*/\1/p; s/^              \([0-9.]*\) x counting only the demo.s 29 items whose bytes moved (its 8 dedup hits moved none)$/\1/p' \
+  "$tmp/push_bench" | paste -sd' ' | awk '{ d = $1 * 29 / 37 - $2; exit !(NF == 2 && d < 0.011 && d > -0.011) }' ||
+  { cat "$tmp/push_bench"; echo "no moved-only ratio of 29/37 the first"; exit 1; }
 ok_run pull_tcp --protocol pull --items 45 --shape 64x1024 --dtype float32
 
 # a verification failure fails the run: the consumer's first checksum comes out

@@ -39,6 +39,31 @@ expect_exit 2 '--transport carrier-pigeon' \
   "$ect" push-consumer --host 127.0.0.1 --port 14579 --transport carrier-pigeon
 expect_exit 2 'beyond 65535' "$ect" push-consumer --host 127.0.0.1 --port 65535 --tp 2
 
+# --keep-resident: a push of content the consumer holds resident is answered
+# `cached` (nothing written: transport ""); with --keep-resident 0 every
+# resident copy is evicted once its item is printed, so the same content is
+# written again. The consumer prints a round's lines after releasing and
+# trimming, so once they are out the second push finds the cache as it is.
+repeat_push() {
+  local tag=$1
+  shift
+  start_consumer "$tmp/cons.$tag" 1 --pool-size 32MiB "$@"
+  for round in 1 2; do
+    timeout 60 "$ect" push --to "127.0.0.1:$port" --count 2 --shape 128x1024 --seed 9 \
+      >"$tmp/push.$tag.$round" 2>"$tmp/push.$tag.err" || { cat "$tmp/push.$tag.err"; exit 1; }
+    wait_items "$tmp/cons.$tag" $((2 * round))
+  done
+  stop_consumer "$tmp/cons.$tag"
+}
+repeat_push keep
+[ "$(grep -c '"state":"done".*"transport":"",' "$tmp/push.keep.2")" -eq 2 ] ||
+  { cat "$tmp/push.keep.2"; echo "the repeat was not answered cached"; exit 1; }
+repeat_push nokeep --keep-resident 0
+[ "$(grep -c '"state":"done".*"transport":"tcp",' "$tmp/push.nokeep.2")" -eq 2 ] ||
+  { cat "$tmp/push.nokeep.2"; echo "--keep-resident 0 kept a resident copy"; exit 1; }
+expect_exit 2 "--keep-resident" "$ect" push-consumer --host 127.0.0.1 --port 14579 --keep-resident x
+echo "--keep-resident: cached with the default, written again with 0"
+
 run 1 tcp
 run 2 tcp
 run 4 tcp INT
