@@ -392,53 +392,6 @@ static bool complete_items(px *x) {
     return true;
 }
 
-/* Moves the members of x from `from` on to a new exchange to the same
- * address (returned; NULL: out of memory, x unchanged). */
-static px *split_off(px *x, size_t from) {
-    px *t = px_new(x->kind, x->n - from);
-    if (!t) return NULL;
-    memcpy(t->key, x->key, sizeof t->key);
-    memcpy(t->host, x->host, sizeof t->host);
-    t->port = x->port;
-    t->n = x->n - from;
-    memcpy(t->m, x->m + from, t->n * sizeof *t->m);
-    x->n = from;
-    x->split_head = true;
-    return t;
-}
-
-/* Whether the reserve_batch x is split (pbatch.split_reserves): over tcp
- * only ("" is a consumer that names none: tcp). Over shm each write batch
- * costs its windows' round trip to the target, which ate the gain (measured,
- * BENCHMARKS.md "One step of 32 in flight"). */
-static bool splits(const pbatch *b, const px *x) {
-    if (!b->split_reserves || x->n < PB_SPLIT_MIN) return false;
-    const char *kind = push_consumer_transport(b->t, x->m[0].rec->consumer);
-    return kind && (!*kind || !strcmp(kind, "tcp"));
-}
-
-/* The reserve_batch x as it goes out: the exchange that follows it is its
- * split-off rest when the step is split (see splits). */
-static void launch_reserve(pbatch *b, px *x, uint64_t now, px ***tail) {
-    px *rest = splits(b, x) ? split_off(x, x->n / 4) : NULL;
-    if (rest && !reserve_items(rest)) {
-        fail_members(b, rest->m, rest->n, now);
-        px_free(rest);
-        rest = NULL;
-        x->split_head = false;
-    }
-    if (!reserve_items(x)) {
-        fail_members(b, x->m, x->n, now);
-        px_free(x);
-    } else {
-        x->req.shm_id = b->shm_id; /* shm offers (PROTOCOL.md "shm") */
-        launch(b, x, now, tail, &b->n.reserve_batches);
-    }
-    if (!rest) return;
-    rest->req.shm_id = b->shm_id;
-    launch(b, rest, now, tail, &b->n.reserve_batches);
-}
-
 /* RESERVE and COMPLETE: one batch per shard address. */
 static void build_batches(pbatch *b, const push_action *a, size_t n, uint64_t now, px ***tail,
                           push_action_kind kind) {
@@ -451,14 +404,13 @@ static void build_batches(pbatch *b, const push_action *a, size_t n, uint64_t no
     }
     for (size_t gi = 0; gi < gs.n; gi++) {
         px *x = gs.g[gi];
-        if (xk == PX_RESERVE) {
-            launch_reserve(b, x, now, tail);
-        } else if (!complete_items(x)) {
+        if (!(xk == PX_RESERVE ? reserve_items(x) : complete_items(x))) {
             fail_members(b, x->m, x->n, now);
             px_free(x);
-        } else {
-            launch(b, x, now, tail, &b->n.complete_batches);
+            continue;
         }
+        if (xk == PX_RESERVE) x->req.shm_id = b->shm_id; /* shm offers (PROTOCOL.md "shm") */
+        launch(b, x, now, tail, xk == PX_RESERVE ? &b->n.reserve_batches : &b->n.complete_batches);
     }
     free(gs.g);
 }

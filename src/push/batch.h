@@ -78,7 +78,6 @@ typedef struct px {
     int rc;
     bool held;            /* never went out (err says why) */
     bool on_main, routed; /* complete_batch: the lane it took (the executor's) */
-    bool split_head;      /* reserve_batch: the first part of a split step (pb_build) */
     char err[PX_ERR_MAX]; /* rc's text */
     struct px *next;
 } px;
@@ -96,14 +95,7 @@ typedef struct pbatch {
     uint64_t shm_id; /* "ect_shm_id" every reserve names (our shm connections' id), 0 none */
     pb_counts n;     /* what went out */
     atomic_size_t held_down; /* down_count after the latest change (metrics) */
-    /* Set by the round of a step its caller's thread runs alone (a lent
-     * flush_poll): a reserve_batch of PB_SPLIT_MIN items or more goes out as
-     * two, the first of a quarter of them (split_head), so that the items it
-     * got are written while the shard answers the rest (producer_lanes.c). */
-    bool split_reserves;
 } pbatch;
-
-#define PB_SPLIT_MIN 8
 
 /* A timeout or a transport failure: the consumer may be gone (an answer, even
  * {"ok": false}, says it is alive). */

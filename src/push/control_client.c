@@ -423,9 +423,9 @@ static int many_reply(void *ctx, size_t i, const uint8_t *body, size_t len) {
 }
 
 /* The exchanges x[0..n) pipelined on our own connection (see the header). */
-static int link_call_many(ctl_client *c, ctl_conn *k, const char *host, int port, const char *addr,
-                          ctl_exchange *x, size_t n, uint64_t yield_at, bool resume,
-                          size_t split_after) {
+static int link_call_many(ctl_client *c, ctl_conn *k, const char *host, int port,
+                          const char *addr, ctl_exchange *x, size_t n, uint64_t yield_at,
+                          bool resume) {
     ctl_link_req reqs[CTL_MANY_MAX] = {{0}};
     char *frames[CTL_MANY_MAX] = {0};
     size_t ndone = 0, nf = 0;
@@ -447,26 +447,24 @@ static int link_call_many(ctl_client *c, ctl_conn *k, const char *host, int port
                                 .fail_fast = c->fail_fast,
                                 .max_msg = CTL_MAX_MSG,
                                 .yield_at = yield_at,
-                                .resume = resume,
-                                .split_after = split_after < n ? split_after : 0};
+                                .resume = resume};
         rc = ctl_link_call_many(&k->link, &o, reqs, n, many_reply, &m, &ndone);
     }
     for (size_t i = 0; i < nf; i++) free(frames[i]);
     if (!rc) return 0;
     if (rc == CTL_LINK_YIELDED) return CTL_YIELDED; /* the link keeps the call */
     if (rc == CTL_LINK_YIELDED_UNSENT) return CTL_YIELDED_UNSENT;
-    if (rc == CTL_LINK_SPLIT) return CTL_SPLIT; /* the link keeps the rest */
     conn_drop_socket(k);
     for (size_t i = ndone + (m.bad ? 1 : 0); i < n; i++) fail_exchange(&x[i], rc);
     return rc;
 }
 
 int ctl_call_many(ctl_client *c, const char *host, int port, ctl_exchange *x, size_t n) {
-    return ctl_call_many_lent(c, host, port, x, n, 0, false, 0);
+    return ctl_call_many_lent(c, host, port, x, n, 0, false);
 }
 
 int ctl_call_many_lent(ctl_client *c, const char *host, int port, ctl_exchange *x, size_t n,
-                       uint64_t yield_at, bool resume, size_t split_after) {
+                       uint64_t yield_at, bool resume) {
     if (!c || !x || !n || n > CTL_MANY_MAX)
         return ect_set_error(ECT_EINVAL, "ctl_call_many: NULL argument or n not 1..%d",
                              CTL_MANY_MAX);
@@ -480,9 +478,8 @@ int ctl_call_many_lent(ctl_client *c, const char *host, int port, ctl_exchange *
     if (!rc && !k) rc = ect_set_error(ECT_ENOMEM, "control client: out of memory");
     for (size_t i = 0; rc && i < n; i++) fail_exchange(&x[i], rc); /* none went out */
     if (!rc && !c->keys) {
-        int lr = link_call_many(c, k, host, port, addr, x, n, yield_at, resume, split_after);
+        int lr = link_call_many(c, k, host, port, addr, x, n, yield_at, resume);
         if (lr == CTL_YIELDED || lr == CTL_YIELDED_UNSENT) return lr;
-        if (lr == CTL_SPLIT) return lr; /* x[0..split_after) have their rc */
     }
     for (size_t i = 0; !rc && c->keys && i < n; i++) { /* a libzmq REQ: one at a time */
         int r = x[i].want_ok ? ctl_call_ok(c, host, port, x[i].req, x[i].rep)

@@ -115,13 +115,8 @@ int ctl_call_many(ctl_client *c, const char *host, int port, ctl_exchange *x, si
  * yields (it is ctl_call_many: a libzmq socket is not lent). */
 #define CTL_YIELDED 1
 #define CTL_YIELDED_UNSENT 2 /* nothing was sent: no live connection */
-/* split_after = k (0 < k < n, without keys): returns CTL_SPLIT once x[0..k)
- * are answered (each with its rc and reply); the other requests went out
- * behind them and are resumed as after a yield, with x+k, n-k and resume
- * set, before anything else is sent to the address (control_link.h). */
-#define CTL_SPLIT 3
 int ctl_call_many_lent(ctl_client *c, const char *host, int port, ctl_exchange *x, size_t n,
-                       uint64_t yield_at, bool resume, size_t split_after);
+                       uint64_t yield_at, bool resume);
 
 /* The control ports of every TP rank of the consumer instance at host:port
  * (op `peers`), in rank order; at most `cap` are stored, *n gets the count

@@ -315,12 +315,6 @@ int ctl_link_call_many(ctl_link **lp, const ctl_link_call_opts *o, const ctl_lin
             if (++*ndone < n) { /* each reply gets the whole timeout */
                 deadline = ect_now_ms() + (uint64_t)o->timeout_ms;
                 oi.op_name = reqs[*ndone].op_name ? reqs[*ndone].op_name : o->op_name;
-                if (*ndone == o->split_after) { /* resumed with the rest as reqs */
-                    l->susp = true;
-                    l->susp_ndone = 0;
-                    l->susp_deadline = deadline;
-                    return CTL_LINK_SPLIT;
-                }
             }
         }
         if (rc == 0) return 0;

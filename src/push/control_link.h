@@ -48,17 +48,12 @@ typedef struct ctl_link_call_opts {
      * call given up so (see there). */
     uint64_t yield_at;
     bool resume;
-    /* A lent thread's split step (ctl_link_call_many): after this many
-     * replies (0: never) the call stops with CTL_LINK_SPLIT. */
-    size_t split_after;
 } ctl_link_call_opts;
 
 /* ctl_link_call_many gave the calling thread up (opts.yield_at): not an
  * error; _UNSENT: before anything was sent. */
 #define CTL_LINK_YIELDED 2 /* (1 is the link's own LINK_LOST) */
 #define CTL_LINK_YIELDED_UNSENT 3
-/* ctl_link_call_many stopped after o.split_after replies (see there). */
-#define CTL_LINK_SPLIT 4
 
 /* Sends the request frame req (len bytes) on *lp, making the link when *lp
  * is NULL (the caller owns it then: ctl_link_close), and waits for the reply,
@@ -104,15 +99,7 @@ typedef int (*ctl_link_reply_fn)(void *ctx, size_t i, const uint8_t *body, size_
  * on_reply's replies numbered as before, *ndone counting from the start):
  * the request is never sent twice and its control timeout runs as if the
  * call had never been given up. A call with nothing begun resumes as a
- * fresh call.
- *
- * With o->split_after = k (0 < k < n), the call returns CTL_LINK_SPLIT once
- * the first k replies are handed over, the other requests written or queued
- * on the codec: the caller goes on with the replies it has (the push
- * producer writes the items a first reserve_batch got while the shard
- * answers the rest) and then resumes the call as after a yield, but with
- * the n - k requests not answered yet as reqs (numbered from 0). Nothing
- * else may be sent on the link before that resume. */
+ * fresh call. */
 int ctl_link_call_many(ctl_link **lp, const ctl_link_call_opts *o, const ctl_link_req *reqs,
                        size_t n, ctl_link_reply_fn on_reply, void *ctx, size_t *ndone);
 

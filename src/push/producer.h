@@ -102,7 +102,6 @@ struct ect_push_producer {
     uint64_t pipelined;   /* exchanges that rode behind another in one write (pp_pipelined) */
     _Atomic uint64_t lent;   /* lane jobs run on a poll's thread (pp_lent) */
     _Atomic uint64_t yields; /* ... handed back mid-exchange (pp_lend_yields) */
-    _Atomic uint64_t splits; /* split steps whose rest a borrower read (pp_lend_splits) */
     atomic_bool quiet;         /* a flush_poll's round left a lane asleep (pp_lane_submit) */
     atomic_int lenders;        /* ect_push_producer_flush_poll calls in progress */
     bool kick_lender;          /* [mu] the kick is a flush_poll's flush: quiet submits */
@@ -251,9 +250,6 @@ bool pp_lend(ect_push_producer *p, uint64_t until_ms);
  * (one begun before a connection was up is not counted). Any thread. */
 uint64_t pp_lent(ect_push_producer *p);
 uint64_t pp_lend_yields(ect_push_producer *p);
-/* Split steps (batch.h, split_reserves) whose head a borrower settled
- * before it read the rest's reply (tests). */
-uint64_t pp_lend_splits(ect_push_producer *p);
 
 /* Counts the FINISHED among a[0..n) into p->unreported. Caller holds mu. */
 void pp_count_finished_locked(ect_push_producer *p, const push_action *a, size_t n);

@@ -101,13 +101,10 @@ void pp_deliver(ect_push_producer *p, px *x) {
  * short round to end and settles the reply itself: otherwise the caller
  * would hand the baton to the dispatcher, which would take the write and
  * send the complete on the completes lane (two hand-offs more per step). */
-static void deliver_and_run(ect_push_producer *p, px *x, lane *l, bool split_rest) {
+static void deliver_and_run(ect_push_producer *p, px *x, lane *l) {
     /* Several exchanges that rode together: steps in flight, so this lane
-     * goes back to its exchanges and the writes are the dispatcher's. A
-     * split step's rest on its borrower, and its parts' completes after, are
-     * one step: what is queued behind the rest is the head's complete, which
-     * waits for the rest's writes. */
-    bool queued = !split_rest && (x->lj.next || lane_has_queued(l)), wake = false;
+     * goes back to its exchanges and the writes are the dispatcher's. */
+    bool queued = x->lj.next || lane_has_queued(l), wake = false;
     pthread_mutex_lock(&p->mu);
     for (px *e = (px *)x->lj.next; e; e = (px *)e->lj.next) p->pipelined += !e->held;
     append_done_locked(p, x);
@@ -132,10 +129,6 @@ typedef struct lane_ctl {
     uint64_t yield_at; /* a borrower's time runs out then (ms; 0: the lane's own thread) */
     px *susp;          /* the chain a borrower gave up mid-exchange: resumed next */
     bool fresh;        /* ... before anything was sent (no live connection) */
-    bool lent;         /* a borrower runs the lane's jobs (pp_lend) */
-    bool split;        /* susp is a split step's rest, its head just handed back */
-    bool rest;         /* ... and not resumed yet */
-    bool tail;         /* a borrower read a split step's rest: its completes come next */
 } lane_ctl;
 
 static void *lane_start(void *ctx, const char *key) {
@@ -161,11 +154,7 @@ static void lane_stop(void *ctx, void *state) {
  * pipelined on its one connection (ctl_call_many), so the exchanges queued
  * together cost one round trip; each gets its own rc and text. Returns true
  * when a borrower's time ran out first (lc->yield_at): the chain is then
- * lc->susp, to be resumed (pp_lend). A borrower's chain that starts with a
- * split step's head (batch.h, split_reserves) returns once the head's reply
- * is in, x alone then, the rest lc->susp with lc->split set: the borrower
- * settles the head (its items' writes) while the shard answers the rest,
- * then resumes the rest before anything else goes to the address. */
+ * lc->susp, to be resumed (pp_lend). */
 static bool run_chain(lane_ctl *lc, px *x) {
     bool resume = lc->susp == x;
     ctl_exchange ex[CTL_MANY_MAX];
@@ -177,16 +166,7 @@ static bool run_chain(lane_ctl *lc, px *x) {
                                  .err = e->err,
                                  .err_cap = sizeof e->err};
     lc->susp = NULL;
-    size_t split = lc->lent && x->split_head && n > 1 ? 1 : 0;
-    int rc = ctl_call_many_lent(lc->c, x->host, x->port, ex, n, lc->yield_at, resume, split);
-    if (rc == CTL_SPLIT) {
-        lc->susp = (px *)x->lj.next;
-        lc->split = lc->rest = true;
-        lc->fresh = false;
-        x->lj.next = NULL;
-        x->rc = ex[0].rc;
-        return false;
-    }
+    int rc = ctl_call_many_lent(lc->c, x->host, x->port, ex, n, lc->yield_at, resume);
     if (rc == CTL_YIELDED || rc == CTL_YIELDED_UNSENT) {
         lc->susp = x;
         lc->fresh = rc == CTL_YIELDED_UNSENT;
@@ -210,11 +190,6 @@ static void lane_run(void *ctx, lane *l, void *state, lane_job *lj) {
     lane_ctl *lc = state;
     px *x = (px *)lj, *last = x;
     bool resumed = lc && lc->susp == x; /* a chain a borrower gave up: it is whole */
-    /* A split step's rest read by its head's borrower, then the completes of
-     * its two parts (one chain): both are that one step's (deliver_and_run). */
-    bool split_rest = lc && lc->lent && ((resumed && lc->rest) || (!resumed && lc->tail));
-    if (lc) lc->tail = resumed && lc->rest && lc->lent;
-    if (lc) lc->rest = false;
     if (!resumed) x->lj.next = NULL;
     /* What was queued behind rides with it (see the top); with keys a
      * libzmq REQ cannot pipeline, so one at a time. */
@@ -238,7 +213,7 @@ static void lane_run(void *ctx, lane *l, void *state, lane_job *lj) {
         snprintf(b->err, sizeof b->err, "consumer %.100s unreachable: %.190s", b->key, last->err);
     }
     last->lj.next = behind;
-    deliver_and_run(p, x, l, split_rest);
+    deliver_and_run(p, x, l);
 }
 
 /* Closing: what never ran (or a chain a borrower gave up, lanes_lend_end)
@@ -265,13 +240,12 @@ static void lendable(void *ctx) {
     if (wake) pthread_cond_broadcast(&p->results);
 }
 
-/* Whether a poll lending its thread may stop: a result is queued (unless
- * `results` is false: a split step's rest is read first, its reply is on
- * its way), its time is up, or the producer closes. */
-static bool lend_over(ect_push_producer *p, uint64_t until_ms, bool results) {
+/* Whether a poll lending its thread may stop: a result is queued, its time
+ * is up, or the producer closes. */
+static bool lend_over(ect_push_producer *p, uint64_t until_ms) {
     if (until_ms && ect_now_ms() >= until_ms) return true;
     pthread_mutex_lock(&p->mu);
-    bool over = (results && p->res_n) || p->stop;
+    bool over = p->res_n || p->stop;
     pthread_mutex_unlock(&p->mu);
     return over;
 }
@@ -289,25 +263,16 @@ bool pp_lend(ect_push_producer *p, uint64_t until_ms) {
     tl_lending = true;
     while (j) {
         if (lc) lc->yield_at = until_ms;
-        if (lc) lc->lent = true;
         lane_run(p, l, lc, j);
         if (lc) lc->yield_at = 0;
-        if (lc) lc->lent = false;
         bool gave_up = lc && lc->susp, unsent = gave_up && lc->fresh;
         atomic_fetch_add(&p->lent, !unsent);
-        bool split = gave_up && lc->split;
-        if (split) lc->split = false;
-        if (split && !lend_over(p, until_ms, false)) { /* a split step's rest: read next */
-            atomic_fetch_add(&p->splits, 1);
-            j = &lc->susp->lj;
-            continue;
-        }
         if (gave_up) { /* time ran out mid-exchange (or no connection): its thread goes on */
             resume = &lc->susp->lj;
             atomic_fetch_add(&p->yields, !unsent);
             break;
         }
-        j = lend_over(p, until_ms, true) ? NULL : lane_lend_next(l);
+        j = lend_over(p, until_ms) ? NULL : lane_lend_next(l);
     }
     tl_lending = false;
     lanes_lend_end(l, resume);
@@ -317,8 +282,6 @@ bool pp_lend(ect_push_producer *p, uint64_t until_ms) {
 uint64_t pp_lent(ect_push_producer *p) { return atomic_load(&p->lent); }
 
 uint64_t pp_lend_yields(ect_push_producer *p) { return atomic_load(&p->yields); }
-
-uint64_t pp_lend_splits(ect_push_producer *p) { return atomic_load(&p->splits); }
 
 int pp_lanes_open(ect_push_producer *p) {
     lane_ops o = {lane_start, lane_run, lane_stop, lane_cancel, p, lendable};

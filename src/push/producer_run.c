@@ -336,9 +336,7 @@ static bool run_rounds(ect_push_producer *p, runner *r) {
         size_t n = push_next_actions(p->table, now, p->acts, p->acts_cap);
         if (!n) return false;
         px *xs = NULL;
-        p->batch.split_reserves = r->quiet_ok; /* a lone step on its caller's thread */
         pb_build(&p->batch, p->acts, n, now, &xs);
-        p->batch.split_reserves = false;
         route_completes_locked(p, r, xs);
         pp_count_finished_locked(p, p->acts, n);
         bool async = writes_async_locked(p, xs);

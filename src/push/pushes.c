@@ -779,11 +779,6 @@ int push_peers_done(push_table *t, const char *consumer, int rc, const char *why
     return 0;
 }
 
-const char *push_consumer_transport(const push_table *t, const char *consumer) {
-    const pcons *c = cons_find(t, consumer);
-    return c && c->known ? c->transport : NULL;
-}
-
 void push_forget_consumer(push_table *t, const char *consumer) {
     pcons *c = cons_find(t, consumer);
     if (c && c->known) cons_free(t, c);

@@ -314,10 +314,6 @@ int push_peers_done(push_table *t, const char *consumer, int rc, const char *why
 /* Forgets what discovery learned of consumer (after a failed exchange). */
 void push_forget_consumer(push_table *t, const char *consumer);
 
-/* The data plane consumer's discovery named ("" none), or NULL while its
- * shards are not known. */
-const char *push_consumer_transport(const push_table *t, const char *consumer);
-
 /* A shard's reserve reply (the `result` of an ok reply). */
 typedef struct push_reservation {
     const char *reservation_id;

@@ -526,41 +526,6 @@ static void test_many_pipelined(void **st) {
     zmq_ctx_term(z);
 }
 
-/* A split call (split_after 1, the push producer's split step) returns
- * once the first reply is in, the other two already sent: the server reads
- * all three before it answers any, so a client that held the rest back
- * would only time out. Resumed with the rest, it reads their replies in
- * order on the same connection, each with its own outcome (the second's
- * {"ok": false} fails only it); nothing is sent twice. */
-static void test_many_split(void **st) {
-    (void)st;
-    void *z = zmq_ctx_new();
-    server s;
-    server_start(&s, 1, (s_act[]){S_GATHER3});
-    ctl_client *c = client(z, LONG_MS, true);
-    wire_ctl_reply rep[3];
-    ctl_exchange x[3];
-    char err[3][160];
-    static const wire_ctl_request req = {.op = WIRE_OP_PEERS};
-    for (size_t i = 0; i < 3; i++)
-        x[i] = (ctl_exchange){
-            .req = &req, .rep = &rep[i], .want_ok = true, .err = err[i], .err_cap = 160};
-    assert_int_equal(ctl_call_many_lent(c, "127.0.0.1", s.port, x, 3, 0, false, 1), CTL_SPLIT);
-    assert_int_equal(x[0].rc, 0);
-    assert_int_equal(rep[0].u.peers.ports[0], 5555);
-    assert_int_equal(ctl_call_many_lent(c, "127.0.0.1", s.port, x + 1, 2, 0, true, 0), ECT_EPROTO);
-    assert_int_equal(x[1].rc, ECT_EPROTO);
-    assert_non_null(strstr(err[1], "refused here"));
-    assert_int_equal(x[2].rc, 0);
-    assert_int_equal(rep[2].u.peers.ports[0], 5555);
-    for (int i = 0; i < 3; i++) wire_ctl_reply_clear(&rep[i]);
-    ctl_client_close(c);
-    server_stop(&s);
-    assert_int_equal(atomic_load(&s.accepted), 1);
-    assert_int_equal(atomic_load(&s.requests), 3);
-    zmq_ctx_term(z);
-}
-
 /* A libzmq REP answers requests pipelined on one connection in order (the
  * upstream consumer's socket); the wrong count is refused up front. */
 static void test_many_libzmq_rep(void **st) {
@@ -632,7 +597,6 @@ int main(void) {
         cmocka_unit_test(test_hosts),
         cmocka_unit_test(test_many_pipelined),
         cmocka_unit_test(test_many_libzmq_rep),
-        cmocka_unit_test(test_many_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

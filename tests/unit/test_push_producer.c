@@ -46,8 +46,6 @@ typedef struct shard {
     atomic_int die_after_op; /* close the socket after answering this op (0: never) */
     atomic_int delay_ms;     /* before answering reserve_batch */
     atomic_bool hold;        /* a reserve_batch waits while set */
-    atomic_bool fail_next_reserve; /* the next reserve_batch is refused whole */
-    char fail_tid[2][64];          /* reserve items refused alone (under mu) */
     /* counters */
     atomic_int n_op[WIRE_OP_CANCEL + 1];
     atomic_int n_items_cancel_refresh;
@@ -98,7 +96,7 @@ static void answer(shard *s, const void *buf, size_t len, char **out) {
             usleep((useconds_t)atomic_load(&s->delay_ms) * 1000);
             atomic_fetch_sub(&delaying_now, 1);
         }
-        if (atomic_load(&s->fail_reserve) || atomic_exchange(&s->fail_next_reserve, false)) {
+        if (atomic_load(&s->fail_reserve)) {
             rep.ok = false;
             rep.error = "injected reserve failure";
             break;
@@ -113,12 +111,6 @@ static void answer(shard *s, const void *buf, size_t len, char **out) {
                 r->transfer_id,  r->mm_hash, r->tensor.nbytes, r->tensor.shape, r->tensor.ndim,
                 r->tensor.dtype, NULL};
             rsv_reply ry;
-            if (!strcmp(r->transfer_id, s->fail_tid[0]) ||
-                !strcmp(r->transfer_id, s->fail_tid[1])) {
-                o->ok = false;
-                o->error = strdup("injected item failure");
-                continue;
-            }
             if (req.u.reserve_batch.items[i].rc || rsv_reserve(s->t, &rr, now, &ry)) {
                 o->ok = false;
                 o->error = strdup(ect_last_error());
@@ -668,98 +660,6 @@ static void test_lone_steps_on_the_caller(void **st) {
     (void)st;
     lone_steps_lent("tcp");
     lone_steps_lent("shm");
-}
-
-enum { SPLIT_K = 16 };
-
-/* Fault injection of split_step_run. */
-typedef enum { SPLIT_CLEAN, SPLIT_ITEMS, SPLIT_HEAD } split_fault;
-
-/* One lone step of SPLIT_K items through flush_poll on the fake f (one
- * shard), after a warm-up item (the connect is never lent); every result
- * checked: the items the fault names fail, each other one lands byte for
- * byte. Returns the reserve_batches the step cost the shard. */
-static int split_step_run(fake *f, ect_push_producer *p, split_fault fault) {
-    shard *s = &f->sh[0];
-    item_buf w, b[SPLIT_K];
-    ect_push_result r[SPLIT_K];
-    bool fail[SPLIT_K] = {0};
-    item_make(&w, "split-warm", 0, 4096);
-    ect_push_item wi = item_of(&w, f->addr);
-    push_one_lent(p, &wi, r, 10);
-    assert_int_equal(r[0].status, 0);
-    expect_bytes(s, w.tid, w.seed, w.nbytes);
-    if (fault == SPLIT_ITEMS) { /* one item in each part */
-        pthread_mutex_lock(&s->mu);
-        snprintf(s->fail_tid[0], sizeof s->fail_tid[0], "split-1");
-        snprintf(s->fail_tid[1], sizeof s->fail_tid[1], "split-9");
-        pthread_mutex_unlock(&s->mu);
-        fail[1] = fail[9] = true;
-    }
-    if (fault == SPLIT_HEAD) { /* the first part, a quarter, refused whole */
-        atomic_store(&s->fail_next_reserve, true);
-        for (int i = 0; i < SPLIT_K / 4; i++) fail[i] = true;
-    }
-    int rb0 = atomic_load(&s->n_op[WIRE_OP_RESERVE_BATCH]);
-    for (int i = 0; i < SPLIT_K; i++) {
-        item_make(&b[i], "split", i, 65536);
-        ect_push_item it = item_of(&b[i], f->addr);
-        assert_int_equal(ect_push_producer_reserve(p, &it), 0);
-    }
-    size_t m = 0;
-    assert_int_equal(ect_push_producer_flush_poll(p, r, SPLIT_K, 10000, &m), SPLIT_K);
-    wait_results(p, r + m, SPLIT_K - m, 10);
-    for (int k = 0; k < SPLIT_K; k++) {
-        int i = atoi(strrchr(r[k].transfer_id, '-') + 1);
-        assert_string_equal(r[k].transfer_id, b[i].tid);
-        if (fail[i]) {
-            assert_int_not_equal(r[k].status, 0);
-            assert_non_null(strstr(r[k].error, "injected"));
-        } else {
-            assert_int_equal(r[k].status, 0);
-            expect_bytes(s, b[i].tid, b[i].seed, b[i].nbytes);
-        }
-    }
-    for (int i = 0; i < SPLIT_K; i++) free(b[i].data);
-    free(w.data);
-    return atomic_load(&s->n_op[WIRE_OP_RESERVE_BATCH]) - rb0;
-}
-
-/* A lone step of SPLIT_K items over tcp on flush_poll's thread goes out as
- * two reserve_batches, a quarter then the rest, the second sent right
- * behind the first; the items of the first are settled and written while
- * the shard answers the second (pp_lend_splits), and each item still gets
- * its own result: an item the shard refuses in either part fails alone, a
- * first part refused whole fails only its own items. Over shm (a consumer
- * that names it in `peers`) the step stays one reserve_batch. */
-static void split_step(split_fault fault) {
-    fake *f = fake_open(1, "tcp");
-    ect_push_producer *p = prod_open(5000, 150000);
-    assert_int_equal(split_step_run(f, p, fault), 2);
-    assert_int_equal(pp_lend_splits(p), 1);
-    assert_int_equal(pp_lend_yields(p), 0);
-    expect_drained(f, p);
-    ect_push_producer_close(p);
-    fake_close(f);
-}
-
-static void test_split_step(void **st) {
-    (void)st;
-    split_step(SPLIT_CLEAN);
-    split_step(SPLIT_ITEMS);
-    split_step(SPLIT_HEAD);
-}
-
-static void test_split_step_not_over_shm(void **st) {
-    (void)st;
-    fake *f = fake_open(1, "shm");
-    f->peers_transport = true;
-    ect_push_producer *p = prod_open(5000, 150000);
-    assert_int_equal(split_step_run(f, p, SPLIT_CLEAN), 1);
-    assert_int_equal(pp_lend_splits(p), 0);
-    expect_drained(f, p);
-    ect_push_producer_close(p);
-    fake_close(f);
 }
 
 /* A lent poll whose timeout runs out mid-exchange hands the exchange to the
@@ -1871,8 +1771,6 @@ int main(void) {
         cmocka_unit_test(test_flush_on_a_running_lane),
         cmocka_unit_test(test_lone_steps_stay_on_the_lane),
         cmocka_unit_test(test_lone_steps_on_the_caller),
-        cmocka_unit_test(test_split_step),
-        cmocka_unit_test(test_split_step_not_over_shm),
         cmocka_unit_test(test_poll_gives_up_a_hung_exchange),
         cmocka_unit_test(test_poll_gives_up_a_late_answer),
         cmocka_unit_test(test_steps_in_flight_pipelined),
