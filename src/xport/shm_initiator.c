@@ -45,8 +45,9 @@
  * windows unasked (OFFER), before the producer even has their reserve
  * reply; the connection applies them as a GRANT's mappings and drops, with
  * no copy and no DONE, wherever it reads the socket (waiting for a GRANT:
- * recv_past_offers; leaving the cache and after a fast batch: drain_offers),
- * so the write into an offered window takes the fast path.
+ * recv_past_offers; leaving the cache, the first message; a write that
+ * missed its window and after a fast batch, all: drain_offers), so the
+ * write into an offered window takes the fast path.
  */
 #include <errno.h>
 #include <inttypes.h>
