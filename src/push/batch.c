@@ -460,7 +460,9 @@ static void build_writes(pbatch *b, const push_action *a, size_t n, uint64_t now
         px *x = group_find_plane(&gs, s->kind, s->session);
         if (!x) {
             char key[PX_KEY_MAX];
-            snprintf(key, sizeof key, "%s|%s", s->kind, s->session);
+            ect_strcpy_cut(key, sizeof key, s->kind);
+            ect_strcat_cut(key, sizeof key, "|");
+            ect_strcat_cut(key, sizeof key, s->session);
             if (!(x = group_new(&gs, PX_WRITE, key, n))) {
                 fail_groups(b, &gs, now);
                 fail_kind(b, a, n, PUSH_ACT_WRITE, now);

@@ -293,7 +293,8 @@ void pp_lane_key(const px *x, char key[PP_LANE_KEY_MAX]) {
      * step n and the reserves of step n+1 are in flight together (see the
      * top); every other op keeps the address's lane. */
     bool side = x->kind == PX_COMPLETE && !x->on_main;
-    snprintf(key, PP_LANE_KEY_MAX, "%s%s", side ? "complete|" : "", x->key);
+    ect_strcpy_cut(key, PP_LANE_KEY_MAX, side ? "complete|" : "");
+    ect_strcat_cut(key, PP_LANE_KEY_MAX, x->key);
 }
 
 static pp_route **route_find(ect_push_producer *p, const char *key) {

@@ -43,9 +43,24 @@ bad:
                          s ? s : "(null)", min_port, max_port);
 }
 
+/* "host:port" ("[host]:port" for an IPv6 literal) with no format machinery:
+ * built per item by the push producer (its control lanes' keys). */
 int ect_hostport_format(const char *host, int port, char *buf, size_t cap) {
     bool v6 = strchr(host, ':') != NULL;
-    return snprintf(buf, cap, v6 ? "[%s]:%d" : "%s:%d", host, port);
+    if (port < 0 || cap == 0) return snprintf(buf, cap, v6 ? "[%s]:%d" : "%s:%d", host, port);
+    char num[16];
+    size_t nd = 0;
+    do {
+        num[sizeof num - 1 - nd++] = (char)('0' + port % 10);
+        port /= 10;
+    } while (port);
+    char tail[sizeof num + 2] = "]:";
+    memcpy(tail + 2, num + sizeof num - nd, nd);
+    tail[2 + nd] = '\0';
+    ect_strcpy_cut(buf, cap, v6 ? "[" : "");
+    ect_strcat_cut(buf, cap, host);
+    ect_strcat_cut(buf, cap, v6 ? tail : tail + 1);
+    return (int)((v6 ? 2 : 0) + strlen(host) + 1 + nd);
 }
 
 int ect_tcp_endpoint_port(const char *endpoint) {

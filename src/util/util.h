@@ -90,6 +90,13 @@ static inline void ect_strcpy_cut(char *dst, size_t cap, const char *src) {
     dst[n] = '\0';
 }
 
+/* Appends src (NULL: "") to the string in dst (cap > 0 bytes), the whole cut
+ * to cap - 1 bytes: a per-item key built without snprintf. */
+static inline void ect_strcat_cut(char *dst, size_t cap, const char *src) {
+    size_t n = strnlen(dst, cap - 1);
+    ect_strcpy_cut(dst + n, cap - n, src);
+}
+
 /* ---- checked arithmetic: return false on overflow. */
 static inline bool ect_mul_u64(uint64_t a, uint64_t b, uint64_t *out) {
     return !__builtin_mul_overflow(a, b, out);

@@ -2,8 +2,11 @@
  * control_fast — an allocation-light codec for the four hot messages of the
  * push control path: the reserve_batch and complete_batch requests and their
  * replies (issue 13: jansson's tree, its mallocs and the dump's vfprintf were
- * a third of the CPU per small item), and the readiness event a shard sends
- * per item (encoder and decoder).
+ * a third of the CPU per small item), the readiness event a shard sends per
+ * item (encoder and decoder), and event_port and its reply: the exchange
+ * ect_push_ping times as the control round trip that `ect bench push`
+ * measures a step's latency against, which must cost no more codec than the
+ * step's own exchanges do.
  *
  * It is a fast path, never a second definition of the wire. The encoders
  * write the very bytes jansson's compact dump writes (keys in the order
@@ -197,6 +200,8 @@ int wctl_fast_encode_request(const wire_ctl_request *req, char **out) {
             JW_LIT(&w, "}");
         }
         JW_LIT(&w, "]}");
+    } else if (req->op == WIRE_OP_EVENT_PORT) {
+        JW_LIT(&w, "{\"op\":\"event_port\"}");
     } else {
         return WCTL_FALLBACK;
     }
@@ -272,6 +277,15 @@ int wctl_fast_encode_reply(const wire_ctl_reply *rep, char **out) {
             JW_LIT(&w, "}");
         }
         JW_LIT(&w, "]}}");
+    } else if (rep->op == WIRE_OP_EVENT_PORT) {
+        if (!rep->u.event_port) return WCTL_FALLBACK; /* refused: jansson's text */
+        JW_LIT(&w, "{\"ok\":true,\"result\":");
+        jw_u64(&w, rep->u.event_port);
+        if (rep->event_secret[0]) {
+            JW_LIT(&w, ",\"event_secret\":");
+            jw_str(&w, rep->event_secret, WIRE_SECRET_MAX, false);
+        }
+        JW_LIT(&w, "}");
     } else {
         return WCTL_FALLBACK;
     }
@@ -600,6 +614,15 @@ int wctl_fast_decode_request(const void *buf, size_t len, wire_ctl_request *out)
     return wctl_fast_decode_request_kept(buf, len, out, NULL);
 }
 
+/* The rest of a request that is its op alone ("}"): out->op = op. */
+static int rd_bare_op(jr *r, wire_ctl_op op, wire_ctl_request *out) {
+    jr_ch(r, '}');
+    jr_end(r);
+    if (r->bad) return WCTL_FALLBACK;
+    out->op = op;
+    return 0;
+}
+
 int wctl_fast_decode_request_kept(const void *buf, size_t len, wire_ctl_request *out,
                                   wire_ctl_keep *keep) {
     memset(out, 0, sizeof *out);
@@ -615,6 +638,8 @@ int wctl_fast_decode_request_kept(const void *buf, size_t len, wire_ctl_request 
         rsv = true;
     else if (opn == 14 && memcmp(op, "complete_batch", 14) == 0)
         rsv = false;
+    else if (opn == 10 && memcmp(op, "event_port", 10) == 0)
+        return rd_bare_op(&r, WIRE_OP_EVENT_PORT, out);
     else
         return WCTL_FALLBACK;
     jr_ch(&r, ',');
@@ -722,10 +747,41 @@ static bool rd_complete_result(jr *r, void *arr, size_t i) {
     return !r->bad;
 }
 
+/* event_port's reply after "result": the port, then our event_secret
+ * extension when there is one. */
+static int rd_event_port_reply(jr *r, wire_ctl_reply *out) {
+    uint64_t port = jr_u64(r);
+    if (!r->bad && (port < 1 || port > 65535)) r->bad = true; /* refused: jansson's text */
+    if (jr_peek(r, ',')) {
+        jr_ch(r, ',');
+        jr_key(r, "event_secret");
+        jr_str(r, out->event_secret, WIRE_SECRET_MAX, false);
+    }
+    jr_ch(r, '}');
+    jr_end(r);
+    if (r->bad) {
+        memset(out, 0, sizeof *out);
+        return WCTL_FALLBACK;
+    }
+    out->op = WIRE_OP_EVENT_PORT;
+    out->ok = true;
+    out->u.event_port = (uint16_t)port;
+    return 0;
+}
+
 int wctl_fast_decode_reply(wire_ctl_op op, size_t expect, const void *buf, size_t len,
                            wire_ctl_reply *out) {
     memset(out, 0, sizeof *out);
     if (wctl_fast_off || !buf || len > WIRE_CTL_MAX_FRAME) return WCTL_FALLBACK;
+    if (op == WIRE_OP_EVENT_PORT) {
+        jr r = {buf, (const unsigned char *)buf + len, false};
+        jr_ch(&r, '{');
+        jr_key(&r, "ok");
+        if (!jr_bool(&r)) return WCTL_FALLBACK;
+        jr_ch(&r, ',');
+        jr_key(&r, "result");
+        return rd_event_port_reply(&r, out);
+    }
     bool rsv = op == WIRE_OP_RESERVE_BATCH;
     if (!rsv && op != WIRE_OP_COMPLETE_BATCH) return WCTL_FALLBACK;
     jr r = {buf, (const unsigned char *)buf + len, false};

@@ -45,8 +45,9 @@
  * windows unasked (OFFER), before the producer even has their reserve
  * reply; the connection applies them as a GRANT's mappings and drops, with
  * no copy and no DONE, wherever it reads the socket (waiting for a GRANT:
- * recv_past_offers; leaving the cache and after a fast batch: drain_offers),
- * so the write into an offered window takes the fast path.
+ * recv_past_offers; leaving the cache, the first message; a write that
+ * missed its window and after a fast batch, all: drain_offers), so the
+ * write into an offered window takes the fast path.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -767,13 +768,14 @@ static int recv_past_offers(ect_xport *x, shm_conn *c, uint8_t *buf, size_t *len
     }
 }
 
-/* Applies every OFFER queued on an idle or working connection without
- * waiting: 0 when none is left, ECT_ECLOSED at EOF, ECT_EPROTO for any
- * other message (out of protocol between a DONE and the next BEGIN). */
-static int drain_offers(shm_conn *c) {
+/* Applies the OFFERs queued on an idle or working connection without
+ * waiting, every one (max 0) or up to max: 0 when none is left or max were
+ * applied, ECT_ECLOSED at EOF, ECT_EPROTO for any other message (out of
+ * protocol between a DONE and the next BEGIN). */
+static int drain_offers(shm_conn *c, unsigned max) {
     if (!c->offers) return xp_fd_quiet(c->fd) ? 0 : ECT_ECLOSED;
     if (!c->obuf && !(c->obuf = malloc(SHM_OFFER_MAX))) return ECT_ENOMEM;
-    for (;;) {
+    for (unsigned got = 0; !max || got < max; got++) {
         size_t len;
         int fds[SHM_CHUNK], nfds = 0;
         int rc = shm_msg_recv_now(c->fd, c->obuf, SHM_OFFER_MAX, &len, fds, SHM_CHUNK, &nfds);
@@ -785,9 +787,15 @@ static int drain_offers(shm_conn *c) {
         }
         if ((rc = offer_apply(c, c->obuf, len, fds, nfds)) != 0) return rc;
     }
+    return 0;
 }
 
-static bool conn_alive(xp_conn x) { return drain_offers(x.ctx) == 0; }
+/* Leaving the cache: the connection is usable when its next message is an
+ * OFFER (applied) or nothing. A lone step's OFFER is all that waits (its
+ * reserve reply came after it), so one read, not a second that finds the
+ * queue empty; more OFFERs, or an EOF behind one, are read when a write
+ * misses its window (write_batch) and after a fast batch. */
+static bool conn_alive(xp_conn x) { return drain_offers(x.ctx, 1) == 0; }
 
 /* One BEGIN/GRANT/copy/DONE/ACK round for idx[0..n). Fails only for
  * connection-level errors; per-write refusals go to st. */
@@ -844,6 +852,24 @@ static int fast_copy(shm_conn *c, const ect_write *w, uint64_t token, const src_
     return rc;
 }
 
+/* fast_copy again for the writes idx[0..m) that missed it; returns how
+ * many still miss (left first in idx), counting the copies in *fast. */
+static size_t retry_fast(shm_conn *c, const ect_write *w, const uint64_t *tok, const src_kind *sk,
+                         size_t *idx, size_t m, int *st, size_t *fast) {
+    size_t left = 0;
+    for (size_t j = 0; j < m; j++) {
+        size_t i = idx[j];
+        int f = fast_copy(c, &w[i], tok[i], &sk[i]);
+        if (f == 0)
+            (*fast)++;
+        else if (f < 0)
+            st[i] = f;
+        else
+            idx[left++] = i;
+    }
+    return left;
+}
+
 /* A cached connection only (ready_only: 1 when there is none), or a new
  * one. */
 static int conn_for(ect_xport *x, xp_peer *p, bool ready_only, shm_conn **out) {
@@ -870,12 +896,11 @@ static int write_batch(ect_xport *x, const char *session, const ect_write *w, si
     uint64_t *tok = malloc(n * sizeof *tok);
     size_t *idx = malloc(n * sizeof *idx);
     src_kind *sk = calloc(n, sizeof *sk);
-    uint8_t *buf = ready_only ? NULL : malloc(SHM_GRANT_MAX);
-    if (!tok || !idx || !sk || (!buf && !ready_only)) {
+    uint8_t *buf = NULL; /* a chunk's messages: only when one is needed */
+    if (!tok || !idx || !sk) {
         free(tok);
         free(idx);
         free(sk);
-        free(buf);
         xp_cache_give(&s->cache, p, (xp_conn){c->fd, c});
         return ect_set_error(ECT_ENOMEM, "batch");
     }
@@ -894,7 +919,14 @@ static int write_batch(ect_xport *x, const char *session, const ect_write *w, si
         else
             idx[m++] = i;
     }
-    rc = 0;
+    /* Windows offered behind the OFFER read on leaving the cache. */
+    rc = m && c->offers ? drain_offers(c, 0) : 0;
+    if (rc == ECT_ECLOSED) rc = ect_set_error(rc, "shm: %s went away", session);
+    if (!rc && m && c->offers) m = retry_fast(c, w, tok, sk, idx, m, st, &fast);
+    if (!rc && m && !ready_only && !(buf = malloc(SHM_GRANT_MAX)))
+        rc = ect_set_error(ECT_ENOMEM, "batch");
+    for (size_t i = 0; rc && i < n; i++)
+        if (st[i] == 0) st[i] = rc;
     for (size_t i = 0; ready_only && i < m; i++) st[idx[i]] = 1;
     for (size_t done = 0; done < m && !rc && !ready_only;) {
         uint32_t k = (uint32_t)(m - done < SHM_CHUNK ? m - done : SHM_CHUNK);
@@ -909,7 +941,7 @@ static int write_batch(ect_xport *x, const char *session, const ect_write *w, si
     /* Copies need no answer, but a target that died meanwhile must not
      * count as having received them (offers that came meanwhile are
      * applied on the way). */
-    if (!rc && fast && drain_offers(c) != 0) {
+    if (!rc && fast && drain_offers(c, 0) != 0) {
         rc = ect_set_error(ECT_ECLOSED, "shm: %s went away during the batch", session);
         for (size_t i = 0; i < n; i++)
             if (st[i] == 0) st[i] = rc;

@@ -199,6 +199,34 @@ static void test_hostport_parse(void **state) {
     assert_int_equal(ect_tcp_endpoint_port("ipc://x"), 0);
 }
 
+/* ect_hostport_format (built without snprintf) says what snprintf would,
+ * cut or not, and ect_strcat_cut appends within the cap. */
+static void test_hostport_format(void **state) {
+    (void)state;
+    const char *hosts[] = {"127.0.0.1", "::1", "h", "", "fe80::1:2:3:4", "a-long-host.example.org"};
+    const int ports[] = {0, 1, 9, 10, 80, 5555, 65535, 123456, -1};
+    const size_t caps[] = {1, 2, 5, 9, 12, 64};
+    for (size_t h = 0; h < sizeof hosts / sizeof *hosts; h++)
+        for (size_t p = 0; p < sizeof ports / sizeof *ports; p++)
+            for (size_t c = 0; c < sizeof caps / sizeof *caps; c++) {
+                char got[64], want[64];
+                memset(got, 'x', sizeof got);
+                bool v6 = strchr(hosts[h], ':') != NULL;
+                int wn = snprintf(want, caps[c], v6 ? "[%s]:%d" : "%s:%d", hosts[h], ports[p]);
+                int gn = ect_hostport_format(hosts[h], ports[p], got, caps[c]);
+                assert_int_equal(gn, wn);
+                assert_string_equal(got, want);
+            }
+    char k[8] = "ab";
+    ect_strcat_cut(k, sizeof k, "|");
+    ect_strcat_cut(k, sizeof k, NULL);
+    assert_string_equal(k, "ab|");
+    ect_strcat_cut(k, sizeof k, "cdefgh");
+    assert_string_equal(k, "ab|cdef");
+    ect_strcat_cut(k, sizeof k, "z");
+    assert_string_equal(k, "ab|cdef");
+}
+
 /* What a peer is told: never a wildcard; --advertise wins; others unchanged. */
 static void test_session_advertise(void **state) {
     (void)state;
@@ -273,6 +301,7 @@ int main(void) {
         cmocka_unit_test(test_checked_arithmetic),
         cmocka_unit_test(test_log_level_from_env),
         cmocka_unit_test(test_hostport_parse),
+        cmocka_unit_test(test_hostport_format),
         cmocka_unit_test(test_session_advertise),
         cmocka_unit_test(test_monotonic_timed_wait),
     };

@@ -622,6 +622,75 @@ static void test_fast_event_decoder(void **state) {
     }
 }
 
+/* event_port (the exchange ect_push_ping times): the request and the reply
+ * as the encoders write them, with any spacing, decode on the fast path to
+ * what jansson decodes; every other form (a bad port, an escaped or long
+ * secret, another key, a refusal) is left to jansson, whose result and error
+ * text stay as they were. */
+static void test_fast_event_port(void **state) {
+    (void)state;
+    wire_ctl_request q;
+    const char *reqs[] = {G_EVENT_PORT, " { \"op\" : \"event_port\" } "};
+    for (size_t i = 0; i < 2; i++) {
+        assert_int_equal(wctl_fast_decode_request(reqs[i], strlen(reqs[i]), &q), 0);
+        assert_int_equal(q.op, WIRE_OP_EVENT_PORT);
+    }
+    const char *slow_reqs[] = {"{\"op\":\"event_port\",\"x\":1}", "{\"op\":\"event_\\u0070ort\"}"};
+    for (size_t i = 0; i < 2; i++) {
+        assert_int_equal(wctl_fast_decode_request(slow_reqs[i], strlen(slow_reqs[i]), &q),
+                         WCTL_FALLBACK);
+        assert_int_equal(wire_ctl_decode_request(slow_reqs[i], strlen(slow_reqs[i]), &q), 0);
+        assert_int_equal(q.op, WIRE_OP_EVENT_PORT);
+    }
+    wire_ctl_reply f, s;
+    const char *fast[] = {G_R_EVENT_PORT, G_R_EVENT_PORT_SECRET,
+                          " {\"ok\" : true , \"result\" : 1 , \"event_secret\" : \"\" } ",
+                          "{\"ok\":true,\"result\":65535}"};
+    for (size_t i = 0; i < sizeof fast / sizeof *fast; i++) {
+        assert_int_equal(
+            wctl_fast_decode_reply(WIRE_OP_EVENT_PORT, SIZE_MAX, fast[i], strlen(fast[i]), &f), 0);
+        wctl_fast_off = true;
+        assert_int_equal(
+            wire_ctl_decode_reply(WIRE_OP_EVENT_PORT, SIZE_MAX, fast[i], strlen(fast[i]), &s), 0);
+        wctl_fast_off = false;
+        assert_reply_eq(&f, &s);
+        assert_string_equal(f.event_secret, s.event_secret);
+        wire_ctl_reply_clear(&f);
+        wire_ctl_reply_clear(&s);
+    }
+    const char *slow[] = {
+        "{\"ok\":true,\"result\":0}",
+        "{\"ok\":true,\"result\":65536}",
+        "{\"ok\":true,\"result\":40123,\"event_secret\":\"a\\u0062\"}",
+        "{\"ok\":true,\"result\":40123,\"event_secret\":"
+        "\"0123456789012345678901234567890123456789012345678901234567890123456789\"}",
+        "{\"ok\":true,\"result\":40123,\"other\":1}",
+        "{\"result\":40123,\"ok\":true}",
+        "{\"ok\":false,\"error\":\"no\"}",
+    };
+    const char *errs[] = {"outside 1..65535", "outside 1..65535", NULL, "event_secret", NULL, NULL,
+                          NULL};
+    for (size_t i = 0; i < sizeof slow / sizeof *slow; i++) {
+        assert_int_equal(
+            wctl_fast_decode_reply(WIRE_OP_EVENT_PORT, SIZE_MAX, slow[i], strlen(slow[i]), &f),
+            WCTL_FALLBACK);
+        int rf = wire_ctl_decode_reply(WIRE_OP_EVENT_PORT, SIZE_MAX, slow[i], strlen(slow[i]), &f);
+        if (errs[i]) {
+            assert_err(rf, ECT_EINVAL, errs[i]);
+            continue;
+        }
+        assert_int_equal(rf, 0);
+        wctl_fast_off = true;
+        assert_int_equal(
+            wire_ctl_decode_reply(WIRE_OP_EVENT_PORT, SIZE_MAX, slow[i], strlen(slow[i]), &s), 0);
+        wctl_fast_off = false;
+        assert_reply_eq(&f, &s);
+        assert_string_equal(f.event_secret, s.event_secret);
+        wire_ctl_reply_clear(&f);
+        wire_ctl_reply_clear(&s);
+    }
+}
+
 /* The canned replies of a server whose request did not decode. */
 static void test_decode_failure_replies(void **state) {
     (void)state;
@@ -1711,6 +1780,7 @@ int main(void) {
         cmocka_unit_test(test_golden_replies),
         cmocka_unit_test(test_golden_events),
         cmocka_unit_test(test_fast_event_decoder),
+        cmocka_unit_test(test_fast_event_port),
         cmocka_unit_test(test_decode_failure_replies),
         cmocka_unit_test(test_goldens_are_the_documented_examples),
         cmocka_unit_test(test_random_round_trips),

@@ -1672,6 +1672,54 @@ static void test_shm_offers(void **state) {
     ect_xport_close(t);
 }
 
+/* Two OFFERs queued before a write of both their windows (and before a
+ * write into the second one's alone): leaving the cache reads only the
+ * first, and the windows the write misses are looked for behind it before
+ * any BEGIN, so every copy takes the fast path (no BEGIN) and lands. */
+static void test_shm_offers_queued(void **state) {
+    (void)state;
+    ect_xport *t = open_kind("shm"), *i = open_kind("shm");
+    xp_set_offer_id(i, 0x4321);
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    region r;
+    private_region_open(t, 64 * pg, &r);
+    const char *ses = ect_xport_session(t);
+    write_window(t, i, &r, 0, pg, 1); /* connects: one BEGIN */
+    assert_int_equal(shm_begins(i), 1);
+    char k[4][ECT_XPORT_KEY_MAX];
+    for (int j = 0; j < 4; j++)
+        assert_int_equal(xp_window_open(t, r.key, (size_t)(4 + 4 * j) * pg, pg, k[j]), 0);
+    const char *first[1] = {k[0]}, *second[1] = {k[1]}, *third[1] = {k[2]}, *fourth[1] = {k[3]};
+    offer_until_taken(t, 0x4321, first, 1);
+    offer_until_taken(t, 0x4321, second, 1);
+    static uint8_t src[2][4096];
+    test_fill_pattern(src[0], pg, 5);
+    test_fill_pattern(src[1], pg, 6);
+    ect_write w[2] = {{src[0], (uint64_t)(uintptr_t)(r.addr + 4 * pg), pg, k[0]},
+                      {src[1], (uint64_t)(uintptr_t)(r.addr + 8 * pg), pg, k[1]}};
+    int st[2] = {-1, -1};
+    assert_int_equal(ect_xport_write_batch(i, ses, w, 2, st), 0);
+    assert_int_equal(st[0], 0);
+    assert_int_equal(st[1], 0);
+    assert_memory_equal(r.addr + 4 * pg, src[0], pg);
+    assert_memory_equal(r.addr + 8 * pg, src[1], pg);
+    assert_int_equal(shm_begins(i), 1);
+    assert_int_equal(shm_offers(i), 2);
+    /* the window of the second of two queued OFFERs, written alone */
+    offer_until_taken(t, 0x4321, third, 1);
+    offer_until_taken(t, 0x4321, fourth, 1);
+    w[0] = (ect_write){src[1], (uint64_t)(uintptr_t)(r.addr + 16 * pg), pg, k[3]};
+    assert_int_equal(ect_xport_write_batch(i, ses, w, 1, st), 0);
+    assert_int_equal(st[0], 0);
+    assert_memory_equal(r.addr + 16 * pg, src[1], pg);
+    assert_int_equal(shm_begins(i), 1);
+    assert_int_equal(shm_offers(i), 4);
+    for (int j = 0; j < 4; j++) assert_int_equal(xp_window_close(t, k[j]), 0);
+    test_region_close(t, &r);
+    ect_xport_close(i);
+    ect_xport_close(t);
+}
+
 /* A raw shm target for the initiator's side of offers: one connection;
  * region file `mem` (4 pages), windows A (page 0, rid 7, slot 3) and B
  * (page 2, rid 8, slot 5), both live in the control segment. With offers
@@ -2047,6 +2095,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_shm_parked_runs),
         cmocka_unit_test(test_shm_parked_process_bound),
         cmocka_unit_test(test_shm_offers),
+        cmocka_unit_test(test_shm_offers_queued),
         cmocka_unit_test(test_shm_offer_raw),
         cmocka_unit_test(test_shm_offer_target),
         cmocka_unit_test(test_shm_offer_full_socket),
