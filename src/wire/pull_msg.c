@@ -938,7 +938,90 @@ static wire_pull_type fast_type(const fast_msg *f) {
 
 /* Decodes buf through the fast path into out: true, or false (nothing
  * left in out) for the general decoder. */
+/* An array header (fixarray, array16) of 1..WIRE_PULL_MAX_ITEMS entries. */
+static bool fast_array(fast_in *in, size_t *n) {
+    if (in->p == in->end) return false;
+    uint8_t b = *in->p++;
+    uint64_t v;
+    if ((b & 0xf0) == 0x90)
+        v = b & 0x0f;
+    else if (!(b == 0xdc && fast_be(in, 2, &v)))
+        return false;
+    *n = (size_t)v;
+    return v >= 1 && v <= WIRE_PULL_MAX_ITEMS;
+}
+
+/* The literal key k (a fixstr) next in `in`. */
+static bool fast_key(fast_in *in, const char *k) {
+    const char *s;
+    size_t n;
+    return fast_str(in, &s, &n) && n == strlen(k) && memcmp(s, k, n) == 0;
+}
+
+/* A text of 1..max bytes, copied; false (nothing left) otherwise. */
+static bool fast_text(fast_in *in, size_t max, char **out) {
+    const char *s;
+    size_t n;
+    return fast_str(in, &s, &n) && text_ok(s, n, max) && (*out = text_dup(s, n)) != NULL;
+}
+
+/* ECTransferPullBatch as our encoder lays it out: {"ect_pulls": [[mm_hash,
+ * dst_offset, token, dst_key], ...], "ect_dst_ptr": u, "consumer_session_id":
+ * s}. Anything else: false, for the general decoder. */
+static bool fast_batch(fast_in *in, wire_transfer_pull_batch *m) {
+    size_t n;
+    if (!fast_key(in, "ect_pulls") || !fast_array(in, &n)) return false;
+    if (!(m->pulls = calloc(n, sizeof *m->pulls))) return false;
+    bool ok = true;
+    for (size_t i = 0; i < n && ok; i++) {
+        wire_transfer_pull *p = &m->pulls[i];
+        m->n = i + 1;
+        p->has_token = true;
+        ok = in->p < in->end && *in->p++ == 0x90 + BATCH_ENTRY_LEN &&
+             fast_text(in, WIRE_PULL_MAX_STR, &p->mm_hash) && fast_uint(in, &p->dst_offset) &&
+             fast_uint(in, &p->token) && fast_text(in, WIRE_PULL_MAX_KEY, &p->dst_key);
+    }
+    uint64_t dst_ptr = 0;
+    char *session = NULL;
+    ok = ok && fast_key(in, "ect_dst_ptr") && fast_uint(in, &dst_ptr) &&
+         fast_key(in, "consumer_session_id") && fast_text(in, WIRE_PULL_MAX_STR, &session) &&
+         in->p == in->end;
+    for (size_t i = 0; i < n && ok; i++) {
+        m->pulls[i].dst_ptr = dst_ptr;
+        ok = (m->pulls[i].consumer_session_id = strdup(session)) != NULL;
+    }
+    free(session);
+    if (!ok) wire_transfer_pull_batch_free(m);
+    return ok;
+}
+
+/* ECTransferDone: {"ect_done": [token, ...]}. */
+static bool fast_done(fast_in *in, wire_transfer_done *m) {
+    size_t n;
+    if (!fast_key(in, "ect_done") || !fast_array(in, &n)) return false;
+    if (!(m->tokens = malloc(n * sizeof *m->tokens))) return false;
+    m->n = n;
+    bool ok = true;
+    for (size_t i = 0; i < n && ok; i++) ok = fast_uint(in, &m->tokens[i]);
+    if (!ok || in->p != in->end) {
+        wire_transfer_done_free(m);
+        return false;
+    }
+    return true;
+}
+
 static bool fast_decode(const void *buf, size_t len, wire_pull_msg *out) {
+    fast_in in = {buf, (const uint8_t *)buf + len};
+    if (buf && len >= 2 && len <= WIRE_PULL_MAX_MSG && in.p[0] == 0x83 && in.p[1] == 0xa9) {
+        in.p++;
+        out->type = WIRE_PULL_PULL_BATCH;
+        return fast_batch(&in, &out->u.batch);
+    }
+    if (buf && len >= 2 && len <= WIRE_PULL_MAX_MSG && in.p[0] == 0x81 && in.p[1] == 0xa8) {
+        in.p++;
+        out->type = WIRE_PULL_DONE;
+        return fast_done(&in, &out->u.done);
+    }
     fast_msg f;
     if (!fast_scan(buf, len, &f)) return false;
     out->type = fast_type(&f);
