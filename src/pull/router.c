@@ -293,7 +293,7 @@ static void handle_request(pull_router *r, const pull_peer *peer, const wire_tra
     do {
         size_t k = n - i < page ? n - i : page;
         wire_transfer_ready m = {.request_id = q->request_id,
-                                 .items = items + i,
+                                 .items = items ? items + i : NULL, /* none: NULL + 0 is UB */
                                  .n_items = k,
                                  .producer_session_id = (char *)r->session_id,
                                  .more = i + k < n};
