@@ -875,6 +875,61 @@ static void test_load_many_upstream_reverse(void **st) {
     router_stop(&sr); /* its thread has sent every answer by now */
 }
 
+/* An upstream-style producer for two sets of four: takes 8 frames, each of
+ * which must be a plain ECTransferPull (counted in upstream_bad otherwise),
+ * and answers each with the upstream fields only (no ect_batch offer). */
+static atomic_int upstream_bad;
+static void *upstream_sets_main(void *arg) {
+    slow_router *sr = arg;
+    for (int i = 0; i < 8; i++) {
+        char id[256], msg[4096];
+        int idl = zmq_recv(sr->sock, id, sizeof id, 0);
+        int ml = zmq_recv(sr->sock, msg, sizeof msg, 0);
+        if (idl <= 0 || ml <= 0) return NULL;
+        wire_transfer_pull pl;
+        if (wire_transfer_pull_decode(msg, (size_t)ml, &pl) != 0) {
+            atomic_fetch_add(&upstream_bad, 1);
+            continue;
+        }
+        wire_transfer_complete c = {.mm_hash = pl.mm_hash, .status = 0};
+        void *buf;
+        size_t len;
+        if (wire_transfer_complete_encode(&c, &buf, &len) == 0) {
+            zmq_send(sr->sock, id, (size_t)idl, ZMQ_SNDMORE);
+            zmq_send(sr->sock, buf, len, 0);
+            free(buf);
+        }
+        wire_transfer_pull_free(&pl);
+    }
+    return NULL;
+}
+
+/* An upstream producer never offers ect_batch: our consumer's second set
+ * goes pull by pull as its first did (no ECTransferPullBatch reaches it). */
+static void test_upstream_never_gets_batches(void **st) {
+    (void)st;
+    atomic_store(&upstream_bad, 0);
+    slow_router sr;
+    router_start(&sr, upstream_sets_main);
+    ect_pull_consumer *c = open_consumer("tcp", sr.port, 1 * MiB, 30000);
+    for (int set = 0; set < 2; set++) {
+        char names[4][32];
+        const char *h[4];
+        ect_pull_meta m[4];
+        ect_pull_view v[4];
+        int sts[4];
+        for (int i = 0; i < 4; i++) {
+            item_meta(names[i], set ? "us1" : "us0", i, 256, 0, &m[i]);
+            h[i] = names[i];
+        }
+        assert_int_equal(ect_pull_consumer_load_many(c, 4, h, m, v, sts), 0);
+        for (int i = 0; i < 4; i++) assert_int_equal(ect_pull_consumer_release(c, h[i]), 0);
+    }
+    ect_pull_consumer_close(c);
+    router_stop(&sr);
+    assert_int_equal(atomic_load(&upstream_bad), 0);
+}
+
 /* A producer that takes the n pulls of one load_many, writes each pull's
  * bytes (pattern 700 + i) with the key its ECTransferPull carries, tries
  * one more write with the first pull's key at probe_addr (0: the byte just
@@ -1842,6 +1897,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_set_on_lane),
         cmocka_unit_test(test_shm_ready_write_refusals),
         cmocka_unit_test(test_raw_batch),
+        cmocka_unit_test(test_upstream_never_gets_batches),
         cmocka_unit_test(test_shared_window_tcp),
         cmocka_unit_test(test_shared_window_shm),
         cmocka_unit_test(test_peer_gone),
