@@ -1116,7 +1116,8 @@ static void test_shm_pulls_offered(void **st) {
         assert_int_equal(ect_pull_consumer_release(c, h[SINGLE + i]), 0);
     }
     shm_counts(pull_producer_xport(p), &begins, &offers);
-    assert_true(offers > offers_before_set);
+    /* the set's offer was applied, or skipped (the target's connection busy: counted) */
+    assert_true(offers > offers_before_set || shm_offer_skips() - skips0 > skips);
     assert_true(begins <= begins_before_set + 1);
     ect_pull_consumer_close(c);
     ect_pull_producer_close(p);
