@@ -406,16 +406,22 @@ static int open_own_window(ect_pull_consumer *c, pend *pd) {
     return 0;
 }
 
-/* Encodes the ECTransferPull of a reserved pull (with its window's key)
- * into pd->msg (send_pull sends it); on failure undoes the pull. */
+/* The ECTransferPull of a reserved pull (with its window's key); its
+ * strings are borrowed from pd and c. */
+static wire_transfer_pull pull_of(ect_pull_consumer *c, const pend *pd) {
+    return (wire_transfer_pull){.mm_hash = (char *)pd->mm_hash,
+                                .dst_ptr = (uint64_t)(uintptr_t)ect_pool_base(c->pool),
+                                .dst_offset = pd->off,
+                                .consumer_session_id = c->session,
+                                .dst_key = pd->win || pd->shared ? (char *)pd->wkey : c->key,
+                                .has_token = true,
+                                .token = pd->token};
+}
+
+/* Encodes the ECTransferPull of a reserved pull into pd->msg (send_pull
+ * sends it); on failure undoes the pull. */
 static int encode_pull(ect_pull_consumer *c, pend *pd) {
-    wire_transfer_pull req = {.mm_hash = (char *)pd->mm_hash,
-                              .dst_ptr = (uint64_t)(uintptr_t)ect_pool_base(c->pool),
-                              .dst_offset = pd->off,
-                              .consumer_session_id = c->session,
-                              .dst_key = pd->win || pd->shared ? pd->wkey : c->key,
-                              .has_token = true,
-                              .token = pd->token};
+    wire_transfer_pull req = pull_of(c, pd);
     int rc = wire_transfer_pull_encode(&req, &pd->msg, &pd->len);
     if (rc) {
         pd->msg = NULL;
@@ -497,21 +503,15 @@ static int send_pull(ect_pull_consumer *c, pend *pd) {
     return 0;
 }
 
+/* Pulls in one ECTransferPullBatch at most (the producer's ect_batch may allow more). */
+#define PULL_BATCH_MAX 256
+
 /* Sends the prepared pulls pd[idx[0..k)] (not encoded) as one
  * ECTransferPullBatch. On failure the caller undoes them. */
 static int send_batch(ect_pull_consumer *c, pend *pd, const size_t *idx, size_t k) {
     wire_transfer_pull *ps = malloc(k * sizeof *ps);
     if (!ps) return ect_set_error(ECT_ENOMEM, "pull load_many: out of memory");
-    for (size_t i = 0; i < k; i++) {
-        const pend *q = &pd[idx[i]];
-        ps[i] = (wire_transfer_pull){.mm_hash = (char *)q->mm_hash,
-                                     .dst_ptr = (uint64_t)(uintptr_t)ect_pool_base(c->pool),
-                                     .dst_offset = q->off,
-                                     .consumer_session_id = c->session,
-                                     .dst_key = q->win || q->shared ? (char *)q->wkey : c->key,
-                                     .has_token = true,
-                                     .token = q->token};
-    }
+    for (size_t i = 0; i < k; i++) ps[i] = pull_of(c, &pd[idx[i]]);
     void *msg = NULL;
     size_t len = 0;
     int rc = wire_transfer_pull_batch_encode(&(wire_transfer_pull_batch){ps, k}, &msg, &len);
@@ -533,8 +533,6 @@ static int send_batch(ect_pull_consumer *c, pend *pd, const size_t *idx, size_t 
  * its writes into them need no BEGIN. Best effort: a refused offer only
  * means the producer asks with a BEGIN as before. */
 #define PULL_OFFER_MAX 250
-/* Pulls in one ECTransferPullBatch at most (the producer's ect_batch may allow more). */
-#define PULL_BATCH_MAX 256
 static void offer_windows(ect_pull_consumer *c, const pend *pd, size_t n, const int *statuses,
                           const char *shared_key) {
     if (!c->offers || !c->windows || !c->shm_id) return;

@@ -632,6 +632,7 @@ static void drain_completions(ect_pull_producer *p) {
     completion *c = p->c_head;
     p->c_head = p->c_tail = NULL;
     pthread_mutex_unlock(&p->comp_mu);
+    pthread_mutex_lock(&p->stat_mu); /* an answer may send an ECTransferDone (r.st) */
     while (c) {
         completion *n = c->next;
         pull_router_answer(&p->r, &c->peer, c->mm_hash, c->status, c->has_token, c->token,
@@ -640,6 +641,7 @@ static void drain_completions(ect_pull_producer *p) {
         free(c);
         c = n;
     }
+    pthread_mutex_unlock(&p->stat_mu);
 }
 
 /* Reads one multipart message; frames beyond 3 are discarded. Returns the
