@@ -286,9 +286,9 @@ static int take_complete(ect_pull_consumer *c, pend *pd, size_t n) {
     if (drc || m.type != WIRE_PULL_COMPLETE || m.u.complete.ext_error) {
         c->st.malformed++;
         ECT_LOGD(MOD, "DEALER frame dropped: %s",
-                 drc                             ? ect_last_error()
+                 drc                            ? ect_last_error()
                  : m.type != WIRE_PULL_COMPLETE ? "not an ECTransferComplete"
-                                                 : m.u.complete.ext_error);
+                                                : m.u.complete.ext_error);
         wire_pull_msg_free(&m);
         return 0;
     }

@@ -602,7 +602,8 @@ static int ext_from_obj(const msgpack_object *root, const char *msg, char **dst_
     if (!rc && error && (v = find_key(root, "error")))
         rc = get_str(v, &(fpath){msg, "error", -1, -1}, error);
     if (!rc && shm_id && (v = find_key(root, "ect_shm_id"))) rc = get_shm_id(v, msg, shm_id);
-    if (!rc && batch_max && (v = find_key(root, "ect_batch"))) rc = get_batch_max(v, msg, batch_max);
+    if (!rc && batch_max && (v = find_key(root, "ect_batch")))
+        rc = get_batch_max(v, msg, batch_max);
     if (rc == 0 || rc == ECT_ENOMEM) return rc;
     if (shm_id) *shm_id = 0;
     if (batch_max) *batch_max = 0;
@@ -1531,8 +1532,7 @@ static void mp_array(mp_out *o, size_t n) {
 }
 
 /* The checks of one batch entry against the batch's first. */
-static int check_batch_entry(const wire_transfer_pull *p, const wire_transfer_pull *first,
-                             long i) {
+static int check_batch_entry(const wire_transfer_pull *p, const wire_transfer_pull *first, long i) {
     const char *msg = "ECTransferPullBatch";
     int rc = check_cstr(p->mm_hash, &(fpath){msg, "ect_pulls", i, 0});
     if (!rc && (!p->dst_key || !p->has_token))
@@ -1556,10 +1556,10 @@ int wire_transfer_pull_batch_encode(const wire_transfer_pull_batch *m, void **ou
                     m->n, WIRE_PULL_MAX_ITEMS);
     const wire_transfer_pull *first = &m->pulls[0];
     int rc = check_cstr(first->consumer_session_id, &(fpath){msg, "consumer_session_id", -1, -1});
-    size_t size = 1 + KEY("ect_pulls") + mp_array_size(m->n) + KEY("ect_dst_ptr") +
-                  mp_uint_size(first->dst_ptr) +
-                  (rc ? 0 : mp_kv_str_size(KEY("consumer_session_id"),
-                                           strlen(first->consumer_session_id)));
+    size_t size =
+        1 + KEY("ect_pulls") + mp_array_size(m->n) + KEY("ect_dst_ptr") +
+        mp_uint_size(first->dst_ptr) +
+        (rc ? 0 : mp_kv_str_size(KEY("consumer_session_id"), strlen(first->consumer_session_id)));
     for (size_t i = 0; i < m->n && !rc; i++) {
         const wire_transfer_pull *p = &m->pulls[i];
         rc = check_batch_entry(p, first, (long)i);

@@ -87,10 +87,10 @@ typedef struct wire_transfer_complete {
     /* extensions: */
     bool has_token; /* `token` present: the pull's, echoed */
     uint64_t token;
-    char *error;     /* why, when status != 0; NULL or "": absent. The encoder cuts it to
-                        WIRE_PULL_MAX_STR bytes at a UTF-8 boundary */
-    uint64_t shm_id; /* `ect_shm_id`: the producer's shm offer id (docs/PROTOCOL.md "shm",
-                        "Offers"), 16 lowercase hex digits on the wire; 0: absent */
+    char *error;        /* why, when status != 0; NULL or "": absent. The encoder cuts it to
+                           WIRE_PULL_MAX_STR bytes at a UTF-8 boundary */
+    uint64_t shm_id;    /* `ect_shm_id`: the producer's shm offer id (docs/PROTOCOL.md "shm",
+                           "Offers"), 16 lowercase hex digits on the wire; 0: absent */
     uint32_t batch_max; /* `ect_batch`: the producer takes ECTransferPullBatch of up to this many
                            pulls (2..WIRE_PULL_MAX_ITEMS); 0: absent */
     char *ext_error;    /* decode only: why a present extension key was refused, else NULL */
@@ -183,8 +183,7 @@ int wire_transfer_ready_encode(const wire_transfer_ready *m, void **out, size_t 
 int wire_transfer_ready_decode(const void *buf, size_t len, wire_transfer_ready *out);
 void wire_transfer_ready_free(wire_transfer_ready *m);
 
-int wire_transfer_pull_batch_encode(const wire_transfer_pull_batch *m, void **out,
-                                    size_t *out_len);
+int wire_transfer_pull_batch_encode(const wire_transfer_pull_batch *m, void **out, size_t *out_len);
 int wire_transfer_pull_batch_decode(const void *buf, size_t len, wire_transfer_pull_batch *out);
 void wire_transfer_pull_batch_free(wire_transfer_pull_batch *m);
 

@@ -1258,11 +1258,10 @@ static void test_raw_batch(void **st) {
     const char *sess = ect_xport_session(x);
     uint64_t base = (uint64_t)(uintptr_t)r;
     /* an upstream-style pull (no token): its completion is the upstream one */
-    wire_pull_msg up = {.type = WIRE_PULL_PULL,
-                        .u.pull = {.mm_hash = "b0",
-                                   .dst_ptr = base,
-                                   .consumer_session_id = (char *)sess,
-                                   .dst_key = key}};
+    wire_pull_msg up = {
+        .type = WIRE_PULL_PULL,
+        .u.pull = {
+            .mm_hash = "b0", .dst_ptr = base, .consumer_session_id = (char *)sess, .dst_key = key}};
     send_raw(d, &up);
     char buf[4096];
     int n = zmq_recv(d, buf, sizeof buf, 0);
@@ -1317,12 +1316,41 @@ static void test_raw_batch(void **st) {
     static const struct {
         const char *b;
         size_t n;
-    } bad[] = {
-        {"\x83\xa9" "ect_pulls" "\x90\xab" "ect_dst_ptr" "\x00\xb3" "consumer_session_id" "\xa1" "s", 47},
-        {"\x83\xa9" "ect_pulls" "\x91\x93\xa2" "b0" "\x00\x01\xab" "ect_dst_ptr" "\x00\xb3"
-         "consumer_session_id" "\xa1" "s", 53},
-        {"\x83\xa9" "ect_pulls" "\x91\x94\xa2" "b0" "\x00\xa1" "t" "\xa1" "k" "\xab" "ect_dst_ptr"
-         "\x00\xb3" "consumer_session_id" "\xa1" "s", 56}};
+    } bad[] = {{"\x83\xa9"
+                "ect_pulls"
+                "\x90\xab"
+                "ect_dst_ptr"
+                "\x00\xb3"
+                "consumer_session_id"
+                "\xa1"
+                "s",
+                47},
+               {"\x83\xa9"
+                "ect_pulls"
+                "\x91\x93\xa2"
+                "b0"
+                "\x00\x01\xab"
+                "ect_dst_ptr"
+                "\x00\xb3"
+                "consumer_session_id"
+                "\xa1"
+                "s",
+                53},
+               {"\x83\xa9"
+                "ect_pulls"
+                "\x91\x94\xa2"
+                "b0"
+                "\x00\xa1"
+                "t"
+                "\xa1"
+                "k"
+                "\xab"
+                "ect_dst_ptr"
+                "\x00\xb3"
+                "consumer_session_id"
+                "\xa1"
+                "s",
+                56}};
     for (size_t i = 0; i < ECT_ARRAY_LEN(bad); i++) {
         wire_pull_msg m;
         assert_int_equal(wire_pull_decode_any(bad[i].b, bad[i].n, &m), ECT_EPROTO);

@@ -466,9 +466,8 @@ static void test_batch_messages(void **state) {
     size_t n = unhex(GOLDEN_PULL_BATCH, raw, sizeof raw);
     for (int general = 0; general < 2; general++) {
         wire_pull_msg m;
-        assert_int_equal(general ? wire_pull_decode_general(raw, n, &m)
-                                 : wire_pull_decode_any(raw, n, &m),
-                         0);
+        assert_int_equal(
+            general ? wire_pull_decode_general(raw, n, &m) : wire_pull_decode_any(raw, n, &m), 0);
         assert_int_equal(m.type, WIRE_PULL_PULL_BATCH);
         assert_int_equal(m.u.batch.n, 2);
         const wire_transfer_pull *b = &m.u.batch.pulls[1];
@@ -534,17 +533,17 @@ static void test_batch_messages(void **state) {
     void *buf;
     size_t len;
     two[1].dst_ptr++;
-    assert_int_equal(wire_transfer_pull_batch_encode(&(wire_transfer_pull_batch){two, 2}, &buf,
-                                                     &len),
-                     ECT_EINVAL);
+    assert_int_equal(
+        wire_transfer_pull_batch_encode(&(wire_transfer_pull_batch){two, 2}, &buf, &len),
+        ECT_EINVAL);
     two[1] = golden_batch[1];
     two[1].has_token = false;
-    assert_int_equal(wire_transfer_pull_batch_encode(&(wire_transfer_pull_batch){two, 2}, &buf,
-                                                     &len),
-                     ECT_EINVAL);
-    assert_int_equal(wire_transfer_pull_batch_encode(&(wire_transfer_pull_batch){two, 0}, &buf,
-                                                     &len),
-                     ECT_EINVAL);
+    assert_int_equal(
+        wire_transfer_pull_batch_encode(&(wire_transfer_pull_batch){two, 2}, &buf, &len),
+        ECT_EINVAL);
+    assert_int_equal(
+        wire_transfer_pull_batch_encode(&(wire_transfer_pull_batch){two, 0}, &buf, &len),
+        ECT_EINVAL);
     assert_int_equal(wire_transfer_done_encode(&(wire_transfer_done){golden_done, 0}, &buf, &len),
                      ECT_EINVAL);
     wire_transfer_complete bm = {.mm_hash = "abc", .batch_max = 1};
@@ -558,8 +557,8 @@ static void test_batch_messages(void **state) {
     memset(key, 'k', 200);
     key[200] = '\0';
     for (size_t i = 0; i < WIRE_PULL_MAX_ITEMS; i++)
-        big[i] = (wire_transfer_pull){hash, UINT64_MAX, UINT64_MAX, hash, .dst_key = key,
-                                      .has_token = true, .token = UINT64_MAX};
+        big[i] = (wire_transfer_pull){hash,           UINT64_MAX,        UINT64_MAX,         hash,
+                                      .dst_key = key, .has_token = true, .token = UINT64_MAX};
     assert_int_equal(wire_transfer_pull_batch_encode(
                          &(wire_transfer_pull_batch){big, WIRE_PULL_MAX_ITEMS}, &buf, &len),
                      0);
