@@ -11,9 +11,10 @@
  *    the same bytes;
  *  - a pull or completion whose extension keys were refused (ext_error set)
  *    carries none of them, and its error text is non-empty;
- *  - wire_pull_decode_any (with its one-pass path for ECTransferPull and
- *    ECTransferComplete) and wire_pull_decode_general agree: the same result
- *    code, type, fields and ext_error.
+ *  - wire_pull_decode_any (with its one-pass path for ECTransferPull,
+ *    ECTransferComplete, ECTransferPullBatch and ECTransferDone) and
+ *    wire_pull_decode_general agree: the same result code, type, fields and
+ *    ext_error.
  * Seeds in fuzz/corpus/pull_msg/ are written by the unit test:
  *   ECT_PULL_SEED_DIR=fuzz/corpus/pull_msg build/tests/test_wire_pull
  */
@@ -46,7 +47,8 @@ static void check_extensions(const wire_pull_msg *m) {
         if (why && (m->u.pull.dst_key || m->u.pull.has_token)) abort();
     } else if (m->type == WIRE_PULL_COMPLETE) {
         why = m->u.complete.ext_error;
-        if (why && (m->u.complete.error || m->u.complete.has_token || m->u.complete.shm_id))
+        if (why && (m->u.complete.error || m->u.complete.has_token || m->u.complete.shm_id ||
+                    m->u.complete.batch_max))
             abort();
     }
     if (why && !why[0]) abort();
@@ -90,8 +92,24 @@ static void check_general(const uint8_t *data, size_t size, int rc, const wire_p
         const wire_transfer_complete *a = &m->u.complete, *b = &g.u.complete;
         if (!same_str(a->mm_hash, b->mm_hash) || a->status != b->status ||
             a->has_token != b->has_token || a->token != b->token || !same_str(a->error, b->error) ||
-            a->shm_id != b->shm_id || !same_str(a->ext_error, b->ext_error))
+            a->shm_id != b->shm_id || a->batch_max != b->batch_max ||
+            !same_str(a->ext_error, b->ext_error))
             abort();
+    } else if (m->type == WIRE_PULL_PULL_BATCH) {
+        const wire_transfer_pull_batch *a = &m->u.batch, *b = &g.u.batch;
+        if (a->n != b->n) abort();
+        for (size_t i = 0; i < a->n; i++) {
+            const wire_transfer_pull *x = &a->pulls[i], *y = &b->pulls[i];
+            if (!same_str(x->mm_hash, y->mm_hash) || x->dst_ptr != y->dst_ptr ||
+                x->dst_offset != y->dst_offset ||
+                !same_str(x->consumer_session_id, y->consumer_session_id) ||
+                !same_str(x->dst_key, y->dst_key) || !x->has_token || !y->has_token ||
+                x->token != y->token || x->ext_error || y->ext_error)
+                abort();
+        }
+    } else if (m->type == WIRE_PULL_DONE) {
+        const wire_transfer_done *a = &m->u.done, *b = &g.u.done;
+        if (a->n != b->n || memcmp(a->tokens, b->tokens, a->n * sizeof *a->tokens) != 0) abort();
     }
     wire_pull_msg_free(&g);
 }
@@ -113,7 +131,7 @@ static void check_general(const uint8_t *data, size_t size, int rc, const wire_p
     } while (0)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    int ok_typed[WIRE_PULL_READY + 1] = {0};
+    int ok_typed[WIRE_PULL_DONE + 1] = {0};
     wire_pull_msg any;
     int rc = wire_pull_decode_any(data, size, &any);
     check_general(data, size, rc, &any);
@@ -127,6 +145,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     TYPED(wire_transfer_complete_decode, complete, WIRE_PULL_COMPLETE);
     TYPED(wire_transfer_request_decode, request, WIRE_PULL_REQUEST);
     TYPED(wire_transfer_ready_decode, ready, WIRE_PULL_READY);
+    TYPED(wire_transfer_pull_batch_decode, batch, WIRE_PULL_PULL_BATCH);
+    TYPED(wire_transfer_done_decode, done, WIRE_PULL_DONE);
 
     if (!rc && !ok_typed[any.type]) abort();
     wire_pull_msg_free(&any);

@@ -13,7 +13,11 @@
  *    and lists only items the producer holds;
  *  - no lease outlives the call (dispatch here finishes the job at once);
  *  - a refused or failed pull is answered exactly once, a dispatched one
- *    never by the handler.
+ *    never by the handler;
+ *  - the pulls of an ECTransferPullBatch that dispatch answers as written
+ *    (pull_router_answer) are told in ECTransferDone messages, each token
+ *    once, and nothing is held after pull_router_flush_done.
+ * Bit 5 of byte 0 makes the completions carry ect_batch.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -29,8 +33,9 @@ static ect_pool *pool;
 static const char *held[3] = {"abc", "img-0", "video"};
 
 typedef struct state {
+    pull_router *r;
     int refuse;
-    int completes, readies, dispatched;
+    int completes, readies, dispatched, batched, done_tokens;
     bool ready_open; /* a Ready with more = true was the last one */
 } state;
 
@@ -42,6 +47,8 @@ static int reply(void *user, const pull_peer *peer, const void *msg, size_t len)
     if (m.type == WIRE_PULL_COMPLETE) {
         if (m.u.complete.status == 0) abort(); /* the handler only refuses */
         s->completes++;
+    } else if (m.type == WIRE_PULL_DONE) {
+        s->done_tokens += (int)m.u.done.n;
     } else if (m.type == WIRE_PULL_READY) {
         s->readies++;
         s->ready_open = m.u.ready.more;
@@ -62,6 +69,11 @@ static int dispatch(void *user, pull_job *j) {
     if (s->refuse) return ect_set_error(ECT_EBUSY, "fuzz: lanes busy");
     if (ect_pool_release(pool, j->mm_hash) != 0) abort();
     s->dispatched++;
+    if (j->batched) { /* written: told in the peer's next ECTransferDone */
+        if (!j->has_token) abort();
+        s->batched++;
+        pull_router_answer(s->r, &j->peer, j->mm_hash, 0, true, j->token, true, NULL);
+    }
     pull_job_free(j);
     return 0;
 }
@@ -88,9 +100,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                      .session_id = "fuzz-session",
                      .page_items = 1 + ((data[0] >> 1) & 7),
                      .allow = (data[0] & 16) ? NULL : "*", /* both connect policies */
+                     .batch_max = (data[0] & 32) ? WIRE_PULL_MAX_ITEMS : 0,
                      .ops = {.user = &s, .reply = reply, .dispatch = dispatch}};
+    s.r = &r;
     pull_peer peer = {.id = {0, 1, 2, 3}, .id_len = 4, .addr = "127.0.0.1"};
     pull_router_handle(&r, &peer, data + 1, size - 1);
+    pull_router_flush_done(&r);
+    if (s.done_tokens != s.batched) abort();
+    pull_router_fini(&r);
     if (r.st.frames != 1) abort();
     if (s.ready_open) abort();
     if (r.st.requests && s.readies == 0) abort();

@@ -52,6 +52,8 @@ struct ect_pull_consumer {
     bool offers;         /* shm with windows: offer them to the producer before the pull */
     uint64_t shm_id;     /* the producer's offer id, from the latest ECTransferComplete
                             that named one ("ect_shm_id"); 0: none yet */
+    uint32_t batch_max;  /* the producer takes ECTransferPullBatch of this many pulls, from the
+                            latest ECTransferComplete ("ect_batch") on this connection; 0: none */
     uint64_t align;      /* the pool's allocation alignment */
     dealer_link *dl;     /* without keys: our own ZMTP DEALER (dealer_link.h) */
     void *zctx, *dealer; /* with keys: libzmq's DEALER */
@@ -141,6 +143,7 @@ static void on_link_events(ect_pull_consumer *c, int ev) {
         c->up = true;
         c->gone = false;
     }
+    if (ev & DL_DISCONNECTED) c->batch_max = 0; /* the next producer says again */
     if ((ev & DL_DISCONNECTED) && c->up) {
         c->up = false;
         c->gone = true;
@@ -191,7 +194,7 @@ typedef struct pend {
 /* Decodes one message off libzmq's DEALER (non-blocking) into *done:
  * 1, 0 when it was dropped (several frames: not ours; it is counted), -1
  * when none was waiting; *drc is the decoder's result. */
-static int recv_zmq_complete(ect_pull_consumer *c, wire_transfer_complete *done, int *drc) {
+static int recv_zmq_complete(ect_pull_consumer *c, wire_pull_msg *done, int *drc) {
     zmq_msg_t m;
     zmq_msg_init(&m);
     if (zmq_msg_recv(&m, c->dealer, ZMQ_DONTWAIT) < 0) {
@@ -208,20 +211,20 @@ static int recv_zmq_complete(ect_pull_consumer *c, wire_transfer_complete *done,
         zmq_msg_close(&m);
         return 0;
     }
-    *drc = wire_transfer_complete_decode(zmq_msg_data(&m), zmq_msg_size(&m), done);
+    *drc = wire_pull_decode_any(zmq_msg_data(&m), zmq_msg_size(&m), done);
     zmq_msg_close(&m);
     return 1;
 }
 
 /* The same off our own DEALER. */
-static int recv_own_complete(ect_pull_consumer *c, wire_transfer_complete *done, int *drc) {
+static int recv_own_complete(ect_pull_consumer *c, wire_pull_msg *done, int *drc) {
     zmtp_msg m;
     if (dl_next(c->dl, &m) != 1) return -1;
     if (m.multi) { /* not ours: drop the whole message */
         c->st.malformed++;
         return 0;
     }
-    *drc = wire_transfer_complete_decode(m.body, m.body_len, done);
+    *drc = wire_pull_decode_any(m.body, m.body_len, done);
     return 1;
 }
 
@@ -242,23 +245,56 @@ static pend *find_pend(pend *pd, size_t n, const wire_transfer_complete *done) {
     return NULL;
 }
 
-/* Takes one message off the DEALER (non-blocking) and settles the pull it
- * completes among pd[0..n): by token, or (an upstream producer echoes none)
- * the first unanswered one of that mm_hash. A completion of none of them is
+/* Settles the pulls of pd[0..n) an ECTransferDone names (written: status
+ * 0); a token of none of them is stale (a late one frees its quarantined
+ * region). Returns how many it settled. */
+static int take_done(ect_pull_consumer *c, pend *pd, size_t n, const wire_transfer_done *d) {
+    int settled = 0;
+    for (size_t i = 0; i < d->n; i++) {
+        uint64_t k = n ? d->tokens[i] - pd[0].token : 0;
+        pend *mine = k < n && pd[k].token == d->tokens[i] && !pd[k].done ? &pd[k] : NULL;
+        for (size_t j = 0; !mine && j < n; j++)
+            if (!pd[j].done && pd[j].token == d->tokens[i]) mine = &pd[j];
+        if (mine) {
+            mine->done = true;
+            mine->status = 0;
+            settled++;
+        } else {
+            c->st.stale++;
+            quarantine_release(c, d->tokens[i]);
+        }
+    }
+    return settled;
+}
+
+/* Takes one message off the DEALER (non-blocking) and settles the pulls it
+ * completes among pd[0..n): an ECTransferDone by tokens (take_done), an
+ * ECTransferComplete by token, or (an upstream producer echoes none) the
+ * first unanswered one of that mm_hash. A completion of none of them is
  * stale (a late one frees its quarantined region). Returns the number of
- * pulls it settled (0 or 1), or -1 when no message was waiting. */
+ * pulls it settled, or -1 when no message was waiting. */
 static int take_complete(ect_pull_consumer *c, pend *pd, size_t n) {
-    wire_transfer_complete done;
+    wire_pull_msg m;
     int drc = 0;
-    int got = c->dl ? recv_own_complete(c, &done, &drc) : recv_zmq_complete(c, &done, &drc);
+    int got = c->dl ? recv_own_complete(c, &m, &drc) : recv_zmq_complete(c, &m, &drc);
     if (got <= 0) return got;
-    if (drc || done.ext_error) {
+    if (!drc && m.type == WIRE_PULL_DONE) {
+        int settled = take_done(c, pd, n, &m.u.done);
+        wire_pull_msg_free(&m);
+        return settled;
+    }
+    if (drc || m.type != WIRE_PULL_COMPLETE || m.u.complete.ext_error) {
         c->st.malformed++;
-        ECT_LOGD(MOD, "DEALER frame dropped: %s", drc ? ect_last_error() : done.ext_error);
-        wire_transfer_complete_free(&done);
+        ECT_LOGD(MOD, "DEALER frame dropped: %s",
+                 drc                            ? ect_last_error()
+                 : m.type != WIRE_PULL_COMPLETE ? "not an ECTransferComplete"
+                                                : m.u.complete.ext_error);
+        wire_pull_msg_free(&m);
         return 0;
     }
+    wire_transfer_complete done = m.u.complete;
     if (done.shm_id) c->shm_id = done.shm_id;
+    c->batch_max = done.batch_max; /* this producer's latest word */
     pend *mine = find_pend(pd, n, &done);
     if (mine) {
         mine->done = true;
@@ -270,7 +306,7 @@ static int take_complete(ect_pull_consumer *c, pend *pd, size_t n) {
         ECT_LOGD_ID(MOD, NULL, done.mm_hash, "stale ECTransferComplete for %s dropped",
                     done.mm_hash);
     }
-    wire_transfer_complete_free(&done);
+    wire_pull_msg_free(&m);
     return mine ? 1 : 0;
 }
 
@@ -370,16 +406,22 @@ static int open_own_window(ect_pull_consumer *c, pend *pd) {
     return 0;
 }
 
-/* Encodes the ECTransferPull of a reserved pull (with its window's key)
- * into pd->msg (send_pull sends it); on failure undoes the pull. */
+/* The ECTransferPull of a reserved pull (with its window's key); its
+ * strings are borrowed from pd and c. */
+static wire_transfer_pull pull_of(ect_pull_consumer *c, const pend *pd) {
+    return (wire_transfer_pull){.mm_hash = (char *)pd->mm_hash,
+                                .dst_ptr = (uint64_t)(uintptr_t)ect_pool_base(c->pool),
+                                .dst_offset = pd->off,
+                                .consumer_session_id = c->session,
+                                .dst_key = pd->win || pd->shared ? (char *)pd->wkey : c->key,
+                                .has_token = true,
+                                .token = pd->token};
+}
+
+/* Encodes the ECTransferPull of a reserved pull into pd->msg (send_pull
+ * sends it); on failure undoes the pull. */
 static int encode_pull(ect_pull_consumer *c, pend *pd) {
-    wire_transfer_pull req = {.mm_hash = (char *)pd->mm_hash,
-                              .dst_ptr = (uint64_t)(uintptr_t)ect_pool_base(c->pool),
-                              .dst_offset = pd->off,
-                              .consumer_session_id = c->session,
-                              .dst_key = pd->win || pd->shared ? pd->wkey : c->key,
-                              .has_token = true,
-                              .token = pd->token};
+    wire_transfer_pull req = pull_of(c, pd);
     int rc = wire_transfer_pull_encode(&req, &pd->msg, &pd->len);
     if (rc) {
         pd->msg = NULL;
@@ -458,6 +500,30 @@ static int send_pull(ect_pull_consumer *c, pend *pd) {
         return ect_set_error(ECT_ECONNREFUSED, "pull load of %s: cannot send ECTransferPull: %s",
                              pd->mm_hash, why);
     }
+    return 0;
+}
+
+/* Pulls in one ECTransferPullBatch at most (the producer's ect_batch may allow more). */
+#define PULL_BATCH_MAX 256
+
+/* Sends the prepared pulls pd[idx[0..k)] (not encoded) as one
+ * ECTransferPullBatch. On failure the caller undoes them. */
+static int send_batch(ect_pull_consumer *c, pend *pd, const size_t *idx, size_t k) {
+    wire_transfer_pull *ps = malloc(k * sizeof *ps);
+    if (!ps) return ect_set_error(ECT_ENOMEM, "pull load_many: out of memory");
+    for (size_t i = 0; i < k; i++) ps[i] = pull_of(c, &pd[idx[i]]);
+    void *msg = NULL;
+    size_t len = 0;
+    int rc = wire_transfer_pull_batch_encode(&(wire_transfer_pull_batch){ps, k}, &msg, &len);
+    free(ps);
+    if (rc) return rc;
+    int sent = c->dl ? dl_send(c->dl, msg, len)
+                     : (zmq_send(c->dealer, msg, len, ZMQ_DONTWAIT) < 0 ? -1 : 0);
+    free(msg);
+    if (sent != 0)
+        return ect_set_error(ECT_ECONNREFUSED,
+                             "pull load_many: cannot send ECTransferPullBatch: %s",
+                             c->dl ? ect_last_error() : zmq_strerror(zmq_errno()));
     return 0;
 }
 
@@ -630,18 +696,27 @@ int ect_pull_consumer_load_many(ect_pull_consumer *c, size_t n, const char *cons
     }
     char shared_key[ECT_XPORT_KEY_MAX];
     bool shared = share_window(c, pd, statuses, n, shared_key);
+    size_t reserved = 0;
+    for (size_t i = 0; i < n; i++) reserved += statuses[i] == 1;
+    /* a producer that said it takes them gets the set in ECTransferPullBatch */
+    size_t *idx = c->batch_max >= 2 && reserved >= 2 ? malloc(reserved * sizeof *idx) : NULL;
     for (size_t i = 0; i < n; i++) {
         if (statuses[i] != 1) continue;
         int rc = open_own_window(c, &pd[i]);
-        if (!rc) rc = encode_pull(c, &pd[i]);
+        if (!rc && !idx) rc = encode_pull(c, &pd[i]);
         if (rc) NOTE(i, rc);
     }
     offer_windows(c, pd, n, statuses, shared ? shared_key : NULL);
     /* The requests go out in one tight loop, after every region and window
      * is ready: they reach the producer together, as one burst its lane
      * writes as one batch (sent while preparing, they trickled in). */
+    size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         if (statuses[i] != 1) continue;
+        if (idx) { /* batched below */
+            idx[k++] = i;
+            continue;
+        }
         int rc = send_pull(c, &pd[i]);
         if (rc) {
             NOTE(i, rc);
@@ -650,6 +725,22 @@ int ect_pull_consumer_load_many(ect_pull_consumer *c, size_t n, const char *cons
         pd[i].done = false;
         pd[i].status = 0;
     }
+    size_t cap = c->batch_max < PULL_BATCH_MAX ? c->batch_max : PULL_BATCH_MAX;
+    for (size_t at = 0; at < k; at += cap) {
+        size_t m = k - at < cap ? k - at : cap;
+        int rc = send_batch(c, pd, idx + at, m);
+        for (size_t j = at; j < at + m; j++) {
+            size_t i = idx[j];
+            if (rc) {
+                unprepare_pull(c, &pd[i]);
+                NOTE(i, rc);
+                continue;
+            }
+            pd[i].done = false;
+            pd[i].status = 0;
+        }
+    }
+    free(idx);
     wait_complete(c, pd, n, ect_now_ms() + (uint64_t)c->o.timeout_ms);
     if (shared) { /* answered or not: no write lands from now on */
         xp_window_close(c->x, shared_key);

@@ -78,7 +78,7 @@ typedef struct completion {
     pull_peer peer;
     char *mm_hash;
     int status;
-    bool has_token;
+    bool has_token, batched;
     uint64_t token;
     char reason[256];
     struct completion *next;
@@ -382,6 +382,7 @@ static void settle_job(ect_pull_producer *p, pull_job *j, int jrc, const char *w
                       .mm_hash = j->mm_hash,
                       .status = jrc,
                       .has_token = j->has_token,
+                      .batched = j->batched,
                       .token = j->token};
     j->mm_hash = NULL;
     if (jrc) {
@@ -536,8 +537,8 @@ static void submit_group(ect_pull_producer *p, lane_pull *lp) {
 static void complete_here(ect_pull_producer *p, pull_job *j, int jrc, const char *why) {
     completion c;
     settle_job(p, j, jrc, why, &c);
-    pull_router_complete(&p->r, &c.peer, c.mm_hash, c.status, c.has_token, c.token,
-                         c.status ? c.reason : NULL);
+    pull_router_answer(&p->r, &c.peer, c.mm_hash, c.status, c.has_token, c.token, c.batched,
+                       c.status ? c.reason : NULL);
     free(c.mm_hash);
     pull_job_free(j);
     atomic_fetch_add(&p->ready_pulls, 1);
@@ -631,14 +632,16 @@ static void drain_completions(ect_pull_producer *p) {
     completion *c = p->c_head;
     p->c_head = p->c_tail = NULL;
     pthread_mutex_unlock(&p->comp_mu);
+    pthread_mutex_lock(&p->stat_mu); /* an answer may send an ECTransferDone (r.st) */
     while (c) {
         completion *n = c->next;
-        pull_router_complete(&p->r, &c->peer, c->mm_hash, c->status, c->has_token, c->token,
-                             c->status ? c->reason : NULL);
+        pull_router_answer(&p->r, &c->peer, c->mm_hash, c->status, c->has_token, c->token,
+                           c->batched, c->status ? c->reason : NULL);
         free(c->mm_hash);
         free(c);
         c = n;
     }
+    pthread_mutex_unlock(&p->stat_mu);
 }
 
 /* Reads one multipart message; frames beyond 3 are discarded. Returns the
@@ -718,6 +721,13 @@ static void flush_burst_locked(ect_pull_producer *p) {
     pthread_mutex_unlock(&p->stat_mu);
 }
 
+/* The batched pulls answered in this pass, one ECTransferDone per peer. */
+static void flush_done_locked(ect_pull_producer *p) {
+    pthread_mutex_lock(&p->stat_mu);
+    pull_router_flush_done(&p->r);
+    pthread_mutex_unlock(&p->stat_mu);
+}
+
 /* One burst: the frames waiting on the ROUTER (at most 256), then their
  * accepted pulls on their lanes. */
 static void handle_burst(ect_pull_producer *p) {
@@ -733,6 +743,7 @@ static void listener_main(ect_pull_producer *p) {
         bool woke = ctl_listener_pass(p->lst, 100);
         flush_burst_locked(p);
         if (woke) drain_completions(p);
+        flush_done_locked(p);
         ctl_listener_flush(p->lst);
     }
 }
@@ -753,6 +764,7 @@ static void *router_main(void *arg) {
         if (rc <= 0) continue;
         if (it[0].revents & ZMQ_POLLIN) handle_burst(p);
         if (it[1].revents & ZMQ_POLLIN) drain_completions(p);
+        flush_done_locked(p);
     }
     return NULL;
 }
@@ -896,6 +908,13 @@ static void offer_id_draw(ect_pull_producer *p) {
     p->ready_writes = true; /* offered windows take copies without an answer */
 }
 
+void pull_producer_batches(ect_pull_producer *p, uint64_t *batches, uint64_t *done_msgs) {
+    pthread_mutex_lock(&p->stat_mu);
+    *batches = p->r.st.batches;
+    *done_msgs = p->r.st.done_msgs;
+    pthread_mutex_unlock(&p->stat_mu);
+}
+
 void pull_producer_handoffs(ect_pull_producer *p, uint64_t *lane_jobs, uint64_t *ready_pulls) {
     *lane_jobs = atomic_load(&p->lane_jobs);
     *ready_pulls = atomic_load(&p->ready_pulls);
@@ -998,6 +1017,7 @@ int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer
     p->r.pool = p->pool;
     p->r.session_id = p->session_id;
     p->r.allow = p->allow;
+    p->r.batch_max = WIRE_PULL_MAX_ITEMS;
     p->r.page_items = opts->page_items;
     p->max_q = opts->max_queued_bytes;
     p->r.ops = (pull_router_ops){.user = p, .reply = reply, .dispatch = dispatch};
@@ -1074,6 +1094,7 @@ void ect_pull_producer_close(ect_pull_producer *p) {
     pthread_cond_destroy(&p->cv);
     pthread_mutex_destroy(&p->comp_mu);
     pthread_mutex_destroy(&p->stat_mu);
+    pull_router_fini(&p->r);
     free(p->allow);
     free(p);
 }

@@ -69,6 +69,7 @@ typedef struct pull_job {
     uint64_t dst_addr; /* dst_ptr + dst_offset */
     bool has_token;
     uint64_t token;
+    bool batched;        /* came in an ECTransferPullBatch: success is told in an ECTransferDone */
     uint64_t src_offset; /* in the producer pool */
     uint64_t nbytes;
     struct pull_job *next;
@@ -89,7 +90,16 @@ typedef struct pull_router_ops {
 
 typedef struct pull_router_stat {
     uint64_t frames, malformed, pulls, pulls_refused, requests, ready_pages;
+    uint64_t batches, done_msgs; /* ECTransferPullBatch taken, ECTransferDone sent */
 } pull_router_stat;
+
+/* The tokens of one peer's batched pulls written since the last
+ * pull_router_flush_done. */
+typedef struct pull_done_acc {
+    pull_peer peer;
+    uint64_t *tokens;
+    size_t n, cap;
+} pull_done_acc;
 
 typedef struct pull_router {
     ect_pool *pool;         /* its resident items are the inventory */
@@ -97,8 +107,12 @@ typedef struct pull_router {
     size_t page_items;      /* items per ECTransferReady, 1..WIRE_PULL_MAX_ITEMS */
     const char *allow;      /* connect policy (ect_pull_producer_opts.connect_allow) */
     uint64_t shm_id;        /* our shm offer id, sent in every ECTransferComplete; 0: none */
+    uint32_t batch_max;     /* ECTransferPullBatch size we take, told in completions that echo a
+                               token ("ect_batch"); 0: batches not offered */
     pull_router_ops ops;
     pull_router_stat st;
+    pull_done_acc *acc; /* batched pulls written, per peer, not yet told */
+    size_t n_acc, cap_acc;
 } pull_router;
 
 /* The producer's data-plane transport (tests: shm_counts). */
@@ -106,6 +120,9 @@ ect_xport *pull_producer_xport(ect_pull_producer *p);
 /* Hand-offs so far (tests): jobs the ROUTER thread gave to write lanes, and
  * pulls it wrote and answered itself (shm copies into offered windows). */
 void pull_producer_handoffs(ect_pull_producer *p, uint64_t *lane_jobs, uint64_t *ready_pulls);
+/* ECTransferPullBatch messages taken and ECTransferDone messages sent so
+ * far (tests). */
+void pull_producer_batches(ect_pull_producer *p, uint64_t *batches, uint64_t *done_msgs);
 
 /* Checks a connect_allow value: "*", or IP addresses (IPv4 or IPv6)
  * separated by commas, none empty. 0, or ECT_EINVAL with a sentence naming
@@ -121,6 +138,17 @@ void pull_router_handle(pull_router *r, const pull_peer *peer, const void *buf, 
  * and logs it, releases its lease, answers it with status and reason, frees
  * j. ROUTER thread only. */
 void pull_router_refuse_job(pull_router *r, pull_job *j, int status, const char *reason);
+
+/* Answers a pull that ended with status: a batched one written (status 0)
+ * joins its peer's next ECTransferDone (pull_router_flush_done), anything
+ * else gets its ECTransferComplete now. */
+void pull_router_answer(pull_router *r, const pull_peer *peer, const char *mm_hash, int status,
+                        bool has_token, uint64_t token, bool batched, const char *reason);
+/* Sends each peer's ECTransferDone of the batched pulls answered since the
+ * last call (the end of a pass of the ROUTER thread). */
+void pull_router_flush_done(pull_router *r);
+/* Frees what pull_router_answer holds (the producer's close). */
+void pull_router_fini(pull_router *r);
 
 /* Encodes and sends an ECTransferComplete through r->ops.reply. */
 void pull_router_complete(pull_router *r, const pull_peer *peer, const char *mm_hash, int status,

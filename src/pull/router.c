@@ -30,12 +30,15 @@ void pull_job_free(pull_job *j) {
 
 void pull_router_complete(pull_router *r, const pull_peer *peer, const char *mm_hash, int status,
                           bool has_token, uint64_t token, const char *reason) {
+    /* ect_batch only to a consumer that sends tokens (ours): an upstream
+     * one gets its completions as before */
     wire_transfer_complete m = {.mm_hash = (char *)mm_hash,
                                 .status = status,
                                 .has_token = has_token,
                                 .token = token,
                                 .error = (char *)reason,
-                                .shm_id = r->shm_id};
+                                .shm_id = r->shm_id,
+                                .batch_max = has_token ? r->batch_max : 0};
     void *buf = NULL;
     size_t len = 0;
     if (wire_transfer_complete_encode(&m, &buf, &len) != 0) {
@@ -48,6 +51,76 @@ void pull_router_complete(pull_router *r, const pull_peer *peer, const char *mm_
         ECT_LOGW_ID(MOD, NULL, mm_hash, "ECTransferComplete for %s not sent: %s", mm_hash,
                     ect_strerror(rc));
     free(buf);
+}
+
+static bool same_peer(const pull_peer *a, const pull_peer *b) {
+    if (a->conn || b->conn) return a->conn == b->conn && a->delim == b->delim;
+    return a->id_len == b->id_len && a->delim == b->delim && !memcmp(a->id, b->id, a->id_len);
+}
+
+/* The accumulator of peer's batched pulls, made if need be; NULL: no memory. */
+static pull_done_acc *done_acc(pull_router *r, const pull_peer *peer) {
+    for (size_t i = 0; i < r->n_acc; i++)
+        if (same_peer(&r->acc[i].peer, peer)) return &r->acc[i];
+    if (r->n_acc == r->cap_acc) {
+        size_t cap = r->cap_acc ? 2 * r->cap_acc : 4;
+        pull_done_acc *a = realloc(r->acc, cap * sizeof *a);
+        if (!a) return NULL;
+        r->acc = a;
+        r->cap_acc = cap;
+    }
+    pull_done_acc *a = &r->acc[r->n_acc++];
+    *a = (pull_done_acc){.peer = *peer};
+    return a;
+}
+
+static void send_done(pull_router *r, pull_done_acc *a) {
+    wire_transfer_done m = {.tokens = a->tokens, .n = a->n};
+    void *buf = NULL;
+    size_t len = 0;
+    int rc = wire_transfer_done_encode(&m, &buf, &len);
+    if (!rc) rc = r->ops.reply(r->ops.user, &a->peer, buf, len);
+    if (rc)
+        ECT_LOGW(MOD, "ECTransferDone of %zu pulls not sent: %s", a->n, ect_last_error());
+    else
+        r->st.done_msgs++;
+    free(buf);
+    a->n = 0;
+}
+
+void pull_router_answer(pull_router *r, const pull_peer *peer, const char *mm_hash, int status,
+                        bool has_token, uint64_t token, bool batched, const char *reason) {
+    pull_done_acc *a = status == 0 && batched && has_token ? done_acc(r, peer) : NULL;
+    if (a && a->n == a->cap) {
+        size_t cap = a->cap ? 2 * a->cap : 64;
+        uint64_t *t = cap <= WIRE_PULL_MAX_ITEMS ? realloc(a->tokens, cap * sizeof *t) : NULL;
+        if (t) {
+            a->tokens = t;
+            a->cap = cap;
+        } else if (a->n) {
+            send_done(r, a); /* full (or no memory to grow): what it holds goes now */
+        }
+    }
+    if (!a || a->n == a->cap) { /* no accumulator: its own completion */
+        pull_router_complete(r, peer, mm_hash, status, has_token, token, reason);
+        return;
+    }
+    a->tokens[a->n++] = token;
+}
+
+void pull_router_flush_done(pull_router *r) {
+    for (size_t i = 0; i < r->n_acc; i++)
+        if (r->acc[i].n) send_done(r, &r->acc[i]);
+    /* peers come and go: forget them all once nothing is held */
+    for (size_t i = 0; i < r->n_acc; i++) free(r->acc[i].tokens);
+    r->n_acc = 0;
+}
+
+void pull_router_fini(pull_router *r) {
+    for (size_t i = 0; i < r->n_acc; i++) free(r->acc[i].tokens);
+    free(r->acc);
+    r->acc = NULL;
+    r->n_acc = r->cap_acc = 0;
 }
 
 /* Answers a refused pull and logs why. */
@@ -138,7 +211,8 @@ static bool session_allowed(const pull_router *r, const pull_peer *peer, const c
 }
 
 /* Takes p's extension fields (dst_key) into the job it dispatches. */
-static void handle_pull(pull_router *r, const pull_peer *peer, wire_transfer_pull *p) {
+static void handle_pull(pull_router *r, const pull_peer *peer, wire_transfer_pull *p,
+                        bool batched) {
     if (p->ext_error) {
         refuse(r, peer, p, ECT_EPROTO, p->ext_error);
         return;
@@ -186,6 +260,7 @@ static void handle_pull(pull_router *r, const pull_peer *peer, wire_transfer_pul
     j->dst_addr = dst;
     j->has_token = p->has_token;
     j->token = p->token;
+    j->batched = batched;
     j->src_offset = info.offset;
     j->nbytes = info.nbytes;
     rc = r->ops.dispatch(r->ops.user, j);
@@ -218,7 +293,7 @@ static void handle_request(pull_router *r, const pull_peer *peer, const wire_tra
     do {
         size_t k = n - i < page ? n - i : page;
         wire_transfer_ready m = {.request_id = q->request_id,
-                                 .items = items + i,
+                                 .items = items ? items + i : NULL, /* none: NULL + 0 is UB */
                                  .n_items = k,
                                  .producer_session_id = (char *)r->session_id,
                                  .more = i + k < n};
@@ -249,7 +324,11 @@ void pull_router_handle(pull_router *r, const pull_peer *peer, const void *buf, 
         return;
     }
     switch (m.type) {
-    case WIRE_PULL_PULL: handle_pull(r, peer, &m.u.pull); break;
+    case WIRE_PULL_PULL: handle_pull(r, peer, &m.u.pull, false); break;
+    case WIRE_PULL_PULL_BATCH:
+        r->st.batches++;
+        for (size_t i = 0; i < m.u.batch.n; i++) handle_pull(r, peer, &m.u.batch.pulls[i], true);
+        break;
     case WIRE_PULL_REQUEST: handle_request(r, peer, &m.u.request); break;
     default:
         r->st.malformed++;

@@ -59,6 +59,8 @@ const char *wire_pull_type_name(wire_pull_type t) {
     case WIRE_PULL_COMPLETE: return "ECTransferComplete";
     case WIRE_PULL_REQUEST: return "ECTransferRequest";
     case WIRE_PULL_READY: return "ECTransferReady";
+    case WIRE_PULL_PULL_BATCH: return "ECTransferPullBatch";
+    case WIRE_PULL_DONE: return "ECTransferDone";
     default: return "unknown";
     }
 }
@@ -576,9 +578,21 @@ static int get_shm_id(const msgpack_object *v, const char *msg, uint64_t *id) {
                          msg);
 }
 
+/* The optional "ect_batch" of ECTransferComplete: 2..WIRE_PULL_MAX_ITEMS. */
+static int get_batch_max(const msgpack_object *v, const char *msg, uint32_t *n) {
+    if (v->type == MSGPACK_OBJECT_POSITIVE_INTEGER && v->via.u64 >= 2 &&
+        v->via.u64 <= WIRE_PULL_MAX_ITEMS) {
+        *n = (uint32_t)v->via.u64;
+        return 0;
+    }
+    *n = 0;
+    return ect_set_error(ECT_EINVAL, "%s: ect_batch: expected an int 2..%d", msg,
+                         WIRE_PULL_MAX_ITEMS);
+}
+
 static int ext_from_obj(const msgpack_object *root, const char *msg, char **dst_key,
                         bool *has_token, uint64_t *token, char **error, uint64_t *shm_id,
-                        char **ext_error) {
+                        uint32_t *batch_max, char **ext_error) {
     const msgpack_object *v;
     int rc = 0;
     if (dst_key && (v = find_key(root, "dst_key")))
@@ -588,8 +602,11 @@ static int ext_from_obj(const msgpack_object *root, const char *msg, char **dst_
     if (!rc && error && (v = find_key(root, "error")))
         rc = get_str(v, &(fpath){msg, "error", -1, -1}, error);
     if (!rc && shm_id && (v = find_key(root, "ect_shm_id"))) rc = get_shm_id(v, msg, shm_id);
+    if (!rc && batch_max && (v = find_key(root, "ect_batch")))
+        rc = get_batch_max(v, msg, batch_max);
     if (rc == 0 || rc == ECT_ENOMEM) return rc;
     if (shm_id) *shm_id = 0;
+    if (batch_max) *batch_max = 0;
     if (dst_key) {
         free(*dst_key);
         *dst_key = NULL;
@@ -615,7 +632,7 @@ static int pull_from_obj(const msgpack_object *root, wire_transfer_pull *m) {
     if (!rc)
         rc = get_str(v[3], &(fpath){msg, "consumer_session_id", -1, -1}, &m->consumer_session_id);
     if (!rc)
-        rc = ext_from_obj(root, msg, &m->dst_key, &m->has_token, &m->token, NULL, NULL,
+        rc = ext_from_obj(root, msg, &m->dst_key, &m->has_token, &m->token, NULL, NULL, NULL,
                           &m->ext_error);
     if (rc) wire_transfer_pull_free(m);
     return rc;
@@ -629,7 +646,7 @@ static int complete_from_obj(const msgpack_object *root, wire_transfer_complete 
     if (!rc) rc = get_i32(v[1], &(fpath){msg, "status", -1, -1}, &m->status);
     if (!rc)
         rc = ext_from_obj(root, msg, NULL, &m->has_token, &m->token, &m->error, &m->shm_id,
-                          &m->ext_error);
+                          &m->batch_max, &m->ext_error);
     if (rc) wire_transfer_complete_free(m);
     return rc;
 }
@@ -669,6 +686,69 @@ static int ready_from_obj(const msgpack_object *root, wire_transfer_ready *m) {
     return rc;
 }
 
+/* ECTransferPullBatch entries: [mm_hash, dst_offset, token, dst_key]. */
+#define BATCH_ENTRY_LEN 4
+
+static int batch_entry_from_obj(const msgpack_object *e, long i, uint64_t dst_ptr,
+                                const char *session, wire_transfer_pull *p) {
+    const char *msg = "ECTransferPullBatch";
+    if (e->type != MSGPACK_OBJECT_ARRAY || e->via.array.size != BATCH_ENTRY_LEN)
+        return ferr(&(fpath){msg, "ect_pulls", i, -1}, ECT_EPROTO,
+                    "expected an array of %d, got %s", BATCH_ENTRY_LEN, obj_type_name(e));
+    const msgpack_object *f = e->via.array.ptr;
+    p->dst_ptr = dst_ptr;
+    p->has_token = true;
+    int rc = get_str(&f[0], &(fpath){msg, "ect_pulls", i, 0}, &p->mm_hash);
+    if (!rc) rc = get_u64(&f[1], &(fpath){msg, "ect_pulls", i, 1}, &p->dst_offset);
+    if (!rc) rc = get_u64(&f[2], &(fpath){msg, "ect_pulls", i, 2}, &p->token);
+    if (!rc) rc = get_text(&f[3], &(fpath){msg, "ect_pulls", i, 3}, WIRE_PULL_MAX_KEY, &p->dst_key);
+    if (!rc && !(p->consumer_session_id = strdup(session)))
+        rc = ect_set_error(ECT_ENOMEM, "%s: out of memory", msg);
+    return rc;
+}
+
+static const char *const batch_keys[] = {"ect_pulls", "ect_dst_ptr", "consumer_session_id"};
+
+static int batch_from_obj(const msgpack_object *root, wire_transfer_pull_batch *m) {
+    const char *msg = "ECTransferPullBatch";
+    const msgpack_object *v[MAX_FIELDS], *elems = NULL;
+    size_t n = 0;
+    uint64_t dst_ptr = 0;
+    char *session = NULL;
+    int rc = bind_fields(root, msg, batch_keys, ECT_ARRAY_LEN(batch_keys), v);
+    if (!rc) rc = get_list(v[0], &(fpath){msg, "ect_pulls", -1, -1}, &elems, &n);
+    if (!rc && n == 0) rc = ferr(&(fpath){msg, "ect_pulls", -1, -1}, ECT_EPROTO, "empty list");
+    if (!rc) rc = get_u64(v[1], &(fpath){msg, "ect_dst_ptr", -1, -1}, &dst_ptr);
+    if (!rc) rc = get_str(v[2], &(fpath){msg, "consumer_session_id", -1, -1}, &session);
+    if (!rc && !(m->pulls = calloc(n, sizeof *m->pulls)))
+        rc = ect_set_error(ECT_ENOMEM, "%s: out of memory", msg);
+    for (size_t i = 0; i < n && !rc; i++) {
+        m->n = i + 1; /* so _free releases what was copied */
+        rc = batch_entry_from_obj(&elems[i], (long)i, dst_ptr, session, &m->pulls[i]);
+    }
+    free(session);
+    if (rc) wire_transfer_pull_batch_free(m);
+    return rc;
+}
+
+static int done_from_obj(const msgpack_object *root, wire_transfer_done *m) {
+    const char *msg = "ECTransferDone";
+    const msgpack_object *v[MAX_FIELDS], *elems = NULL;
+    size_t n = 0;
+    static const char *const done_keys[] = {"ect_done"};
+    int rc = bind_fields(root, msg, done_keys, 1, v);
+    if (!rc) rc = get_list(v[0], &(fpath){msg, "ect_done", -1, -1}, &elems, &n);
+    if (!rc && n == 0) rc = ferr(&(fpath){msg, "ect_done", -1, -1}, ECT_EPROTO, "empty list");
+    if (!rc && !(m->tokens = calloc(n, sizeof *m->tokens)))
+        rc = ect_set_error(ECT_ENOMEM, "%s: out of memory", msg);
+    for (size_t i = 0; i < n && !rc; i++) {
+        m->n = i + 1;
+        rc = get_u64(&elems[i], &(fpath){msg, "ect_done", (long)i, -1}, &m->tokens[i]);
+    }
+    if (rc) wire_transfer_done_free(m);
+    return rc;
+}
+
 /* ------------------------------------- the per-pull messages, fast path */
 
 /* ECTransferPull and ECTransferComplete arrive once per pull: a message of
@@ -681,14 +761,15 @@ static int ready_from_obj(const msgpack_object *root, wire_transfer_ready *m) {
  * accepts what the general one accepts, with the same result
  * (wire_pull_decode_general; fuzz_pull_msg compares the two). */
 
-enum { F_HASH, F_PTR, F_OFF, F_SESS, F_KEY, F_TOKEN, F_STATUS, F_ERROR, F_SHM, F_N };
+enum { F_HASH, F_PTR, F_OFF, F_SESS, F_KEY, F_TOKEN, F_STATUS, F_ERROR, F_SHM, F_BATCH, F_N };
 static const char *const fast_names[F_N] = {
     "mm_hash", "dst_ptr", "dst_offset", "consumer_session_id", "dst_key",
-    "token",   "status",  "error",      "ect_shm_id"};
+    "token",   "status",  "error",      "ect_shm_id",          "ect_batch"};
 #define PULL_FIELDS (1u << F_HASH | 1u << F_PTR | 1u << F_OFF | 1u << F_SESS)
 #define PULL_ALLOWED (PULL_FIELDS | 1u << F_KEY | 1u << F_TOKEN)
 #define COMPLETE_FIELDS (1u << F_HASH | 1u << F_STATUS)
-#define COMPLETE_ALLOWED (COMPLETE_FIELDS | 1u << F_TOKEN | 1u << F_ERROR | 1u << F_SHM)
+#define COMPLETE_ALLOWED                                                                           \
+    (COMPLETE_FIELDS | 1u << F_TOKEN | 1u << F_ERROR | 1u << F_SHM | 1u << F_BATCH)
 
 typedef struct fast_in {
     const uint8_t *p, *end;
@@ -794,6 +875,9 @@ static bool fast_scan(const void *buf, size_t len, fast_msg *f) {
         case F_PTR:
         case F_OFF:
         case F_TOKEN: ok = fast_uint(&in, &f->u[id]); break;
+        case F_BATCH: /* out of range: the general decoder says why */
+            ok = fast_uint(&in, &f->u[id]) && f->u[id] >= 2 && f->u[id] <= WIRE_PULL_MAX_ITEMS;
+            break;
         case F_STATUS: ok = fast_i32(&in, &f->status); break;
         case F_SHM: /* a bad one: the general decoder says why */
             ok = fast_str(&in, &f->str[id], &f->len[id]) &&
@@ -837,6 +921,7 @@ static bool fast_complete(const fast_msg *f, wire_transfer_complete *m) {
     m->has_token = f->seen & 1u << F_TOKEN;
     m->token = m->has_token ? f->u[F_TOKEN] : 0;
     m->shm_id = f->seen & 1u << F_SHM ? f->u[F_SHM] : 0;
+    m->batch_max = f->seen & 1u << F_BATCH ? (uint32_t)f->u[F_BATCH] : 0;
     return true;
 }
 
@@ -854,7 +939,90 @@ static wire_pull_type fast_type(const fast_msg *f) {
 
 /* Decodes buf through the fast path into out: true, or false (nothing
  * left in out) for the general decoder. */
+/* An array header (fixarray, array16) of 1..WIRE_PULL_MAX_ITEMS entries. */
+static bool fast_array(fast_in *in, size_t *n) {
+    if (in->p == in->end) return false;
+    uint8_t b = *in->p++;
+    uint64_t v;
+    if ((b & 0xf0) == 0x90)
+        v = b & 0x0f;
+    else if (!(b == 0xdc && fast_be(in, 2, &v)))
+        return false;
+    *n = (size_t)v;
+    return v >= 1 && v <= WIRE_PULL_MAX_ITEMS;
+}
+
+/* The literal key k (a fixstr) next in `in`. */
+static bool fast_key(fast_in *in, const char *k) {
+    const char *s;
+    size_t n;
+    return fast_str(in, &s, &n) && n == strlen(k) && memcmp(s, k, n) == 0;
+}
+
+/* A text of 1..max bytes, copied; false (nothing left) otherwise. */
+static bool fast_text(fast_in *in, size_t max, char **out) {
+    const char *s;
+    size_t n;
+    return fast_str(in, &s, &n) && text_ok(s, n, max) && (*out = text_dup(s, n)) != NULL;
+}
+
+/* ECTransferPullBatch as our encoder lays it out: {"ect_pulls": [[mm_hash,
+ * dst_offset, token, dst_key], ...], "ect_dst_ptr": u, "consumer_session_id":
+ * s}. Anything else: false, for the general decoder. */
+static bool fast_batch(fast_in *in, wire_transfer_pull_batch *m) {
+    size_t n;
+    if (!fast_key(in, "ect_pulls") || !fast_array(in, &n)) return false;
+    if (!(m->pulls = calloc(n, sizeof *m->pulls))) return false;
+    bool ok = true;
+    for (size_t i = 0; i < n && ok; i++) {
+        wire_transfer_pull *p = &m->pulls[i];
+        m->n = i + 1;
+        p->has_token = true;
+        ok = in->p < in->end && *in->p++ == 0x90 + BATCH_ENTRY_LEN &&
+             fast_text(in, WIRE_PULL_MAX_STR, &p->mm_hash) && fast_uint(in, &p->dst_offset) &&
+             fast_uint(in, &p->token) && fast_text(in, WIRE_PULL_MAX_KEY, &p->dst_key);
+    }
+    uint64_t dst_ptr = 0;
+    char *session = NULL;
+    ok = ok && fast_key(in, "ect_dst_ptr") && fast_uint(in, &dst_ptr) &&
+         fast_key(in, "consumer_session_id") && fast_text(in, WIRE_PULL_MAX_STR, &session) &&
+         in->p == in->end;
+    for (size_t i = 0; i < n && ok; i++) {
+        m->pulls[i].dst_ptr = dst_ptr;
+        ok = (m->pulls[i].consumer_session_id = strdup(session)) != NULL;
+    }
+    free(session);
+    if (!ok) wire_transfer_pull_batch_free(m);
+    return ok;
+}
+
+/* ECTransferDone: {"ect_done": [token, ...]}. */
+static bool fast_done(fast_in *in, wire_transfer_done *m) {
+    size_t n;
+    if (!fast_key(in, "ect_done") || !fast_array(in, &n)) return false;
+    if (!(m->tokens = malloc(n * sizeof *m->tokens))) return false;
+    m->n = n;
+    bool ok = true;
+    for (size_t i = 0; i < n && ok; i++) ok = fast_uint(in, &m->tokens[i]);
+    if (!ok || in->p != in->end) {
+        wire_transfer_done_free(m);
+        return false;
+    }
+    return true;
+}
+
 static bool fast_decode(const void *buf, size_t len, wire_pull_msg *out) {
+    fast_in in = {buf, (const uint8_t *)buf + len};
+    if (buf && len >= 2 && len <= WIRE_PULL_MAX_MSG && in.p[0] == 0x83 && in.p[1] == 0xa9) {
+        in.p++;
+        out->type = WIRE_PULL_PULL_BATCH;
+        return fast_batch(&in, &out->u.batch);
+    }
+    if (buf && len >= 2 && len <= WIRE_PULL_MAX_MSG && in.p[0] == 0x81 && in.p[1] == 0xa8) {
+        in.p++;
+        out->type = WIRE_PULL_DONE;
+        return fast_done(&in, &out->u.done);
+    }
     fast_msg f;
     if (!fast_scan(buf, len, &f)) return false;
     out->type = fast_type(&f);
@@ -904,6 +1072,9 @@ int wire_transfer_complete_decode(const void *buf, size_t len, wire_transfer_com
 DEFINE_DECODE(wire_transfer_request_decode, wire_transfer_request, "ECTransferRequest",
               request_from_obj)
 DEFINE_DECODE(wire_transfer_ready_decode, wire_transfer_ready, "ECTransferReady", ready_from_obj)
+DEFINE_DECODE(wire_transfer_pull_batch_decode, wire_transfer_pull_batch, "ECTransferPullBatch",
+              batch_from_obj)
+DEFINE_DECODE(wire_transfer_done_decode, wire_transfer_done, "ECTransferDone", done_from_obj)
 
 int wire_pull_decode_general(const void *buf, size_t len, wire_pull_msg *out) {
     memset(out, 0, sizeof *out);
@@ -912,7 +1083,11 @@ int wire_pull_decode_general(const void *buf, size_t len, wire_pull_msg *out) {
     if (rc) return rc;
     const msgpack_object *root = &u.data;
     wire_pull_type t = WIRE_PULL_NONE;
-    if (find_key(root, "dst_ptr"))
+    if (find_key(root, "ect_pulls"))
+        t = WIRE_PULL_PULL_BATCH;
+    else if (find_key(root, "ect_done"))
+        t = WIRE_PULL_DONE;
+    else if (find_key(root, "dst_ptr"))
         t = WIRE_PULL_PULL;
     else if (find_key(root, "status"))
         t = WIRE_PULL_COMPLETE;
@@ -926,6 +1101,8 @@ int wire_pull_decode_general(const void *buf, size_t len, wire_pull_msg *out) {
     case WIRE_PULL_READY: rc = ready_from_obj(root, &out->u.ready); break;
     case WIRE_PULL_REQUEST: rc = request_from_obj(root, &out->u.request); break;
     case WIRE_PULL_NOTIFICATION: rc = notification_from_obj(root, &out->u.notification); break;
+    case WIRE_PULL_PULL_BATCH: rc = batch_from_obj(root, &out->u.batch); break;
+    case WIRE_PULL_DONE: rc = done_from_obj(root, &out->u.done); break;
     default:
         rc = ect_set_error(ECT_EPROTO,
                            "pull message: unknown message type (none of the keys dst_ptr, "
@@ -990,6 +1167,20 @@ void wire_transfer_ready_free(wire_transfer_ready *m) {
     memset(m, 0, sizeof *m);
 }
 
+void wire_transfer_pull_batch_free(wire_transfer_pull_batch *m) {
+    if (!m) return;
+    if (m->pulls)
+        for (size_t i = 0; i < m->n; i++) wire_transfer_pull_free(&m->pulls[i]);
+    free(m->pulls);
+    memset(m, 0, sizeof *m);
+}
+
+void wire_transfer_done_free(wire_transfer_done *m) {
+    if (!m) return;
+    free(m->tokens);
+    memset(m, 0, sizeof *m);
+}
+
 void wire_pull_msg_free(wire_pull_msg *m) {
     if (!m) return;
     switch (m->type) {
@@ -998,6 +1189,8 @@ void wire_pull_msg_free(wire_pull_msg *m) {
     case WIRE_PULL_COMPLETE: wire_transfer_complete_free(&m->u.complete); break;
     case WIRE_PULL_REQUEST: wire_transfer_request_free(&m->u.request); break;
     case WIRE_PULL_READY: wire_transfer_ready_free(&m->u.ready); break;
+    case WIRE_PULL_PULL_BATCH: wire_transfer_pull_batch_free(&m->u.batch); break;
+    case WIRE_PULL_DONE: wire_transfer_done_free(&m->u.done); break;
     default: break;
     }
     memset(m, 0, sizeof *m);
@@ -1257,10 +1450,15 @@ int wire_transfer_complete_encode(const wire_transfer_complete *m, void **out, s
     size_t size = 1 + mp_kv_str_size(KEY("mm_hash"), hl) + KEY("status") + 5 +
                   (m->has_token ? KEY("token") + mp_uint_size(m->token) : 0) +
                   (has_error ? mp_kv_str_size(KEY("error"), el) : 0) +
-                  (m->shm_id ? mp_kv_str_size(KEY("ect_shm_id"), 16) : 0);
+                  (m->shm_id ? mp_kv_str_size(KEY("ect_shm_id"), 16) : 0) +
+                  (m->batch_max ? KEY("ect_batch") + mp_uint_size(m->batch_max) : 0);
+    if (m->batch_max && (m->batch_max < 2 || m->batch_max > WIRE_PULL_MAX_ITEMS))
+        return ferr(&(fpath){msg, "ect_batch", -1, -1}, ECT_EINVAL, "%u is not 2..%d",
+                    (unsigned)m->batch_max, WIRE_PULL_MAX_ITEMS);
     mp_out o = {malloc(size), 0};
     if (!o.p) return ect_set_error(ECT_ENOMEM, "%s: out of memory encoding", msg);
-    mp_map(&o, (uint32_t)(ECT_ARRAY_LEN(complete_keys) + m->has_token + has_error + !!m->shm_id));
+    mp_map(&o, (uint32_t)(ECT_ARRAY_LEN(complete_keys) + m->has_token + has_error + !!m->shm_id +
+                          !!m->batch_max));
     mp_strn(&o, "mm_hash", 7);
     mp_strn(&o, m->mm_hash, hl);
     mp_strn(&o, "status", 6);
@@ -1278,6 +1476,10 @@ int wire_transfer_complete_encode(const wire_transfer_complete *m, void **out, s
         wctl_shm_id_format(m->shm_id, h);
         mp_strn(&o, "ect_shm_id", 10);
         mp_strn(&o, h, 16);
+    }
+    if (m->batch_max) {
+        mp_strn(&o, "ect_batch", 9);
+        mp_uint(&o, m->batch_max);
     }
     return mp_finish(&o, size, msg, out, out_len);
 }
@@ -1321,6 +1523,88 @@ int wire_transfer_ready_encode(const wire_transfer_ready *m, void **out, size_t 
     return finish(&sb, e, msg, out, out_len);
 }
 
+static size_t mp_array_size(size_t n) { return n < 16 ? 1 : n < 65536 ? 3 : 5; }
+static void mp_array(mp_out *o, size_t n) {
+    if (n < 16)
+        o->p[o->len++] = (uint8_t)(0x90 | n);
+    else
+        mp_tagged(o, n < 65536 ? 0xdc : 0xdd, n, n < 65536 ? 2 : 4);
+}
+
+/* The checks of one batch entry against the batch's first. */
+static int check_batch_entry(const wire_transfer_pull *p, const wire_transfer_pull *first, long i) {
+    const char *msg = "ECTransferPullBatch";
+    int rc = check_cstr(p->mm_hash, &(fpath){msg, "ect_pulls", i, 0});
+    if (!rc && (!p->dst_key || !p->has_token))
+        rc = ferr(&(fpath){msg, "ect_pulls", i, -1}, ECT_EINVAL, "needs dst_key and token");
+    if (!rc)
+        rc = check_text(&(fpath){msg, "ect_pulls", i, 3}, ECT_EINVAL, p->dst_key,
+                        strlen(p->dst_key), WIRE_PULL_MAX_KEY);
+    if (!rc && (p->dst_ptr != first->dst_ptr || !p->consumer_session_id ||
+                strcmp(p->consumer_session_id, first->consumer_session_id) != 0))
+        rc = ferr(&(fpath){msg, "ect_pulls", i, -1}, ECT_EINVAL,
+                  "dst_ptr and consumer_session_id differ from the first pull's");
+    return rc;
+}
+
+int wire_transfer_pull_batch_encode(const wire_transfer_pull_batch *m, void **out,
+                                    size_t *out_len) {
+    const char *msg = "ECTransferPullBatch";
+    ENCODE_ARGS(msg);
+    if (m->n == 0 || m->n > WIRE_PULL_MAX_ITEMS || !m->pulls)
+        return ferr(&(fpath){msg, "ect_pulls", -1, -1}, ECT_EINVAL, "%zu pulls, expected 1..%d",
+                    m->n, WIRE_PULL_MAX_ITEMS);
+    const wire_transfer_pull *first = &m->pulls[0];
+    int rc = check_cstr(first->consumer_session_id, &(fpath){msg, "consumer_session_id", -1, -1});
+    size_t size =
+        1 + KEY("ect_pulls") + mp_array_size(m->n) + KEY("ect_dst_ptr") +
+        mp_uint_size(first->dst_ptr) +
+        (rc ? 0 : mp_kv_str_size(KEY("consumer_session_id"), strlen(first->consumer_session_id)));
+    for (size_t i = 0; i < m->n && !rc; i++) {
+        const wire_transfer_pull *p = &m->pulls[i];
+        rc = check_batch_entry(p, first, (long)i);
+        if (!rc)
+            size += 1 + mp_str_size(strlen(p->mm_hash)) + mp_uint_size(p->dst_offset) +
+                    mp_uint_size(p->token) + mp_str_size(strlen(p->dst_key));
+    }
+    if (rc) return rc;
+    mp_out o = {malloc(size), 0};
+    if (!o.p) return ect_set_error(ECT_ENOMEM, "%s: out of memory encoding", msg);
+    mp_map(&o, ECT_ARRAY_LEN(batch_keys));
+    mp_strn(&o, "ect_pulls", 9);
+    mp_array(&o, m->n);
+    for (size_t i = 0; i < m->n; i++) {
+        const wire_transfer_pull *p = &m->pulls[i];
+        mp_array(&o, BATCH_ENTRY_LEN);
+        mp_strn(&o, p->mm_hash, strlen(p->mm_hash));
+        mp_uint(&o, p->dst_offset);
+        mp_uint(&o, p->token);
+        mp_strn(&o, p->dst_key, strlen(p->dst_key));
+    }
+    mp_strn(&o, "ect_dst_ptr", 11);
+    mp_uint(&o, first->dst_ptr);
+    mp_strn(&o, "consumer_session_id", 19);
+    mp_strn(&o, first->consumer_session_id, strlen(first->consumer_session_id));
+    return mp_finish(&o, size, msg, out, out_len);
+}
+
+int wire_transfer_done_encode(const wire_transfer_done *m, void **out, size_t *out_len) {
+    const char *msg = "ECTransferDone";
+    ENCODE_ARGS(msg);
+    if (m->n == 0 || m->n > WIRE_PULL_MAX_ITEMS || !m->tokens)
+        return ferr(&(fpath){msg, "ect_done", -1, -1}, ECT_EINVAL, "%zu tokens, expected 1..%d",
+                    m->n, WIRE_PULL_MAX_ITEMS);
+    size_t size = 1 + KEY("ect_done") + mp_array_size(m->n);
+    for (size_t i = 0; i < m->n; i++) size += mp_uint_size(m->tokens[i]);
+    mp_out o = {malloc(size), 0};
+    if (!o.p) return ect_set_error(ECT_ENOMEM, "%s: out of memory encoding", msg);
+    mp_map(&o, 1);
+    mp_strn(&o, "ect_done", 8);
+    mp_array(&o, m->n);
+    for (size_t i = 0; i < m->n; i++) mp_uint(&o, m->tokens[i]);
+    return mp_finish(&o, size, msg, out, out_len);
+}
+
 int wire_pull_msg_encode(const wire_pull_msg *m, void **out, size_t *out_len) {
     if (!m) {
         if (out) *out = NULL;
@@ -1333,6 +1617,8 @@ int wire_pull_msg_encode(const wire_pull_msg *m, void **out, size_t *out_len) {
     case WIRE_PULL_COMPLETE: return wire_transfer_complete_encode(&m->u.complete, out, out_len);
     case WIRE_PULL_REQUEST: return wire_transfer_request_encode(&m->u.request, out, out_len);
     case WIRE_PULL_READY: return wire_transfer_ready_encode(&m->u.ready, out, out_len);
+    case WIRE_PULL_PULL_BATCH: return wire_transfer_pull_batch_encode(&m->u.batch, out, out_len);
+    case WIRE_PULL_DONE: return wire_transfer_done_encode(&m->u.done, out, out_len);
     default:
         if (out) *out = NULL;
         return ect_set_error(ECT_EINVAL, "pull message: unknown type %d", (int)m->type);

@@ -87,12 +87,33 @@ typedef struct wire_transfer_complete {
     /* extensions: */
     bool has_token; /* `token` present: the pull's, echoed */
     uint64_t token;
-    char *error;     /* why, when status != 0; NULL or "": absent. The encoder cuts it to
-                        WIRE_PULL_MAX_STR bytes at a UTF-8 boundary */
-    uint64_t shm_id; /* `ect_shm_id`: the producer's shm offer id (docs/PROTOCOL.md "shm",
-                        "Offers"), 16 lowercase hex digits on the wire; 0: absent */
-    char *ext_error; /* decode only: why a present extension key was refused, else NULL */
+    char *error;        /* why, when status != 0; NULL or "": absent. The encoder cuts it to
+                           WIRE_PULL_MAX_STR bytes at a UTF-8 boundary */
+    uint64_t shm_id;    /* `ect_shm_id`: the producer's shm offer id (docs/PROTOCOL.md "shm",
+                           "Offers"), 16 lowercase hex digits on the wire; 0: absent */
+    uint32_t batch_max; /* `ect_batch`: the producer takes ECTransferPullBatch of up to this many
+                           pulls (2..WIRE_PULL_MAX_ITEMS); 0: absent */
+    char *ext_error;    /* decode only: why a present extension key was refused, else NULL */
 } wire_transfer_complete;
+
+/* ECTransferPullBatch (ectransfer only, docs/PROTOCOL.md "Batched pulls") —
+ * consumer -> producer, sent only to a producer whose completions carried
+ * `ect_batch`: n pulls in one message. Every entry is a whole pull (dst_key
+ * and token required); they share dst_ptr and consumer_session_id on the
+ * wire, so the encoder refuses entries that differ in them. Decoded entries
+ * own their strings (each its own copy of the session), ext_error unused. */
+typedef struct wire_transfer_pull_batch {
+    wire_transfer_pull *pulls; /* owned array of n (encode: borrowed) */
+    size_t n;                  /* 1..WIRE_PULL_MAX_ITEMS */
+} wire_transfer_pull_batch;
+
+/* ECTransferDone (ectransfer only) — producer -> consumer: the pulls of an
+ * ECTransferPullBatch with these tokens were written (status 0). A pull that
+ * failed is answered by its own ECTransferComplete. */
+typedef struct wire_transfer_done {
+    uint64_t *tokens; /* owned array of n */
+    size_t n;         /* 1..WIRE_PULL_MAX_ITEMS */
+} wire_transfer_done;
 
 /* ECTransferRequest — a (late-joining) consumer DEALER -> producer ROUTER:
  * "what do you hold?". An empty mm_hashes filter asks for everything. */
@@ -121,6 +142,8 @@ typedef enum wire_pull_type {
     WIRE_PULL_COMPLETE,
     WIRE_PULL_REQUEST,
     WIRE_PULL_READY,
+    WIRE_PULL_PULL_BATCH, /* ectransfer only */
+    WIRE_PULL_DONE,       /* ectransfer only */
 } wire_pull_type;
 
 /* Any one pull message, as told apart by wire_pull_decode_any. */
@@ -132,6 +155,8 @@ typedef struct wire_pull_msg {
         wire_transfer_complete complete;
         wire_transfer_request request;
         wire_transfer_ready ready;
+        wire_transfer_pull_batch batch;
+        wire_transfer_done done;
     } u;
 } wire_pull_msg;
 
@@ -158,8 +183,17 @@ int wire_transfer_ready_encode(const wire_transfer_ready *m, void **out, size_t 
 int wire_transfer_ready_decode(const void *buf, size_t len, wire_transfer_ready *out);
 void wire_transfer_ready_free(wire_transfer_ready *m);
 
+int wire_transfer_pull_batch_encode(const wire_transfer_pull_batch *m, void **out, size_t *out_len);
+int wire_transfer_pull_batch_decode(const void *buf, size_t len, wire_transfer_pull_batch *out);
+void wire_transfer_pull_batch_free(wire_transfer_pull_batch *m);
+
+int wire_transfer_done_encode(const wire_transfer_done *m, void **out, size_t *out_len);
+int wire_transfer_done_decode(const void *buf, size_t len, wire_transfer_done *out);
+void wire_transfer_done_free(wire_transfer_done *m);
+
 /* Decodes whichever pull message `buf` holds, told apart by its keys (msgspec
  * peers send untagged maps), checked in this order:
+ *   "ect_pulls" -> ECTransferPullBatch;  "ect_done" -> ECTransferDone (ours);
  *   "dst_ptr" -> ECTransferPull;  "status" -> ECTransferComplete;
  *   "request_id" with "producer_session_id" -> ECTransferReady;
  *   "request_id" -> ECTransferRequest;  "producer_session_id" -> ECHashNotification;

@@ -875,6 +875,61 @@ static void test_load_many_upstream_reverse(void **st) {
     router_stop(&sr); /* its thread has sent every answer by now */
 }
 
+/* An upstream-style producer for two sets of four: takes 8 frames, each of
+ * which must be a plain ECTransferPull (counted in upstream_bad otherwise),
+ * and answers each with the upstream fields only (no ect_batch offer). */
+static atomic_int upstream_bad;
+static void *upstream_sets_main(void *arg) {
+    slow_router *sr = arg;
+    for (int i = 0; i < 8; i++) {
+        char id[256], msg[4096];
+        int idl = zmq_recv(sr->sock, id, sizeof id, 0);
+        int ml = zmq_recv(sr->sock, msg, sizeof msg, 0);
+        if (idl <= 0 || ml <= 0) return NULL;
+        wire_transfer_pull pl;
+        if (wire_transfer_pull_decode(msg, (size_t)ml, &pl) != 0) {
+            atomic_fetch_add(&upstream_bad, 1);
+            continue;
+        }
+        wire_transfer_complete c = {.mm_hash = pl.mm_hash, .status = 0};
+        void *buf;
+        size_t len;
+        if (wire_transfer_complete_encode(&c, &buf, &len) == 0) {
+            zmq_send(sr->sock, id, (size_t)idl, ZMQ_SNDMORE);
+            zmq_send(sr->sock, buf, len, 0);
+            free(buf);
+        }
+        wire_transfer_pull_free(&pl);
+    }
+    return NULL;
+}
+
+/* An upstream producer never offers ect_batch: our consumer's second set
+ * goes pull by pull as its first did (no ECTransferPullBatch reaches it). */
+static void test_upstream_never_gets_batches(void **st) {
+    (void)st;
+    atomic_store(&upstream_bad, 0);
+    slow_router sr;
+    router_start(&sr, upstream_sets_main);
+    ect_pull_consumer *c = open_consumer("tcp", sr.port, 1 * MiB, 30000);
+    for (int set = 0; set < 2; set++) {
+        char names[4][32];
+        const char *h[4];
+        ect_pull_meta m[4];
+        ect_pull_view v[4];
+        int sts[4];
+        for (int i = 0; i < 4; i++) {
+            item_meta(names[i], set ? "us1" : "us0", i, 256, 0, &m[i]);
+            h[i] = names[i];
+        }
+        assert_int_equal(ect_pull_consumer_load_many(c, 4, h, m, v, sts), 0);
+        for (int i = 0; i < 4; i++) assert_int_equal(ect_pull_consumer_release(c, h[i]), 0);
+    }
+    ect_pull_consumer_close(c);
+    router_stop(&sr);
+    assert_int_equal(atomic_load(&upstream_bad), 0);
+}
+
 /* A producer that takes the n pulls of one load_many, writes each pull's
  * bytes (pattern 700 + i) with the key its ECTransferPull carries, tries
  * one more write with the first pull's key at probe_addr (0: the byte just
@@ -1061,7 +1116,8 @@ static void test_shm_pulls_offered(void **st) {
         assert_int_equal(ect_pull_consumer_release(c, h[SINGLE + i]), 0);
     }
     shm_counts(pull_producer_xport(p), &begins, &offers);
-    assert_true(offers > offers_before_set);
+    /* the set's offer was applied, or skipped (the target's connection busy: counted) */
+    assert_true(offers > offers_before_set || shm_offer_skips() - skips0 > skips);
     assert_true(begins <= begins_before_set + 1);
     ect_pull_consumer_close(c);
     ect_pull_producer_close(p);
@@ -1090,7 +1146,9 @@ static void pull_sets_handoffs(const char *transport, int sets, int *all_ready) 
     *all_ready = 0;
     for (int s = 0; s < sets; s++) {
         uint64_t lanes0, ready0, lanes1, ready1, begins0 = 0, begins1 = 0, offers;
+        uint64_t batches0, dones0, batches1, dones1;
         pull_producer_handoffs(p, &lanes0, &ready0);
+        pull_producer_batches(p, &batches0, &dones0);
         if (!strcmp(transport, "shm")) shm_counts(pull_producer_xport(p), &begins0, &offers);
         ect_pull_view v[SET];
         int sts[SET];
@@ -1103,6 +1161,11 @@ static void pull_sets_handoffs(const char *transport, int sets, int *all_ready) 
             assert_int_equal(ect_pool_remove(ect_pull_consumer_pool(c), h[i]), 0);
         }
         pull_producer_handoffs(p, &lanes1, &ready1);
+        pull_producer_batches(p, &batches1, &dones1);
+        /* the first completion said ect_batch: each set goes as one ECTransferPullBatch,
+         * its 16 answers in one ECTransferDone or a few */
+        assert_int_equal(batches1 - batches0, 1);
+        assert_true(dones1 > dones0 && dones1 - dones0 <= SET);
         if (!strcmp(transport, "shm")) shm_counts(pull_producer_xport(p), &begins1, &offers);
         if (strcmp(transport, "shm") != 0) {
             assert_int_equal(ready1, ready0);
@@ -1131,6 +1194,187 @@ static void test_tcp_set_on_lane(void **st) {
     (void)st;
     int all_ready;
     pull_sets_handoffs("tcp", 2, &all_ready);
+}
+
+/* ---- ECTransferPullBatch / ECTransferDone (docs/PROTOCOL.md "Batched pulls") */
+
+static void send_raw(void *dealer, const wire_pull_msg *m) {
+    void *buf;
+    size_t len;
+    assert_int_equal(wire_pull_msg_encode(m, &buf, &len), 0);
+    assert_true(zmq_send(dealer, buf, len, 0) >= 0);
+    free(buf);
+}
+
+/* Receives messages until every token of want[0..n) is answered: a Done
+ * settles status 0, a Complete its status into sts[] (matched by token). */
+static void recv_answers(void *dealer, const uint64_t *want, int *sts, size_t n) {
+    size_t left = n;
+    for (size_t i = 0; i < n; i++) sts[i] = 1;
+    while (left) {
+        char buf[8192];
+        int len = zmq_recv(dealer, buf, sizeof buf, 0);
+        assert_true(len > 0);
+        wire_pull_msg m;
+        assert_int_equal(wire_pull_decode_any(buf, (size_t)len, &m), 0);
+        const uint64_t *toks = m.type == WIRE_PULL_DONE ? m.u.done.tokens : &m.u.complete.token;
+        size_t k = m.type == WIRE_PULL_DONE ? m.u.done.n : 1;
+        assert_true(m.type == WIRE_PULL_DONE || m.type == WIRE_PULL_COMPLETE);
+        if (m.type == WIRE_PULL_COMPLETE) assert_true(m.u.complete.has_token);
+        for (size_t j = 0; j < k; j++) {
+            size_t i = 0;
+            while (i < n && want[i] != toks[j]) i++;
+            assert_true(i < n && sts[i] == 1); /* ours, and answered once */
+            sts[i] = m.type == WIRE_PULL_DONE ? 0 : m.u.complete.status;
+            left--;
+        }
+        wire_pull_msg_free(&m);
+    }
+}
+
+/* A raw DEALER against our producer: ect_batch is told only to a pull with
+ * a token (an upstream consumer's completions stay as they were); a batch's
+ * pulls are answered each (written ones in ECTransferDone, refused ones in
+ * their own ECTransferComplete); malformed batches are dropped and counted,
+ * and the producer goes on serving; every lease is given back. */
+static void test_raw_batch(void **st) {
+    (void)st;
+    ect_pull_producer *p = open_producer("tcp", 4 * MiB, 0);
+    save_item(p, "b0", 4096, 90);
+    save_item(p, "b1", 4096, 91);
+    assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
+    void *ctx = zmq_ctx_new();
+    void *d = zsock(ctx, ZMQ_DEALER);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", ect_pull_producer_port(p));
+    assert_int_equal(zmq_connect(d, ep), 0);
+    ect_xport *x = NULL;
+    assert_int_equal(ect_xport_open("tcp", NULL, &x), 0);
+    size_t rl = 64 * KiB;
+    uint8_t *r = mmap(NULL, rl, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(r != MAP_FAILED);
+    char key[ECT_XPORT_KEY_MAX];
+    assert_int_equal(ect_xport_register(x, r, rl, -1, 0, key), 0);
+    const char *sess = ect_xport_session(x);
+    uint64_t base = (uint64_t)(uintptr_t)r;
+    /* an upstream-style pull (no token): its completion is the upstream one */
+    wire_pull_msg up = {
+        .type = WIRE_PULL_PULL,
+        .u.pull = {
+            .mm_hash = "b0", .dst_ptr = base, .consumer_session_id = (char *)sess, .dst_key = key}};
+    send_raw(d, &up);
+    char buf[4096];
+    int n = zmq_recv(d, buf, sizeof buf, 0);
+    assert_true(n > 0);
+    wire_transfer_complete c;
+    assert_int_equal(wire_transfer_complete_decode(buf, (size_t)n, &c), 0);
+    assert_int_equal(c.status, 0);
+    assert_false(c.has_token);
+    assert_int_equal(c.batch_max, 0);
+    assert_null(memmem(buf, (size_t)n, "ect_batch", 9));
+    wire_transfer_complete_free(&c);
+    /* with a token: ect_batch told */
+    up.u.pull.has_token = true;
+    up.u.pull.token = 1;
+    send_raw(d, &up);
+    n = zmq_recv(d, buf, sizeof buf, 0);
+    assert_true(n > 0);
+    assert_int_equal(wire_transfer_complete_decode(buf, (size_t)n, &c), 0);
+    assert_int_equal(c.status, 0);
+    assert_int_equal(c.batch_max, WIRE_PULL_MAX_ITEMS);
+    wire_transfer_complete_free(&c);
+    /* a batch of five: two written, an unknown item, a wrong key, one out of the region */
+    memset(r, 0, rl);
+    wire_transfer_pull ps[5];
+    const char *hs[5] = {"b0", "b1", "nope", "b1", "b0"};
+    const uint64_t offs[5] = {0, 8192, 16384, 24576, rl - 100};
+    for (int i = 0; i < 5; i++)
+        ps[i] = (wire_transfer_pull){.mm_hash = (char *)hs[i],
+                                     .dst_ptr = base,
+                                     .dst_offset = offs[i],
+                                     .consumer_session_id = (char *)sess,
+                                     .dst_key = i == 3 ? "0000000000000000" : key,
+                                     .has_token = true,
+                                     .token = 10 + (uint64_t)i};
+    wire_pull_msg bm = {.type = WIRE_PULL_PULL_BATCH, .u.batch = {ps, 5}};
+    send_raw(d, &bm);
+    const uint64_t want[5] = {10, 11, 12, 13, 14};
+    int sts[5];
+    recv_answers(d, want, sts, 5);
+    assert_int_equal(sts[0], 0);
+    assert_int_equal(sts[1], 0);
+    assert_int_equal(sts[2], ECT_ENOTFOUND);
+    assert_int_not_equal(sts[3], 0);
+    assert_int_not_equal(sts[4], 0);
+    assert_true(test_check_pattern(r, 4096, 90));
+    assert_true(test_check_pattern(r + 8192, 4096, 91));
+    uint64_t batches, dones;
+    pull_producer_batches(p, &batches, &dones);
+    assert_int_equal(batches, 1);
+    assert_true(dones >= 1 && dones <= 2);
+    /* malformed batches: an empty list, an entry of three, a token that is a str; dropped */
+    static const struct {
+        const char *b;
+        size_t n;
+    } bad[] = {{"\x83\xa9"
+                "ect_pulls"
+                "\x90\xab"
+                "ect_dst_ptr"
+                "\x00\xb3"
+                "consumer_session_id"
+                "\xa1"
+                "s",
+                47},
+               {"\x83\xa9"
+                "ect_pulls"
+                "\x91\x93\xa2"
+                "b0"
+                "\x00\x01\xab"
+                "ect_dst_ptr"
+                "\x00\xb3"
+                "consumer_session_id"
+                "\xa1"
+                "s",
+                53},
+               {"\x83\xa9"
+                "ect_pulls"
+                "\x91\x94\xa2"
+                "b0"
+                "\x00\xa1"
+                "t"
+                "\xa1"
+                "k"
+                "\xab"
+                "ect_dst_ptr"
+                "\x00\xb3"
+                "consumer_session_id"
+                "\xa1"
+                "s",
+                56}};
+    for (size_t i = 0; i < ECT_ARRAY_LEN(bad); i++) {
+        wire_pull_msg m;
+        assert_int_equal(wire_pull_decode_any(bad[i].b, bad[i].n, &m), ECT_EPROTO);
+        assert_true(zmq_send(d, bad[i].b, bad[i].n, 0) >= 0);
+    }
+    /* still serving: a batch of one after them */
+    wire_pull_msg one = {.type = WIRE_PULL_PULL_BATCH, .u.batch = {ps, 1}};
+    ps[0].token = 20;
+    send_raw(d, &one);
+    recv_answers(d, &ps[0].token, sts, 1);
+    assert_int_equal(sts[0], 0);
+    ect_pull_producer_stat pst;
+    ect_pull_producer_stats(p, &pst);
+    assert_int_equal(pst.malformed, 3);
+    pull_producer_batches(p, &batches, &dones);
+    assert_int_equal(batches, 2);
+    /* leases were all given back */
+    assert_int_equal(ect_pool_remove(ect_pull_producer_pool(p), "b0"), 0);
+    assert_int_equal(ect_pool_remove(ect_pull_producer_pool(p), "b1"), 0);
+    zmq_close(d);
+    zmq_ctx_term(ctx);
+    ect_pull_producer_close(p);
+    ect_xport_close(x);
+    munmap(r, rl);
 }
 
 /* Receives one ECTransferComplete on a raw DEALER: its status; *shm_id gets
@@ -1249,6 +1493,10 @@ static void run_load_many(const char *transport) {
     assert_int_equal(cs.remote, N - 1);
     assert_int_equal(cs.local, 1);
     assert_int_equal(cs.failed, 1);
+    uint64_t batches, dones;
+    pull_producer_batches(p, &batches, &dones);
+    assert_int_equal(batches, 1); /* the set went in one batch; lm-25 was refused alone */
+    assert_true(dones >= 1);
     /* all resident now: no meta needed */
     assert_int_equal(ect_pull_consumer_load_many(c, N - 1, h, NULL, v, sts), 0);
     for (int i = 0; i < N - 1; i++) {
@@ -1677,6 +1925,8 @@ int main(void) {
         cmocka_unit_test(test_shm_set_written_by_router),
         cmocka_unit_test(test_tcp_set_on_lane),
         cmocka_unit_test(test_shm_ready_write_refusals),
+        cmocka_unit_test(test_raw_batch),
+        cmocka_unit_test(test_upstream_never_gets_batches),
         cmocka_unit_test(test_shared_window_tcp),
         cmocka_unit_test(test_shared_window_shm),
         cmocka_unit_test(test_peer_gone),

@@ -45,6 +45,20 @@ static const char GOLDEN_COMPLETE_SHM[] =
     "84a76d6d5f68617368a3616263a673746174757300a5746f6b656e2aaa6563745f73686d5f6964b030313233"
     "343536373839616263646566";
 
+/* Batched pulls (docs/PROTOCOL.md "Batched pulls"): a completion telling
+ * ect_batch, an ECTransferPullBatch of two, an ECTransferDone of three. */
+static const char GOLDEN_COMPLETE_BATCH[] =
+    "84a76d6d5f68617368a3616263a673746174757300a5746f6b656e2aa96563745f6261746368cd1000";
+static const char GOLDEN_PULL_BATCH[] =
+    "83a96563745f70756c6c739294a3616263cd10002aa26b3194a5696d672d30cd20002ba26b31ab6563745f6473"
+    "745f707472cf00007f0000001000b3636f6e73756d65725f73657373696f6e5f6964aa636f6e73756d65722d30";
+static const char GOLDEN_DONE[] = "81a86563745f646f6e65932a2bcd012c";
+static wire_transfer_pull golden_batch[2] = {
+    {"abc", 0x7f0000001000ull, 4096, "consumer-0", .dst_key = "k1", .has_token = true, .token = 42},
+    {"img-0", 0x7f0000001000ull, 8192, "consumer-0", .dst_key = "k1", .has_token = true,
+     .token = 43}};
+static uint64_t golden_done[3] = {42, 43, 300};
+
 static size_t unhex(const char *hex, unsigned char *out, size_t cap) {
     size_t n = strlen(hex) / 2;
     assert_true(n <= cap);
@@ -374,6 +388,11 @@ static void test_golden_bytes(void **state) {
         {GOLDEN_COMPLETE_SHM,
          {WIRE_PULL_COMPLETE, .u.complete = {"abc", 0, .has_token = true, .token = 42,
                                              .shm_id = 0x0123456789abcdefull}}},
+        {GOLDEN_COMPLETE_BATCH,
+         {WIRE_PULL_COMPLETE,
+          .u.complete = {"abc", 0, .has_token = true, .token = 42, .batch_max = 4096}}},
+        {GOLDEN_PULL_BATCH, {WIRE_PULL_PULL_BATCH, .u.batch = {golden_batch, 2}}},
+        {GOLDEN_DONE, {WIRE_PULL_DONE, .u.done = {golden_done, 3}}},
     };
     for (size_t i = 0; i < ECT_ARRAY_LEN(rows); i++) {
         void *buf, *again;
@@ -436,6 +455,120 @@ static void test_golden_bytes(void **state) {
     assert_int_equal(wire_transfer_pull_decode(raw, n, &p), 0);
     assert_true(!p.dst_key && !p.has_token && !p.ext_error);
     wire_transfer_pull_free(&p);
+}
+
+/* ECTransferPullBatch and ECTransferDone: decoded field by field (the fast
+ * path and the general decoder alike); what the decoders refuse, named; what
+ * the encoders refuse. */
+static void test_batch_messages(void **state) {
+    (void)state;
+    unsigned char raw[512];
+    size_t n = unhex(GOLDEN_PULL_BATCH, raw, sizeof raw);
+    for (int general = 0; general < 2; general++) {
+        wire_pull_msg m;
+        assert_int_equal(
+            general ? wire_pull_decode_general(raw, n, &m) : wire_pull_decode_any(raw, n, &m), 0);
+        assert_int_equal(m.type, WIRE_PULL_PULL_BATCH);
+        assert_int_equal(m.u.batch.n, 2);
+        const wire_transfer_pull *b = &m.u.batch.pulls[1];
+        assert_string_equal(b->mm_hash, "img-0");
+        assert_true(b->dst_ptr == 0x7f0000001000ull && b->dst_offset == 8192);
+        assert_string_equal(b->consumer_session_id, "consumer-0");
+        assert_string_equal(b->dst_key, "k1");
+        assert_true(b->has_token && b->token == 43 && !b->ext_error);
+        wire_pull_msg_free(&m);
+    }
+    n = unhex(GOLDEN_DONE, raw, sizeof raw);
+    wire_transfer_done d;
+    assert_int_equal(wire_transfer_done_decode(raw, n, &d), 0);
+    assert_true(d.n == 3 && d.tokens[0] == 42 && d.tokens[2] == 300);
+    wire_transfer_done_free(&d);
+    n = unhex(GOLDEN_COMPLETE_BATCH, raw, sizeof raw);
+    wire_transfer_complete c;
+    assert_int_equal(wire_transfer_complete_decode(raw, n, &c), 0);
+    assert_true(c.batch_max == 4096 && !c.ext_error);
+    wire_transfer_complete_free(&c);
+    /* ect_batch out of 2..4096: the extension refused, the completion kept */
+    raw[n - 2] = 0x10, raw[n - 1] = 0x01; /* 4097 */
+    assert_int_equal(wire_transfer_complete_decode(raw, n, &c), 0);
+    assert_true(c.batch_max == 0 && c.has_token == false && c.ext_error);
+    assert_non_null(strstr(c.ext_error, "ect_batch"));
+    wire_transfer_complete_free(&c);
+    /* refused batches, each naming where */
+    static const struct {
+        const char *hex, *why;
+    } bad[] = {
+        /* an empty list */
+        {"83a96563745f70756c6c7390ab6563745f6473745f70747200b3636f6e73756d65725f7365737369"
+         "6f6e5f6964a173",
+         "ECTransferPullBatch.ect_pulls: empty list"},
+        /* an entry of three */
+        {"83a96563745f70756c6c739193a26230002aab6563745f6473745f70747200b3636f6e73756d6572"
+         "5f73657373696f6e5f6964a173",
+         "ECTransferPullBatch.ect_pulls[0]: expected an array of 4"},
+        /* a str token */
+        {"83a96563745f70756c6c739194a2623000a174a16bab6563745f6473745f70747200b3636f6e7375"
+         "6d65725f73657373696f6e5f6964a173",
+         "ECTransferPullBatch.ect_pulls[0][2]"},
+        /* an empty dst_key */
+        {"83a96563745f70756c6c739194a26230002aa0ab6563745f6473745f70747200b3636f6e73756d65"
+         "725f73657373696f6e5f6964a173",
+         "ECTransferPullBatch.ect_pulls[0][3]"},
+        /* no consumer_session_id */
+        {"82a96563745f70756c6c739194a26230002aa16bab6563745f6473745f70747200",
+         "ECTransferPullBatch.consumer_session_id: missing"},
+        /* an empty ECTransferDone, and one with a negative token */
+        {"81a86563745f646f6e6590", "ECTransferDone.ect_done: empty list"},
+        {"81a86563745f646f6e6591ff", "ECTransferDone.ect_done[0]: negative"},
+    };
+    for (size_t i = 0; i < ECT_ARRAY_LEN(bad); i++) {
+        n = unhex(bad[i].hex, raw, sizeof raw);
+        wire_pull_msg m;
+        assert_int_equal(wire_pull_decode_any(raw, n, &m), ECT_EPROTO);
+        if (!strstr(ect_last_error(), bad[i].why))
+            fail_msg("case %zu: \"%s\" lacks \"%s\"", i, ect_last_error(), bad[i].why);
+    }
+    /* the encoders: entries that differ in dst_ptr or session, no token, none at all */
+    wire_transfer_pull two[2] = {golden_batch[0], golden_batch[1]};
+    void *buf;
+    size_t len;
+    two[1].dst_ptr++;
+    assert_int_equal(
+        wire_transfer_pull_batch_encode(&(wire_transfer_pull_batch){two, 2}, &buf, &len),
+        ECT_EINVAL);
+    two[1] = golden_batch[1];
+    two[1].has_token = false;
+    assert_int_equal(
+        wire_transfer_pull_batch_encode(&(wire_transfer_pull_batch){two, 2}, &buf, &len),
+        ECT_EINVAL);
+    assert_int_equal(
+        wire_transfer_pull_batch_encode(&(wire_transfer_pull_batch){two, 0}, &buf, &len),
+        ECT_EINVAL);
+    assert_int_equal(wire_transfer_done_encode(&(wire_transfer_done){golden_done, 0}, &buf, &len),
+                     ECT_EINVAL);
+    wire_transfer_complete bm = {.mm_hash = "abc", .batch_max = 1};
+    assert_int_equal(wire_transfer_complete_encode(&bm, &buf, &len), ECT_EINVAL);
+    /* the largest batch fits the message bound and decodes */
+    wire_transfer_pull *big = calloc(WIRE_PULL_MAX_ITEMS, sizeof *big);
+    assert_non_null(big);
+    char hash[WIRE_PULL_MAX_STR + 1], key[WIRE_PULL_MAX_KEY + 1];
+    memset(hash, 'h', WIRE_PULL_MAX_STR);
+    hash[WIRE_PULL_MAX_STR] = '\0';
+    memset(key, 'k', 200);
+    key[200] = '\0';
+    for (size_t i = 0; i < WIRE_PULL_MAX_ITEMS; i++)
+        big[i] = (wire_transfer_pull){hash,           UINT64_MAX,        UINT64_MAX,         hash,
+                                      .dst_key = key, .has_token = true, .token = UINT64_MAX};
+    assert_int_equal(wire_transfer_pull_batch_encode(
+                         &(wire_transfer_pull_batch){big, WIRE_PULL_MAX_ITEMS}, &buf, &len),
+                     0);
+    assert_true(len < WIRE_PULL_MAX_MSG);
+    wire_pull_msg m;
+    assert_int_equal(wire_pull_decode_any(buf, len, &m), 0);
+    assert_int_equal(m.u.batch.n, WIRE_PULL_MAX_ITEMS);
+    wire_pull_msg_free(&m);
+    free(buf);
+    free(big);
 }
 
 /* ------------------------------------------- decoding, table of cases */
@@ -1238,7 +1371,10 @@ static void write_seed_corpus(const char *dir) {
                    {"golden_ready", GOLDEN_READY},
                    {"golden_pull_ext", GOLDEN_PULL_EXT},
                    {"golden_complete_ext", GOLDEN_COMPLETE_EXT},
-                   {"golden_complete_shm", GOLDEN_COMPLETE_SHM}};
+                   {"golden_complete_shm", GOLDEN_COMPLETE_SHM},
+                   {"golden_complete_batch", GOLDEN_COMPLETE_BATCH},
+                   {"golden_pull_batch", GOLDEN_PULL_BATCH},
+                   {"golden_done", GOLDEN_DONE}};
     unsigned char raw[512];
     for (size_t i = 0; i < ECT_ARRAY_LEN(goldens); i++)
         write_seed(dir, goldens[i].name, raw, unhex(goldens[i].hex, raw, sizeof raw));
@@ -1482,6 +1618,7 @@ int main(void) {
         cmocka_unit_test(test_round_trip_request),
         cmocka_unit_test(test_largest_messages_fit_bounds),
         cmocka_unit_test(test_golden_bytes),
+        cmocka_unit_test(test_batch_messages),
         cmocka_unit_test(test_pull_packer_matches_msgpack_c),
         cmocka_unit_test(test_fast_path_matches_general),
         cmocka_unit_test(test_reject_by_class),

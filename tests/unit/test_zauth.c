@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "pull/pull_internal.h"
 #include "push/control_client.h"
 #include "testutil.h"
 #include "ctl_req.h"
@@ -462,6 +463,27 @@ static void test_pull_keys_on(void **state) {
     if (ect_pull_consumer_load(c, "h-keys", &meta, &v)) fail_msg("load: %s", ect_last_error());
     assert_true(test_check_pattern(v.data, n, 7));
     assert_int_equal(ect_pull_consumer_release(c, "h-keys"), 0);
+    /* a set of two after that first completion (it offered ect_batch): one
+     * ECTransferPullBatch and its ECTransferDone over libzmq's DEALER and ROUTER */
+    void *d2 = malloc(n);
+    test_fill_pattern(d2, n, 8);
+    assert_int_equal(
+        ect_pull_producer_save(p, "h-keys-2", d2, n, shape, 1, "uint8", on_release, NULL), 0);
+    assert_int_equal(ect_pull_producer_flush(p, DEADLINE_MS), 0);
+    assert_int_equal(ect_pool_remove(ect_pull_consumer_pool(c), "h-keys"), 0);
+    const char *hs[2] = {"h-keys", "h-keys-2"};
+    ect_pull_meta ms[2] = {meta, meta};
+    ect_pull_view vs[2];
+    int sts[2];
+    if (ect_pull_consumer_load_many(c, 2, hs, ms, vs, sts))
+        fail_msg("load_many: %s", ect_last_error());
+    assert_true(test_check_pattern(vs[0].data, n, 7) && test_check_pattern(vs[1].data, n, 8));
+    assert_int_equal(ect_pull_consumer_release(c, "h-keys"), 0);
+    assert_int_equal(ect_pull_consumer_release(c, "h-keys-2"), 0);
+    uint64_t batches, dones;
+    pull_producer_batches(p, &batches, &dones);
+    assert_int_equal(batches, 1);
+    assert_true(dones >= 1);
     ect_pull_consumer_close(c);
     /* an unknown key: the load fails, nothing is written */
     co.curve_keys = k->unk;
