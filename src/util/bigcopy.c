@@ -10,9 +10,11 @@
 
 #include "util/bigcopy.h"
 
-/* The caller spins this many times (a pause each, ~50 ns) for the helper's
- * last chunk (~20 us at 12 GB/s) before it sleeps on the futex. */
-#define WAIT_SPINS 2000u
+/* The caller spins this many times (a pause each, 30-50 ns here: ~15-25 us
+ * in all, one chunk's copy at 12 GB/s) for the helper's last chunk before it
+ * sleeps on the futex; longer would only burn the CPU when the helper was
+ * put on the caller's own core (2 busy cores) and cannot run meanwhile. */
+#define WAIT_SPINS 500u
 
 typedef struct bc_job {
     uint8_t *dst;
