@@ -3,6 +3,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -30,6 +31,9 @@ static uint32_t done_seq; /* futex: bumped when the helper is done with a job */
 static int mode = ECT_BIGCOPY_NORMAL;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static bool helper_up;
+static pid_t helper_tid, helper_pid; /* set by the helper; pid: not a forked child's copy */
+static cpu_set_t allowed;            /* the helper's CPUs as it started */
+static int pinned_off = -1;          /* the CPU the helper was last kept off (slot owner only) */
 static uint64_t n_posted, n_joined, n_chunks;
 
 static void futex_wait(uint32_t *w, uint32_t val) {
@@ -70,6 +74,10 @@ static int64_t claim(bc_job *j, bool back) {
 static void *helper_main(void *arg) {
     (void)arg;
     pthread_setname_np(pthread_self(), "ect-copy");
+    if (sched_getaffinity(0, sizeof allowed, &allowed) == 0) {
+        __atomic_store_n(&helper_pid, getpid(), __ATOMIC_RELAXED);
+        __atomic_store_n(&helper_tid, (pid_t)syscall(SYS_gettid), __ATOMIC_RELEASE);
+    }
     for (;;) {
         uint32_t seq = __atomic_load_n(&wake_seq, __ATOMIC_ACQUIRE);
         bc_job *j = __atomic_exchange_n(&slot, NULL, __ATOMIC_ACQ_REL);
@@ -116,6 +124,21 @@ static void wait_helper(bc_job *j) {
     }
 }
 
+/* Keeps the helper off the caller's CPU (called by the slot's owner, so
+ * one at a time): a woken thread is often queued on its waker's CPU, where
+ * the two would take turns instead of copying at once. Only when the CPU
+ * changed since last time, and only within the CPUs the helper may use. */
+static void keep_off_caller_cpu(void) {
+    pid_t tid = __atomic_load_n(&helper_tid, __ATOMIC_ACQUIRE);
+    int cpu = sched_getcpu();
+    if (!tid || cpu < 0 || cpu >= CPU_SETSIZE || cpu == pinned_off ||
+        __atomic_load_n(&helper_pid, __ATOMIC_RELAXED) != getpid())
+        return;
+    cpu_set_t m = allowed;
+    CPU_CLR(cpu, &m);
+    if (CPU_COUNT(&m) > 0 && sched_setaffinity(tid, sizeof m, &m) == 0) pinned_off = cpu;
+}
+
 void ect_bigcopy(void *dst, const void *src, size_t n) {
     int md = __atomic_load_n(&mode, __ATOMIC_RELAXED);
     size_t nch = (n + ECT_BIGCOPY_CHUNK - 1) / ECT_BIGCOPY_CHUNK;
@@ -132,6 +155,7 @@ void ect_bigcopy(void *dst, const void *src, size_t n) {
         return;
     }
     __atomic_add_fetch(&n_posted, 1, __ATOMIC_RELAXED);
+    keep_off_caller_cpu();
     __atomic_add_fetch(&wake_seq, 1, __ATOMIC_RELEASE);
     futex_wake(&wake_seq, 1);
     if (md != ECT_BIGCOPY_HELPER_ONLY) {

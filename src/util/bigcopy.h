@@ -16,6 +16,10 @@
  * the chunk the helper is copying when the caller runs out of chunks, so the
  * call returns with every byte in place and the helper done with the job.
  *
+ * The helper is kept off the caller's CPU (its affinity, set again when
+ * the caller's CPU changed): woken from the caller, it would often be queued
+ * on the caller's own CPU and the two would take turns.
+ *
  * Copies under ECT_BIGCOPY_MIN bytes are a plain memcpy on the caller's
  * thread (a wake-up costs more than the half of a small copy saves).
  * Threading: any thread may call ect_bigcopy; one job runs with the helper
