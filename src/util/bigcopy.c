@@ -33,7 +33,7 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static bool helper_up;
 static pid_t helper_tid, helper_pid; /* set by the helper; pid: not a forked child's copy */
 static cpu_set_t allowed;            /* the helper's CPUs as it started */
-static int pinned_off = -1;          /* the CPU the helper was last kept off (slot owner only) */
+static int pinned_off = -1;          /* the CPU the helper was last kept off */
 static uint64_t n_posted, n_joined, n_chunks;
 
 static void futex_wait(uint32_t *w, uint32_t val) {
@@ -124,19 +124,21 @@ static void wait_helper(bc_job *j) {
     }
 }
 
-/* Keeps the helper off the caller's CPU (called by the slot's owner, so
- * one at a time): a woken thread is often queued on its waker's CPU, where
- * the two would take turns instead of copying at once. Only when the CPU
- * changed since last time, and only within the CPUs the helper may use. */
+/* Keeps the helper off the caller's CPU: a woken thread is often queued on
+ * its waker's CPU, where the two would take turns instead of copying at
+ * once. Only when the CPU changed since last time, and only within the
+ * CPUs the helper may use (two callers at once at worst both set it). */
 static void keep_off_caller_cpu(void) {
     pid_t tid = __atomic_load_n(&helper_tid, __ATOMIC_ACQUIRE);
     int cpu = sched_getcpu();
-    if (!tid || cpu < 0 || cpu >= CPU_SETSIZE || cpu == pinned_off ||
+    if (!tid || cpu < 0 || cpu >= CPU_SETSIZE ||
+        cpu == __atomic_load_n(&pinned_off, __ATOMIC_RELAXED) ||
         __atomic_load_n(&helper_pid, __ATOMIC_RELAXED) != getpid())
         return;
     cpu_set_t m = allowed;
     CPU_CLR(cpu, &m);
-    if (CPU_COUNT(&m) > 0 && sched_setaffinity(tid, sizeof m, &m) == 0) pinned_off = cpu;
+    if (CPU_COUNT(&m) > 0 && sched_setaffinity(tid, sizeof m, &m) == 0)
+        __atomic_store_n(&pinned_off, cpu, __ATOMIC_RELAXED);
 }
 
 void ect_bigcopy(void *dst, const void *src, size_t n) {
