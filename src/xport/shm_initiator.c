@@ -63,6 +63,7 @@
 
 #include "mem/cuda.h"
 #include "mem/memkind.h"
+#include "util/bigcopy.h"
 #include "util/util.h"
 #include "xport/auth.h"
 #include "xport/shm.h"
@@ -287,12 +288,13 @@ static int map_ipc(shm_conn *c, const shm_grant_entry *e, uint64_t token) {
 }
 
 /* Puts len bytes from src (kind skind on device sdev) at dst inside map m:
- * memcpy between host memory, else one driver copy, waited for. */
+ * memcpy between host memory (a large one on two threads, util/bigcopy),
+ * else one driver copy, waited for. */
 static int put_bytes(const shm_map *m, uint8_t *dst, const void *src, uint64_t len, int skind,
                      int sdev) {
     if (!len) return 0;
     if (m->kind != ECT_MEM_CUDA && skind != ECT_MEM_CUDA) {
-        memcpy(dst, src, (size_t)len);
+        ect_bigcopy(dst, src, (size_t)len);
         return 0;
     }
     return cuda_copy(dst, src, len, m->kind == ECT_MEM_CUDA ? m->dev : sdev);
