@@ -136,6 +136,31 @@ static void bench_id(char buf[64], const char *prefix, uint64_t v) {
     buf[lp + n] = '\0';
 }
 
+#define PING_N 300
+#define PING_BLOCK 16           /* round trips per block between steps */
+#define PING_EVERY_NS 50000000u /* a block every 50 ms of the timed push */
+
+/* Where a row's control round trips are timed and the samples taken
+ * between its steps. */
+typedef struct pinger {
+    const char *host;
+    int port;
+    uint64_t rtt[PING_N + PING_BLOCK];
+    size_t n;
+    bool off; /* a block failed: no more between steps */
+} pinger;
+
+/* One block of round trips into pg (while room is left); its time is the
+ * caller's to leave out of the push's span. A block that fails stops the
+ * blocks (run_ping then times its own, and says why those fail). */
+static void ping_block(pinger *pg) {
+    if (pg->off || PING_N + PING_BLOCK - pg->n < PING_BLOCK) return;
+    if (ect_push_ping(pg->host, pg->port, 30000, pg->rtt + pg->n, PING_BLOCK) == 0)
+        pg->n += PING_BLOCK;
+    else
+        pg->off = true;
+}
+
 /* Pushes steps of k items of n bytes until `secs` pass (at least 3 steps),
  * keeping up to `inflight` steps in flight: a new step is queued and flushed
  * as soon as fewer than `inflight` steps' items are unfinished. With inflight
@@ -146,11 +171,16 @@ static void bench_id(char buf[64], const char *prefix, uint64_t v) {
  * the previous one's results:
  * it is flushed and waited for in one call (ect_push_producer_flush_poll, which
  * runs a lone step on this thread), as a latency-bound caller would.
+ * With inflight 1 and pg, a block of bare control round trips (the row's
+ * latency limit, run_ping) is timed every PING_EVERY_NS between two steps
+ * of the timed push, its time left out of the span like the clearing: the
+ * limit is sampled across the same seconds as the steps it is set beside
+ * (this machine swings between states within seconds).
  * The warm-up runs `inflight` steps, and for warm_s seconds. With s NULL (a
  * remote consumer) nothing is cleared here: the server does it. */
 static int run_push(shard *s, const char *addr, ect_push_producer *p, void **src, size_t k,
                     uint64_t n, double secs, double warm_s, size_t inflight, uint64_t *serial,
-                    row *r) {
+                    pinger *pg, row *r) {
     uint64_t shape[1] = {n / 2};
     size_t rcap = k * inflight;
     ect_push_result *res = calloc(rcap, sizeof *res);
@@ -167,6 +197,7 @@ static int run_push(shard *s, const char *addr, ect_push_producer *p, void **src
     for (int warm = 1; warm >= 0 && !rc; warm--) {
         ect_push_producer_stats(p, &st0);
         uint64_t t_start = cli_now_ns(), clear_ns = 0, cpu0 = cpu_ns();
+        uint64_t next_ping = t_start + PING_EVERY_NS;
         uint64_t t_end = t_start + (uint64_t)(secs * 1e9);
         uint64_t warm_end = t_start + (uint64_t)(warm_s * 1e9);
         size_t started = 0, outstanding = 0, done_items = 0;
@@ -223,9 +254,13 @@ static int run_push(shard *s, const char *addr, ect_push_producer *p, void **src
                 if (!rc && s) rc = shard_clear_one(s, res[i].transfer_id);
             }
             if (m && s) ect_push_consumer_evict(s->c, SIZE_MAX);
-            clear_ns += cli_now_ns() - c0;
             outstanding -= m;
             done_items += m;
+            if (!rc && !warm && inflight == 1 && !outstanding && cli_now_ns() >= next_ping) {
+                ping_block(pg); /* between two steps: nothing in flight */
+                next_ping = cli_now_ns() + PING_EVERY_NS;
+            }
+            clear_ns += cli_now_ns() - c0;
         }
         if (!warm) {
             busy_ns = cli_now_ns() - t_start - (inflight == 1 ? clear_ns : 0);
@@ -288,21 +323,23 @@ static int run_raw(shard *s, ect_xport *ini, void **src, size_t k, uint64_t n, d
     return rc;
 }
 
-#define PING_N 300
-
-/* The latency limit of a row: PING_N bare control round trips to host:port
- * (ect_push_ping: the producer's REQ client, op event_port) right after the
- * row's push, their p50 in r->rtt_ms, and r->lat_ratio = push p50 / (2 x rtt
- * + raw p50): a step with one in flight is a reserve and a complete round
- * trip around one write of its items. Only for rows with one step in flight
- * (with more, a step also waits behind the others). */
-static int run_ping(const char *host, int port, size_t fl, row *r) {
+/* The latency limit of a row: bare control round trips to the shard
+ * (ect_push_ping: the producer's control client, op event_port), the blocks
+ * timed between the push's steps (run_push) and, when those are fewer than
+ * PING_N (a short row), PING_N right after; their p50 in r->rtt_ms, and
+ * r->lat_ratio = push p50 / (2 x rtt + raw p50): a step with one in flight
+ * is a reserve and a complete round trip around one write of its items.
+ * Only for rows with one step in flight (with more, a step also waits
+ * behind the others). */
+static int run_ping(pinger *pg, size_t fl, row *r) {
     if (fl != 1) return 0;
-    uint64_t rtt[PING_N];
-    int rc = ect_push_ping(host, port, 30000, rtt, PING_N);
-    if (rc) return rc;
-    cli_sort_u64(rtt, PING_N);
-    r->rtt_ms = (double)cli_pct_u64(rtt, PING_N, 50) / 1e6;
+    if (pg->n < PING_N) {
+        int rc = ect_push_ping(pg->host, pg->port, 30000, pg->rtt, PING_N);
+        if (rc) return rc;
+        pg->n = PING_N;
+    }
+    cli_sort_u64(pg->rtt, pg->n);
+    r->rtt_ms = (double)cli_pct_u64(pg->rtt, pg->n, 50) / 1e6;
     r->lat_ratio = r->p50_ms / (2 * r->rtt_ms + r->raw_p50_ms);
     return 0;
 }
@@ -394,9 +431,10 @@ static int local_case(void *ctx, const cases *cs, uint64_t n, size_t k, size_t f
     local_ctx *l = ctx;
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", ect_push_consumer_port(l->s->c));
-    int e = run_push(l->s, addr, l->p, cs->src, k, n, cs->secs, 0, fl, cs->serial, r);
+    pinger pg = {.host = "127.0.0.1", .port = ect_push_consumer_port(l->s->c)};
+    int e = run_push(l->s, addr, l->p, cs->src, k, n, cs->secs, 0, fl, cs->serial, &pg, r);
     if (!e) e = run_raw(l->s, l->ini, cs->src, k, n, cs->secs, r);
-    return e ? e : run_ping("127.0.0.1", ect_push_consumer_port(l->s->c), fl, r);
+    return e ? e : run_ping(&pg, fl, r);
 }
 
 typedef struct remote_ctx {
@@ -408,7 +446,9 @@ typedef struct remote_ctx {
 /* Two hosts: the push to the server's shard, then raw TCP to the same server. */
 static int remote_case(void *ctx, const cases *cs, uint64_t n, size_t k, size_t fl, row *r) {
     remote_ctx *m = ctx;
-    int e = run_push(NULL, m->addr, m->p, cs->src, k, n, cs->secs, cs->warm, fl, cs->serial, r);
+    pinger pg = {.host = m->host, .port = m->push_port};
+    int e =
+        run_push(NULL, m->addr, m->p, cs->src, k, n, cs->secs, cs->warm, fl, cs->serial, &pg, r);
     if (e) return e;
     cli_timing lim = {0};
     if (bench_remote_raw(m->host, m->port, cs->src, k, (size_t)n, cs->warm, cs->secs, &lim) == 0) {
@@ -417,7 +457,7 @@ static int remote_case(void *ctx, const cases *cs, uint64_t n, size_t k, size_t 
     } else {
         fprintf(stderr, "ect bench push: client: raw TCP limit to %s failed\n", m->host);
     }
-    if (run_ping(m->host, m->push_port, fl, r) != 0)
+    if (run_ping(&pg, fl, r) != 0)
         fprintf(stderr, "ect bench push: client: control round trips to %s failed: %s\n", m->host,
                 ect_last_error());
     return 0;
@@ -561,7 +601,9 @@ static void help(void) {
            "the whole process (producer and shard, every thread) per item in microseconds\n"
            "(a per-item cost that a busy machine does not inflate much), raw GB/s and\n"
            "p50 of one raw batch (ms), with one step in flight the p50 of a bare control round\n"
-           "trip to the same shard (rtt ms: ect_push_ping, op event_port) and p50/lim = push\n"
+           "trip to the same shard (rtt ms: ect_push_ping, op event_port; a block of 16 every\n"
+           "50 ms between the row's steps, untimed, so limit and steps share their seconds)\n"
+           "and p50/lim = push\n"
            "p50 / (2 x rtt + raw p50) (a step is a reserve and a complete round trip around\n"
            "one write; '-' with more in flight), and ratio = push GB/s / raw GB/s.\n\n"
            "  --json            one JSON list of rows\n"
