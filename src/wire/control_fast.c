@@ -773,23 +773,15 @@ int wctl_fast_decode_reply(wire_ctl_op op, size_t expect, const void *buf, size_
                            wire_ctl_reply *out) {
     memset(out, 0, sizeof *out);
     if (wctl_fast_off || !buf || len > WIRE_CTL_MAX_FRAME) return WCTL_FALLBACK;
-    if (op == WIRE_OP_EVENT_PORT) {
-        jr r = {buf, (const unsigned char *)buf + len, false};
-        jr_ch(&r, '{');
-        jr_key(&r, "ok");
-        if (!jr_bool(&r)) return WCTL_FALLBACK;
-        jr_ch(&r, ',');
-        jr_key(&r, "result");
-        return rd_event_port_reply(&r, out);
-    }
     bool rsv = op == WIRE_OP_RESERVE_BATCH;
-    if (!rsv && op != WIRE_OP_COMPLETE_BATCH) return WCTL_FALLBACK;
+    if (!rsv && op != WIRE_OP_COMPLETE_BATCH && op != WIRE_OP_EVENT_PORT) return WCTL_FALLBACK;
     jr r = {buf, (const unsigned char *)buf + len, false};
-    jr_ch(&r, '{');
+    jr_ch(&r, '{'); /* {"ok":true,"result": ... */
     jr_key(&r, "ok");
     if (!jr_bool(&r)) return WCTL_FALLBACK;
     jr_ch(&r, ',');
     jr_key(&r, "result");
+    if (op == WIRE_OP_EVENT_PORT) return rd_event_port_reply(&r, out);
     jr_ch(&r, '{');
     jr_key(&r, "items");
     void *items = NULL;

@@ -779,16 +779,17 @@ static void test_consumer_timeout(void **st) {
     router_stop(&sr); /* its thread has sent every answer by now */
 }
 
-/* An upstream-style producer: answers with the two upstream fields only (no
- * token echo); the consumer matches by mm_hash. */
-static void *plain_main(void *arg) {
-    slow_router *sr = arg;
+/* What an upstream producer does with one ROUTER message: decodes it as an
+ * ECTransferPull and answers an ECTransferComplete with the two upstream
+ * fields only (no token echo, no offer). Returns 0 answered, 1 not a plain
+ * pull (nothing answered), -1 the socket closed. */
+static int upstream_answer(slow_router *sr) {
     char id[256], msg[4096];
     int idl = zmq_recv(sr->sock, id, sizeof id, 0);
     int ml = zmq_recv(sr->sock, msg, sizeof msg, 0);
-    if (idl <= 0 || ml <= 0) return NULL;
+    if (idl <= 0 || ml <= 0) return -1;
     wire_transfer_pull pl;
-    if (wire_transfer_pull_decode(msg, (size_t)ml, &pl) != 0) return NULL;
+    if (wire_transfer_pull_decode(msg, (size_t)ml, &pl) != 0) return 1;
     wire_transfer_complete c = {.mm_hash = pl.mm_hash, .status = 0};
     void *buf;
     size_t len;
@@ -798,6 +799,13 @@ static void *plain_main(void *arg) {
         free(buf);
     }
     wire_transfer_pull_free(&pl);
+    return 0;
+}
+
+/* An upstream-style producer: answers with the two upstream fields only (no
+ * token echo); the consumer matches by mm_hash. */
+static void *plain_main(void *arg) {
+    upstream_answer(arg);
     return NULL;
 }
 
@@ -882,24 +890,9 @@ static atomic_int upstream_bad;
 static void *upstream_sets_main(void *arg) {
     slow_router *sr = arg;
     for (int i = 0; i < 8; i++) {
-        char id[256], msg[4096];
-        int idl = zmq_recv(sr->sock, id, sizeof id, 0);
-        int ml = zmq_recv(sr->sock, msg, sizeof msg, 0);
-        if (idl <= 0 || ml <= 0) return NULL;
-        wire_transfer_pull pl;
-        if (wire_transfer_pull_decode(msg, (size_t)ml, &pl) != 0) {
-            atomic_fetch_add(&upstream_bad, 1);
-            continue;
-        }
-        wire_transfer_complete c = {.mm_hash = pl.mm_hash, .status = 0};
-        void *buf;
-        size_t len;
-        if (wire_transfer_complete_encode(&c, &buf, &len) == 0) {
-            zmq_send(sr->sock, id, (size_t)idl, ZMQ_SNDMORE);
-            zmq_send(sr->sock, buf, len, 0);
-            free(buf);
-        }
-        wire_transfer_pull_free(&pl);
+        int rc = upstream_answer(sr);
+        if (rc < 0) return NULL;
+        if (rc > 0) atomic_fetch_add(&upstream_bad, 1);
     }
     return NULL;
 }
