@@ -5,11 +5,15 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include "util/bigcopy.h"
+#include "util/util.h"
+
+#define MOD "bigcopy"
 
 /* The caller spins this many times (a pause each, 30-50 ns here: ~15-25 us
  * in all, one chunk's copy at 12 GB/s) for the helper's last chunk before it
@@ -97,8 +101,13 @@ static void *helper_main(void *arg) {
 }
 
 /* The helper thread, detached, with every signal blocked (they belong to
- * the application's threads). */
+ * the application's threads); none with ECT_COPY_THREADS=1. */
 static void helper_start(void) {
+    const char *e = getenv("ECT_COPY_THREADS");
+    if (e && strcmp(e, "2") != 0) {
+        if (strcmp(e, "1") == 0) return; /* every copy on its caller's thread */
+        ECT_LOGW(MOD, "ECT_COPY_THREADS=%.32s: must be 1 or 2; using 2", e);
+    }
     pthread_attr_t a;
     if (pthread_attr_init(&a) != 0) return;
     sigset_t all, old;

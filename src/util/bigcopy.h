@@ -22,6 +22,8 @@
  *
  * Copies under ECT_BIGCOPY_MIN bytes are a plain memcpy on the caller's
  * thread (a wake-up costs more than the half of a small copy saves).
+ * ECT_COPY_THREADS=1 in the environment (read at the first large copy)
+ * starts no helper: every copy on its caller's thread.
  * Threading: any thread may call ect_bigcopy; one job runs with the helper
  * at a time, the others copy alone.
  */

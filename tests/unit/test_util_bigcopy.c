@@ -6,7 +6,8 @@
  * a copy under the threshold never involves the helper; a process with no
  * helper thread (a child forked after it started: the helper's half never
  * runs) still copies every byte, with its job taken back; callers on several
- * threads at once each get their own bytes.
+ * threads at once each get their own bytes; ECT_COPY_THREADS=1 makes no
+ * helper.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -100,6 +101,42 @@ static void test_alone(void **state) {
     copy_sizes(ECT_BIGCOPY_ALONE);
 }
 
+/* In a child whose first large copy comes after ECT_COPY_THREADS=value is
+ * set (this process has made no helper yet: test_alone runs first and never
+ * asks for one): 0 when the copy is right and it was posted to a helper
+ * (want_posted) or not. */
+static int child_with_env(const char *value, bool want_posted) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv("ECT_COPY_THREADS", value, 1);
+        bufs b;
+        bufs_make(&b, 4718592 + 13, 21);
+        ect_bigcopy_stats s0, s1;
+        ect_bigcopy_stats_get(&s0);
+        ect_bigcopy(b.dst, b.src, b.n);
+        ect_bigcopy_stats_get(&s1);
+        bool ok = bufs_ok(&b) && (s1.posted == s0.posted + 1) == want_posted;
+        bufs_free(&b);
+        _exit(ok ? 0 : 1);
+    }
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+    return WEXITSTATUS(status);
+}
+
+/* ECT_COPY_THREADS=1: no helper, every copy on the caller's thread; 2 and
+ * a wrong value (warned about) keep the helper. */
+static void test_env_copy_threads(void **state) {
+    (void)state;
+    ect_bigcopy_stats s;
+    ect_bigcopy_stats_get(&s);
+    assert_int_equal(s.posted, 0); /* no helper asked for yet in this process */
+    ect_bigcopy_mode(ECT_BIGCOPY_NORMAL);
+    assert_int_equal(child_with_env("1", false), 0);
+    assert_int_equal(child_with_env("2", true), 0);
+    assert_int_equal(child_with_env("many", true), 0);
+}
+
 static void test_helper_only(void **state) {
     (void)state;
     copy_sizes(ECT_BIGCOPY_HELPER_ONLY);
@@ -176,6 +213,7 @@ static void test_callers_at_once(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_alone),
+        cmocka_unit_test(test_env_copy_threads), /* before any test makes the helper */
         cmocka_unit_test(test_helper_only),
         cmocka_unit_test(test_shared),
         cmocka_unit_test(test_no_helper_thread),
