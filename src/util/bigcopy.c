@@ -69,8 +69,7 @@ static int64_t claim(bc_job *j, bool back) {
         uint32_t f = (uint32_t)(e >> 32), b = (uint32_t)e;
         if (f >= b) return -1;
         uint64_t ne = back ? e - 1 : e + (1ull << 32);
-        if (__atomic_compare_exchange_n(&j->ends, &e, ne, true, __ATOMIC_RELAXED,
-                                        __ATOMIC_RELAXED))
+        if (__atomic_compare_exchange_n(&j->ends, &e, ne, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
             return back ? (int64_t)b - 1 : (int64_t)f;
     }
 }
@@ -160,8 +159,7 @@ void ect_bigcopy(void *dst, const void *src, size_t n) {
     }
     bc_job j = {dst, src, n, (uint64_t)nch, 0};
     bc_job *none = NULL;
-    if (!__atomic_compare_exchange_n(&slot, &none, &j, false, __ATOMIC_RELEASE,
-                                     __ATOMIC_RELAXED)) {
+    if (!__atomic_compare_exchange_n(&slot, &none, &j, false, __ATOMIC_RELEASE, __ATOMIC_RELAXED)) {
         memcpy(dst, src, n); /* another caller's job has the helper */
         return;
     }
