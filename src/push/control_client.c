@@ -106,14 +106,16 @@ static ctl_conn *conn_get(ctl_client *c, const char *addr, bool create) {
     return k;
 }
 
+/* The monitor is stopped before its reader closes: an event libzmq's I/O
+ * thread sends to a monitor whose reader is gone blocks it for good (a
+ * PAIR with no peer) while it holds the monitor's lock, which stopping the
+ * monitor then waits for (a hang seen in test_zauth under load). */
 static void conn_drop_socket(ctl_conn *k) {
     ctl_link_close(k->link);
     k->link = NULL;
+    if (k->sock) zmq_socket_monitor(k->sock, NULL, 0);
     if (k->mon) zmq_close(k->mon);
-    if (k->sock) {
-        zmq_socket_monitor(k->sock, NULL, 0);
-        zmq_close(k->sock);
-    }
+    if (k->sock) zmq_close(k->sock);
     k->sock = k->mon = NULL;
     k->up = k->lost = false;
 }
