@@ -396,6 +396,15 @@ static void *zsock(void *ctx, int type) {
     return s;
 }
 
+/* A socket of ctx (zsock) connected to p's ROUTER. */
+static void *producer_sock(void *ctx, int type, ect_pull_producer *p) {
+    void *s = zsock(ctx, type);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", ect_pull_producer_port(p));
+    assert_int_equal(zmq_connect(s, ep), 0);
+    return s;
+}
+
 static void send_pull(void *dealer, const char *h, uint64_t ptr, uint64_t off, const char *sess,
                       const char *key, uint64_t token) {
     wire_transfer_pull m = {.mm_hash = (char *)h,
@@ -453,10 +462,7 @@ static void test_raw_router(void **st) {
     save_item(p, "raw", 8192, 77);
     assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
     void *ctx = zmq_ctx_new();
-    void *d = zsock(ctx, ZMQ_DEALER);
-    char ep[64];
-    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", ect_pull_producer_port(p));
-    assert_int_equal(zmq_connect(d, ep), 0);
+    void *d = producer_sock(ctx, ZMQ_DEALER, p);
     /* garbage: not msgpack, a reply type, two payload frames */
     assert_true(zmq_send(d, "\xc1", 1, 0) == 1);
     wire_transfer_complete wc = {.mm_hash = "raw", .status = 0};
@@ -612,10 +618,7 @@ static void test_req_envelope(void **st) {
     save_item(p, "inv-b", 200, 2);
     assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
     void *ctx = zmq_ctx_new();
-    void *q = zsock(ctx, ZMQ_REQ);
-    char ep[64];
-    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", ect_pull_producer_port(p));
-    assert_int_equal(zmq_connect(q, ep), 0);
+    void *q = producer_sock(ctx, ZMQ_REQ, p);
     char *filter[2] = {"inv-b", "not-there"};
     wire_transfer_request r = {
         .request_id = "req-1", .consumer_session_id = "c", .mm_hashes = filter, .n_mm_hashes = 2};
@@ -1237,10 +1240,7 @@ static void test_raw_batch(void **st) {
     save_item(p, "b1", 4096, 91);
     assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
     void *ctx = zmq_ctx_new();
-    void *d = zsock(ctx, ZMQ_DEALER);
-    char ep[64];
-    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", ect_pull_producer_port(p));
-    assert_int_equal(zmq_connect(d, ep), 0);
+    void *d = producer_sock(ctx, ZMQ_DEALER, p);
     ect_xport *x = NULL;
     assert_int_equal(ect_xport_open("tcp", NULL, &x), 0);
     size_t rl = 64 * KiB;
@@ -1388,10 +1388,7 @@ static void test_shm_ready_write_refusals(void **st) {
     save_item(p, "rw", ITEM, 41);
     assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
     void *ctx = zmq_ctx_new();
-    void *d = zsock(ctx, ZMQ_DEALER);
-    char ep[64];
-    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", ect_pull_producer_port(p));
-    assert_int_equal(zmq_connect(d, ep), 0);
+    void *d = producer_sock(ctx, ZMQ_DEALER, p);
     ect_xport *x = NULL;
     assert_int_equal(ect_xport_open("shm", NULL, &x), 0);
     size_t rl = 64 * KiB;
