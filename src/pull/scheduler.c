@@ -12,7 +12,13 @@
  * again each time the SUB's handshake completes (a second monitor): a
  * notification published while the SUB was still connecting is lost
  * (PUB/SUB's slow joiner), and an answer to the first request may predate
- * that item, so the request after the SUB is in covers it.
+ * that item, so the request after the SUB is in covers it. The handshake
+ * is not yet the subscription: the PUB applies it a moment later, and the
+ * request sent at the handshake may be answered before that, so an item
+ * published in between would reach neither the SUB nor the answer. So it is
+ * asked once more when the first notification after a handshake arrives
+ * (the subscription is then applied: anything published before is in the
+ * answer), or request_retry_ms after the handshake when none arrives.
  *
  * Producer restarts: each message carries producer_session_id. The first
  * one seen is adopted; a different one later means the producer at this
@@ -50,7 +56,9 @@ struct ect_pull_scheduler {
     char session[WIRE_PULL_MAX_STR + 1]; /* "" until the first message */
     char request_id[ECT_ID_LEN + 1];     /* the inventory request in flight */
     uint64_t request_ms;
+    uint64_t sub_ms; /* when the SUB's latest handshake was seen */
     bool synced;
+    bool sub_fresh; /* a handshake seen, its subscription not yet shown applied */
     avail *table;
     ect_pull_scheduler_stat st;
 };
@@ -131,6 +139,10 @@ static void on_frame(ect_pull_scheduler *s, const void *buf, size_t len, bool fr
         s->st.notifications++;
         see_session(s, m.u.notification.producer_session_id);
         add_items(s, m.u.notification.items, m.u.notification.n_items);
+        if (s->sub_fresh) { /* the subscription is applied: ask what came before it */
+            s->sub_fresh = false;
+            ask_inventory(s);
+        }
     } else if (m.type == WIRE_PULL_READY && from_dealer) {
         if (strcmp(m.u.ready.request_id, s->request_id) != 0) {
             ECT_LOGD(MOD, "ECTransferReady for an older request dropped");
@@ -184,6 +196,8 @@ static void drain_sub_monitor(ect_pull_scheduler *s) {
         if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
             ECT_LOGD(MOD, "SUB connected to %s: asking its inventory", s->producer);
             ask_inventory(s);
+            s->sub_fresh = true;
+            s->sub_ms = ect_now_ms();
         }
     }
 }
@@ -204,7 +218,13 @@ int ect_pull_scheduler_poll(ect_pull_scheduler *s) {
     if (s->sub_mon) drain_sub_monitor(s);
     drain(s, s->sub, false);
     drain(s, s->dealer, true);
-    if (!s->synced && ect_now_ms() - s->request_ms >= (uint64_t)s->retry_ms) ask_inventory(s);
+    uint64_t now = ect_now_ms();
+    if (s->sub_fresh && now - s->sub_ms >= (uint64_t)s->retry_ms) {
+        s->sub_fresh = false; /* nothing published since: the subscription is in by now */
+        ask_inventory(s);
+    } else if (!s->synced && now - s->request_ms >= (uint64_t)s->retry_ms) {
+        ask_inventory(s);
+    }
     return 0;
 }
 

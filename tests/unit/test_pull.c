@@ -73,18 +73,20 @@ static ect_pull_consumer *open_consumer(const char *transport, int port, uint64_
     return c;
 }
 
-static ect_pull_scheduler *open_scheduler(int port) {
+static ect_pull_scheduler *open_scheduler_retry(int port, int retry_ms) {
     char a[64];
     addr_of(port, a, sizeof a);
     ect_pull_scheduler_opts o;
     ect_pull_scheduler_opts_init(&o);
     o.producer = a;
-    o.request_retry_ms = 200;
+    o.request_retry_ms = retry_ms;
     ect_pull_scheduler *s = NULL;
     int rc = ect_pull_scheduler_open(&o, &s);
     if (rc) fail_msg("scheduler open: %s", ect_last_error());
     return s;
 }
+
+static ect_pull_scheduler *open_scheduler(int port) { return open_scheduler_retry(port, 200); }
 
 /* Polls has() for up to ms; returns its last answer. */
 static int wait_has(ect_pull_scheduler *s, const char *h, ect_pull_meta *m, int ms) {
@@ -1813,6 +1815,156 @@ static void test_sub_malformed(void **st) {
     zmq_ctx_term(ctx);
 }
 
+/* ---- the slow joiner's last gap: published after the answer, before the subscription */
+
+typedef struct fake_pub {
+    void *ctx, *xpub, *router;
+    int port;                 /* the ROUTER's; the XPUB is on port + 1 */
+    wire_pull_item items[2];  /* the inventory: what was "published" so far */
+    size_t n_items;
+    int requests;             /* ECTransferRequests answered */
+} fake_pub;
+
+/* An XPUB (manual: a subscription counts only once applied here) at P + 1
+ * and a ROUTER at P, as a producer's PUB and ROUTER. */
+static void fake_pub_open(fake_pub *f) {
+    memset(f, 0, sizeof *f);
+    f->ctx = zmq_ctx_new();
+    for (int i = 0; i < 50 && !f->port; i++) {
+        f->xpub = zsock(f->ctx, ZMQ_XPUB);
+        int one = 1;
+        zmq_setsockopt(f->xpub, ZMQ_XPUB_MANUAL, &one, sizeof one);
+        assert_int_equal(zmq_bind(f->xpub, "tcp://127.0.0.1:*"), 0);
+        char last[128], ep[64];
+        size_t ll = sizeof last;
+        zmq_getsockopt(f->xpub, ZMQ_LAST_ENDPOINT, last, &ll);
+        int p = atoi(strrchr(last, ':') + 1) - 1;
+        f->router = zsock(f->ctx, ZMQ_ROUTER);
+        snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", p);
+        if (zmq_bind(f->router, ep) == 0) {
+            f->port = p;
+        } else {
+            zmq_close(f->router);
+            zmq_close(f->xpub);
+        }
+    }
+    assert_true(f->port > 0);
+}
+
+static void fake_pub_close(fake_pub *f) {
+    zmq_close(f->router);
+    zmq_close(f->xpub);
+    zmq_ctx_term(f->ctx);
+}
+
+/* Answers every ECTransferRequest queued on the ROUTER with the inventory. */
+static void fake_pub_answer(fake_pub *f) {
+    for (;;) {
+        char id[256], buf[4096];
+        int il = zmq_recv(f->router, id, sizeof id, ZMQ_DONTWAIT);
+        if (il < 0) return;
+        int len = zmq_recv(f->router, buf, sizeof buf, 0);
+        assert_true(len > 0 && len < (int)sizeof buf);
+        wire_pull_msg m;
+        assert_int_equal(wire_pull_decode_any(buf, (size_t)len, &m), 0);
+        assert_int_equal(m.type, WIRE_PULL_REQUEST);
+        wire_transfer_ready r = {.request_id = m.u.request.request_id,
+                                 .items = f->items,
+                                 .n_items = f->n_items,
+                                 .producer_session_id = "sess-gap"};
+        void *out;
+        size_t ol;
+        assert_int_equal(wire_transfer_ready_encode(&r, &out, &ol), 0);
+        zmq_send(f->router, id, (size_t)il, ZMQ_SNDMORE);
+        zmq_send(f->router, out, ol, 0);
+        free(out);
+        wire_pull_msg_free(&m);
+        f->requests++;
+    }
+}
+
+/* Adds name to the inventory and publishes it on the XPUB. */
+static void fake_pub_publish(fake_pub *f, const char *name) {
+    wire_pull_item *it = &f->items[f->n_items++];
+    *it = (wire_pull_item){.mm_hash = (char *)name, .ndim = 1, .shape = {16}, .num_bytes = 16};
+    snprintf(it->dtype, sizeof it->dtype, "uint8");
+    wire_hash_notification n = {.items = it, .n_items = 1, .producer_session_id = "sess-gap"};
+    void *buf;
+    size_t len;
+    assert_int_equal(wire_hash_notification_encode(&n, &buf, &len), 0);
+    assert_int_equal(zmq_send(f->xpub, buf, len, 0), (int)len);
+    free(buf);
+}
+
+/* The scheduler's inventory requests (at open, at the SUB's handshake) are
+ * answered before the PUB applies the subscription; "gap" is published
+ * right then: the SUB cannot get it and no answer holds it. Once the
+ * subscription is in, "after" is published: its arrival must make the
+ * scheduler ask again, and learn "gap". Without that it never knows "gap"
+ * (this fails at the deadline). */
+/* Opens a scheduler on f (retry_ms), answers its two inventory requests (at
+ * open, at the SUB's handshake) while the subscription is not applied, then
+ * publishes "gap" (dropped: nobody subscribed yet) and applies it. */
+static ect_pull_scheduler *gap_open(fake_pub *f, int retry_ms, uint64_t end) {
+    fake_pub_open(f);
+    ect_pull_scheduler *s = open_scheduler_retry(f->port, retry_ms);
+    char sub[64];
+    int sl = zmq_recv(f->xpub, sub, sizeof sub, 0); /* the subscription, not applied yet */
+    assert_int_equal(sl, 1);
+    assert_int_equal(sub[0], 1);
+    while (f->requests < 2 && ect_now_ms() < end) {
+        ect_pull_scheduler_poll(s);
+        fake_pub_answer(f);
+        usleep(1000);
+    }
+    assert_int_equal(f->requests, 2);
+    fake_pub_publish(f, "gap");
+    assert_int_equal(zmq_setsockopt(f->xpub, ZMQ_SUBSCRIBE, "", 0), 0);
+    return s;
+}
+
+static void test_sub_joiner_gap(void **st) {
+    (void)st;
+    fake_pub f;
+    uint64_t end = ect_now_ms() + 60000;
+    /* a long retry: no timed re-ask may come before "gap" is published */
+    ect_pull_scheduler *s = gap_open(&f, 600000, end);
+    fake_pub_publish(&f, "after");
+    int r = 0;
+    while (!(r = ect_pull_scheduler_has(s, "gap", NULL)) && ect_now_ms() < end) {
+        fake_pub_answer(&f);
+        usleep(1000);
+    }
+    assert_int_equal(r, 1);
+    assert_int_equal(ect_pull_scheduler_has(s, "after", NULL), 1);
+    assert_int_equal(f.requests, 3);
+    ect_pull_scheduler_stat ss;
+    ect_pull_scheduler_stats(s, &ss);
+    assert_int_equal(ss.notifications, 1); /* "gap" never came on the SUB */
+    ect_pull_scheduler_close(s);
+    fake_pub_close(&f);
+}
+
+/* The same gap with nothing published after it: request_retry_ms after the
+ * handshake the scheduler asks once more on its own and learns "gap". */
+static void test_sub_joiner_gap_quiet(void **st) {
+    (void)st;
+    fake_pub f;
+    uint64_t end = ect_now_ms() + 60000;
+    ect_pull_scheduler *s = gap_open(&f, 200, end);
+    int r = 0;
+    while (!(r = ect_pull_scheduler_has(s, "gap", NULL)) && ect_now_ms() < end) {
+        fake_pub_answer(&f);
+        usleep(1000);
+    }
+    assert_int_equal(r, 1);
+    ect_pull_scheduler_stat ss;
+    ect_pull_scheduler_stats(s, &ss);
+    assert_int_equal(ss.notifications, 0);
+    ect_pull_scheduler_close(s);
+    fake_pub_close(&f);
+}
+
 /* ---- bad options and arguments */
 
 static void test_bad_args(void **st) {
@@ -1925,6 +2077,8 @@ int main(void) {
         cmocka_unit_test(test_connect_policy),
         cmocka_unit_test(test_tarpit_holds_one_lane),
         cmocka_unit_test(test_sub_malformed),
+        cmocka_unit_test(test_sub_joiner_gap),
+        cmocka_unit_test(test_sub_joiner_gap_quiet),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
