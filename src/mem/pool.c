@@ -440,20 +440,26 @@ int ect_pool_put(ect_pool *p, const char *mm_hash, uint64_t offset, uint64_t nby
     return rc;
 }
 
-static int get(ect_pool *p, const char *mm_hash, bool lease, ect_resident_info *info) {
+static int get(ect_pool *p, const char *mm_hash, bool lease, bool quiet_miss,
+               ect_resident_info *info) {
     if (!p) return ect_set_error(ECT_EINVAL, "pool must not be NULL");
     pthread_mutex_lock(&p->mu);
-    int rc = resident_get(p->res, mm_hash, lease, info);
+    int rc = quiet_miss ? resident_try_get(p->res, mm_hash, lease, info)
+                        : resident_get(p->res, mm_hash, lease, info);
     pthread_mutex_unlock(&p->mu);
     return rc;
 }
 
 int ect_pool_acquire(ect_pool *p, const char *mm_hash, ect_resident_info *info) {
-    return get(p, mm_hash, true, info);
+    return get(p, mm_hash, true, false, info);
+}
+
+int pool_try_acquire(ect_pool *p, const char *mm_hash, ect_resident_info *info) {
+    return get(p, mm_hash, true, true, info);
 }
 
 int ect_pool_lookup(ect_pool *p, const char *mm_hash, ect_resident_info *info) {
-    return get(p, mm_hash, false, info);
+    return get(p, mm_hash, false, false, info);
 }
 
 int ect_pool_release(ect_pool *p, const char *mm_hash) {

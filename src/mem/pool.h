@@ -38,6 +38,13 @@ void pool_set_veto(ect_pool *pool, bool (*busy)(void *ctx, uint64_t offset, uint
  * ect_pool_alloc. Other errors are set as ect_pool_alloc sets them. */
 int pool_try_alloc(ect_pool *pool, uint64_t nbytes, uint64_t *offset);
 
+/* As ect_pool_acquire, except that an item that is not resident is a bare
+ * ECT_ENOTFOUND with no error text: for a caller to whom a miss is the
+ * usual answer (the pull consumer's resident check before each remote
+ * pull, where formatting the text cost more than the lookup). Other errors
+ * are set as ect_pool_acquire sets them. */
+int pool_try_acquire(ect_pool *pool, const char *mm_hash, ect_resident_info *info);
+
 /* Reads the resident items without counting as a use: fn(ctx, mm_hash,
  * info) for each of `filter` that is resident (in the filter's order), or for
  * every item (n_filter 0, oldest put first). fn runs under the pool's mutex

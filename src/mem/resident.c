@@ -185,11 +185,11 @@ static void fill_info(const rentry *e, ect_resident_info *info) {
     info->leases = e->leases;
 }
 
-int resident_get(resident_cache *c, const char *mm_hash, bool lease, ect_resident_info *info) {
+int resident_try_get(resident_cache *c, const char *mm_hash, bool lease, ect_resident_info *info) {
     int rc = check_hash(mm_hash);
     if (rc) return rc;
     rentry *e = find(c, mm_hash);
-    if (!e) return ect_set_error(ECT_ENOTFOUND, "mm_hash '%s' is not resident", mm_hash);
+    if (!e) return ECT_ENOTFOUND;
     if (lease) {
         if (e->leases == UINT32_MAX)
             return ect_set_error(ECT_EOVERFLOW, "mm_hash '%s' has too many leases", mm_hash);
@@ -201,6 +201,12 @@ int resident_get(resident_cache *c, const char *mm_hash, bool lease, ect_residen
     touch(c, e);
     fill_info(e, info);
     return 0;
+}
+
+int resident_get(resident_cache *c, const char *mm_hash, bool lease, ect_resident_info *info) {
+    int rc = resident_try_get(c, mm_hash, lease, info);
+    if (rc == ECT_ENOTFOUND) return ect_set_error(rc, "mm_hash '%s' is not resident", mm_hash);
+    return rc;
 }
 
 int resident_release(resident_cache *c, const char *mm_hash) {

@@ -72,6 +72,8 @@ int resident_put(resident_cache *c, const char *mm_hash, uint64_t offset, uint64
  * one lease when `lease` is true. Errors: ECT_ENOTFOUND; ECT_EOVERFLOW when
  * the lease count would overflow. */
 int resident_get(resident_cache *c, const char *mm_hash, bool lease, ect_resident_info *info);
+/* The same, except that a miss is a bare ECT_ENOTFOUND (no error text). */
+int resident_try_get(resident_cache *c, const char *mm_hash, bool lease, ect_resident_info *info);
 
 /* Drops one lease and marks the item most recently used. Errors:
  * ECT_ENOTFOUND; ECT_ESTATE when it holds no lease. */

@@ -24,6 +24,7 @@
 #include <string.h>
 #include <zmq.h>
 
+#include "mem/pool.h"
 #include "pull/dealer_link.h"
 #include "pull/pull_internal.h"
 #include "util/hostport.h"
@@ -184,6 +185,7 @@ typedef struct pend {
     bool win;       /* wkey is this pull's own write window */
     bool shared;    /* wkey is its load_many's one window (share_window), closed there */
     bool free_late; /* undone while under the shared window: freed once it is closed */
+    bool meta_ok;   /* meta equals one that passed check_meta in this load_many */
     void *msg;      /* its ECTransferPull, encoded, until sent */
     size_t len;
     bool done; /* its completion arrived: status, reason */
@@ -357,12 +359,9 @@ static void unprepare_pull(ect_pull_consumer *c, pend *pd) {
         ect_pool_free(c->pool, pd->off);
 }
 
-/* Checks meta and takes the pull's region, token and start time. On
- * failure nothing is left behind. The caller drained the monitor just
- * before (once for a whole load_many). */
-static int reserve_pull(ect_pull_consumer *c, pend *pd) {
-    const char *mm_hash = pd->mm_hash;
-    const ect_pull_meta *meta = pd->meta;
+/* The meta of a pull of mm_hash: present, within the pool's bounds, and
+ * its shape and dtype giving its nbytes (not 0). */
+static int check_meta(const char *mm_hash, const ect_pull_meta *meta) {
     if (!meta)
         return ect_set_error(ECT_EINVAL, "pull load: %s is not resident and meta is NULL", mm_hash);
     if (meta->ndim > ECT_POOL_MAX_NDIM)
@@ -372,6 +371,26 @@ static int reserve_pull(ect_pull_consumer *c, pend *pd) {
         wire_check_nbytes(meta->dtype, meta->shape, meta->ndim, meta->nbytes, "pull load meta");
     if (rc) return rc;
     if (meta->nbytes == 0) return ect_set_error(ECT_EINVAL, "pull load: meta.nbytes is 0");
+    return 0;
+}
+
+/* Whether meta a and b say the same (a set's items mostly share one: the
+ * dtype table's scan of check_meta then runs once a set, not once a pull). */
+static bool same_meta(const ect_pull_meta *a, const ect_pull_meta *b) {
+    if (a->nbytes != b->nbytes || a->ndim != b->ndim || a->ndim > ECT_POOL_MAX_NDIM) return false;
+    for (uint32_t i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i]) return false;
+    return strncmp(a->dtype, b->dtype, sizeof a->dtype) == 0;
+}
+
+/* Checks meta (unless pd->meta_ok) and takes the pull's region, token and
+ * start time. On failure nothing is left behind. The caller drained the
+ * monitor just before (once for a whole load_many). */
+static int reserve_pull(ect_pull_consumer *c, pend *pd) {
+    const char *mm_hash = pd->mm_hash;
+    const ect_pull_meta *meta = pd->meta;
+    int rc = pd->meta_ok ? 0 : check_meta(mm_hash, meta);
+    if (rc) return rc;
     uint64_t off;
     rc = ect_pool_alloc(c->pool, meta->nbytes, &off);
     if (rc)
@@ -626,7 +645,7 @@ static int finish_pull(ect_pull_consumer *c, pend *pd, ect_pull_view *view) {
 /* The resident copy of mm_hash, leased into *view: 0, or ECT_ENOTFOUND. */
 static int load_local(ect_pull_consumer *c, const char *mm_hash, ect_pull_view *view) {
     ect_resident_info info;
-    if (ect_pool_acquire(c->pool, mm_hash, &info) != 0) return ECT_ENOTFOUND;
+    if (pool_try_acquire(c->pool, mm_hash, &info) != 0) return ECT_ENOTFOUND; /* no text */
     view_from_info(c, &info, view, 1);
     c->st.local++;
     met_add(&c->m_local, 1);
@@ -675,6 +694,7 @@ int ect_pull_consumer_load_many(ect_pull_consumer *c, size_t n, const char *cons
         }                                                                                          \
     } while (0)
     /* every request goes out before any completion is awaited */
+    const ect_pull_meta *checked = NULL; /* the latest meta that passed check_meta */
     for (size_t i = 0; i < n; i++) {
         pd[i].mm_hash = mm_hashes[i];
         pd[i].meta = metas ? &metas[i] : NULL;
@@ -687,11 +707,13 @@ int ect_pull_consumer_load_many(ect_pull_consumer *c, size_t n, const char *cons
             statuses[i] = 0;
             continue;
         }
+        pd[i].meta_ok = checked && pd[i].meta && same_meta(checked, pd[i].meta);
         if (!rc) rc = reserve_pull(c, &pd[i]);
         if (rc) {
             NOTE(i, rc);
             continue;
         }
+        checked = pd[i].meta;
         statuses[i] = 1; /* reserved, then prepared, then in flight */
     }
     char shared_key[ECT_XPORT_KEY_MAX];

@@ -139,6 +139,32 @@ static void test_try_alloc_is_quiet_when_full(void **state) {
     ect_pool_close(p);
 }
 
+/* pool_try_acquire: ect_pool_acquire without the text of a miss (the pull
+ * consumer's resident check before every remote pull); a hit leases as
+ * ect_pool_acquire does, and other errors keep their words. */
+static void test_try_acquire_is_quiet_on_a_miss(void **state) {
+    (void)state;
+    ect_pool *p = open_pool(2 * MiB, 0, 0, 0);
+    uint64_t a;
+    ect_resident_info info;
+    assert_int_equal(ect_pool_alloc(p, MiB, &a), 0);
+    ect_set_error(ECT_EIO, "marker");
+    assert_int_equal(pool_try_acquire(p, "r", &info), ECT_ENOTFOUND);
+    assert_string_equal(ect_last_error(), "marker"); /* no text formatted */
+    assert_err(ect_pool_acquire(p, "r", &info), ECT_ENOTFOUND,
+               "not resident"); /* the public one words it */
+    uint64_t shape[1] = {MiB};
+    assert_int_equal(ect_pool_put(p, "r", a, MiB, shape, 1, "uint8", 0), 0);
+    assert_int_equal(pool_try_acquire(p, "r", &info), 0);
+    assert_int_equal(info.offset, a);
+    assert_int_equal(info.nbytes, MiB);
+    assert_err(ect_pool_remove(p, "r"), ECT_EBUSY, NULL); /* the hit took a lease */
+    assert_int_equal(ect_pool_release(p, "r"), 0);
+    assert_err(pool_try_acquire(p, "", &info), ECT_EINVAL, "empty");
+    assert_int_equal(ect_pool_remove(p, "r"), 0);
+    ect_pool_close(p);
+}
+
 static void test_memfd_shared_with_second_mapping(void **state) {
     (void)state;
     ect_pool *p = open_pool(6 * MiB, 1, 0, 0);
@@ -307,6 +333,7 @@ int main(void) {
         cmocka_unit_test(test_defaults_and_bad_options),
         cmocka_unit_test(test_anonymous_alloc_free_errors),
         cmocka_unit_test(test_try_alloc_is_quiet_when_full),
+        cmocka_unit_test(test_try_acquire_is_quiet_on_a_miss),
         cmocka_unit_test(test_memfd_shared_with_second_mapping),
         cmocka_unit_test(test_huge_pages_and_mlock_fall_back),
         cmocka_unit_test(test_threads_share_one_pool),

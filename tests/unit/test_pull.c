@@ -1516,6 +1516,49 @@ static void test_load_many_shm(void **st) {
     run_load_many("shm");
 }
 
+/* load_many checks the meta of each pull: one that says what an earlier
+ * pull's (checked) said is taken as checked, one that differs in dtype or
+ * shape is checked and refused on its own, and a refused meta is never
+ * taken as checked for the next. */
+static void test_load_many_checks_each_meta(void **st) {
+    (void)st;
+    ect_pull_producer *p = open_producer("tcp", 16 * MiB, 0);
+    ect_pull_consumer *c = open_consumer("tcp", ect_pull_producer_port(p), 16 * MiB, 30000);
+    enum { N = 6 };
+    char names[N][32];
+    const char *h[N];
+    ect_pull_meta m[N];
+    for (int i = 0; i < N; i++) {
+        item_meta(names[i], "mc", i, 64 * KiB, 0, &m[i]);
+        h[i] = names[i];
+        save_item(p, names[i], (size_t)m[i].nbytes, 1700 + (uint64_t)i);
+    }
+    assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
+    snprintf(m[2].dtype, sizeof m[2].dtype, "float32"); /* 4 x the bytes */
+    m[3].shape[0] = 64 * KiB - 1;                        /* one byte short */
+    m[4] = m[3];                                         /* the same bad meta again */
+    m[5].ndim = 2;                                       /* the same bytes, another shape */
+    m[5].shape[0] = 256;
+    m[5].shape[1] = 256;
+    ect_pull_view v[N];
+    int sts[N];
+    assert_err(ect_pull_consumer_load_many(c, N, h, m, v, sts), ECT_EINVAL, "nbytes");
+    int want[N] = {0, 0, ECT_EINVAL, ECT_EINVAL, ECT_EINVAL, 0};
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(sts[i], want[i]);
+        if (want[i]) continue;
+        assert_true(test_check_pattern(v[i].data, 64 * KiB, 1700 + (uint64_t)i));
+        assert_int_equal(v[i].ndim, m[i].ndim);
+        assert_int_equal(ect_pull_consumer_release(c, h[i]), 0);
+    }
+    ect_pull_producer_stat ps; /* the refused ones never left the consumer */
+    ect_pull_producer_stats(p, &ps);
+    assert_int_equal(ps.pulls_ok, 3);
+    assert_int_equal(ps.pulls_failed, 0);
+    ect_pull_consumer_close(c);
+    ect_pull_producer_close(p);
+}
+
 /* A consumer and a scheduler whose producer is gone: no hang anywhere. */
 static void test_peer_gone(void **st) {
     (void)st;
@@ -2066,6 +2109,7 @@ int main(void) {
         cmocka_unit_test(test_shm_pulls_offered),
         cmocka_unit_test(test_shm_set_written_by_router),
         cmocka_unit_test(test_tcp_set_on_lane),
+        cmocka_unit_test(test_load_many_checks_each_meta),
         cmocka_unit_test(test_shm_ready_write_refusals),
         cmocka_unit_test(test_raw_batch),
         cmocka_unit_test(test_upstream_never_gets_batches),
