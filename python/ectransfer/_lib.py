@@ -247,6 +247,8 @@ class PushProducerStat(ctypes.Structure):
             "retries",
             "give_backs",
             "staging_waits",
+            "puts",
+            "put_refusals",
         )
     ]
 

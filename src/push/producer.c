@@ -633,6 +633,8 @@ void ect_push_producer_stats(ect_push_producer *p, ect_push_producer_stat *st) {
     st->cancels = c->cancels;
     st->write_batches = c->write_batches;
     st->refreshes = c->refreshes;
+    st->puts = c->puts;
+    st->put_refusals = c->put_refusals;
     push_stats ps;
     push_get_stats(p->table, &ps);
     st->full_refusals = ps.full_refusals;
@@ -674,6 +676,7 @@ void ect_push_producer_close(ect_push_producer *p) {
     free(p->acts);
     push_close(p->table);
     down_close(p->batch.downs);
+    pb_spares_free(&p->batch);
     if (p->zctx) zmq_ctx_term(p->zctx);
     ect_pool_close(p->pool);
     pthread_cond_destroy(&p->wake);

@@ -45,6 +45,7 @@ static void assert_str_or_null_eq(const char *a, const char *b) {
 static void assert_request_eq(const wire_ctl_request *a, const wire_ctl_request *b) {
     assert_int_equal(a->op, b->op);
     assert_true(a->shm_id == b->shm_id);
+    assert_true(a->spare == b->spare);
     switch (a->op) {
     case WIRE_OP_RESERVE:
         assert_string_equal(a->u.reserve.transfer_id, b->u.reserve.transfer_id);
@@ -87,6 +88,12 @@ static void assert_request_eq(const wire_ctl_request *a, const wire_ctl_request 
         assert_int_equal(a->u.cancel.refresh, b->u.cancel.refresh);
         break;
     case WIRE_OP_ECT_STATUS: break; /* no fields */
+    case WIRE_OP_ECT_PUT:
+        assert_string_equal(a->u.put.item.transfer_id, b->u.put.item.transfer_id);
+        assert_string_equal(a->u.put.item.mm_hash, b->u.put.item.mm_hash);
+        assert_tensor_eq(&a->u.put.item.tensor, &b->u.put.item.tensor);
+        assert_string_equal(a->u.put.spare_id, b->u.put.spare_id);
+        break;
     }
 }
 
@@ -111,6 +118,8 @@ static void assert_reply_eq(const wire_ctl_reply *a, const wire_ctl_reply *b) {
         assert_string_equal(a->error, b->error);
         return;
     }
+    assert_int_equal(a->has_spare, b->has_spare);
+    if (a->has_spare) assert_reserve_result_eq(&a->spare, &b->spare);
     switch (a->op) {
     case WIRE_OP_RESERVE: assert_reserve_result_eq(&a->u.reserve, &b->u.reserve); break;
     case WIRE_OP_RESERVE_BATCH:
@@ -141,6 +150,7 @@ static void assert_reply_eq(const wire_ctl_reply *a, const wire_ctl_reply *b) {
         assert_string_equal(a->u.peers.transport, b->u.peers.transport);
         break;
     case WIRE_OP_COMPLETE:
+    case WIRE_OP_ECT_PUT:
         assert_int_equal(a->u.complete.completed, b->u.complete.completed);
         assert_int_equal(a->u.complete.became_ready, b->u.complete.became_ready);
         break;
@@ -221,7 +231,8 @@ static void request_round_trip(const wire_ctl_request *req, const char *golden) 
 
 static void reply_round_trip(const wire_ctl_reply *rep, size_t expect, const char *golden) {
     char *s = NULL;
-    assert_int_equal(wire_ctl_encode_reply(rep, &s), 0);
+    int erc = wire_ctl_encode_reply(rep, &s);
+    if (erc) fail_msg("encode: %s", ect_last_error());
     if (golden) assert_string_equal(s, golden);
     reply_paths_agree(rep, expect, s);
     wire_ctl_reply back;
@@ -891,7 +902,17 @@ static void test_random_round_trips(void **state) {
             q.u.cancel.abandon = test_rand(&st) & 1;
             q.u.cancel.refresh = test_rand(&st) & 1;
             break;
+        case WIRE_OP_ECT_PUT:
+            rand_str(&st, q.u.put.item.transfer_id, WIRE_ID_MAX, true);
+            rand_str(&st, q.u.put.item.mm_hash, WIRE_ID_MAX, true);
+            rand_tensor(&st, &q.u.put.item.tensor);
+            rand_str(&st, q.u.put.spare_id, WIRE_ID_MAX, true);
+            break;
         default: break;
+        }
+        if (op == WIRE_OP_RESERVE || op == WIRE_OP_RESERVE_BATCH || op == WIRE_OP_ECT_PUT) {
+            if (test_rand(&st) & 1) q.shm_id = 1 + test_rand(&st) % 1000000;
+            if (test_rand(&st) & 1) q.spare = test_rand(&st) % 100000000;
         }
         request_round_trip(&q, NULL);
 
@@ -936,6 +957,7 @@ static void test_random_round_trips(void **state) {
             if (test_rand(&st) & 1) rand_str(&st, r.u.peers.transport, WIRE_TRANSPORT_MAX, true);
             break;
         case WIRE_OP_COMPLETE:
+        case WIRE_OP_ECT_PUT:
             r.u.complete.completed = test_rand(&st) & 1;
             r.u.complete.became_ready = test_rand(&st) & 1;
             break;
@@ -951,6 +973,20 @@ static void test_random_round_trips(void **state) {
         case WIRE_OP_ECT_STATUS:
             r.u.ect_status = (char *)"{\"shard\":0,\"pool\":{\"capacity\":5},\"errors\":[]}";
             break;
+        }
+        if ((op == WIRE_OP_RESERVE || op == WIRE_OP_RESERVE_BATCH || op == WIRE_OP_ECT_PUT) &&
+            (test_rand(&st) & 1)) {
+            r.has_spare = true;
+            rand_str(&st, r.spare.reservation_id, WIRE_ID_MAX, true);
+            rand_str(&st, r.spare.dst_session, WIRE_SESSION_MAX, false);
+            r.spare.dst_ptr = test_rand(&st) >> 1;
+            r.spare.nbytes = test_rand(&st) % 100000;
+            r.spare.write = true;
+            if (test_rand(&st) & 1) rand_str(&st, r.spare.transport, WIRE_TRANSPORT_MAX, true);
+            if (test_rand(&st) & 1) {
+                rand_str(&st, keys[RT_BATCH - 1], 70, false);
+                r.spare.dst_key = keys[RT_BATCH - 1];
+            }
         }
         reply_round_trip(&r, n, NULL);
 
