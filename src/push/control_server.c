@@ -1120,6 +1120,15 @@ size_t ctl_server_reap(ctl_server *s, uint64_t now_ms) {
     return n;
 }
 
+size_t ctl_server_drop_spares(ctl_server *s) {
+    pthread_mutex_lock(&s->mu);
+    size_t n = rsv_spare_free_all(s->tab);
+    sweep_spares(s);
+    close_pending(s);
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
 size_t ctl_server_evict(ctl_server *s, size_t max) {
     pthread_mutex_lock(&s->mu);
     size_t n = rsv_evict_resident(s->tab, max);

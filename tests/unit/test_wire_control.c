@@ -280,6 +280,27 @@ static void event_round_trip(const wire_event *ev, const char *golden) {
     "{\"op\":\"reserve_batch\",\"items\":[{\"transfer_id\":\"t1\",\"mm_hash\":\"h1\","             \
     "\"nbytes\":8,\"shape\":[2,2],\"dtype\":\"torch.float16\"},{\"transfer_id\":\"t2\","           \
     "\"mm_hash\":\"h2\",\"nbytes\":3,\"shape\":[3],\"dtype\":\"float8_e4m3fn\"}]}"
+/* A spare range granted ahead (docs/PROTOCOL.md, extension) */
+#define G_RESERVE_BATCH_SPARE                                                                      \
+    "{\"op\":\"reserve_batch\",\"items\":[{\"transfer_id\":\"t1\",\"mm_hash\":\"h1\",\"nbytes\":65536,"   \
+    "\"shape\":[32768],\"dtype\":\"bfloat16\"}],\"ect_shm_id\":\"00c0ffee12345678\",\"ect_spare\":65536}"
+#define G_R_RESERVE_BATCH_SPARE                                                                    \
+    "{\"ok\":true,\"result\":{\"items\":[{\"ok\":true,\"result\":{\"reservation_id\":\"r1\","              \
+    "\"dst_session\":\"10.0.0.2:15001\",\"dst_ptr\":140737488355328,\"nbytes\":65536,\"write\":true,"     \
+    "\"ready\":false,\"cached\":false,\"transport\":\"shm\",\"dst_key\":\"5f3c9a1b2d4e6f70\"}}]},"        \
+    "\"ect_spare\":{\"reservation_id\":\"s1\",\"dst_session\":\"10.0.0.2:15001\","                       \
+    "\"dst_ptr\":140737488420864,\"nbytes\":65536,\"transport\":\"shm\",\"dst_key\":\"0a1b2c3d4e5f6071\"}}"
+#define G_PUT                                                                                      \
+    "{\"op\":\"ect_put\",\"transfer_id\":\"t2\",\"mm_hash\":\"h2\",\"nbytes\":65536,\"shape\":[32768],"   \
+    "\"dtype\":\"bfloat16\",\"reservation_id\":\"s1\",\"ect_shm_id\":\"00c0ffee12345678\","              \
+    "\"ect_spare\":65536}"
+#define G_R_PUT                                                                                    \
+    "{\"ok\":true,\"result\":{\"completed\":true,\"became_ready\":true},\"ect_spare\":{"                 \
+    "\"reservation_id\":\"s2\",\"dst_session\":\"10.0.0.2:15001\",\"dst_ptr\":140737488355328,"         \
+    "\"nbytes\":65536,\"transport\":\"shm\",\"dst_key\":\"1b2c3d4e5f607182\"}}"
+#define G_R_PUT_NO_SPARE "{\"ok\":true,\"result\":{\"completed\":true,\"became_ready\":true}}"
+#define G_R_PUT_REFUSED                                                                            \
+    "{\"ok\":false,\"error\":\"ect_put: no spare 's1' (expired, freed or never granted)\"}"
 #define G_STATUS "{\"op\":\"status\",\"transfer_id\":\"t1\"}"
 #define G_EVENT_PORT "{\"op\":\"event_port\"}"
 #define G_PEERS "{\"op\":\"peers\"}"
@@ -770,6 +791,11 @@ static void test_goldens_are_the_documented_examples(void **state) {
         G_R_UNKNOWN_OP,
         G_EV_READY,
         G_EV_ABANDONED,
+        G_RESERVE_BATCH_SPARE,
+        G_R_RESERVE_BATCH_SPARE,
+        G_PUT,
+        G_R_PUT,
+        G_R_PUT_REFUSED,
     };
     const char *doc = test_protocol_md();
     /* Each example is a line of its own in a code block. */
@@ -778,6 +804,61 @@ static void test_goldens_are_the_documented_examples(void **state) {
         snprintf(line, sizeof line, "\n%s\n", goldens[i]);
         if (!strstr(doc, line)) fail_msg("docs/PROTOCOL.md lacks the example %s", goldens[i]);
     }
+}
+
+/* The spare extension's documented frames: the fast path takes each (no
+ * jansson on a lone step's one exchange), both paths decode them alike, and
+ * encoding what they decode gives the same bytes back. */
+static void test_spare_frames(void **state) {
+    (void)state;
+    static const char *const reqs[] = {G_RESERVE_BATCH_SPARE, G_PUT};
+    for (size_t i = 0; i < ECT_ARRAY_LEN(reqs); i++) {
+        wire_ctl_request q;
+        if (wctl_fast_decode_request(reqs[i], strlen(reqs[i]), &q) != 0)
+            fail_msg("fast path refused %s", reqs[i]);
+        assert_true(q.spare == 65536 && q.shm_id == 0x00c0ffee12345678u);
+        request_round_trip(&q, reqs[i]);
+        wire_ctl_request_clear(&q);
+    }
+    static const struct {
+        wire_ctl_op op;
+        const char *s;
+        bool spare;
+    } reps[] = {{WIRE_OP_RESERVE_BATCH, G_R_RESERVE_BATCH_SPARE, true},
+                {WIRE_OP_ECT_PUT, G_R_PUT, true},
+                {WIRE_OP_ECT_PUT, G_R_PUT_NO_SPARE, false}};
+    for (size_t i = 0; i < ECT_ARRAY_LEN(reps); i++) {
+        wire_ctl_reply r;
+        if (wctl_fast_decode_reply(reps[i].op, 1, reps[i].s, strlen(reps[i].s), &r) != 0)
+            fail_msg("fast path refused %s", reps[i].s);
+        assert_int_equal(r.has_spare, reps[i].spare);
+        if (r.has_spare) assert_int_equal(r.spare.nbytes, 65536);
+        reply_round_trip(&r, 1, reps[i].s);
+        wire_ctl_reply_clear(&r);
+    }
+    wire_ctl_reply r;
+    assert_int_equal(wire_ctl_decode_reply(WIRE_OP_ECT_PUT, 1, G_R_PUT_REFUSED,
+                                           strlen(G_R_PUT_REFUSED), &r),
+                     0);
+    assert_false(r.ok);
+    wire_ctl_reply_clear(&r);
+    /* a spare object missing a key, or of the wrong type: a bad reply */
+    static const char *const bad[] = {
+        "{\"ok\":true,\"result\":{\"completed\":true,\"became_ready\":true},\"ect_spare\":5}",
+        "{\"ok\":true,\"result\":{\"completed\":true,\"became_ready\":true},\"ect_spare\":{"
+        "\"reservation_id\":\"s\",\"dst_session\":\"h:1\",\"dst_ptr\":1}}",
+        "{\"ok\":true,\"result\":{\"completed\":true,\"became_ready\":true},\"ect_spare\":{"
+        "\"reservation_id\":\"\",\"dst_session\":\"h:1\",\"dst_ptr\":1,\"nbytes\":2}}",
+    };
+    for (size_t i = 0; i < ECT_ARRAY_LEN(bad); i++)
+        assert_int_equal(wire_ctl_decode_reply(WIRE_OP_ECT_PUT, 1, bad[i], strlen(bad[i]), &r),
+                         ECT_EINVAL);
+    /* an ect_put without the spare's id fails the frame, naming it */
+    const char *noid = "{\"op\":\"ect_put\",\"transfer_id\":\"t\",\"mm_hash\":\"h\",\"nbytes\":2,"
+                       "\"shape\":[1],\"dtype\":\"bfloat16\"}";
+    wire_ctl_request q;
+    assert_int_equal(wire_ctl_decode_request(noid, strlen(noid), &q), ECT_EINVAL);
+    assert_non_null(strstr(ect_last_error(), "reservation_id"));
 }
 
 /* ---------------------------------------------------- random round trips */
@@ -1819,6 +1900,7 @@ int main(void) {
         cmocka_unit_test(test_decode_failure_replies),
         cmocka_unit_test(test_goldens_are_the_documented_examples),
         cmocka_unit_test(test_random_round_trips),
+        cmocka_unit_test(test_spare_frames),
         cmocka_unit_test(test_fast_path_takes_the_hot_frames),
         cmocka_unit_test(test_reject_wrong_type),
         cmocka_unit_test(test_reject_missing_field),
