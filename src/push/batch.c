@@ -553,7 +553,7 @@ static void build_batches(pbatch *b, const push_action *a, size_t n, uint64_t no
                 px_free(x);
                 continue;
             }
-            x->req.shm_id = b->shm_id;
+            x->req.shm_id = b->shm_id ? b->shm_id : b->spare_id;
             x->req.spare = x->m[0].rec->nbytes;
             launch(b, x, now, tail, &b->n.puts);
             continue;
@@ -565,6 +565,7 @@ static void build_batches(pbatch *b, const push_action *a, size_t n, uint64_t no
         }
         if (xk == PX_RESERVE) x->req.shm_id = b->shm_id; /* shm offers (PROTOCOL.md "shm") */
         if (xk == PX_RESERVE) x->req.spare = spare_ask(b, x);
+        if (x->req.spare && !x->req.shm_id) x->req.shm_id = b->spare_id; /* names the owner */
         launch(b, x, now, tail, xk == PX_RESERVE ? &b->n.reserve_batches : &b->n.complete_batches);
     }
     free(gs.g);

@@ -117,6 +117,8 @@ typedef struct pbatch {
     uint64_t shm_id; /* "ect_shm_id" every reserve names (our shm connections' id), 0 none */
     pb_counts n;     /* what went out */
     pb_spare *spares; /* granted ranges, one per shard address (docs/PROTOCOL.md) */
+    uint64_t spare_id; /* "ect_shm_id" of requests that ask for or use a spare when shm_id
+                          is 0: this producer's id, so a shard keeps one spare per producer */
     bool no_spares;   /* never ask for one (tests) */
     atomic_size_t held_down; /* down_count after the latest change (metrics) */
 } pbatch;

@@ -545,10 +545,24 @@ static void offer_windows(ctl_server *s, const wire_ctl_request *q, const wire_c
  * ("ect_spare", docs/PROTOCOL.md "a spare range granted ahead") into
  * rep->spare, with a window of its own; nothing when the pool has no free
  * range without reclaiming (the reply then has no "ect_spare"). Under mu. */
+/* A spare's owner: the peer's address, and the producer's id when the
+ * request names one (ect_shm_id), so producers on one host hold one each. */
+static void spare_owner(const ctl_server *s, const wire_ctl_request *q,
+                        char out[RSV_OWNER_MAX + 1]) {
+    char h[17];
+    ect_strcpy_cut(out, RSV_OWNER_MAX + 1, s->who);
+    if (!q->shm_id) return;
+    wctl_shm_id_format(q->shm_id, h);
+    ect_strcat_cut(out, RSV_OWNER_MAX + 1, "#");
+    ect_strcat_cut(out, RSV_OWNER_MAX + 1, h);
+}
+
 static void grant_spare(ctl_server *s, const wire_ctl_request *q, uint64_t now,
                         wire_ctl_reply *rep) {
     rsv_reply rr;
-    if (!q->spare || rsv_spare_grant(s->tab, s->who, q->spare, now, &rr)) return;
+    char owner[RSV_OWNER_MAX + 1];
+    spare_owner(s, q, owner);
+    if (!q->spare || rsv_spare_grant(s->tab, owner, q->spare, now, &rr)) return;
     sweep_spares(s); /* the peer's previous spare, replaced */
     const char *key = s->dst_key;
     ctl_window *w = NULL;
@@ -598,8 +612,10 @@ static int do_put(ctl_server *s, const wire_ctl_request *q, uint64_t now,
                       .ndim = r->tensor.ndim,
                       .dtype = r->tensor.dtype,
                       .owner = s->who};
+    char owner[RSV_OWNER_MAX + 1];
+    spare_owner(s, q, owner);
     rsv_reply rr;
-    int rc = rsv_spare_bind(s->tab, q->u.put.spare_id, &rq, now, &rr);
+    int rc = rsv_spare_bind(s->tab, q->u.put.spare_id, owner, &rq, now, &rr);
     if (rc) return rc;
     ctl_window *w = NULL, *old = NULL;
     HASH_FIND_STR(s->spare_wins, q->u.put.spare_id, w);

@@ -163,6 +163,7 @@ int ect_push_producer_open(const ect_push_producer_opts *opts, ect_push_producer
      * (docs/PROTOCOL.md "shm", "Offers"), named by this id. */
     if (!p->transport[0] || !strcmp(p->transport, "shm"))
         while (!p->batch.shm_id) p->batch.shm_id = ect_random_u64();
+    while (!p->batch.spare_id) p->batch.spare_id = ect_random_u64(); /* names its spares */
     p->acts_cap = 1024;
     if (!(p->acts = calloc(p->acts_cap, sizeof *p->acts)) || !(p->zctx = zmq_ctx_new())) {
         rc = ect_set_error(ECT_ENOMEM, "push producer: out of memory");

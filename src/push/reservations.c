@@ -849,8 +849,8 @@ static int check_request(const rsv_request *req, tensor *tn) {
     return 0;
 }
 
-int rsv_spare_bind(rsv_table *t, const char *spare_id, const rsv_request *req, uint64_t now_ms,
-                   rsv_reply *reply) {
+int rsv_spare_bind(rsv_table *t, const char *spare_id, const char *spare_owner,
+                   const rsv_request *req, uint64_t now_ms, rsv_reply *reply) {
     memset(reply, 0, sizeof *reply);
     tensor tn;
     int rc = check_request(req, &tn);
@@ -862,7 +862,7 @@ int rsv_spare_bind(rsv_table *t, const char *spare_id, const rsv_request *req, u
         return ect_set_error(ECT_ENOTFOUND,
                              "ect_put: no spare '%.64s' (expired, freed or never granted)",
                              spare_id ? spare_id : "");
-    if (strcmp(sp->owner, req->owner ? req->owner : ""))
+    if (strcmp(sp->owner, spare_owner ? spare_owner : ""))
         return ect_set_error(ECT_EACCES, "ect_put: spare '%.64s' belongs to another peer",
                              spare_id);
     if (tn.nbytes > sp->size)

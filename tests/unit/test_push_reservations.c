@@ -176,8 +176,8 @@ static size_t n_events(fx *f) {
 /* binds spare `sp` to a 64-byte item of owner's */
 static int bind(fx *f, const char *sp, const char *tid, const char *hash, const char *owner,
                 uint64_t now, rsv_reply *r) {
-    rsv_request q = {tid, hash, 64, SHAPE, 2, "bfloat16", owner};
-    int rc = rsv_spare_bind(f->t, sp, &q, now, r);
+    rsv_request q = {tid, hash, 64, SHAPE, 2, "bfloat16", "peer"};
+    int rc = rsv_spare_bind(f->t, sp, owner, &q, now, r);
     assert_int_equal(rsv_check(f->t), 0);
     return rc;
 }
@@ -222,7 +222,8 @@ static void test_spares(void **state) {
     assert_err(bind(f, s2.reservation_id, "ty", "h0", "A", 1, &r), ECT_EEXIST, "cached");
     const uint64_t big_shape[2] = {8, 8};
     rsv_request big = {"tb", "hb", 128, big_shape, 2, "bfloat16", "A"};
-    assert_err(rsv_spare_bind(f->t, s2.reservation_id, &big, 1, &r), ECT_EINVAL, "do not fit");
+    assert_err(rsv_spare_bind(f->t, s2.reservation_id, "A", &big, 1, &r), ECT_EINVAL,
+               "do not fit");
     assert_true(rsv_spare_held(f->t, s2.reservation_id));
     assert_int_equal(n_events(f), 1);
     /* bound: the WRITING writer over the spare's range, with the spare's id */
@@ -230,6 +231,9 @@ static void test_spares(void **state) {
     assert_true(r.write && !r.ready);
     assert_int_equal(r.offset, s2.offset);
     assert_string_equal(r.reservation_id, s2.reservation_id);
+    rsv_status stt;
+    assert_int_equal(rsv_status_get(f->t, "t2", &stt), 0);
+    assert_string_equal(stt.owner, "peer"); /* the request's, for complete / cancel guards */
     assert_false(rsv_spare_held(f->t, s2.reservation_id));
     assert_int_equal(state_of(f, "t2"), RSV_WRITING);
     complete(f, "t2", s2.reservation_id, 3, true, true);
