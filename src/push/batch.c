@@ -483,12 +483,24 @@ static bool complete_items(px *x) {
     return true;
 }
 
+/* x is a lone step's reserve: one item, nothing else of this producer live.
+ * Only such a step uses (and asks for) a spare: with steps in flight the
+ * reserve of the next overlaps this one's write anyway, and a put there,
+ * waiting for the spare the previous put brings, measured slower
+ * (docs/BENCHMARKS.md, ninth pass). */
+static bool lone_step(pbatch *b, const px *x) {
+    if (b->no_spares || x->n != 1) return false;
+    push_stats st;
+    push_get_stats(b->t, &st);
+    return st.live == 1;
+}
+
 /* Whether a lone item (x's one member) goes out as an ect_put into the
  * spare its shard granted: the spare fits it, its source is staged, and the
  * spare's data plane is one this producer may use. Takes the spare. */
 static bool put_fits(pbatch *b, px *x) {
     const push_rec *r = x->m[0].rec;
-    if (x->n != 1 || b->no_spares || !r->staged || r->stage_held || !r->src.data) return false;
+    if (!lone_step(b, x) || !r->staged || r->stage_held || !r->src.data) return false;
     pb_spare *sp = spare_take(b, x->key);
     if (!sp) return false;
     if (sp->nbytes < r->nbytes || !sp->dst_key ||
@@ -525,14 +537,11 @@ static bool put_build(px *x) {
     return true;
 }
 
-/* A lone step's reserve (nothing else live) asks its shard for a spare of
- * the item's size; so does every put (docs/PROTOCOL.md, "a spare range
- * granted ahead"). An upstream shard ignores the key. */
+/* A lone step's reserve asks its shard for a spare of the item's size; so
+ * does every put (docs/PROTOCOL.md, "a spare range granted ahead"). An
+ * upstream shard ignores the key. */
 static uint64_t spare_ask(pbatch *b, const px *x) {
-    if (b->no_spares || x->n != 1 || !x->m[0].rec->nbytes) return 0;
-    push_stats st;
-    push_get_stats(b->t, &st);
-    return st.live == 1 ? x->m[0].rec->nbytes : 0;
+    return lone_step(b, x) ? x->m[0].rec->nbytes : 0;
 }
 
 /* RESERVE and COMPLETE: one batch per shard address. */
