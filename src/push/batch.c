@@ -483,6 +483,12 @@ static bool complete_items(px *x) {
     return true;
 }
 
+/* Items from this size on ask for no spare: their copy dwarfs the round
+ * trip a put saves, and over shm the put's window (a second range, so the
+ * initiator parks and revives a mapping each step) made 4.5 MiB steps
+ * slower (docs/BENCHMARKS.md, ninth pass). */
+#define PB_SPARE_MAX_ITEM (1u << 20)
+
 /* x is a lone step's reserve: one item, nothing else of this producer live.
  * Only such a step uses (and asks for) a spare: with steps in flight the
  * reserve of the next overlaps this one's write anyway, and a put there,
@@ -541,7 +547,8 @@ static bool put_build(px *x) {
  * does every put (docs/PROTOCOL.md, "a spare range granted ahead"). An
  * upstream shard ignores the key. */
 static uint64_t spare_ask(pbatch *b, const px *x) {
-    return lone_step(b, x) ? x->m[0].rec->nbytes : 0;
+    uint64_t n = x->m[0].rec->nbytes;
+    return n < PB_SPARE_MAX_ITEM && lone_step(b, x) ? n : 0;
 }
 
 /* RESERVE and COMPLETE: one batch per shard address. */

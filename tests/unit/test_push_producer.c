@@ -1893,16 +1893,17 @@ static void test_pool_pressure_frees_spares(void **st) {
     char addr[64];
     open_one(&in, "shm", 4u << 20, addr, sizeof addr);
     ect_push_producer *a = prod_open(5000, 150000), *pb = prod_open(5000, 150000);
-    lone_into(a, in.c[0], addr, "a", 0, 1u << 20, NULL); /* A holds a spare of 1 MiB */
+    lone_into(a, in.c[0], addr, "a", 0, 512u << 10, NULL); /* A holds a spare of 512 KiB */
     item_buf hold;
-    item_make(&hold, "hold", 0, 2u << 20); /* 2 MiB kept READY (not taken) */
+    item_make(&hold, "hold", 0, 3u << 20); /* 3 MiB kept READY (not taken; asks no spare) */
     ect_push_item it = item_of(&hold, addr);
     ect_push_result r;
     push_one_lent(pb, &it, &r, 10);
     assert_int_equal(r.status, 0);
-    /* 4 MiB pool: 2 MiB held, 1 MiB spare, 1 MiB resident (A's first item) */
+    /* 4 MiB pool, first fit: A's first item (resident) 512 KiB, A's spare
+     * 512 KiB, the held item 3 MiB: full */
     item_buf big;
-    item_make(&big, "big", 0, (3u << 20) / 2); /* fits only once the resident and spare go */
+    item_make(&big, "big", 0, 768u << 10); /* fits only once the resident and the spare go */
     it = item_of(&big, addr);
     push_one_lent(pb, &it, &r, 10);
     if (r.status) fail_msg("B: %s", r.error);
