@@ -1223,9 +1223,9 @@ typedef struct ect_push_producer_stats {
     uint64_t retries;             /* reserve rounds started again after such a refusal */
     uint64_t give_backs;          /* reservations given back meanwhile */
     uint64_t staging_waits;       /* _reserve / _stage calls that waited for staging room */
-    uint64_t puts;         /* lone items sent as one ect_put into a spare range the shard
-                              granted ahead (docs/PROTOCOL.md); counted in control_requests */
-    uint64_t put_refusals; /* ... refused (or their write failed): reserved the normal way */
+    uint64_t puts;                /* lone items sent as one ect_put into a spare range the shard
+                                     granted ahead (docs/PROTOCOL.md); counted in control_requests */
+    uint64_t put_refusals;        /* ... refused (or their write failed): reserved the normal way */
 } ect_push_producer_stat;
 
 /** Fills the defaults above. */

@@ -53,7 +53,8 @@ static void spare_keep(pbatch *b, const px *x) {
     spare_free(spare_take(b, x->key));
     pb_spare *sp = calloc(1, sizeof *sp);
     if (!sp || strlen(r->reservation_id) > ECT_ID_LEN || !r->dst_session[0] ||
-        strlen(r->dst_session) > PUSH_ADDR_MAX || (r->dst_key && !(sp->dst_key = strdup(r->dst_key)))) {
+        strlen(r->dst_session) > PUSH_ADDR_MAX ||
+        (r->dst_key && !(sp->dst_key = strdup(r->dst_key)))) {
         spare_free(sp); /* no memory, or not a range we can write: the shard's TTL frees it */
         return;
     }
@@ -246,8 +247,8 @@ static void settle_put(pbatch *b, px *x, uint64_t now) {
         return;
     }
     if (!x->rep.ok) {
-        ECT_LOGD_ID(MOD, m->rec->transfer_id, NULL, "ect_put on %s refused (%s); reserving",
-                    x->key, x->rep.error ? x->rep.error : "");
+        ECT_LOGD_ID(MOD, m->rec->transfer_id, NULL, "ect_put on %s refused (%s); reserving", x->key,
+                    x->rep.error ? x->rep.error : "");
         b->n.put_refusals++;
         push_reserve_undo(b->t, m->rec, m->shard);
         return;

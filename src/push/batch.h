@@ -53,12 +53,12 @@ typedef enum { PX_PEERS = 1, PX_RESERVE, PX_COMPLETE, PX_CANCEL, PX_WRITE, PX_PU
 
 /* A spare range a shard granted this producer (one per shard address). */
 typedef struct pb_spare {
-    char key[PX_KEY_MAX];              /* the shard's "host:port" */
-    char rid[ECT_ID_LEN + 1];           /* the spare's id */
-    char session[PUSH_ADDR_MAX + 1];    /* dst_session */
-    char kind[PUSH_KIND_MAX + 1];       /* data plane ("tcp" if none named) */
+    char key[PX_KEY_MAX];            /* the shard's "host:port" */
+    char rid[ECT_ID_LEN + 1];        /* the spare's id */
+    char session[PUSH_ADDR_MAX + 1]; /* dst_session */
+    char kind[PUSH_KIND_MAX + 1];    /* data plane ("tcp" if none named) */
     uint64_t dst_ptr, nbytes;
-    char *dst_key;                      /* malloc'd, or NULL */
+    char *dst_key; /* malloc'd, or NULL */
     struct pb_spare *next;
 } pb_spare;
 
@@ -116,10 +116,10 @@ typedef struct pbatch {
     unsigned expect_shards;            /* 0 any */
     uint64_t shm_id; /* "ect_shm_id" every reserve names (our shm connections' id), 0 none */
     pb_counts n;     /* what went out */
-    pb_spare *spares; /* granted ranges, one per shard address (docs/PROTOCOL.md) */
-    uint64_t spare_id; /* "ect_shm_id" of requests that ask for or use a spare when shm_id
-                          is 0: this producer's id, so a shard keeps one spare per producer */
-    bool no_spares;   /* never ask for one (tests) */
+    pb_spare *spares;        /* granted ranges, one per shard address (docs/PROTOCOL.md) */
+    uint64_t spare_id;       /* "ect_shm_id" of requests that ask for or use a spare when shm_id
+                                is 0: this producer's id, so a shard keeps one spare per producer */
+    bool no_spares;          /* never ask for one (tests) */
     atomic_size_t held_down; /* down_count after the latest change (metrics) */
 } pbatch;
 

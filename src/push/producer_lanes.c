@@ -190,8 +190,9 @@ static void write_puts(px *x) {
     for (px *e = x; e; e = (px *)e->lj.next) {
         if (e->kind != PX_PUT || e->put_written) continue;
         e->put_written = true;
-        e->put_unsent = !e->xport || ect_xport_write_batch(e->xport, e->session, e->w, 1,
-                                                           e->status) != 0 || e->status[0] != 0;
+        e->put_unsent = !e->xport ||
+                        ect_xport_write_batch(e->xport, e->session, e->w, 1, e->status) != 0 ||
+                        e->status[0] != 0;
     }
 }
 

@@ -884,8 +884,9 @@ int rsv_spare_bind(rsv_table *t, const char *spare_id, const char *spare_owner,
         if (e) free_entry_mem(t, e);
         return ect_set_error(ECT_ENOMEM, "ect_put: out of memory");
     }
-    memcpy(e->reservation_id, sp->id, sizeof e->reservation_id); /* the window's and complete's */
-    *pp = sp->next; /* the range is the writer's now */
+    /* the spare's id is the window's and the complete's; its range the writer's now */
+    memcpy(e->reservation_id, sp->id, sizeof e->reservation_id);
+    *pp = sp->next;
     t->st.spares--;
     t->st.spare_bytes -= sp->size;
     t->st.spares_bound++;

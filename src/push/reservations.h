@@ -213,13 +213,14 @@ int rsv_spare_grant(rsv_table *t, const char *owner, uint64_t nbytes, uint64_t n
                     rsv_reply *reply);
 
 /* Binds the spare spare_id to the item req (spare_owner must be the owner
- * it was granted to; req->owner becomes the item's owner), as the WRITING writer over the spare's range with the spare's id
- * as its reservation id; rsv_complete then publishes it. Only the plain
- * case: transfer_id unknown to the table (no entry, no tombstone) and
- * mm_hash neither published, in flight nor orphaned, and nbytes within the
- * spare. Errors (nothing changes): ECT_ENOTFOUND no such spare; ECT_EACCES
- * another owner's; ECT_EEXIST not the plain case; ECT_EINVAL a bad field or
- * too large; ECT_ENOMEM. */
+ * it was granted to; req->owner becomes the item's owner) as the WRITING
+ * writer over the spare's range, with the spare's id as its reservation id;
+ * rsv_complete then publishes it. Only the plain case: transfer_id unknown
+ * to the table (no entry, no tombstone), mm_hash neither published, in
+ * flight nor orphaned, and nbytes within the spare. Errors (nothing
+ * changes): ECT_ENOTFOUND no such spare; ECT_EACCES another owner's;
+ * ECT_EEXIST not the plain case; ECT_EINVAL a bad field or too large;
+ * ECT_ENOMEM. */
 int rsv_spare_bind(rsv_table *t, const char *spare_id, const char *spare_owner,
                    const rsv_request *req, uint64_t now_ms, rsv_reply *reply);
 

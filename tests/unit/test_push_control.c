@@ -491,8 +491,8 @@ static void test_peers_tp(void **state) {
      * shard has no port of its own: 0; docs/PROTOCOL.md shows rank 2's 40002) */
 #define STATUS_FMT                                                                                 \
     "{\"ok\":true,\"result\":{\"shard\":2,\"tp_size\":4,\"port\":%d,\"transport\":\"tcp\","        \
-    "\"pool\":{\"capacity\":1048576,\"used\":0,\"resident\":0,\"spares\":0,\"spare_bytes\":0},"  \
-    "\"reservations\":{"                                                                       \
+    "\"pool\":{\"capacity\":1048576,\"used\":0,\"resident\":0,\"spares\":0,\"spare_bytes\":0},"    \
+    "\"reservations\":{"                                                                           \
     "\"WRITING\":0,\"READY\":0,\"CANCEL_PENDING\":0,\"EXPIRE_PENDING\":0,\"CANCELLED\":0,"         \
     "\"EXPIRED\":0},\"peers\":[40000,40001,40002,40003],\"events\":{\"queued\":0,\"sent\":0,"      \
     "\"dropped\":0},\"refused\":{\"full\":0,\"cancelled\":0,\"conflict\":0,\"busy\":0,"            \

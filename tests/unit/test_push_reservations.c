@@ -222,8 +222,7 @@ static void test_spares(void **state) {
     assert_err(bind(f, s2.reservation_id, "ty", "h0", "A", 1, &r), ECT_EEXIST, "cached");
     const uint64_t big_shape[2] = {8, 8};
     rsv_request big = {"tb", "hb", 128, big_shape, 2, "bfloat16", "A"};
-    assert_err(rsv_spare_bind(f->t, s2.reservation_id, "A", &big, 1, &r), ECT_EINVAL,
-               "do not fit");
+    assert_err(rsv_spare_bind(f->t, s2.reservation_id, "A", &big, 1, &r), ECT_EINVAL, "do not fit");
     assert_true(rsv_spare_held(f->t, s2.reservation_id));
     assert_int_equal(n_events(f), 1);
     /* bound: the WRITING writer over the spare's range, with the spare's id */

@@ -282,21 +282,26 @@ static void event_round_trip(const wire_event *ev, const char *golden) {
     "\"mm_hash\":\"h2\",\"nbytes\":3,\"shape\":[3],\"dtype\":\"float8_e4m3fn\"}]}"
 /* A spare range granted ahead (docs/PROTOCOL.md, extension) */
 #define G_RESERVE_BATCH_SPARE                                                                      \
-    "{\"op\":\"reserve_batch\",\"items\":[{\"transfer_id\":\"t1\",\"mm_hash\":\"h1\",\"nbytes\":65536,"   \
-    "\"shape\":[32768],\"dtype\":\"bfloat16\"}],\"ect_shm_id\":\"00c0ffee12345678\",\"ect_spare\":65536}"
+    "{\"op\":\"reserve_batch\",\"items\":[{\"transfer_id\":\"t1\",\"mm_hash\":\"h1\",\"nbytes\":"  \
+    "65536,"                                                                                       \
+    "\"shape\":[32768],\"dtype\":\"bfloat16\"}],\"ect_shm_id\":\"00c0ffee12345678\",\"ect_"        \
+    "spare\":65536}"
 #define G_R_RESERVE_BATCH_SPARE                                                                    \
-    "{\"ok\":true,\"result\":{\"items\":[{\"ok\":true,\"result\":{\"reservation_id\":\"r1\","              \
-    "\"dst_session\":\"10.0.0.2:15001\",\"dst_ptr\":140737488355328,\"nbytes\":65536,\"write\":true,"     \
-    "\"ready\":false,\"cached\":false,\"transport\":\"shm\",\"dst_key\":\"5f3c9a1b2d4e6f70\"}}]},"        \
-    "\"ect_spare\":{\"reservation_id\":\"s1\",\"dst_session\":\"10.0.0.2:15001\","                       \
-    "\"dst_ptr\":140737488420864,\"nbytes\":65536,\"transport\":\"shm\",\"dst_key\":\"0a1b2c3d4e5f6071\"}}"
+    "{\"ok\":true,\"result\":{\"items\":[{\"ok\":true,\"result\":{\"reservation_id\":\"r1\","      \
+    "\"dst_session\":\"10.0.0.2:15001\",\"dst_ptr\":140737488355328,\"nbytes\":65536,\"write\":"   \
+    "true,"                                                                                        \
+    "\"ready\":false,\"cached\":false,\"transport\":\"shm\",\"dst_key\":\"5f3c9a1b2d4e6f70\"}}]}," \
+    "\"ect_spare\":{\"reservation_id\":\"s1\",\"dst_session\":\"10.0.0.2:15001\","                 \
+    "\"dst_ptr\":140737488420864,\"nbytes\":65536,\"transport\":\"shm\",\"dst_key\":"              \
+    "\"0a1b2c3d4e5f6071\"}}"
 #define G_PUT                                                                                      \
-    "{\"op\":\"ect_put\",\"transfer_id\":\"t2\",\"mm_hash\":\"h2\",\"nbytes\":65536,\"shape\":[32768],"   \
-    "\"dtype\":\"bfloat16\",\"reservation_id\":\"s1\",\"ect_shm_id\":\"00c0ffee12345678\","              \
+    "{\"op\":\"ect_put\",\"transfer_id\":\"t2\",\"mm_hash\":\"h2\",\"nbytes\":65536,\"shape\":["   \
+    "32768],"                                                                                      \
+    "\"dtype\":\"bfloat16\",\"reservation_id\":\"s1\",\"ect_shm_id\":\"00c0ffee12345678\","        \
     "\"ect_spare\":65536}"
 #define G_R_PUT                                                                                    \
-    "{\"ok\":true,\"result\":{\"completed\":true,\"became_ready\":true},\"ect_spare\":{"                 \
-    "\"reservation_id\":\"s2\",\"dst_session\":\"10.0.0.2:15001\",\"dst_ptr\":140737488355328,"         \
+    "{\"ok\":true,\"result\":{\"completed\":true,\"became_ready\":true},\"ect_spare\":{"           \
+    "\"reservation_id\":\"s2\",\"dst_session\":\"10.0.0.2:15001\",\"dst_ptr\":140737488355328,"    \
     "\"nbytes\":65536,\"transport\":\"shm\",\"dst_key\":\"1b2c3d4e5f607182\"}}"
 #define G_R_PUT_NO_SPARE "{\"ok\":true,\"result\":{\"completed\":true,\"became_ready\":true}}"
 #define G_R_PUT_REFUSED                                                                            \
@@ -837,9 +842,8 @@ static void test_spare_frames(void **state) {
         wire_ctl_reply_clear(&r);
     }
     wire_ctl_reply r;
-    assert_int_equal(wire_ctl_decode_reply(WIRE_OP_ECT_PUT, 1, G_R_PUT_REFUSED,
-                                           strlen(G_R_PUT_REFUSED), &r),
-                     0);
+    assert_int_equal(
+        wire_ctl_decode_reply(WIRE_OP_ECT_PUT, 1, G_R_PUT_REFUSED, strlen(G_R_PUT_REFUSED), &r), 0);
     assert_false(r.ok);
     wire_ctl_reply_clear(&r);
     /* a spare object missing a key, or of the wrong type: a bad reply */
