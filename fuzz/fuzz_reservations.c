@@ -1,7 +1,8 @@
 /*
  * fuzz_reservations — random operation sequences against the reservation
  * table's invariants. Each input byte pair is one op (reserve, complete,
- * cancel with any flags, take, release, reap, event pops, eviction) on a
+ * cancel with any flags, take, release, reap, event pops, eviction, spare
+ * ranges granted and bound) on a
  * small pool where conflicts, followers, reclaim and tombstone caps are
  * frequent. A fake pool aborts on a double free, on a free of an unknown
  * range, and on freeing a range a writer was given and has not settled;
@@ -87,6 +88,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memset(rid, 0, sizeof rid);
     for (int i = 0; i < NIDS; i++) wslot[i] = -1;
     uint64_t now = 0;
+    char sid[2][ECT_ID_LEN + 1]; /* the latest spare granted to owner A / B */
+    memset(sid, 0, sizeof sid);
     for (size_t i = 1; i + 1 < size; i += 2) {
         uint8_t a = data[i], b = data[i + 1];
         unsigned k = a & 7, op = a >> 3 & 15;
@@ -135,12 +138,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         case 11: rsv_evict_resident(t, b & 3); break;
         case 12: (void)rsv_status_get(t, tid, &st); break;
         case 13: (void)rsv_finish(t, tid, now); break;
+        case 14: /* a spare for owner A or B (docs/PROTOCOL.md "a spare range granted ahead") */
+            if (rsv_spare_grant(t, (b & 1) ? "B" : "A", 1 + (b >> 1 & 15) * 8, now, &r) == 0)
+                memcpy(sid[b & 1], r.reservation_id, sizeof sid[b & 1]);
+            break;
+        case 15: { /* bind a spare (maybe another owner's) to item k: it is then written */
+            uint64_t shape[1] = {(uint64_t)(b >> 4 & 3) * 4};
+            rsv_request q = {tid, hash, shape[0] * 4, shape, 1, "int32", NULL};
+            if (rsv_spare_bind(t, sid[b & 1], (b & 4) ? "B" : "A", &q, now, &r) == 0) {
+                memcpy(rid[k], r.reservation_id, sizeof rid[k]);
+                wslot[k] = (int)(r.offset / UNIT);
+                P.writing[wslot[k]] = true;
+            }
+            break;
+        }
         default: now += b; break;
         }
         check(rsv_check(t) == 0);
         rsv_stats s;
         rsv_get_stats(t, &s);
-        check(s.bytes_held == P.used);
+        check(s.bytes_held + s.spare_bytes == P.used);
     }
     /* settle: every writer stops and abandons, every lease is released */
     for (unsigned k = 0; k < NIDS; k++) {
@@ -156,6 +173,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     rsv_reap(t, now + 1000);
     rsv_evict_resident(t, SIZE_MAX);
+    rsv_spare_free_all(t);
     check(rsv_check(t) == 0);
     check(P.used == 0);
     rsv_close(t);

@@ -794,6 +794,9 @@ typedef struct ect_push_consumer_stat {
     uint64_t writes_refused; /* data-plane writes the transport refused: a key that is no
                                 live reservation's, a range outside it, a window closed by
                                 complete / cancel / expiry (docs/PROTOCOL.md "Write windows") */
+    uint64_t spares; /* spare ranges held for producers (docs/PROTOCOL.md "Extension: a spare
+                        range granted ahead"): in pool_used, not freed by _evict (one per
+                        producer connection, each ends at its TTL, under pressure or at close) */
 } ect_push_consumer_stat;
 
 /** Fills the defaults above. */
@@ -864,6 +867,13 @@ ECT_API int ect_push_consumer_finish(ect_push_consumer *c, const char *transfer_
 /** Frees up to `max` unleased resident items no reservation uses, least
  *  recently used first; returns how many were freed. */
 ECT_API size_t ect_push_consumer_evict(ect_push_consumer *c, size_t max);
+
+/** Frees every spare range the shard holds for producers (docs/PROTOCOL.md
+ *  "Extension: a spare range granted ahead"; _evict leaves them), closing
+ *  their write windows: a producer's put naming one is then refused and its
+ *  item reserved the normal way. For a shard about to stop (its pool should
+ *  read empty); returns how many were freed. */
+ECT_API size_t ect_push_consumer_drop_spares(ect_push_consumer *c);
 
 /** Fills *st. */
 ECT_API void ect_push_consumer_stats(ect_push_consumer *c, ect_push_consumer_stat *st);
@@ -1213,6 +1223,9 @@ typedef struct ect_push_producer_stats {
     uint64_t retries;             /* reserve rounds started again after such a refusal */
     uint64_t give_backs;          /* reservations given back meanwhile */
     uint64_t staging_waits;       /* _reserve / _stage calls that waited for staging room */
+    uint64_t puts;                /* lone items sent as one ect_put into a spare range the shard
+                                     granted ahead (docs/PROTOCOL.md); counted in control_requests */
+    uint64_t put_refusals;        /* ... refused (or their write failed): reserved the normal way */
 } ect_push_producer_stat;
 
 /** Fills the defaults above. */

@@ -206,6 +206,8 @@ class PushConsumerStat(ctypes.Structure):
             "expired",
             "refused_full",
             "refused_other",
+            "writes_refused",
+            "spares",
         )
     ]
 
@@ -247,6 +249,8 @@ class PushProducerStat(ctypes.Structure):
             "retries",
             "give_backs",
             "staging_waits",
+            "puts",
+            "put_refusals",
         )
     ]
 
@@ -386,6 +390,7 @@ _PROTOS = {
     "ect_push_consumer_release": (I, [P, P]),
     "ect_push_consumer_finish": (I, [P, S]),
     "ect_push_consumer_evict": (SZ, [P, SZ]),
+    "ect_push_consumer_drop_spares": (SZ, [P]),
     "ect_push_consumer_stats": (None, [P, P]),
     "ect_push_consumer_pool": (P, [P]),
     "ect_push_state_name": (S, [I]),

@@ -508,6 +508,7 @@ int cmd_push_consumer(int argc, char **argv) {
      * numbers are 0, which the script tests check. */
     for (uint64_t r = 0; r < tp; r++) {
         ect_push_consumer_evict(cons[r], SIZE_MAX);
+        ect_push_consumer_drop_spares(cons[r]); /* stopping: nobody will put into them */
         ect_push_consumer_stat st;
         ect_push_consumer_stats(cons[r], &st);
         fprintf(stderr,

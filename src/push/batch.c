@@ -19,8 +19,58 @@ bool pb_unreachable_rc(int rc) {
     return rc == ECT_ETIMEDOUT || rc == ECT_ECONNREFUSED || rc == ECT_EIO;
 }
 
+static void spare_free(pb_spare *sp) {
+    if (!sp) return;
+    free(sp->dst_key);
+    free(sp);
+}
+
+void pb_spares_free(pbatch *b) {
+    while (b->spares) {
+        pb_spare *sp = b->spares;
+        b->spares = sp->next;
+        spare_free(sp);
+    }
+}
+
+/* Unlinks and returns the spare of the shard address key, or NULL. */
+static pb_spare *spare_take(pbatch *b, const char *key) {
+    for (pb_spare **pp = &b->spares; *pp; pp = &(*pp)->next) {
+        if (strcmp((*pp)->key, key)) continue;
+        pb_spare *sp = *pp;
+        *pp = sp->next;
+        sp->next = NULL;
+        return sp;
+    }
+    return NULL;
+}
+
+/* Keeps the spare a reply of x's shard granted (its "ect_spare"), in place
+ * of the one held for that address: the shard keeps one per peer. */
+static void spare_keep(pbatch *b, const px *x) {
+    if (x->rc || !x->rep.ok || !x->rep.has_spare) return;
+    const wire_reserve_result *r = &x->rep.spare;
+    spare_free(spare_take(b, x->key));
+    pb_spare *sp = calloc(1, sizeof *sp);
+    if (!sp || strlen(r->reservation_id) > ECT_ID_LEN || !r->dst_session[0] ||
+        strlen(r->dst_session) > PUSH_ADDR_MAX ||
+        (r->dst_key && !(sp->dst_key = strdup(r->dst_key)))) {
+        spare_free(sp); /* no memory, or not a range we can write: the shard's TTL frees it */
+        return;
+    }
+    ect_strcpy_cut(sp->key, sizeof sp->key, x->key);
+    ect_strcpy_cut(sp->rid, sizeof sp->rid, r->reservation_id);
+    ect_strcpy_cut(sp->session, sizeof sp->session, r->dst_session);
+    ect_strcpy_cut(sp->kind, sizeof sp->kind, r->transport[0] ? r->transport : "tcp");
+    sp->dst_ptr = r->dst_ptr;
+    sp->nbytes = r->nbytes;
+    sp->next = b->spares;
+    b->spares = sp;
+}
+
 void px_free(px *x) {
     if (!x) return;
+    spare_free(x->spare);
     wire_ctl_reply_clear(&x->rep);
     if (x->req.op == WIRE_OP_RESERVE_BATCH) free(x->req.u.reserve_batch.items);
     if (x->req.op == WIRE_OP_COMPLETE_BATCH) free(x->req.u.complete_batch.items);
@@ -123,6 +173,7 @@ static void note_unreachable(const px *x, const px_member *m) {
 
 static void settle_reserve(pbatch *b, px *x, uint64_t now) {
     note_exchange(b, x, now);
+    spare_keep(b, x);
     if (x->rc) {
         push_forget_consumer(b->t, x->m[0].rec->consumer);
     } else if (!x->rep.ok) {
@@ -165,6 +216,46 @@ static void settle_reserve(pbatch *b, px *x, uint64_t now) {
                                .cancelled = r->cancelled};
         push_reserve_done(b->t, m->rec, m->shard, &pr, NULL, now);
     }
+}
+
+/* The reservation a put made: the spare's range, bound to the item. */
+static push_reservation put_reservation(const pb_spare *sp) {
+    return (push_reservation){.reservation_id = sp->rid,
+                              .dst_session = sp->session,
+                              .dst_ptr = sp->dst_ptr,
+                              .dst_key = sp->dst_key,
+                              .transport = sp->kind,
+                              .write = true};
+}
+
+/* An ect_put came back: done in one exchange, or refused (its write failed,
+ * the shard said no, or an upstream shard does not know the op): the item
+ * is reserved again the normal way. A transport failure fails it as a
+ * reserve's would. */
+static void settle_put(pbatch *b, px *x, uint64_t now) {
+    const px_member *m = &x->m[0];
+    if (x->put_unsent) {
+        b->n.put_refusals++;
+        push_reserve_undo(b->t, m->rec, m->shard);
+        return;
+    }
+    note_exchange(b, x, now);
+    if (x->rc) {
+        push_forget_consumer(b->t, m->rec->consumer);
+        note_unreachable(x, m);
+        push_reserve_done(b->t, m->rec, m->shard, NULL, x->err, now);
+        return;
+    }
+    if (!x->rep.ok) {
+        ECT_LOGD_ID(MOD, m->rec->transfer_id, NULL, "ect_put on %s refused (%s); reserving", x->key,
+                    x->rep.error ? x->rep.error : "");
+        b->n.put_refusals++;
+        push_reserve_undo(b->t, m->rec, m->shard);
+        return;
+    }
+    spare_keep(b, x);
+    push_reservation pr = put_reservation(x->spare);
+    push_put_done(b->t, m->rec, m->shard, &pr, x->rep.u.complete.completed, now);
 }
 
 static void settle_complete(pbatch *b, px *x, uint64_t now) {
@@ -219,6 +310,7 @@ void pb_settle(pbatch *b, px *x, uint64_t now) {
     case PX_COMPLETE: settle_complete(b, x, now); break;
     case PX_CANCEL: settle_cancel(b, x, now); break;
     case PX_WRITE: settle_write(b, x); break;
+    case PX_PUT: settle_put(b, x, now); break;
     }
     px_free(x);
 }
@@ -392,6 +484,74 @@ static bool complete_items(px *x) {
     return true;
 }
 
+/* Items from this size on ask for no spare: their copy dwarfs the round
+ * trip a put saves, and over shm the put's window (a second range, so the
+ * initiator parks and revives a mapping each step) made 4.5 MiB steps
+ * slower (docs/BENCHMARKS.md, ninth pass). */
+#define PB_SPARE_MAX_ITEM (1u << 20)
+
+/* x is a lone step's reserve: one item, nothing else of this producer live.
+ * Only such a step uses (and asks for) a spare: with steps in flight the
+ * reserve of the next overlaps this one's write anyway, and a put there,
+ * waiting for the spare the previous put brings, measured slower
+ * (docs/BENCHMARKS.md, ninth pass). */
+static bool lone_step(pbatch *b, const px *x) {
+    if (b->no_spares || x->n != 1) return false;
+    push_stats st;
+    push_get_stats(b->t, &st);
+    return st.live == 1;
+}
+
+/* Whether a lone item (x's one member) goes out as an ect_put into the
+ * spare its shard granted: the spare fits it, its source is staged, and the
+ * spare's data plane is one this producer may use. Takes the spare. */
+static bool put_fits(pbatch *b, px *x) {
+    const push_rec *r = x->m[0].rec;
+    if (!lone_step(b, x) || !r->staged || r->stage_held || !r->src.data) return false;
+    pb_spare *sp = spare_take(b, x->key);
+    if (!sp) return false;
+    if (sp->nbytes < r->nbytes || !sp->dst_key ||
+        (b->transport[0] && strcmp(b->transport, sp->kind))) {
+        spare_free(sp); /* of no use to this item: the next grant replaces it */
+        return false;
+    }
+    x->spare = sp;
+    return true;
+}
+
+/* Makes x (a lone reserve) an ect_put into x->spare: the write and the
+ * request. False out of memory (x stays a reserve). */
+static bool put_build(px *x) {
+    const push_rec *r = x->m[0].rec;
+    const pb_spare *sp = x->spare;
+    x->w = calloc(1, sizeof *x->w);
+    x->status = calloc(1, sizeof *x->status);
+    if (!x->w || !x->status) return false;
+    x->w[0] = (ect_write){
+        .src = r->src.data, .dst_addr = sp->dst_ptr, .len = r->nbytes, .dst_key = sp->dst_key};
+    ect_strcpy_cut(x->xkind, sizeof x->xkind, sp->kind);
+    x->session = sp->session;
+    wire_reserve_req *q = &x->req.u.put.item;
+    ect_strcpy_cut(q->transfer_id, sizeof q->transfer_id, r->transfer_id);
+    ect_strcpy_cut(q->mm_hash, sizeof q->mm_hash, r->mm_hash);
+    q->tensor.nbytes = r->nbytes;
+    q->tensor.ndim = (uint32_t)r->ndim;
+    memcpy(q->tensor.shape, r->shape, sizeof q->tensor.shape);
+    ect_strcpy_cut(q->tensor.dtype, sizeof q->tensor.dtype, r->dtype);
+    ect_strcpy_cut(x->req.u.put.spare_id, sizeof x->req.u.put.spare_id, sp->rid);
+    x->req.op = WIRE_OP_ECT_PUT;
+    x->kind = PX_PUT;
+    return true;
+}
+
+/* A lone step's reserve asks its shard for a spare of the item's size; so
+ * does every put (docs/PROTOCOL.md, "a spare range granted ahead"). An
+ * upstream shard ignores the key. */
+static uint64_t spare_ask(pbatch *b, const px *x) {
+    uint64_t n = x->m[0].rec->nbytes;
+    return n < PB_SPARE_MAX_ITEM && lone_step(b, x) ? n : 0;
+}
+
 /* RESERVE and COMPLETE: one batch per shard address. */
 static void build_batches(pbatch *b, const push_action *a, size_t n, uint64_t now, px ***tail,
                           push_action_kind kind) {
@@ -404,12 +564,25 @@ static void build_batches(pbatch *b, const push_action *a, size_t n, uint64_t no
     }
     for (size_t gi = 0; gi < gs.n; gi++) {
         px *x = gs.g[gi];
+        if (xk == PX_RESERVE && put_fits(b, x)) {
+            if (!put_build(x)) {
+                fail_members(b, x->m, x->n, now);
+                px_free(x);
+                continue;
+            }
+            x->req.shm_id = b->shm_id ? b->shm_id : b->spare_id;
+            x->req.spare = x->m[0].rec->nbytes;
+            launch(b, x, now, tail, &b->n.puts);
+            continue;
+        }
         if (!(xk == PX_RESERVE ? reserve_items(x) : complete_items(x))) {
             fail_members(b, x->m, x->n, now);
             px_free(x);
             continue;
         }
         if (xk == PX_RESERVE) x->req.shm_id = b->shm_id; /* shm offers (PROTOCOL.md "shm") */
+        if (xk == PX_RESERVE) x->req.spare = spare_ask(b, x);
+        if (x->req.spare && !x->req.shm_id) x->req.shm_id = b->spare_id; /* names the owner */
         launch(b, x, now, tail, xk == PX_RESERVE ? &b->n.reserve_batches : &b->n.complete_batches);
     }
     free(gs.g);

@@ -42,7 +42,25 @@
 #include "util/lanes.h"
 #include "wire/control_msg.h"
 
-typedef enum { PX_PEERS = 1, PX_RESERVE, PX_COMPLETE, PX_CANCEL, PX_WRITE } px_kind;
+#define PX_KEY_MAX (PUSH_KIND_MAX + PUSH_ADDR_MAX + 24)
+
+/* PX_PUT: a lone item's reserve carried out as a write into the spare range
+ * its shard granted ahead, then one ect_put (docs/PROTOCOL.md "Extension: a
+ * spare range granted ahead"): the control lane writes first (w, xport,
+ * session of the spare), then sends the put. Refused (or its write failed),
+ * the item is reserved again the normal way. */
+typedef enum { PX_PEERS = 1, PX_RESERVE, PX_COMPLETE, PX_CANCEL, PX_WRITE, PX_PUT } px_kind;
+
+/* A spare range a shard granted this producer (one per shard address). */
+typedef struct pb_spare {
+    char key[PX_KEY_MAX];            /* the shard's "host:port" */
+    char rid[ECT_ID_LEN + 1];        /* the spare's id */
+    char session[PUSH_ADDR_MAX + 1]; /* dst_session */
+    char kind[PUSH_KIND_MAX + 1];    /* data plane ("tcp" if none named) */
+    uint64_t dst_ptr, nbytes;
+    char *dst_key; /* malloc'd, or NULL */
+    struct pb_spare *next;
+} pb_spare;
 
 /* One action an exchange carries (its record stays valid until settled). */
 typedef struct px_member {
@@ -51,7 +69,6 @@ typedef struct px_member {
     size_t shard;
 } px_member;
 
-#define PX_KEY_MAX (PUSH_KIND_MAX + PUSH_ADDR_MAX + 24)
 #define PX_ERR_MAX 320
 
 /* One exchange: built here, carried out by the executor, settled here. */
@@ -79,12 +96,17 @@ typedef struct px {
     bool held;            /* never went out (err says why) */
     bool on_main, routed; /* complete_batch: the lane it took (the executor's) */
     char err[PX_ERR_MAX]; /* rc's text */
+    /* PX_PUT: the spare written into (owned), and the lane's progress */
+    pb_spare *spare;
+    bool put_written; /* the write into the spare ran (not again on a resume) */
+    bool put_unsent;  /* ... and failed (or no transport): the put is not sent */
     struct px *next;
 } px;
 
 typedef struct pb_counts {
     uint64_t control_requests, peers_requests, reserve_batches, complete_batches, cancels,
         write_batches, refreshes;
+    uint64_t puts, put_refusals; /* ect_put sent; refused (or unsent), reserved again */
 } pb_counts;
 
 typedef struct pbatch {
@@ -94,6 +116,10 @@ typedef struct pbatch {
     unsigned expect_shards;            /* 0 any */
     uint64_t shm_id; /* "ect_shm_id" every reserve names (our shm connections' id), 0 none */
     pb_counts n;     /* what went out */
+    pb_spare *spares;        /* granted ranges, one per shard address (docs/PROTOCOL.md) */
+    uint64_t spare_id;       /* "ect_shm_id" of requests that ask for or use a spare when shm_id
+                                is 0: this producer's id, so a shard keeps one spare per producer */
+    bool no_spares;          /* never ask for one (tests) */
     atomic_size_t held_down; /* down_count after the latest change (metrics) */
 } pbatch;
 
@@ -112,5 +138,8 @@ void pb_settle(pbatch *b, px *x, uint64_t now_ms);
 
 /* Frees an exchange not to be settled (closing). NULL is fine. */
 void px_free(px *x);
+
+/* Forgets every spare (closing; the shards' TTL frees them). */
+void pb_spares_free(pbatch *b);
 
 #endif

@@ -402,6 +402,10 @@ size_t ect_push_consumer_evict(ect_push_consumer *c, size_t max) {
     return ctl_server_evict(c->srv, max);
 }
 
+size_t ect_push_consumer_drop_spares(ect_push_consumer *c) {
+    return c ? ctl_server_drop_spares(c->srv) : 0;
+}
+
 void ect_push_consumer_stats(ect_push_consumer *c, ect_push_consumer_stat *st) {
     memset(st, 0, sizeof *st);
     ect_pool_stat ps;
@@ -429,6 +433,7 @@ void ect_push_consumer_stats(ect_push_consumer *c, ect_push_consumer_stat *st) {
     st->refused_full = rf.full;
     st->refused_other = rf.tomb + rf.conflict + rf.busy + rf.invalid + rf.other;
     st->writes_refused = c->xp ? xp_refused(c->xp) : 0;
+    st->spares = rs.spares;
 }
 
 ect_pool *ect_push_consumer_pool(ect_push_consumer *c) { return c ? c->pool : NULL; }

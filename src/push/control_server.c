@@ -74,6 +74,8 @@ typedef struct ctl_window {
 struct ctl_server {
     ctl_server_opts o;
     ctl_window *wins;    /* guarded by mu */
+    ctl_window *spare_wins; /* [mu] the spares' windows, by reservation_id (their id) */
+    uint64_t swept_spares;  /* [mu] the table's spares_dropped at the last spare sweep */
     ctl_window *closing; /* [mu] dropped, keys not closed yet (close_pending) */
     ect_spares spare;    /* [mu] closed windows for reuse */
     char ip[256], session[WIRE_SESSION_MAX + 1], transport[WIRE_TRANSPORT_MAX + 1];
@@ -273,9 +275,31 @@ static void sweep_windows(ctl_server *s) {
     s->swept_expired = rs.expired_writing;
 }
 
+/* Takes a spare's window off spare_wins; closed by the next close_pending. */
+static void drop_spare_window(ctl_server *s, ctl_window *w) {
+    HASH_DEL(s->spare_wins, w);
+    w->next = s->closing;
+    s->closing = w;
+}
+
+/* Closes the window of every spare the table no longer holds (expired,
+ * freed for a reserve, replaced), when it dropped one since the last look.
+ * Under mu; before any window opens (a freed range may be granted again). */
+static void sweep_spares(ctl_server *s) {
+    rsv_stats rs;
+    rsv_get_stats(s->tab, &rs);
+    if (rs.spares_dropped == s->swept_spares) return;
+    s->swept_spares = rs.spares_dropped;
+    ctl_window *w, *tmp;
+    HASH_ITER(hh, s->spare_wins, w, tmp) {
+        if (!rsv_spare_held(s->tab, w->reservation_id)) drop_spare_window(s, w);
+    }
+}
+
 static void close_all_windows(ctl_server *s) {
     ctl_window *w, *tmp;
     HASH_ITER(hh, s->wins, w, tmp) drop_window(s, w);
+    HASH_ITER(hh, s->spare_wins, w, tmp) drop_spare_window(s, w);
 }
 
 /* What a request did to transfer_id, once the table answered. A writer
@@ -319,6 +343,7 @@ static int open_window(ctl_server *s, const char *transfer_id, const rsv_reply *
     ctl_window *w;
     HASH_FIND_STR(s->wins, transfer_id, w);
     if (w) drop_window(s, w); /* a stale entry: replace it */
+    sweep_spares(s);          /* a spare freed for this reserve: its window goes first */
     close_pending(s);         /* what this request ended frees its range first */
     int rc = ECT_ENOMEM;
     if ((w = window_new(s))) {
@@ -439,6 +464,8 @@ static char *status_json(ctl_server *s) {
     json_object_set_new(pool, "capacity", json_integer((json_int_t)s->o.rsv.capacity));
     json_object_set_new(pool, "used", json_integer((json_int_t)st.bytes_held));
     json_object_set_new(pool, "resident", json_integer((json_int_t)st.published_bytes));
+    json_object_set_new(pool, "spares", json_integer((json_int_t)st.spares));
+    json_object_set_new(pool, "spare_bytes", json_integer((json_int_t)st.spare_bytes));
     json_object_set_new(o, "pool", pool);
     for (int k = RSV_WRITING; k <= RSV_EXPIRED; k++)
         json_object_set_new(rs, rsv_state_name((rsv_state)k), json_integer((json_int_t)counts[k]));
@@ -501,6 +528,7 @@ static void offer_windows(ctl_server *s, const wire_ctl_request *q, const wire_c
     if (!q->shm_id || !s->o.win_offer) return;
     if (q->op == WIRE_OP_RESERVE && rep->u.reserve.write && rep->u.reserve.dst_key)
         keys[n++] = rep->u.reserve.dst_key;
+    if (rep->has_spare && rep->spare.dst_key) keys[n++] = rep->spare.dst_key;
     for (size_t i = 0; q->op == WIRE_OP_RESERVE_BATCH && i < rep->u.reserve_batch.n; i++) {
         const wire_reserve_outcome *oc = &rep->u.reserve_batch.items[i];
         if (!oc->ok || !oc->result.write || !oc->result.dst_key) continue;
@@ -511,6 +539,98 @@ static void offer_windows(ctl_server *s, const wire_ctl_request *q, const wire_c
         }
     }
     if (n) s->o.win_offer(s->o.win_ctx, q->shm_id, keys, n);
+}
+
+/* Grants the spare a reserve, reserve_batch or ect_put asked for
+ * ("ect_spare", docs/PROTOCOL.md "a spare range granted ahead") into
+ * rep->spare, with a window of its own; nothing when the pool has no free
+ * range without reclaiming (the reply then has no "ect_spare"). Under mu. */
+/* A spare's owner: the peer's address, and the producer's id when the
+ * request names one (ect_shm_id), so producers on one host hold one each. */
+static void spare_owner(const ctl_server *s, const wire_ctl_request *q,
+                        char out[RSV_OWNER_MAX + 1]) {
+    char h[17];
+    ect_strcpy_cut(out, RSV_OWNER_MAX + 1, s->who);
+    if (!q->shm_id) return;
+    wctl_shm_id_format(q->shm_id, h);
+    ect_strcat_cut(out, RSV_OWNER_MAX + 1, "#");
+    ect_strcat_cut(out, RSV_OWNER_MAX + 1, h);
+}
+
+static void grant_spare(ctl_server *s, const wire_ctl_request *q, uint64_t now,
+                        wire_ctl_reply *rep) {
+    rsv_reply rr;
+    char owner[RSV_OWNER_MAX + 1];
+    spare_owner(s, q, owner);
+    if (!q->spare || rsv_spare_grant(s->tab, owner, q->spare, now, &rr)) return;
+    sweep_spares(s); /* the peer's previous spare, replaced */
+    const char *key = s->dst_key;
+    ctl_window *w = NULL;
+    int rc = 0;
+    if (s->o.win_open) {
+        close_pending(s);
+        rc = ECT_ENOMEM;
+        if ((w = window_new(s))) {
+            memset(&w->hh, 0, sizeof w->hh);
+            w->key[0] = w->transfer_id[0] = '\0';
+            ect_strcpy_cut(w->reservation_id, sizeof w->reservation_id, rr.reservation_id);
+            rc = s->o.win_open(s->o.win_ctx, rr.offset, rr.nbytes, w->key);
+        }
+        if (!rc) {
+            HASH_ADD_STR(s->spare_wins, reservation_id, w);
+            key = w->key;
+        } else if (w) {
+            window_put(s, w);
+        }
+    }
+    if (!rc && key && !(rep->spare.dst_key = strdup(key))) rc = ECT_ENOMEM;
+    if (rc) { /* no window or no memory: no spare (its window, if any, closes) */
+        (void)rsv_spare_free(s->tab, rr.reservation_id);
+        sweep_spares(s);
+        return;
+    }
+    wire_reserve_result *sp = &rep->spare;
+    ect_strcpy_cut(sp->reservation_id, sizeof sp->reservation_id, rr.reservation_id);
+    ect_strcpy_cut(sp->dst_session, sizeof sp->dst_session, told_session(s));
+    sp->dst_ptr = s->o.pool_base + rr.offset;
+    sp->nbytes = rr.nbytes;
+    sp->write = true;
+    ect_strcpy_cut(sp->transport, sizeof sp->transport, s->transport);
+    rep->has_spare = true;
+}
+
+/* ect_put: binds the peer's spare to the item (the plain case only,
+ * rsv_spare_bind), moves the spare's window to it and completes it, as a
+ * complete would. On failure nothing changed and the error is set. Under mu. */
+static int do_put(ctl_server *s, const wire_ctl_request *q, uint64_t now,
+                  wire_complete_result *res) {
+    const wire_reserve_req *r = &q->u.put.item;
+    rsv_request rq = {.transfer_id = r->transfer_id,
+                      .mm_hash = r->mm_hash,
+                      .nbytes = r->tensor.nbytes,
+                      .shape = r->tensor.shape,
+                      .ndim = r->tensor.ndim,
+                      .dtype = r->tensor.dtype,
+                      .owner = s->who};
+    char owner[RSV_OWNER_MAX + 1];
+    spare_owner(s, q, owner);
+    rsv_reply rr;
+    int rc = rsv_spare_bind(s->tab, q->u.put.spare_id, owner, &rq, now, &rr);
+    if (rc) return rc;
+    ctl_window *w = NULL, *old = NULL;
+    HASH_FIND_STR(s->spare_wins, q->u.put.spare_id, w);
+    if (w) { /* the window is the item's now: closed as a completed writer's */
+        HASH_DEL(s->spare_wins, w);
+        memset(&w->hh, 0, sizeof w->hh);
+        ect_strcpy_cut(w->transfer_id, sizeof w->transfer_id, r->transfer_id);
+        HASH_FIND_STR(s->wins, r->transfer_id, old);
+        if (old) drop_window(s, old);
+        HASH_ADD_STR(s->wins, transfer_id, w);
+    }
+    rsv_complete(s->tab, r->transfer_id, rr.reservation_id, now, &res->completed,
+                 &res->became_ready);
+    settle_id(s, r->transfer_id, res->became_ready, r->tensor.nbytes);
+    return 0;
 }
 
 static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now,
@@ -633,12 +753,21 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
     case WIRE_OP_ECT_STATUS:
         if (!(rep.u.ect_status = status_json(s))) out_of_memory(&rc, errtext);
         break;
+    case WIRE_OP_ECT_PUT:
+        rc = do_put(s, q, now, &rep.u.complete);
+        if (rc) {
+            ect_strcpy_cut(errtext, sizeof errtext, ect_last_error());
+            ECT_LOGD(MOD, "shard %d: %s", s->port, errtext);
+        }
+        break;
     default:
         rc = ECT_ENOTSUP;
         snprintf(errtext, sizeof errtext, "unknown control op: '%d'", (int)q->op);
         break;
     }
+    if (!rc) grant_spare(s, q, now, &rep);
     settle_expired(s);
+    sweep_spares(s);
     close_pending(s);
     if (!rc) offer_windows(s, q, &rep);
     pthread_mutex_unlock(&s->mu);
@@ -1001,6 +1130,16 @@ size_t ctl_server_reap(ctl_server *s, uint64_t now_ms) {
     pthread_mutex_lock(&s->mu);
     size_t n = rsv_reap(s->tab, now_ms);
     if (s->wins) sweep_windows(s);
+    sweep_spares(s);
+    close_pending(s);
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+size_t ctl_server_drop_spares(ctl_server *s) {
+    pthread_mutex_lock(&s->mu);
+    size_t n = rsv_spare_free_all(s->tab);
+    sweep_spares(s);
     close_pending(s);
     pthread_mutex_unlock(&s->mu);
     return n;

@@ -154,6 +154,8 @@ typedef struct ctl_refusals {
 void ctl_server_refusals(ctl_server *s, ctl_refusals *out);
 void ctl_server_stats(ctl_server *s, rsv_stats *st);
 size_t ctl_server_evict(ctl_server *s, size_t max);
+/* Frees every spare (rsv_spare_free_all) and closes their windows. */
+size_t ctl_server_drop_spares(ctl_server *s);
 int ctl_server_check(ctl_server *s);
 /* Events sent on the PUSH socket and frames answered "malformed". */
 uint64_t ctl_server_events_sent(ctl_server *s);

@@ -163,6 +163,7 @@ int ect_push_producer_open(const ect_push_producer_opts *opts, ect_push_producer
      * (docs/PROTOCOL.md "shm", "Offers"), named by this id. */
     if (!p->transport[0] || !strcmp(p->transport, "shm"))
         while (!p->batch.shm_id) p->batch.shm_id = ect_random_u64();
+    while (!p->batch.spare_id) p->batch.spare_id = ect_random_u64(); /* names its spares */
     p->acts_cap = 1024;
     if (!(p->acts = calloc(p->acts_cap, sizeof *p->acts)) || !(p->zctx = zmq_ctx_new())) {
         rc = ect_set_error(ECT_ENOMEM, "push producer: out of memory");
@@ -633,6 +634,8 @@ void ect_push_producer_stats(ect_push_producer *p, ect_push_producer_stat *st) {
     st->cancels = c->cancels;
     st->write_batches = c->write_batches;
     st->refreshes = c->refreshes;
+    st->puts = c->puts;
+    st->put_refusals = c->put_refusals;
     push_stats ps;
     push_get_stats(p->table, &ps);
     st->full_refusals = ps.full_refusals;
@@ -674,6 +677,7 @@ void ect_push_producer_close(ect_push_producer *p) {
     free(p->acts);
     push_close(p->table);
     down_close(p->batch.downs);
+    pb_spares_free(&p->batch);
     if (p->zctx) zmq_ctx_term(p->zctx);
     ect_pool_close(p->pool);
     pthread_cond_destroy(&p->wake);

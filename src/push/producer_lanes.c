@@ -159,13 +159,16 @@ static bool run_chain(lane_ctl *lc, px *x) {
     bool resume = lc->susp == x;
     ctl_exchange ex[CTL_MANY_MAX];
     size_t n = 0;
-    for (px *e = x; e; e = (px *)e->lj.next)
+    for (px *e = x; e; e = (px *)e->lj.next) {
+        if (e->put_unsent) continue;
         ex[n++] = (ctl_exchange){.req = &e->req,
                                  .rep = &e->rep,
                                  .want_ok = e->want_ok,
                                  .err = e->err,
                                  .err_cap = sizeof e->err};
+    }
     lc->susp = NULL;
+    if (!n) return false; /* only puts whose write failed: nothing to send */
     int rc = ctl_call_many_lent(lc->c, x->host, x->port, ex, n, lc->yield_at, resume);
     if (rc == CTL_YIELDED || rc == CTL_YIELDED_UNSENT) {
         lc->susp = x;
@@ -173,8 +176,24 @@ static bool run_chain(lane_ctl *lc, px *x) {
         return true;
     }
     n = 0;
-    for (px *e = x; e; e = (px *)e->lj.next) e->rc = ex[n++].rc;
+    for (px *e = x; e; e = (px *)e->lj.next)
+        if (!e->put_unsent) e->rc = ex[n++].rc;
     return false;
+}
+
+/* The writes of the chain's puts (PX_PUT) into their spares, before any of
+ * the chain's requests goes out (a put names bytes already there). A write
+ * that fails, or has no transport, leaves its put unsent (the item is then
+ * reserved the normal way). Once per put: a resumed chain does not write
+ * again. */
+static void write_puts(px *x) {
+    for (px *e = x; e; e = (px *)e->lj.next) {
+        if (e->kind != PX_PUT || e->put_written) continue;
+        e->put_written = true;
+        e->put_unsent = !e->xport ||
+                        ect_xport_write_batch(e->xport, e->session, e->w, 1, e->status) != 0 ||
+                        e->status[0] != 0;
+    }
 }
 
 /* Fails every exchange of the chain x with rc and the text (why). */
@@ -201,8 +220,9 @@ static void lane_run(void *ctx, lane *l, void *state, lane_job *lj) {
     } else if (lc->orc) {
         snprintf(why, sizeof why, "control client: %.200s", lc->oerr);
         fail_chain(x, lc->orc, why);
-    } else if (run_chain(lc, x)) {
-        return; /* a borrower's time ran out: the lane's thread goes on with it */
+    } else {
+        write_puts(x);
+        if (run_chain(lc, x)) return; /* a borrower's time ran out: its thread goes on */
     }
     while (last->lj.next) last = (px *)last->lj.next;
     lane_job *behind = NULL;

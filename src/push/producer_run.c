@@ -278,6 +278,7 @@ static void submit_round(ect_push_producer *p, runner *r, px *xs, px **writes, p
             wtail = &x->next;
             continue;
         }
+        if (x->kind == PX_PUT) (void)(x->xport = xport_for(p, x->xkind)); /* NULL: unsent */
         if (r->lane_key) {
             char key[PP_LANE_KEY_MAX];
             pp_lane_key(x, key);

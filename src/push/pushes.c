@@ -836,6 +836,31 @@ int push_reserve_done(push_table *t, push_rec *r, size_t shard, const push_reser
     return 0;
 }
 
+int push_put_done(push_table *t, push_rec *r, size_t shard, const push_reservation *res,
+                  bool completed, uint64_t now_ms) {
+    int rc = push_reserve_done(t, r, shard, res, NULL, now_ms);
+    if (rc) return rc;
+    push_shard *s = &r->sh[shard];
+    if (s->rsv != ST_OK) return 0; /* refused as malformed: the record failed */
+    s->write = ST_OK;
+    if (!r->used_kind[0]) memcpy(r->used_kind, s->kind, sizeof r->used_kind);
+    s->complete = completed ? ST_OK : ST_FAILED;
+    if (!completed)
+        fail(r, "shard %zu did not accept the completion (reservation cancelled or expired)",
+             shard);
+    return 0;
+}
+
+int push_reserve_undo(push_table *t, push_rec *r, size_t shard) {
+    (void)t;
+    int rc = shard_of(r, shard);
+    if (rc) return rc;
+    push_shard *s = &r->sh[shard];
+    if (s->rsv != ST_SENT) return stray("reserve", r, shard);
+    s->rsv = ST_NONE;
+    return 0;
+}
+
 int push_reserve_full(push_table *t, push_rec *r, size_t shard, const char *error,
                       uint64_t now_ms) {
     int rc = shard_of(r, shard);

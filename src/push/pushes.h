@@ -327,6 +327,16 @@ typedef struct push_reservation {
 /* res NULL: the reserve failed (`error` says why; the push fails). */
 int push_reserve_done(push_table *t, push_rec *r, size_t shard, const push_reservation *res,
                       const char *error, uint64_t now_ms);
+/* A reserve carried out as an ect_put into a spare range (docs/PROTOCOL.md
+ * "a spare range granted ahead"): the shard bound the spare (res, the
+ * spare's facts) to the item, the bytes were written and the shard
+ * completed it (`completed`). Reserve, write and complete of that shard
+ * are settled at once. */
+int push_put_done(push_table *t, push_rec *r, size_t shard, const push_reservation *res,
+                  bool completed, uint64_t now_ms);
+/* The reserve in flight never happened (an ect_put refused, or its write
+ * into the spare failed): the shard is reserved again by the next round. */
+int push_reserve_undo(push_table *t, push_rec *r, size_t shard);
 /* The shard refused the reserve because its pool is full (`error`, the
  * shard's text): back-pressure, see above. */
 int push_reserve_full(push_table *t, push_rec *r, size_t shard, const char *error, uint64_t now_ms);

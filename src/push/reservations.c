@@ -140,8 +140,17 @@ typedef struct ev_node {
     struct ev_node *prev, *next;
 } ev_node;
 
+/* A spare: a range granted ahead to one peer, no entry yet (rsv_spare_grant). */
+typedef struct spare_rng {
+    char id[ECT_ID_LEN + 1];
+    char owner[RSV_OWNER_MAX + 1];
+    uint64_t offset, size, expires;
+    struct spare_rng *next;
+} spare_rng;
+
 struct rsv_table {
     rsv_opts o;
+    spare_rng *spares; /* newest first; at most one per owner */
     uint64_t now;
     idtab ids;
     rsv_entry *inflight;
@@ -331,6 +340,96 @@ size_t rsv_evict_resident(rsv_table *t, size_t max) {
     size_t n = 0;
     while (n < max && evict_one(t)) n++;
     return n;
+}
+
+/* ---- spares (docs/PROTOCOL.md "a spare range granted ahead") */
+
+/* Unlinks *pp and gives its range back to the pool. */
+static void spare_drop(rsv_table *t, spare_rng **pp) {
+    spare_rng *sp = *pp;
+    *pp = sp->next;
+    t->o.mem->free(t->o.mem_ctx, sp->offset, sp->size);
+    t->st.spares--;
+    t->st.spare_bytes -= sp->size;
+    t->st.spares_dropped++;
+    free(sp);
+}
+
+static spare_rng **spare_find(rsv_table *t, const char *id) {
+    spare_rng **pp = &t->spares;
+    while (*pp && strcmp((*pp)->id, id)) pp = &(*pp)->next;
+    return pp;
+}
+
+/* Frees the spares whose time is up. */
+static size_t spares_expire(rsv_table *t) {
+    size_t n = 0;
+    for (spare_rng **pp = &t->spares; *pp;) {
+        if ((*pp)->expires > t->now) {
+            pp = &(*pp)->next;
+            continue;
+        }
+        spare_drop(t, pp);
+        n++;
+    }
+    return n;
+}
+
+size_t rsv_spare_free_all(rsv_table *t) {
+    size_t n = 0;
+    while (t->spares) {
+        spare_drop(t, &t->spares);
+        n++;
+    }
+    return n;
+}
+
+bool rsv_spare_free(rsv_table *t, const char *id) {
+    spare_rng **pp = spare_find(t, id);
+    if (!*pp) return false;
+    spare_drop(t, pp);
+    return true;
+}
+
+bool rsv_spare_held(const rsv_table *t, const char *id) {
+    for (const spare_rng *sp = t->spares; sp; sp = sp->next)
+        if (!strcmp(sp->id, id)) return true;
+    return false;
+}
+
+int rsv_spare_grant(rsv_table *t, const char *owner, uint64_t nbytes, uint64_t now_ms,
+                    rsv_reply *reply) {
+    memset(reply, 0, sizeof *reply);
+    if (!nbytes) return ect_set_error(ECT_EINVAL, "ect_spare: 0 bytes");
+    if (t->o.capacity && nbytes > t->o.capacity)
+        return ect_set_error(ECT_EFULL, "ect_spare: more than the whole pool");
+    clamp_now(t, now_ms);
+    for (spare_rng **pp = &t->spares; *pp; pp = &(*pp)->next)
+        if (!strcmp((*pp)->owner, owner ? owner : "")) { /* at most one per peer */
+            spare_drop(t, pp);
+            break;
+        }
+    spare_rng *sp = calloc(1, sizeof *sp);
+    if (!sp) return ect_set_error(ECT_ENOMEM, "ect_spare: out of memory");
+    int rc = t->o.mem->alloc(t->o.mem_ctx, nbytes, &sp->offset); /* never reclaims */
+    if (rc) {
+        free(sp);
+        return rc == ECT_EFULL ? ect_set_error(ECT_EFULL, "ect_spare: no free range") : rc;
+    }
+    ect_random_id(sp->id);
+    ect_strcpy_cut(sp->owner, sizeof sp->owner, owner);
+    sp->size = nbytes;
+    sp->expires = t->now + t->o.ttl_ms;
+    sp->next = t->spares;
+    t->spares = sp;
+    t->st.spares++;
+    t->st.spare_bytes += nbytes;
+    t->st.spares_granted++;
+    memcpy(reply->reservation_id, sp->id, sizeof reply->reservation_id);
+    reply->offset = sp->offset;
+    reply->nbytes = nbytes;
+    reply->write = true;
+    return 0;
 }
 
 /* ---- events */
@@ -543,6 +642,7 @@ static size_t reap(rsv_table *t) {
             n++;
         }
     }
+    n += spares_expire(t);
     return n + idt_expire(&t->ids, now);
 }
 
@@ -586,6 +686,10 @@ static int alloc_reclaiming(rsv_table *t, uint64_t size, uint64_t *off) {
     if (rc != ECT_EFULL) return rc;
     if (reap(t) > 0) rc = t->o.mem->alloc(t->o.mem_ctx, size, off);
     while (rc == ECT_EFULL && evict_one(t)) rc = t->o.mem->alloc(t->o.mem_ctx, size, off);
+    while (rc == ECT_EFULL && t->spares) { /* a spare never costs a reserve its room */
+        spare_drop(t, &t->spares);
+        rc = t->o.mem->alloc(t->o.mem_ctx, size, off);
+    }
     return rc;
 }
 
@@ -607,6 +711,31 @@ static int add_entry(rsv_table *t, rsv_entry *e, rsv_state s, uint64_t deadline)
         return ect_set_error(ECT_ENOMEM, "reservation index: out of memory");
     size_t live = idt_live(&t->ids);
     if (live > t->st.peak_live) t->st.peak_live = live;
+    return 0;
+}
+
+/* Makes e the WRITING writer of a new buffer b over [off, off + size):
+ * indexed in flight and by transfer_id. ECT_ENOMEM with nothing changed
+ * (the caller still owns e, b and the range). */
+static int install_writer(rsv_table *t, rsv_entry *e, rsv_buf *b, uint64_t off, uint64_t size,
+                          const tensor *tn, uint64_t expiry) {
+    e->role = ROLE_WRITER;
+    hash_oom = 0;
+    HASH_ADD_KEYPTR(hh_inflight, t->inflight, e->mm_hash, strlen(e->mm_hash), e);
+    bool indexed = !hash_oom;
+    if (!indexed || add_entry(t, e, RSV_WRITING, expiry)) {
+        if (indexed) HASH_DELETE(hh_inflight, t->inflight, e);
+        return ECT_ENOMEM;
+    }
+    b->offset = off;
+    b->size = size;
+    b->tn = *tn;
+    b->refs = 1;
+    DL_APPEND2(t->all, b, all_prev, all_next);
+    t->st.buffers++;
+    t->st.bytes_held += size;
+    if (t->st.bytes_held > t->st.peak_bytes) t->st.peak_bytes = t->st.bytes_held;
+    e->buf = b;
     return 0;
 }
 
@@ -690,35 +819,21 @@ static int reserve_new(rsv_table *t, const rsv_request *r, const tensor *tn, rsv
             if (rc == ECT_ENOMEM) return ect_set_error(rc, "reserve: out of memory");
             return rc;
         }
-        e->role = ROLE_WRITER;
-        hash_oom = 0;
-        HASH_ADD_KEYPTR(hh_inflight, t->inflight, e->mm_hash, strlen(e->mm_hash), e);
-        bool indexed = !hash_oom;
-        if (!indexed || add_entry(t, e, RSV_WRITING, expiry)) {
-            if (indexed) HASH_DELETE(hh_inflight, t->inflight, e);
+        if (install_writer(t, e, b, off, size, tn, expiry)) {
             t->o.mem->free(t->o.mem_ctx, off, size); /* nobody was told about it */
             free(b);
             free_entry_mem(t, e);
             return ect_set_error(ECT_ENOMEM, "reserve: out of memory");
         }
-        b->offset = off;
-        b->size = size;
-        b->tn = *tn;
-        b->refs = 1;
-        DL_APPEND2(t->all, b, all_prev, all_next);
-        t->st.buffers++;
-        t->st.bytes_held += size;
-        if (t->st.bytes_held > t->st.peak_bytes) t->st.peak_bytes = t->st.bytes_held;
-        e->buf = b;
     }
     reply_for(e, reply);
     reply->write = e->role == ROLE_WRITER;
     return 0;
 }
 
-int rsv_reserve(rsv_table *t, const rsv_request *req, uint64_t now_ms, rsv_reply *reply) {
+/* The fields of a reserve (or a spare's bind) and the tensor they describe. */
+static int check_request(const rsv_request *req, tensor *tn) {
     int rc;
-    memset(reply, 0, sizeof *reply);
     if ((rc = check_key(req->transfer_id, "transfer_id")) ||
         (rc = check_key(req->mm_hash, "mm_hash")))
         return rc;
@@ -726,9 +841,66 @@ int rsv_reserve(rsv_table *t, const rsv_request *req, uint64_t now_ms, rsv_reply
         return ect_set_error(ECT_EINVAL, "reserve: shape is missing (%zu dimensions)", req->ndim);
     if ((rc = wire_check_nbytes(req->dtype, req->shape, req->ndim, req->nbytes, "reserve")))
         return rc;
-    tensor tn = {.nbytes = req->nbytes, .ndim = req->ndim};
-    ect_strcpy_cut(tn.dtype, sizeof tn.dtype, wire_dtype_canonical(req->dtype));
-    if (req->ndim) memcpy(tn.shape, req->shape, req->ndim * sizeof *req->shape);
+    memset(tn, 0, sizeof *tn);
+    tn->nbytes = req->nbytes;
+    tn->ndim = req->ndim;
+    ect_strcpy_cut(tn->dtype, sizeof tn->dtype, wire_dtype_canonical(req->dtype));
+    if (req->ndim) memcpy(tn->shape, req->shape, req->ndim * sizeof *req->shape);
+    return 0;
+}
+
+int rsv_spare_bind(rsv_table *t, const char *spare_id, const char *spare_owner,
+                   const rsv_request *req, uint64_t now_ms, rsv_reply *reply) {
+    memset(reply, 0, sizeof *reply);
+    tensor tn;
+    int rc = check_request(req, &tn);
+    if (rc) return rc;
+    clamp_now(t, now_ms);
+    reap(t);
+    spare_rng **pp = spare_find(t, spare_id ? spare_id : ""), *sp = *pp;
+    if (!sp)
+        return ect_set_error(ECT_ENOTFOUND,
+                             "ect_put: no spare '%.64s' (expired, freed or never granted)",
+                             spare_id ? spare_id : "");
+    if (strcmp(sp->owner, spare_owner ? spare_owner : ""))
+        return ect_set_error(ECT_EACCES, "ect_put: spare '%.64s' belongs to another peer",
+                             spare_id);
+    if (tn.nbytes > sp->size)
+        return ect_set_error(ECT_EINVAL,
+                             "ect_put: %" PRIu64 " bytes do not fit the spare's %" PRIu64,
+                             tn.nbytes, sp->size);
+    if (find_entry(t, req->transfer_id))
+        return ect_set_error(ECT_EEXIST, "ect_put: transfer_id '%.64s' is known: reserve it",
+                             req->transfer_id);
+    if (find_published(t, req->mm_hash) || find_inflight(t, req->mm_hash) ||
+        find_orphan(t, req->mm_hash))
+        return ect_set_error(ECT_EEXIST,
+                             "ect_put: mm_hash '%.64s' is cached or in flight: reserve it",
+                             req->mm_hash);
+    rsv_entry *e = new_entry(t, req, &tn);
+    rsv_buf *b = e ? buf_alloc(t, req->mm_hash) : NULL;
+    if (!b || install_writer(t, e, b, sp->offset, sp->size, &tn, t->now + t->o.ttl_ms)) {
+        free(b);
+        if (e) free_entry_mem(t, e);
+        return ect_set_error(ECT_ENOMEM, "ect_put: out of memory");
+    }
+    /* the spare's id is the window's and the complete's; its range the writer's now */
+    memcpy(e->reservation_id, sp->id, sizeof e->reservation_id);
+    *pp = sp->next;
+    t->st.spares--;
+    t->st.spare_bytes -= sp->size;
+    t->st.spares_bound++;
+    free(sp);
+    reply_for(e, reply);
+    reply->write = true;
+    return 0;
+}
+
+int rsv_reserve(rsv_table *t, const rsv_request *req, uint64_t now_ms, rsv_reply *reply) {
+    memset(reply, 0, sizeof *reply);
+    tensor tn;
+    int rc = check_request(req, &tn);
+    if (rc) return rc;
     clamp_now(t, now_ms);
     reap(t);
     rsv_entry *e = find_entry(t, req->transfer_id);
@@ -996,6 +1168,7 @@ void rsv_close(rsv_table *t) {
         t->o.mem->free(t->o.mem_ctx, b->offset, b->size);
         free(b);
     }
+    rsv_spare_free_all(t);
     ev_node *n, *ntmp;
     DL_FOREACH_SAFE(t->events, n, ntmp) free(n);
     ect_spares_clear(&t->spare_events);
@@ -1096,6 +1269,14 @@ int rsv_check(const rsv_table *t) {
           "buffer counters drifted (%zu/%zu buffers, %" PRIu64 "/%" PRIu64 " bytes)", bufs,
           t->st.buffers, bytes, t->st.bytes_held);
     CHECK(events == t->st.events && events <= t->o.max_events, "event queue counter drifted");
+    size_t nsp = 0;
+    uint64_t spb = 0;
+    for (const spare_rng *sp = t->spares; sp; sp = sp->next, nsp++) {
+        spb += sp->size;
+        for (const spare_rng *o = sp->next; o; o = o->next)
+            CHECK(strcmp(o->owner, sp->owner), "two spares of one owner '%s'", sp->owner);
+    }
+    CHECK(nsp == t->st.spares && spb == t->st.spare_bytes, "spare counters drifted");
     CHECK(tombs <= t->o.max_tombstones, "tombstone cap exceeded");
     for (const idt_node *n = idt_first(&t->ids, IDT_LIVE); n && n->next; n = n->next)
         CHECK(n->deadline <= n->next->deadline, "live list out of deadline order");

@@ -195,6 +195,44 @@ int rsv_finish(rsv_table *t, const char *transfer_id, uint64_t now_ms);
  * and reserve calls it too. Returns the number of transitions made. */
 size_t rsv_reap(rsv_table *t, uint64_t now_ms);
 
+/* ---- spares (docs/PROTOCOL.md "Extension: a spare range granted ahead")
+ *
+ * A spare is a pool range granted ahead to one peer (owner), with an id of
+ * its own and no entry: the peer writes its next item into it and binds it
+ * (ect_put). It expires one TTL after the grant (the reaper), a reserve
+ * that finds the pool full frees spares before it gives up (after reaping
+ * and evicting), a new grant to the same owner frees the owner's old one,
+ * and rsv_close frees them all. Its bytes are counted in spare_bytes, not
+ * in bytes_held. */
+
+/* Allocates nbytes for owner without reclaiming anything (no reap, no
+ * eviction, no other spare freed). 0 and *reply (reservation_id = the
+ * spare's id, offset, nbytes, write); ECT_EFULL (no free range: nothing
+ * granted), ECT_EINVAL (0 bytes), ECT_ENOMEM. */
+int rsv_spare_grant(rsv_table *t, const char *owner, uint64_t nbytes, uint64_t now_ms,
+                    rsv_reply *reply);
+
+/* Binds the spare spare_id to the item req (spare_owner must be the owner
+ * it was granted to; req->owner becomes the item's owner) as the WRITING
+ * writer over the spare's range, with the spare's id as its reservation id;
+ * rsv_complete then publishes it. Only the plain case: transfer_id unknown
+ * to the table (no entry, no tombstone), mm_hash neither published, in
+ * flight nor orphaned, and nbytes within the spare. Errors (nothing
+ * changes): ECT_ENOTFOUND no such spare; ECT_EACCES another owner's;
+ * ECT_EEXIST not the plain case; ECT_EINVAL a bad field or too large;
+ * ECT_ENOMEM. */
+int rsv_spare_bind(rsv_table *t, const char *spare_id, const char *spare_owner,
+                   const rsv_request *req, uint64_t now_ms, rsv_reply *reply);
+
+/* Whether spare id is held (not bound, expired nor freed). */
+bool rsv_spare_held(const rsv_table *t, const char *id);
+
+/* Frees the spare id (false: no such spare). */
+bool rsv_spare_free(rsv_table *t, const char *id);
+
+/* Frees every spare; returns how many. */
+size_t rsv_spare_free_all(rsv_table *t);
+
 /* ---- status and residency */
 
 typedef struct rsv_status {
@@ -285,6 +323,10 @@ typedef struct rsv_stats {
     uint64_t published_bytes;    /* bytes of published buffers (the resident cache: READY,
                                     leased and released items; allocation sizes) */
     uint64_t allocs; /* entries, buffer records and event nodes malloc'd (the rest reused) */
+    /* spares (rsv_spare_grant): held now, their bytes (not in bytes_held),
+     * granted, bound to an item, dropped unused (expired, pressure, replaced) */
+    size_t spares;
+    uint64_t spare_bytes, spares_granted, spares_bound, spares_dropped;
 } rsv_stats;
 
 void rsv_get_stats(const rsv_table *t, rsv_stats *st);

@@ -155,6 +155,22 @@ static void jw_tensor(jw *w, const wire_tensor *t) {
     jw_str(w, t->dtype, WIRE_DTYPE_MAX, true);
 }
 
+/* Our producer's request extensions, in the jansson path's order: the
+ * "ect_shm_id" and "ect_spare" keys when set. */
+static void jw_exts(jw *w, const wire_ctl_request *req) {
+    if (req->shm_id) {
+        char h[17];
+        wctl_shm_id_format(req->shm_id, h);
+        JW_LIT(w, ",\"ect_shm_id\":\"");
+        jw_lit(w, h, 16);
+        JW_LIT(w, "\"");
+    }
+    if (req->spare) {
+        JW_LIT(w, ",\"ect_spare\":");
+        jw_u64(w, req->spare);
+    }
+}
+
 int wctl_fast_encode_request(const wire_ctl_request *req, char **out) {
     *out = NULL;
     if (wctl_fast_off || !req) return WCTL_FALLBACK;
@@ -177,13 +193,20 @@ int wctl_fast_encode_request(const wire_ctl_request *req, char **out) {
             JW_LIT(&w, "}");
         }
         JW_LIT(&w, "]");
-        if (req->shm_id) {
-            char h[17];
-            wctl_shm_id_format(req->shm_id, h);
-            JW_LIT(&w, ",\"ect_shm_id\":\"");
-            jw_lit(&w, h, 16);
-            JW_LIT(&w, "\"");
-        }
+        jw_exts(&w, req);
+        JW_LIT(&w, "}");
+    } else if (req->op == WIRE_OP_ECT_PUT) {
+        const wire_reserve_req *it = &req->u.put.item;
+        jw_reserve(&w, 256);
+        JW_LIT(&w, "{\"op\":\"ect_put\",\"transfer_id\":");
+        jw_str(&w, it->transfer_id, WIRE_ID_MAX, true);
+        JW_LIT(&w, ",\"mm_hash\":");
+        jw_str(&w, it->mm_hash, WIRE_ID_MAX, true);
+        JW_LIT(&w, ",");
+        jw_tensor(&w, &it->tensor);
+        JW_LIT(&w, ",\"reservation_id\":");
+        jw_str(&w, req->u.put.spare_id, WIRE_ID_MAX, true);
+        jw_exts(&w, req);
         JW_LIT(&w, "}");
     } else if (req->op == WIRE_OP_COMPLETE_BATCH) {
         size_t n = req->u.complete_batch.n;
@@ -238,9 +261,34 @@ static void jw_reserve_result(jw *w, const wire_reserve_result *r) {
     JW_LIT(w, "}");
 }
 
+/* The "ect_spare" object beside a result, as the jansson path writes it. */
+static void jw_spare(jw *w, const wire_ctl_reply *rep) {
+    if (!rep->has_spare) return;
+    const wire_reserve_result *r = &rep->spare;
+    JW_LIT(w, ",\"ect_spare\":{\"reservation_id\":");
+    jw_str(w, r->reservation_id, WIRE_ID_MAX, true);
+    JW_LIT(w, ",\"dst_session\":");
+    jw_str(w, r->dst_session, WIRE_SESSION_MAX, false);
+    JW_LIT(w, ",\"dst_ptr\":");
+    jw_u64(w, r->dst_ptr);
+    JW_LIT(w, ",\"nbytes\":");
+    jw_u64(w, r->nbytes);
+    if (r->transport[0]) {
+        JW_LIT(w, ",\"transport\":");
+        jw_str(w, r->transport, WIRE_TRANSPORT_MAX, false);
+    }
+    if (r->dst_key) {
+        JW_LIT(w, ",\"dst_key\":");
+        jw_str(w, r->dst_key, WIRE_KEY_MAX, false);
+    }
+    JW_LIT(w, "}");
+}
+
 int wctl_fast_encode_reply(const wire_ctl_reply *rep, char **out) {
     *out = NULL;
     if (wctl_fast_off || !rep || !rep->ok) return WCTL_FALLBACK;
+    if (rep->has_spare && rep->op != WIRE_OP_RESERVE_BATCH && rep->op != WIRE_OP_ECT_PUT)
+        return WCTL_FALLBACK;
     jw w = {0};
     if (rep->op == WIRE_OP_RESERVE_BATCH) {
         size_t n = rep->u.reserve_batch.n;
@@ -261,7 +309,18 @@ int wctl_fast_encode_reply(const wire_ctl_reply *rep, char **out) {
             }
             JW_LIT(&w, "}");
         }
-        JW_LIT(&w, "]}}");
+        JW_LIT(&w, "]}");
+        jw_spare(&w, rep);
+        JW_LIT(&w, "}");
+    } else if (rep->op == WIRE_OP_ECT_PUT) {
+        jw_reserve(&w, 320);
+        JW_LIT(&w, "{\"ok\":true,\"result\":{\"completed\":");
+        jw_bool(&w, rep->u.complete.completed);
+        JW_LIT(&w, ",\"became_ready\":");
+        jw_bool(&w, rep->u.complete.became_ready);
+        JW_LIT(&w, "}");
+        jw_spare(&w, rep);
+        JW_LIT(&w, "}");
     } else if (rep->op == WIRE_OP_COMPLETE_BATCH) {
         size_t n = rep->u.complete_batch.n;
         if (n > WIRE_BATCH_MAX || (n && !rep->u.complete_batch.items)) return WCTL_FALLBACK;
@@ -614,6 +673,48 @@ int wctl_fast_decode_request(const void *buf, size_t len, wire_ctl_request *out)
     return wctl_fast_decode_request_kept(buf, len, out, NULL);
 }
 
+/* Our producer's extensions after a request's fields, exactly as it writes
+ * them: ,"ect_shm_id":"..." then ,"ect_spare":N, each optional. */
+static void jr_exts(jr *r, uint64_t *shm_id, uint64_t *spare) {
+    if (!jr_peek(r, ',')) return;
+    r->p++;
+    if (jr_next_key_is(r, "ect_shm_id")) {
+        const char *h;
+        size_t hn;
+        jr_key(r, "ect_shm_id");
+        if (!jr_raw_str(r, &h, &hn) || !wctl_shm_id_parse(h, hn, shm_id)) r->bad = true;
+        if (!jr_peek(r, ',')) return;
+        r->p++;
+    }
+    jr_key(r, "ect_spare");
+    *spare = jr_u64(r);
+}
+
+/* ect_put after its op: the item, the spare's id, the extensions. */
+static int rd_put(jr *r, wire_ctl_request *out) {
+    wire_reserve_req *q = &out->u.put.item;
+    jr_ch(r, ',');
+    jr_key(r, "transfer_id");
+    jr_str(r, q->transfer_id, WIRE_ID_MAX, true);
+    jr_ch(r, ',');
+    jr_key(r, "mm_hash");
+    jr_str(r, q->mm_hash, WIRE_ID_MAX, true);
+    jr_ch(r, ',');
+    jr_tensor(r, &q->tensor);
+    jr_ch(r, ',');
+    jr_key(r, "reservation_id");
+    jr_str(r, out->u.put.spare_id, WIRE_ID_MAX, true);
+    jr_exts(r, &out->shm_id, &out->spare);
+    jr_ch(r, '}');
+    jr_end(r);
+    if (r->bad) {
+        memset(out, 0, sizeof *out);
+        return WCTL_FALLBACK;
+    }
+    out->op = WIRE_OP_ECT_PUT;
+    return 0;
+}
+
 /* The rest of a request that is its op alone ("}"): out->op = op. */
 static int rd_bare_op(jr *r, wire_ctl_op op, wire_ctl_request *out) {
     jr_ch(r, '}');
@@ -640,6 +741,8 @@ int wctl_fast_decode_request_kept(const void *buf, size_t len, wire_ctl_request 
         rsv = false;
     else if (opn == 10 && memcmp(op, "event_port", 10) == 0)
         return rd_bare_op(&r, WIRE_OP_EVENT_PORT, out);
+    else if (opn == 7 && memcmp(op, "ect_put", 7) == 0)
+        return rd_put(&r, out);
     else
         return WCTL_FALLBACK;
     jr_ch(&r, ',');
@@ -651,14 +754,8 @@ int wctl_fast_decode_request_kept(const void *buf, size_t len, wire_ctl_request 
                                 rd_reserve_item, keep)
                 : jr_array_kept(&r, WIRE_BATCH_MAX, sizeof(wire_complete_req), &items,
                                 rd_complete_item, keep);
-    uint64_t shm_id = 0;
-    if (rsv && jr_peek(&r, ',')) { /* our producer's extension: exactly as it writes it */
-        const char *h;
-        size_t hn;
-        jr_ch(&r, ',');
-        jr_key(&r, "ect_shm_id");
-        if (!jr_raw_str(&r, &h, &hn) || !wctl_shm_id_parse(h, hn, &shm_id)) r.bad = true;
-    }
+    uint64_t shm_id = 0, spare = 0;
+    if (rsv) jr_exts(&r, &shm_id, &spare);
     jr_ch(&r, '}');
     jr_end(&r);
     if (r.bad) {
@@ -670,6 +767,7 @@ int wctl_fast_decode_request_kept(const void *buf, size_t len, wire_ctl_request 
         out->u.reserve_batch.n = n;
         out->u.reserve_batch.items = items;
         out->shm_id = shm_id;
+        out->spare = spare;
     } else {
         out->op = WIRE_OP_COMPLETE_BATCH;
         out->u.complete_batch.n = n;
@@ -769,12 +867,68 @@ static int rd_event_port_reply(jr *r, wire_ctl_reply *out) {
     return 0;
 }
 
+/* The optional "ect_spare" object beside a result (out->spare). */
+static void jr_spare(jr *r, wire_ctl_reply *out) {
+    if (!jr_peek(r, ',')) return;
+    r->p++;
+    wire_reserve_result *x = &out->spare;
+    out->has_spare = true; /* so _clear frees what was decoded */
+    x->write = true;
+    jr_key(r, "ect_spare");
+    jr_ch(r, '{');
+    jr_key(r, "reservation_id");
+    jr_str(r, x->reservation_id, WIRE_ID_MAX, true);
+    jr_ch(r, ',');
+    jr_key(r, "dst_session");
+    jr_str(r, x->dst_session, WIRE_SESSION_MAX, false);
+    jr_ch(r, ',');
+    jr_key(r, "dst_ptr");
+    x->dst_ptr = jr_u64(r);
+    jr_ch(r, ',');
+    jr_key(r, "nbytes");
+    x->nbytes = jr_u64(r);
+    if (jr_peek(r, ',')) {
+        r->p++;
+        if (jr_next_key_is(r, "transport")) {
+            jr_key(r, "transport");
+            jr_str(r, x->transport, WIRE_TRANSPORT_MAX, false);
+            if (jr_peek(r, ',')) {
+                r->p++;
+                jr_key(r, "dst_key");
+                x->dst_key = jr_str_dup(r, WIRE_KEY_MAX);
+            }
+        } else {
+            jr_key(r, "dst_key");
+            x->dst_key = jr_str_dup(r, WIRE_KEY_MAX);
+        }
+    }
+    jr_ch(r, '}');
+}
+
+/* ect_put's reply after "result": the complete result, then the spare. */
+static int rd_put_reply(jr *r, wire_ctl_reply *out) {
+    wire_complete_result c = {0};
+    rd_complete_result(r, &c, 0);
+    jr_spare(r, out);
+    jr_ch(r, '}');
+    jr_end(r);
+    out->op = WIRE_OP_ECT_PUT;
+    out->ok = true;
+    out->u.complete = c;
+    if (r->bad) {
+        wire_ctl_reply_clear(out);
+        return WCTL_FALLBACK;
+    }
+    return 0;
+}
+
 int wctl_fast_decode_reply(wire_ctl_op op, size_t expect, const void *buf, size_t len,
                            wire_ctl_reply *out) {
     memset(out, 0, sizeof *out);
     if (wctl_fast_off || !buf || len > WIRE_CTL_MAX_FRAME) return WCTL_FALLBACK;
     bool rsv = op == WIRE_OP_RESERVE_BATCH;
-    if (!rsv && op != WIRE_OP_COMPLETE_BATCH && op != WIRE_OP_EVENT_PORT) return WCTL_FALLBACK;
+    if (!rsv && op != WIRE_OP_COMPLETE_BATCH && op != WIRE_OP_EVENT_PORT && op != WIRE_OP_ECT_PUT)
+        return WCTL_FALLBACK;
     jr r = {buf, (const unsigned char *)buf + len, false};
     jr_ch(&r, '{'); /* {"ok":true,"result": ... */
     jr_key(&r, "ok");
@@ -782,6 +936,7 @@ int wctl_fast_decode_reply(wire_ctl_op op, size_t expect, const void *buf, size_
     jr_ch(&r, ',');
     jr_key(&r, "result");
     if (op == WIRE_OP_EVENT_PORT) return rd_event_port_reply(&r, out);
+    if (op == WIRE_OP_ECT_PUT) return rd_put_reply(&r, out);
     jr_ch(&r, '{');
     jr_key(&r, "items");
     void *items = NULL;
@@ -792,6 +947,7 @@ int wctl_fast_decode_reply(wire_ctl_op op, size_t expect, const void *buf, size_
                 : jr_array(&r, WIRE_BATCH_MAX, sizeof(wire_complete_result), &items,
                            rd_complete_result);
     jr_ch(&r, '}');
+    if (rsv) jr_spare(&r, out);
     jr_ch(&r, '}');
     jr_end(&r);
     if (!r.bad && expect != SIZE_MAX && n != expect) r.bad = true;

@@ -30,6 +30,7 @@ static const char *const op_names[] = {
     [WIRE_OP_COMPLETE_BATCH] = "complete_batch",
     [WIRE_OP_CANCEL] = "cancel",
     [WIRE_OP_ECT_STATUS] = "ect_status",
+    [WIRE_OP_ECT_PUT] = "ect_put",
 };
 
 const char *wire_ctl_op_name(wire_ctl_op op) {

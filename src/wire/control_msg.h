@@ -77,8 +77,11 @@ typedef enum wire_ctl_op {
     /* extension (docs/PROTOCOL.md): a shard's status for operators; an
      * upstream consumer answers it "unknown control op: 'ect_status'" */
     WIRE_OP_ECT_STATUS,
+    /* extension (docs/PROTOCOL.md "a spare range granted ahead"): bind a
+     * spare our shard granted to an item written into it, and complete it */
+    WIRE_OP_ECT_PUT,
 } wire_ctl_op;
-#define WIRE_OP_LAST WIRE_OP_ECT_STATUS
+#define WIRE_OP_LAST WIRE_OP_ECT_PUT
 
 /* The wire name of an op ("reserve", ...), or NULL for a value outside the enum. */
 const char *wire_ctl_op_name(wire_ctl_op op);
@@ -144,11 +147,21 @@ typedef struct wire_ctl_request {
             wire_complete_req *items;
         } complete_batch;
         wire_cancel_req cancel;
+        /* ect_put: the item, and the spare it was written into
+         * ("reservation_id" on the wire) */
+        struct {
+            wire_reserve_req item;
+            char spare_id[WIRE_ID_MAX + 1];
+        } put;
         /* event_port and peers carry no fields. */
     } u;
     /* reserve, reserve_batch: "ect_shm_id" (extension, docs/PROTOCOL.md
      * "shm", "Offers"), the producer's shm initiator id; 0: absent. */
     uint64_t shm_id;
+    /* reserve, reserve_batch, ect_put: "ect_spare" (extension, docs/PROTOCOL.md
+     * "a spare range granted ahead"), the bytes of the spare range asked
+     * for; 0: absent */
+    uint64_t spare;
 } wire_ctl_request;
 
 /* Encodes {"op": ..., fields...}. Batch items are encoded without "op". */
@@ -235,6 +248,11 @@ typedef struct wire_ctl_reply {
      * "Event-port secret"): the PLAIN password the event port asks for; ""
      * when absent (keys on, event auth off, or an upstream shard) */
     char event_secret[WIRE_SECRET_MAX + 1];
+    /* extension of the reserve, reserve_batch and ect_put replies, beside
+     * "result" (docs/PROTOCOL.md "a spare range granted ahead"): the spare
+     * range granted; has_spare false when absent. spare.write is true. */
+    bool has_spare;
+    wire_reserve_result spare;
     union {
         wire_reserve_result reserve;
         struct {
@@ -250,7 +268,7 @@ typedef struct wire_ctl_reply {
              * producer can check it before reserving; "" when absent */
             char transport[WIRE_TRANSPORT_MAX + 1];
         } peers;
-        wire_complete_result complete;
+        wire_complete_result complete; /* complete, ect_put */
         struct {
             size_t n;
             wire_complete_result *items;

@@ -45,6 +45,7 @@ void wire_ctl_reply_clear(wire_ctl_reply *rep) {
     if (!rep) return;
     free(rep->error);
     if (rep->ok) {
+        reserve_result_clear(&rep->spare);
         switch (rep->op) {
         case WIRE_OP_RESERVE: reserve_result_clear(&rep->u.reserve); break;
         case WIRE_OP_RESERVE_BATCH:
@@ -88,6 +89,20 @@ static json_t *reserve_result_obj(const wire_reserve_result *r, int *rc) {
     wctl_put_bool(o, "write", r->write, rc);
     wctl_put_bool(o, "ready", r->ready, rc);
     wctl_put_bool(o, "cached", r->cached, rc);
+    if (r->transport[0]) wctl_put_str(o, "transport", r->transport, WIRE_TRANSPORT_MAX, false, rc);
+    if (r->dst_key) wctl_put_str(o, "dst_key", r->dst_key, WIRE_KEY_MAX, false, rc);
+    return o;
+}
+
+/* The "ect_spare" object beside a result: a reserve result's keys less the
+ * flags (a spare is always written, never ready nor cached). */
+static json_t *spare_obj(const wire_reserve_result *r, int *rc) {
+    json_t *o = new_obj(rc);
+    if (!o) return NULL;
+    wctl_put_str(o, "reservation_id", r->reservation_id, WIRE_ID_MAX, true, rc);
+    wctl_put_str(o, "dst_session", r->dst_session, WIRE_SESSION_MAX, false, rc);
+    wctl_put_u64(o, "dst_ptr", r->dst_ptr, rc);
+    wctl_put_u64(o, "nbytes", r->nbytes, rc);
     if (r->transport[0]) wctl_put_str(o, "transport", r->transport, WIRE_TRANSPORT_MAX, false, rc);
     if (r->dst_key) wctl_put_str(o, "dst_key", r->dst_key, WIRE_KEY_MAX, false, rc);
     return o;
@@ -164,7 +179,8 @@ static json_t *result_json(const wire_ctl_reply *rep, int *rc) {
         if (rep->u.peers.transport[0])
             wctl_put_str(o, "transport", rep->u.peers.transport, WIRE_TRANSPORT_MAX, false, rc);
         return o;
-    case WIRE_OP_COMPLETE: return complete_result_obj(&rep->u.complete, rc);
+    case WIRE_OP_COMPLETE:
+    case WIRE_OP_ECT_PUT: return complete_result_obj(&rep->u.complete, rc);
     case WIRE_OP_COMPLETE_BATCH:
         if (rep->u.complete_batch.n > WIRE_BATCH_MAX ||
             (rep->u.complete_batch.n && !rep->u.complete_batch.items)) {
@@ -210,6 +226,7 @@ int wire_ctl_encode_reply(const wire_ctl_reply *rep, char **out) {
     wctl_put_new(o, "result", r, &rc);
     if (rep->op == WIRE_OP_EVENT_PORT && rep->event_secret[0])
         wctl_put_str(o, "event_secret", rep->event_secret, WIRE_SECRET_MAX, false, &rc);
+    if (rep->has_spare) wctl_put_new(o, "ect_spare", spare_obj(&rep->spare, &rc), &rc);
     if (rc) {
         json_decref(o);
         return rc;
@@ -312,6 +329,28 @@ static int decode_reserve_batch(const json_t *res, size_t expect, wire_ctl_reply
     return 0;
 }
 
+/* The optional "ect_spare" object beside the result (NULL: absent). */
+static int decode_spare(const json_t *o, wire_ctl_reply *out) {
+    if (!o) return 0;
+    wire_reserve_result *r = &out->spare;
+    int rc = expect_object(o, "ect_spare");
+    out->has_spare = true; /* so _clear frees what was decoded */
+    r->write = true;
+    if (!rc)
+        rc = wctl_get_str(o, "ect_spare.", "reservation_id", true, true, WIRE_ID_MAX,
+                          r->reservation_id);
+    if (!rc)
+        rc = wctl_get_str(o, "ect_spare.", "dst_session", true, false, WIRE_SESSION_MAX,
+                          r->dst_session);
+    if (!rc) rc = wctl_get_u64(o, "ect_spare.", "dst_ptr", true, &r->dst_ptr);
+    if (!rc) rc = wctl_get_u64(o, "ect_spare.", "nbytes", true, &r->nbytes);
+    if (!rc)
+        rc = wctl_get_str(o, "ect_spare.", "transport", false, false, WIRE_TRANSPORT_MAX,
+                          r->transport);
+    if (!rc) rc = wctl_get_str_dup(o, "ect_spare.", "dst_key", false, WIRE_KEY_MAX, &r->dst_key);
+    return rc;
+}
+
 static int decode_peers(const json_t *res, wire_ctl_reply *out) {
     int rc = expect_object(res, "result");
     if (rc) return rc;
@@ -359,7 +398,8 @@ static int decode_result(const json_t *res, size_t expect, wire_ctl_reply *out) 
         return rc;
     case WIRE_OP_EVENT_PORT: return wctl_port_value(res, "", "result", &out->u.event_port);
     case WIRE_OP_PEERS: return decode_peers(res, out);
-    case WIRE_OP_COMPLETE: return decode_complete_result(res, "result.", &out->u.complete);
+    case WIRE_OP_COMPLETE:
+    case WIRE_OP_ECT_PUT: return decode_complete_result(res, "result.", &out->u.complete);
     case WIRE_OP_COMPLETE_BATCH:
         if ((rc = result_items(res, expect, &arr, &n))) return rc;
         out->u.complete_batch.items = calloc(n ? n : 1, sizeof *out->u.complete_batch.items);
@@ -406,6 +446,8 @@ int wire_ctl_decode_reply(wire_ctl_op op, size_t expect_items, const void *buf, 
         if (!rc && op == WIRE_OP_EVENT_PORT)
             rc = wctl_get_str(root, "", "event_secret", false, false, WIRE_SECRET_MAX,
                               out->event_secret);
+        if (!rc && (op == WIRE_OP_RESERVE || op == WIRE_OP_RESERVE_BATCH || op == WIRE_OP_ECT_PUT))
+            rc = decode_spare(json_object_get(root, "ect_spare"), out);
     }
     json_decref(root);
     if (rc) {

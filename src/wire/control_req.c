@@ -75,6 +75,16 @@ static void put_shm_id(json_t *o, uint64_t id, int *rc) {
     wctl_put_str(o, "ect_shm_id", h, 16, true, rc);
 }
 
+/* The optional "ect_spare" of reserve, reserve_batch and ect_put (after
+ * ect_shm_id): the bytes of the spare range asked for. */
+static void put_spare(json_t *o, uint64_t spare, int *rc) {
+    if (spare) wctl_put_u64(o, "ect_spare", spare, rc);
+}
+
+static int get_spare(const json_t *root, uint64_t *spare) {
+    return wctl_get_u64(root, "", "ect_spare", false, spare);
+}
+
 static int get_shm_id(const json_t *root, uint64_t *id) {
     char h[WIRE_ID_MAX + 1];
     int rc = wctl_get_str(root, "", "ect_shm_id", false, false, WIRE_ID_MAX, h);
@@ -127,6 +137,13 @@ int wire_ctl_encode_request(const wire_ctl_request *req, char **out) {
     case WIRE_OP_RESERVE:
         o = reserve_obj(&req->u.reserve, op, &rc);
         put_shm_id(o, req->shm_id, &rc);
+        put_spare(o, req->spare, &rc);
+        break;
+    case WIRE_OP_ECT_PUT:
+        o = reserve_obj(&req->u.put.item, op, &rc);
+        wctl_put_str(o, "reservation_id", req->u.put.spare_id, WIRE_ID_MAX, true, &rc);
+        put_shm_id(o, req->shm_id, &rc);
+        put_spare(o, req->spare, &rc);
         break;
     case WIRE_OP_COMPLETE: o = complete_obj(&req->u.complete, op, &rc); break;
     case WIRE_OP_RESERVE_BATCH:
@@ -156,6 +173,7 @@ int wire_ctl_encode_request(const wire_ctl_request *req, char **out) {
         else
             json_decref(arr);
         if (rsv) put_shm_id(o, req->shm_id, &rc);
+        if (rsv) put_spare(o, req->spare, &rc);
         break;
     }
     case WIRE_OP_STATUS:
@@ -349,10 +367,19 @@ static int decode_body(const json_t *root, wire_ctl_request *out) {
     switch (out->op) {
     case WIRE_OP_RESERVE:
         rc = decode_reserve(root, "", &out->u.reserve);
-        return rc ? rc : get_shm_id(root, &out->shm_id);
+        if (!rc) rc = get_shm_id(root, &out->shm_id);
+        return rc ? rc : get_spare(root, &out->spare);
     case WIRE_OP_RESERVE_BATCH:
         rc = get_shm_id(root, &out->shm_id);
+        if (!rc) rc = get_spare(root, &out->spare);
         return rc ? rc : decode_reserve_batch(root, out);
+    case WIRE_OP_ECT_PUT:
+        rc = decode_reserve(root, "", &out->u.put.item);
+        if (!rc)
+            rc = wctl_get_str(root, "", "reservation_id", true, true, WIRE_ID_MAX,
+                              out->u.put.spare_id);
+        if (!rc) rc = get_shm_id(root, &out->shm_id);
+        return rc ? rc : get_spare(root, &out->spare);
     case WIRE_OP_STATUS:
         return wctl_get_str(root, "", "transfer_id", true, true, WIRE_ID_MAX,
                             out->u.status.transfer_id);

@@ -491,7 +491,8 @@ static void test_peers_tp(void **state) {
      * shard has no port of its own: 0; docs/PROTOCOL.md shows rank 2's 40002) */
 #define STATUS_FMT                                                                                 \
     "{\"ok\":true,\"result\":{\"shard\":2,\"tp_size\":4,\"port\":%d,\"transport\":\"tcp\","        \
-    "\"pool\":{\"capacity\":1048576,\"used\":0,\"resident\":0},\"reservations\":{"                 \
+    "\"pool\":{\"capacity\":1048576,\"used\":0,\"resident\":0,\"spares\":0,\"spare_bytes\":0},"    \
+    "\"reservations\":{"                                                                           \
     "\"WRITING\":0,\"READY\":0,\"CANCEL_PENDING\":0,\"EXPIRE_PENDING\":0,\"CANCELLED\":0,"         \
     "\"EXPIRED\":0},\"peers\":[40000,40001,40002,40003],\"events\":{\"queued\":0,\"sent\":0,"      \
     "\"dropped\":0},\"refused\":{\"full\":0,\"cancelled\":0,\"conflict\":0,\"busy\":0,"            \
@@ -655,8 +656,83 @@ static void test_handle_concurrent_batches(void **state) {
     fx_close(&f);
 }
 
+/* ctl_server_handle of text; the reply (caller frees). */
+static char *handle(fx *f, const char *text) {
+    char *rep = NULL;
+    assert_int_equal(ctl_server_handle(f->srv, text, strlen(text), ect_now_ms(), &rep), 0);
+    return rep;
+}
+
+/* The spare's id in a reply with "ect_spare" (docs/PROTOCOL.md), into id. */
+static void spare_of(wire_ctl_op op, const char *rep, char id[WIRE_ID_MAX + 1]) {
+    wire_ctl_reply r;
+    assert_int_equal(wire_ctl_decode_reply(op, 1, rep, strlen(rep), &r), 0);
+    assert_true(r.ok && r.has_spare && r.spare.nbytes == 64 && r.spare.dst_key);
+    assert_string_equal(r.spare.dst_session, "127.0.0.1:9");
+    snprintf(id, WIRE_ID_MAX + 1, "%s", r.spare.reservation_id);
+    wire_ctl_reply_clear(&r);
+}
+
+/* The spare extension on the wire of our shard: a lone reserve asking for
+ * one gets it beside its result, ect_put binds and completes it (READY:
+ * taken) and brings the next, the documented refusals change nothing, ect_status counts the spare,
+ * and closing frees it. */
+static void test_spare_put(void **state) {
+    (void)state;
+    fx f;
+    fx_open(&f, 0, 5000);
+    char id[WIRE_ID_MAX + 1], next[WIRE_ID_MAX + 1], req[512];
+    char *rep = handle(&f, "{\"op\":\"reserve_batch\",\"items\":[{\"transfer_id\":\"s-a\","
+                           "\"mm_hash\":\"h-a\",\"nbytes\":64,\"shape\":[32],\"dtype\":"
+                           "\"bfloat16\"}],\"ect_spare\":64}");
+    spare_of(WIRE_OP_RESERVE_BATCH, rep, id);
+    free(rep);
+    rep = handle(&f, "{\"op\":\"ect_put\",\"transfer_id\":\"s-b\",\"mm_hash\":\"h-b\","
+                     "\"nbytes\":64,\"shape\":[32],\"dtype\":\"bfloat16\",\"reservation_id\":"
+                     "\"nope\"}");
+    assert_string_equal(
+        rep,
+        "{\"ok\":false,\"error\":\"ect_put: no spare 'nope' (expired, freed or never granted)\"}");
+    free(rep);
+    snprintf(req, sizeof req,
+             "{\"op\":\"ect_put\",\"transfer_id\":\"s-b\",\"mm_hash\":\"h-a\",\"nbytes\":64,"
+             "\"shape\":[32],\"dtype\":\"bfloat16\",\"reservation_id\":\"%s\"}",
+             id);
+    rep = handle(&f, req); /* h-a is in flight (s-a's): not the plain case */
+    assert_string_equal(rep, "{\"ok\":false,\"error\":\"ect_put: mm_hash 'h-a' is cached or in "
+                             "flight: reserve it\"}");
+    free(rep);
+    snprintf(req, sizeof req,
+             "{\"op\":\"ect_put\",\"transfer_id\":\"s-b\",\"mm_hash\":\"h-b\",\"nbytes\":64,"
+             "\"shape\":[32],\"dtype\":\"bfloat16\",\"reservation_id\":\"%s\",\"ect_spare\":64}",
+             id);
+    rep = handle(&f, req);
+    assert_non_null(strstr(rep,
+                           "{\"ok\":true,\"result\":{\"completed\":true,\"became_ready\":true},"
+                           "\"ect_spare\":{"));
+    spare_of(WIRE_OP_ECT_PUT, rep, next);
+    assert_string_not_equal(next, id);
+    free(rep);
+    rep = handle(&f, req); /* the same spare again: bound already */
+    assert_non_null(strstr(rep, "no spare"));
+    free(rep);
+    rsv_status st;
+    assert_int_equal(ctl_server_take(f.srv, "s-b", &st), 0);
+    assert_true(st.ready && st.nbytes == 64);
+    assert_string_equal(st.reservation_id, id);
+    assert_int_equal(ctl_server_release(f.srv, "h-b", "s-b"), 0);
+    rep = handle(&f, "{\"op\":\"ect_status\"}");
+    assert_non_null(strstr(rep, "\"spares\":1,\"spare_bytes\":64}"));
+    free(rep);
+    rsv_stats rs;
+    ctl_server_stats(f.srv, &rs);
+    assert_int_equal(rs.spares_bound, 1);
+    fx_close(&f); /* closing frees the spare: the pool reads 0 */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_spare_put),
         cmocka_unit_test(test_reserve_complete_event),
         cmocka_unit_test(test_refusals_reasons_and_transport),
         cmocka_unit_test(test_batches_precancel_errors),

@@ -173,7 +173,97 @@ static size_t n_events(fx *f) {
     return st.events;
 }
 
+/* binds spare `sp` to a 64-byte item of owner's */
+static int bind(fx *f, const char *sp, const char *tid, const char *hash, const char *owner,
+                uint64_t now, rsv_reply *r) {
+    rsv_request q = {tid, hash, 64, SHAPE, 2, "bfloat16", "peer"};
+    int rc = rsv_spare_bind(f->t, sp, owner, &q, now, r);
+    assert_int_equal(rsv_check(f->t), 0);
+    return rc;
+}
+
+static size_t n_spares(fx *f) {
+    rsv_stats st;
+    rsv_get_stats(f->t, &st);
+    return st.spares;
+}
+
 /* ------------------------------------------------------------------ tests */
+
+/* Spare ranges (docs/PROTOCOL.md "a spare range granted ahead"): granted
+ * without reclaiming, one per owner, bound only in the plain case and only
+ * by their owner, freed by a reserve that would otherwise find the pool
+ * full, and by the reaper after one TTL. */
+static void test_spares(void **state) {
+    (void)state;
+    fx *f = fx_new(256, &fake_ops); /* four 64-byte items */
+    fx_open(f);
+    rsv_reply s1, s2, r, sb;
+    assert_err(rsv_spare_grant(f->t, "A", 0, 0, &s1), ECT_EINVAL, "0 bytes");
+    assert_err(rsv_spare_grant(f->t, "A", 512, 0, &s1), ECT_EFULL, "no free range");
+    assert_int_equal(rsv_spare_grant(f->t, "A", 64, 0, &s1), 0);
+    assert_true(s1.write && s1.nbytes == 64 && strlen(s1.reservation_id) == 32);
+    assert_int_equal(f->pool.used, 64);
+    /* one per owner: a new grant frees the old one */
+    assert_int_equal(rsv_spare_grant(f->t, "A", 64, 0, &s2), 0);
+    assert_false(rsv_spare_held(f->t, s1.reservation_id));
+    assert_true(rsv_spare_held(f->t, s2.reservation_id));
+    assert_int_equal(f->pool.used, 64);
+    assert_int_equal(rsv_check(f->t), 0);
+    /* unknown or another owner's: refused, the spare stays */
+    assert_err(bind(f, s1.reservation_id, "t1", "h1", "A", 1, &r), ECT_ENOTFOUND, "no spare");
+    assert_err(bind(f, s2.reservation_id, "t1", "h1", "B", 1, &r), ECT_EACCES, "another peer");
+    /* not the plain case: a known transfer_id, a hash in flight or cached */
+    rsv_reply r0;
+    assert_int_equal(reserve(f, "t0", "h0", 1, &r0), 0);
+    assert_err(bind(f, s2.reservation_id, "t0", "hx", "A", 1, &r), ECT_EEXIST, "is known");
+    assert_err(bind(f, s2.reservation_id, "tx", "h0", "A", 1, &r), ECT_EEXIST, "in flight");
+    complete(f, "t0", r0.reservation_id, 1, true, true);
+    assert_err(bind(f, s2.reservation_id, "ty", "h0", "A", 1, &r), ECT_EEXIST, "cached");
+    const uint64_t big_shape[2] = {8, 8};
+    rsv_request big = {"tb", "hb", 128, big_shape, 2, "bfloat16", "A"};
+    assert_err(rsv_spare_bind(f->t, s2.reservation_id, "A", &big, 1, &r), ECT_EINVAL, "do not fit");
+    assert_true(rsv_spare_held(f->t, s2.reservation_id));
+    assert_int_equal(n_events(f), 1);
+    /* bound: the WRITING writer over the spare's range, with the spare's id */
+    assert_int_equal(bind(f, s2.reservation_id, "t2", "h2", "A", 2, &r), 0);
+    assert_true(r.write && !r.ready);
+    assert_int_equal(r.offset, s2.offset);
+    assert_string_equal(r.reservation_id, s2.reservation_id);
+    rsv_status stt;
+    assert_int_equal(rsv_status_get(f->t, "t2", &stt), 0);
+    assert_string_equal(stt.owner, "peer"); /* the request's, for complete / cancel guards */
+    assert_false(rsv_spare_held(f->t, s2.reservation_id));
+    assert_int_equal(state_of(f, "t2"), RSV_WRITING);
+    complete(f, "t2", s2.reservation_id, 3, true, true);
+    expect_event(f, RSV_EV_READY, "t0");
+    expect_event(f, RSV_EV_READY, "t2");
+    /* pool pressure: t0, t2 READY (held) and two spares fill the pool; a
+     * reserve frees a spare instead of being refused as full */
+    assert_int_equal(rsv_spare_grant(f->t, "A", 64, 4, &s1), 0);
+    assert_int_equal(rsv_spare_grant(f->t, "B", 64, 4, &sb), 0);
+    assert_err(rsv_spare_grant(f->t, "C", 64, 4, &r), ECT_EFULL, "no free range"); /* no reclaim */
+    assert_int_equal(n_spares(f), 2);
+    assert_int_equal(f->pool.used, 256);
+    rsv_reply r3;
+    assert_int_equal(reserve(f, "t3", "h3", 5, &r3), 0);
+    assert_int_equal(n_spares(f), 1);
+    assert_int_equal(f->pool.used, 256);
+    /* the reaper frees a spare after one TTL */
+    rsv_reap(f->t, 4 + TTL);
+    assert_int_equal(n_spares(f), 0);
+    assert_int_equal(rsv_check(f->t), 0);
+    /* close frees what is held */
+    assert_int_equal(rsv_spare_grant(f->t, "A", 32, 4 + TTL, &s1), 0);
+    rsv_stats st;
+    rsv_get_stats(f->t, &st);
+    assert_int_equal(st.spares_granted, 5);
+    assert_int_equal(st.spares_bound, 1);
+    assert_int_equal(st.spare_bytes, 32);
+    rsv_close(f->t);
+    assert_int_equal(f->pool.used, 0);
+    free(f);
+}
 
 static void test_opts_validated(void **state) {
     (void)state;
@@ -1154,6 +1244,7 @@ int main(void) {
     ect_log_set_level(ECT_LOG_ERROR);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_opts_validated),
+        cmocka_unit_test(test_spares),
         cmocka_unit_test(test_reserve_complete_take_release),
         cmocka_unit_test(test_reserve_validates_fields),
         cmocka_unit_test(test_conflicts),

@@ -45,6 +45,7 @@ static void assert_str_or_null_eq(const char *a, const char *b) {
 static void assert_request_eq(const wire_ctl_request *a, const wire_ctl_request *b) {
     assert_int_equal(a->op, b->op);
     assert_true(a->shm_id == b->shm_id);
+    assert_true(a->spare == b->spare);
     switch (a->op) {
     case WIRE_OP_RESERVE:
         assert_string_equal(a->u.reserve.transfer_id, b->u.reserve.transfer_id);
@@ -87,6 +88,12 @@ static void assert_request_eq(const wire_ctl_request *a, const wire_ctl_request 
         assert_int_equal(a->u.cancel.refresh, b->u.cancel.refresh);
         break;
     case WIRE_OP_ECT_STATUS: break; /* no fields */
+    case WIRE_OP_ECT_PUT:
+        assert_string_equal(a->u.put.item.transfer_id, b->u.put.item.transfer_id);
+        assert_string_equal(a->u.put.item.mm_hash, b->u.put.item.mm_hash);
+        assert_tensor_eq(&a->u.put.item.tensor, &b->u.put.item.tensor);
+        assert_string_equal(a->u.put.spare_id, b->u.put.spare_id);
+        break;
     }
 }
 
@@ -111,6 +118,8 @@ static void assert_reply_eq(const wire_ctl_reply *a, const wire_ctl_reply *b) {
         assert_string_equal(a->error, b->error);
         return;
     }
+    assert_int_equal(a->has_spare, b->has_spare);
+    if (a->has_spare) assert_reserve_result_eq(&a->spare, &b->spare);
     switch (a->op) {
     case WIRE_OP_RESERVE: assert_reserve_result_eq(&a->u.reserve, &b->u.reserve); break;
     case WIRE_OP_RESERVE_BATCH:
@@ -141,6 +150,7 @@ static void assert_reply_eq(const wire_ctl_reply *a, const wire_ctl_reply *b) {
         assert_string_equal(a->u.peers.transport, b->u.peers.transport);
         break;
     case WIRE_OP_COMPLETE:
+    case WIRE_OP_ECT_PUT:
         assert_int_equal(a->u.complete.completed, b->u.complete.completed);
         assert_int_equal(a->u.complete.became_ready, b->u.complete.became_ready);
         break;
@@ -221,7 +231,8 @@ static void request_round_trip(const wire_ctl_request *req, const char *golden) 
 
 static void reply_round_trip(const wire_ctl_reply *rep, size_t expect, const char *golden) {
     char *s = NULL;
-    assert_int_equal(wire_ctl_encode_reply(rep, &s), 0);
+    int erc = wire_ctl_encode_reply(rep, &s);
+    if (erc) fail_msg("encode: %s", ect_last_error());
     if (golden) assert_string_equal(s, golden);
     reply_paths_agree(rep, expect, s);
     wire_ctl_reply back;
@@ -269,6 +280,32 @@ static void event_round_trip(const wire_event *ev, const char *golden) {
     "{\"op\":\"reserve_batch\",\"items\":[{\"transfer_id\":\"t1\",\"mm_hash\":\"h1\","             \
     "\"nbytes\":8,\"shape\":[2,2],\"dtype\":\"torch.float16\"},{\"transfer_id\":\"t2\","           \
     "\"mm_hash\":\"h2\",\"nbytes\":3,\"shape\":[3],\"dtype\":\"float8_e4m3fn\"}]}"
+/* A spare range granted ahead (docs/PROTOCOL.md, extension) */
+#define G_RESERVE_BATCH_SPARE                                                                      \
+    "{\"op\":\"reserve_batch\",\"items\":[{\"transfer_id\":\"t1\",\"mm_hash\":\"h1\",\"nbytes\":"  \
+    "65536,"                                                                                       \
+    "\"shape\":[32768],\"dtype\":\"bfloat16\"}],\"ect_shm_id\":\"00c0ffee12345678\",\"ect_"        \
+    "spare\":65536}"
+#define G_R_RESERVE_BATCH_SPARE                                                                    \
+    "{\"ok\":true,\"result\":{\"items\":[{\"ok\":true,\"result\":{\"reservation_id\":\"r1\","      \
+    "\"dst_session\":\"10.0.0.2:15001\",\"dst_ptr\":140737488355328,\"nbytes\":65536,\"write\":"   \
+    "true,"                                                                                        \
+    "\"ready\":false,\"cached\":false,\"transport\":\"shm\",\"dst_key\":\"5f3c9a1b2d4e6f70\"}}]}," \
+    "\"ect_spare\":{\"reservation_id\":\"s1\",\"dst_session\":\"10.0.0.2:15001\","                 \
+    "\"dst_ptr\":140737488420864,\"nbytes\":65536,\"transport\":\"shm\",\"dst_key\":"              \
+    "\"0a1b2c3d4e5f6071\"}}"
+#define G_PUT                                                                                      \
+    "{\"op\":\"ect_put\",\"transfer_id\":\"t2\",\"mm_hash\":\"h2\",\"nbytes\":65536,\"shape\":["   \
+    "32768],"                                                                                      \
+    "\"dtype\":\"bfloat16\",\"reservation_id\":\"s1\",\"ect_shm_id\":\"00c0ffee12345678\","        \
+    "\"ect_spare\":65536}"
+#define G_R_PUT                                                                                    \
+    "{\"ok\":true,\"result\":{\"completed\":true,\"became_ready\":true},\"ect_spare\":{"           \
+    "\"reservation_id\":\"s2\",\"dst_session\":\"10.0.0.2:15001\",\"dst_ptr\":140737488355328,"    \
+    "\"nbytes\":65536,\"transport\":\"shm\",\"dst_key\":\"1b2c3d4e5f607182\"}}"
+#define G_R_PUT_NO_SPARE "{\"ok\":true,\"result\":{\"completed\":true,\"became_ready\":true}}"
+#define G_R_PUT_REFUSED                                                                            \
+    "{\"ok\":false,\"error\":\"ect_put: no spare 's1' (expired, freed or never granted)\"}"
 #define G_STATUS "{\"op\":\"status\",\"transfer_id\":\"t1\"}"
 #define G_EVENT_PORT "{\"op\":\"event_port\"}"
 #define G_PEERS "{\"op\":\"peers\"}"
@@ -759,6 +796,11 @@ static void test_goldens_are_the_documented_examples(void **state) {
         G_R_UNKNOWN_OP,
         G_EV_READY,
         G_EV_ABANDONED,
+        G_RESERVE_BATCH_SPARE,
+        G_R_RESERVE_BATCH_SPARE,
+        G_PUT,
+        G_R_PUT,
+        G_R_PUT_REFUSED,
     };
     const char *doc = test_protocol_md();
     /* Each example is a line of its own in a code block. */
@@ -767,6 +809,60 @@ static void test_goldens_are_the_documented_examples(void **state) {
         snprintf(line, sizeof line, "\n%s\n", goldens[i]);
         if (!strstr(doc, line)) fail_msg("docs/PROTOCOL.md lacks the example %s", goldens[i]);
     }
+}
+
+/* The spare extension's documented frames: the fast path takes each (no
+ * jansson on a lone step's one exchange), both paths decode them alike, and
+ * encoding what they decode gives the same bytes back. */
+static void test_spare_frames(void **state) {
+    (void)state;
+    static const char *const reqs[] = {G_RESERVE_BATCH_SPARE, G_PUT};
+    for (size_t i = 0; i < ECT_ARRAY_LEN(reqs); i++) {
+        wire_ctl_request q;
+        if (wctl_fast_decode_request(reqs[i], strlen(reqs[i]), &q) != 0)
+            fail_msg("fast path refused %s", reqs[i]);
+        assert_true(q.spare == 65536 && q.shm_id == 0x00c0ffee12345678u);
+        request_round_trip(&q, reqs[i]);
+        wire_ctl_request_clear(&q);
+    }
+    static const struct {
+        wire_ctl_op op;
+        const char *s;
+        bool spare;
+    } reps[] = {{WIRE_OP_RESERVE_BATCH, G_R_RESERVE_BATCH_SPARE, true},
+                {WIRE_OP_ECT_PUT, G_R_PUT, true},
+                {WIRE_OP_ECT_PUT, G_R_PUT_NO_SPARE, false}};
+    for (size_t i = 0; i < ECT_ARRAY_LEN(reps); i++) {
+        wire_ctl_reply r;
+        if (wctl_fast_decode_reply(reps[i].op, 1, reps[i].s, strlen(reps[i].s), &r) != 0)
+            fail_msg("fast path refused %s", reps[i].s);
+        assert_int_equal(r.has_spare, reps[i].spare);
+        if (r.has_spare) assert_int_equal(r.spare.nbytes, 65536);
+        reply_round_trip(&r, 1, reps[i].s);
+        wire_ctl_reply_clear(&r);
+    }
+    wire_ctl_reply r;
+    assert_int_equal(
+        wire_ctl_decode_reply(WIRE_OP_ECT_PUT, 1, G_R_PUT_REFUSED, strlen(G_R_PUT_REFUSED), &r), 0);
+    assert_false(r.ok);
+    wire_ctl_reply_clear(&r);
+    /* a spare object missing a key, or of the wrong type: a bad reply */
+    static const char *const bad[] = {
+        "{\"ok\":true,\"result\":{\"completed\":true,\"became_ready\":true},\"ect_spare\":5}",
+        "{\"ok\":true,\"result\":{\"completed\":true,\"became_ready\":true},\"ect_spare\":{"
+        "\"reservation_id\":\"s\",\"dst_session\":\"h:1\",\"dst_ptr\":1}}",
+        "{\"ok\":true,\"result\":{\"completed\":true,\"became_ready\":true},\"ect_spare\":{"
+        "\"reservation_id\":\"\",\"dst_session\":\"h:1\",\"dst_ptr\":1,\"nbytes\":2}}",
+    };
+    for (size_t i = 0; i < ECT_ARRAY_LEN(bad); i++)
+        assert_int_equal(wire_ctl_decode_reply(WIRE_OP_ECT_PUT, 1, bad[i], strlen(bad[i]), &r),
+                         ECT_EINVAL);
+    /* an ect_put without the spare's id fails the frame, naming it */
+    const char *noid = "{\"op\":\"ect_put\",\"transfer_id\":\"t\",\"mm_hash\":\"h\",\"nbytes\":2,"
+                       "\"shape\":[1],\"dtype\":\"bfloat16\"}";
+    wire_ctl_request q;
+    assert_int_equal(wire_ctl_decode_request(noid, strlen(noid), &q), ECT_EINVAL);
+    assert_non_null(strstr(ect_last_error(), "reservation_id"));
 }
 
 /* ---------------------------------------------------- random round trips */
@@ -891,7 +987,17 @@ static void test_random_round_trips(void **state) {
             q.u.cancel.abandon = test_rand(&st) & 1;
             q.u.cancel.refresh = test_rand(&st) & 1;
             break;
+        case WIRE_OP_ECT_PUT:
+            rand_str(&st, q.u.put.item.transfer_id, WIRE_ID_MAX, true);
+            rand_str(&st, q.u.put.item.mm_hash, WIRE_ID_MAX, true);
+            rand_tensor(&st, &q.u.put.item.tensor);
+            rand_str(&st, q.u.put.spare_id, WIRE_ID_MAX, true);
+            break;
         default: break;
+        }
+        if (op == WIRE_OP_RESERVE || op == WIRE_OP_RESERVE_BATCH || op == WIRE_OP_ECT_PUT) {
+            if (test_rand(&st) & 1) q.shm_id = 1 + test_rand(&st) % 1000000;
+            if (test_rand(&st) & 1) q.spare = test_rand(&st) % 100000000;
         }
         request_round_trip(&q, NULL);
 
@@ -936,6 +1042,7 @@ static void test_random_round_trips(void **state) {
             if (test_rand(&st) & 1) rand_str(&st, r.u.peers.transport, WIRE_TRANSPORT_MAX, true);
             break;
         case WIRE_OP_COMPLETE:
+        case WIRE_OP_ECT_PUT:
             r.u.complete.completed = test_rand(&st) & 1;
             r.u.complete.became_ready = test_rand(&st) & 1;
             break;
@@ -951,6 +1058,20 @@ static void test_random_round_trips(void **state) {
         case WIRE_OP_ECT_STATUS:
             r.u.ect_status = (char *)"{\"shard\":0,\"pool\":{\"capacity\":5},\"errors\":[]}";
             break;
+        }
+        if ((op == WIRE_OP_RESERVE || op == WIRE_OP_RESERVE_BATCH || op == WIRE_OP_ECT_PUT) &&
+            (test_rand(&st) & 1)) {
+            r.has_spare = true;
+            rand_str(&st, r.spare.reservation_id, WIRE_ID_MAX, true);
+            rand_str(&st, r.spare.dst_session, WIRE_SESSION_MAX, false);
+            r.spare.dst_ptr = test_rand(&st) >> 1;
+            r.spare.nbytes = test_rand(&st) % 100000;
+            r.spare.write = true;
+            if (test_rand(&st) & 1) rand_str(&st, r.spare.transport, WIRE_TRANSPORT_MAX, true);
+            if (test_rand(&st) & 1) {
+                rand_str(&st, keys[RT_BATCH - 1], 70, false);
+                r.spare.dst_key = keys[RT_BATCH - 1];
+            }
         }
         reply_round_trip(&r, n, NULL);
 
@@ -1783,6 +1904,7 @@ int main(void) {
         cmocka_unit_test(test_decode_failure_replies),
         cmocka_unit_test(test_goldens_are_the_documented_examples),
         cmocka_unit_test(test_random_round_trips),
+        cmocka_unit_test(test_spare_frames),
         cmocka_unit_test(test_fast_path_takes_the_hot_frames),
         cmocka_unit_test(test_reject_wrong_type),
         cmocka_unit_test(test_reject_missing_field),

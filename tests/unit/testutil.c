@@ -125,8 +125,10 @@ void test_inst_open(test_inst *in, int tp, const ect_push_consumer_opts *tmpl) {
 void test_inst_close_checked(test_inst *in) {
     for (int r = 0; r < in->tp; r++) {
         ect_push_consumer_evict(in->c[r], SIZE_MAX);
+        ect_push_consumer_drop_spares(in->c[r]);
         ect_push_consumer_stat st;
         ect_push_consumer_stats(in->c[r], &st);
+        assert_int_equal(st.spares, 0);
         assert_int_equal(st.pool_used, 0);
         assert_int_equal(st.live, 0);
         ect_push_consumer_close(in->c[r]);
