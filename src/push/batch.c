@@ -448,19 +448,22 @@ static void build_peers(pbatch *b, const push_action *a, size_t n, uint64_t now,
     }
 }
 
+/* q: the reserve fields of r (a reserve_batch item, an ect_put). */
+static void reserve_req_of(wire_reserve_req *q, const push_rec *r) {
+    ect_strcpy_cut(q->transfer_id, sizeof q->transfer_id, r->transfer_id);
+    ect_strcpy_cut(q->mm_hash, sizeof q->mm_hash, r->mm_hash);
+    q->tensor.nbytes = r->nbytes;
+    q->tensor.ndim = (uint32_t)r->ndim;
+    memcpy(q->tensor.shape, r->shape, sizeof q->tensor.shape);
+    ect_strcpy_cut(q->tensor.dtype, sizeof q->tensor.dtype, r->dtype);
+}
+
 /* The request items of a batch: one per member. */
 static bool reserve_items(px *x) {
     wire_reserve_item *items = calloc(x->n, sizeof *items);
     if (!items) return false;
     for (size_t k = 0; k < x->n; k++) {
-        const push_rec *r = x->m[k].rec;
-        wire_reserve_req *q = &items[k].req;
-        ect_strcpy_cut(q->transfer_id, sizeof q->transfer_id, r->transfer_id);
-        ect_strcpy_cut(q->mm_hash, sizeof q->mm_hash, r->mm_hash);
-        q->tensor.nbytes = r->nbytes;
-        q->tensor.ndim = (uint32_t)r->ndim;
-        memcpy(q->tensor.shape, r->shape, sizeof q->tensor.shape);
-        ect_strcpy_cut(q->tensor.dtype, sizeof q->tensor.dtype, r->dtype);
+        reserve_req_of(&items[k].req, x->m[k].rec);
     }
     x->req.op = WIRE_OP_RESERVE_BATCH;
     x->req.u.reserve_batch.n = x->n;
@@ -531,13 +534,7 @@ static bool put_build(px *x) {
         .src = r->src.data, .dst_addr = sp->dst_ptr, .len = r->nbytes, .dst_key = sp->dst_key};
     ect_strcpy_cut(x->xkind, sizeof x->xkind, sp->kind);
     x->session = sp->session;
-    wire_reserve_req *q = &x->req.u.put.item;
-    ect_strcpy_cut(q->transfer_id, sizeof q->transfer_id, r->transfer_id);
-    ect_strcpy_cut(q->mm_hash, sizeof q->mm_hash, r->mm_hash);
-    q->tensor.nbytes = r->nbytes;
-    q->tensor.ndim = (uint32_t)r->ndim;
-    memcpy(q->tensor.shape, r->shape, sizeof q->tensor.shape);
-    ect_strcpy_cut(q->tensor.dtype, sizeof q->tensor.dtype, r->dtype);
+    reserve_req_of(&x->req.u.put.item, r);
     ect_strcpy_cut(x->req.u.put.spare_id, sizeof x->req.u.put.spare_id, sp->rid);
     x->req.op = WIRE_OP_ECT_PUT;
     x->kind = PX_PUT;

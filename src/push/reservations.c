@@ -157,8 +157,8 @@ struct rsv_table {
     resident_cache *cache; /* published buffers (mem/resident) */
     rsv_buf *orphans, *all;
     ev_node *events;
-    ect_spares spare_events; /* popped nodes kept for the next events */
-    ect_spares spare_bufs;   /* freed buffer records kept for the next reserves */
+    ect_spares spare_events;  /* popped nodes kept for the next events */
+    ect_spares spare_bufs;    /* freed buffer records kept for the next reserves */
     ect_spares spare_entries; /* dropped entries kept for the next reserves */
     rsv_stats st;
     /* The entry the latest lookup found, or NULL: an op and the guard's
@@ -714,11 +714,9 @@ static int add_entry(rsv_table *t, rsv_entry *e, rsv_state s, uint64_t deadline)
     return 0;
 }
 
-/* Makes e the WRITING writer of a new buffer b over [off, off + size):
- * indexed in flight and by transfer_id. ECT_ENOMEM with nothing changed
- * (the caller still owns e, b and the range). */
-static int install_writer(rsv_table *t, rsv_entry *e, rsv_buf *b, uint64_t off, uint64_t size,
-                          const tensor *tn, uint64_t expiry) {
+/* Makes e a WRITING writer, indexed in flight by mm_hash and by
+ * transfer_id. ECT_ENOMEM with nothing indexed. */
+static int index_writer(rsv_table *t, rsv_entry *e, uint64_t expiry) {
     e->role = ROLE_WRITER;
     hash_oom = 0;
     HASH_ADD_KEYPTR(hh_inflight, t->inflight, e->mm_hash, strlen(e->mm_hash), e);
@@ -727,6 +725,15 @@ static int install_writer(rsv_table *t, rsv_entry *e, rsv_buf *b, uint64_t off, 
         if (indexed) HASH_DELETE(hh_inflight, t->inflight, e);
         return ECT_ENOMEM;
     }
+    return 0;
+}
+
+/* Makes e the WRITING writer of a new buffer b over [off, off + size):
+ * indexed in flight and by transfer_id. ECT_ENOMEM with nothing changed
+ * (the caller still owns e, b and the range). */
+static int install_writer(rsv_table *t, rsv_entry *e, rsv_buf *b, uint64_t off, uint64_t size,
+                          const tensor *tn, uint64_t expiry) {
+    if (index_writer(t, e, expiry)) return ECT_ENOMEM;
     b->offset = off;
     b->size = size;
     b->tn = *tn;
@@ -773,13 +780,8 @@ static int reserve_new(rsv_table *t, const rsv_request *r, const tensor *tn, rsv
         w->buf->refs++;
         DL_APPEND2(w->followers, e, fol_prev, fol_next);
     } else if (orph) { /* (2b) adopt the followers a refreshed writer left waiting */
-        e->role = ROLE_WRITER;
         e->buf = orph;
-        hash_oom = 0;
-        HASH_ADD_KEYPTR(hh_inflight, t->inflight, e->mm_hash, strlen(e->mm_hash), e);
-        bool indexed = !hash_oom;
-        if (!indexed || add_entry(t, e, RSV_WRITING, expiry)) {
-            if (indexed) HASH_DELETE(hh_inflight, t->inflight, e);
+        if (index_writer(t, e, expiry)) {
             free_entry_mem(t, e);
             return ect_set_error(ECT_ENOMEM, "reserve: out of memory");
         }

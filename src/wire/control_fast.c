@@ -778,6 +778,37 @@ int wctl_fast_decode_request_kept(const void *buf, size_t len, wire_ctl_request 
 
 /* ------------------------------------------------------------- replies */
 
+/* A granted range's first keys, as a reserve result and a spare start:
+ * reservation_id (non-empty when id_needed), dst_session, dst_ptr, nbytes. */
+static void jr_range_head(jr *r, wire_reserve_result *x, bool id_needed) {
+    jr_key(r, "reservation_id");
+    jr_str(r, x->reservation_id, WIRE_ID_MAX, id_needed);
+    jr_ch(r, ',');
+    jr_key(r, "dst_session");
+    jr_str(r, x->dst_session, WIRE_SESSION_MAX, false);
+    jr_ch(r, ',');
+    jr_key(r, "dst_ptr");
+    x->dst_ptr = jr_u64(r);
+    jr_ch(r, ',');
+    jr_key(r, "nbytes");
+    x->nbytes = jr_u64(r);
+}
+
+/* A granted range's optional last keys: transport, then dst_key, either
+ * one absent. */
+static void jr_range_tail(jr *r, wire_reserve_result *x) {
+    if (!jr_peek(r, ',')) return;
+    r->p++;
+    if (jr_next_key_is(r, "transport")) {
+        jr_key(r, "transport");
+        jr_str(r, x->transport, WIRE_TRANSPORT_MAX, false);
+        if (!jr_peek(r, ',')) return;
+        r->p++;
+    }
+    jr_key(r, "dst_key");
+    x->dst_key = jr_str_dup(r, WIRE_KEY_MAX);
+}
+
 static bool rd_reserve_outcome(jr *r, void *arr, size_t i) {
     wire_reserve_outcome *it = (wire_reserve_outcome *)arr + i;
     wire_reserve_result *x = &it->result;
@@ -793,17 +824,7 @@ static bool rd_reserve_outcome(jr *r, void *arr, size_t i) {
     }
     jr_key(r, "result");
     jr_ch(r, '{');
-    jr_key(r, "reservation_id");
-    jr_str(r, x->reservation_id, WIRE_ID_MAX, false);
-    jr_ch(r, ',');
-    jr_key(r, "dst_session");
-    jr_str(r, x->dst_session, WIRE_SESSION_MAX, false);
-    jr_ch(r, ',');
-    jr_key(r, "dst_ptr");
-    x->dst_ptr = jr_u64(r);
-    jr_ch(r, ',');
-    jr_key(r, "nbytes");
-    x->nbytes = jr_u64(r);
+    jr_range_head(r, x, false);
     jr_ch(r, ',');
     jr_key(r, "write");
     x->write = jr_bool(r);
@@ -813,21 +834,7 @@ static bool rd_reserve_outcome(jr *r, void *arr, size_t i) {
     jr_ch(r, ',');
     jr_key(r, "cached");
     x->cached = jr_bool(r);
-    if (jr_peek(r, ',')) {
-        r->p++;
-        if (jr_next_key_is(r, "transport")) {
-            jr_key(r, "transport");
-            jr_str(r, x->transport, WIRE_TRANSPORT_MAX, false);
-            if (jr_peek(r, ',')) {
-                r->p++;
-                jr_key(r, "dst_key");
-                x->dst_key = jr_str_dup(r, WIRE_KEY_MAX);
-            }
-        } else {
-            jr_key(r, "dst_key");
-            x->dst_key = jr_str_dup(r, WIRE_KEY_MAX);
-        }
-    }
+    jr_range_tail(r, x);
     jr_ch(r, '}');
     jr_ch(r, '}');
     return !r->bad;
@@ -876,32 +883,8 @@ static void jr_spare(jr *r, wire_ctl_reply *out) {
     x->write = true;
     jr_key(r, "ect_spare");
     jr_ch(r, '{');
-    jr_key(r, "reservation_id");
-    jr_str(r, x->reservation_id, WIRE_ID_MAX, true);
-    jr_ch(r, ',');
-    jr_key(r, "dst_session");
-    jr_str(r, x->dst_session, WIRE_SESSION_MAX, false);
-    jr_ch(r, ',');
-    jr_key(r, "dst_ptr");
-    x->dst_ptr = jr_u64(r);
-    jr_ch(r, ',');
-    jr_key(r, "nbytes");
-    x->nbytes = jr_u64(r);
-    if (jr_peek(r, ',')) {
-        r->p++;
-        if (jr_next_key_is(r, "transport")) {
-            jr_key(r, "transport");
-            jr_str(r, x->transport, WIRE_TRANSPORT_MAX, false);
-            if (jr_peek(r, ',')) {
-                r->p++;
-                jr_key(r, "dst_key");
-                x->dst_key = jr_str_dup(r, WIRE_KEY_MAX);
-            }
-        } else {
-            jr_key(r, "dst_key");
-            x->dst_key = jr_str_dup(r, WIRE_KEY_MAX);
-        }
-    }
+    jr_range_head(r, x, true);
+    jr_range_tail(r, x);
     jr_ch(r, '}');
 }
 
