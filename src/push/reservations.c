@@ -851,14 +851,23 @@ static int check_request(const rsv_request *req, tensor *tn) {
     return 0;
 }
 
-int rsv_spare_bind(rsv_table *t, const char *spare_id, const char *spare_owner,
-                   const rsv_request *req, uint64_t now_ms, rsv_reply *reply) {
+/* What a reserve and a put do first: reply cleared, req checked (its
+ * tensor in *tn), the clock advanced and what is due reaped. */
+static int begin_request(rsv_table *t, const rsv_request *req, uint64_t now_ms, rsv_reply *reply,
+                         tensor *tn) {
     memset(reply, 0, sizeof *reply);
-    tensor tn;
-    int rc = check_request(req, &tn);
+    int rc = check_request(req, tn);
     if (rc) return rc;
     clamp_now(t, now_ms);
     reap(t);
+    return 0;
+}
+
+int rsv_spare_bind(rsv_table *t, const char *spare_id, const char *spare_owner,
+                   const rsv_request *req, uint64_t now_ms, rsv_reply *reply) {
+    tensor tn;
+    int rc = begin_request(t, req, now_ms, reply, &tn);
+    if (rc) return rc;
     spare_rng **pp = spare_find(t, spare_id ? spare_id : ""), *sp = *pp;
     if (!sp)
         return ect_set_error(ECT_ENOTFOUND,
@@ -899,12 +908,9 @@ int rsv_spare_bind(rsv_table *t, const char *spare_id, const char *spare_owner,
 }
 
 int rsv_reserve(rsv_table *t, const rsv_request *req, uint64_t now_ms, rsv_reply *reply) {
-    memset(reply, 0, sizeof *reply);
     tensor tn;
-    int rc = check_request(req, &tn);
+    int rc = begin_request(t, req, now_ms, reply, &tn);
     if (rc) return rc;
-    clamp_now(t, now_ms);
-    reap(t);
     rsv_entry *e = find_entry(t, req->transfer_id);
     if (e) {
         switch (e->state) {

@@ -231,25 +231,21 @@ int wctl_fast_encode_request(const wire_ctl_request *req, char **out) {
     return jw_done(&w, out);
 }
 
-static void jw_reserve_result(jw *w, const wire_reserve_result *r) {
-    if (r->cancelled) { /* rare: the jansson path writes it */
-        w->bad = true;
-        return;
-    }
-    JW_LIT(w, "{\"reservation_id\":");
-    jw_str(w, r->reservation_id, WIRE_ID_MAX, false);
+/* A granted range's first keys, as a reserve result and a spare start
+ * (reservation_id non-empty when id_needed). */
+static void jw_range_head(jw *w, const wire_reserve_result *r, bool id_needed) {
+    JW_LIT(w, "\"reservation_id\":");
+    jw_str(w, r->reservation_id, WIRE_ID_MAX, id_needed);
     JW_LIT(w, ",\"dst_session\":");
     jw_str(w, r->dst_session, WIRE_SESSION_MAX, false);
     JW_LIT(w, ",\"dst_ptr\":");
     jw_u64(w, r->dst_ptr);
     JW_LIT(w, ",\"nbytes\":");
     jw_u64(w, r->nbytes);
-    JW_LIT(w, ",\"write\":");
-    jw_bool(w, r->write);
-    JW_LIT(w, ",\"ready\":");
-    jw_bool(w, r->ready);
-    JW_LIT(w, ",\"cached\":");
-    jw_bool(w, r->cached);
+}
+
+/* A granted range's optional last keys: transport, dst_key. */
+static void jw_range_tail(jw *w, const wire_reserve_result *r) {
     if (r->transport[0]) {
         JW_LIT(w, ",\"transport\":");
         jw_str(w, r->transport, WIRE_TRANSPORT_MAX, false);
@@ -258,6 +254,22 @@ static void jw_reserve_result(jw *w, const wire_reserve_result *r) {
         JW_LIT(w, ",\"dst_key\":");
         jw_str(w, r->dst_key, WIRE_KEY_MAX, false);
     }
+}
+
+static void jw_reserve_result(jw *w, const wire_reserve_result *r) {
+    if (r->cancelled) { /* rare: the jansson path writes it */
+        w->bad = true;
+        return;
+    }
+    JW_LIT(w, "{");
+    jw_range_head(w, r, false);
+    JW_LIT(w, ",\"write\":");
+    jw_bool(w, r->write);
+    JW_LIT(w, ",\"ready\":");
+    jw_bool(w, r->ready);
+    JW_LIT(w, ",\"cached\":");
+    jw_bool(w, r->cached);
+    jw_range_tail(w, r);
     JW_LIT(w, "}");
 }
 
@@ -265,22 +277,9 @@ static void jw_reserve_result(jw *w, const wire_reserve_result *r) {
 static void jw_spare(jw *w, const wire_ctl_reply *rep) {
     if (!rep->has_spare) return;
     const wire_reserve_result *r = &rep->spare;
-    JW_LIT(w, ",\"ect_spare\":{\"reservation_id\":");
-    jw_str(w, r->reservation_id, WIRE_ID_MAX, true);
-    JW_LIT(w, ",\"dst_session\":");
-    jw_str(w, r->dst_session, WIRE_SESSION_MAX, false);
-    JW_LIT(w, ",\"dst_ptr\":");
-    jw_u64(w, r->dst_ptr);
-    JW_LIT(w, ",\"nbytes\":");
-    jw_u64(w, r->nbytes);
-    if (r->transport[0]) {
-        JW_LIT(w, ",\"transport\":");
-        jw_str(w, r->transport, WIRE_TRANSPORT_MAX, false);
-    }
-    if (r->dst_key) {
-        JW_LIT(w, ",\"dst_key\":");
-        jw_str(w, r->dst_key, WIRE_KEY_MAX, false);
-    }
+    JW_LIT(w, ",\"ect_spare\":{");
+    jw_range_head(w, r, true);
+    jw_range_tail(w, r);
     JW_LIT(w, "}");
 }
 
