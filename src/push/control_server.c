@@ -37,7 +37,7 @@
 
 #define MOD "ctlsrv"
 #define LOG_EVERY_MS 1000
-static int do_ready(ctl_server *s, const wire_ctl_request *q, wire_ctl_reply *rep);
+static int do_ready(ctl_server *s, const wire_ctl_request *q, uint64_t now, wire_ctl_reply *rep);
 
 enum { RF_FULL, RF_TOMB, RF_CONFLICT, RF_BUSY, RF_INVALID, RF_OTHER, RF_N };
 
@@ -752,7 +752,7 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
         break;
     }
     case WIRE_OP_ECT_READY:
-        if ((rc = do_ready(s, q, &rep))) ect_strcpy_cut(errtext, sizeof errtext, ect_last_error());
+        if ((rc = do_ready(s, q, now, &rep))) ect_strcpy_cut(errtext, sizeof errtext, ect_last_error());
         break;
     case WIRE_OP_ECT_STATUS:
         if (!(rep.u.ect_status = status_json(s))) out_of_memory(&rc, errtext);
@@ -1266,12 +1266,12 @@ static void ready_add(void *ctx, const char *transfer_id, uint64_t seq, const rs
 /* The listing for a trusted peer (peer_guard.h, PG_READY; the refusal is
  * counted in peer_refused.ready); ECT_EACCES / ECT_ENOMEM with the reply's
  * text set. Under the lock. */
-static int do_ready(ctl_server *s, const wire_ctl_request *q, wire_ctl_reply *rep) {
+static int do_ready(ctl_server *s, const wire_ctl_request *q, uint64_t now, wire_ctl_reply *rep) {
     if (!pg_allow(s->guard, PG_READY, s->who, "", "(every ready item)"))
         return ect_set_error(ECT_EACCES, "%s", CTL_READY_REFUSED);
     ready_acc a = {0};
-    rsv_ready_list(s->tab, q->u.ready.after, q->u.ready.max, ready_add, &a, &rep->u.ready.next,
-                   &rep->u.ready.more);
+    rsv_ready_list(s->tab, q->u.ready.after, q->u.ready.age_ms, q->u.ready.max, now, ready_add, &a,
+                   &rep->u.ready.next, &rep->u.ready.more);
     if (a.oom) {
         free(a.v);
         return ect_set_error(ECT_ENOMEM, "EC consumer out of memory");

@@ -1313,27 +1313,37 @@ void rsv_count_states(const rsv_table *t, uint64_t counts[RSV_EXPIRED + 1]) {
 }
 
 /* The live list holds READY entries in the order they became READY (each
- * is appended when it does and never moved after; rsv_check verifies it),
- * so one walk from its head lists them by seq. */
-size_t rsv_ready_list(const rsv_table *t, uint64_t after, size_t max, rsv_ready_fn fn, void *ctx,
-                      uint64_t *next, bool *more) {
+ * is appended when it does, deadline = then + ttl, and never moved after;
+ * rsv_check verifies it), so one walk from its head lists them by seq and
+ * meets the youngest last. */
+size_t rsv_ready_list(rsv_table *t, uint64_t after, uint64_t min_age_ms, size_t max,
+                      uint64_t now_ms, rsv_ready_fn fn, void *ctx, uint64_t *next, bool *more) {
+    uint64_t now = clamp_now(t, now_ms);
     size_t n = 0;
-    uint64_t last = 0;
+    bool to_end = true;
     *more = false;
     if (after > t->ready_seq) after = 0; /* a cursor from before a restart */
+    uint64_t passed = after;
     for (const idt_node *nd = idt_first(&t->ids, IDT_LIVE); nd; nd = nd->next) {
         const rsv_entry *e = ENTRY(nd);
-        if (e->state != RSV_READY || e->taken || e->ready_seq <= after) continue;
-        if (n == max) {
-            *more = true;
+        if (e->state != RSV_READY || e->ready_seq <= after) continue;
+        if (nd->deadline - t->o.ttl_ms + min_age_ms > now) { /* this one and the rest: young */
+            to_end = false;
             break;
         }
-        rsv_status st;
-        fill_status(e, &st);
-        fn(ctx, e->transfer_id, e->ready_seq, &st);
-        last = e->ready_seq;
-        n++;
+        if (!e->taken) {
+            if (n == max) {
+                *more = true;
+                to_end = false;
+                break;
+            }
+            rsv_status st;
+            fill_status(e, &st);
+            fn(ctx, e->transfer_id, e->ready_seq, &st);
+            n++;
+        }
+        passed = e->ready_seq;
     }
-    *next = *more ? last : t->ready_seq;
+    *next = to_end ? t->ready_seq : passed;
     return n;
 }

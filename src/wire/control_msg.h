@@ -157,12 +157,14 @@ typedef struct wire_ctl_request {
             wire_reserve_req item;
             char spare_id[WIRE_ID_MAX + 1];
         } put;
-        /* ect_ready: items with a readiness seq above `after`, at most
-         * `max` (1..WIRE_BATCH_MAX; the encoder omits 0, the decoder gives
-         * WIRE_READY_DEFAULT for an absent "max") */
+        /* ect_ready: items with a readiness seq above `after`, ready for
+         * at least age_ms ("age_ms", optional: 0 when absent, and the
+         * encoder omits 0), at most `max` (1..WIRE_BATCH_MAX; the encoder
+         * omits 0, the decoder gives WIRE_READY_DEFAULT for an absent "max") */
         struct {
             uint64_t after;
             uint32_t max;
+            uint64_t age_ms;
         } ready;
         /* event_port and peers carry no fields. */
     } u;

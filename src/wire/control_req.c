@@ -125,7 +125,8 @@ static int check_batch(size_t n, const void *items) {
     return 0;
 }
 
-/* ect_ready: {"op","after","max"}; max 0 is left out (the shard's default). */
+/* ect_ready: {"op","after","max","age_ms"}; max 0 is left out (the shard's
+ * default), age_ms 0 too. */
 static json_t *ready_obj(const wire_ctl_request *req, const char *op, int *rc) {
     uint32_t max = req->u.ready.max;
     if (max > WIRE_BATCH_MAX) {
@@ -136,6 +137,7 @@ static json_t *ready_obj(const wire_ctl_request *req, const char *op, int *rc) {
     wctl_put_str(o, "op", op, OP_NAME_MAX, true, rc);
     wctl_put_u64(o, "after", req->u.ready.after, rc);
     if (max) wctl_put_u64(o, "max", max, rc);
+    if (req->u.ready.age_ms) wctl_put_u64(o, "age_ms", req->u.ready.age_ms, rc);
     return o;
 }
 
@@ -376,11 +378,13 @@ static int decode_complete_batch(const json_t *root, wire_ctl_request *out) {
     return 0;
 }
 
-/* ect_ready: "after" required, "max" 1..WIRE_BATCH_MAX or absent. */
+/* ect_ready: "after" required, "max" 1..WIRE_BATCH_MAX or absent, "age_ms"
+ * optional. */
 static int decode_ready(const json_t *root, wire_ctl_request *out) {
     uint64_t max = 0;
     int rc = wctl_get_u64(root, "", "after", true, &out->u.ready.after);
     if (!rc) rc = wctl_get_u64(root, "", "max", false, &max);
+    if (!rc) rc = wctl_get_u64(root, "", "age_ms", false, &out->u.ready.age_ms);
     if (rc) return rc;
     if (!json_object_get(root, "max")) max = WIRE_READY_DEFAULT;
     if (max < 1 || max > WIRE_BATCH_MAX)

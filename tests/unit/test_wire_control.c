@@ -97,6 +97,7 @@ static void assert_request_eq(const wire_ctl_request *a, const wire_ctl_request 
     case WIRE_OP_ECT_READY:
         assert_int_equal(a->u.ready.after, b->u.ready.after);
         assert_int_equal(a->u.ready.max, b->u.ready.max);
+        assert_int_equal(a->u.ready.age_ms, b->u.ready.age_ms);
         break;
     }
 }
@@ -1014,6 +1015,7 @@ static void test_random_round_trips(void **state) {
         case WIRE_OP_ECT_READY:
             q.u.ready.after = test_rand(&st) >> 1;
             q.u.ready.max = (uint32_t)(1 + test_rand(&st) % WIRE_BATCH_MAX);
+            if (test_rand(&st) & 1) q.u.ready.age_ms = test_rand(&st) >> 1;
             break;
         default: break;
         }
@@ -1936,6 +1938,7 @@ static void test_shm_id(void **st) {
  * ready"): the documented request and reply round-trip byte for byte, an
  * absent max is the default, and every bad field is refused naming it. */
 #define G_READY "{\"op\":\"ect_ready\",\"after\":0,\"max\":2}"
+#define G_READY_AGED "{\"op\":\"ect_ready\",\"after\":41,\"max\":256,\"age_ms\":1000}"
 #define G_R_READY                                                                                  \
     "{\"ok\":true,\"result\":{\"items\":[{\"seq\":1,\"transfer_id\":\"t1\",\"mm_hash\":\"h1\","    \
     "\"reservation_id\":\"r1\",\"nbytes\":8,\"shape\":[2,2],\"dtype\":\"float16\"},{\"seq\":3,"    \
@@ -1947,6 +1950,9 @@ static void test_ect_ready_frames(void **state) {
     (void)state;
     wire_ctl_request q = {.op = WIRE_OP_ECT_READY, .u.ready = {.after = 0, .max = 2}};
     request_round_trip(&q, G_READY);
+    wire_ctl_request aged = {.op = WIRE_OP_ECT_READY,
+                             .u.ready = {.after = 41, .max = 256, .age_ms = 1000}};
+    request_round_trip(&aged, G_READY_AGED);
     wire_ready_item it[2] = {{.seq = 1, .transfer_id = "t1", .mm_hash = "h1",
                               .reservation_id = "r1",
                               .tensor = {.nbytes = 8, .ndim = 2, .shape = {2, 2}, .dtype = "float16"}},
@@ -1960,7 +1966,8 @@ static void test_ect_ready_frames(void **state) {
     r.u.ready.more = true;
     reply_round_trip(&r, 2, G_R_READY);
     const char *doc = test_protocol_md();
-    static const char *const documented[] = {G_READY, G_R_READY, G_R_READY_UPSTREAM};
+    static const char *const documented[] = {G_READY, G_READY_AGED, G_R_READY,
+                                             G_R_READY_UPSTREAM};
     for (size_t i = 0; i < ECT_ARRAY_LEN(documented); i++) {
         char line[1024];
         snprintf(line, sizeof line, "\n%s\n", documented[i]);
@@ -2005,6 +2012,10 @@ static void test_ect_ready_frames(void **state) {
                "max: expected a non-negative integer, got real");
     assert_err(dec_req("{\"op\":\"ect_ready\",\"after\":0,\"max\":null}"), ECT_EINVAL,
                "max: expected a non-negative integer, got null");
+    assert_err(dec_req("{\"op\":\"ect_ready\",\"after\":0,\"age_ms\":-1}"), ECT_EINVAL,
+               "age_ms: expected a non-negative integer, got -1");
+    assert_err(dec_req("{\"op\":\"ect_ready\",\"after\":0,\"age_ms\":\"1s\"}"), ECT_EINVAL,
+               "age_ms: expected a non-negative integer, got string");
     /* bad replies */
 #define ITEM(seq) "{\"seq\":" #seq ",\"transfer_id\":\"t\",\"mm_hash\":\"h\",\"reservation_id\":" \
                   "\"r\",\"nbytes\":4,\"shape\":[2],\"dtype\":\"float16\"}"
