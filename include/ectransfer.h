@@ -970,6 +970,9 @@ typedef struct ect_push_scheduler_stat {
     uint64_t rechecks;  /* `status` questions sent for items whose events were missing */
     uint64_t recovered; /* shard reports learnt from `status`, not from an event (each
                            one a lost or late event) */
+    uint64_t listed;    /* accept_any: items that became known only from a shard's
+                           `ect_ready` listing (every event of them lost; docs/PROTOCOL.md
+                           "Lost events: the scheduler lists what is ready") */
 } ect_push_scheduler_stat;
 
 /** Fills the defaults above. */
