@@ -752,7 +752,8 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
         break;
     }
     case WIRE_OP_ECT_READY:
-        if ((rc = do_ready(s, q, now, &rep))) ect_strcpy_cut(errtext, sizeof errtext, ect_last_error());
+        if ((rc = do_ready(s, q, now, &rep)))
+            ect_strcpy_cut(errtext, sizeof errtext, ect_last_error());
         break;
     case WIRE_OP_ECT_STATUS:
         if (!(rep.u.ect_status = status_json(s))) out_of_memory(&rc, errtext);
@@ -1278,8 +1279,7 @@ static int do_ready(ctl_server *s, const wire_ctl_request *q, uint64_t now, wire
     }
     rep->u.ready.items = a.v;
     rep->u.ready.n = a.n;
-    ECT_LOGD(MOD, "shard %d: ect_ready after %" PRIu64 ": %zu item(s), next %" PRIu64 "%s",
-             s->port, q->u.ready.after, a.n, rep->u.ready.next,
-             rep->u.ready.more ? ", more" : "");
+    ECT_LOGD(MOD, "shard %d: ect_ready after %" PRIu64 ": %zu item(s), next %" PRIu64 "%s", s->port,
+             q->u.ready.after, a.n, rep->u.ready.next, rep->u.ready.more ? ", more" : "");
     return 0;
 }

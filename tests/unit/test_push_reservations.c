@@ -1269,9 +1269,8 @@ static void expect_list(fx *f, uint64_t after, uint64_t age, size_t max, uint64_
     assert_int_equal(n, l.n);
     if (next != want_next || more != want_more)
         fail_msg("after %llu age %llu max %zu at %llu: next %llu more %d, want %llu %d",
-                 (unsigned long long)after, (unsigned long long)age, max,
-                 (unsigned long long)now, (unsigned long long)next, more,
-                 (unsigned long long)want_next, want_more);
+                 (unsigned long long)after, (unsigned long long)age, max, (unsigned long long)now,
+                 (unsigned long long)next, more, (unsigned long long)want_next, want_more);
     for (size_t i = 1; i < l.n; i++) assert_true(l.seqs[i] > l.seqs[i - 1]);
     assert_int_equal(rsv_check(f->t), 0);
 }
@@ -1283,7 +1282,7 @@ static void test_ready_list(void **state) {
     rsv_reply r1, r2, r2b, r3, r4;
     expect_list(f, 0, 0, 8, 0, "", 0, false); /* empty table */
     assert_int_equal(reserve(f, "t1", "h1", 0, &r1), 0);
-    expect_list(f, 0, 0, 8, 0, "", 0, false); /* WRITING: not listed */
+    expect_list(f, 0, 0, 8, 0, "", 0, false);             /* WRITING: not listed */
     complete(f, "t1", r1.reservation_id, 10, true, true); /* seq 1 at 10 */
     assert_int_equal(reserve(f, "t2", "h2", 10, &r2), 0);
     assert_int_equal(reserve(f, "t2b", "h2", 10, &r2b), 0); /* a follower */

@@ -37,9 +37,9 @@ typedef struct fake {
     int ready_mode; /* [mu] READY_LIST, READY_UPSTREAM, READY_REFUSE */
     char ready_tid[16][32];
     uint64_t ready_seq[16];
-    int nready;         /* [mu] */
-    uint64_t max_after; /* [mu] the highest cursor asked with */
-    bool backwards;     /* [mu] a cursor below an earlier one */
+    int nready;               /* [mu] */
+    uint64_t max_after;       /* [mu] the highest cursor asked with */
+    bool backwards;           /* [mu] a cursor below an earlier one */
     int ready_asks, statuses; /* [mu] */
 } fake;
 

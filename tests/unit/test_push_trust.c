@@ -291,7 +291,7 @@ static void test_stray_pull_accept_any_loses_no_item(void **state) {
     print_message("stray PULL took %d of %d events; %llu items learnt from ect_ready\n", stolen,
                   NITEMS, (unsigned long long)st.listed);
     assert_int_equal(arrived, NITEMS);
-    assert_true(stolen > 0);                  /* the thief did steal whole items ... */
+    assert_true(stolen > 0);                    /* the thief did steal whole items ... */
     assert_true(st.listed >= (uint64_t)stolen); /* ... and each came back by the listing */
     assert_true(st.listed <= NITEMS);
     ect_push_scheduler_close(s);
@@ -498,7 +498,8 @@ static void test_ect_ready_trusted_only(void **state) {
     static const char *const bad[][2] = {
         {"{\"op\":\"ect_ready\"}", "after: missing"},
         {"{\"op\":\"ect_ready\",\"after\":-1}", "after: expected a non-negative integer, got -1"},
-        {"{\"op\":\"ect_ready\",\"after\":1.5}", "after: expected a non-negative integer, got real"},
+        {"{\"op\":\"ect_ready\",\"after\":1.5}",
+         "after: expected a non-negative integer, got real"},
         {"{\"op\":\"ect_ready\",\"after\":\"0\"}",
          "after: expected a non-negative integer, got string"},
         {"{\"op\":\"ect_ready\",\"after\":0,\"max\":0}", "max: 0 outside 1..4096"},

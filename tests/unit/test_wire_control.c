@@ -1953,12 +1953,17 @@ static void test_ect_ready_frames(void **state) {
     wire_ctl_request aged = {.op = WIRE_OP_ECT_READY,
                              .u.ready = {.after = 41, .max = 256, .age_ms = 1000}};
     request_round_trip(&aged, G_READY_AGED);
-    wire_ready_item it[2] = {{.seq = 1, .transfer_id = "t1", .mm_hash = "h1",
-                              .reservation_id = "r1",
-                              .tensor = {.nbytes = 8, .ndim = 2, .shape = {2, 2}, .dtype = "float16"}},
-                             {.seq = 3, .transfer_id = "t3", .mm_hash = "h3",
-                              .reservation_id = "r3",
-                              .tensor = {.nbytes = 8, .ndim = 1, .shape = {4}, .dtype = "bfloat16"}}};
+    wire_ready_item it[2] = {
+        {.seq = 1,
+         .transfer_id = "t1",
+         .mm_hash = "h1",
+         .reservation_id = "r1",
+         .tensor = {.nbytes = 8, .ndim = 2, .shape = {2, 2}, .dtype = "float16"}},
+        {.seq = 3,
+         .transfer_id = "t3",
+         .mm_hash = "h3",
+         .reservation_id = "r3",
+         .tensor = {.nbytes = 8, .ndim = 1, .shape = {4}, .dtype = "bfloat16"}}};
     wire_ctl_reply r = {.op = WIRE_OP_ECT_READY, .ok = true};
     r.u.ready.n = 2;
     r.u.ready.items = it;
@@ -1966,8 +1971,7 @@ static void test_ect_ready_frames(void **state) {
     r.u.ready.more = true;
     reply_round_trip(&r, 2, G_R_READY);
     const char *doc = test_protocol_md();
-    static const char *const documented[] = {G_READY, G_READY_AGED, G_R_READY,
-                                             G_R_READY_UPSTREAM};
+    static const char *const documented[] = {G_READY, G_READY_AGED, G_R_READY, G_R_READY_UPSTREAM};
     for (size_t i = 0; i < ECT_ARRAY_LEN(documented); i++) {
         char line[1024];
         snprintf(line, sizeof line, "\n%s\n", documented[i]);
@@ -2017,11 +2021,12 @@ static void test_ect_ready_frames(void **state) {
     assert_err(dec_req("{\"op\":\"ect_ready\",\"after\":0,\"age_ms\":\"1s\"}"), ECT_EINVAL,
                "age_ms: expected a non-negative integer, got string");
     /* bad replies */
-#define ITEM(seq) "{\"seq\":" #seq ",\"transfer_id\":\"t\",\"mm_hash\":\"h\",\"reservation_id\":" \
-                  "\"r\",\"nbytes\":4,\"shape\":[2],\"dtype\":\"float16\"}"
+#define ITEM(seq)                                                                                  \
+    "{\"seq\":" #seq ",\"transfer_id\":\"t\",\"mm_hash\":\"h\",\"reservation_id\":"                \
+    "\"r\",\"nbytes\":4,\"shape\":[2],\"dtype\":\"float16\"}"
 #define READY_REP(items, tail) "{\"ok\":true,\"result\":{\"items\":[" items "]" tail "}}"
-    assert_int_equal(dec_reply(WIRE_OP_ECT_READY, 2, READY_REP(ITEM(1) "," ITEM(2),
-                                                              ",\"next\":2,\"more\":false")),
+    assert_int_equal(dec_reply(WIRE_OP_ECT_READY, 2,
+                               READY_REP(ITEM(1) "," ITEM(2), ",\"next\":2,\"more\":false")),
                      0);
     assert_err(dec_reply(WIRE_OP_ECT_READY, 1,
                          READY_REP(ITEM(1) "," ITEM(2), ",\"next\":2,\"more\":false")),
@@ -2051,8 +2056,9 @@ static void test_ect_ready_frames(void **state) {
                                    "\"dtype\":\"float16\"}",
                                    ",\"next\":1,\"more\":false")),
                ECT_EINVAL, "result.items[0].");
-    assert_err(dec_reply(WIRE_OP_ECT_READY, 8, "{\"ok\":true,\"result\":{\"items\":[7],"
-                                               "\"next\":1,\"more\":false}}"),
+    assert_err(dec_reply(WIRE_OP_ECT_READY, 8,
+                         "{\"ok\":true,\"result\":{\"items\":[7],"
+                         "\"next\":1,\"more\":false}}"),
                ECT_EINVAL, "result.items[0]: expected an object, got integer");
     assert_err(dec_reply(WIRE_OP_ECT_READY, 8, "{\"ok\":true,\"result\":null}"), ECT_EINVAL,
                "result: expected an object, got null");
