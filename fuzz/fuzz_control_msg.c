@@ -124,7 +124,7 @@ static void fuzz_request(const uint8_t *data, size_t size) {
 
 static void fuzz_reply(wire_ctl_op op, const uint8_t *data, size_t size) {
     diff_reply(op, SIZE_MAX, data, size);
-    if (op == WIRE_OP_RESERVE_BATCH || op == WIRE_OP_COMPLETE_BATCH)
+    if (op == WIRE_OP_RESERVE_BATCH || op == WIRE_OP_COMPLETE_BATCH || op == WIRE_OP_ECT_READY)
         diff_reply(op, size % 5, data, size); /* the item count check, both paths */
     wire_ctl_reply r;
     if (wire_ctl_decode_reply(op, SIZE_MAX, data, size, &r)) return;

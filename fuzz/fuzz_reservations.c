@@ -2,7 +2,7 @@
  * fuzz_reservations — random operation sequences against the reservation
  * table's invariants. Each input byte pair is one op (reserve, complete,
  * cancel with any flags, take, release, reap, event pops, eviction, spare
- * ranges granted and bound) on a
+ * ranges granted and bound, the ready listing of ect_ready) on a
  * small pool where conflicts, followers, reclaim and tombstone caps are
  * frequent. A fake pool aborts on a double free, on a free of an unknown
  * range, and on freeing a range a writer was given and has not settled;
@@ -66,6 +66,31 @@ static bool p_active(void *ctx, uint64_t off, uint64_t nbytes) {
 
 static const rsv_mem_ops OPS = {p_alloc, p_free, NULL};
 static const rsv_mem_ops OPS_ACTIVE = {p_alloc, p_free, p_active};
+
+/* rsv_ready_list (ect_ready): every item listed is READY, seqs ascend, at
+ * most max are listed (max of them when more remain), and next is not
+ * below the last one listed. */
+typedef struct {
+    rsv_table *t;
+    uint64_t prev;
+} list_ctx;
+
+static void on_listed(void *ctx, const char *tid, uint64_t seq, const rsv_status *st) {
+    list_ctx *l = ctx;
+    rsv_status now;
+    check(seq > l->prev && st->state == RSV_READY);
+    check(rsv_status_get(l->t, tid, &now) == 0 && now.state == RSV_READY);
+    l->prev = seq;
+}
+
+static void fuzz_ready_list(rsv_table *t, uint8_t b, uint64_t now) {
+    uint64_t after = b >> 2 & 7, next = 0;
+    bool more = false;
+    list_ctx l = {t, 0};
+    size_t max = 1 + (b >> 5 & 3);
+    size_t n = rsv_ready_list(t, after, (b & 2) ? 3 : 0, max, now, on_listed, &l, &next, &more);
+    check(n <= max && (!more || n == max) && next >= l.prev);
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -136,7 +161,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             while (rsv_event_peek(t) && b--) rsv_event_pop(t);
             break;
         case 11: rsv_evict_resident(t, b & 3); break;
-        case 12: (void)rsv_status_get(t, tid, &st); break;
+        case 12:
+            if (b & 1)
+                fuzz_ready_list(t, b, now);
+            else
+                (void)rsv_status_get(t, tid, &st);
+            break;
         case 13: (void)rsv_finish(t, tid, now); break;
         case 14: /* a spare for owner A or B (docs/PROTOCOL.md "a spare range granted ahead") */
             if (rsv_spare_grant(t, (b & 1) ? "B" : "A", 1 + (b >> 1 & 15) * 8, now, &r) == 0)

@@ -941,8 +941,12 @@ typedef struct ect_push_scheduler_opts {
                                        still waiting this long is asked for with `status` on
                                        every shard that has not reported it (then after 2x, 4x,
                                        8x this), and a ready answer counts as that shard's
-                                       event (docs/PROTOCOL.md "Lost events"). Default 1000;
-                                       0: off (events only, as upstream) */
+                                       event (docs/PROTOCOL.md "Lost events"); with accept_any,
+                                       each shard is also asked every recheck_ms for the items
+                                       ready on it for that long (`ect_ready`, an extension
+                                       upstream shards refuse: then not asked again), so an
+                                       item whose every event was lost still arrives. Default
+                                       1000; 0: off (events only, as upstream) */
 } ect_push_scheduler_opts;
 
 /** What the scheduler knows of one transfer. */
@@ -970,6 +974,9 @@ typedef struct ect_push_scheduler_stat {
     uint64_t rechecks;  /* `status` questions sent for items whose events were missing */
     uint64_t recovered; /* shard reports learnt from `status`, not from an event (each
                            one a lost or late event) */
+    uint64_t listed;    /* accept_any: items that became known only from a shard's
+                           `ect_ready` listing (every event of them lost; docs/PROTOCOL.md
+                           "Lost events: the scheduler lists what is ready") */
 } ect_push_scheduler_stat;
 
 /** Fills the defaults above. */

@@ -225,6 +225,7 @@ class PushSchedulerStat(ctypes.Structure):
             "tombstones",
             "rechecks",
             "recovered",
+            "listed",
         )
     ]
 

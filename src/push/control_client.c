@@ -343,6 +343,7 @@ static int decode_reply(const char *addr, const wire_ctl_request *req, const uin
     size_t expect = SIZE_MAX;
     if (req->op == WIRE_OP_RESERVE_BATCH) expect = req->u.reserve_batch.n;
     if (req->op == WIRE_OP_COMPLETE_BATCH) expect = req->u.complete_batch.n;
+    if (req->op == WIRE_OP_ECT_READY) expect = req->u.ready.max ? req->u.ready.max : SIZE_MAX;
     int rc = wire_ctl_decode_reply(req->op, expect, body, blen, out);
     if (!rc) return 0;
     char detail[512];

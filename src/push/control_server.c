@@ -37,6 +37,7 @@
 
 #define MOD "ctlsrv"
 #define LOG_EVERY_MS 1000
+static int do_ready(ctl_server *s, const wire_ctl_request *q, uint64_t now, wire_ctl_reply *rep);
 
 enum { RF_FULL, RF_TOMB, RF_CONFLICT, RF_BUSY, RF_INVALID, RF_OTHER, RF_N };
 
@@ -493,7 +494,7 @@ static char *status_json(ctl_server *s) {
     }
     json_object_set_new(o, "errors", errs);
     json_t *pr = json_object(); /* requests refused as another peer's (peer_guard.h) */
-    static const char *const pg_name[PG_N] = {"complete", "cancel", "status", "reserve"};
+    static const char *const pg_name[PG_N] = {"complete", "cancel", "status", "reserve", "ready"};
     for (int k = 0; k < PG_N; k++)
         json_object_set_new(pr, pg_name[k],
                             json_integer((json_int_t)pg_refused(s->guard, (pg_act)k)));
@@ -750,6 +751,10 @@ static int handle_decoded(ctl_server *s, const wire_ctl_request *q, uint64_t now
         settle_id(s, c->transfer_id, false, 0);
         break;
     }
+    case WIRE_OP_ECT_READY:
+        if ((rc = do_ready(s, q, now, &rep)))
+            ect_strcpy_cut(errtext, sizeof errtext, ect_last_error());
+        break;
     case WIRE_OP_ECT_STATUS:
         if (!(rep.u.ect_status = status_json(s))) out_of_memory(&rc, errtext);
         break;
@@ -1226,3 +1231,55 @@ size_t ctl_server_last_errors(ctl_server *s, ctl_error *out, size_t max) {
     return n;
 }
 uint64_t ctl_server_bad_requests(ctl_server *s) { return atomic_load(&s->bad_requests); }
+
+/* ---- ect_ready (docs/PROTOCOL.md "Lost events: the scheduler lists what is
+ * ready"): the items ready here, for the consumer's own scheduler. */
+
+typedef struct ready_acc {
+    wire_ready_item *v;
+    size_t n, cap;
+    bool oom;
+} ready_acc;
+
+/* rsv_ready_fn: one listed item into the reply. */
+static void ready_add(void *ctx, const char *transfer_id, uint64_t seq, const rsv_status *st) {
+    ready_acc *a = ctx;
+    if (a->oom) return;
+    if (a->n == a->cap) {
+        size_t cap = a->cap ? 2 * a->cap : 16;
+        wire_ready_item *v = realloc(a->v, cap * sizeof *v);
+        if (!v) {
+            a->oom = true;
+            return;
+        }
+        a->v = v;
+        a->cap = cap;
+    }
+    wire_ready_item *it = &a->v[a->n++];
+    memset(it, 0, sizeof *it);
+    it->seq = seq;
+    ect_strcpy_cut(it->transfer_id, sizeof it->transfer_id, transfer_id);
+    ect_strcpy_cut(it->mm_hash, sizeof it->mm_hash, st->mm_hash);
+    ect_strcpy_cut(it->reservation_id, sizeof it->reservation_id, st->reservation_id);
+    fill_tensor(&it->tensor, st->nbytes, st->shape, st->ndim, st->dtype);
+}
+
+/* The listing for a trusted peer (peer_guard.h, PG_READY; the refusal is
+ * counted in peer_refused.ready); ECT_EACCES / ECT_ENOMEM with the reply's
+ * text set. Under the lock. */
+static int do_ready(ctl_server *s, const wire_ctl_request *q, uint64_t now, wire_ctl_reply *rep) {
+    if (!pg_allow(s->guard, PG_READY, s->who, "", "(every ready item)"))
+        return ect_set_error(ECT_EACCES, "%s", CTL_READY_REFUSED);
+    ready_acc a = {0};
+    rsv_ready_list(s->tab, q->u.ready.after, q->u.ready.age_ms, q->u.ready.max, now, ready_add, &a,
+                   &rep->u.ready.next, &rep->u.ready.more);
+    if (a.oom) {
+        free(a.v);
+        return ect_set_error(ECT_ENOMEM, "EC consumer out of memory");
+    }
+    rep->u.ready.items = a.v;
+    rep->u.ready.n = a.n;
+    ECT_LOGD(MOD, "shard %d: ect_ready after %" PRIu64 ": %zu item(s), next %" PRIu64 "%s", s->port,
+             q->u.ready.after, a.n, rep->u.ready.next, rep->u.ready.more ? ", more" : "");
+    return 0;
+}

@@ -176,6 +176,9 @@ void ctl_server_count_states(ctl_server *s, uint64_t counts[RSV_EXPIRED + 1]);
 /* The text (after "transfer_id 'X': ") of a complete or cancel refused
  * because the reservation belongs to another peer (docs/PROTOCOL.md). */
 #define CTL_NOT_OWNER "reservation belongs to another peer (refused)"
+/* The refusal of ect_ready to an untrusted peer (docs/PROTOCOL.md). */
+#define CTL_READY_REFUSED                                                                          \
+    "ect_ready refused: only a trusted peer (the consumer's own scheduler) may list ready items"
 typedef struct ctl_error {
     uint64_t realtime_ms; /* wall clock, ms since the epoch */
     char text[208];

@@ -28,7 +28,7 @@ struct peer_guard {
     uint64_t window, last_log_ms; /* handling thread only */
 };
 
-static const char *const act_name[PG_N] = {"complete", "cancel", "status", "reserve"};
+static const char *const act_name[PG_N] = {"complete", "cancel", "status", "reserve", "ready"};
 
 void pg_canon(const char *peer, char *out, size_t size) {
     if (!peer) peer = "";
@@ -126,7 +126,7 @@ bool pg_allow(peer_guard *g, pg_act act, const char *peer, const char *owner,
     if (!peer) peer = "";
     if (!owner) owner = "";
     if (strcmp(peer, owner) == 0) return true;
-    if ((act == PG_CANCEL || act == PG_STATUS) && trusted(g, peer)) return true;
+    if ((act == PG_CANCEL || act == PG_STATUS || act == PG_READY) && trusted(g, peer)) return true;
     atomic_fetch_add(&g->refused[act], 1);
     g->window++;
     uint64_t now = ect_now_ms();

@@ -9,6 +9,8 @@
  *   cancel of a live reservation     from the owner or a trusted peer
  *   reservation_id in `status`       only to the owner or a trusted peer
  *   reserve of a live transfer_id    only from its owner
+ *   ect_ready (the ready items)      only from a trusted peer (pg_allow with
+ *                                    owner "": as a reservation with no owner)
  *
  * Trusted peers are the consumer's own scheduler: by default every address
  * configured on this host's interfaces (exact addresses, not their prefixes:
@@ -38,6 +40,7 @@ typedef enum pg_act {
     PG_CANCEL,       /* cancel of a live reservation */
     PG_STATUS,       /* the reservation_id in a status reply (hidden, not refused) */
     PG_RESERVE,      /* reserve of a live transfer_id */
+    PG_READY,        /* ect_ready: the listing of every ready item (trusted peers only) */
     PG_N
 } pg_act;
 

@@ -114,6 +114,8 @@ struct rsv_entry {
     size_t str_cap; /* bytes after the entry for transfer_id and mm_hash */
     idt_node node;  /* by transfer_id, on live, pending or tombs */
     UT_hash_handle hh_inflight;
+    uint64_t ready_seq; /* when it became READY (rsv_ready_list); 0 before */
+    bool taken;         /* READY and taken by the consumer (rsv_take) */
 };
 
 #define ENTRY(n) IDT_ENTRY(n, rsv_entry, node)
@@ -165,6 +167,7 @@ struct rsv_table {
      * lookup just before it name the same id, so the second costs one
      * compare. Cleared when that entry leaves the table. */
     rsv_entry *last;
+    uint64_t ready_seq; /* the latest entry's readiness seq (rsv_ready_list) */
 };
 
 static const char *const state_names[] = {
@@ -456,8 +459,9 @@ static void fill_event(rsv_event *ev, const rsv_entry *e, rsv_event_kind kind) {
     fill_status(e, &ev->st);
 }
 
-static void queue_event(rsv_table *t, const rsv_entry *e, rsv_event_kind kind) {
+static void queue_event(rsv_table *t, rsv_entry *e, rsv_event_kind kind) {
     ev_node *n;
+    if (kind == RSV_EV_READY) e->ready_seq = ++t->ready_seq; /* the event may be lost */
     if (t->st.events >= t->o.max_events) {
         n = t->events; /* reuse the oldest node: no allocation can fail here */
         ECT_LOGW_ID(MOD, n->ev.transfer_id, NULL,
@@ -1110,6 +1114,7 @@ int rsv_take(rsv_table *t, const char *transfer_id, uint64_t now_ms, rsv_status 
         return ect_set_error(ECT_ESTATE, "take: transfer_id '%s' is %s, not READY", transfer_id,
                              rsv_state_name(e->state));
     e->buf->leases++; /* READY: held already */
+    e->taken = true;
     touch(t, e->buf);
     fill_status(e, st);
     return 0;
@@ -1288,6 +1293,13 @@ int rsv_check(const rsv_table *t) {
     CHECK(tombs <= t->o.max_tombstones, "tombstone cap exceeded");
     for (const idt_node *n = idt_first(&t->ids, IDT_LIVE); n && n->next; n = n->next)
         CHECK(n->deadline <= n->next->deadline, "live list out of deadline order");
+    uint64_t seq = 0; /* rsv_ready_list relies on it */
+    for (const idt_node *n = idt_first(&t->ids, IDT_LIVE); n; n = n->next) {
+        if (ENTRY(n)->state != RSV_READY) continue;
+        CHECK(ENTRY(n)->ready_seq > seq && ENTRY(n)->ready_seq <= t->ready_seq,
+              "READY entry %s out of readiness order", ENTRY(n)->transfer_id);
+        seq = ENTRY(n)->ready_seq;
+    }
     return 0;
 }
 
@@ -1298,4 +1310,40 @@ void rsv_count_states(const rsv_table *t, uint64_t counts[RSV_EXPIRED + 1]) {
             rsv_state s = ENTRY(n)->state;
             if (s >= RSV_WRITING && s <= RSV_EXPIRED) counts[s]++;
         }
+}
+
+/* The live list holds READY entries in the order they became READY (each
+ * is appended when it does, deadline = then + ttl, and never moved after;
+ * rsv_check verifies it), so one walk from its head lists them by seq and
+ * meets the youngest last. */
+size_t rsv_ready_list(rsv_table *t, uint64_t after, uint64_t min_age_ms, size_t max,
+                      uint64_t now_ms, rsv_ready_fn fn, void *ctx, uint64_t *next, bool *more) {
+    uint64_t now = clamp_now(t, now_ms);
+    size_t n = 0;
+    bool to_end = true;
+    *more = false;
+    if (after > t->ready_seq) after = 0; /* a cursor from before a restart */
+    uint64_t passed = after;
+    for (const idt_node *nd = idt_first(&t->ids, IDT_LIVE); nd; nd = nd->next) {
+        const rsv_entry *e = ENTRY(nd);
+        if (e->state != RSV_READY || e->ready_seq <= after) continue;
+        if (nd->deadline - t->o.ttl_ms + min_age_ms > now) { /* this one and the rest: young */
+            to_end = false;
+            break;
+        }
+        if (!e->taken) {
+            if (n == max) {
+                *more = true;
+                to_end = false;
+                break;
+            }
+            rsv_status st;
+            fill_status(e, &st);
+            fn(ctx, e->transfer_id, e->ready_seq, &st);
+            n++;
+        }
+        passed = e->ready_seq;
+    }
+    *next = to_end ? t->ready_seq : passed;
+    return n;
 }

@@ -339,4 +339,23 @@ void rsv_count_states(const rsv_table *t, uint64_t counts[RSV_EXPIRED + 1]);
  * ect_last_error(). O(n); for tests and the fuzzer. */
 int rsv_check(const rsv_table *t);
 
+/* ---- readiness listing (docs/PROTOCOL.md "Lost events: the scheduler
+ * lists what is ready", op ect_ready)
+ *
+ * Each entry that becomes READY gets the next readiness seq (1, 2, ...; the
+ * table's own counter, restarting with the table). rsv_ready_list calls fn
+ * for the entries READY now, not taken (rsv_take), with seq > after and
+ * READY for at least min_age_ms, oldest first, at most max of them; st is
+ * what its readiness event carried. An
+ * `after` above every seq given so far (a cursor kept across a restart of
+ * the shard) is read as 0. *more: others remain (max reached); *next: the
+ * cursor to ask with next: the newest seq given when the walk reached the
+ * end, else (max reached, or an entry younger than min_age_ms stopped it)
+ * the last seq it passed, so nothing listed is listed again and nothing
+ * younger is skipped. O(live entries). Returns the count. */
+typedef void (*rsv_ready_fn)(void *ctx, const char *transfer_id, uint64_t seq,
+                             const rsv_status *st);
+size_t rsv_ready_list(rsv_table *t, uint64_t after, uint64_t min_age_ms, size_t max,
+                      uint64_t now_ms, rsv_ready_fn fn, void *ctx, uint64_t *next, bool *more);
+
 #endif

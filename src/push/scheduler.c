@@ -16,6 +16,13 @@
  * took, or one the shard's full queue dropped, costs at most a few seconds,
  * never the item (docs/PROTOCOL.md "Lost events").
  *
+ * With accept_any, an item whose every event was lost is not known at all;
+ * every recheck_ms the same thread asks each shard for what is ready on it
+ * (`ect_ready`, an extension: one cursor per shard, again at once while the
+ * shard says more remain) and applies each listed item as that shard's
+ * event. A shard that does not know the op (upstream) or refuses it is not
+ * asked again.
+ *
  * Arrivals: an event that makes an entry AVAILABLE (every shard reported it)
  * appends its id to the ready queue that ect_push_scheduler_next pops; the
  * state is checked again when popped, so a cancel in between is harmless.
@@ -40,15 +47,29 @@
 #define MOD "sched"
 #define SCHED_DRAIN_MAX 4096
 
-/* A job for the background thread: a remote cancel (the table's), or a
- * `status` question about an item whose event never came (recheck). */
+/* How a listing (ect_ready) ended. */
+typedef enum { LIST_OK, LIST_FAILED, LIST_UNKNOWN_OP, LIST_REFUSED } list_end;
+
+/* A job for the background thread: a remote cancel (the table's), a
+ * `status` question about an item whose event never came (recheck), or an
+ * `ect_ready` listing of shard j.shard (listing). */
 typedef struct job {
-    bool recheck;
-    xfer_cancel_job j; /* recheck: transfer_id and shard only */
+    bool recheck, listing;
+    xfer_cancel_job j; /* recheck: transfer_id and shard only; listing: shard */
     int port;
     bool ok;
     wire_status_result st; /* recheck: the answer (st.found false: not there) */
+    /* listing: the cursor asked with, how it ended, the items (heap, owned
+     * by the job), the next cursor and whether more remain */
+    uint64_t after;
+    list_end end;
+    wire_ready_item *items;
+    size_t n;
+    uint64_t next;
+    bool more;
 } job;
+
+#define LIST_MAX 256 /* items per ect_ready request */
 
 #define RECHECK_MAX_QUEUED 256 /* status questions in flight at once */
 
@@ -79,6 +100,12 @@ struct ect_push_scheduler {
     jobq todo, done;        /* guarded by mu */
     size_t rechecks_queued; /* [mu] recheck jobs in todo or being asked */
     uint64_t next_recheck;  /* when pump_rechecks next walks the table */
+    /* ect_ready listings (accept_any and recheck_ms only): per shard */
+    uint64_t next_listing;                /* when every shard is asked next */
+    uint64_t list_after[XFER_MAX_SHARDS]; /* the cursor */
+    bool list_off[XFER_MAX_SHARDS];       /* upstream or refused: not asked again */
+    bool list_again[XFER_MAX_SHARDS];     /* more remain: ask at once */
+    bool list_asking[XFER_MAX_SHARDS];    /* [mu] a listing queued, in flight or unapplied */
     /* metrics: the stats as of the last poll, for a scrape on another thread
      * (the scheduler itself belongs to the caller's thread) */
     met_source *met;
@@ -148,6 +175,42 @@ static void ask_status(ect_push_scheduler *s, ctl_client *cli, job *j) {
     wire_ctl_reply_clear(&r);
 }
 
+/* Asks j's shard for what is ready past j->after; fills j's answer. */
+static void ask_ready(ect_push_scheduler *s, ctl_client *cli, job *j) {
+    wire_ctl_request q = {.op = WIRE_OP_ECT_READY};
+    q.u.ready.after = j->after;
+    q.u.ready.max = LIST_MAX;
+    q.u.ready.age_ms = s->o.recheck_ms; /* an event merely on its way is not a lost one */
+    wire_ctl_reply r;
+    j->end = LIST_FAILED;
+    if (ctl_call(cli, s->host, j->port, &q, &r)) {
+        ECT_LOGD(MOD, "ect_ready on shard %d: %s", j->port, ect_last_error());
+        return;
+    }
+    if (!r.ok) {
+        const char *unknown = "unknown control op: 'ect_ready'";
+        j->end = strcmp(r.error, unknown) == 0 ? LIST_UNKNOWN_OP : LIST_REFUSED;
+        if (j->end == LIST_UNKNOWN_OP)
+            ECT_LOGD(MOD, "shard %d does not list ready items (upstream): not asked again",
+                     j->port);
+        else
+            ECT_LOGW(MOD,
+                     "shard %d refused ect_ready: %.200s; not asked again (an item whose every "
+                     "event is lost there is not recovered)",
+                     j->port, r.error);
+        wire_ctl_reply_clear(&r);
+        return;
+    }
+    j->end = LIST_OK;
+    j->items = r.u.ready.items;
+    j->n = r.u.ready.n;
+    j->next = r.u.ready.next;
+    j->more = r.u.ready.more;
+    r.u.ready.items = NULL;
+    r.u.ready.n = 0;
+    wire_ctl_reply_clear(&r);
+}
+
 static void *cancel_main(void *arg) {
     ect_push_scheduler *s = arg;
     ctl_client *cli = NULL;
@@ -170,6 +233,16 @@ static void *cancel_main(void *arg) {
             if (jobq_push(&s->done, &j)) {
                 ECT_LOGE(MOD, "cancel thread: out of memory");
                 s->rechecks_queued--;
+            }
+            continue;
+        }
+        if (j.listing) {
+            ask_ready(s, cli, &j);
+            pthread_mutex_lock(&s->mu);
+            if (jobq_push(&s->done, &j)) { /* asked again at the next interval */
+                ECT_LOGE(MOD, "cancel thread: out of memory");
+                free(j.items);
+                s->list_asking[j.j.shard] = false;
             }
             continue;
         }
@@ -209,6 +282,9 @@ static void collect(void *ctx, met_out *o) {
     met_out_counter(o, "ectransfer_events_recovered_total",
                     "Shard reports learnt from `status` because their event was lost.", NULL,
                     st.recovered);
+    met_out_counter(o, "ectransfer_events_listed_total",
+                    "Items learnt from a shard's `ect_ready` listing: every event of them lost.",
+                    NULL, st.listed);
     met_out_control_requests(o, st.cancels_sent + st.cancels_failed + st.rechecks);
     met_out_failure(o, "cancel_failed", st.cancels_failed);
     met_out_gauge(o, "ectransfer_transfers",
@@ -296,6 +372,8 @@ void ect_push_scheduler_close(ect_push_scheduler *s) {
     xfer_close(s->t);
     for (size_t i = 0; i < s->nready; i++) free(s->ready[i]);
     free(s->ready);
+    for (jobq *q = &s->todo; q; q = q == &s->todo ? &s->done : NULL)
+        for (size_t i = 0; i < q->n; i++) free(q->v[q->head + i].items);
     free(s->todo.v);
     free(s->done.v);
     pthread_cond_destroy(&s->cv);
@@ -357,8 +435,34 @@ static void on_event(void *user, const wire_event *ev, size_t shard) {
     if (rc == XFER_EV_APPLIED) check_available(s, ev->transfer_id);
 }
 
-/* A recheck answer: ready on that shard counts as its event. Caller: the
- * scheduler's thread, without mu. */
+/* A shard's report learnt by asking (`status`, or `ect_ready` when
+ * listing), applied exactly as that shard's readiness event, and counted: a
+ * new report of a waiting item as recovered, a listed item unknown before as
+ * listed (each logged once). Caller: the scheduler's thread, without mu. */
+static void apply_report(ect_push_scheduler *s, const wire_event *ev, size_t shard, int port,
+                         bool listing) {
+    const char *via = listing ? "ect_ready" : "status";
+    uint64_t before = s->st.events;
+    xfer_info in, after;
+    bool known = xfer_get(s->t, ev->transfer_id, &in) == 0;
+    bool had = known && in.state == XFER_WAITING_EVENT;
+    on_event(s, ev, shard);
+    if (s->st.events > before) s->st.events--; /* not an event */
+    if (xfer_get(s->t, ev->transfer_id, &after) != 0) return;
+    if (!known && listing) {
+        s->st.listed++;
+        ECT_LOGI_ID(MOD, ev->transfer_id, NULL,
+                    "transfer_id=%s: ready on shard %d per `%s`; every event of it was lost",
+                    ev->transfer_id, port, via);
+    } else if (had && after.reported > in.reported) {
+        s->st.recovered++;
+        ECT_LOGI_ID(MOD, ev->transfer_id, NULL,
+                    "transfer_id=%s: ready on shard %d per `%s`; its event was lost",
+                    ev->transfer_id, port, via);
+    }
+}
+
+/* A recheck answer: ready on that shard counts as its event. */
 static void apply_recheck(ect_push_scheduler *s, const job *d) {
     if (!d->ok || !d->st.found || !d->st.ready) return;
     wire_event ev;
@@ -368,17 +472,52 @@ static void apply_recheck(ect_push_scheduler *s, const job *d) {
     snprintf(ev.reservation_id, sizeof ev.reservation_id, "%s", d->st.reservation_id);
     ev.ready = true;
     ev.tensor = d->st.tensor;
-    uint64_t before = s->st.events;
-    xfer_info in;
-    bool had = xfer_get(s->t, d->j.transfer_id, &in) == 0 && in.state == XFER_WAITING_EVENT;
-    on_event(s, &ev, d->j.shard);
-    if (s->st.events > before) s->st.events--; /* not an event: counted as recovered */
-    xfer_info after;
-    if (had && xfer_get(s->t, d->j.transfer_id, &after) == 0 && after.reported > in.reported) {
-        s->st.recovered++;
-        ECT_LOGI_ID(MOD, d->j.transfer_id, NULL,
-                    "transfer_id=%s: ready on shard %d per `status`; its event was lost",
-                    d->j.transfer_id, d->port);
+    apply_report(s, &ev, d->j.shard, d->port, false);
+}
+
+/* A listing's answer: each item counts as that shard's readiness event; the
+ * cursor moves on (and the shard is asked again at once while more remain),
+ * or the shard is not asked again (upstream, or refused). Frees the items. */
+static void apply_listing(ect_push_scheduler *s, job *d) {
+    size_t k = d->j.shard;
+    if (d->end == LIST_UNKNOWN_OP || d->end == LIST_REFUSED) s->list_off[k] = true;
+    for (size_t i = 0; d->end == LIST_OK && i < d->n; i++) {
+        const wire_ready_item *it = &d->items[i];
+        wire_event ev;
+        memset(&ev, 0, sizeof ev);
+        memcpy(ev.transfer_id, it->transfer_id, sizeof ev.transfer_id);
+        memcpy(ev.mm_hash, it->mm_hash, sizeof ev.mm_hash);
+        memcpy(ev.reservation_id, it->reservation_id, sizeof ev.reservation_id);
+        ev.ready = true;
+        ev.tensor = it->tensor;
+        apply_report(s, &ev, k, d->port, true);
+    }
+    if (d->end == LIST_OK) {
+        s->list_after[k] = d->next;
+        s->list_again[k] = d->more;
+    }
+    free(d->items);
+    d->items = NULL;
+    pthread_mutex_lock(&s->mu); /* only now: a listing queued before used the old cursor */
+    s->list_asking[k] = false;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Queues an ect_ready listing for each shard due: all of them every
+ * recheck_ms, one whose last answer said more remain at once; never two
+ * for one shard. Only with accept_any (items never expected). Caller holds
+ * mu; the shard ports are known. */
+static void queue_listings(ect_push_scheduler *s, const int *ports, uint64_t now) {
+    if (!s->o.accept_any || !s->o.recheck_ms) return;
+    bool due = now >= s->next_listing;
+    if (due) s->next_listing = now + s->o.recheck_ms;
+    for (size_t k = 0; k < (size_t)s->o.tp_size; k++) {
+        if (s->list_off[k] || s->list_asking[k] || !(due || s->list_again[k])) continue;
+        job j = {.listing = true, .port = ports[k], .after = s->list_after[k]};
+        j.j.shard = k;
+        if (jobq_push(&s->todo, &j)) break; /* out of memory: asked again next round */
+        s->list_asking[k] = true;
+        s->list_again[k] = false;
     }
 }
 
@@ -414,8 +553,8 @@ static void pump_cancels(ect_push_scheduler *s) {
     pthread_mutex_lock(&s->mu);
     while (s->done.n && na < 64) { /* the rest next poll */
         job d = jobq_pop(&s->done);
-        if (d.recheck) {
-            s->rechecks_queued--;
+        if (d.recheck || d.listing) {
+            if (d.recheck) s->rechecks_queued--;
             answers[na++] = d; /* applied below, without mu */
             continue;
         }
@@ -436,10 +575,16 @@ static void pump_cancels(ect_push_scheduler *s) {
             if (k < 64) break;
         }
         queue_rechecks(s, ports, ect_now_ms());
+        queue_listings(s, ports, ect_now_ms());
         if (s->todo.n) pthread_cond_signal(&s->cv);
     }
     pthread_mutex_unlock(&s->mu);
-    for (size_t i = 0; i < na; i++) apply_recheck(s, &answers[i]);
+    for (size_t i = 0; i < na; i++) {
+        if (answers[i].listing)
+            apply_listing(s, &answers[i]);
+        else
+            apply_recheck(s, &answers[i]);
+    }
 }
 
 int ect_push_scheduler_poll(ect_push_scheduler *s) {

@@ -31,6 +31,7 @@ static const char *const op_names[] = {
     [WIRE_OP_CANCEL] = "cancel",
     [WIRE_OP_ECT_STATUS] = "ect_status",
     [WIRE_OP_ECT_PUT] = "ect_put",
+    [WIRE_OP_ECT_READY] = "ect_ready",
 };
 
 const char *wire_ctl_op_name(wire_ctl_op op) {

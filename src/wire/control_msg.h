@@ -61,6 +61,7 @@
 #define WIRE_PEERS_MAX 4096            /* ports of a peers result */
 #define WIRE_ITEM_ERROR_MAX 255        /* text kept for a reserve_batch item that failed */
 #define WIRE_REASON_MAX 255            /* a cancelled reserve result's reason */
+#define WIRE_READY_DEFAULT 256         /* ect_ready items listed when "max" is absent */
 
 /* The canned reply texts a control server uses (SPEC, exact). */
 #define WIRE_CTL_MALFORMED "malformed control request"
@@ -80,8 +81,11 @@ typedef enum wire_ctl_op {
     /* extension (docs/PROTOCOL.md "a spare range granted ahead"): bind a
      * spare our shard granted to an item written into it, and complete it */
     WIRE_OP_ECT_PUT,
+    /* extension (docs/PROTOCOL.md "Lost events: the scheduler lists what is
+     * ready"): the items ready on a shard, for its own (trusted) scheduler */
+    WIRE_OP_ECT_READY,
 } wire_ctl_op;
-#define WIRE_OP_LAST WIRE_OP_ECT_PUT
+#define WIRE_OP_LAST WIRE_OP_ECT_READY
 
 /* The wire name of an op ("reserve", ...), or NULL for a value outside the enum. */
 const char *wire_ctl_op_name(wire_ctl_op op);
@@ -153,6 +157,15 @@ typedef struct wire_ctl_request {
             wire_reserve_req item;
             char spare_id[WIRE_ID_MAX + 1];
         } put;
+        /* ect_ready: items with a readiness seq above `after`, ready for
+         * at least age_ms ("age_ms", optional: 0 when absent, and the
+         * encoder omits 0), at most `max` (1..WIRE_BATCH_MAX; the encoder
+         * omits 0, the decoder gives WIRE_READY_DEFAULT for an absent "max") */
+        struct {
+            uint64_t after;
+            uint32_t max;
+            uint64_t age_ms;
+        } ready;
         /* event_port and peers carry no fields. */
     } u;
     /* reserve, reserve_batch: "ect_shm_id" (extension, docs/PROTOCOL.md
@@ -240,6 +253,16 @@ typedef struct wire_complete_result {
     bool became_ready;
 } wire_complete_result;
 
+/* One item of an ect_ready result: the readiness event's facts and the
+ * item's readiness seq on that shard (>= 1, ascending along the list). */
+typedef struct wire_ready_item {
+    uint64_t seq;
+    char transfer_id[WIRE_ID_MAX + 1];
+    char mm_hash[WIRE_ID_MAX + 1];
+    char reservation_id[WIRE_ID_MAX + 1];
+    wire_tensor tensor;
+} wire_ready_item;
+
 typedef struct wire_ctl_reply {
     wire_ctl_op op; /* which request this answers: selects the result type */
     bool ok;
@@ -278,6 +301,14 @@ typedef struct wire_ctl_reply {
          * decoding, borrowed (not freed by the clear) when the caller set it
          * for encoding and cleared it before wire_ctl_reply_clear */
         char *ect_status;
+        /* ect_ready: the items (owned after decoding), the cursor to ask
+         * with next (>= the last item's seq) and whether more remain */
+        struct {
+            size_t n;
+            wire_ready_item *items;
+            uint64_t next;
+            bool more;
+        } ready;
     } u;
 } wire_ctl_reply;
 
@@ -288,7 +319,8 @@ int wire_ctl_encode_reply(const wire_ctl_reply *rep, char **out);
 int wire_ctl_encode_error(const char *text, char **out);
 /* Decodes the reply to a request of type `op`. For the batch ops,
  * expect_items is the number of items the request carried and a result with
- * another count is refused; SIZE_MAX skips the check. An {"ok": false} reply
+ * another count is refused; for ect_ready it is the request's max and a
+ * longer list is refused; SIZE_MAX skips the check. An {"ok": false} reply
  * decodes successfully with ok == false and the error text. */
 int wire_ctl_decode_reply(wire_ctl_op op, size_t expect_items, const void *buf, size_t len,
                           wire_ctl_reply *out);

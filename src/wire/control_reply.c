@@ -7,6 +7,7 @@
  * batch ops the caller also passes the number of items it sent: a result list
  * of another length cannot be matched to the items and is refused.
  */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +56,7 @@ void wire_ctl_reply_clear(wire_ctl_reply *rep) {
         case WIRE_OP_PEERS: free(rep->u.peers.ports); break;
         case WIRE_OP_COMPLETE_BATCH: free(rep->u.complete_batch.items); break;
         case WIRE_OP_ECT_STATUS: free(rep->u.ect_status); break;
+        case WIRE_OP_ECT_READY: free(rep->u.ready.items); break;
         default: break;
         }
     }
@@ -123,6 +125,34 @@ static void append(json_t *arr, json_t *v, int *rc) {
     }
     if (!v || json_array_append_new(arr, v))
         *rc = ect_set_error(ECT_ENOMEM, "items: out of memory encoding JSON");
+}
+
+/* ect_ready: {"items":[{seq, transfer_id, mm_hash, reservation_id, nbytes,
+ * shape, dtype}...], "next", "more"}; the decoder's checks hold. */
+static json_t *ready_result_obj(const wire_ctl_reply *rep, int *rc) {
+    size_t n = rep->u.ready.n;
+    const wire_ready_item *items = rep->u.ready.items;
+    if (n > WIRE_BATCH_MAX || (n && !items)) {
+        *rc = ect_set_error(ECT_EINVAL, "items: NULL or over %d", WIRE_BATCH_MAX);
+        return NULL;
+    }
+    json_t *o = new_obj(rc), *arr = json_array();
+    for (size_t i = 0; arr && i < n && !*rc; i++) {
+        if (!items[i].seq || (i && items[i].seq <= items[i - 1].seq) ||
+            items[i].seq > rep->u.ready.next)
+            *rc = ect_set_error(ECT_EINVAL, "items[%zu].seq: not ascending from 1 up to next", i);
+        json_t *io = new_obj(rc);
+        wctl_put_u64(io, "seq", items[i].seq, rc);
+        wctl_put_str(io, "transfer_id", items[i].transfer_id, WIRE_ID_MAX, true, rc);
+        wctl_put_str(io, "mm_hash", items[i].mm_hash, WIRE_ID_MAX, true, rc);
+        wctl_put_str(io, "reservation_id", items[i].reservation_id, WIRE_ID_MAX, false, rc);
+        wctl_put_tensor(io, &items[i].tensor, rc);
+        append(arr, io, rc);
+    }
+    wctl_put_new(o, "items", arr, rc);
+    wctl_put_u64(o, "next", rep->u.ready.next, rc);
+    wctl_put_bool(o, "more", rep->u.ready.more, rc);
+    return o;
 }
 
 static json_t *result_json(const wire_ctl_reply *rep, int *rc) {
@@ -207,6 +237,7 @@ static json_t *result_json(const wire_ctl_reply *rep, int *rc) {
         }
         return o;
     }
+    case WIRE_OP_ECT_READY: return ready_result_obj(rep, rc);
     }
     *rc = ect_set_error(ECT_EINVAL, "op: not a control op");
     return NULL;
@@ -377,6 +408,47 @@ static int decode_peers(const json_t *res, wire_ctl_reply *out) {
                         out->u.peers.transport);
 }
 
+/* One ect_ready item; its seq must be above prev (0 for the first). */
+static int decode_ready_item(const json_t *it, size_t i, uint64_t prev, wire_ready_item *r) {
+    char path[40], pfx[48];
+    snprintf(path, sizeof path, "result.items[%zu]", i);
+    snprintf(pfx, sizeof pfx, "%s.", path);
+    int rc = expect_object(it, path);
+    if (!rc) rc = wctl_get_u64(it, pfx, "seq", true, &r->seq);
+    if (!rc && r->seq <= prev)
+        rc = ect_set_error(ECT_EINVAL, "%sseq: %" PRIu64 " is not above %" PRIu64, pfx, r->seq,
+                           prev);
+    if (!rc) rc = wctl_get_str(it, pfx, "transfer_id", true, true, WIRE_ID_MAX, r->transfer_id);
+    if (!rc) rc = wctl_get_str(it, pfx, "mm_hash", true, true, WIRE_ID_MAX, r->mm_hash);
+    if (!rc)
+        rc = wctl_get_str(it, pfx, "reservation_id", true, false, WIRE_ID_MAX, r->reservation_id);
+    if (!rc) rc = wctl_get_tensor(it, pfx, &r->tensor);
+    return rc;
+}
+
+/* ect_ready: at most `max` items, seqs ascending from 1, next >= the last. */
+static int decode_ready(const json_t *res, size_t max, wire_ctl_reply *out) {
+    const json_t *arr;
+    size_t n = 0;
+    int rc = result_items(res, SIZE_MAX, &arr, &n);
+    if (rc) return rc;
+    if (max != SIZE_MAX && n > max)
+        return ect_set_error(ECT_EINVAL, "result.items: %zu items, asked for at most %zu", n, max);
+    rc = wctl_get_u64(res, "result.", "next", true, &out->u.ready.next);
+    if (!rc) rc = wctl_get_bool(res, "result.", "more", true, &out->u.ready.more);
+    if (rc) return rc;
+    out->u.ready.items = calloc(n ? n : 1, sizeof *out->u.ready.items);
+    if (!out->u.ready.items) return ect_set_error(ECT_ENOMEM, "result.items: out of memory");
+    out->u.ready.n = n;
+    for (size_t i = 0; i < n && !rc; i++)
+        rc = decode_ready_item(json_array_get(arr, i), i, i ? out->u.ready.items[i - 1].seq : 0,
+                               &out->u.ready.items[i]);
+    if (!rc && n && out->u.ready.next < out->u.ready.items[n - 1].seq)
+        rc = ect_set_error(ECT_EINVAL, "result.next: %" PRIu64 " is below the last item's seq",
+                           out->u.ready.next);
+    return rc;
+}
+
 static int decode_result(const json_t *res, size_t expect, wire_ctl_reply *out) {
     int rc;
     const json_t *arr;
@@ -421,6 +493,7 @@ static int decode_result(const json_t *res, size_t expect, wire_ctl_reply *out) 
         if ((rc = expect_object(res, "result"))) return rc;
         out->u.ect_status = json_dumps(res, JSON_COMPACT | JSON_PRESERVE_ORDER);
         return out->u.ect_status ? 0 : ect_set_error(ECT_ENOMEM, "result: out of memory");
+    case WIRE_OP_ECT_READY: return decode_ready(res, expect, out);
     }
     return ect_set_error(ECT_EINVAL, "op: not a control op");
 }

@@ -125,6 +125,22 @@ static int check_batch(size_t n, const void *items) {
     return 0;
 }
 
+/* ect_ready: {"op","after","max","age_ms"}; max 0 is left out (the shard's
+ * default), age_ms 0 too. */
+static json_t *ready_obj(const wire_ctl_request *req, const char *op, int *rc) {
+    uint32_t max = req->u.ready.max;
+    if (max > WIRE_BATCH_MAX) {
+        *rc = ect_set_error(ECT_EINVAL, "max: %" PRIu32 " outside 1..%d", max, WIRE_BATCH_MAX);
+        return NULL;
+    }
+    json_t *o = json_object();
+    wctl_put_str(o, "op", op, OP_NAME_MAX, true, rc);
+    wctl_put_u64(o, "after", req->u.ready.after, rc);
+    if (max) wctl_put_u64(o, "max", max, rc);
+    if (req->u.ready.age_ms) wctl_put_u64(o, "age_ms", req->u.ready.age_ms, rc);
+    return o;
+}
+
 int wire_ctl_encode_request(const wire_ctl_request *req, char **out) {
     *out = NULL;
     const char *op = req ? wire_ctl_op_name(req->op) : NULL;
@@ -195,6 +211,7 @@ int wire_ctl_encode_request(const wire_ctl_request *req, char **out) {
         wctl_put_bool(o, "abandon", req->u.cancel.abandon, &rc);
         wctl_put_bool(o, "refresh", req->u.cancel.refresh, &rc);
         break;
+    case WIRE_OP_ECT_READY: o = ready_obj(req, op, &rc); break;
     }
     if (!o && !rc) rc = ect_set_error(ECT_ENOMEM, "out of memory encoding JSON");
     if (rc) {
@@ -361,6 +378,21 @@ static int decode_complete_batch(const json_t *root, wire_ctl_request *out) {
     return 0;
 }
 
+/* ect_ready: "after" required, "max" 1..WIRE_BATCH_MAX or absent, "age_ms"
+ * optional. */
+static int decode_ready(const json_t *root, wire_ctl_request *out) {
+    uint64_t max = 0;
+    int rc = wctl_get_u64(root, "", "after", true, &out->u.ready.after);
+    if (!rc) rc = wctl_get_u64(root, "", "max", false, &max);
+    if (!rc) rc = wctl_get_u64(root, "", "age_ms", false, &out->u.ready.age_ms);
+    if (rc) return rc;
+    if (!json_object_get(root, "max")) max = WIRE_READY_DEFAULT;
+    if (max < 1 || max > WIRE_BATCH_MAX)
+        return ect_set_error(ECT_EINVAL, "max: %" PRIu64 " outside 1..%d", max, WIRE_BATCH_MAX);
+    out->u.ready.max = (uint32_t)max;
+    return 0;
+}
+
 static int decode_body(const json_t *root, wire_ctl_request *out) {
     wire_cancel_req *c = &out->u.cancel;
     int rc;
@@ -396,6 +428,7 @@ static int decode_body(const json_t *root, wire_ctl_request *out) {
         if (!rc) rc = wctl_get_bool(root, "", "abandon", false, &c->abandon);
         if (!rc) rc = wctl_get_bool(root, "", "refresh", false, &c->refresh);
         return rc;
+    case WIRE_OP_ECT_READY: return decode_ready(root, out);
     }
     return ect_set_error(ECT_EINVAL, "op: not a control op");
 }

@@ -497,7 +497,7 @@ static void test_peers_tp(void **state) {
     "\"EXPIRED\":0},\"peers\":[40000,40001,40002,40003],\"events\":{\"queued\":0,\"sent\":0,"      \
     "\"dropped\":0},\"refused\":{\"full\":0,\"cancelled\":0,\"conflict\":0,\"busy\":0,"            \
     "\"invalid\":0,\"other\":0},\"errors\":[],\"peer_refused\":{\"complete\":0,"                   \
-    "\"cancel\":0,\"status\":0,\"reserve\":0}}}"
+    "\"cancel\":0,\"status\":0,\"reserve\":0,\"ready\":0}}}"
     char want[1024];
     snprintf(want, sizeof want, STATUS_FMT, 0);
     assert_int_equal(ctl_server_handle(f.srv, "{\"op\":\"ect_status\"}", 19, 0, &rep), 0);

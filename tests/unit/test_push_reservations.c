@@ -1240,6 +1240,91 @@ static void test_random_ops(void **state) {
     }
 }
 
+/* ---- rsv_ready_list (ect_ready, docs/PROTOCOL.md "the scheduler lists what
+ * is ready"): seqs in readiness order, the cursor, max, age, taken items. */
+
+typedef struct listed {
+    char ids[256];
+    uint64_t seqs[16];
+    size_t n;
+} listed;
+
+static void on_listed(void *ctx, const char *tid, uint64_t seq, const rsv_status *st) {
+    listed *l = ctx;
+    assert_true(st->ready && st->nbytes == 64 && strcmp(st->dtype, "bfloat16") == 0);
+    assert_true(l->n < 16);
+    l->seqs[l->n++] = seq;
+    strcat(l->ids, tid);
+    strcat(l->ids, ",");
+}
+
+/* Lists and checks the ids, the cursor and `more`. */
+static void expect_list(fx *f, uint64_t after, uint64_t age, size_t max, uint64_t now,
+                        const char *ids, uint64_t want_next, bool want_more) {
+    listed l = {0};
+    uint64_t next = 12345;
+    bool more = !want_more;
+    size_t n = rsv_ready_list(f->t, after, age, max, now, on_listed, &l, &next, &more);
+    assert_string_equal(l.ids, ids);
+    assert_int_equal(n, l.n);
+    if (next != want_next || more != want_more)
+        fail_msg("after %llu age %llu max %zu at %llu: next %llu more %d, want %llu %d",
+                 (unsigned long long)after, (unsigned long long)age, max, (unsigned long long)now,
+                 (unsigned long long)next, more, (unsigned long long)want_next, want_more);
+    for (size_t i = 1; i < l.n; i++) assert_true(l.seqs[i] > l.seqs[i - 1]);
+    assert_int_equal(rsv_check(f->t), 0);
+}
+
+static void test_ready_list(void **state) {
+    (void)state;
+    fx *f = fx_new(1 << 20, &fake_ops);
+    fx_open(f);
+    rsv_reply r1, r2, r2b, r3, r4;
+    expect_list(f, 0, 0, 8, 0, "", 0, false); /* empty table */
+    assert_int_equal(reserve(f, "t1", "h1", 0, &r1), 0);
+    expect_list(f, 0, 0, 8, 0, "", 0, false);             /* WRITING: not listed */
+    complete(f, "t1", r1.reservation_id, 10, true, true); /* seq 1 at 10 */
+    assert_int_equal(reserve(f, "t2", "h2", 10, &r2), 0);
+    assert_int_equal(reserve(f, "t2b", "h2", 10, &r2b), 0); /* a follower */
+    assert_int_equal(reserve(f, "t4", "h4", 10, &r4), 0);   /* stays WRITING */
+    complete(f, "t2", r2.reservation_id, 20, true, true);   /* seqs 2, 3 at 20 */
+    assert_int_equal(reserve(f, "t3", "h1", 30, &r3), 0);   /* cached: seq 4 at 30 */
+    assert_true(r3.cached);
+    /* everything, oldest first; then nothing new */
+    expect_list(f, 0, 0, 8, 30, "t1,t2,t2b,t3,", 4, false);
+    expect_list(f, 4, 0, 8, 30, "", 4, false);
+    /* max splits the list: listed once each, the cursor advances */
+    expect_list(f, 0, 0, 2, 30, "t1,t2,", 2, true);
+    expect_list(f, 2, 0, 2, 30, "t2b,t3,", 4, false);
+    expect_list(f, 0, 0, 4, 30, "t1,t2,t2b,t3,", 4, false); /* max reached at the end: no more */
+    /* age: only items ready that long; the cursor stops before the young */
+    expect_list(f, 0, 15, 8, 30, "t1,", 1, false);
+    expect_list(f, 1, 15, 8, 40, "t2,t2b,", 3, false);
+    expect_list(f, 3, 15, 8, 40, "", 3, false);
+    expect_list(f, 3, 15, 8, 45, "t3,", 4, false);
+    /* a cursor from before a restart (above every seq) reads as 0 */
+    expect_list(f, 99, 0, 8, 45, "t1,t2,t2b,t3,", 4, false);
+    /* taken: skipped (and passed by the cursor); finished and cancelled: gone */
+    rsv_status st;
+    assert_int_equal(rsv_take(f->t, "t2", 45, &st), 0);
+    expect_list(f, 0, 0, 8, 45, "t1,t2b,t3,", 4, false);
+    expect_list(f, 0, 0, 1, 45, "t1,", 2, true); /* passed the taken t2 */
+    expect_list(f, 2, 0, 1, 45, "t2b,", 3, true);
+    assert_int_equal(rsv_release(f->t, "h2", 46), 0);
+    assert_int_equal(rsv_finish(f->t, "t2", 46), 0);
+    assert_int_equal(rsv_take(f->t, "t1", 46, &st), 0);
+    assert_int_equal(rsv_release(f->t, "h1", 46), 0);
+    assert_int_equal(rsv_finish(f->t, "t1", 46), 0);
+    cancel(f, "t3", "", false, false, 46);
+    expect_list(f, 0, 0, 8, 46, "t2b,", 4, false);
+    /* a new readiness gets the next seq; the reaper ends the rest */
+    complete(f, "t4", r4.reservation_id, 50, true, true);
+    expect_list(f, 4, 0, 8, 50, "t4,", 5, false);
+    rsv_reap(f->t, 50 + TTL + 1);
+    expect_list(f, 0, 0, 8, 50 + TTL + 1, "", 5, false);
+    fx_finish(f, 50 + TTL + 2);
+}
+
 int main(void) {
     ect_log_set_level(ECT_LOG_ERROR);
     const struct CMUnitTest tests[] = {
@@ -1270,6 +1355,7 @@ int main(void) {
         cmocka_unit_test(test_event_backlog),
         cmocka_unit_test(test_real_pool),
         cmocka_unit_test(test_random_ops),
+        cmocka_unit_test(test_ready_list),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -31,13 +31,66 @@ typedef struct fake {
     atomic_int cancels;
     atomic_bool refuse_cancels;
     char last_cancel[1024];
+    /* ect_ready (accept_any): the items "ready" here, listed two at a time
+     * (a shard may list fewer than max), or upstream's answer, or a refusal */
+    pthread_mutex_t mu;
+    int ready_mode; /* [mu] READY_LIST, READY_UPSTREAM, READY_REFUSE */
+    char ready_tid[16][32];
+    uint64_t ready_seq[16];
+    int nready;               /* [mu] */
+    uint64_t max_after;       /* [mu] the highest cursor asked with */
+    bool backwards;           /* [mu] a cursor below an earlier one */
+    int ready_asks, statuses; /* [mu] */
 } fake;
+
+enum { READY_LIST, READY_UPSTREAM, READY_REFUSE };
+#define READY_PAGE 2
 
 static int bound_port(void *s) {
     char ep[128];
     size_t sz = sizeof ep;
     zmq_getsockopt(s, ZMQ_LAST_ENDPOINT, ep, &sz);
     return atoi(strrchr(ep, ':') + 1);
+}
+
+/* The fake's answer to ect_ready (under f->mu). */
+static void fake_ready_answer(fake *f, const char *req, char *out, size_t cap) {
+    f->ready_asks++;
+    if (f->ready_mode == READY_UPSTREAM) {
+        snprintf(out, cap, "{\"ok\":false,\"error\":\"unknown control op: 'ect_ready'\"}");
+        return;
+    }
+    if (f->ready_mode == READY_REFUSE) {
+        snprintf(out, cap, "{\"ok\":false,\"error\":\"ect_ready refused: not trusted\"}");
+        return;
+    }
+    const char *a = strstr(req, "\"after\":");
+    uint64_t after = a ? strtoull(a + 8, NULL, 10) : 0;
+    if (after < f->max_after) f->backwards = true;
+    if (after > f->max_after) f->max_after = after;
+    size_t o = (size_t)snprintf(out, cap, "{\"ok\":true,\"result\":{\"items\":[");
+    int listed = 0;
+    bool more = false;
+    uint64_t next = after;
+    for (int i = 0; i < f->nready; i++) {
+        if (f->ready_seq[i] <= after) continue;
+        if (listed == READY_PAGE) {
+            more = true;
+            break;
+        }
+        o += (size_t)snprintf(out + o, cap - o,
+                              "%s{\"seq\":%llu,\"transfer_id\":\"%s\",\"mm_hash\":\"h-%s\","
+                              "\"reservation_id\":\"r\",\"nbytes\":8,\"shape\":[4],"
+                              "\"dtype\":\"bfloat16\"}",
+                              listed ? "," : "", (unsigned long long)f->ready_seq[i],
+                              f->ready_tid[i], f->ready_tid[i]);
+        next = f->ready_seq[i];
+        listed++;
+    }
+    if (!more && f->nready && f->ready_seq[f->nready - 1] > next)
+        next = f->ready_seq[f->nready - 1];
+    snprintf(out + o, cap - o, "],\"next\":%llu,\"more\":%s}}", (unsigned long long)next,
+             more ? "true" : "false");
 }
 
 static void *fake_main(void *arg) {
@@ -49,8 +102,17 @@ static void *fake_main(void *arg) {
         int n = zmq_recv(f->rep, buf, sizeof buf - 1, 0);
         if (n < 0) continue;
         buf[n] = 0;
-        char out[256];
-        if (strstr(buf, "\"peers\""))
+        char out[4096];
+        if (strstr(buf, "\"ect_ready\"")) {
+            pthread_mutex_lock(&f->mu);
+            fake_ready_answer(f, buf, out, sizeof out);
+            pthread_mutex_unlock(&f->mu);
+        } else if (strstr(buf, "\"status\"")) {
+            pthread_mutex_lock(&f->mu);
+            f->statuses++;
+            pthread_mutex_unlock(&f->mu);
+            snprintf(out, sizeof out, "{\"ok\":true,\"result\":null}");
+        } else if (strstr(buf, "\"peers\""))
             snprintf(out, sizeof out, "{\"ok\":true,\"result\":{\"ports\":[%d]}}", f->port);
         else if (strstr(buf, "\"event_port\""))
             snprintf(out, sizeof out, "{\"ok\":true,\"result\":%d}", f->event_port);
@@ -78,6 +140,7 @@ static void fake_open(fake *f) {
     zmq_setsockopt(f->push, ZMQ_LINGER, &zero, sizeof zero);
     assert_int_equal(zmq_bind(f->rep, "tcp://127.0.0.1:*"), 0);
     assert_int_equal(zmq_bind(f->push, "tcp://127.0.0.1:*"), 0);
+    pthread_mutex_init(&f->mu, NULL);
     f->port = bound_port(f->rep);
     f->event_port = bound_port(f->push);
     assert_int_equal(pthread_create(&f->thr, NULL, fake_main, f), 0);
@@ -89,6 +152,7 @@ static void fake_close(fake *f) {
     zmq_close(f->rep);
     zmq_close(f->push);
     zmq_ctx_term(f->zctx);
+    pthread_mutex_destroy(&f->mu);
 }
 
 static void fake_event(fake *f, const char *tid, int shard_port) {
@@ -327,6 +391,154 @@ static void test_wait_wakes_on_event(void **state) {
     fake_close(&f);
 }
 
+/* ---- ect_ready (accept_any): items whose every event was lost */
+
+/* Makes tid "ready" on the fake with the next seq. */
+static void fake_ready(fake *f, const char *tid) {
+    pthread_mutex_lock(&f->mu);
+    assert_true(f->nready < 16);
+    snprintf(f->ready_tid[f->nready], sizeof f->ready_tid[0], "%s", tid);
+    f->ready_seq[f->nready] = f->nready ? f->ready_seq[f->nready - 1] + 1 : 1;
+    f->nready++;
+    pthread_mutex_unlock(&f->mu);
+}
+
+static ect_push_scheduler *sched_any(int port) {
+    ect_push_scheduler_opts o;
+    ect_push_scheduler_opts_init(&o);
+    o.consumer_port = port;
+    o.push_wait_ms = 600000;
+    o.control_timeout_s = 30;
+    o.min_drain_interval_ms = 0;
+    o.accept_any = 1;
+    o.recheck_ms = 50;
+    ect_push_scheduler *s = NULL;
+    assert_int_equal(ect_push_scheduler_open(&o, &s), 0);
+    return s;
+}
+
+/* Polls s until tid is in state want (a generous deadline: ~60 s). */
+static void poll_to_state(ect_push_scheduler *s, const char *tid, ect_push_state want) {
+    ect_push_sched_item it = {0};
+    for (int i = 0; i < 12000; i++) {
+        ect_push_scheduler_poll(s);
+        if (ect_push_scheduler_state(s, tid, &it) == 0 && it.state == want) return;
+        nap(5);
+    }
+    fail_msg("%s: %s, not %s", tid, ect_push_state_name(it.state), ect_push_state_name(want));
+}
+
+/* Polls s until the fake has been asked with a cursor of at least `after`
+ * (so the answer before it was applied), and `asks` listings at least. */
+static void poll_to_cursor(ect_push_scheduler *s, fake *f, uint64_t after, int asks) {
+    for (int i = 0; i < 12000; i++) {
+        ect_push_scheduler_poll(s);
+        pthread_mutex_lock(&f->mu);
+        bool done = f->max_after >= after && f->ready_asks >= asks;
+        pthread_mutex_unlock(&f->mu);
+        if (done) return;
+        nap(5);
+    }
+    fail_msg("the scheduler never asked ect_ready with after >= %llu", (unsigned long long)after);
+}
+
+/* Five items ready on the shard, none of whose events reached the
+ * scheduler: listed (two at a time: it asks again while more remain, the
+ * cursor only moves on), each becomes AVAILABLE, counted as listed, and is
+ * then loaded and finished normally; an item known from its event is a
+ * duplicate; a finished item listed again (a shard restarted) stays
+ * finished. Fails without the listing: nothing would ever arrive. */
+static void test_accept_any_lists_lost_items(void **state) {
+    (void)state;
+    fake f;
+    fake_open(&f);
+    char tid[5][8];
+    for (int i = 0; i < 5; i++) {
+        snprintf(tid[i], sizeof tid[i], "a%d", i);
+        fake_ready(&f, tid[i]);
+    }
+    ect_push_scheduler *s = sched_any(f.port);
+    wait_shards(s);
+    for (int i = 0; i < 5; i++) poll_to_state(s, tid[i], ECT_PUSH_AVAILABLE);
+    poll_to_cursor(s, &f, 5, 4); /* pages after 0, 2, 4, then the cursor at the end */
+    ect_push_scheduler_stat st;
+    ect_push_scheduler_stats(s, &st);
+    assert_int_equal(st.listed, 5);
+    assert_int_equal(st.events, 0);
+    /* known from its event first: the listing is a harmless duplicate */
+    nap(50); /* the PULL connects */
+    fake_event(&f, "k", f.port);
+    poll_to_state(s, "k", ECT_PUSH_AVAILABLE);
+    fake_ready(&f, "k");
+    poll_to_cursor(s, &f, 6, 0);
+    ect_push_scheduler_stats(s, &st);
+    assert_int_equal(st.listed, 5);
+    /* each handed out once, loaded and finished as usual */
+    int got = 0;
+    ect_push_sched_item it;
+    while (ect_push_scheduler_next(s, &it) == 0) {
+        assert_int_equal(it.reported, 1);
+        assert_int_equal(it.nbytes, 8);
+        assert_int_equal(ect_push_scheduler_loaded(s, it.transfer_id), 0);
+        assert_int_equal(ect_push_scheduler_finished(s, it.transfer_id), 0);
+        got++;
+    }
+    assert_int_equal(got, 6);
+    /* listed again after it finished: not resurrected */
+    fake_ready(&f, "a0");
+    poll_to_cursor(s, &f, 7, 0);
+    assert_int_equal(ect_push_scheduler_state(s, "a0", &it), 0);
+    assert_int_equal(it.state, ECT_PUSH_CANCELLED);
+    assert_err(ect_push_scheduler_next(s, &it), ECT_ENOTFOUND, NULL);
+    ect_push_scheduler_stats(s, &st);
+    assert_int_equal(st.listed, 5);
+    pthread_mutex_lock(&f.mu);
+    assert_false(f.backwards); /* the cursor never went back: each item listed once */
+    pthread_mutex_unlock(&f.mu);
+    ect_push_scheduler_close(s);
+    fake_close(&f);
+}
+
+/* A shard that does not know ect_ready (upstream) or refuses it is asked
+ * once and never again (two status rounds of a waiting item span more than
+ * two listing intervals), and nothing else changes: events still deliver. */
+static void test_upstream_shard_not_listed_again(void **state) {
+    (void)state;
+    for (int mode = READY_UPSTREAM; mode <= READY_REFUSE; mode++) {
+        fake f;
+        fake_open(&f);
+        pthread_mutex_lock(&f.mu);
+        f.ready_mode = mode;
+        pthread_mutex_unlock(&f.mu);
+        ect_push_scheduler *s = sched_any(f.port);
+        wait_shards(s);
+        poll_to_cursor(s, &f, 0, 1);
+        assert_int_equal(ect_push_scheduler_expect(s, "w", "h-w"), 0);
+        for (int i = 0; i < 12000; i++) {
+            ect_push_scheduler_poll(s);
+            pthread_mutex_lock(&f.mu);
+            int n = f.statuses;
+            pthread_mutex_unlock(&f.mu);
+            if (n >= 2) break;
+            nap(5);
+        }
+        pthread_mutex_lock(&f.mu);
+        assert_true(f.statuses >= 2);
+        assert_int_equal(f.ready_asks, 1);
+        pthread_mutex_unlock(&f.mu);
+        fake_event(&f, "e", f.port);
+        poll_to_state(s, "e", ECT_PUSH_AVAILABLE);
+        fake_event(&f, "w", f.port);
+        poll_to_state(s, "w", ECT_PUSH_AVAILABLE);
+        ect_push_scheduler_stat st;
+        ect_push_scheduler_stats(s, &st);
+        assert_int_equal(st.listed, 0);
+        assert_int_equal(st.events, 2);
+        ect_push_scheduler_close(s);
+        fake_close(&f);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_frames_and_late_events),
@@ -334,6 +546,8 @@ int main(void) {
         cmocka_unit_test(test_unreachable_consumer),
         cmocka_unit_test(test_available_expires),
         cmocka_unit_test(test_wait_wakes_on_event),
+        cmocka_unit_test(test_accept_any_lists_lost_items),
+        cmocka_unit_test(test_upstream_shard_not_listed_again),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -19,6 +19,7 @@
 
 #include "testutil.h"
 #include "push/control_client.h"
+#include "push/control_server.h"
 #include "ctl_req.h"
 #include "util/util.h"
 
@@ -140,6 +141,30 @@ static long peer_refused(raw *c, const char *key) {
 
 /* ---- lost events */
 
+/* A stray PULL connected to every shard's event port (in its own context,
+ * *sctx). A probe item, pushed before any scheduler exists: its events (one
+ * per shard) reach the stray, which proves it is connected to every shard. */
+static void *stray_open(test_inst *in, test_prod *p, void **sctx) {
+    *sctx = zmq_ctx_new();
+    void *stray = zmq_socket(*sctx, ZMQ_PULL);
+    int t = 30000, zero = 0;
+    zmq_setsockopt(stray, ZMQ_RCVTIMEO, &t, sizeof t);
+    zmq_setsockopt(stray, ZMQ_LINGER, &zero, sizeof zero);
+    for (size_t i = 0; i < p->n; i++) {
+        int ev;
+        assert_int_equal(ctl_event_port(p->cli, "127.0.0.1", p->ports[i], &ev), 0);
+        char ep[64];
+        snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", ev);
+        assert_int_equal(zmq_connect(stray, ep), 0);
+    }
+    push_item(p, "probe", "hprobe", 7);
+    char buf[4096];
+    for (size_t k = 0; k < p->n; k++) assert_true(zmq_recv(stray, buf, sizeof buf, 0) > 0);
+    take_release(in, "probe", 7);
+    zmq_setsockopt(stray, ZMQ_RCVTIMEO, &zero, sizeof zero);
+    return stray;
+}
+
 static void test_stray_pull_loses_no_item(void **state) {
     (void)state;
     test_inst in;
@@ -147,26 +172,8 @@ static void test_stray_pull_loses_no_item(void **state) {
     test_prod p;
     prod_open(&p, in.base);
     assert_int_equal(p.n, 2);
-
-    /* The stray PULL connects to every shard's event port. */
-    void *sctx = zmq_ctx_new();
-    void *stray = zmq_socket(sctx, ZMQ_PULL);
-    int t = 30000, zero = 0;
-    zmq_setsockopt(stray, ZMQ_RCVTIMEO, &t, sizeof t);
-    zmq_setsockopt(stray, ZMQ_LINGER, &zero, sizeof zero);
-    for (size_t i = 0; i < p.n; i++) {
-        int ev;
-        assert_int_equal(ctl_event_port(p.cli, "127.0.0.1", p.ports[i], &ev), 0);
-        char ep[64];
-        snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", ev);
-        assert_int_equal(zmq_connect(stray, ep), 0);
-    }
-    /* A probe item, pushed before any scheduler exists: its two events reach
-     * the stray, which proves it is connected to both shards. */
-    push_item(&p, "probe", "hprobe", 7);
+    void *sctx, *stray = stray_open(&in, &p, &sctx);
     char buf[4096];
-    for (int k = 0; k < 2; k++) assert_true(zmq_recv(stray, buf, sizeof buf, 0) > 0);
-    take_release(&in, "probe", 7);
 
     /* The scheduler connects too; the stray keeps reading (as a thief would). */
     ect_push_scheduler_opts so;
@@ -195,7 +202,6 @@ static void test_stray_pull_loses_no_item(void **state) {
 
     /* Every item arrives; the stray's catch is read meanwhile. */
     int stolen = 0, arrived = 0;
-    zmq_setsockopt(stray, ZMQ_RCVTIMEO, &zero, sizeof zero);
     for (int round = 0; round < 24000 && arrived < NITEMS; round++) { /* ~120 s at most */
         while (zmq_recv(stray, buf, sizeof buf, ZMQ_DONTWAIT) > 0) stolen++;
         ect_push_scheduler_poll(s);
@@ -219,6 +225,75 @@ static void test_stray_pull_loses_no_item(void **state) {
         assert_int_equal(ect_push_scheduler_loaded(s, tid[i]), 0);
         assert_int_equal(ect_push_scheduler_finished(s, tid[i]), 0);
     }
+    ect_push_scheduler_close(s);
+    zmq_close(stray);
+    zmq_ctx_term(sctx);
+    test_prod_close(&p);
+    test_inst_close_checked(&in);
+}
+
+/* accept_any (ect push-consumer, the bench server): the scheduler expects
+ * nothing, and one shard's stray PULL takes every other event, so some items
+ * have lost every event they had. Every item still arrives (once), learnt
+ * from the shard's ect_ready listing, and is then taken and finished as
+ * usual. Without the listing the stolen items would never arrive. */
+static void test_stray_pull_accept_any_loses_no_item(void **state) {
+    (void)state;
+    test_inst in;
+    inst_open(&in, 1, 0);
+    test_prod p;
+    prod_open(&p, in.base);
+    void *sctx, *stray = stray_open(&in, &p, &sctx);
+    ect_push_scheduler_opts so;
+    ect_push_scheduler_opts_init(&so);
+    so.consumer_port = in.base;
+    so.tp_size = 1;
+    so.control_timeout_s = 30;
+    so.push_wait_ms = 600000;
+    so.accept_any = 1;
+    so.recheck_ms = 200;
+    ect_push_scheduler *s = NULL;
+    assert_int_equal(ect_push_scheduler_open(&so, &s), 0);
+    ect_push_scheduler_stat st;
+    for (int i = 0; i < 6000; i++) {
+        ect_push_scheduler_poll(s);
+        ect_push_scheduler_stats(s, &st);
+        if (st.shards == 1) break;
+        test_nap_ms(5);
+    }
+    assert_int_equal(st.shards, 1);
+    for (int i = 0; i < NITEMS; i++) {
+        char tid[32], hash[32];
+        snprintf(tid, sizeof tid, "a%d", i);
+        snprintf(hash, sizeof hash, "ha%d", i);
+        push_item(&p, tid, hash, 300 + (uint64_t)i);
+    }
+    int stolen = 0, arrived = 0;
+    bool seen[NITEMS] = {false};
+    char buf[4096];
+    for (int round = 0; round < 24000 && arrived < NITEMS; round++) { /* ~120 s at most */
+        while (zmq_recv(stray, buf, sizeof buf, ZMQ_DONTWAIT) > 0) stolen++;
+        ect_push_scheduler_poll(s);
+        ect_push_sched_item it;
+        while (ect_push_scheduler_next(s, &it) == 0) {
+            int i = atoi(it.transfer_id + 1);
+            assert_true(it.transfer_id[0] == 'a' && i >= 0 && i < NITEMS && !seen[i]);
+            seen[i] = true;
+            arrived++;
+            take_release(&in, it.transfer_id, 300 + (uint64_t)i);
+            assert_int_equal(ect_push_scheduler_loaded(s, it.transfer_id), 0);
+            assert_int_equal(ect_push_scheduler_finished(s, it.transfer_id), 0);
+        }
+        if (arrived < NITEMS) test_nap_ms(5);
+    }
+    while (zmq_recv(stray, buf, sizeof buf, ZMQ_DONTWAIT) > 0) stolen++;
+    ect_push_scheduler_stats(s, &st);
+    print_message("stray PULL took %d of %d events; %llu items learnt from ect_ready\n", stolen,
+                  NITEMS, (unsigned long long)st.listed);
+    assert_int_equal(arrived, NITEMS);
+    assert_true(stolen > 0);                    /* the thief did steal whole items ... */
+    assert_true(st.listed >= (uint64_t)stolen); /* ... and each came back by the listing */
+    assert_true(st.listed <= NITEMS);
     ect_push_scheduler_close(s);
     zmq_close(stray);
     zmq_ctx_term(sctx);
@@ -356,11 +431,98 @@ static void test_outsider_cannot_touch_reservations(void **state) {
     test_inst_close_checked(&in);
 }
 
+/* ect_ready lists every ready item with its reservation id: refused to an
+ * outsider (counted), answered to this host; max splits the list and the
+ * cursor moves on; a taken item is not listed; bad requests are refused with
+ * texts naming the field. */
+static void test_ect_ready_trusted_only(void **state) {
+    (void)state;
+    test_inst in;
+    inst_open(&in, 1, 0);
+    test_prod p;
+    prod_open(&p, in.base);
+    raw out, local;
+    raw_open(&out, "127.0.0.2", in.base);
+    raw_open(&local, "127.0.0.1", in.base);
+    push_item(&p, "r0", "hr0", 40);
+    push_item(&p, "r1", "hr1", 41);
+    push_item(&p, "r2", "hr2", 42);
+    const char *refused = "{\"ok\":false,\"error\":\"" CTL_READY_REFUSED "\"}";
+    assert_string_equal(raw_call(&out, "{\"op\":\"ect_ready\",\"after\":0}"), refused);
+    char doc[512];
+    snprintf(doc, sizeof doc, "\n%s\n", refused);
+    if (!strstr(test_protocol_md(), doc)) fail_msg("docs/PROTOCOL.md lacks %s", refused);
+    assert_int_equal(peer_refused(&out, "ready"), 1);
+    /* this host: two, then the third, then nothing new */
+    wire_ctl_reply r;
+    const char *s = raw_call(&local, "{\"op\":\"ect_ready\",\"after\":0,\"max\":2}");
+    assert_int_equal(wire_ctl_decode_reply(WIRE_OP_ECT_READY, 2, s, strlen(s), &r), 0);
+    assert_true(r.ok && r.u.ready.n == 2 && r.u.ready.more);
+    assert_string_equal(r.u.ready.items[0].transfer_id, "r0");
+    assert_string_equal(r.u.ready.items[1].transfer_id, "r1");
+    assert_string_equal(r.u.ready.items[0].mm_hash, "hr0");
+    assert_int_equal(r.u.ready.items[0].tensor.nbytes, ROWS * COLS * 2);
+    assert_string_equal(r.u.ready.items[0].tensor.dtype, "bfloat16");
+    assert_int_equal(r.u.ready.next, r.u.ready.items[1].seq);
+    char rid0[WIRE_ID_MAX + 1];
+    snprintf(rid0, sizeof rid0, "%s", r.u.ready.items[0].reservation_id);
+    assert_non_null(strstr(raw_call(&local, "{\"op\":\"status\",\"transfer_id\":\"r0\"}"), rid0));
+    uint64_t next = r.u.ready.next;
+    wire_ctl_reply_clear(&r);
+    s = raw_call(&local, "{\"op\":\"ect_ready\",\"after\":%llu,\"max\":2}",
+                 (unsigned long long)next);
+    assert_int_equal(wire_ctl_decode_reply(WIRE_OP_ECT_READY, 2, s, strlen(s), &r), 0);
+    assert_true(r.ok && r.u.ready.n == 1 && !r.u.ready.more);
+    assert_string_equal(r.u.ready.items[0].transfer_id, "r2");
+    next = r.u.ready.next;
+    wire_ctl_reply_clear(&r);
+    s = raw_call(&local, "{\"op\":\"ect_ready\",\"after\":%llu}", (unsigned long long)next);
+    assert_int_equal(wire_ctl_decode_reply(WIRE_OP_ECT_READY, SIZE_MAX, s, strlen(s), &r), 0);
+    assert_true(r.ok && r.u.ready.n == 0 && !r.u.ready.more && r.u.ready.next == next);
+    wire_ctl_reply_clear(&r);
+    /* taken by the engine: no longer listed; finished: neither */
+    ect_push_view v;
+    assert_int_equal(ect_push_consumer_take(in.c[0], "r1", &v), 0);
+    s = raw_call(&local, "{\"op\":\"ect_ready\",\"after\":0}");
+    assert_int_equal(wire_ctl_decode_reply(WIRE_OP_ECT_READY, SIZE_MAX, s, strlen(s), &r), 0);
+    assert_true(r.ok && r.u.ready.n == 2);
+    assert_string_equal(r.u.ready.items[0].transfer_id, "r0");
+    assert_string_equal(r.u.ready.items[1].transfer_id, "r2");
+    wire_ctl_reply_clear(&r);
+    assert_int_equal(ect_push_consumer_release(in.c[0], &v), 0);
+    take_release(&in, "r0", 40);
+    take_release(&in, "r2", 42);
+    s = raw_call(&local, "{\"op\":\"ect_ready\",\"after\":0}");
+    assert_non_null(strstr(s, "\"items\":[]"));
+    /* bad requests: refused, the field named */
+    static const char *const bad[][2] = {
+        {"{\"op\":\"ect_ready\"}", "after: missing"},
+        {"{\"op\":\"ect_ready\",\"after\":-1}", "after: expected a non-negative integer, got -1"},
+        {"{\"op\":\"ect_ready\",\"after\":1.5}",
+         "after: expected a non-negative integer, got real"},
+        {"{\"op\":\"ect_ready\",\"after\":\"0\"}",
+         "after: expected a non-negative integer, got string"},
+        {"{\"op\":\"ect_ready\",\"after\":0,\"max\":0}", "max: 0 outside 1..4096"},
+        {"{\"op\":\"ect_ready\",\"after\":0,\"max\":4097}", "max: 4097 outside 1..4096"},
+    };
+    for (size_t i = 0; i < ECT_ARRAY_LEN(bad); i++) {
+        char want[256];
+        snprintf(want, sizeof want, "{\"ok\":false,\"error\":\"%s\"}", bad[i][1]);
+        assert_string_equal(raw_call(&local, "%s", bad[i][0]), want);
+    }
+    raw_close(&out);
+    raw_close(&local);
+    test_prod_close(&p);
+    test_inst_close_checked(&in);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stray_pull_loses_no_item),
         cmocka_unit_test(test_dropped_events_lose_no_item),
         cmocka_unit_test(test_outsider_cannot_touch_reservations),
+        cmocka_unit_test(test_stray_pull_accept_any_loses_no_item),
+        cmocka_unit_test(test_ect_ready_trusted_only),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -94,6 +94,11 @@ static void assert_request_eq(const wire_ctl_request *a, const wire_ctl_request 
         assert_tensor_eq(&a->u.put.item.tensor, &b->u.put.item.tensor);
         assert_string_equal(a->u.put.spare_id, b->u.put.spare_id);
         break;
+    case WIRE_OP_ECT_READY:
+        assert_int_equal(a->u.ready.after, b->u.ready.after);
+        assert_int_equal(a->u.ready.max, b->u.ready.max);
+        assert_int_equal(a->u.ready.age_ms, b->u.ready.age_ms);
+        break;
     }
 }
 
@@ -165,6 +170,19 @@ static void assert_reply_eq(const wire_ctl_reply *a, const wire_ctl_reply *b) {
         break;
     case WIRE_OP_CANCEL: assert_int_equal(a->u.cancelled, b->u.cancelled); break;
     case WIRE_OP_ECT_STATUS: assert_string_equal(a->u.ect_status, b->u.ect_status); break;
+    case WIRE_OP_ECT_READY:
+        assert_int_equal(a->u.ready.n, b->u.ready.n);
+        assert_int_equal(a->u.ready.next, b->u.ready.next);
+        assert_int_equal(a->u.ready.more, b->u.ready.more);
+        for (size_t i = 0; i < a->u.ready.n; i++) {
+            const wire_ready_item *x = &a->u.ready.items[i], *y = &b->u.ready.items[i];
+            assert_int_equal(x->seq, y->seq);
+            assert_string_equal(x->transfer_id, y->transfer_id);
+            assert_string_equal(x->mm_hash, y->mm_hash);
+            assert_string_equal(x->reservation_id, y->reservation_id);
+            assert_tensor_eq(&x->tensor, &y->tensor);
+        }
+        break;
     }
 }
 
@@ -944,6 +962,7 @@ static void test_random_round_trips(void **state) {
     static wire_complete_req citems[RT_BATCH];
     static wire_reserve_outcome outs[RT_BATCH];
     static wire_complete_result cres[RT_BATCH];
+    static wire_ready_item readys[RT_BATCH];
     static char keys[RT_BATCH][80], errs[RT_BATCH][80];
     uint16_t ports[RT_BATCH];
     for (int iter = 0; iter < 400; iter++) {
@@ -992,6 +1011,11 @@ static void test_random_round_trips(void **state) {
             rand_str(&st, q.u.put.item.mm_hash, WIRE_ID_MAX, true);
             rand_tensor(&st, &q.u.put.item.tensor);
             rand_str(&st, q.u.put.spare_id, WIRE_ID_MAX, true);
+            break;
+        case WIRE_OP_ECT_READY:
+            q.u.ready.after = test_rand(&st) >> 1;
+            q.u.ready.max = (uint32_t)(1 + test_rand(&st) % WIRE_BATCH_MAX);
+            if (test_rand(&st) & 1) q.u.ready.age_ms = test_rand(&st) >> 1;
             break;
         default: break;
         }
@@ -1058,6 +1082,22 @@ static void test_random_round_trips(void **state) {
         case WIRE_OP_ECT_STATUS:
             r.u.ect_status = (char *)"{\"shard\":0,\"pool\":{\"capacity\":5},\"errors\":[]}";
             break;
+        case WIRE_OP_ECT_READY: {
+            uint64_t seq = 0;
+            for (size_t i = 0; i < n; i++) {
+                memset(&readys[i], 0, sizeof readys[i]);
+                readys[i].seq = seq += 1 + test_rand(&st) % 1000;
+                rand_str(&st, readys[i].transfer_id, WIRE_ID_MAX, true);
+                rand_str(&st, readys[i].mm_hash, WIRE_ID_MAX, true);
+                rand_str(&st, readys[i].reservation_id, WIRE_ID_MAX, false);
+                rand_tensor(&st, &readys[i].tensor);
+            }
+            r.u.ready.n = n;
+            r.u.ready.items = readys;
+            r.u.ready.next = seq + test_rand(&st) % 3;
+            r.u.ready.more = test_rand(&st) & 1;
+            break;
+        }
         }
         if ((op == WIRE_OP_RESERVE || op == WIRE_OP_RESERVE_BATCH || op == WIRE_OP_ECT_PUT) &&
             (test_rand(&st) & 1)) {
@@ -1894,6 +1934,144 @@ static void test_shm_id(void **st) {
     }
 }
 
+/* ect_ready (extension, docs/PROTOCOL.md "the scheduler lists what is
+ * ready"): the documented request and reply round-trip byte for byte, an
+ * absent max is the default, and every bad field is refused naming it. */
+#define G_READY "{\"op\":\"ect_ready\",\"after\":0,\"max\":2}"
+#define G_READY_AGED "{\"op\":\"ect_ready\",\"after\":41,\"max\":256,\"age_ms\":1000}"
+#define G_R_READY                                                                                  \
+    "{\"ok\":true,\"result\":{\"items\":[{\"seq\":1,\"transfer_id\":\"t1\",\"mm_hash\":\"h1\","    \
+    "\"reservation_id\":\"r1\",\"nbytes\":8,\"shape\":[2,2],\"dtype\":\"float16\"},{\"seq\":3,"    \
+    "\"transfer_id\":\"t3\",\"mm_hash\":\"h3\",\"reservation_id\":\"r3\",\"nbytes\":8,\"shape\":"  \
+    "[4],\"dtype\":\"bfloat16\"}],\"next\":3,\"more\":true}}"
+#define G_R_READY_UPSTREAM "{\"ok\":false,\"error\":\"unknown control op: 'ect_ready'\"}"
+
+static void test_ect_ready_frames(void **state) {
+    (void)state;
+    wire_ctl_request q = {.op = WIRE_OP_ECT_READY, .u.ready = {.after = 0, .max = 2}};
+    request_round_trip(&q, G_READY);
+    wire_ctl_request aged = {.op = WIRE_OP_ECT_READY,
+                             .u.ready = {.after = 41, .max = 256, .age_ms = 1000}};
+    request_round_trip(&aged, G_READY_AGED);
+    wire_ready_item it[2] = {
+        {.seq = 1,
+         .transfer_id = "t1",
+         .mm_hash = "h1",
+         .reservation_id = "r1",
+         .tensor = {.nbytes = 8, .ndim = 2, .shape = {2, 2}, .dtype = "float16"}},
+        {.seq = 3,
+         .transfer_id = "t3",
+         .mm_hash = "h3",
+         .reservation_id = "r3",
+         .tensor = {.nbytes = 8, .ndim = 1, .shape = {4}, .dtype = "bfloat16"}}};
+    wire_ctl_reply r = {.op = WIRE_OP_ECT_READY, .ok = true};
+    r.u.ready.n = 2;
+    r.u.ready.items = it;
+    r.u.ready.next = 3;
+    r.u.ready.more = true;
+    reply_round_trip(&r, 2, G_R_READY);
+    const char *doc = test_protocol_md();
+    static const char *const documented[] = {G_READY, G_READY_AGED, G_R_READY, G_R_READY_UPSTREAM};
+    for (size_t i = 0; i < ECT_ARRAY_LEN(documented); i++) {
+        char line[1024];
+        snprintf(line, sizeof line, "\n%s\n", documented[i]);
+        if (!strstr(doc, line)) fail_msg("docs/PROTOCOL.md lacks the example %s", documented[i]);
+    }
+    /* an upstream shard's answer decodes as a refusal with its text */
+    wire_ctl_reply up;
+    assert_int_equal(wire_ctl_decode_reply(WIRE_OP_ECT_READY, 8, G_R_READY_UPSTREAM,
+                                           strlen(G_R_READY_UPSTREAM), &up),
+                     0);
+    assert_false(up.ok);
+    assert_string_equal(up.error, "unknown control op: 'ect_ready'");
+    wire_ctl_reply_clear(&up);
+    /* "max" absent: the default; the encoder leaves out max 0 */
+    const char *bare = "{\"op\":\"ect_ready\",\"after\":7}";
+    assert_int_equal(wire_ctl_decode_request(bare, strlen(bare), &q), 0);
+    assert_int_equal(q.u.ready.after, 7);
+    assert_int_equal(q.u.ready.max, WIRE_READY_DEFAULT);
+    q.u.ready.max = 0;
+    char *enc = NULL;
+    assert_int_equal(wire_ctl_encode_request(&q, &enc), 0);
+    assert_string_equal(enc, bare);
+    free(enc);
+    q.u.ready.max = WIRE_BATCH_MAX + 1;
+    assert_err(wire_ctl_encode_request(&q, &enc), ECT_EINVAL, "max: 4097 outside 1..4096");
+    wire_ctl_request_clear(&q);
+    /* bad requests */
+    assert_err(dec_req("{\"op\":\"ect_ready\"}"), ECT_EINVAL, "after: missing");
+    assert_err(dec_req("{\"op\":\"ect_ready\",\"after\":-1}"), ECT_EINVAL,
+               "after: expected a non-negative integer, got -1");
+    assert_err(dec_req("{\"op\":\"ect_ready\",\"after\":1.5}"), ECT_EINVAL,
+               "after: expected a non-negative integer, got real");
+    assert_err(dec_req("{\"op\":\"ect_ready\",\"after\":\"3\"}"), ECT_EINVAL,
+               "after: expected a non-negative integer, got string");
+    assert_err(dec_req("{\"op\":\"ect_ready\",\"after\":99999999999999999999}"), ECT_EINVAL,
+               "after");
+    assert_err(dec_req("{\"op\":\"ect_ready\",\"after\":0,\"max\":0}"), ECT_EINVAL,
+               "max: 0 outside 1..4096");
+    assert_err(dec_req("{\"op\":\"ect_ready\",\"after\":0,\"max\":4097}"), ECT_EINVAL,
+               "max: 4097 outside 1..4096");
+    assert_err(dec_req("{\"op\":\"ect_ready\",\"after\":0,\"max\":2.0}"), ECT_EINVAL,
+               "max: expected a non-negative integer, got real");
+    assert_err(dec_req("{\"op\":\"ect_ready\",\"after\":0,\"max\":null}"), ECT_EINVAL,
+               "max: expected a non-negative integer, got null");
+    assert_err(dec_req("{\"op\":\"ect_ready\",\"after\":0,\"age_ms\":-1}"), ECT_EINVAL,
+               "age_ms: expected a non-negative integer, got -1");
+    assert_err(dec_req("{\"op\":\"ect_ready\",\"after\":0,\"age_ms\":\"1s\"}"), ECT_EINVAL,
+               "age_ms: expected a non-negative integer, got string");
+    /* bad replies */
+#define ITEM(seq)                                                                                  \
+    "{\"seq\":" #seq ",\"transfer_id\":\"t\",\"mm_hash\":\"h\",\"reservation_id\":"                \
+    "\"r\",\"nbytes\":4,\"shape\":[2],\"dtype\":\"float16\"}"
+#define READY_REP(items, tail) "{\"ok\":true,\"result\":{\"items\":[" items "]" tail "}}"
+    assert_int_equal(dec_reply(WIRE_OP_ECT_READY, 2,
+                               READY_REP(ITEM(1) "," ITEM(2), ",\"next\":2,\"more\":false")),
+                     0);
+    assert_err(dec_reply(WIRE_OP_ECT_READY, 1,
+                         READY_REP(ITEM(1) "," ITEM(2), ",\"next\":2,\"more\":false")),
+               ECT_EINVAL, "result.items: 2 items, asked for at most 1");
+    assert_err(dec_reply(WIRE_OP_ECT_READY, 8,
+                         READY_REP(ITEM(3) "," ITEM(2), ",\"next\":3,\"more\":false")),
+               ECT_EINVAL, "result.items[1].seq: 2 is not above 3");
+    assert_err(dec_reply(WIRE_OP_ECT_READY, 8, READY_REP(ITEM(0), ",\"next\":3,\"more\":false")),
+               ECT_EINVAL, "result.items[0].seq: 0 is not above 0");
+    assert_err(dec_reply(WIRE_OP_ECT_READY, 8, READY_REP(ITEM(5), ",\"next\":4,\"more\":false")),
+               ECT_EINVAL, "result.next: 4 is below the last item's seq");
+    assert_err(dec_reply(WIRE_OP_ECT_READY, 8, READY_REP(ITEM(5), ",\"next\":5")), ECT_EINVAL,
+               "result.more: missing");
+    assert_err(dec_reply(WIRE_OP_ECT_READY, 8, READY_REP(ITEM(5), ",\"more\":false")), ECT_EINVAL,
+               "result.next: missing");
+    assert_err(dec_reply(WIRE_OP_ECT_READY, 8, READY_REP(ITEM(5), ",\"next\":-5,\"more\":false")),
+               ECT_EINVAL, "result.next: expected a non-negative integer, got -5");
+    assert_err(dec_reply(WIRE_OP_ECT_READY, 8,
+                         READY_REP("{\"seq\":1,\"transfer_id\":\"\",\"mm_hash\":\"h\","
+                                   "\"reservation_id\":\"r\",\"nbytes\":4,\"shape\":[2],"
+                                   "\"dtype\":\"float16\"}",
+                                   ",\"next\":1,\"more\":false")),
+               ECT_EINVAL, "result.items[0].transfer_id");
+    assert_err(dec_reply(WIRE_OP_ECT_READY, 8,
+                         READY_REP("{\"seq\":1,\"transfer_id\":\"t\",\"mm_hash\":\"h\","
+                                   "\"reservation_id\":\"r\",\"nbytes\":5,\"shape\":[2],"
+                                   "\"dtype\":\"float16\"}",
+                                   ",\"next\":1,\"more\":false")),
+               ECT_EINVAL, "result.items[0].");
+    assert_err(dec_reply(WIRE_OP_ECT_READY, 8,
+                         "{\"ok\":true,\"result\":{\"items\":[7],"
+                         "\"next\":1,\"more\":false}}"),
+               ECT_EINVAL, "result.items[0]: expected an object, got integer");
+    assert_err(dec_reply(WIRE_OP_ECT_READY, 8, "{\"ok\":true,\"result\":null}"), ECT_EINVAL,
+               "result: expected an object, got null");
+#undef ITEM
+#undef READY_REP
+    /* the encoder refuses what the decoder refuses */
+    it[1].seq = 1;
+    assert_err(wire_ctl_encode_reply(&r, &enc), ECT_EINVAL, "items[1].seq");
+    it[1].seq = 3;
+    r.u.ready.next = 2;
+    assert_err(wire_ctl_encode_reply(&r, &enc), ECT_EINVAL, "items[1].seq");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_requests),
@@ -1920,6 +2098,7 @@ int main(void) {
         cmocka_unit_test(test_out_of_memory_fails_cleanly),
         cmocka_unit_test(test_mutations_never_crash),
         cmocka_unit_test(test_shm_id),
+        cmocka_unit_test(test_ect_ready_frames),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
