@@ -193,6 +193,22 @@ typedef struct pend {
     char reason[WIRE_PULL_MAX_STR + 1];
 } pend;
 
+/* A pull of mm_hash not started yet: every field set, its two texts empty
+ * (not zero-filled: a pend carries a write key and a reason, ~2.3 KB, and a
+ * load_many's set of them was cleared whole each call). */
+static void pend_init(pend *pd, const char *mm_hash, const ect_pull_meta *meta) {
+    pd->mm_hash = mm_hash;
+    pd->meta = meta;
+    pd->token = pd->off = pd->t0 = 0;
+    pd->wkey[0] = '\0';
+    pd->win = pd->shared = pd->free_late = pd->meta_ok = false;
+    pd->msg = NULL;
+    pd->len = 0;
+    pd->done = false;
+    pd->status = 0;
+    pd->reason[0] = '\0';
+}
+
 /* Decodes one message off libzmq's DEALER (non-blocking) into *done:
  * 1, 0 when it was dropped (several frames: not ours; it is counted), -1
  * when none was waiting; *drc is the decoder's result. */
@@ -483,18 +499,23 @@ static bool share_window(ect_pull_consumer *c, pend *pd, const int *statuses, si
     size_t k = 0;
     for (size_t i = 0; i < n; i++) k += statuses[i] == 1;
     if (!c->windows || k < 2) return false;
-    span *sp = malloc(k * sizeof *sp);
+    span few[64], *sp = k <= 64 ? few : malloc(k * sizeof *sp);
     if (!sp) return false;
     k = 0;
+    bool sorted = true; /* the pool mostly hands a set's regions out in order */
     for (size_t i = 0; i < n; i++)
-        if (statuses[i] == 1) sp[k++] = (span){pd[i].off, pd[i].off + pd[i].meta->nbytes};
-    qsort(sp, k, sizeof *sp, by_off);
+        if (statuses[i] == 1) {
+            sp[k] = (span){pd[i].off, pd[i].off + pd[i].meta->nbytes};
+            sorted = sorted && (k == 0 || sp[k - 1].off < sp[k].off);
+            k++;
+        }
+    if (!sorted) qsort(sp, k, sizeof *sp, by_off);
     bool end_to_end = true;
     for (size_t j = 1; j < k && end_to_end; j++)
         end_to_end = sp[j].off == (sp[j - 1].end + c->align - 1) / c->align * c->align;
     bool ok =
         end_to_end && xp_window_open(c->x, c->key, sp[0].off, sp[k - 1].end - sp[0].off, key) == 0;
-    free(sp);
+    if (sp != few) free(sp);
     if (!ok) return false;
     for (size_t i = 0; i < n; i++)
         if (statuses[i] == 1) {
@@ -666,7 +687,8 @@ int ect_pull_consumer_load(ect_pull_consumer *c, const char *mm_hash, const ect_
     if (rc) return rc;
     quarantine_sweep(c, false);
     if (load_local(c, mm_hash, view) == 0) return 0;
-    pend pd = {.mm_hash = mm_hash, .meta = meta};
+    pend pd;
+    pend_init(&pd, mm_hash, meta);
     drain_monitor(c);
     if ((rc = start_pull(c, &pd)) != 0) return rc;
     wait_complete(c, &pd, 1, ect_now_ms() + (uint64_t)c->o.timeout_ms);
@@ -678,7 +700,7 @@ int ect_pull_consumer_load_many(ect_pull_consumer *c, size_t n, const char *cons
     if (!c || (n && (!mm_hashes || !views || !statuses)))
         return ect_set_error(ECT_EINVAL, "pull load_many: NULL argument");
     if (n == 0) return 0;
-    pend *pd = calloc(n, sizeof *pd);
+    pend *pd = n <= SIZE_MAX / sizeof *pd ? malloc(n * sizeof *pd) : NULL; /* set by pend_init */
     if (!pd) return ect_set_error(ECT_ENOMEM, "pull load_many: out of memory");
     quarantine_sweep(c, false);
     drain_monitor(c);
@@ -696,8 +718,7 @@ int ect_pull_consumer_load_many(ect_pull_consumer *c, size_t n, const char *cons
     /* every request goes out before any completion is awaited */
     const ect_pull_meta *checked = NULL; /* the latest meta that passed check_meta */
     for (size_t i = 0; i < n; i++) {
-        pd[i].mm_hash = mm_hashes[i];
-        pd[i].meta = metas ? &metas[i] : NULL;
+        pend_init(&pd[i], mm_hashes[i], metas ? &metas[i] : NULL);
         pd[i].done = true; /* not in flight unless started */
         pd[i].status = ECT_ECANCELED;
         int rc = mm_hashes[i]
