@@ -88,7 +88,6 @@ typedef struct completion {
 typedef struct comp_batch {
     struct comp_batch *next;
     size_t n;
-    bool settled; /* leases released and counted (under comp_mu): may be answered */
     completion c[];
 } comp_batch;
 
@@ -125,7 +124,6 @@ struct ect_pull_producer {
     lane_pool *lanes;        /* one write lane per consumer session */
     lane_pull *burst;        /* ROUTER thread: pulls accepted, not yet on a lane */
     pthread_mutex_t comp_mu; /* completions */
-    pthread_cond_t settle_cv; /* a queued comp_batch became settled */
     comp_batch *c_head, **c_tail;
 
     atomic_uint_fast64_t saved, save_failed, notifications, pulls_ok, pulls_failed;
@@ -373,24 +371,20 @@ static void wake_router(ect_pull_producer *p) {
 #define LANE_BATCH_ITEMS 64
 #define LANE_BATCH_BYTES (4ull << 20)
 
-/* Releases the lease of a pull of mm_hash (j's) whose write ended with jrc
- * (why: the batch's error text), counts and logs it. */
-static void settle_lease(ect_pull_producer *p, const pull_job *j, const char *mm_hash, int jrc,
-                         const char *why) {
-    ect_pool_release(p->pool, mm_hash);
+/* Settles one pull whose write ended with jrc (why: the batch's error
+ * text): releases its lease, counts and logs it, and fills c, its
+ * completion, taking j's mm_hash. */
+static void settle_job(ect_pull_producer *p, pull_job *j, int jrc, const char *why,
+                       completion *c) {
+    ect_pool_release(p->pool, j->mm_hash);
     if (jrc) {
-        ECT_LOGW_ID(MOD, NULL, mm_hash, "write of %s to %s failed (%s): %s", mm_hash, j->session,
-                    ect_strerror(jrc), why);
+        ECT_LOGW_ID(MOD, NULL, j->mm_hash, "write of %s to %s failed (%s): %s", j->mm_hash,
+                    j->session, ect_strerror(jrc), why);
         atomic_fetch_add(&p->pulls_failed, 1);
     } else {
         atomic_fetch_add(&p->bytes_out, j->nbytes);
         atomic_fetch_add(&p->pulls_ok, 1);
     }
-}
-
-/* Fills c, the completion of a pull whose write ended with jrc, taking j's
- * mm_hash. */
-static void job_completion(pull_job *j, int jrc, const char *why, completion *c) {
     *c = (completion){.peer = j->peer,
                       .mm_hash = j->mm_hash,
                       .status = jrc,
@@ -405,14 +399,6 @@ static void job_completion(pull_job *j, int jrc, const char *why, completion *c)
     }
 }
 
-/* Settles one pull whose write ended with jrc: its lease and counts, then
- * its completion c (settle_lease, job_completion). */
-static void settle_job(ect_pull_producer *p, pull_job *j, int jrc, const char *why,
-                       completion *c) {
-    settle_lease(p, j, j->mm_hash, jrc, why);
-    job_completion(j, jrc, why, c);
-}
-
 /* The writes of the n pulls js[] (one session), from the pool. */
 static void jobs_writes(ect_pull_producer *p, pull_job *const *js, size_t n, ect_write *w) {
     for (size_t i = 0; i < n; i++)
@@ -425,12 +411,7 @@ static void jobs_writes(ect_pull_producer *p, pull_job *const *js, size_t n, ect
 /* Writes the n pulls js[] (one session: the lane's) with one
  * ect_xport_write_batch, so their acknowledgements overlap instead of each
  * write waiting for its own, then queues their completions for the ROUTER
- * thread (one wake-up) in order, and only then releases their leases and
- * counts them: that work runs while the ROUTER thread wakes (on this
- * machine a wake-up onto a halted vCPU is ~100 us), and the ROUTER thread
- * answers none of them before it is done (comp_batch.settled), so a peer
- * that has its answer still finds the lease given back and the pull
- * counted. */
+ * thread (one allocation, one wake-up) in order. */
 static void run_jobs(ect_pull_producer *p, pull_job **js, size_t n) {
     ect_write w[LANE_BATCH_ITEMS];
     int st[LANE_BATCH_ITEMS];
@@ -443,31 +424,23 @@ static void run_jobs(ect_pull_producer *p, pull_job **js, size_t n) {
     for (size_t i = 0; i < n; i++) any = any || st[i];
     for (size_t i = 0; !any && i < n; i++) st[i] = rc; /* a failed batch fails each */
     comp_batch *cb = malloc(sizeof *cb + n * sizeof cb->c[0]);
-    if (!cb) {
-        for (size_t i = 0; i < n; i++) {
-            completion done;
-            settle_job(p, js[i], st[i], why, &done);
+    for (size_t i = 0; i < n; i++) {
+        completion done;
+        settle_job(p, js[i], st[i], why, cb ? &cb->c[i] : &done);
+        if (!cb) {
             ECT_LOGE_ID(MOD, NULL, done.mm_hash, "out of memory: completion of %s dropped",
                         done.mm_hash);
             free(done.mm_hash);
         }
-        return;
     }
-    for (size_t i = 0; i < n; i++) job_completion(js[i], st[i], why, &cb->c[i]);
+    if (!cb) return;
     cb->n = n;
     cb->next = NULL;
-    cb->settled = false;
     pthread_mutex_lock(&p->comp_mu);
     *p->c_tail = cb;
     p->c_tail = &cb->next;
     pthread_mutex_unlock(&p->comp_mu);
     wake_router(p);
-    /* cb is the ROUTER thread's once settled: its mm_hash texts are read here before */
-    for (size_t i = 0; i < n; i++) settle_lease(p, js[i], cb->c[i].mm_hash, st[i], why);
-    pthread_mutex_lock(&p->comp_mu);
-    cb->settled = true;
-    pthread_cond_broadcast(&p->settle_cv);
-    pthread_mutex_unlock(&p->comp_mu);
 }
 
 /* Appends lp's pulls to *tail and frees lp. */
@@ -662,9 +635,6 @@ static void drain_completions(ect_pull_producer *p) {
     comp_batch *cb = p->c_head;
     p->c_head = NULL;
     p->c_tail = &p->c_head;
-    /* the lanes release the leases after queueing (run_jobs): wait for it */
-    for (comp_batch *b = cb; b; b = b->next)
-        while (!b->settled) pthread_cond_wait(&p->settle_cv, &p->comp_mu);
     pthread_mutex_unlock(&p->comp_mu);
     pthread_mutex_lock(&p->stat_mu); /* an answer may send an ECTransferDone (r.st) */
     while (cb) {
@@ -985,7 +955,6 @@ int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer
     pthread_mutex_init(&p->mu, NULL);
     ect_cond_init(&p->cv);
     pthread_mutex_init(&p->comp_mu, NULL);
-    pthread_cond_init(&p->settle_cv, NULL);
     p->c_tail = &p->c_head;
     pthread_mutex_init(&p->stat_mu, NULL);
     p->o.curve_keys = NULL;
@@ -1132,7 +1101,6 @@ void ect_pull_producer_close(ect_pull_producer *p) {
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
     pthread_mutex_destroy(&p->comp_mu);
-    pthread_cond_destroy(&p->settle_cv);
     pthread_mutex_destroy(&p->stat_mu);
     pull_router_fini(&p->r);
     free(p->allow);
