@@ -176,31 +176,34 @@ static int gone_error(ect_pull_consumer *c, const char *mm_hash) {
                          mm_hash, c->producer, ect_now_ms() - c->gone_ms);
 }
 
-/* A pull in flight: its request went out, its completion is awaited. */
+/* A pull in flight: its request went out, its completion is awaited. The
+ * fields a set's pull uses come first and the large own-window key last, so
+ * a pull under a shared window touches a line or two of its ~2.4 KB. */
 typedef struct pend {
     const char *mm_hash;
     const ect_pull_meta *meta;
     uint64_t token, off, t0;
-    char wkey[ECT_XPORT_KEY_MAX];
-    bool win;       /* wkey is this pull's own write window */
-    bool shared;    /* wkey is its load_many's one window (share_window), closed there */
-    bool free_late; /* undone while under the shared window: freed once it is closed */
-    bool meta_ok;   /* meta equals one that passed check_meta in this load_many */
-    void *msg;      /* its ECTransferPull, encoded, until sent */
+    const char *skey; /* shared: its load_many's one window's key (not copied per pull) */
+    bool win;         /* wkey is this pull's own write window */
+    bool shared;      /* skey is its load_many's one window (share_window), closed there */
+    bool free_late;   /* undone while under the shared window: freed once it is closed */
+    bool meta_ok;     /* meta equals one that passed check_meta in this load_many */
+    void *msg;        /* its ECTransferPull, encoded, until sent */
     size_t len;
     bool done; /* its completion arrived: status, reason */
     int status;
     char reason[WIRE_PULL_MAX_STR + 1];
+    char wkey[ECT_XPORT_KEY_MAX]; /* its own window's key (win); not touched otherwise */
 } pend;
 
-/* A pull of mm_hash not started yet: every field set, its two texts empty
- * (not zero-filled: a pend carries a write key and a reason, ~2.3 KB, and a
- * load_many's set of them was cleared whole each call). */
+/* A pull of mm_hash not started yet: every field set but the own window's
+ * key (not zero-filled: a pend carries a write key and a reason, ~2.4 KB,
+ * and a load_many's set of them was cleared whole each call). */
 static void pend_init(pend *pd, const char *mm_hash, const ect_pull_meta *meta) {
     pd->mm_hash = mm_hash;
     pd->meta = meta;
     pd->token = pd->off = pd->t0 = 0;
-    pd->wkey[0] = '\0';
+    pd->skey = NULL; /* wkey is read only once open_own_window wrote it (win) */
     pd->win = pd->shared = pd->free_late = pd->meta_ok = false;
     pd->msg = NULL;
     pd->len = 0;
@@ -448,7 +451,9 @@ static wire_transfer_pull pull_of(ect_pull_consumer *c, const pend *pd) {
                                 .dst_ptr = (uint64_t)(uintptr_t)ect_pool_base(c->pool),
                                 .dst_offset = pd->off,
                                 .consumer_session_id = c->session,
-                                .dst_key = pd->win || pd->shared ? (char *)pd->wkey : c->key,
+                                .dst_key = pd->shared ? (char *)pd->skey
+                                           : pd->win  ? (char *)pd->wkey
+                                                      : c->key,
                                 .has_token = true,
                                 .token = pd->token};
 }
@@ -491,7 +496,8 @@ static int by_off(const void *a, const void *b) {
  * Every byte it covers belongs to one of the set's regions: each region
  * starts on the pool's alignment, and the next starts at the first aligned
  * offset after its end (the bytes between are its allocation's rounding,
- * no one else's). The pulls are marked shared and carry its key in wkey.
+ * no one else's). The pulls are marked shared and point at its key (skey:
+ * key, which must outlive their requests' encoding).
  * False, and each pull opens its own, when fewer than two are reserved,
  * they are not end to end, or the window cannot be opened. */
 static bool share_window(ect_pull_consumer *c, pend *pd, const int *statuses, size_t n,
@@ -520,7 +526,7 @@ static bool share_window(ect_pull_consumer *c, pend *pd, const int *statuses, si
     for (size_t i = 0; i < n; i++)
         if (statuses[i] == 1) {
             pd[i].shared = true;
-            memcpy(pd[i].wkey, key, ECT_XPORT_KEY_MAX);
+            pd[i].skey = key;
         }
     return true;
 }
