@@ -1719,13 +1719,13 @@ static void test_connect_policy(void **st) {
             int sts[3];
             for (int i = 0; i < 3; i++) {
                 want[i] = 10 + 10 * (uint64_t)own + (uint64_t)i;
-                ps[i] = (wire_transfer_pull){.mm_hash = i == 1 ? "nope" : "pol",
-                                             .dst_ptr = 4096,
-                                             .consumer_session_id =
-                                                 own ? "127.0.0.1:1" : "127.0.0.3:1",
-                                             .dst_key = "0123456789abcdef",
-                                             .has_token = true,
-                                             .token = want[i]};
+                ps[i] =
+                    (wire_transfer_pull){.mm_hash = i == 1 ? "nope" : "pol",
+                                         .dst_ptr = 4096,
+                                         .consumer_session_id = own ? "127.0.0.1:1" : "127.0.0.3:1",
+                                         .dst_key = "0123456789abcdef",
+                                         .has_token = true,
+                                         .token = want[i]};
             }
             wire_pull_msg bm = {.type = WIRE_PULL_PULL_BATCH, .u.batch = {ps, 3}};
             send_raw(d, &bm);
