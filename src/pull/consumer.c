@@ -176,22 +176,41 @@ static int gone_error(ect_pull_consumer *c, const char *mm_hash) {
                          mm_hash, c->producer, ect_now_ms() - c->gone_ms);
 }
 
-/* A pull in flight: its request went out, its completion is awaited. */
+/* A pull in flight: its request went out, its completion is awaited. The
+ * fields a set's pull uses come first and the large own-window key last, so
+ * a pull under a shared window touches a line or two of its ~2.4 KB. */
 typedef struct pend {
     const char *mm_hash;
     const ect_pull_meta *meta;
     uint64_t token, off, t0;
-    char wkey[ECT_XPORT_KEY_MAX];
-    bool win;       /* wkey is this pull's own write window */
-    bool shared;    /* wkey is its load_many's one window (share_window), closed there */
-    bool free_late; /* undone while under the shared window: freed once it is closed */
-    bool meta_ok;   /* meta equals one that passed check_meta in this load_many */
-    void *msg;      /* its ECTransferPull, encoded, until sent */
+    const char *skey; /* shared: its load_many's one window's key (not copied per pull) */
+    bool win;         /* wkey is this pull's own write window */
+    bool shared;      /* skey is its load_many's one window (share_window), closed there */
+    bool free_late;   /* undone while under the shared window: freed once it is closed */
+    bool meta_ok;     /* meta equals one that passed check_meta in this load_many */
+    void *msg;        /* its ECTransferPull, encoded, until sent */
     size_t len;
     bool done; /* its completion arrived: status, reason */
     int status;
     char reason[WIRE_PULL_MAX_STR + 1];
+    char wkey[ECT_XPORT_KEY_MAX]; /* its own window's key (win); not touched otherwise */
 } pend;
+
+/* A pull of mm_hash not started yet: every field set but the own window's
+ * key (not zero-filled: a pend carries a write key and a reason, ~2.4 KB,
+ * and a load_many's set of them was cleared whole each call). */
+static void pend_init(pend *pd, const char *mm_hash, const ect_pull_meta *meta) {
+    pd->mm_hash = mm_hash;
+    pd->meta = meta;
+    pd->token = pd->off = pd->t0 = 0;
+    pd->skey = NULL; /* wkey is read only once open_own_window wrote it (win) */
+    pd->win = pd->shared = pd->free_late = pd->meta_ok = false;
+    pd->msg = NULL;
+    pd->len = 0;
+    pd->done = false;
+    pd->status = 0;
+    pd->reason[0] = '\0';
+}
 
 /* Decodes one message off libzmq's DEALER (non-blocking) into *done:
  * 1, 0 when it was dropped (several frames: not ours; it is counted), -1
@@ -432,7 +451,9 @@ static wire_transfer_pull pull_of(ect_pull_consumer *c, const pend *pd) {
                                 .dst_ptr = (uint64_t)(uintptr_t)ect_pool_base(c->pool),
                                 .dst_offset = pd->off,
                                 .consumer_session_id = c->session,
-                                .dst_key = pd->win || pd->shared ? (char *)pd->wkey : c->key,
+                                .dst_key = pd->shared ? (char *)pd->skey
+                                           : pd->win  ? (char *)pd->wkey
+                                                      : c->key,
                                 .has_token = true,
                                 .token = pd->token};
 }
@@ -475,7 +496,8 @@ static int by_off(const void *a, const void *b) {
  * Every byte it covers belongs to one of the set's regions: each region
  * starts on the pool's alignment, and the next starts at the first aligned
  * offset after its end (the bytes between are its allocation's rounding,
- * no one else's). The pulls are marked shared and carry its key in wkey.
+ * no one else's). The pulls are marked shared and point at its key (skey:
+ * key, which must outlive their requests' encoding).
  * False, and each pull opens its own, when fewer than two are reserved,
  * they are not end to end, or the window cannot be opened. */
 static bool share_window(ect_pull_consumer *c, pend *pd, const int *statuses, size_t n,
@@ -483,23 +505,28 @@ static bool share_window(ect_pull_consumer *c, pend *pd, const int *statuses, si
     size_t k = 0;
     for (size_t i = 0; i < n; i++) k += statuses[i] == 1;
     if (!c->windows || k < 2) return false;
-    span *sp = malloc(k * sizeof *sp);
+    span few[64], *sp = k <= 64 ? few : malloc(k * sizeof *sp);
     if (!sp) return false;
     k = 0;
+    bool sorted = true; /* the pool mostly hands a set's regions out in order */
     for (size_t i = 0; i < n; i++)
-        if (statuses[i] == 1) sp[k++] = (span){pd[i].off, pd[i].off + pd[i].meta->nbytes};
-    qsort(sp, k, sizeof *sp, by_off);
+        if (statuses[i] == 1) {
+            sp[k] = (span){pd[i].off, pd[i].off + pd[i].meta->nbytes};
+            sorted = sorted && (k == 0 || sp[k - 1].off < sp[k].off);
+            k++;
+        }
+    if (!sorted) qsort(sp, k, sizeof *sp, by_off);
     bool end_to_end = true;
     for (size_t j = 1; j < k && end_to_end; j++)
         end_to_end = sp[j].off == (sp[j - 1].end + c->align - 1) / c->align * c->align;
     bool ok =
         end_to_end && xp_window_open(c->x, c->key, sp[0].off, sp[k - 1].end - sp[0].off, key) == 0;
-    free(sp);
+    if (sp != few) free(sp);
     if (!ok) return false;
     for (size_t i = 0; i < n; i++)
         if (statuses[i] == 1) {
             pd[i].shared = true;
-            memcpy(pd[i].wkey, key, ECT_XPORT_KEY_MAX);
+            pd[i].skey = key;
         }
     return true;
 }
@@ -666,7 +693,8 @@ int ect_pull_consumer_load(ect_pull_consumer *c, const char *mm_hash, const ect_
     if (rc) return rc;
     quarantine_sweep(c, false);
     if (load_local(c, mm_hash, view) == 0) return 0;
-    pend pd = {.mm_hash = mm_hash, .meta = meta};
+    pend pd;
+    pend_init(&pd, mm_hash, meta);
     drain_monitor(c);
     if ((rc = start_pull(c, &pd)) != 0) return rc;
     wait_complete(c, &pd, 1, ect_now_ms() + (uint64_t)c->o.timeout_ms);
@@ -678,7 +706,7 @@ int ect_pull_consumer_load_many(ect_pull_consumer *c, size_t n, const char *cons
     if (!c || (n && (!mm_hashes || !views || !statuses)))
         return ect_set_error(ECT_EINVAL, "pull load_many: NULL argument");
     if (n == 0) return 0;
-    pend *pd = calloc(n, sizeof *pd);
+    pend *pd = n <= SIZE_MAX / sizeof *pd ? malloc(n * sizeof *pd) : NULL; /* set by pend_init */
     if (!pd) return ect_set_error(ECT_ENOMEM, "pull load_many: out of memory");
     quarantine_sweep(c, false);
     drain_monitor(c);
@@ -696,8 +724,7 @@ int ect_pull_consumer_load_many(ect_pull_consumer *c, size_t n, const char *cons
     /* every request goes out before any completion is awaited */
     const ect_pull_meta *checked = NULL; /* the latest meta that passed check_meta */
     for (size_t i = 0; i < n; i++) {
-        pd[i].mm_hash = mm_hashes[i];
-        pd[i].meta = metas ? &metas[i] : NULL;
+        pend_init(&pd[i], mm_hashes[i], metas ? &metas[i] : NULL);
         pd[i].done = true; /* not in flight unless started */
         pd[i].status = ECT_ECANCELED;
         int rc = mm_hashes[i]

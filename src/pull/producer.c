@@ -81,8 +81,15 @@ typedef struct completion {
     bool has_token, batched;
     uint64_t token;
     char reason[256];
-    struct completion *next;
 } completion;
+
+/* The completions of one write batch, queued for the ROUTER thread in one
+ * allocation (not one per pull). */
+typedef struct comp_batch {
+    struct comp_batch *next;
+    size_t n;
+    completion c[];
+} comp_batch;
 
 struct ect_pull_producer {
     ect_pull_producer_opts o;
@@ -117,7 +124,7 @@ struct ect_pull_producer {
     lane_pool *lanes;        /* one write lane per consumer session */
     lane_pull *burst;        /* ROUTER thread: pulls accepted, not yet on a lane */
     pthread_mutex_t comp_mu; /* completions */
-    completion *c_head, *c_tail;
+    comp_batch *c_head, **c_tail;
 
     atomic_uint_fast64_t saved, save_failed, notifications, pulls_ok, pulls_failed;
     atomic_uint_fast64_t bytes_out; /* bytes of the pulls written */
@@ -404,7 +411,7 @@ static void jobs_writes(ect_pull_producer *p, pull_job *const *js, size_t n, ect
 /* Writes the n pulls js[] (one session: the lane's) with one
  * ect_xport_write_batch, so their acknowledgements overlap instead of each
  * write waiting for its own, then queues their completions for the ROUTER
- * thread (one wake-up) in order. */
+ * thread (one allocation, one wake-up) in order. */
 static void run_jobs(ect_pull_producer *p, pull_job **js, size_t n) {
     ect_write w[LANE_BATCH_ITEMS];
     int st[LANE_BATCH_ITEMS];
@@ -415,27 +422,23 @@ static void run_jobs(ect_pull_producer *p, pull_job **js, size_t n) {
     if (rc) snprintf(why, sizeof why, "%s", ect_last_error());
     bool any = false;
     for (size_t i = 0; i < n; i++) any = any || st[i];
-    completion *head = NULL, **tail = &head;
+    for (size_t i = 0; !any && i < n; i++) st[i] = rc; /* a failed batch fails each */
+    comp_batch *cb = malloc(sizeof *cb + n * sizeof cb->c[0]);
     for (size_t i = 0; i < n; i++) {
-        completion done, *c;
-        settle_job(p, js[i], any ? st[i] : rc, why, &done); /* a failed batch fails each */
-        if (!(c = malloc(sizeof *c))) {
+        completion done;
+        settle_job(p, js[i], st[i], why, cb ? &cb->c[i] : &done);
+        if (!cb) {
             ECT_LOGE_ID(MOD, NULL, done.mm_hash, "out of memory: completion of %s dropped",
                         done.mm_hash);
             free(done.mm_hash);
-            continue;
         }
-        *c = done;
-        *tail = c;
-        tail = &c->next;
     }
-    if (!head) return;
+    if (!cb) return;
+    cb->n = n;
+    cb->next = NULL;
     pthread_mutex_lock(&p->comp_mu);
-    if (p->c_tail)
-        p->c_tail->next = head;
-    else
-        p->c_head = head;
-    for (p->c_tail = head; p->c_tail->next;) p->c_tail = p->c_tail->next;
+    *p->c_tail = cb;
+    p->c_tail = &cb->next;
     pthread_mutex_unlock(&p->comp_mu);
     wake_router(p);
 }
@@ -629,17 +632,21 @@ static void drain_completions(ect_pull_producer *p) {
     ssize_t r = read(p->efd, &v, sizeof v);
     (void)r;
     pthread_mutex_lock(&p->comp_mu);
-    completion *c = p->c_head;
-    p->c_head = p->c_tail = NULL;
+    comp_batch *cb = p->c_head;
+    p->c_head = NULL;
+    p->c_tail = &p->c_head;
     pthread_mutex_unlock(&p->comp_mu);
     pthread_mutex_lock(&p->stat_mu); /* an answer may send an ECTransferDone (r.st) */
-    while (c) {
-        completion *n = c->next;
-        pull_router_answer(&p->r, &c->peer, c->mm_hash, c->status, c->has_token, c->token,
-                           c->batched, c->status ? c->reason : NULL);
-        free(c->mm_hash);
-        free(c);
-        c = n;
+    while (cb) {
+        comp_batch *nx = cb->next;
+        for (size_t i = 0; i < cb->n; i++) {
+            completion *c = &cb->c[i];
+            pull_router_answer(&p->r, &c->peer, c->mm_hash, c->status, c->has_token, c->token,
+                               c->batched, c->status ? c->reason : NULL);
+            free(c->mm_hash);
+        }
+        free(cb);
+        cb = nx;
     }
     pthread_mutex_unlock(&p->stat_mu);
 }
@@ -948,6 +955,7 @@ int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer
     pthread_mutex_init(&p->mu, NULL);
     ect_cond_init(&p->cv);
     pthread_mutex_init(&p->comp_mu, NULL);
+    p->c_tail = &p->c_head;
     pthread_mutex_init(&p->stat_mu, NULL);
     p->o.curve_keys = NULL;
     if (opts->curve_keys && (!(p->curve_keys = strdup(opts->curve_keys)) ||
@@ -1068,10 +1076,10 @@ void ect_pull_producer_close(ect_pull_producer *p) {
      * timeouts) and end. */
     lanes_close(p->lanes, true);
     while (p->c_head) {
-        completion *c = p->c_head;
-        p->c_head = c->next;
-        free(c->mm_hash);
-        free(c);
+        comp_batch *cb = p->c_head;
+        p->c_head = cb->next;
+        for (size_t i = 0; i < cb->n; i++) free(cb->c[i].mm_hash);
+        free(cb);
     }
     while (p->q_head) { /* only if the save thread never started */
         save_item *s = p->q_head;

@@ -210,9 +210,30 @@ static bool session_allowed(const pull_router *r, const pull_peer *peer, const c
     return false;
 }
 
+/* The consumer_session_id the connect policy last allowed for one
+ * message's peer: a batch's entries all name the batch's one session, so
+ * the policy (a parse of the address, two inet_pton) runs once a batch, not
+ * once an entry. */
+typedef struct session_memo {
+    bool set;
+    char session[WIRE_PULL_MAX_STR + 1];
+} session_memo;
+
+/* session_allowed, remembered in memo (NULL: none) while it allows. */
+static bool session_allowed_memo(const pull_router *r, const pull_peer *peer, const char *session,
+                                 session_memo *memo, char *why, size_t cap) {
+    if (memo && memo->set && strcmp(memo->session, session) == 0) return true;
+    if (!session_allowed(r, peer, session, why, cap)) return false;
+    if (memo && strlen(session) < sizeof memo->session) { /* the decoder's bound: always */
+        memcpy(memo->session, session, strlen(session) + 1);
+        memo->set = true;
+    }
+    return true;
+}
+
 /* Takes p's extension fields (dst_key) into the job it dispatches. */
-static void handle_pull(pull_router *r, const pull_peer *peer, wire_transfer_pull *p,
-                        bool batched) {
+static void handle_pull(pull_router *r, const pull_peer *peer, wire_transfer_pull *p, bool batched,
+                        session_memo *memo) {
     if (p->ext_error) {
         refuse(r, peer, p, ECT_EPROTO, p->ext_error);
         return;
@@ -225,7 +246,7 @@ static void handle_pull(pull_router *r, const pull_peer *peer, wire_transfer_pul
                "ECTransferPull.dst_key: missing (this producer needs the region key)");
         return;
     }
-    if (!session_allowed(r, peer, p->consumer_session_id, why, sizeof why)) {
+    if (!session_allowed_memo(r, peer, p->consumer_session_id, memo, why, sizeof why)) {
         refuse(r, peer, p, ECT_EACCES, why);
         return;
     }
@@ -324,11 +345,14 @@ void pull_router_handle(pull_router *r, const pull_peer *peer, const void *buf, 
         return;
     }
     switch (m.type) {
-    case WIRE_PULL_PULL: handle_pull(r, peer, &m.u.pull, false); break;
-    case WIRE_PULL_PULL_BATCH:
+    case WIRE_PULL_PULL: handle_pull(r, peer, &m.u.pull, false, NULL); break;
+    case WIRE_PULL_PULL_BATCH: {
         r->st.batches++;
-        for (size_t i = 0; i < m.u.batch.n; i++) handle_pull(r, peer, &m.u.batch.pulls[i], true);
+        session_memo memo = {.set = false};
+        for (size_t i = 0; i < m.u.batch.n; i++)
+            handle_pull(r, peer, &m.u.batch.pulls[i], true, &memo);
         break;
+    }
     case WIRE_PULL_REQUEST: handle_request(r, peer, &m.u.request); break;
     default:
         r->st.malformed++;

@@ -1707,6 +1707,38 @@ static void test_connect_policy(void **st) {
         send_pull(d, "pol", 4096, 0, "127.0.0.1:1", "0123456789abcdef", 2);
         rc = recv_complete(d, "pol", 2, err, sizeof err);
         if (!widen) assert_int_not_equal(rc, ECT_EACCES);
+        /* A batch names one session for all its entries; the policy holds for
+         * each of them (the router decides it once a batch): refused, every
+         * entry is refused before its item is looked up; allowed, each goes
+         * on (an unknown item is ECT_ENOTFOUND, a write to no listener fails).
+         * By default the pull's own address is allowed; connect_allow lists
+         * the hosts allowed instead (127.0.0.3, not the pull's own). */
+        for (int own = 0; own < 2; own++) {
+            wire_transfer_pull ps[3];
+            uint64_t want[3];
+            int sts[3];
+            for (int i = 0; i < 3; i++) {
+                want[i] = 10 + 10 * (uint64_t)own + (uint64_t)i;
+                ps[i] =
+                    (wire_transfer_pull){.mm_hash = i == 1 ? "nope" : "pol",
+                                         .dst_ptr = 4096,
+                                         .consumer_session_id = own ? "127.0.0.1:1" : "127.0.0.3:1",
+                                         .dst_key = "0123456789abcdef",
+                                         .has_token = true,
+                                         .token = want[i]};
+            }
+            wire_pull_msg bm = {.type = WIRE_PULL_PULL_BATCH, .u.batch = {ps, 3}};
+            send_raw(d, &bm);
+            recv_answers(d, want, sts, 3);
+            bool refused = own == widen;
+            for (int i = 0; i < 3; i++) {
+                if (refused)
+                    assert_int_equal(sts[i], ECT_EACCES);
+                else
+                    assert_int_equal(sts[i] == ECT_ENOTFOUND, i == 1);
+                assert_int_not_equal(sts[i], 0);
+            }
+        }
         zmq_close(d);
         zmq_ctx_term(ctx);
         ect_pull_producer_close(p);
