@@ -273,18 +273,27 @@ static int dial(const char *host, int port) {
     return fd;
 }
 
-typedef struct raw_ctx {
-    int fd;
-    void *const *src;
-    size_t k, n;
-} raw_ctx;
-
-static int raw_iter(void *p) {
-    raw_ctx *c = p;
+int bench_remote_sink_iter(void *p) {
+    bench_remote_sink *c = p;
     for (size_t j = 0; j < c->k; j++)
         if (send_all(c->fd, c->src[j], c->n) != 0) return -1;
     uint8_t a;
     return recv(c->fd, &a, 1, 0) == 1 ? 0 : -1;
+}
+
+int bench_remote_sink_open(const char *host, int port, void *const *src, size_t k, size_t n,
+                           bench_remote_sink *out) {
+    char line[64];
+    snprintf(line, sizeof line, "RAW %zu\n", k * n);
+    *out = (bench_remote_sink){.fd = dial(host, port), .src = src, .k = k, .n = n};
+    if (out->fd >= 0 && k * n <= MAX_REG && send_all(out->fd, line, strlen(line)) == 0) return 0;
+    bench_remote_sink_close(out);
+    return -1;
+}
+
+void bench_remote_sink_close(bench_remote_sink *s) {
+    if (s->fd >= 0) close(s->fd);
+    s->fd = -1;
 }
 
 /* Runs fn for `secs` untimed (warm-up), then cli_timed for `secs`. */
@@ -298,15 +307,12 @@ static int warm_timed(cli_iter_fn fn, void *ctx, uint64_t bytes, double warm, do
 
 int bench_remote_raw(const char *host, int port, void *const *src, size_t k, size_t n, double warm,
                      double secs, cli_timing *out) {
-    char line[64];
-    int fd = dial(host, port);
-    snprintf(line, sizeof line, "RAW %zu\n", k * n);
-    raw_ctx rc = {.fd = fd, .src = src, .k = k, .n = n};
-    int e = fd < 0 || k * n > MAX_REG || send_all(fd, line, strlen(line)) != 0 ||
-                    warm_timed(raw_iter, &rc, k * n, warm, secs, out) != 0
+    bench_remote_sink sink;
+    int e = bench_remote_sink_open(host, port, src, k, n, &sink) != 0 ||
+                    warm_timed(bench_remote_sink_iter, &sink, k * n, warm, secs, out) != 0
                 ? -1
                 : 0;
-    if (fd >= 0) close(fd);
+    bench_remote_sink_close(&sink);
     if (e) out->ok = false;
     return e;
 }

@@ -48,6 +48,18 @@ int bench_xport_client(const char *host, int port, double secs, double warm, boo
  * (bytes per iteration: k x n). */
 int bench_remote_raw(const char *host, int port, void *const *src, size_t k, size_t n, double warm,
                      double secs, cli_timing *out);
+/* A raw-TCP sink on the server at host:port for messages of k buffers of n
+ * bytes (bench_remote_sink_iter: one message, one byte back), so a caller
+ * can time its own rounds. open: 0, or -1 (nothing to close). */
+typedef struct bench_remote_sink {
+    int fd;
+    void *const *src;
+    size_t k, n;
+} bench_remote_sink;
+int bench_remote_sink_open(const char *host, int port, void *const *src, size_t k, size_t n,
+                           bench_remote_sink *out);
+int bench_remote_sink_iter(void *sink);
+void bench_remote_sink_close(bench_remote_sink *s);
 /* Asks the push server at host:port for its push-consumer control port. */
 int bench_remote_push_port(const char *host, int port, int *push_port);
 

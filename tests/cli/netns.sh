@@ -151,6 +151,7 @@ for r in rows:
     assert r["transport"] == "tcp" and r["limit"] == "raw-tcp" and r["server"] == "192.0.2.1", r
     assert r["items_per_s"] > 0 and r["gbps"] > 0 and r["raw_gbps"] > 0 and r["ratio"] > 0, r
     assert r["round_trips_per_step"] > 0, r
+    assert r["rounds"] >= 3 and r["raw_rounds"] >= 3, r  # push and raw-TCP rounds alternate
 EOF2
 in2 "$ect" bench push --client 192.0.2.1:14591 --sizes 64KiB --steps 1,8 --inflight 1,2 \
   --seconds 50ms --warmup 0 >"$tmp/ptab" 2>&1 || { cat "$tmp/ptab"; echo "push bench (table) failed"; exit 1; }
