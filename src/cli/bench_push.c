@@ -7,7 +7,11 @@
  * measured in the same run from the same sources: the transport's raw
  * ect_xport_write_batch of the same k writes into a region of the same kind
  * (a memfd pool registered with a target of its own), and the ratio
- * push / raw.
+ * push / raw. A row's seconds are split into rounds (~100 ms, at least 3 of
+ * each kind), push rounds and raw rounds in turn (run_row), so a change of
+ * load on a busy machine hits both alike: a push round drains its steps
+ * before the raw round starts, the warm-ups stay untimed, and each column
+ * sums its own kind's rounds.
  *
  * The shard is the library's own, opened with an ephemeral control port; no
  * scheduler listens to its events (they queue and the oldest are dropped,
@@ -22,7 +26,8 @@
  * it arrives, resident copies evicted) beside bench_remote's control
  * listener, which tells clients the shard's port and serves the raw-TCP
  * limit; `--client H:P` pushes the same steps to it and measures that limit
- * (k x n bytes, one byte back) between the same two hosts in the same run.
+ * (k x n bytes, one byte back) between the same two hosts in the same run,
+ * its rounds alternated with the push's as on loopback.
  */
 #include <getopt.h>
 #include <inttypes.h>
@@ -95,6 +100,7 @@ typedef struct row {
      * round trip to the same shard (ect_push_ping), and p50 / (2 x rtt + raw
      * p50), raw p50 being one raw write_batch of the step's k items */
     double rtt_ms, lat_ratio;
+    size_t rounds, raw_rounds; /* the timed rounds of the push and of the limit */
     bool ok;
 } row;
 
@@ -161,171 +167,210 @@ static void ping_block(pinger *pg) {
         pg->off = true;
 }
 
-/* Pushes steps of k items of n bytes until `secs` pass (at least 3 steps),
- * keeping up to `inflight` steps in flight: a new step is queued and flushed
- * as soon as fewer than `inflight` steps' items are unfinished. With inflight
- * 1 the time spent clearing the shard (take + release + evict, no round trip)
- * is not counted: no step moves meanwhile. With more in flight it is: the
- * other steps move while this thread clears, so leaving it out would credit
- * the push with time it did not spend. With inflight 1 every step waits for
- * the previous one's results:
- * it is flushed and waited for in one call (ect_push_producer_flush_poll, which
- * runs a lone step on this thread), as a latency-bound caller would.
- * With inflight 1 and pg, a block of bare control round trips (the row's
- * latency limit, run_ping) is timed every PING_EVERY_NS between two steps
- * of the timed push, its time left out of the span like the clearing: the
- * limit is sampled across the same seconds as the steps it is set beside
- * (this machine swings between states within seconds).
- * The warm-up runs `inflight` steps, and for warm_s seconds. With s NULL (a
- * remote consumer) nothing is cleared here: the server does it. */
-static int run_push(shard *s, const char *addr, ect_push_producer *p, void **src, size_t k,
-                    uint64_t n, double secs, double warm_s, size_t inflight, uint64_t *serial,
-                    pinger *pg, row *r) {
-    uint64_t shape[1] = {n / 2};
-    size_t rcap = k * inflight;
-    ect_push_result *res = calloc(rcap, sizeof *res);
-    uint64_t *lat = malloc(MAX_LAT * sizeof *lat);
-    if (!res || !lat) {
-        free(res);
-        free(lat);
-        return ECT_ENOMEM;
+/* A row's push side: the producer, the items' sources and shape, room for
+ * the results, and the sums over its timed rounds. */
+typedef struct push_job {
+    shard *s;         /* NULL: a remote consumer (the server clears the items) */
+    const char *addr; /* the shard's control address */
+    ect_push_producer *p;
+    void **src;
+    size_t k, inflight;
+    uint64_t n, *serial;
+    uint64_t shape[1];
+    pinger *pg;
+    ect_push_result *res; /* k x inflight */
+    uint64_t *lat;        /* MAX_LAT per-item latencies of the timed rounds */
+    size_t nlat, rounds;
+    uint64_t busy_ns, cpu_ns, items, steps, next_ping;
+} push_job;
+
+/* Reserves one step of k items and flushes it; with inflight 1 the step is
+ * waited for next, so it is flushed and its results polled in one call
+ * (ect_push_producer_flush_poll, which runs a lone step on this thread, as
+ * a latency-bound caller would): *m results, *polled set. */
+static int push_step(push_job *j, size_t *m, bool *polled) {
+    for (size_t i = 0; i < j->k; i++) {
+        uint64_t id = (*j->serial)++;
+        char tid[64], hash[64];
+        bench_id(tid, "b-", id);
+        bench_id(hash, "bh-", id);
+        ect_push_item item = {.transfer_id = tid,
+                              .consumer = j->addr,
+                              .mm_hash = hash,
+                              .shape = j->shape,
+                              .ndim = 1,
+                              .dtype = "bfloat16",
+                              .nbytes = j->n,
+                              .data = j->src[i],
+                              .release = no_release};
+        int rc = ect_push_producer_reserve(j->p, &item);
+        if (rc) return rc;
     }
-    size_t nlat = 0, steps = 0;
-    uint64_t busy_ns = 0, items = 0;
-    ect_push_producer_stat st0, st1;
+    if (j->inflight != 1) {
+        ect_push_producer_flush(j->p);
+        return 0;
+    }
+    *polled = true;
+    int f = ect_push_producer_flush_poll(j->p, j->res, j->k * j->inflight, 1000, m);
+    return f < 0 ? f : 0;
+}
+
+/* Checks m results, keeps their latencies (timed rounds) and frees their
+ * items on the shard, without a round trip. */
+static int push_settle(push_job *j, size_t m, bool warm) {
     int rc = 0;
-    for (int warm = 1; warm >= 0 && !rc; warm--) {
-        ect_push_producer_stats(p, &st0);
-        uint64_t t_start = cli_now_ns(), clear_ns = 0, cpu0 = cpu_ns();
-        uint64_t next_ping = t_start + PING_EVERY_NS;
-        uint64_t t_end = t_start + (uint64_t)(secs * 1e9);
-        uint64_t warm_end = t_start + (uint64_t)(warm_s * 1e9);
-        size_t started = 0, outstanding = 0, done_items = 0;
-        size_t want_steps = warm ? inflight : 3;
-        uint64_t deadline = cli_now_ms() + 60000;
-        for (;;) {
-            bool more = started < want_steps || cli_now_ns() < (warm ? warm_end : t_end);
-            size_t m = 0;
-            bool polled = false;
-            while (!rc && more && outstanding + k <= k * inflight) {
-                for (size_t j = 0; j < k && !rc; j++) {
-                    uint64_t id = (*serial)++;
-                    char tid[64], hash[64];
-                    bench_id(tid, "b-", id);
-                    bench_id(hash, "bh-", id);
-                    ect_push_item item = {.transfer_id = tid,
-                                          .consumer = addr,
-                                          .mm_hash = hash,
-                                          .shape = shape,
-                                          .ndim = 1,
-                                          .dtype = "bfloat16",
-                                          .nbytes = n,
-                                          .data = src[j],
-                                          .release = no_release};
-                    rc = ect_push_producer_reserve(p, &item);
-                }
-                if (rc) break;
-                if (inflight == 1) { /* the step is waited for next: one call */
-                    int f = ect_push_producer_flush_poll(p, res, rcap, 1000, &m);
-                    if (f < 0) rc = f;
-                    polled = true;
-                } else {
-                    ect_push_producer_flush(p);
-                }
-                outstanding += k;
-                started++;
-                more = started < want_steps || cli_now_ns() < (warm ? warm_end : t_end);
-            }
-            if (rc || outstanding == 0) break;
-            if (cli_now_ms() > deadline) {
-                rc = ECT_ETIMEDOUT;
-                break;
-            }
-            if (!polled || !m) m = ect_push_producer_poll(p, res, rcap, 1000);
-            uint64_t c0 = cli_now_ns();
-            for (size_t i = 0; i < m; i++) {
-                if (res[i].status) {
-                    fprintf(stderr, "ect bench push: %s failed: %s\n", res[i].transfer_id,
-                            res[i].error);
-                    rc = res[i].status;
-                }
-                if (!warm && nlat < MAX_LAT) lat[nlat++] = res[i].latency_ns;
-                /* free the item on the shard, without a round trip (untimed at 1 in flight) */
-                if (!rc && s) rc = shard_clear_one(s, res[i].transfer_id);
-            }
-            if (m && s) ect_push_consumer_evict(s->c, SIZE_MAX);
-            outstanding -= m;
-            done_items += m;
-            if (!rc && !warm && inflight == 1 && !outstanding && cli_now_ns() >= next_ping) {
-                ping_block(pg); /* between two steps: nothing in flight */
-                next_ping = cli_now_ns() + PING_EVERY_NS;
-            }
-            clear_ns += cli_now_ns() - c0;
+    for (size_t i = 0; i < m; i++) {
+        if (j->res[i].status) {
+            fprintf(stderr, "ect bench push: %s failed: %s\n", j->res[i].transfer_id,
+                    j->res[i].error);
+            rc = j->res[i].status;
         }
-        if (!warm) {
-            busy_ns = cli_now_ns() - t_start - (inflight == 1 ? clear_ns : 0);
-            r->cpu_us = done_items ? (double)(cpu_ns() - cpu0) / 1e3 / (double)done_items : NAN;
-            items = done_items;
-            steps = started;
-        }
+        if (!warm && j->nlat < MAX_LAT) j->lat[j->nlat++] = j->res[i].latency_ns;
+        if (!rc && j->s) rc = shard_clear_one(j->s, j->res[i].transfer_id);
     }
-    ect_push_producer_stats(p, &st1);
-    if (!rc && steps) {
-        cli_sort_u64(lat, nlat);
-        r->items_s = (double)items / ((double)busy_ns / 1e9);
-        r->gbps = (double)items * (double)n / (double)busy_ns;
-        r->p50_ms = (double)cli_pct_u64(lat, nlat, 50) / 1e6;
-        r->p99_ms = (double)cli_pct_u64(lat, nlat, 99) / 1e6;
-        r->rt_per_step = (double)(st1.control_requests - st0.control_requests) / (double)steps;
-        r->ok = true;
-    }
-    free(res);
-    free(lat);
+    if (m && j->s) ect_push_consumer_evict(j->s->c, SIZE_MAX);
     return rc;
 }
 
-/* The raw limit: the same k writes as one ect_xport_write_batch. */
-static int run_raw(shard *s, ect_xport *ini, void **src, size_t k, uint64_t n, double secs,
-                   row *r) {
-    uint64_t off = 0;
-    ect_write *w = calloc(k, sizeof *w);
-    uint64_t *lat = malloc(MAX_LAT * sizeof *lat);
-    int rc = (w && lat) ? ect_pool_alloc(s->raw_pool, n * k, &off) : ECT_ENOMEM;
-    if (rc) {
-        free(w);
-        free(lat);
-        return rc;
+/* One round of the push: starts steps until dur_ns pass (at least
+ * min_steps), keeping up to `inflight` in flight (a new step is queued and
+ * flushed as soon as fewer than `inflight` steps' items are unfinished),
+ * then drains them: when it returns nothing is in flight. With inflight 1
+ * the time spent clearing the shard (take + release + evict, no round trip)
+ * is not counted: no step moves meanwhile. With more in flight it is: the
+ * other steps move while this thread clears, so leaving it out would credit
+ * the push with time it did not spend. With inflight 1, a block of bare
+ * control round trips (the row's latency limit, run_ping) is timed every
+ * PING_EVERY_NS between two steps of the timed rounds, its time left out
+ * like the clearing: the limit is sampled across the same seconds as the
+ * steps it is set beside. A timed round (!warm) adds to j's sums. */
+static int push_round(push_job *j, uint64_t dur_ns, size_t min_steps, bool warm) {
+    uint64_t t_start = cli_now_ns(), clear_ns = 0, cpu0 = cpu_ns();
+    uint64_t t_end = t_start + dur_ns, deadline = cli_now_ms() + 60000;
+    size_t started = 0, outstanding = 0, done = 0, rcap = j->k * j->inflight;
+    int rc = 0;
+    for (;;) {
+        size_t m = 0;
+        bool polled = false;
+        while (!rc && outstanding + j->k <= rcap && (started < min_steps || cli_now_ns() < t_end)) {
+            rc = push_step(j, &m, &polled);
+            if (!rc) {
+                outstanding += j->k;
+                started++;
+            }
+        }
+        if (rc || outstanding == 0) break;
+        if (cli_now_ms() > deadline) {
+            rc = ECT_ETIMEDOUT;
+            break;
+        }
+        if (!polled || !m) m = ect_push_producer_poll(j->p, j->res, rcap, 1000);
+        uint64_t c0 = cli_now_ns();
+        rc = push_settle(j, m, warm);
+        outstanding -= m;
+        done += m;
+        if (!rc && !warm && j->inflight == 1 && !outstanding && cli_now_ns() >= j->next_ping) {
+            ping_block(j->pg); /* between two steps: nothing in flight */
+            j->next_ping = cli_now_ns() + PING_EVERY_NS;
+        }
+        clear_ns += cli_now_ns() - c0;
     }
+    if (!rc && !warm) {
+        j->busy_ns += cli_now_ns() - t_start - (j->inflight == 1 ? clear_ns : 0);
+        j->cpu_ns += cpu_ns() - cpu0;
+        j->items += done;
+        j->steps += started;
+        j->rounds++;
+    }
+    return rc;
+}
+
+/* The limit's side of a row: one call moves the same k x n bytes (loopback:
+ * raw_batch; two hosts: bench_remote_sink_iter); NULL fn: not measured. */
+typedef struct raw_side {
+    cli_iter_fn fn;
+    void *ctx;
+} raw_side;
+
+/* Measures a row into r: untimed, the push's warm-up (`inflight` steps, and
+ * for warm_s seconds) and the limit's (one call, and for warm_s seconds);
+ * then cli_round_count(secs) rounds of each kind, a push round and a limit
+ * round in turn, each secs / that count long. A push round drains its steps
+ * before the limit's round starts, so neither runs beside the other, and a
+ * change of load on a busy machine hits both alike. The push's columns come
+ * from its rounds only; raw GB/s and p50 from the limit's. A limit call
+ * that fails stops the limit's rounds (its columns stay NaN). */
+static int run_row(push_job *j, raw_side *raw, double secs, double warm_s, row *r) {
+    size_t rounds = cli_round_count(secs);
+    uint64_t dur = (uint64_t)(secs * 1e9) / rounds, warm_ns = (uint64_t)(warm_s * 1e9);
+    cli_rounds lim = {.lat = malloc(MAX_LAT * sizeof(uint64_t)), .cap = MAX_LAT};
+    ect_push_producer_stat st0, st1;
+    int rc = lim.lat ? push_round(j, warm_ns, j->inflight, true) : ECT_ENOMEM;
+    cli_rounds wl = lim; /* the limit's warm-up: its times are dropped */
+    if (!rc && raw->fn && cli_round(raw->fn, raw->ctx, warm_ns, SIZE_MAX, &wl) != 0) raw->fn = NULL;
+    ect_push_producer_stats(j->p, &st0);
+    j->next_ping = cli_now_ns() + PING_EVERY_NS;
+    for (size_t i = 0; !rc && i < rounds; i++) {
+        rc = push_round(j, dur, 1, false);
+        if (!rc && raw->fn && cli_round(raw->fn, raw->ctx, dur, SIZE_MAX, &lim) != 0)
+            raw->fn = NULL;
+    }
+    ect_push_producer_stats(j->p, &st1);
+    if (!rc && j->steps) {
+        cli_sort_u64(j->lat, j->nlat);
+        r->items_s = (double)j->items / ((double)j->busy_ns / 1e9);
+        r->gbps = (double)j->items * (double)j->n / (double)j->busy_ns;
+        r->p50_ms = (double)cli_pct_u64(j->lat, j->nlat, 50) / 1e6;
+        r->p99_ms = (double)cli_pct_u64(j->lat, j->nlat, 99) / 1e6;
+        r->cpu_us = j->items ? (double)j->cpu_ns / 1e3 / (double)j->items : NAN;
+        r->rt_per_step = (double)(st1.control_requests - st0.control_requests) / (double)j->steps;
+        r->rounds = j->rounds;
+        r->ok = true;
+    }
+    if (!rc && raw->fn && lim.n) {
+        cli_timing t;
+        cli_rounds_summarize(&lim, j->k * j->n, &t);
+        r->raw_gbps = t.gbps;
+        r->raw_p50_ms = t.p50_us / 1e3;
+        r->raw_rounds = lim.rounds;
+    }
+    free(lim.lat);
+    return rc;
+}
+
+/* The loopback limit: the same k writes as one ect_xport_write_batch into a
+ * region of the raw pool, from the same sources. */
+typedef struct raw_batch {
+    ect_xport *ini;
+    const char *session;
+    ect_write *w;
+    size_t k;
+} raw_batch;
+
+static int raw_batch_iter(void *p) {
+    raw_batch *b = p;
+    return ect_xport_write_batch(b->ini, b->session, b->w, b->k, NULL);
+}
+
+/* Allocates the limit's region (k x n bytes in s's raw pool) and points b's
+ * k writes (w: room for k) at it from src; *off for ect_pool_free. */
+static int raw_batch_open(shard *s, ect_xport *ini, void **src, size_t k, uint64_t n, ect_write *w,
+                          raw_batch *b, uint64_t *off) {
+    int rc = ect_pool_alloc(s->raw_pool, n * k, off);
+    if (rc) return rc;
     for (size_t j = 0; j < k; j++) {
         w[j].src = src[j];
-        w[j].dst_addr = (uint64_t)(uintptr_t)ect_pool_base(s->raw_pool) + off + j * n;
+        w[j].dst_addr = (uint64_t)(uintptr_t)ect_pool_base(s->raw_pool) + *off + j * n;
         w[j].len = n;
         w[j].dst_key = s->raw_key;
     }
-    const char *sess = ect_xport_session(s->raw_x);
-    rc = ect_xport_write_batch(ini, sess, w, k, NULL); /* warm-up: connect, map */
-    size_t it = 0;
-    uint64_t busy = 0, end = cli_now_ns() + (uint64_t)(secs * 1e9);
-    for (; !rc && (it < 3 || cli_now_ns() < end) && it < MAX_LAT; it++) {
-        uint64_t t0 = cli_now_ns();
-        rc = ect_xport_write_batch(ini, sess, w, k, NULL);
-        lat[it] = cli_now_ns() - t0;
-        busy += lat[it];
-    }
-    if (!rc) {
-        cli_sort_u64(lat, it);
-        r->raw_gbps = (double)it * (double)k * (double)n / (double)busy;
-        r->raw_p50_ms = (double)cli_pct_u64(lat, it, 50) / 1e6;
-    }
-    ect_pool_free(s->raw_pool, off);
-    free(w);
-    free(lat);
-    return rc;
+    *b = (raw_batch){.ini = ini, .session = ect_xport_session(s->raw_x), .w = w, .k = k};
+    return 0;
 }
 
 /* The latency limit of a row: bare control round trips to the shard
  * (ect_push_ping: the producer's control client, op event_port), the blocks
- * timed between the push's steps (run_push) and, when those are fewer than
+ * timed between the push's steps (push_round) and, when those are fewer than
  * PING_N (a short row), PING_N right after; their p50 in r->rtt_ms, and
  * r->lat_ratio = push p50 / (2 x rtt + raw p50): a step with one in flight
  * is a reserve and a complete round trip around one write of its items.
@@ -365,6 +410,7 @@ static void print_row(bool json, bool *first, const char *kind, uint64_t n, size
             printf(",\"%s\":", names[i]);
             cli_json_num(vals[i]);
         }
+        printf(",\"rounds\":%zu,\"raw_rounds\":%zu", r->rounds, r->raw_rounds);
         if (server) printf(",\"limit\":\"raw-tcp\",\"server\":\"%s\"", server);
         printf("}");
         *first = false;
@@ -420,20 +466,57 @@ static int run_cases(const cases *cs, const char *kind, const char *server, case
     return rc;
 }
 
+/* A push_job for k items of n bytes with fl in flight; *j->res and j->lat
+ * allocated (push_job_close frees them). */
+static int push_job_open(push_job *j, shard *s, const char *addr, ect_push_producer *p,
+                         const cases *cs, uint64_t n, size_t k, size_t fl, pinger *pg) {
+    *j = (push_job){.s = s,
+                    .addr = addr,
+                    .p = p,
+                    .src = cs->src,
+                    .k = k,
+                    .inflight = fl,
+                    .n = n,
+                    .serial = cs->serial,
+                    .shape = {n / 2},
+                    .pg = pg,
+                    .res = calloc(k * fl, sizeof(ect_push_result)),
+                    .lat = malloc(MAX_LAT * sizeof(uint64_t))};
+    return j->res && j->lat ? 0 : ECT_ENOMEM;
+}
+
+static void push_job_close(push_job *j) {
+    free(j->res);
+    free(j->lat);
+}
+
 typedef struct local_ctx {
     shard *s;
     ect_push_producer *p;
     ect_xport *ini;
 } local_ctx;
 
-/* Loopback: the push, then the transport's raw write_batch of the same k writes. */
+/* Loopback: the push and the transport's raw write_batch of the same k
+ * writes, their rounds alternated (run_row). */
 static int local_case(void *ctx, const cases *cs, uint64_t n, size_t k, size_t fl, row *r) {
     local_ctx *l = ctx;
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", ect_push_consumer_port(l->s->c));
     pinger pg = {.host = "127.0.0.1", .port = ect_push_consumer_port(l->s->c)};
-    int e = run_push(l->s, addr, l->p, cs->src, k, n, cs->secs, 0, fl, cs->serial, &pg, r);
-    if (!e) e = run_raw(l->s, l->ini, cs->src, k, n, cs->secs, r);
+    push_job j;
+    raw_batch b;
+    uint64_t off = 0;
+    ect_write *w = calloc(k, sizeof *w);
+    int e = push_job_open(&j, l->s, addr, l->p, cs, n, k, fl, &pg);
+    if (!e) e = w ? raw_batch_open(l->s, l->ini, cs->src, k, n, w, &b, &off) : ECT_ENOMEM;
+    if (!e) {
+        raw_side raw = {raw_batch_iter, &b};
+        e = run_row(&j, &raw, cs->secs, 0, r);
+        if (!e && !raw.fn) e = ECT_EIO; /* the raw write failed: ect_last_error says why */
+        ect_pool_free(l->s->raw_pool, off);
+    }
+    push_job_close(&j);
+    free(w);
     return e ? e : run_ping(&pg, fl, r);
 }
 
@@ -443,20 +526,24 @@ typedef struct remote_ctx {
     ect_push_producer *p;
 } remote_ctx;
 
-/* Two hosts: the push to the server's shard, then raw TCP to the same server. */
+/* Two hosts: the push to the server's shard and raw TCP to the same server,
+ * their rounds alternated (run_row). */
 static int remote_case(void *ctx, const cases *cs, uint64_t n, size_t k, size_t fl, row *r) {
     remote_ctx *m = ctx;
     pinger pg = {.host = m->host, .port = m->push_port};
-    int e =
-        run_push(NULL, m->addr, m->p, cs->src, k, n, cs->secs, cs->warm, fl, cs->serial, &pg, r);
-    if (e) return e;
-    cli_timing lim = {0};
-    if (bench_remote_raw(m->host, m->port, cs->src, k, (size_t)n, cs->warm, cs->secs, &lim) == 0) {
-        r->raw_gbps = lim.gbps;
-        r->raw_p50_ms = lim.p50_us / 1e3;
-    } else {
-        fprintf(stderr, "ect bench push: client: raw TCP limit to %s failed\n", m->host);
+    push_job j;
+    bench_remote_sink sink;
+    int e = push_job_open(&j, NULL, m->addr, m->p, cs, n, k, fl, &pg);
+    if (!e) {
+        bool open = bench_remote_sink_open(m->host, m->port, cs->src, k, (size_t)n, &sink) == 0;
+        raw_side raw = {open ? bench_remote_sink_iter : NULL, &sink};
+        e = run_row(&j, &raw, cs->secs, cs->warm, r);
+        if (!e && !raw.fn)
+            fprintf(stderr, "ect bench push: client: raw TCP limit to %s failed\n", m->host);
+        if (open) bench_remote_sink_close(&sink);
     }
+    push_job_close(&j);
+    if (e) return e;
     if (run_ping(&pg, fl, r) != 0)
         fprintf(stderr, "ect bench push: client: control round trips to %s failed: %s\n", m->host,
                 ect_last_error());
@@ -595,10 +682,14 @@ static void help(void) {
            "Pushes through ect_push_producer into one consumer shard (ect_push_consumer) in\n"
            "this process on loopback, in steps of k items, and beside each row the\n"
            "transport's raw ect_xport_write_batch of the same k writes into a region of the\n"
-           "same kind, measured in the same run. Columns: items/s, GB/s, per-item latency p50/p99 "
-           "(reserve to result),\n"
+           "same kind, measured in the same run: the row's push rounds and raw rounds\n"
+           "alternate (~100 ms each, at least 3 of each; a push round drains its steps\n"
+           "before the raw round starts), so a change of load hits both alike.\n"
+           "Columns (each from its own kind's rounds): items/s, GB/s, per-item latency\n"
+           "p50/p99 (reserve to result),\n"
            "control round trips per step (every op the producer sent, per shard), CPU time of\n"
-           "the whole process (producer and shard, every thread) per item in microseconds\n"
+           "the whole process (producer and shard, every thread) per item of the push rounds\n"
+           "in microseconds\n"
            "(a per-item cost that a busy machine does not inflate much), raw GB/s and\n"
            "p50 of one raw batch (ms), with one step in flight the p50 of a bare control round\n"
            "trip to the same shard (rtt ms: ect_push_ping, op event_port; a block of 16 every\n"
@@ -606,9 +697,11 @@ static void help(void) {
            "and p50/lim = push\n"
            "p50 / (2 x rtt + raw p50) (a step is a reserve and a complete round trip around\n"
            "one write; '-' with more in flight), and ratio = push GB/s / raw GB/s.\n\n"
-           "  --json            one JSON list of rows\n"
+           "  --json            one JSON list of rows (rounds, raw_rounds: the timed rounds\n"
+           "                    of the push and of the limit)\n"
            "  --transport LIST  comma-separated back ends (default tcp,shm)\n"
-           "  --seconds S       time per row and per raw limit, 0.05..60, or 300ms (default 0.3)\n"
+           "  --seconds S       time of a row's push rounds, and of its raw rounds, 0.05..60,\n"
+           "                    or 300ms (default 0.3)\n"
            "  --steps LIST      items per step (default 1,8,32; each 1..256)\n"
            "  --sizes LIST      item sizes (default 64KiB,4.5MiB,16MiB)\n"
            "  --inflight LIST   steps kept in flight (default 1: each step waits for the\n"

@@ -4,7 +4,8 @@
  * runs the server (a tcp target plus a small control listener), the other
  * names it and drives the run, printing the same table and JSON as the
  * loopback bench. The raw-TCP limit is measured between the same two hosts
- * in the same run, against the same server. `ect bench push --server` runs
+ * in the same run, against the same server, its rounds alternated with the
+ * writes' (cli_timed_pair). `ect bench push --server` runs
  * the same listener beside a push consumer (bench_push.c) and tells its
  * control port.
  *
@@ -273,42 +274,49 @@ static int dial(const char *host, int port) {
     return fd;
 }
 
-typedef struct raw_ctx {
-    int fd;
-    void *const *src;
-    size_t k, n;
-} raw_ctx;
-
-static int raw_iter(void *p) {
-    raw_ctx *c = p;
+int bench_remote_sink_iter(void *p) {
+    bench_remote_sink *c = p;
     for (size_t j = 0; j < c->k; j++)
         if (send_all(c->fd, c->src[j], c->n) != 0) return -1;
     uint8_t a;
     return recv(c->fd, &a, 1, 0) == 1 ? 0 : -1;
 }
 
-/* Runs fn for `secs` untimed (warm-up), then cli_timed for `secs`. */
-static int warm_timed(cli_iter_fn fn, void *ctx, uint64_t bytes, double warm, double secs,
-                      cli_timing *s) {
+int bench_remote_sink_open(const char *host, int port, void *const *src, size_t k, size_t n,
+                           bench_remote_sink *out) {
+    char line[64];
+    snprintf(line, sizeof line, "RAW %zu\n", k * n);
+    *out = (bench_remote_sink){.fd = dial(host, port), .src = src, .k = k, .n = n};
+    if (out->fd >= 0 && k * n <= MAX_REG && send_all(out->fd, line, strlen(line)) == 0) return 0;
+    bench_remote_sink_close(out);
+    return -1;
+}
+
+void bench_remote_sink_close(bench_remote_sink *s) {
+    if (s->fd >= 0) close(s->fd);
+    s->fd = -1;
+}
+
+/* Runs fn for `warm` seconds untimed (warm-up); 0, or -1 when a call failed. */
+static int warm_up(cli_iter_fn fn, void *ctx, double warm) {
     uint64_t end = cli_now_ns() + (uint64_t)(warm * 1e9);
     while (cli_now_ns() < end)
         if (fn(ctx) != 0) return -1;
-    return cli_timed(fn, ctx, bytes, secs, s);
+    return 0;
 }
 
-int bench_remote_raw(const char *host, int port, void *const *src, size_t k, size_t n, double warm,
-                     double secs, cli_timing *out) {
-    char line[64];
-    int fd = dial(host, port);
-    snprintf(line, sizeof line, "RAW %zu\n", k * n);
-    raw_ctx rc = {.fd = fd, .src = src, .k = k, .n = n};
-    int e = fd < 0 || k * n > MAX_REG || send_all(fd, line, strlen(line)) != 0 ||
-                    warm_timed(raw_iter, &rc, k * n, warm, secs, out) != 0
-                ? -1
-                : 0;
-    if (fd >= 0) close(fd);
-    if (e) out->ok = false;
-    return e;
+/* One row of the client: wc's writes and the raw-TCP limit through sink
+ * (NULL: none), each warmed up for `warm` seconds, then their rounds
+ * alternated (cli_timed_pair). When the limit fails, the writes are timed
+ * alone and lim is left not ok. -1 when a write failed. */
+static int client_row(cli_write_ctx *wc, bench_remote_sink *sink, size_t n, double warm,
+                      double secs, cli_timing *us, cli_timing *lim) {
+    if (warm_up(cli_write_iter, wc, warm) != 0) return -1;
+    if (sink && warm_up(bench_remote_sink_iter, sink, warm) == 0 &&
+        cli_timed_pair(cli_write_iter, wc, n, bench_remote_sink_iter, sink, n, secs, us, lim) == 0)
+        return 0;
+    lim->ok = false;
+    return cli_timed(cli_write_iter, wc, n, secs, us);
 }
 
 int bench_remote_push_port(const char *host, int port, int *push_port) {
@@ -402,16 +410,19 @@ int bench_xport_client(const char *host, int port, double secs, double warm, boo
         }
         cli_write_ctx wc = {
             .x = x, .session = sess, .w = {.src = src, .dst_addr = addr, .len = n, .dst_key = key}};
-        if (warm_timed(cli_write_iter, &wc, n, warm, secs, &us) != 0) {
+        /* the limit: raw TCP to the same server host, same bytes, same sync */
+        void *one[1] = {src};
+        bench_remote_sink sink;
+        bool have_sink = bench_remote_sink_open(host, port, one, 1, n, &sink) == 0;
+        int e = client_row(&wc, have_sink ? &sink : NULL, n, warm, secs, &us, &lim);
+        if (have_sink) bench_remote_sink_close(&sink);
+        if (e != 0) {
             fprintf(stderr, "ect bench xport: client: write to %s failed: %s\n", sess,
                     ect_last_error());
             rc = CLI_EXIT_FAIL;
             goto next;
         }
-        /* the limit: raw TCP to the same server host, same bytes, same sync */
-        void *one[1] = {src};
-        if (bench_remote_raw(host, port, one, 1, n, warm, secs, &lim) != 0)
-            fprintf(stderr, "ect bench xport: client: raw TCP limit to %s failed\n", host);
+        if (!lim.ok) fprintf(stderr, "ect bench xport: client: raw TCP limit to %s failed\n", host);
         char sz[32], extra[600];
         snprintf(extra, sizeof extra, ",\"server\":\"%s\",\"session\":\"%s\"", host, sess);
         xport_row(json, k > 0, "tcp", n, cli_fmt_size(n, sz, sizeof sz), 0, &us, "raw-tcp", &lim,

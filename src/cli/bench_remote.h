@@ -40,14 +40,22 @@ int bench_remote_serve(const char *name, const char *host, int port, int data_po
                        const char *advertise, int push_port);
 /* Serves writes and raw-TCP sinks until SIGINT/SIGTERM. */
 int bench_xport_server(const char *host, int port, int data_port, const char *advertise);
-/* Measures tcp writes and the raw-TCP limit against the server at host:port. */
+/* Measures tcp writes and the raw-TCP limit against the server at host:port,
+ * their rounds alternated. */
 int bench_xport_client(const char *host, int port, double secs, double warm, bool json);
 
-/* A raw-TCP limit to the server at host:port: k buffers of n bytes sent as
- * one message, one byte back; warm seconds untimed, then cli_timed for secs
- * (bytes per iteration: k x n). */
-int bench_remote_raw(const char *host, int port, void *const *src, size_t k, size_t n, double warm,
-                     double secs, cli_timing *out);
+/* A raw-TCP sink on the server at host:port for messages of k buffers of n
+ * bytes (bench_remote_sink_iter: one message, one byte back), so a caller
+ * can time its own rounds. open: 0, or -1 (nothing to close). */
+typedef struct bench_remote_sink {
+    int fd;
+    void *const *src;
+    size_t k, n;
+} bench_remote_sink;
+int bench_remote_sink_open(const char *host, int port, void *const *src, size_t k, size_t n,
+                           bench_remote_sink *out);
+int bench_remote_sink_iter(void *sink);
+void bench_remote_sink_close(bench_remote_sink *s);
 /* Asks the push server at host:port for its push-consumer control port. */
 int bench_remote_push_port(const char *host, int port, int *push_port);
 

@@ -9,6 +9,11 @@
  *   ucx  `ucx_perftest -t ucp_put_bw` over loopback as a subprocess (skipped
  *        when ucx_perftest is not installed); its latency is its p50
  *        overhead, it reports no p99.
+ * The writes' rounds and the limit's alternate (cli_timed_pair: ~100 ms
+ * each, at least 3 of each), so a change of load on a busy machine hits
+ * both alike; likewise the 32 x 64 KiB batch and its one 2 MiB write, and a
+ * new connection's write and a cached one's. ucx_perftest, a process of its
+ * own, runs after the writes.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -123,22 +128,21 @@ static int raw_pair(int *cfd, int *sfd) {
     return 0;
 }
 
-static int raw_limit(uint8_t *dst, const uint8_t *src, size_t n, double secs, stats *s) {
-    raw_ctx c = {.dst = dst, .src = src, .n = n};
-    if (raw_pair(&c.cfd, &c.sfd) != 0) return -1;
-    pthread_t th;
-    if (pthread_create(&th, NULL, raw_server, &c) != 0) {
-        close(c.cfd);
-        close(c.sfd);
-        return -1;
-    }
-    int rc = cli_timed(raw_iter, &c, n, secs, s);
-    shutdown(c.cfd, SHUT_RDWR);
-    shutdown(c.sfd, SHUT_RDWR);
+/* The raw pair and its receiving thread, ready for raw_iter on c; 0 or -1. */
+static int raw_open(raw_ctx *c, pthread_t *th) {
+    if (raw_pair(&c->cfd, &c->sfd) != 0) return -1;
+    if (pthread_create(th, NULL, raw_server, c) == 0) return 0;
+    close(c->cfd);
+    close(c->sfd);
+    return -1;
+}
+
+static void raw_close(raw_ctx *c, pthread_t th) {
+    shutdown(c->cfd, SHUT_RDWR);
+    shutdown(c->sfd, SHUT_RDWR);
     pthread_join(th, NULL);
-    close(c.cfd);
-    close(c.sfd);
-    return rc;
+    close(c->cfd);
+    close(c->sfd);
 }
 
 /* ---- limit: ucx_perftest -t ucp_put_bw on loopback */
@@ -209,19 +213,24 @@ static void help(void) {
            "latency is per batch, call to acknowledgement. The last row per transport is one\n"
            "batch of 32 x 64 KiB writes beside one 2 MiB write (limit 1x2MiB), then (tcp, shm)\n"
            "\"new conn\": a fresh initiator per write (connect, hello, and the handshake with\n"
-           "keys) and one 64 KiB write, beside the same write on a cached connection.\n"
+           "keys) and one 64 KiB write, beside the same write on a cached connection. A row's\n"
+           "rounds and its limit's alternate (~100 ms each, at least 3 of each), so a change\n"
+           "of load hits both alike (ucx_perftest, a process of its own, runs after).\n"
            "  --transport LIST  comma-separated subset (default: every one compiled in)\n"
-           "  --seconds S       time per measurement, 0.05..60, or 300ms (default 0.5)\n"
+           "  --seconds S       time per measurement (a row's and its limit's each), 0.05..60,\n"
+           "                    or 300ms (default 0.5)\n"
            "  --json            one JSON list of rows: transport, size, gbps, limit, limit_gbps,\n"
-           "                    ratio, p50_us, p99_us, limit_p50_us, limit_p99_us (\"new conn\"\n"
-           "                    rows: new_conn true, and keys true with --curve-keys)\n"
+           "                    ratio, p50_us, p99_us, limit_p50_us, limit_p99_us, rounds and\n"
+           "                    limit_rounds (loopback rows measured in alternated rounds; \"new\n"
+           "                    conn\" rows: new_conn true, and keys true with --curve-keys)\n"
            "  --curve-keys DIR  tcp, shm: both sides use the key directory DIR (it must accept\n"
            "                    its own key: cp DIR/self.public DIR/accept/self.public), so\n"
            "                    every connection runs the data-plane handshake (ucx skipped)\n"
            "\n"
            "Two hosts (tcp), as ucx_perftest: on one, `ect bench xport --server`; on the other,\n"
            "`ect bench xport --client HOST:PORT` prints the same table (JSON rows add server,\n"
-           "session), the limit being raw TCP between the same two hosts in the same run.\n"
+           "session), the limit being raw TCP between the same two hosts in the same run,\n"
+           "its rounds alternated with the writes'.\n"
            "  --server          serve writes and raw-TCP sinks until SIGINT/SIGTERM; prints\n"
            "                    "
            "{\"event\":\"ready\",\"bench\":\"xport\",\"host\",\"port\",\"session\"}\n"
@@ -266,8 +275,8 @@ static void row_bufs_close(row_bufs *b) {
 }
 
 /* One write_batch of SMALL_N x 64 KiB beside one write of the same 2 MiB on
- * the same transport, same buffers, same run: what small items cost the data
- * plane itself (limit "1x2MiB"). */
+ * the same transport, same buffers, same run, their rounds alternated: what
+ * small items cost the data plane itself (limit "1x2MiB"). */
 static int small_batch(const char *kind, ect_xport *t, ect_xport *i, double secs, bool json,
                        bool *first) {
     size_t n = (size_t)SMALL_N * SMALL_LEN;
@@ -288,8 +297,7 @@ static int small_batch(const char *kind, ect_xport *t, ect_xport *i, double secs
             .x = i,
             .session = ect_xport_session(t),
             .w = {.src = src, .dst_addr = (uint64_t)(uintptr_t)dst, .len = n, .dst_key = key}};
-        if (cli_timed(batch_iter, &b, n, secs, &us) != 0 ||
-            cli_timed(cli_write_iter, &c, n, secs, &lim) != 0) {
+        if (cli_timed_pair(batch_iter, &b, n, cli_write_iter, &c, n, secs, &us, &lim) != 0) {
             fprintf(stderr, "ect bench xport: %s: write failed: %s\n", kind, ect_last_error());
             rc = CLI_EXIT_FAIL;
         }
@@ -325,7 +333,7 @@ static int conn_iter(void *p) {
 
 /* The "new conn" row: connect + hello (+ handshake with keys) + one 64 KiB
  * write with a fresh initiator each time, beside the same write on i's
- * cached connection. */
+ * cached connection, their rounds alternated. */
 static int new_conn_row(const char *kind, const ect_xport_opts *o, ect_xport *t, ect_xport *i,
                         double secs, bool json, bool *first) {
     row_bufs rb;
@@ -339,8 +347,8 @@ static int new_conn_row(const char *kind, const ect_xport_opts *o, ect_xport *t,
                        .dst_key = rb.key};
         conn_ctx cc = {kind, o, ect_xport_session(t), w};
         cli_write_ctx c = {.x = i, .session = ect_xport_session(t), .w = w};
-        if (cli_timed(conn_iter, &cc, SMALL_LEN, secs, &us) != 0 ||
-            cli_timed(cli_write_iter, &c, SMALL_LEN, secs, &lim) != 0) {
+        if (cli_timed_pair(conn_iter, &cc, SMALL_LEN, cli_write_iter, &c, SMALL_LEN, secs, &us,
+                           &lim) != 0) {
             fprintf(stderr, "ect bench xport: %s: write failed: %s\n", kind, ect_last_error());
             rc = CLI_EXIT_FAIL;
         }
@@ -353,6 +361,32 @@ static int new_conn_row(const char *kind, const ect_xport_opts *o, ect_xport *t,
     }
     row_bufs_close(&rb);
     return rc;
+}
+
+/* One size row: c's writes beside the limit of kind on the same buffers,
+ * their rounds alternated (ucx: ucx_perftest after the writes; the limit
+ * left unmeasured, lim->ok false, when it cannot run). -1 when a write
+ * failed. */
+static int size_row(const char *kind, cli_write_ctx *c, double secs, stats *us, stats *lim) {
+    size_t n = (size_t)c->w.len;
+    uint8_t *dst = (uint8_t *)(uintptr_t)c->w.dst_addr;
+    const uint8_t *src = c->w.src;
+    if (strcmp(kind, "tcp") == 0) {
+        raw_ctx r = {.dst = dst, .src = src, .n = n};
+        pthread_t th;
+        if (raw_open(&r, &th) != 0) return cli_timed(cli_write_iter, c, n, secs, us);
+        int rc = cli_timed_pair(cli_write_iter, c, n, raw_iter, &r, n, secs, us, lim);
+        raw_close(&r, th);
+        return rc;
+    }
+    if (strcmp(kind, "shm") == 0) {
+        cp_ctx cp = {.dst = dst, .src = src, .n = n};
+        return cli_timed_pair(cli_write_iter, c, n, cp_iter, &cp, n, secs, us, lim);
+    }
+    if (cli_timed(cli_write_iter, c, n, secs, us) != 0) return -1;
+    int iters = (int)(secs * us->gbps * 1e9 / (double)n);
+    perftest_limit(n, iters < 20 ? 20 : iters > 20000 ? 20000 : iters, lim);
+    return 0;
 }
 
 static int one_kind(const char *kind, double secs, bool json, bool *first) {
@@ -388,22 +422,13 @@ static int one_kind(const char *kind, double secs, bool json, bool *first) {
                 .x = i,
                 .session = ect_xport_session(t),
                 .w = {.src = src, .dst_addr = (uint64_t)(uintptr_t)dst, .len = n, .dst_key = key}};
-            if (cli_timed(cli_write_iter, &c, n, secs, &us) != 0) {
+            if (size_row(kind, &c, secs, &us, &lim) != 0) {
                 fprintf(stderr, "ect bench xport: %s: write failed: %s\n", kind, ect_last_error());
                 rc = CLI_EXIT_FAIL;
             }
             ect_xport_unregister(t, key);
         }
         if (rc == CLI_EXIT_OK) {
-            if (strcmp(kind, "tcp") == 0) {
-                raw_limit(dst, src, n, secs, &lim);
-            } else if (strcmp(kind, "shm") == 0) {
-                cp_ctx c = {.dst = dst, .src = src, .n = n};
-                cli_timed(cp_iter, &c, n, secs, &lim);
-            } else {
-                int iters = (int)(secs * us.gbps * 1e9 / (double)n);
-                perftest_limit(n, iters < 20 ? 20 : iters > 20000 ? 20000 : iters, &lim);
-            }
             char sz[32];
             xport_row(json, !*first, kind, n, cli_fmt_size(n, sz, sizeof sz), 0, &us, limit, &lim,
                       "");
@@ -504,6 +529,8 @@ void xport_row(bool json, bool comma, const char *kind, size_t size, const char 
         cli_json_num(l50);
         printf(",\"limit_p99_us\":");
         cli_json_num(l99);
+        if (us->rounds) printf(",\"rounds\":%zu", us->rounds);
+        if (lim->ok && lim->rounds) printf(",\"limit_rounds\":%zu", lim->rounds);
         printf("%s}", extra);
     } else {
         printf("%-4s %9s %8.2f %8.1f %8.1f   %-12s %8.2f %8.1f %8.1f   %6.2f\n", kind, label,

@@ -154,6 +154,7 @@ uint64_t cli_pct_u64(const uint64_t *sorted, size_t n, unsigned p);
 typedef struct cli_timing {
     double gbps, p50_us, p99_us;
     bool ok;
+    size_t rounds; /* cli_timed_pair: the rounds it was measured in (else 0) */
 } cli_timing;
 typedef int (*cli_iter_fn)(void *ctx);
 /* A cli_iter_fn context: one ect_xport_write_batch of w to session. */
@@ -170,6 +171,35 @@ int cli_write_iter(void *ctx);
 int cli_timed(cli_iter_fn fn, void *ctx, uint64_t bytes, double secs, cli_timing *s);
 /* Fills s from n per-call times (ns; sorted here) and the run's total. */
 void cli_summarize(uint64_t *lat, size_t n, uint64_t bytes, uint64_t total_ns, cli_timing *s);
+
+/* latency.c: a measurement taken in rounds that alternate with another's
+ * (a bench's own side and its limit), so a change of load on a busy machine
+ * hits both alike. lat holds cap per-call times (ns), n used; busy_ns sums
+ * them; rounds counts the rounds run. */
+typedef struct cli_rounds {
+    uint64_t *lat;
+    size_t n, cap, rounds;
+    uint64_t busy_ns;
+} cli_rounds;
+/* A round every CLI_ROUND_NS of a measurement's seconds, at least
+ * CLI_MIN_ROUNDS: the rounds of each kind for `secs` of each. */
+#define CLI_ROUND_NS 100000000ull
+#define CLI_MIN_ROUNDS 3
+size_t cli_round_count(double secs);
+/* One round: calls fn, timing each call into r, until dur_ns pass (at least
+ * once), at most `most` calls and while r has room. 0, or -1 when a call
+ * failed. */
+int cli_round(cli_iter_fn fn, void *ctx, uint64_t dur_ns, size_t most, cli_rounds *r);
+/* Fills s from r: GB/s (bytes per call) over the calls' summed time, p50 and
+ * p99 of one call (sorts r->lat), rounds. */
+void cli_rounds_summarize(cli_rounds *r, uint64_t bytes, cli_timing *s);
+/* As cli_timed for two measurements at once: warms each up (two calls), then
+ * alternates rounds of a and of b, cli_round_count(secs) of each, a round
+ * secs / that count long (at least 5 calls of each in all, at most
+ * CLI_MAX_ITERS, spread evenly over the rounds). 0, or -1 when a call failed
+ * or memory ran out. */
+int cli_timed_pair(cli_iter_fn fa, void *ca, uint64_t bytes_a, cli_iter_fn fb, void *cb,
+                   uint64_t bytes_b, double secs, cli_timing *sa, cli_timing *sb);
 
 /* json_out.c: s needs no JSON escape (printable ASCII, no '"' or '\\'). */
 bool cli_json_plain(const char *s);

@@ -48,3 +48,55 @@ int cli_write_iter(void *ctx) {
     cli_write_ctx *c = ctx;
     return ect_xport_write_batch(c->x, c->session, &c->w, 1, NULL);
 }
+
+size_t cli_round_count(double secs) {
+    size_t n = (size_t)(secs * 1e9 / (double)CLI_ROUND_NS + 0.5);
+    return n < CLI_MIN_ROUNDS ? CLI_MIN_ROUNDS : n;
+}
+
+int cli_round(cli_iter_fn fn, void *ctx, uint64_t dur_ns, size_t most, cli_rounds *r) {
+    uint64_t t0 = cli_now_ns();
+    size_t calls = 0;
+    do {
+        if (r->n == r->cap) break;
+        uint64_t a = cli_now_ns();
+        if (fn(ctx) != 0) return -1;
+        uint64_t d = cli_now_ns() - a;
+        r->lat[r->n++] = d;
+        r->busy_ns += d;
+    } while (++calls < most && cli_now_ns() - t0 < dur_ns);
+    r->rounds++;
+    return 0;
+}
+
+void cli_rounds_summarize(cli_rounds *r, uint64_t bytes, cli_timing *s) {
+    cli_sort_u64(r->lat, r->n);
+    s->gbps = r->busy_ns ? (double)bytes * (double)r->n / (double)r->busy_ns : 0;
+    s->p50_us = (double)cli_pct_u64(r->lat, r->n, 50) / 1000.0;
+    s->p99_us = (double)cli_pct_u64(r->lat, r->n, 99) / 1000.0;
+    s->rounds = r->rounds;
+    s->ok = r->n > 0;
+}
+
+int cli_timed_pair(cli_iter_fn fa, void *ca, uint64_t bytes_a, cli_iter_fn fb, void *cb,
+                   uint64_t bytes_b, double secs, cli_timing *sa, cli_timing *sb) {
+    cli_rounds ra = {.lat = malloc(CLI_MAX_ITERS * sizeof(uint64_t)), .cap = CLI_MAX_ITERS};
+    cli_rounds rb = {.lat = malloc(CLI_MAX_ITERS * sizeof(uint64_t)), .cap = CLI_MAX_ITERS};
+    int rc = ra.lat && rb.lat ? 0 : -1;
+    for (int w = 0; w < 2 && !rc; w++) rc = fa(ca) || fb(cb) ? -1 : 0;
+    size_t rounds = cli_round_count(secs), most = CLI_MAX_ITERS / rounds;
+    uint64_t dur = (uint64_t)(secs * 1e9) / rounds;
+    /* the rounds, then more (a round each) until each kind made 5 calls */
+    for (size_t i = 0; !rc && (i < rounds || ra.n < 5 || rb.n < 5); i++) {
+        rc = cli_round(fa, ca, dur, most, &ra);
+        if (!rc) rc = cli_round(fb, cb, dur, most, &rb);
+        if (ra.n == ra.cap || rb.n == rb.cap) break;
+    }
+    if (!rc) {
+        cli_rounds_summarize(&ra, bytes_a, sa);
+        cli_rounds_summarize(&rb, bytes_b, sb);
+    }
+    free(ra.lat);
+    free(rb.lat);
+    return rc;
+}

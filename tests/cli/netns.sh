@@ -115,6 +115,7 @@ for r in rows:
     assert r["transport"] == "tcp" and r["limit"] == "raw-tcp", r
     assert r["gbps"] > 0 and r["limit_gbps"] > 0 and r["ratio"] > 0, r
     assert r["session"] == "192.0.2.1:15300", r["session"]
+    assert r["rounds"] >= 3 and r["limit_rounds"] >= 3, r  # writes and raw TCP alternate
 EOF2
 in2 "$ect" bench xport --client 192.0.2.1:14590 --seconds 50ms --warmup 0 >"$tmp/btab" 2>&1 ||
   { cat "$tmp/btab"; echo "bench client (table) failed"; exit 1; }
@@ -151,6 +152,7 @@ for r in rows:
     assert r["transport"] == "tcp" and r["limit"] == "raw-tcp" and r["server"] == "192.0.2.1", r
     assert r["items_per_s"] > 0 and r["gbps"] > 0 and r["raw_gbps"] > 0 and r["ratio"] > 0, r
     assert r["round_trips_per_step"] > 0, r
+    assert r["rounds"] >= 3 and r["raw_rounds"] >= 3, r  # push and raw-TCP rounds alternate
 EOF2
 in2 "$ect" bench push --client 192.0.2.1:14591 --sizes 64KiB --steps 1,8 --inflight 1,2 \
   --seconds 50ms --warmup 0 >"$tmp/ptab" 2>&1 || { cat "$tmp/ptab"; echo "push bench (table) failed"; exit 1; }

@@ -179,5 +179,7 @@ assert all(r["gbps"] > 0 and r["raw_gbps"] > 0 for r in rows), rows
 assert rows[0]["round_trips_per_step"] == 1 and rows[1]["round_trips_per_step"] == 2, rows
 # the latency limit beside one step in flight: a bare control round trip, p50 / (2 rtt + raw p50)
 assert all(r["ctl_rtt_ms"] > 0 and r["p50_over_limit"] > 0 for r in rows), rows
+# push rounds and raw rounds alternate: at least 3 of each kind per row
+assert all(r["rounds"] >= 3 and r["raw_rounds"] >= 3 for r in rows), rows
 EOF
 echo "push_cli: ok"

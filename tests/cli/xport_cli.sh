@@ -39,6 +39,8 @@ for r in rows:
 batch = [r for r in rows if r.get("batch") == 32]
 assert len(batch) == 2 and all(r["limit"] == "1x2MiB" for r in batch), rows
 assert any(r["size"] == 4718592 for r in rows), rows
+# every row and its limit measured in alternated rounds, at least 3 of each
+assert all(r["rounds"] >= 3 and r["limit_rounds"] >= 3 for r in rows), rows
 ' <<<"$out" || { echo "xport --json $flags: $out"; exit 1; }
 done
 echo "xport_cli: ok"
