@@ -15,8 +15,9 @@
  * socket did not take (issue 13, tenth pass: one thread hand-off fewer a
  * round). With libzmq's ROUTER (keys) lanes push finished jobs onto a
  * completion queue and wake the ROUTER thread through that eventfd; only
- * the ROUTER thread sends on a libzmq socket. The one write the ROUTER thread does itself is one that needs no
- * answer from the consumer (xp_write_ready: over shm, a copy into a window
+ * the ROUTER thread sends on a libzmq socket. The one write the ROUTER
+ * thread does itself is one that needs no answer from the consumer
+ * (xp_write_ready: over shm, a copy into a window
  * the consumer offered, on a connection already made): those it writes and
  * answers at once, up to READY_BURST_BYTES a burst, which saves the set two
  * thread wake-ups (to the lane and back) and the hand-offs (issue 13,
@@ -449,8 +450,8 @@ static void queue_completions(ect_pull_producer *p, comp_batch *cb) {
 
 /* Writes the n pulls js[] (one session: the lane's) with one
  * ect_xport_write_batch, so their acknowledgements overlap instead of each
- * write waiting for its own, then queues their completions for the ROUTER
- * thread (one allocation, one wake-up) in order. */
+ * write waiting for its own, then answers them in order, in one allocation:
+ * itself on our own listener, else through the ROUTER thread (one wake-up). */
 static void run_jobs(ect_pull_producer *p, pull_job **js, size_t n) {
     ect_write w[LANE_BATCH_ITEMS];
     int st[LANE_BATCH_ITEMS];
