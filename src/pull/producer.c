@@ -7,11 +7,17 @@
  * consumer: it hands the pulls it accepted from one burst of frames to the
  * lanes of their consumer sessions, one lane job per session (util/lanes:
  * started on demand, ended after LANE_IDLE_MS without work), so a consumer
- * that is slow or gone holds up only its own lane. Lanes push finished jobs
- * onto a completion queue and wake the ROUTER thread through an eventfd it
- * polls beside the ROUTER socket; only the ROUTER thread sends on the ROUTER
- * socket. The one write the ROUTER thread does itself is one that needs no
- * answer from the consumer (xp_write_ready: over shm, a copy into a window
+ * that is slow or gone holds up only its own lane. On our own listener
+ * (no keys) a lane answers its pulls itself: it takes stat_mu, which the
+ * ROUTER thread holds but while it sleeps in poll() (ctl_listener's lock),
+ * queues the answers on the consumer's connection and writes them without
+ * blocking, waking the ROUTER thread through its eventfd only for what the
+ * socket did not take (issue 13, tenth pass: one thread hand-off fewer a
+ * round). With libzmq's ROUTER (keys) lanes push finished jobs onto a
+ * completion queue and wake the ROUTER thread through that eventfd; only
+ * the ROUTER thread sends on a libzmq socket. The one write the ROUTER
+ * thread does itself is one that needs no answer from the consumer
+ * (xp_write_ready: over shm, a copy into a window
  * the consumer offered, on a connection already made): those it writes and
  * answers at once, up to READY_BURST_BYTES a burst, which saves the set two
  * thread wake-ups (to the lane and back) and the hand-offs (issue 13,
@@ -108,7 +114,7 @@ struct ect_pull_producer {
     zauth *auth;      /* ZAP handler on zctx with keys */
     int efd;
     pull_router r;           /* ROUTER thread only, except r.st under stat_mu */
-    pthread_mutex_t stat_mu; /* held while the ROUTER thread handles a frame */
+    pthread_mutex_t stat_mu; /* r; own listener: its lock (the ROUTER thread but in poll) */
 
     pthread_mutex_t mu; /* save queue, flush, stats */
     pthread_cond_t cv;
@@ -408,10 +414,44 @@ static void jobs_writes(ect_pull_producer *p, pull_job *const *js, size_t n, ect
                            .dst_key = js[i]->dst_key};
 }
 
+/* Answers the completions of cb (and frees them) on the ROUTER (stat_mu
+ * held): in ECTransferDone for batched pulls (pull_router_flush_done sends
+ * it), in their own ECTransferComplete otherwise. */
+static void answer_batch(ect_pull_producer *p, comp_batch *cb) {
+    for (size_t i = 0; i < cb->n; i++) {
+        completion *c = &cb->c[i];
+        pull_router_answer(&p->r, &c->peer, c->mm_hash, c->status, c->has_token, c->token,
+                           c->batched, c->status ? c->reason : NULL);
+        free(c->mm_hash);
+    }
+    free(cb);
+}
+
+/* Our own listener (lane): answers cb on the consumer's connection now and
+ * writes it without blocking; wakes the ROUTER thread only when the socket
+ * left some for its poll (POLLOUT). */
+static void answer_on_lane(ect_pull_producer *p, comp_batch *cb) {
+    pthread_mutex_lock(&p->stat_mu); /* the listener's lock */
+    answer_batch(p, cb);
+    pull_router_flush_done(&p->r);
+    bool left = ctl_listener_flush(p->lst);
+    pthread_mutex_unlock(&p->stat_mu);
+    if (left) wake_router(p);
+}
+
+/* libzmq's ROUTER (lane): queues cb for the ROUTER thread and wakes it. */
+static void queue_completions(ect_pull_producer *p, comp_batch *cb) {
+    pthread_mutex_lock(&p->comp_mu);
+    *p->c_tail = cb;
+    p->c_tail = &cb->next;
+    pthread_mutex_unlock(&p->comp_mu);
+    wake_router(p);
+}
+
 /* Writes the n pulls js[] (one session: the lane's) with one
  * ect_xport_write_batch, so their acknowledgements overlap instead of each
- * write waiting for its own, then queues their completions for the ROUTER
- * thread (one allocation, one wake-up) in order. */
+ * write waiting for its own, then answers them in order, in one allocation:
+ * itself on our own listener, else through the ROUTER thread (one wake-up). */
 static void run_jobs(ect_pull_producer *p, pull_job **js, size_t n) {
     ect_write w[LANE_BATCH_ITEMS];
     int st[LANE_BATCH_ITEMS];
@@ -436,11 +476,10 @@ static void run_jobs(ect_pull_producer *p, pull_job **js, size_t n) {
     if (!cb) return;
     cb->n = n;
     cb->next = NULL;
-    pthread_mutex_lock(&p->comp_mu);
-    *p->c_tail = cb;
-    p->c_tail = &cb->next;
-    pthread_mutex_unlock(&p->comp_mu);
-    wake_router(p);
+    if (p->lst)
+        answer_on_lane(p, cb);
+    else
+        queue_completions(p, cb);
 }
 
 /* Appends lp's pulls to *tail and frees lp. */
@@ -637,16 +676,9 @@ static void drain_completions(ect_pull_producer *p) {
     p->c_tail = &p->c_head;
     pthread_mutex_unlock(&p->comp_mu);
     pthread_mutex_lock(&p->stat_mu); /* an answer may send an ECTransferDone (r.st) */
-    while (cb) {
-        comp_batch *nx = cb->next;
-        for (size_t i = 0; i < cb->n; i++) {
-            completion *c = &cb->c[i];
-            pull_router_answer(&p->r, &c->peer, c->mm_hash, c->status, c->has_token, c->token,
-                               c->batched, c->status ? c->reason : NULL);
-            free(c->mm_hash);
-        }
-        free(cb);
-        cb = nx;
+    for (comp_batch *nx; cb; cb = nx) {
+        nx = cb->next;
+        answer_batch(p, cb);
     }
     pthread_mutex_unlock(&p->stat_mu);
 }
@@ -708,10 +740,9 @@ static void handle_frames(ect_pull_producer *p) {
  * counts one of more than [identity][delimiter][body]. */
 static void on_listener_msg(void *ctx, uint64_t conn, const char *peer_addr, const void *body,
                             size_t len, bool multi, bool delim) {
-    ect_pull_producer *p = ctx;
+    ect_pull_producer *p = ctx; /* stat_mu held: the listener's lock */
     pull_peer peer = {.conn = conn, .delim = delim};
     ect_strcpy_cut(peer.addr, sizeof peer.addr, peer_addr);
-    pthread_mutex_lock(&p->stat_mu);
     if (multi) {
         p->r.st.frames++;
         p->r.st.malformed++;
@@ -719,7 +750,6 @@ static void on_listener_msg(void *ctx, uint64_t conn, const char *peer_addr, con
     } else {
         pull_router_handle(&p->r, &peer, body, len);
     }
-    pthread_mutex_unlock(&p->stat_mu);
 }
 
 static void flush_burst_locked(ect_pull_producer *p) {
@@ -742,17 +772,24 @@ static void handle_burst(ect_pull_producer *p) {
     flush_burst_locked(p);
 }
 
-/* The ROUTER thread on our own listener: one pass (its messages handled as
- * they come, up to CTL_LISTENER_BURST per peer), their pulls on their
- * lanes, then the completions the lanes queued, all written at once. */
+/* The ROUTER thread on our own listener, stat_mu held but in poll() (the
+ * listener's lock; the lanes answer under it): one pass (its messages
+ * handled as they come, up to CTL_LISTENER_BURST per peer), their pulls
+ * on their lanes, then the pass's answers, all written at once. The
+ * eventfd only wakes the pass (a lane left bytes for POLLOUT, or close). */
 static void listener_main(ect_pull_producer *p) {
+    pthread_mutex_lock(&p->stat_mu);
     while (!atomic_load(&p->router_stop)) {
-        bool woke = ctl_listener_pass(p->lst, 100);
-        flush_burst_locked(p);
-        if (woke) drain_completions(p);
-        flush_done_locked(p);
+        if (ctl_listener_pass(p->lst, 100)) {
+            uint64_t v;
+            ssize_t r = read(p->efd, &v, sizeof v);
+            (void)r;
+        }
+        flush_burst(p);
+        pull_router_flush_done(&p->r);
         ctl_listener_flush(p->lst);
     }
+    pthread_mutex_unlock(&p->stat_mu);
 }
 
 static void *router_main(void *arg) {
@@ -794,6 +831,7 @@ static int bind_pair_own(ect_pull_producer *p) {
                                 .on_msg = on_listener_msg,
                                 .what = "pull producer ROUTER",
                                 .v4_wildcard = !strchr(p->host, ':'), /* as ZMQ_IPV6 is set */
+                                .lock = &p->stat_mu,
                                 .ctx = p};
         int rc = ctl_listener_open(&lo, &p->lst);
         if (rc) { /* ECT_EIO for any address that cannot be bound, as with libzmq's bind */

@@ -478,7 +478,9 @@ bool ctl_listener_pass(ctl_listener *l, int timeout_ms) {
     uint64_t now = ect_now_ms();
     int wait = build_poll(l, timeout_ms, now);
     size_t n = l->n;
+    if (l->o.lock) pthread_mutex_unlock(l->o.lock); /* others may send while we sleep */
     int rc = poll(l->pfds, n + 2, wait);
+    if (l->o.lock) pthread_mutex_lock(l->o.lock);
     if (rc < 0 && errno != EINTR) ECT_LOGW(MOD, "%s poll: %s", l->o.what, strerror(errno));
     if (rc < 0) return false;
     now = ect_now_ms();
@@ -509,10 +511,15 @@ int ctl_listener_send(ctl_listener *l, uint64_t conn, bool delim, const void *bo
     return 0;
 }
 
-void ctl_listener_flush(ctl_listener *l) {
+bool ctl_listener_flush(ctl_listener *l) {
+    bool left = false;
     for (size_t i = 0; i < l->n; i++) {
         lconn *c = l->conns[i];
-        if (c->fd >= 0 && !c->eof && out_waiting(c) && flush_out(c) < 0)
+        if (c->fd < 0 || c->eof || !out_waiting(c)) continue;
+        if (flush_out(c) < 0)
             c->eof = true; /* the peer is gone: the next pass closes it */
+        else
+            left = left || out_waiting(c);
     }
+    return left;
 }

@@ -41,11 +41,18 @@
  *
  * Threading: a listener belongs to the thread that calls ctl_listener_pass
  * (the control server's or the pull producer's ROUTER thread); nothing in it
- * is shared.
+ * is shared, unless opts.lock is set (ROUTER mode): then the owner holds
+ * that mutex around every call, ctl_listener_pass lets go of it only while
+ * it sleeps in poll(), and another thread holding it may meanwhile call
+ * ctl_listener_send and ctl_listener_flush (the pull producer's write lanes
+ * answer their pulls themselves, issue 13). Bytes such a thread leaves
+ * unsent wait for a pass that polls for them: it wakes the owner (e.g.
+ * through the watched fd) when ctl_listener_flush says some are left.
  */
 #ifndef ECT_PUSH_CONTROL_LISTENER_H
 #define ECT_PUSH_CONTROL_LISTENER_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -80,6 +87,7 @@ typedef struct ctl_listener_opts {
     ctl_listener_msg_fn on_msg; /* set: ROUTER mode (fn unused) */
     const char *what;           /* in errors and logs; NULL: "control server" (static text) */
     bool v4_wildcard;           /* "*" is INADDR_ANY only (libzmq without ZMQ_IPV6) */
+    pthread_mutex_t *lock;      /* NULL: one thread; else see "Threading" above */
     void *ctx;
 } ctl_listener_opts;
 
@@ -116,8 +124,9 @@ bool ctl_listener_pass(ctl_listener *l, int timeout_ms);
 int ctl_listener_send(ctl_listener *l, uint64_t conn, bool delim, const void *body, size_t len);
 
 /* Writes what is queued on every connection as far as the sockets take it
- * now, without blocking; the rest waits for POLLOUT in later passes. */
-void ctl_listener_flush(ctl_listener *l);
+ * now, without blocking; the rest waits for POLLOUT in later passes.
+ * Returns true when some is left unsent. */
+bool ctl_listener_flush(ctl_listener *l);
 
 /* Connections open now (for tests and status). */
 size_t ctl_listener_conns(const ctl_listener *l);

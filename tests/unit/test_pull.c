@@ -1847,6 +1847,129 @@ static void test_tarpit_holds_one_lane(void **st) {
     munmap(r, rl);
 }
 
+/* ---- lanes answer on our own listener (issue 13, tenth pass) */
+
+enum { LA_PEERS = 3, LA_BATCHES = 8, LA_PER = 8, LA_ITEM = 4096 };
+
+typedef struct lane_peer {
+    void *ctx;
+    int port;
+    int answered, in_order, once, written; /* results, checked by the test's thread */
+} lane_peer;
+
+/* One consumer connection of its own, its own data-plane session: sends
+ * LA_BATCHES batches of LA_PER pulls back to back (tokens 1, 2, ...), then
+ * reads every answer: each token must come exactly once, written, and in
+ * the order sent (one session: one lane, written and answered in order). */
+static void *lane_peer_main(void *arg) {
+    lane_peer *lp = arg;
+    enum { N = LA_BATCHES * LA_PER };
+    void *d = zsock(lp->ctx, ZMQ_DEALER);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", lp->port);
+    ect_xport *x = NULL;
+    size_t rl = (size_t)N * LA_ITEM;
+    uint8_t *r = mmap(NULL, rl, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    char key[ECT_XPORT_KEY_MAX];
+    if (zmq_connect(d, ep) != 0 || r == MAP_FAILED || ect_xport_open("tcp", NULL, &x) != 0 ||
+        ect_xport_register(x, r, rl, -1, 0, key) != 0)
+        goto out;
+    for (int b = 0; b < LA_BATCHES; b++) {
+        wire_transfer_pull ps[LA_PER];
+        for (int i = 0; i < LA_PER; i++) {
+            int k = b * LA_PER + i;
+            ps[i] = (wire_transfer_pull){.mm_hash = k % 2 ? "la1" : "la0",
+                                         .dst_ptr = (uint64_t)(uintptr_t)r,
+                                         .dst_offset = (uint64_t)k * LA_ITEM,
+                                         .consumer_session_id = (char *)ect_xport_session(x),
+                                         .dst_key = key,
+                                         .has_token = true,
+                                         .token = (uint64_t)k + 1};
+        }
+        wire_pull_msg bm = {.type = WIRE_PULL_PULL_BATCH, .u.batch = {ps, LA_PER}};
+        void *buf;
+        size_t len;
+        if (wire_pull_msg_encode(&bm, &buf, &len) != 0) goto out;
+        int sn = zmq_send(d, buf, len, 0);
+        free(buf);
+        if (sn < 0) goto out;
+    }
+    bool seen[N + 1] = {false};
+    uint64_t last = 0;
+    lp->in_order = lp->once = 1;
+    while (lp->answered < N) {
+        char buf[8192];
+        int len = zmq_recv(d, buf, sizeof buf, 0);
+        wire_pull_msg m;
+        if (len <= 0 || wire_pull_decode_any(buf, (size_t)len, &m) != 0) break;
+        bool done = m.type == WIRE_PULL_DONE;
+        const uint64_t *toks = done ? m.u.done.tokens : &m.u.complete.token;
+        size_t k = done ? m.u.done.n : 1;
+        for (size_t j = 0; j < k; j++) {
+            uint64_t t = toks[j];
+            if (t < 1 || t > N || seen[t]) lp->once = 0;
+            if (t <= last) lp->in_order = 0;
+            if (t >= 1 && t <= N) seen[t] = true;
+            last = t;
+            lp->answered++;
+            if (done) lp->written++;
+        }
+        wire_pull_msg_free(&m);
+    }
+    for (int k = 0; k < N && lp->written == N; k++)
+        if (!test_check_pattern(r + (size_t)k * LA_ITEM, LA_ITEM, k % 2 ? 81 : 80))
+            lp->written = -1;
+out:
+    zmq_close(d);
+    ect_xport_close(x);
+    if (r != MAP_FAILED) munmap(r, rl);
+    return NULL;
+}
+
+/* Several consumer connections at once, each pipelining batches over tcp,
+ * with a stalled one beside them (its session a tarpit): every reply comes
+ * exactly once and in order on each connection, the stalled pull holds up
+ * none of them (they are all answered while it has no answer: an order,
+ * not a time), and it is answered (failed) once its target goes. */
+static void test_lanes_answer_each_once(void **st) {
+    (void)st;
+    ect_pull_producer *p = open_producer("tcp", 4 * MiB, 0);
+    save_item(p, "la0", LA_ITEM, 80);
+    save_item(p, "la1", LA_ITEM, 81);
+    assert_int_equal(ect_pull_producer_flush(p, 10000), 0);
+    void *ctx = zmq_ctx_new();
+    int tport, tfd = tarpit_listener("127.0.0.1", &tport);
+    char tsess[64], err[512];
+    snprintf(tsess, sizeof tsess, "127.0.0.1:%d", tport);
+    void *stalled = producer_sock(ctx, ZMQ_DEALER, p);
+    send_pull(stalled, "la0", 4096, 0, tsess, "0000000000000001", 7);
+    pthread_t th[LA_PEERS];
+    lane_peer lp[LA_PEERS];
+    for (int i = 0; i < LA_PEERS; i++) {
+        lp[i] = (lane_peer){.ctx = ctx, .port = ect_pull_producer_port(p)};
+        assert_int_equal(pthread_create(&th[i], NULL, lane_peer_main, &lp[i]), 0);
+    }
+    for (int i = 0; i < LA_PEERS; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(lp[i].answered, LA_BATCHES * LA_PER);
+        assert_int_equal(lp[i].written, LA_BATCHES * LA_PER);
+        assert_true(lp[i].once);
+        assert_true(lp[i].in_order);
+    }
+    char buf[64];
+    assert_int_equal(zmq_recv(stalled, buf, sizeof buf, ZMQ_DONTWAIT), -1);
+    close(tfd);
+    assert_int_not_equal(recv_complete(stalled, "la0", 7, err, sizeof err), 0);
+    assert_int_equal(zmq_recv(stalled, buf, sizeof buf, ZMQ_DONTWAIT), -1); /* once */
+    ect_pull_producer_stat ps;
+    ect_pull_producer_stats(p, &ps);
+    assert_int_equal(ps.pulls_ok, LA_PEERS * LA_BATCHES * LA_PER);
+    assert_int_equal(ps.pulls_failed, 1);
+    zmq_close(stalled);
+    zmq_ctx_term(ctx);
+    ect_pull_producer_close(p);
+}
+
 /* ---- garbage on SUB */
 
 static void test_sub_malformed(void **st) {
@@ -2152,6 +2275,7 @@ int main(void) {
         cmocka_unit_test(test_producer_killed),
         cmocka_unit_test(test_connect_policy),
         cmocka_unit_test(test_tarpit_holds_one_lane),
+        cmocka_unit_test(test_lanes_answer_each_once),
         cmocka_unit_test(test_sub_malformed),
         cmocka_unit_test(test_sub_joiner_gap),
         cmocka_unit_test(test_sub_joiner_gap_quiet),
