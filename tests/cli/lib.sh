@@ -19,13 +19,20 @@ lib_cleanup() {
 trap lib_cleanup EXIT
 
 # free_port N: a base port B with B .. B+N-1 free on 127.0.0.1 right now (a
-# daemon that then finds one taken says "address in use": try again).
+# daemon that then finds one taken says "address in use": try again), below
+# the kernel's ephemeral range, so no connection's source port takes it
+# between this check and the daemon's bind.
 free_port() {
   python3 - "${1:-1}" <<'EOF'
 import random, socket, sys
 n = int(sys.argv[1])
+try:
+    lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+except (OSError, ValueError, IndexError):
+    lo = 32768
+lo = max(lo, 20000 + 2 * n)
 for _ in range(200):
-    base = random.randint(20000, 60000 - n)
+    base = random.randint(20000, lo - n)
     socks = []
     try:
         for i in range(n):

@@ -1,6 +1,7 @@
 """Shared helpers of the Python tests: ports, waiting by state, the cuda marker."""
 
 import os
+import random
 import socket
 import sys
 import time
@@ -31,16 +32,29 @@ def wait_for(cond, what, timeout=DEADLINE_S, step=0.002):
         time.sleep(step)
 
 
+def _ephemeral_range():
+    """The kernel's range for ports it picks itself (bind to 0, a connect's source)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(v) for v in f.read().split())
+            return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_ports(n):
-    """A base port P with P .. P+n-1 free on 127.0.0.1 right now (a later bind may
-    still race with another process: callers retry on 'address in use')."""
+    """A base port P with P .. P+n-1 free on 127.0.0.1 right now, chosen outside the
+    kernel's ephemeral range: a port from inside it can be taken between this check and
+    the caller's bind by any connection's source port (tests run in parallel, and the
+    processes a test starts connect before others bind), which made a bind fail
+    'address in use'. Outside it (and above the project's default ports, 145xx) only
+    another fixed choice can collide."""
+    lo, hi = _ephemeral_range()
+    spans = [(s, e) for s, e in ((20000, lo), (hi + 1, 65536)) if e - s > n]
+    rng = random.Random()
     for _ in range(200):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        base = s.getsockname()[1]
-        s.close()
-        if base + n > 65535:
-            continue
+        s, e = rng.choice(spans)
+        base = rng.randrange(s, e - n)
         socks = []
         try:
             for p in range(base, base + n):
