@@ -641,10 +641,9 @@ static void jr_tensor(jr *r, wire_tensor *t) {
         r->bad = true;
 }
 
-static bool rd_reserve_item(jr *r, void *arr, size_t i) {
-    wire_reserve_item *it = (wire_reserve_item *)arr + i;
-    wire_reserve_req *q = &it->req;
-    jr_ch(r, '{');
+/* A reserve's fields, as a reserve_batch item and ect_put carry them:
+ * "transfer_id":...,"mm_hash":...,then the tensor's keys. */
+static void jr_reserve_fields(jr *r, wire_reserve_req *q) {
     jr_key(r, "transfer_id");
     jr_str(r, q->transfer_id, WIRE_ID_MAX, true);
     jr_ch(r, ',');
@@ -652,6 +651,12 @@ static bool rd_reserve_item(jr *r, void *arr, size_t i) {
     jr_str(r, q->mm_hash, WIRE_ID_MAX, true);
     jr_ch(r, ',');
     jr_tensor(r, &q->tensor);
+}
+
+static bool rd_reserve_item(jr *r, void *arr, size_t i) {
+    wire_reserve_item *it = (wire_reserve_item *)arr + i;
+    jr_ch(r, '{');
+    jr_reserve_fields(r, &it->req);
     jr_ch(r, '}');
     return !r->bad;
 }
@@ -691,15 +696,8 @@ static void jr_exts(jr *r, uint64_t *shm_id, uint64_t *spare) {
 
 /* ect_put after its op: the item, the spare's id, the extensions. */
 static int rd_put(jr *r, wire_ctl_request *out) {
-    wire_reserve_req *q = &out->u.put.item;
     jr_ch(r, ',');
-    jr_key(r, "transfer_id");
-    jr_str(r, q->transfer_id, WIRE_ID_MAX, true);
-    jr_ch(r, ',');
-    jr_key(r, "mm_hash");
-    jr_str(r, q->mm_hash, WIRE_ID_MAX, true);
-    jr_ch(r, ',');
-    jr_tensor(r, &q->tensor);
+    jr_reserve_fields(r, &out->u.put.item);
     jr_ch(r, ',');
     jr_key(r, "reservation_id");
     jr_str(r, out->u.put.spare_id, WIRE_ID_MAX, true);
