@@ -171,6 +171,18 @@ static void jw_exts(jw *w, const wire_ctl_request *req) {
     }
 }
 
+/* A reserve's fields, as a reserve_batch item and ect_put carry them:
+ * "transfer_id":...,"mm_hash":...,then the tensor's keys (the twin of the
+ * reader's jr_reserve_fields). */
+static void jw_reserve_fields(jw *w, const wire_reserve_req *q) {
+    JW_LIT(w, "\"transfer_id\":");
+    jw_str(w, q->transfer_id, WIRE_ID_MAX, true);
+    JW_LIT(w, ",\"mm_hash\":");
+    jw_str(w, q->mm_hash, WIRE_ID_MAX, true);
+    JW_LIT(w, ",");
+    jw_tensor(w, &q->tensor);
+}
+
 int wctl_fast_encode_request(const wire_ctl_request *req, char **out) {
     *out = NULL;
     if (wctl_fast_off || !req) return WCTL_FALLBACK;
@@ -184,26 +196,17 @@ int wctl_fast_encode_request(const wire_ctl_request *req, char **out) {
             const wire_reserve_item *it = &req->u.reserve_batch.items[i];
             if (it->rc) w.bad = true;
             if (i) JW_LIT(&w, ",");
-            JW_LIT(&w, "{\"transfer_id\":");
-            jw_str(&w, it->req.transfer_id, WIRE_ID_MAX, true);
-            JW_LIT(&w, ",\"mm_hash\":");
-            jw_str(&w, it->req.mm_hash, WIRE_ID_MAX, true);
-            JW_LIT(&w, ",");
-            jw_tensor(&w, &it->req.tensor);
+            JW_LIT(&w, "{");
+            jw_reserve_fields(&w, &it->req);
             JW_LIT(&w, "}");
         }
         JW_LIT(&w, "]");
         jw_exts(&w, req);
         JW_LIT(&w, "}");
     } else if (req->op == WIRE_OP_ECT_PUT) {
-        const wire_reserve_req *it = &req->u.put.item;
         jw_reserve(&w, 256);
-        JW_LIT(&w, "{\"op\":\"ect_put\",\"transfer_id\":");
-        jw_str(&w, it->transfer_id, WIRE_ID_MAX, true);
-        JW_LIT(&w, ",\"mm_hash\":");
-        jw_str(&w, it->mm_hash, WIRE_ID_MAX, true);
-        JW_LIT(&w, ",");
-        jw_tensor(&w, &it->tensor);
+        JW_LIT(&w, "{\"op\":\"ect_put\",");
+        jw_reserve_fields(&w, &req->u.put.item);
         JW_LIT(&w, ",\"reservation_id\":");
         jw_str(&w, req->u.put.spare_id, WIRE_ID_MAX, true);
         jw_exts(&w, req);
