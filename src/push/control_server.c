@@ -390,16 +390,22 @@ static int guard_live(ctl_server *s, pg_act act, const char *transfer_id, uint64
     return ect_set_error(ECT_EACCES, "transfer_id '%.64s': " CTL_NOT_OWNER, transfer_id);
 }
 
+/* The table's request for a reserve's fields (reserve, a reserve_batch
+ * item, ect_put), owned by the requesting peer. Borrows r's strings. */
+static rsv_request rsv_request_of(const ctl_server *s, const wire_reserve_req *r) {
+    return (rsv_request){.transfer_id = r->transfer_id,
+                         .mm_hash = r->mm_hash,
+                         .nbytes = r->tensor.nbytes,
+                         .shape = r->tensor.shape,
+                         .ndim = r->tensor.ndim,
+                         .dtype = r->tensor.dtype,
+                         .owner = s->who};
+}
+
 /* One reserve under the lock; on failure *err is the text for the reply. */
 static int do_reserve(ctl_server *s, const wire_reserve_req *r, uint64_t now,
                       wire_reserve_result *res) {
-    rsv_request q = {.transfer_id = r->transfer_id,
-                     .mm_hash = r->mm_hash,
-                     .nbytes = r->tensor.nbytes,
-                     .shape = r->tensor.shape,
-                     .ndim = r->tensor.ndim,
-                     .dtype = r->tensor.dtype};
-    q.owner = s->who;
+    rsv_request q = rsv_request_of(s, r);
     rsv_reply rep;
     memset(res, 0, sizeof *res);
     int rc = guard_live(s, PG_RESERVE, r->transfer_id, NULL);
@@ -606,13 +612,7 @@ static void grant_spare(ctl_server *s, const wire_ctl_request *q, uint64_t now,
 static int do_put(ctl_server *s, const wire_ctl_request *q, uint64_t now,
                   wire_complete_result *res) {
     const wire_reserve_req *r = &q->u.put.item;
-    rsv_request rq = {.transfer_id = r->transfer_id,
-                      .mm_hash = r->mm_hash,
-                      .nbytes = r->tensor.nbytes,
-                      .shape = r->tensor.shape,
-                      .ndim = r->tensor.ndim,
-                      .dtype = r->tensor.dtype,
-                      .owner = s->who};
+    rsv_request rq = rsv_request_of(s, r);
     char owner[RSV_OWNER_MAX + 1];
     spare_owner(s, q, owner);
     rsv_reply rr;
