@@ -86,7 +86,7 @@ typedef struct shm_map {
     uint64_t rid;   /* target's region id */
     uint64_t token; /* its key */
     uint32_t slot;  /* its slot in the control segment */
-    uint8_t *base;  /* mapping of the region (starts page-aligned before it); NULL for CUDA */
+    uint8_t *base;  /* its mapping (page-aligned before it); NULL: CUDA, or direct */
     size_t maplen;
     int kind;       /* ECT_MEM_CUDA: start is a device address (copies through the driver) */
     int dev;        /* device the copies run on */
