@@ -43,8 +43,9 @@ typedef struct shm_impl {
     int slot_next; /* [smu] where the search for a free slot starts (after the last taken) */
     uint64_t drop_walks; /* drop lists made by a walk of every region (atomic) */
     xp_conncache cache;             /* the initiator's connections */
-    /* initiator: BEGINs sent and OFFERs applied (tests, benchmarks) */
-    uint64_t begins, offers; /* __atomic builtins */
+    /* initiator: BEGINs sent, OFFERs applied, windows written without a
+     * mapping (shm_initiator.c, "direct"; tests, benchmarks) */
+    uint64_t begins, offers, directs; /* __atomic builtins */
 } shm_impl;
 
 /* ---- shm.c: messaging over the SOCK_SEQPACKET sockets. */
@@ -99,9 +100,16 @@ uint64_t shm_offer_skips(void);
 #define SHM_PARK_MAPS 256
 #define SHM_PARK_BYTES (64ull << 20)
 #define SHM_PARK_PROCESS 4096
+/* A window offered alone (an OFFER of one entry: a lone step's) of at most
+ * this many bytes, in a pool file the connection holds, is written with
+ * pwrite(2) into the file instead of being mapped ("direct"): no mapping,
+ * so no mprotect to revive and park it, nor the TLB shootdown of the park. */
+#define SHM_DIRECT_MAX (256u << 10)
 extern const xp_conn_ops shm_conn_ops;
 /* BEGINs x's initiator sent and OFFERs it applied since open. */
 void shm_counts(ect_xport *x, uint64_t *begins, uint64_t *offers);
+/* Windows x's initiator took as direct (SHM_DIRECT_MAX) since open. */
+uint64_t shm_direct_count(ect_xport *x);
 int shm_write_batch(ect_xport *x, const char *session, const ect_write *w, size_t n, int *st);
 /* backend write_ready (xp_write_ready): the fast-path writes only, on a
  * cached connection; never connects, never sends a BEGIN. */

@@ -20,6 +20,14 @@
  * instead of an munmap (the mappings one GRANT drops, or revives, that lie
  * end to end are parked, or revived, by one mprotect per run: retired_park,
  * revive). So no writable mapping lies outside a live window.
+ * A window offered alone (an OFFER of one entry: a lone step's spare or
+ * reservation) that no retired mapping covers, of at most SHM_DIRECT_MAX
+ * bytes in a file the connection holds, is not mapped at all ("direct"):
+ * its copies are pwrite(2) calls into the file at the window's offset,
+ * checked against the window and its slot like any fast-path copy. It
+ * costs no mapping, revival or park (two mprotect and a TLB shootdown a
+ * lone step when such windows alternate between two pool ranges), and
+ * leaves nothing mapped when it closes.
  * A file drop and the connection's close unmap the file's parked mappings.
  *
  * A CUDA device region arrives as its IPC handle instead, which the
@@ -78,7 +86,7 @@ typedef struct shm_map {
     uint64_t rid;   /* target's region id */
     uint64_t token; /* its key */
     uint32_t slot;  /* its slot in the control segment */
-    uint8_t *base;  /* mapping of the region (starts page-aligned before it); NULL for CUDA */
+    uint8_t *base;  /* its mapping (page-aligned before it); NULL: CUDA, or direct */
     size_t maplen;
     int kind;       /* ECT_MEM_CUDA: start is a device address (copies through the driver) */
     int dev;        /* device the copies run on */
@@ -86,6 +94,9 @@ typedef struct shm_map {
     uint8_t *start; /* the region's first byte */
     uint64_t raddr, rlen;
     shm_at at;                   /* host: where the mapping lies in its file */
+    bool direct;                 /* host, not mapped: copies are pwrite(fd, foff + ...) */
+    int fd;                      /* direct: the held file's fd (file_close drops the window) */
+    uint64_t foff;               /* direct: the region's offset in the file */
     struct shm_map *next, *prev; /* in a chunk's list of retired mappings, or the parked list */
     UT_hash_handle hh;           /* by rid */
     UT_hash_handle hh_tok;       /* by token */
@@ -214,6 +225,14 @@ static shm_map *park_take(shm_conn *c, const shm_at *at, size_t ml) {
     return m;
 }
 
+static void map_drop(shm_conn *c, shm_map *m) {
+    HASH_DEL(c->maps, m);
+    HASH_DELETE(hh_tok, c->by_tok, m);
+    if (m->base) munmap(m->base, m->maplen);
+    cuda_ipc_close(m->ipc_base);
+    free(m);
+}
+
 /* The target dropped file `num` (its pool is gone): unmap its parked
  * mappings, close our fd. Live mappings made from it stay valid until their
  * own windows are dropped (then unmapped: the file is no longer held). */
@@ -224,16 +243,11 @@ static void file_close(shm_conn *c, uint32_t num) {
     DL_FOREACH_SAFE(c->park_order, m, tmp) {
         if (m->at.fdev == f->dev && m->at.ino == f->ino) park_release(c, m);
     }
+    HASH_ITER(hh, c->maps, m, tmp) {
+        if (m->direct && m->fd == f->fd) map_drop(c, m);
+    }
     close(f->fd);
     *f = c->files[--c->nfiles];
-}
-
-static void map_drop(shm_conn *c, shm_map *m) {
-    HASH_DEL(c->maps, m);
-    HASH_DELETE(hh_tok, c->by_tok, m);
-    if (m->base) munmap(m->base, m->maplen);
-    cuda_ipc_close(m->ipc_base);
-    free(m);
 }
 
 /* Adds a mapping to the connection's tables (by region id and by key). */
@@ -298,6 +312,42 @@ static int put_bytes(const shm_map *m, uint8_t *dst, const void *src, uint64_t l
         return 0;
     }
     return cuda_copy(dst, src, len, m->kind == ECT_MEM_CUDA ? m->dev : sdev);
+}
+
+/* A direct window's copy of len bytes from src to its byte off: pwrite(2)
+ * into the file; a device source through a mapping of just those pages,
+ * made for the copy and unmapped after it (the window is live meanwhile). */
+static int direct_put(const shm_map *m, uint64_t off, const void *src, uint64_t len, int skind,
+                      int sdev) {
+    uint64_t pos = m->foff + off;
+    if (skind == ECT_MEM_CUDA) {
+        uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE), a = pos & ~(pg - 1);
+        size_t ml = (size_t)((pos + len - a + pg - 1) & ~(pg - 1));
+        void *b = mmap(NULL, ml, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd, (off_t)a);
+        if (b == MAP_FAILED) return ect_set_errno(errno, "shm: mmap of region %" PRIu64, m->rid);
+        int rc = cuda_copy((uint8_t *)b + (pos - a), src, len, sdev);
+        munmap(b, ml);
+        return rc;
+    }
+    const uint8_t *p = src;
+    while (len) {
+        ssize_t k = pwrite(m->fd, p, (size_t)len, (off_t)pos);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0)
+            return k < 0 ? ect_set_errno(errno, "shm: write into region %" PRIu64, m->rid)
+                         : ect_set_error(ECT_EIO, "shm: region %" PRIu64 " ends early", m->rid);
+        p += k;
+        pos += (uint64_t)k;
+        len -= (uint64_t)k;
+    }
+    return 0;
+}
+
+/* Puts len bytes from src at byte off of the region mapping m covers. */
+static int put_window(const shm_map *m, uint64_t off, const void *src, uint64_t len, int skind,
+                      int sdev) {
+    if (m->direct) return direct_put(m, off, src, len, skind, sdev);
+    return put_bytes(m, m->start + off, src, len, skind, sdev);
 }
 
 static void conn_free(shm_conn *c) {
@@ -442,6 +492,7 @@ static shm_map *run_cut(shm_map *run, size_t *len) {
  * took (made read-write before the copies). */
 typedef struct grant_maps {
     shm_map *retired, *reviving;
+    bool lone_offer; /* an OFFER of one window: it may be direct (map_region) */
 } grant_maps;
 
 /* Parks (or unmaps) what a chunk retired and did not reuse. Mappings that
@@ -541,17 +592,39 @@ static int map_fresh(const shm_file *f, const shm_at *at, size_t ml, uint64_t ri
     return 0;
 }
 
+/* True when a window of rlen bytes of file f may be direct (not mapped,
+ * written by pwrite): offered alone, small, in a file the connection holds
+ * (held: f is in its table, so the fd outlives the window), and a file of
+ * ordinary pages (a huge-page file takes no write(2)). */
+static bool direct_fits(const grant_maps *gm, const shm_file *f, bool held, uint64_t rlen) {
+    return gm->lone_offer && held && rlen <= SHM_DIRECT_MAX &&
+           f->blksize <= (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+/* A direct window over bytes [foff, foff + rlen) of held file f. */
+static int map_direct(shm_conn *c, const shm_file *f, uint64_t foff, shm_map **out) {
+    shm_map *m = calloc(1, sizeof *m);
+    if (!m) return ect_set_error(ECT_ENOMEM, "shm mapping");
+    m->direct = true;
+    m->fd = f->fd;
+    m->foff = foff;
+    if (c->si) __atomic_add_fetch(&c->si->directs, 1, __ATOMIC_RELAXED);
+    *out = m;
+    return 0;
+}
+
 /* Maps a granted host region from memory file f: exactly the pages that
  * cover it, read-write. When a mapping retired by this same GRANT's drop
  * list covers those pages of the same file (the pool handed a closed
  * window's range, or part of it, to the new one), that mapping is taken
- * over, its pages beyond the new window unmapped; else a parked mapping
- * that starts on the same page is revived; only then is a populated mmap
- * made. Either way nothing read-write lies beyond the new window (a retired
- * mapping is parked or unmapped by the end of its chunk). The caller keeps
- * or closes f's fd. */
-static int map_region(shm_conn *c, const shm_grant_entry *e, const shm_file *f, uint64_t token,
-                      grant_maps *gm) {
+ * over, its pages beyond the new window unmapped; else a window offered
+ * alone that may be direct (direct_fits) is not mapped at all; else a
+ * parked mapping that starts on the same page is revived; only then is a
+ * populated mmap made. Either way nothing read-write lies beyond the new
+ * window (a retired mapping is parked or unmapped by the end of its chunk).
+ * The caller keeps or closes f's fd (held: f is the connection's). */
+static int map_region(shm_conn *c, const shm_grant_entry *e, const shm_file *f, bool held,
+                      uint64_t token, grant_maps *gm) {
     uint64_t rid = e->rid, raddr = e->raddr, rlen = e->rlen, foff = e->fd_off;
     uint32_t slot = e->slot;
     shm_map *m;
@@ -571,17 +644,19 @@ static int map_region(shm_conn *c, const shm_grant_entry *e, const shm_file *f, 
     ml = (ml + pg - 1) & ~(size_t)(pg - 1);
     shm_at at = {f->dev, f->ino, aoff};
     if (!(m = retired_take(&gm->retired, &at, ml))) {
-        if ((m = park_take(c, &at, ml)) != NULL) {
+        int rc = 0;
+        if (direct_fits(gm, f, held, rlen))
+            rc = map_direct(c, f, foff, &m);
+        else if ((m = park_take(c, &at, ml)) != NULL)
             LL_PREPEND(gm->reviving, m);
-        } else {
-            int rc = map_fresh(f, &at, ml, rid, &m);
-            if (rc) return rc;
-        }
+        else
+            rc = map_fresh(f, &at, ml, rid, &m);
+        if (rc) return rc;
     }
     uint8_t *b = m->base;
     m->rid = rid;
     m->kind = ECT_MEM_HOST;
-    m->start = (uint8_t *)b + (foff - aoff);
+    m->start = b ? b + (foff - aoff) : NULL;
     m->raddr = raddr;
     m->rlen = rlen;
     m->token = token;
@@ -605,7 +680,7 @@ static int map_fd(shm_conn *c, const shm_grant_entry *e, int fd, uint64_t token,
                   (uint64_t)st.st_ino,
                   (uint64_t)st.st_size,
                   (uint64_t)st.st_blksize};
-    int rc = map_region(c, e, &f, token, gm);
+    int rc = map_region(c, e, &f, false, token, gm);
     if (!e->file || file_find(c, e->file) || !file_keep(c, &f)) close(fd);
     return rc;
 }
@@ -616,7 +691,7 @@ static int map_file(shm_conn *c, const shm_grant_entry *e, uint64_t token, grant
     if (!f)
         return ect_set_error(ECT_EPROTO, "shm: region %" PRIu64 " names file %u, not held here",
                              e->rid, e->file);
-    return map_region(c, e, f, token, gm);
+    return map_region(c, e, f, true, token, gm);
 }
 
 /* A write's source: its kind (ECT_MEM_CUDA or host) and device. */
@@ -676,8 +751,7 @@ static void grant_copy(shm_conn *c, const ect_write *w, const size_t *idx, uint3
             st[wi] = ect_set_error(ECT_EPROTO, "shm: GRANT for a region not mapped here");
             continue;
         }
-        st[wi] =
-            put_bytes(m, m->start + (a - m->raddr), w[wi].src, w[wi].len, sk[wi].kind, sk[wi].dev);
+        st[wi] = put_window(m, a - m->raddr, w[wi].src, w[wi].len, sk[wi].kind, sk[wi].dev);
     }
 }
 
@@ -739,7 +813,7 @@ static int offer_apply(shm_conn *c, const uint8_t *buf, size_t len, const int *f
         shm_grant_entry_get(buf, &g, i, &ipc_seen, &e);
         etok[i] = e.key;
     }
-    grant_maps gm = {NULL, NULL};
+    grant_maps gm = {.lone_offer = g.n == 1};
     bool lost_file = grant_begin(c, buf, &g, etok, fds, nfds, &gm, es, rids);
     for (uint32_t i = 0; i < g.n; i++) {
         shm_map *m;
@@ -821,7 +895,7 @@ static int chunk(ect_xport *x, shm_conn *c, const ect_write *w, const size_t *id
         for (int i = 0; i < nfds; i++) close(fds[i]);
         return rc;
     }
-    grant_maps gm = {NULL, NULL};
+    grant_maps gm = {0};
     int32_t es[SHM_CHUNK];
     uint64_t rids[SHM_CHUNK];
     bool lost_file = grant_begin(c, buf, &g, etok, fds, nfds, &gm, es, rids);
@@ -849,7 +923,7 @@ static int fast_copy(shm_conn *c, const ect_write *w, uint64_t token, const src_
     int rc = 1;
     __atomic_fetch_add(&sl->users, 1, __ATOMIC_SEQ_CST);
     bool live = __atomic_load_n(&sl->state, __ATOMIC_SEQ_CST) == ((m->rid << 1) | 1);
-    if (live) rc = put_bytes(m, m->start + (a - m->raddr), w->src, w->len, sk->kind, sk->dev);
+    if (live) rc = put_window(m, a - m->raddr, w->src, w->len, sk->kind, sk->dev);
     __atomic_fetch_sub(&sl->users, 1, __ATOMIC_SEQ_CST);
     return rc;
 }
@@ -965,6 +1039,10 @@ int shm_write_batch(ect_xport *x, const char *session, const ect_write *w, size_
 
 int shm_write_ready(ect_xport *x, const char *session, const ect_write *w, size_t n, int *st) {
     return write_batch(x, session, w, n, st, true);
+}
+
+uint64_t shm_direct_count(ect_xport *x) {
+    return __atomic_load_n(&((shm_impl *)x->impl)->directs, __ATOMIC_RELAXED);
 }
 
 void shm_counts(ect_xport *x, uint64_t *begins, uint64_t *offers) {

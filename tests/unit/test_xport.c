@@ -1653,9 +1653,12 @@ static void test_shm_offers(void **state) {
     assert_memory_equal(r.addr + 16 * pg, src, pg);
     assert_int_equal(shm_begins(i), 2);
     assert_int_equal(shm_offers(i), 2);
-    assert_int_equal(small_maps(64 * pg, &sz), 1); /* C's only: B's no longer writable */
-    assert_int_equal(sz, pg);
-    assert_true(parked_maps(64 * pg).total >= 2 * pg);
+    /* B and C, each offered alone, were written without a mapping (direct:
+     * test_shm_direct_windows); the first window's mapping, dropped by B's
+     * OFFER, is parked: nothing writable is left. */
+    assert_int_equal(shm_direct_count(i), 2);
+    assert_int_equal(small_maps(64 * pg, &sz), 0);
+    assert_int_equal(parked_maps(64 * pg).total, pg);
     assert_int_equal(xp_window_close(t, kc), 0);
     /* An initiator that did not ask for offers: none is sent, BEGINs as before. */
     write_window(t, old, &r, 32 * pg, pg, 4);
@@ -1668,6 +1671,91 @@ static void test_shm_offers(void **state) {
     assert_int_equal(xp_window_close(t, kc), 0);
     test_region_close(t, &r);
     ect_xport_close(old);
+    ect_xport_close(i);
+    ect_xport_close(t);
+}
+
+/* Offers a window of len bytes at off of r alone (an OFFER of one entry)
+ * to id and writes it through i with seed's pattern; its key to k. */
+static void offered_write(ect_xport *t, ect_xport *i, uint64_t id, const region *r, size_t off,
+                          size_t len, uint8_t seed, char k[ECT_XPORT_KEY_MAX]) {
+    static uint8_t src[80 * 4096];
+    const char *keys[1] = {k};
+    int st;
+    assert_true(len <= sizeof src);
+    assert_int_equal(xp_window_open(t, r->key, off, len, k), 0);
+    offer_until_taken(t, id, keys, 1);
+    test_fill_pattern(src, len, seed);
+    ect_write w = {src, (uint64_t)(uintptr_t)(r->addr + off), len, k};
+    assert_int_equal(ect_xport_write_batch(i, ect_xport_session(t), &w, 1, &st), 0);
+    assert_int_equal(st, 0);
+    assert_memory_equal(r->addr + off, src, len);
+}
+
+/* shm, direct windows (shm_initiator.c, SHM_DIRECT_MAX): a window offered
+ * alone, small, in a pool file the connection holds is written by pwrite
+ * into the file without any mapping (no BEGIN, the bytes land, nothing of
+ * the pool is mapped in the initiator: neither read-write nor parked, so
+ * no mprotect is needed to revive or park it), and alternating two such
+ * windows (a lone step's spares) maps nothing either; once closed its key
+ * is refused and nothing lands. Offered with another window, or larger
+ * than SHM_DIRECT_MAX, a window is mapped as before. */
+static void test_shm_direct_windows(void **state) {
+    (void)state;
+    ect_xport *t = open_kind("shm"), *i = open_kind("shm");
+    xp_set_offer_id(i, 0x77);
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), below = 128 * pg;
+    region r;
+    private_region_open(t, 512 * pg, &r);
+    const char *ses = ect_xport_session(t);
+    char k[4][ECT_XPORT_KEY_MAX];
+    /* The first write connects (a BEGIN; the pool's file comes with it, held). */
+    write_window(t, i, &r, 0, pg, 1);
+    assert_int_equal(shm_begins(i), 1);
+    /* Windows of 16 pages on two ranges in turn, each offered alone. */
+    for (int j = 0; j < 6; j++) {
+        offered_write(t, i, 0x77, &r, (size_t)(8 + 16 * (j & 1)) * pg, 16 * pg, (uint8_t)(10 + j),
+                      k[0]);
+        assert_int_equal(window_maps("rw-s", below).n, 0);
+        assert_int_equal(xp_window_close(t, k[0]), 0);
+    }
+    assert_int_equal(shm_direct_count(i), 6);
+    assert_int_equal(shm_begins(i), 1);
+    assert_int_equal(parked_maps(below).total, pg); /* the first window's, only */
+    /* Closed: its key is refused (the slot shows it gone), nothing lands. */
+    static uint8_t src[16 * 4096];
+    uint8_t before[64];
+    int st;
+    memcpy(before, r.addr + 24 * pg, sizeof before);
+    test_fill_pattern(src, 16 * pg, 99);
+    ect_write w = {src, (uint64_t)(uintptr_t)(r.addr + 24 * pg), 16 * pg, k[0]};
+    ect_xport_write_batch(i, ses, &w, 1, &st);
+    assert_int_equal(st, ECT_EACCES);
+    assert_memory_equal(r.addr + 24 * pg, before, sizeof before);
+    assert_int_equal(shm_begins(i), 2); /* the refused one's */
+    /* Two windows in one OFFER: mapped, as a step of many's are. */
+    const char *two[2] = {k[1], k[2]};
+    assert_int_equal(xp_window_open(t, r.key, 40 * pg, 2 * pg, k[1]), 0);
+    assert_int_equal(xp_window_open(t, r.key, 44 * pg, 2 * pg, k[2]), 0);
+    offer_until_taken(t, 0x77, two, 2);
+    ect_write w2[2] = {{src, (uint64_t)(uintptr_t)(r.addr + 40 * pg), 2 * pg, k[1]},
+                       {src, (uint64_t)(uintptr_t)(r.addr + 44 * pg), 2 * pg, k[2]}};
+    int st2[2];
+    assert_int_equal(ect_xport_write_batch(i, ses, w2, 2, st2), 0);
+    assert_int_equal(st2[0] | st2[1], 0);
+    assert_memory_equal(r.addr + 44 * pg, src, 2 * pg);
+    assert_int_equal(window_maps("rw-s", below).total, 4 * pg);
+    assert_int_equal(shm_direct_count(i), 6);
+    assert_int_equal(xp_window_close(t, k[1]), 0);
+    assert_int_equal(xp_window_close(t, k[2]), 0);
+    /* Larger than SHM_DIRECT_MAX, alone: mapped. */
+    size_t big = SHM_DIRECT_MAX + pg;
+    offered_write(t, i, 0x77, &r, 200 * pg, big, 7, k[3]);
+    assert_int_equal(window_maps("rw-s", below).total, big);
+    assert_int_equal(shm_direct_count(i), 6);
+    assert_int_equal(shm_begins(i), 2);
+    assert_int_equal(xp_window_close(t, k[3]), 0);
+    test_region_close(t, &r);
     ect_xport_close(i);
     ect_xport_close(t);
 }
@@ -2092,6 +2180,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_shm_window_reuse),
         cmocka_unit_test(test_shm_file_once),
         cmocka_unit_test(test_shm_parked_windows),
+        cmocka_unit_test(test_shm_direct_windows),
         cmocka_unit_test(test_shm_parked_runs),
         cmocka_unit_test(test_shm_parked_process_bound),
         cmocka_unit_test(test_shm_offers),
