@@ -1,0 +1,79 @@
+/*
+ * spin — see spin.h.
+ */
+#include "util/spin.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "util/util.h"
+
+#define MOD "spin"
+
+static pthread_once_t env_once = PTHREAD_ONCE_INIT;
+static uint32_t env_us = ECT_SPIN_DEFAULT_US;
+static _Atomic int64_t forced_us = -1;
+
+int ect_spin_parse(const char *what, const char *text, uint32_t *us) {
+    uint64_t v = 0;
+    const char *p = text ? text : "";
+    for (; *p >= '0' && *p <= '9' && v <= ECT_SPIN_MAX_US; p++) v = v * 10 + (uint64_t)(*p - '0');
+    if (!text || !*text || *p || v > ECT_SPIN_MAX_US)
+        return ect_set_error(ECT_EINVAL,
+                             "%s '%.32s': expected a busy-poll budget in microseconds, 0 (off) to %u",
+                             what, text ? text : "", ECT_SPIN_MAX_US);
+    *us = (uint32_t)v;
+    return 0;
+}
+
+static void read_env(void) {
+    const char *e = getenv("ECT_SPIN_US");
+    if (!e || !*e) return;
+    if (ect_spin_parse("ECT_SPIN_US", e, &env_us) != 0) {
+        ECT_LOGW(MOD, "%s; spinning is off", ect_last_error());
+        env_us = 0;
+    }
+}
+
+uint32_t ect_spin_us(void) {
+    int64_t f = atomic_load(&forced_us);
+    if (f >= 0) return (uint32_t)f;
+    pthread_once(&env_once, read_env);
+    return env_us;
+}
+
+void ect_spin_set_us(int64_t us) {
+    atomic_store(&forced_us, us < 0 ? -1 : us > ECT_SPIN_MAX_US ? (int64_t)ECT_SPIN_MAX_US : us);
+}
+
+void ect_spin_init(ect_spin *s) { *s = (ect_spin){.us = ect_spin_us()}; }
+
+static void spin_missed(ect_spin *s) {
+    if (s->misses < 6) s->misses++;
+    s->skip = (1u << s->misses) - 1;
+    if (s->skip > ECT_SPIN_MAX_SKIP) s->skip = ECT_SPIN_MAX_SKIP;
+}
+
+int ect_spin_poll(ect_spin *s, struct pollfd *p, nfds_t n) {
+    if (!s->us) return 0;
+    if (s->skip) {
+        s->skip--;
+        return 0;
+    }
+    s->spins++;
+    uint64_t end = ect_now_ns() + (uint64_t)s->us * 1000u;
+    for (;;) {
+        int rc = poll(p, n, 0);
+        if (rc > 0) {
+            s->hits++;
+            s->misses = 0;
+            return rc;
+        }
+        if (rc < 0 || ect_now_ns() >= end) break; /* an error: the sleeping poll says it */
+        sched_yield(); /* a peer queued on this CPU runs now, not after the budget */
+    }
+    spin_missed(s);
+    return 0;
+}
