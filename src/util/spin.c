@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 
 #include "util/util.h"
 
@@ -56,6 +57,27 @@ static void spin_missed(ect_spin *s) {
     if (s->skip > ECT_SPIN_MAX_SKIP) s->skip = ECT_SPIN_MAX_SKIP;
 }
 
+/* How often this thread was switched out while runnable: a sched_yield that
+ * handed the CPU to another thread, or a preemption. */
+static long involuntary_switches(void) {
+    struct rusage ru;
+    return getrusage(RUSAGE_THREAD, &ru) == 0 ? ru.ru_nivcsw : 0;
+}
+
+/* The checks after the first: until an event, an error or the budget's end.
+ * *shared: another thread ran on this CPU meanwhile. */
+static int spin_more(const ect_spin *s, struct pollfd *p, nfds_t n, bool *shared) {
+    uint64_t end = ect_now_ns() + (uint64_t)s->us * 1000u;
+    long sw = involuntary_switches();
+    int rc = 0;
+    while (rc == 0 && ect_now_ns() < end) {
+        sched_yield(); /* a peer queued on this CPU runs now, not after the budget */
+        rc = poll(p, n, 0);
+    }
+    *shared = involuntary_switches() != sw;
+    return rc;
+}
+
 int ect_spin_poll(ect_spin *s, struct pollfd *p, nfds_t n) {
     if (!s->us) return 0;
     if (s->skip) {
@@ -63,17 +85,14 @@ int ect_spin_poll(ect_spin *s, struct pollfd *p, nfds_t n) {
         return 0;
     }
     s->spins++;
-    uint64_t end = ect_now_ns() + (uint64_t)s->us * 1000u;
-    for (;;) {
-        int rc = poll(p, n, 0);
-        if (rc > 0) {
-            s->hits++;
-            s->misses = 0;
-            return rc;
-        }
-        if (rc < 0 || ect_now_ns() >= end) break; /* an error: the sleeping poll says it */
-        sched_yield(); /* a peer queued on this CPU runs now, not after the budget */
+    int rc = poll(p, n, 0);
+    bool shared = false;
+    if (rc == 0) rc = spin_more(s, p, n, &shared);
+    if (rc > 0 && !shared) {
+        s->hits++;
+        s->misses = 0;
+    } else {
+        spin_missed(s); /* nothing came, or it came while another thread had the CPU */
     }
-    spin_missed(s);
-    return 0;
+    return rc > 0 ? rc : 0; /* an error: the sleeping poll says it */
 }

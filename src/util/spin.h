@@ -12,7 +12,10 @@
  * Adaptive: a spin that ends without an event (a miss) makes the next waits
  * sleep at once, 1, 3, 7 … up to 63 of them after consecutive misses; a spin
  * that finds its event starts over. A waiter whose answers come late thus
- * spins on at most one wait in 64.
+ * spins on at most one wait in 64. A spin during which this thread was
+ * switched out while runnable (its yield ran another thread: the peer shares
+ * this CPU, or the CPUs are busy) counts as a miss even when the event came:
+ * a sleeping wait would have cost no more, and the spin took CPU from others.
  *
  * The budget: ECT_SPIN_US in the environment (0 … ECT_SPIN_MAX_US, 0 turns
  * spinning off; read once, at the first waiter made), else
