@@ -84,15 +84,19 @@ int ect_spin_poll(ect_spin *s, struct pollfd *p, nfds_t n) {
         s->skip--;
         return 0;
     }
+    if (s->off_until_ns && ect_now_ns() < s->off_until_ns) return 0;
     s->spins++;
     int rc = poll(p, n, 0);
     bool shared = false;
     if (rc == 0) rc = spin_more(s, p, n, &shared);
-    if (rc > 0 && !shared) {
+    if (shared) { /* the CPU is wanted by others: a spinner would be treated as a hog */
+        s->off_until_ns = ect_now_ns() + ECT_SPIN_SHARED_OFF_MS * 1000000ull;
+        spin_missed(s);
+    } else if (rc > 0) {
         s->hits++;
         s->misses = 0;
     } else {
-        spin_missed(s); /* nothing came, or it came while another thread had the CPU */
+        spin_missed(s);
     }
     return rc > 0 ? rc : 0; /* an error: the sleeping poll says it */
 }

@@ -14,8 +14,11 @@
  * that finds its event starts over. A waiter whose answers come late thus
  * spins on at most one wait in 64. A spin during which this thread was
  * switched out while runnable (its yield ran another thread: the peer shares
- * this CPU, or the CPUs are busy) counts as a miss even when the event came:
- * a sleeping wait would have cost no more, and the spin took CPU from others.
+ * this CPU, or the CPUs are busy) counts as a miss even when the event came,
+ * and no wait spins for the next ECT_SPIN_SHARED_OFF_MS: a sleeping wait
+ * would have cost no more, and a thread that keeps the CPU busy is treated
+ * as a hog by the scheduler (a yield to a CPU-bound thread costs its slice,
+ * where a woken sleeper runs at once).
  *
  * The budget: ECT_SPIN_US in the environment (0 … ECT_SPIN_MAX_US, 0 turns
  * spinning off; read once, at the first waiter made), else
@@ -32,11 +35,13 @@
 #define ECT_SPIN_MAX_US 1000u
 #define ECT_SPIN_DEFAULT_US 50u
 #define ECT_SPIN_MAX_SKIP 63u
+#define ECT_SPIN_SHARED_OFF_MS 50u
 
 typedef struct ect_spin {
     uint32_t us;          /* budget per wait; 0: never spin */
     uint32_t skip;        /* waits left that sleep at once (after misses) */
     uint32_t misses;      /* spins in a row that found nothing */
+    uint64_t off_until_ns; /* no spin before (ect_now_ns): the CPU was shared */
     uint64_t spins, hits; /* spins tried, and those that found their event */
 } ect_spin;
 
