@@ -35,7 +35,7 @@
 #define ECT_SPIN_MAX_US 1000u
 #define ECT_SPIN_DEFAULT_US 50u
 #define ECT_SPIN_MAX_SKIP 63u
-#define ECT_SPIN_SHARED_OFF_MS 50u
+#define ECT_SPIN_SHARED_OFF_MS 1000u
 
 typedef struct ect_spin {
     uint32_t us;          /* budget per wait; 0: never spin */
