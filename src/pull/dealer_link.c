@@ -20,7 +20,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "util/spin.h"
 #include "util/util.h"
 
 #define RECONNECT_IVL_MS 100 /* libzmq's ZMQ_RECONNECT_IVL default */
@@ -36,7 +35,6 @@ struct dealer_link {
     zmtp_conn *z;
     uint64_t last_ping_ms, ping_wait_since_ms; /* 0: no PING unanswered */
     char lost[256];
-    ect_spin spin; /* a wait for the producer polls this long before it sleeps */
     uint8_t buf[READ_CHUNK];
 };
 
@@ -151,9 +149,7 @@ int dl_pump(dealer_link *l, int wait_ms) {
     struct pollfd p = {
         .fd = l->fd, .events = l->connecting ? POLLOUT : (short)(POLLIN | (pending ? POLLOUT : 0))};
     int ms = ev ? 0 : next_timer_ms(l, now, wait_ms);
-    int pr = 0; /* a bounded busy-poll first (util/spin.h) when only an answer is awaited */
-    if (ms != 0 && l->fd >= 0 && p.events == POLLIN) pr = ect_spin_poll(&l->spin, &p, 1);
-    if (pr == 0) pr = poll(&p, l->fd >= 0 ? 1 : 0, ms);
+    int pr = poll(&p, l->fd >= 0 ? 1 : 0, ms);
     if (pr < 0 && errno != EINTR) return ect_set_errno(errno, "pull consumer: poll");
     if (pr > 0 && l->fd >= 0 && l->connecting) ev |= connect_done(l);
     if (l->fd >= 0 && !l->connecting) {
@@ -185,7 +181,6 @@ int dl_open(const dealer_link_opts *o, dealer_link **out) {
     l->o = *o;
     l->o.host = NULL;
     l->fd = -1;
-    ect_spin_init(&l->spin);
     if (zmtp_fd_resolve("pull consumer", o->host, o->port, &l->ai) != 0) {
         free(l);
         return ECT_EINVAL;

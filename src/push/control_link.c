@@ -34,7 +34,6 @@
 
 #include <zmq.h>
 
-#include "util/spin.h"
 #include "util/util.h"
 #include "wire/zmtp.h"
 
@@ -49,7 +48,6 @@ struct ctl_link {
     int fd; /* -1: not connected */
     zmtp_conn *z;
     bool peer_ready; /* the peer's READY came: the request may be on the wire */
-    ect_spin spin;   /* a reply's wait polls this long before it sleeps */
     /* a call given up at its yield_at with its requests queued (resume it) */
     bool susp;
     size_t susp_ndone;
@@ -97,17 +95,6 @@ static int wait_io(const ctl_link_call_opts *o, int fd, short events, int ms, sh
     }
     *rev = p[0].revents;
     return 0;
-}
-
-/* wait_io for a reply, after a bounded busy-poll (util/spin.h) when nothing
- * waits to be written: a reply that comes within the spin needs no wake-up. */
-static int wait_reply(ctl_link *l, const ctl_link_call_opts *o, short events, int ms, short *rev) {
-    struct pollfd p = {.fd = l->fd, .events = events};
-    if (!(events & POLLOUT) && ect_spin_poll(&l->spin, &p, 1) > 0) {
-        *rev = p.revents;
-        return 0;
-    }
-    return wait_io(o, l->fd, events, ms, rev);
 }
 
 /* Sleeps until the deadline, or cap_ms when that is sooner (cap_ms < 0: no
@@ -229,7 +216,7 @@ static int link_exchange(ctl_link *l, const ctl_link_call_opts *o, uint64_t dead
         size_t pending;
         zmtp_conn_out(l->z, &pending);
         short rev;
-        rc = wait_reply(l, o, POLLIN | (pending ? POLLOUT : 0), left, &rev);
+        rc = wait_io(o, l->fd, POLLIN | (pending ? POLLOUT : 0), left, &rev);
         if (rc) return rc;
         if (rev & (POLLIN | POLLHUP | POLLERR)) {
             rc = link_read(l);
@@ -284,7 +271,6 @@ int ctl_link_call_many(ctl_link **lp, const ctl_link_call_opts *o, const ctl_lin
         ctl_link *nl = calloc(1, sizeof *nl);
         if (!nl) return ect_set_error(ECT_ENOMEM, "control client: out of memory");
         nl->fd = -1;
-        ect_spin_init(&nl->spin);
         *lp = nl;
     }
     ctl_link *l = *lp;

@@ -36,7 +36,6 @@
 #include <unistd.h>
 
 #include "util/hostport.h"
-#include "util/spin.h"
 #include "util/util.h"
 #include "wire/zmtp.h"
 
@@ -69,8 +68,6 @@ struct ctl_listener {
     uint8_t *rbuf; /* READ_CHUNK */
     uint64_t accept_paused_until;
     uint64_t refused, refused_logged_ms; /* connections over max_conns */
-    ect_spin spin; /* after a pass that had work, the next polls this long before it sleeps */
-    bool busy;     /* the last pass found a socket ready */
 };
 
 /* ------------------------------------------------------------- binding */
@@ -189,7 +186,6 @@ int ctl_listener_open(const ctl_listener_opts *o, ctl_listener **out) {
     l->o = *o;
     l->fd = -1;
     l->watch_fd = -1;
-    ect_spin_init(&l->spin);
     if (!l->o.handshake_ms) l->o.handshake_ms = CTL_LISTENER_HANDSHAKE_MS;
     if (!l->o.max_conns) l->o.max_conns = CTL_LISTENER_MAX_CONNS;
     if (!l->o.what) l->o.what = "control server";
@@ -478,23 +474,12 @@ static void remove_closed(ctl_listener *l) {
     l->n = k;
 }
 
-/* poll() for the pass; after a pass that had work, a bounded busy-poll first
- * (util/spin.h): the next request of a step usually follows within tens of
- * µs, and one that comes within the spin needs no wake-up. */
-static int wait_pass(ctl_listener *l, nfds_t n, int wait) {
-    int rc = 0;
-    if (wait != 0 && l->busy) rc = ect_spin_poll(&l->spin, l->pfds, n);
-    if (rc == 0) rc = poll(l->pfds, n, wait);
-    l->busy = rc > 0;
-    return rc;
-}
-
 bool ctl_listener_pass(ctl_listener *l, int timeout_ms) {
     uint64_t now = ect_now_ms();
     int wait = build_poll(l, timeout_ms, now);
     size_t n = l->n;
     if (l->o.lock) pthread_mutex_unlock(l->o.lock); /* others may send while we sleep */
-    int rc = wait_pass(l, n + 2, wait);
+    int rc = poll(l->pfds, n + 2, wait);
     if (l->o.lock) pthread_mutex_lock(l->o.lock);
     if (rc < 0 && errno != EINTR) ECT_LOGW(MOD, "%s poll: %s", l->o.what, strerror(errno));
     if (rc < 0) return false;

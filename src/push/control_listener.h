@@ -110,9 +110,7 @@ int ctl_listener_port(const ctl_listener *l);
 void ctl_listener_watch(ctl_listener *l, int fd);
 
 /* One pass: waits up to timeout_ms (less when a handshake deadline comes
- * first, none when a request is already waiting; after a pass that found a
- * socket ready, polling without sleeping for up to ECT_SPIN_US first:
- * util/spin.h) for the sockets, then
+ * first, none when a request is already waiting) for the sockets, then
  * accepts, reads, answers at most one request per connection (ROUTER mode:
  * hands on up to CTL_LISTENER_BURST messages each) and writes. Returns true
  * when the watched fd was readable. */
