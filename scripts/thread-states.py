@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Where each thread of a process spends its wall time over probed windows:
-running, runnable (preempted or woken, waiting for a CPU) and sleeping, and
+running, runnable (preempted or woken, waiting for a CPU; the woken part
+and its mean wake-to-run time apart) and sleeping, and
 on what it sleeps (the kernel wait and the first project frames of the
 stack it switched out with). BENCHMARKS.md, "Four and eight steps in flight
 over shm: where the threads wait (issue 13, eleventh pass)".
@@ -93,7 +94,8 @@ def main():
     def inside(t):
         return any(w0 <= t <= w1 for w0, w1 in wins)
 
-    th = collections.defaultdict(lambda: dict(run=0.0, runq=0.0, sleep=0.0, sleeps=0, preempted=0,
+    th = collections.defaultdict(lambda: dict(run=0.0, runq=0.0, woke=0.0, sleep=0.0, sleeps=0,
+                                              preempted=0, wakes=0,
                                               roots=collections.Counter(),
                                               site_t=collections.Counter(),
                                               site_n=collections.Counter(),
@@ -107,6 +109,8 @@ def main():
             th[tid][kind] += dt
             if kind == 'sleep':
                 th[tid]['site_t'][where] += dt
+            if kind == 'runq' and where == 'woken':
+                th[tid]['woke'] += dt
 
     for e in events:
         ev, t, tid = e['ev'], e['t'], e['tid']
@@ -135,18 +139,21 @@ def main():
             woken = int(d.get('pid', -1))
             if woken in state and state[woken][1] == 'sleep':
                 close(woken, t)
-                state[woken] = (t, 'runq', None)
+                state[woken] = (t, 'runq', 'woken')
                 if inside(t):
                     th[woken]['wakers'][tid] += 1
+                    th[woken]['wakes'] += 1
 
     print('windows: %d, %.1f ms' % (len(wins), total * 1e3))
     for tid, s in sorted(th.items(), key=lambda kv: -kv[1]['run']):
         if s['run'] < 0.002 * total:
             continue
         root = s['roots'].most_common(1)[0][0] if s['roots'] else '?'
-        print('%7d %-22s run %5.1f%%  runnable %5.1f%%  sleep %5.1f%%  sleeps %d  preempted %d' % (
-            tid, root[:22], 100 * s['run'] / total, 100 * s['runq'] / total,
-            100 * s['sleep'] / total, s['sleeps'], s['preempted']))
+        print('%7d %-22s run %5.1f%%  runnable %5.1f%% (of it woken %5.1f%%, mean %.1f us)  '
+              'sleep %5.1f%%  sleeps %d  preempted %d' % (
+                  tid, root[:22], 100 * s['run'] / total, 100 * s['runq'] / total,
+                  100 * s['woke'] / total, 1e6 * s['woke'] / max(s['wakes'], 1),
+                  100 * s['sleep'] / total, s['sleeps'], s['preempted']))
         for where, dt in s['site_t'].most_common(5):
             if dt >= 0.005 * total:
                 print('        sleep %5.1f%%  n=%5d  %s' % (100 * dt / total, s['site_n'][where],
