@@ -145,6 +145,16 @@ extern const xp_backend xp_shm_backend;
 extern const xp_backend xp_ucx_backend;
 #endif
 
+/* ---- opening with a loaded key set (xport.c) */
+struct ect_keyset;
+/* ect_xport_open with keys, the key set its caller already loaded (a role's
+ * CurveZMQ sockets use the same set), instead of reading opts->curve_keys
+ * (ignored) again: the transport takes a reference on keys (ect_keys_ref,
+ * dropped at close or on failure), so both sides hold the same keys however
+ * the directory changes. keys NULL: keys off. */
+int xp_open_keyed(const char *kind, const ect_xport_opts *opts, struct ect_keyset *keys,
+                  ect_xport **out);
+
 /* ---- region table (xport.c) */
 /* Finds the region with this token and takes a reference if [addr, addr+len)
  * lies inside it. Returns 0, ECT_EACCES (the address is in a region but the
