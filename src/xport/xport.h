@@ -94,8 +94,10 @@ struct ect_xport {
     char session[300]; /* what peers write to */
     xp_regions regs;
     void *impl; /* back end's state */
-    /* Data-plane keys (opts.curve_keys, loaded at open), or NULL: off. With
-     * keys every connection runs the handshake of auth.h after its hello. */
+    /* Data-plane keys, or NULL: off: a reference on the set ect_xport_open
+     * loaded from opts.curve_keys, or on the role's own (xp_open_keyed).
+     * With keys every connection runs the handshake of auth.h after its
+     * hello. */
     struct ect_keyset *keys;
     _Atomic uint64_t auth_refused; /* connections refused by the handshake */
     /* shm initiator: the id its connections send after a HELLO asking for
