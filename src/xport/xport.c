@@ -154,8 +154,7 @@ int ect_xport_open(const char *kind, const ect_xport_opts *opts, ect_xport **out
     return open_backend(be, &o, keys, out);
 }
 
-int xp_open_keyed(const char *kind, const ect_xport_opts *opts, ect_keyset *keys,
-                  ect_xport **out) {
+int xp_open_keyed(const char *kind, const ect_xport_opts *opts, ect_keyset *keys, ect_xport **out) {
     if (!out) return ect_set_error(ECT_EINVAL, "out must not be NULL");
     *out = NULL;
     const xp_backend *be = NULL;

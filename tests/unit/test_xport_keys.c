@@ -356,7 +356,8 @@ static void t_frame_bytes(void **state) {
  * operator, the files replaced in place. */
 static void copy_keys(const char *from, const char *to) {
     char cmd[512];
-    snprintf(cmd, sizeof cmd, "mkdir -p '%s/accept' && rm -f '%s'/accept/* && cp '%s'/self.* '%s'/ && "
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p '%s/accept' && rm -f '%s'/accept/* && cp '%s'/self.* '%s'/ && "
              "cp '%s'/accept/* '%s'/accept/ && chmod 600 '%s'/self.secret",
              to, to, from, to, from, to, to);
     assert_int_equal(system(cmd), 0);
