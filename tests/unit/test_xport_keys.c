@@ -468,6 +468,37 @@ static void t_roles_read_keys_once(void **state) {
     n0 = ect_keys_load_count();
     assert_int_equal(ect_push_consumer_open(&uo, &u), 0);
     assert_int_equal(ect_keys_load_count() - n0, 1);
+
+    /* the push producer opens its transport at its first write: one read in
+     * all, and the keyed write lands (the consumer requires keys) */
+    ect_push_producer_opts ro;
+    ect_push_producer_opts_init(&ro);
+    ro.staging_size = 1u << 20;
+    ro.curve_keys = dir_b;
+    ect_push_producer *pr = NULL;
+    n0 = ect_keys_load_count();
+    assert_int_equal(ect_push_producer_open(&ro, &pr), 0);
+    char to[64];
+    snprintf(to, sizeof to, "127.0.0.1:%d", ect_push_consumer_port(u));
+    uint8_t data[4096];
+    test_fill_pattern(data, sizeof data, 9);
+    uint64_t shape[1] = {sizeof data / 2};
+    ect_push_item it = {.transfer_id = "keys-once",
+                        .consumer = to,
+                        .mm_hash = "h-keys-once",
+                        .shape = shape,
+                        .ndim = 1,
+                        .dtype = "bfloat16",
+                        .nbytes = sizeof data,
+                        .data = data};
+    assert_int_equal(ect_push_producer_reserve(pr, &it), 0);
+    assert_int_equal(ect_push_producer_flush(pr), 1);
+    ect_push_result r;
+    while (ect_push_producer_poll(pr, &r, 1, 1000) == 0) {
+    }
+    assert_int_equal(r.status, 0);
+    assert_int_equal(ect_keys_load_count() - n0, 1);
+    ect_push_producer_close(pr);
     ect_push_consumer_close(u);
 }
 
