@@ -916,8 +916,7 @@ int ect_pull_consumer_open(const ect_pull_consumer_opts *o, ect_pull_consumer **
     if (o->xport_listen || o->data_port) xo.listen = lbuf;
     xo.max_conns = o->max_conns;
     xo.max_conns_per_peer = o->max_conns_per_peer;
-    xo.curve_keys = o->curve_keys;
-    if ((rc = ect_xport_open(c->transport, &xo, &c->x)) != 0) goto fail;
+    if ((rc = xp_open_keyed(c->transport, &xo, c->keys, &c->x)) != 0) goto fail;
     if ((rc = ect_session_advertise(ect_xport_session(c->x), c->o.advertise, host, c->session,
                                     sizeof c->session)) != 0)
         goto fail;

@@ -1019,8 +1019,7 @@ int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer
     xo.listen = opts->xport_listen ? opts->xport_listen : listen;
     xo.connect_timeout_ms = opts->connect_timeout_ms;
     xo.io_timeout_ms = opts->io_timeout_ms;
-    xo.curve_keys = opts->curve_keys;
-    if ((rc = ect_xport_open(p->transport, &xo, &p->x)) != 0) goto fail;
+    if ((rc = xp_open_keyed(p->transport, &xo, p->keys, &p->x)) != 0) goto fail;
     offer_id_draw(p);
     if ((rc = ect_xport_register(p->x, ect_pool_base(p->pool), ect_pool_capacity(p->pool),
                                  ect_pool_fd(p->pool), 0, p->key)) != 0)

@@ -280,8 +280,7 @@ int ect_push_consumer_open(const ect_push_consumer_opts *opts, ect_push_consumer
     xo.listen = opts->xport_listen ? opts->xport_listen : listen;
     xo.max_conns = opts->max_conns;
     xo.max_conns_per_peer = opts->max_conns_per_peer;
-    xo.curve_keys = opts->curve_keys;
-    if ((rc = ect_xport_open(opts->transport, &xo, &c->xp))) goto fail;
+    if ((rc = xp_open_keyed(opts->transport, &xo, c->keys, &c->xp))) goto fail;
     if ((rc = ect_xport_register_mem(c->xp, ect_pool_base(c->pool), ect_pool_capacity(c->pool),
                                      ect_pool_mem_kind(c->pool), ect_pool_fd(c->pool), 0, c->key)))
         goto fail;

@@ -70,9 +70,8 @@ static ect_xport *xport_for(ect_push_producer *p, const char *kind) {
     xo.listen = listen;
     xo.connect_timeout_ms = p->o.connect_timeout_ms;
     xo.io_timeout_ms = p->o.io_timeout_ms;
-    xo.curve_keys = p->o.curve_keys;
     ect_xport *x = NULL;
-    if (ect_xport_open(kind, &xo, &x)) return NULL;
+    if (xp_open_keyed(kind, &xo, p->keys, &x)) return NULL;
     if (!strcmp(kind, "shm")) xp_set_offer_id(x, p->batch.shm_id);
     pp_xport *e = calloc(1, sizeof *e);
     if (!e) {

@@ -104,8 +104,22 @@ static int list_accept(const char *adir, char ***names, size_t *n) {
     return 0;
 }
 
+static _Atomic uint64_t loads;
+
+uint64_t ect_keys_load_count(void) { return atomic_load(&loads); }
+
+ect_keyset *ect_keys_ref(ect_keyset *ks) {
+    if (ks) atomic_fetch_add(&ks->extra_refs, 1);
+    return ks;
+}
+
 void ect_keys_free(ect_keyset *ks) {
     if (!ks) return;
+    /* not the last reference: another owner still reads the set */
+    unsigned r = atomic_load(&ks->extra_refs);
+    while (r > 0 && !atomic_compare_exchange_weak(&ks->extra_refs, &r, r - 1)) {
+    }
+    if (r > 0) return;
     for (size_t i = 0; i < ks->n_accept; i++) free(ks->accept_names[i]);
     free(ks->accept_names);
     free(ks->accept);
@@ -122,6 +136,7 @@ void ect_keys_free(ect_keyset *ks) {
 int ect_keys_load(const char *dir, ect_keyset **out) {
     *out = NULL;
     if (!dir || !*dir) return ect_set_error(ECT_EINVAL, "key directory: no path given");
+    atomic_fetch_add(&loads, 1);
     ect_keyset *ks = calloc(1, sizeof *ks);
     if (!ks || !(ks->dir = strdup(dir))) {
         free(ks);

@@ -16,10 +16,15 @@
  * same 32 bytes.
  *
  * Threading: a loaded ect_keyset is immutable; any thread may read it.
+ * Each owner (a role, its transport) holds a reference: ect_keys_ref takes
+ * one, ect_keys_free drops one, the last frees the set. A role reads its
+ * directory once and hands that set to its transport, so a rotation of the
+ * files while it starts cannot give its two sides different keys.
  */
 #ifndef ECT_UTIL_KEYS_H
 #define ECT_UTIL_KEYS_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -37,6 +42,9 @@ typedef struct ect_keyset {
     char (*accept_z85)[ECT_KEY_Z85_LEN + 1]; /* the same as Z85 text */
     char **accept_names;                     /* NAME of accept/NAME.public */
     char *dir;
+    /* references beyond the first (0: one owner; a zeroed set, as the
+     * fuzzers build, is one owner too) */
+    _Atomic unsigned extra_refs;
 } ect_keyset;
 
 /* Loads DIR. Returns 0 and *out (free with ect_keys_free), or ECT_EINVAL
@@ -44,7 +52,13 @@ typedef struct ect_keyset {
  * secret readable by group/others, no accepted key) / ECT_ENOMEM / ECT_EIO,
  * with ect_last_error() naming the file and what is wrong. */
 int ect_keys_load(const char *dir, ect_keyset **out);
+/* Takes a reference on ks (NULL: none); returns ks. Thread-safe. */
+ect_keyset *ect_keys_ref(ect_keyset *ks);
+/* Drops a reference; the last one frees the set (NULL: nothing). */
 void ect_keys_free(ect_keyset *ks);
+/* How many times ect_keys_load has read a directory in this process (tests:
+ * a role reads its directory once). */
+uint64_t ect_keys_load_count(void);
 
 /* Index of pub among the accepted keys, or -1. */
 int ect_keys_find(const ect_keyset *ks, const uint8_t pub[ECT_KEY_BYTES]);

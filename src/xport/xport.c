@@ -76,9 +76,10 @@ static int check_opts(const ect_xport_opts *o) {
     return 0;
 }
 
-int ect_xport_open(const char *kind, const ect_xport_opts *opts, ect_xport **out) {
-    if (!out) return ect_set_error(ECT_EINVAL, "out must not be NULL");
-    *out = NULL;
+/* The back end named kind and the checked options (defaults where opts is
+ * NULL) for a transport with keys (keyed) or without. */
+static int open_check(const char *kind, const ect_xport_opts *opts, bool keyed,
+                      const xp_backend **be_out, ect_xport_opts *o) {
     if (!kind) return ect_set_error(ECT_EINVAL, "kind must be \"tcp\", \"shm\" or \"ucx\"");
     const xp_backend *be = NULL;
     for (size_t i = 0; i < ECT_ARRAY_LEN(backends); i++)
@@ -89,13 +90,11 @@ int ect_xport_open(const char *kind, const ect_xport_opts *opts, ect_xport **out
         return ect_set_error(ECT_EINVAL, "kind \"%s\" is not a transport (tcp, shm%s)", kind,
                              ECT_HAVE_UCX ? ", ucx" : "");
     }
-    ect_xport_opts o;
-    ect_xport_opts_init(&o);
-    if (opts) o = *opts;
-    int rc = check_opts(&o);
+    ect_xport_opts_init(o);
+    if (opts) *o = *opts;
+    int rc = check_opts(o);
     if (rc) return rc;
-    ect_keyset *keys = NULL;
-    if (o.curve_keys) {
+    if (keyed) {
         /* ucx moves bytes with one-sided puts that no handshake of ours can
          * guard: refusing beats a silently unauthenticated data plane. */
         if (strcmp(be->name, "ucx") == 0)
@@ -103,26 +102,32 @@ int ect_xport_open(const char *kind, const ect_xport_opts *opts, ect_xport **out
                                  "opts.curve_keys: the ucx transport cannot authenticate its "
                                  "peers; use tcp or shm with keys, or turn keys off");
         if ((rc = xp_auth_init()) != 0) return rc;
-        if ((rc = ect_keys_load(o.curve_keys, &keys)) != 0)
-            return ect_set_error(rc, "opts.curve_keys: %s", ect_last_error());
     }
+    *be_out = be;
+    return 0;
+}
+
+/* Opens be with checked options o and keys, a reference this call takes
+ * over (dropped on failure; NULL: keys off). */
+static int open_backend(const xp_backend *be, const ect_xport_opts *o, ect_keyset *keys,
+                        ect_xport **out) {
     ect_xport *x = calloc(1, sizeof *x);
     if (!x) {
         ect_keys_free(keys);
         return ect_set_error(ECT_ENOMEM, "transport handle");
     }
     x->be = be;
-    x->opts = o;
+    x->opts = *o;
     x->keys = keys;
     x->opts.curve_keys = keys ? keys->dir : NULL;
-    snprintf(x->listen, sizeof x->listen, "%s", o.listen);
+    snprintf(x->listen, sizeof x->listen, "%s", o->listen);
     x->opts.listen = x->listen;
     pthread_mutex_init(&x->regs.mu, NULL);
     pthread_cond_init(&x->regs.cv, NULL);
     x->regs.next_id = 1;
     x->regs.owner = x;
     x->regs.spare_wins = ECT_SPARES_INIT(xp_region, next_dead, XP_SPARE_WINDOWS);
-    rc = be->open(x);
+    int rc = be->open(x);
     if (rc) {
         pthread_mutex_destroy(&x->regs.mu);
         pthread_cond_destroy(&x->regs.cv);
@@ -134,6 +139,29 @@ int ect_xport_open(const char *kind, const ect_xport_opts *opts, ect_xport **out
              x->keys ? ", peers authenticated with data-plane keys" : "");
     *out = x;
     return 0;
+}
+
+int ect_xport_open(const char *kind, const ect_xport_opts *opts, ect_xport **out) {
+    if (!out) return ect_set_error(ECT_EINVAL, "out must not be NULL");
+    *out = NULL;
+    const xp_backend *be = NULL;
+    ect_xport_opts o;
+    int rc = open_check(kind, opts, opts && opts->curve_keys, &be, &o);
+    if (rc) return rc;
+    ect_keyset *keys = NULL;
+    if (o.curve_keys && (rc = ect_keys_load(o.curve_keys, &keys)) != 0)
+        return ect_set_error(rc, "opts.curve_keys: %s", ect_last_error());
+    return open_backend(be, &o, keys, out);
+}
+
+int xp_open_keyed(const char *kind, const ect_xport_opts *opts, ect_keyset *keys, ect_xport **out) {
+    if (!out) return ect_set_error(ECT_EINVAL, "out must not be NULL");
+    *out = NULL;
+    const xp_backend *be = NULL;
+    ect_xport_opts o;
+    int rc = open_check(kind, opts, keys != NULL, &be, &o);
+    if (rc) return rc;
+    return open_backend(be, &o, ect_keys_ref(keys), out);
 }
 
 const char *ect_xport_kind(const ect_xport *x) { return x ? x->be->name : ""; }

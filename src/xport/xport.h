@@ -94,8 +94,10 @@ struct ect_xport {
     char session[300]; /* what peers write to */
     xp_regions regs;
     void *impl; /* back end's state */
-    /* Data-plane keys (opts.curve_keys, loaded at open), or NULL: off. With
-     * keys every connection runs the handshake of auth.h after its hello. */
+    /* Data-plane keys, or NULL: off: a reference on the set ect_xport_open
+     * loaded from opts.curve_keys, or on the role's own (xp_open_keyed).
+     * With keys every connection runs the handshake of auth.h after its
+     * hello. */
     struct ect_keyset *keys;
     _Atomic uint64_t auth_refused; /* connections refused by the handshake */
     /* shm initiator: the id its connections send after a HELLO asking for
@@ -144,6 +146,16 @@ extern const xp_backend xp_shm_backend;
 #if ECT_HAVE_UCX
 extern const xp_backend xp_ucx_backend;
 #endif
+
+/* ---- opening with a loaded key set (xport.c) */
+struct ect_keyset;
+/* ect_xport_open with keys, the key set its caller already loaded (a role's
+ * CurveZMQ sockets use the same set), instead of reading opts->curve_keys
+ * (ignored) again: the transport takes a reference on keys (ect_keys_ref,
+ * dropped at close or on failure), so both sides hold the same keys however
+ * the directory changes. keys NULL: keys off. */
+int xp_open_keyed(const char *kind, const ect_xport_opts *opts, struct ect_keyset *keys,
+                  ect_xport **out);
 
 /* ---- region table (xport.c) */
 /* Finds the region with this token and takes a reference if [addr, addr+len)

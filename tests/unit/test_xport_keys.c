@@ -25,6 +25,7 @@
 
 #include "testutil.h"
 
+#include "pull/pull_internal.h"
 #include "util/keys.h"
 #include "util/util.h"
 #include "xport/auth.h"
@@ -351,6 +352,156 @@ static void t_frame_bytes(void **state) {
 
 #define BOTH(fn) cmocka_unit_test_prestate(fn, "tcp"), cmocka_unit_test_prestate(fn, "shm")
 
+/* Copies key directory from into to (made if missing): a rotation by an
+ * operator, the files replaced in place. */
+static void copy_keys(const char *from, const char *to) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p '%s/accept' && rm -f '%s'/accept/* && cp '%s'/self.* '%s'/ && "
+             "cp '%s'/accept/* '%s'/accept/ && chmod 600 '%s'/self.secret",
+             to, to, from, to, from, to, to);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* issue 15's leftover: a role reads its key directory once and its
+ * transport uses that very set (xp_open_keyed), not a second read that a
+ * rotation in between could make differ. The transport holds its own
+ * reference: the caller may drop its one first. */
+static void t_open_keyed_shares_set(void **state) {
+    const char *kind = *state;
+    char rot[128];
+    snprintf(rot, sizeof rot, "%s/rot-%s", root, kind);
+    copy_keys(dir_a, rot);
+    ect_keyset *ks = NULL, *a = NULL;
+    assert_int_equal(ect_keys_load(rot, &ks), 0);
+    assert_int_equal(ect_keys_load(dir_a, &a), 0);
+    copy_keys(dir_c, rot); /* rotated after the role read it */
+    ect_xport_opts o;
+    ect_xport_opts_init(&o);
+    o.io_timeout_ms = 10000;
+    o.curve_keys = dir_d; /* ignored: the set given is the transport's */
+    uint64_t loads = ect_keys_load_count();
+    ect_xport *t = NULL;
+    assert_int_equal(xp_open_keyed(kind, &o, ks, &t), 0);
+    assert_int_equal(ect_keys_load_count(), loads); /* not read again */
+    assert_ptr_equal(t->keys, ks);
+    assert_string_equal(t->opts.curve_keys, rot);
+    assert_memory_equal(t->keys->pub, a->pub, ECT_KEY_BYTES); /* A's, not the rotated C's */
+    /* the public open reads the directory as it is now: C */
+    ect_xport *now = open_x(kind, rot, 10000);
+    assert_memory_not_equal(now->keys->pub, a->pub, ECT_KEY_BYTES);
+    ect_xport_close(now);
+    ect_keys_free(ks); /* the role's reference gone: the transport's remains */
+    ect_keys_free(a);
+    /* B accepts A (the set the transport holds), not C: the write lands */
+    ect_xport *i = open_x(kind, dir_b, 10000);
+    region r;
+    test_region_open(t, RLEN, &r);
+    uint8_t *src = malloc(RLEN);
+    assert_int_equal(write_all(i, t, &r, src, 3), 0);
+    assert_true(test_check_pattern(r.addr, RLEN, 3));
+    free(src);
+    ect_xport_close(i);
+    test_region_close(t, &r);
+    ect_xport_close(t); /* frees the set (ASan: no leak, no use after free) */
+}
+
+/* A failed xp_open_keyed leaves the caller's set as it was: one reference,
+ * freed once by the caller (ASan: no leak, no double free). */
+static void t_open_keyed_errors(void **state) {
+    (void)state;
+    ect_keyset *ks = NULL;
+    assert_int_equal(ect_keys_load(dir_a, &ks), 0);
+    ect_xport *x = (ect_xport *)1;
+    assert_int_equal(xp_open_keyed("ucx", NULL, ks, &x), ECT_ENOTSUP); /* before a reference */
+    assert_null(x);
+    ect_xport_opts o;
+    ect_xport_opts_init(&o);
+    o.listen = "no-such-host.invalid:1"; /* the back end's open fails after the reference */
+    x = (ect_xport *)1;
+    assert_true(xp_open_keyed("tcp", &o, ks, &x) < 0);
+    assert_null(x);
+    assert_int_equal(atomic_load(&ks->extra_refs), 0);
+    assert_int_equal(xp_open_keyed("tcp", NULL, NULL, &x), 0); /* no keys: off */
+    assert_null(x->keys);
+    ect_xport_close(x);
+    ect_keys_free(ks);
+}
+
+/* Every role that opens a transport reads its key directory once: the load
+ * counter moves by one per role open (it moved by two while the transport
+ * read the directory again). */
+static void t_roles_read_keys_once(void **state) {
+    (void)state;
+    ect_pull_producer_opts po;
+    ect_pull_producer_opts_init(&po);
+    po.port = 0;
+    po.pool_size = 1u << 20;
+    po.curve_keys = dir_a;
+    ect_pull_producer *p = NULL;
+    uint64_t n0 = ect_keys_load_count();
+    assert_int_equal(ect_pull_producer_open(&po, &p), 0);
+    assert_int_equal(ect_keys_load_count() - n0, 1);
+    assert_non_null(pull_producer_xport(p)->keys);
+    assert_string_equal(pull_producer_xport(p)->opts.curve_keys, dir_a);
+
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", ect_pull_producer_port(p));
+    ect_pull_consumer_opts co;
+    ect_pull_consumer_opts_init(&co);
+    co.producer = addr;
+    co.pool_size = 1u << 20;
+    co.curve_keys = dir_b;
+    ect_pull_consumer *c = NULL;
+    n0 = ect_keys_load_count();
+    assert_int_equal(ect_pull_consumer_open(&co, &c), 0);
+    assert_int_equal(ect_keys_load_count() - n0, 1);
+    ect_pull_consumer_close(c);
+    ect_pull_producer_close(p);
+
+    ect_push_consumer_opts uo;
+    ect_push_consumer_opts_init(&uo);
+    uo.ec_port = 0;
+    uo.pool_size = 1u << 20;
+    uo.curve_keys = dir_a;
+    ect_push_consumer *u = NULL;
+    n0 = ect_keys_load_count();
+    assert_int_equal(ect_push_consumer_open(&uo, &u), 0);
+    assert_int_equal(ect_keys_load_count() - n0, 1);
+
+    /* the push producer opens its transport at its first write: one read in
+     * all, and the keyed write lands (the consumer requires keys) */
+    ect_push_producer_opts ro;
+    ect_push_producer_opts_init(&ro);
+    ro.staging_size = 1u << 20;
+    ro.curve_keys = dir_b;
+    ect_push_producer *pr = NULL;
+    n0 = ect_keys_load_count();
+    assert_int_equal(ect_push_producer_open(&ro, &pr), 0);
+    char to[64];
+    snprintf(to, sizeof to, "127.0.0.1:%d", ect_push_consumer_port(u));
+    uint8_t data[4096];
+    test_fill_pattern(data, sizeof data, 9);
+    uint64_t shape[1] = {sizeof data / 2};
+    ect_push_item it = {.transfer_id = "keys-once",
+                        .consumer = to,
+                        .mm_hash = "h-keys-once",
+                        .shape = shape,
+                        .ndim = 1,
+                        .dtype = "bfloat16",
+                        .nbytes = sizeof data,
+                        .data = data};
+    assert_int_equal(ect_push_producer_reserve(pr, &it), 0);
+    assert_int_equal(ect_push_producer_flush(pr), 1);
+    ect_push_result r;
+    while (ect_push_producer_poll(pr, &r, 1, 1000) == 0) {
+    }
+    assert_int_equal(r.status, 0);
+    assert_int_equal(ect_keys_load_count() - n0, 1);
+    ect_push_producer_close(pr);
+    ect_push_consumer_close(u);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         BOTH(t_accepted),
@@ -359,6 +510,9 @@ int main(void) {
         BOTH(t_keys_on_target_only),
         BOTH(t_keys_on_initiator_only),
         BOTH(t_hostile_handshakes),
+        BOTH(t_open_keyed_shares_set),
+        cmocka_unit_test(t_open_keyed_errors),
+        cmocka_unit_test(t_roles_read_keys_once),
         cmocka_unit_test(t_open_errors),
         cmocka_unit_test(t_frame_bytes),
     };
