@@ -372,8 +372,16 @@ static void route_one(int type) {
     zpeer zp;
     zpeer_open(&zp, type);
     void *s = zp.s;
-    int ivl = 1; /* ms: its first PING comes soon */
-    if (type == ZMQ_DEALER) zmq_setsockopt(s, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl);
+    /* ms: its first PING comes soon. Its timeout (by default the interval:
+     * no traffic from us within 1 ms of a PING and libzmq drops the
+     * connection and dials again, to a listener nobody accepts on) set to a
+     * wait only a broken peer reaches: a busy machine that keeps this thread
+     * off its CPU for a millisecond must not lose the reply. */
+    int ivl = 1, hb_timeout = WAIT_MS;
+    if (type == ZMQ_DEALER) {
+        zmq_setsockopt(s, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl);
+        zmq_setsockopt(s, ZMQ_HEARTBEAT_TIMEOUT, &hb_timeout, sizeof hb_timeout);
+    }
     int fd = zpeer_accept(&zp);
     zmtp_conn *c = NULL;
     assert_int_equal(zmtp_conn_new(ZMTP_ROUTER, MAXMSG, &c), 0);
