@@ -97,6 +97,17 @@ static int write_all(ect_xport *i, ect_xport *t, region *r, uint8_t *src, uint64
     return rc;
 }
 
+/* A fresh initiator with B's keys writes region r of target t whole with
+ * pattern seed: the write succeeds and the bytes land. */
+static void b_write_lands(const char *kind, ect_xport *t, region *r, uint64_t seed) {
+    ect_xport *i = open_x(kind, dir_b, 10000);
+    uint8_t *src = malloc(RLEN);
+    assert_int_equal(write_all(i, t, r, src, seed), 0);
+    assert_true(test_check_pattern(r->addr, RLEN, seed));
+    free(src);
+    ect_xport_close(i);
+}
+
 /* Waits (by polling the counter, no time bound but the test's) until the
  * target counted at least n refused handshakes. */
 static void wait_refused(ect_xport *t, uint64_t n) {
@@ -285,12 +296,7 @@ static void t_hostile_handshakes(void **state) {
     assert_true(all_zero(r.addr, RLEN));
 
     /* the target still serves a legitimate initiator */
-    ect_xport *i = open_x(kind, dir_b, 10000);
-    uint8_t *src = malloc(RLEN);
-    assert_int_equal(write_all(i, t, &r, src, 9), 0);
-    assert_true(test_check_pattern(r.addr, RLEN, 9));
-    free(src);
-    ect_xport_close(i);
+    b_write_lands(kind, t, &r, 9);
     test_region_close(t, &r);
     ect_xport_close(t);
 }
@@ -355,7 +361,7 @@ static void t_frame_bytes(void **state) {
 /* Copies key directory from into to (made if missing): a rotation by an
  * operator, the files replaced in place. */
 static void copy_keys(const char *from, const char *to) {
-    char cmd[512];
+    char cmd[1024]; /* 7 paths of < 64 bytes and the commands */
     snprintf(cmd, sizeof cmd,
              "mkdir -p '%s/accept' && rm -f '%s'/accept/* && cp '%s'/self.* '%s'/ && "
              "cp '%s'/accept/* '%s'/accept/ && chmod 600 '%s'/self.secret",
@@ -394,14 +400,9 @@ static void t_open_keyed_shares_set(void **state) {
     ect_keys_free(ks); /* the role's reference gone: the transport's remains */
     ect_keys_free(a);
     /* B accepts A (the set the transport holds), not C: the write lands */
-    ect_xport *i = open_x(kind, dir_b, 10000);
     region r;
     test_region_open(t, RLEN, &r);
-    uint8_t *src = malloc(RLEN);
-    assert_int_equal(write_all(i, t, &r, src, 3), 0);
-    assert_true(test_check_pattern(r.addr, RLEN, 3));
-    free(src);
-    ect_xport_close(i);
+    b_write_lands(kind, t, &r, 3);
     test_region_close(t, &r);
     ect_xport_close(t); /* frees the set (ASan: no leak, no use after free) */
 }
