@@ -35,7 +35,7 @@ typedef struct fake {
      * (a shard may list fewer than max), or upstream's answer, or a refusal */
     pthread_mutex_t mu;
     int ready_mode; /* [mu] READY_LIST, READY_UPSTREAM, READY_REFUSE */
-    char ready_tid[16][32];
+    char ready_tid[16][64];
     uint64_t ready_seq[16];
     int nready;               /* [mu] */
     uint64_t max_after;       /* [mu] the highest cursor asked with */
