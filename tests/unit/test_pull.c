@@ -2121,7 +2121,9 @@ static ect_pull_scheduler *gap_open(fake_pub *f, int retry_ms, uint64_t end) {
         fake_pub_answer(f);
         usleep(1000);
     }
-    assert_int_equal(f->requests, 2);
+    /* at least 2: with a short retry_ms a test thread off its CPU that long
+     * meets a timed re-ask too (answered before "gap": it cannot hold it) */
+    assert_true(f->requests >= 2);
     fake_pub_publish(f, "gap");
     assert_int_equal(zmq_setsockopt(f->xpub, ZMQ_SUBSCRIBE, "", 0), 0);
     return s;
