@@ -81,6 +81,10 @@ int ctl_client_open(void *zctx, int timeout_ms, ctl_client **out) {
     return 0;
 }
 
+void ctl_client_set_timeout(ctl_client *c, int timeout_ms) {
+    if (c) c->timeout_ms = timeout_ms < 1 ? 1 : timeout_ms;
+}
+
 static int fmt_addr(const char *host, int port, char *buf) {
     if (!host || !*host || port < 1 || port > 65535)
         return ect_set_error(ECT_EINVAL, "control address: bad host or port %d", port);

@@ -62,6 +62,10 @@ int ctl_client_open(void *zctx, int timeout_ms, ctl_client **out);
  * default. */
 void ctl_client_fail_fast(ctl_client *c, bool on);
 
+/* The control timeout (ms; below 1 is taken as 1) for the calls from now
+ * on, as ctl_client_open's. */
+void ctl_client_set_timeout(ctl_client *c, int timeout_ms);
+
 /* Sends `req` to host:port and decodes the reply into *out (the caller
  * clears it with wire_ctl_reply_clear; it is cleared on failure). Blocks up
  * to 2 x timeout. Returns 0 when a well-formed reply arrived (check out->ok),

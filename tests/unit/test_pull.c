@@ -572,8 +572,8 @@ static void test_no_head_of_line(void **st) {
     ect_pull_producer_opts_init(&o);
     o.port = 0;
     o.pool_size = 8 * MiB;
-    o.connect_timeout_ms = 6000; /* the stalled lane's end: long enough that the */
-    o.io_timeout_ms = 6000;      /* other load finishes first even on a loaded machine */
+    o.connect_timeout_ms = 600000; /* the stalled lane ends when its listener closes, */
+    o.io_timeout_ms = 600000;      /* not at a timeout the other load must beat */
     ect_pull_producer *p = NULL;
     assert_int_equal(ect_pull_producer_open(&o, &p), 0);
     int port = ect_pull_producer_port(p);
@@ -593,7 +593,13 @@ static void test_no_head_of_line(void **st) {
     snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
     assert_int_equal(zmq_connect(d, ep), 0);
     send_pull(d, "hol", 4096, 0, black_hole, "0000000000000001", 99);
-    usleep(100000); /* the stalled write is under way */
+    ect_pull_producer_stat ps;
+    uint64_t end = ect_now_ms() + 60000; /* a generous deadline: a bug fails, not hangs */
+    do { /* the stalled write is under way: its lane is taken */
+        assert_true(ect_now_ms() < end);
+        usleep(1000);
+        ect_pull_producer_stats(p, &ps);
+    } while (ps.lanes == 0);
     ect_pull_consumer *c = open_consumer("tcp", port, 4 * MiB, 10000);
     ect_pull_meta m = {.nbytes = 1 * MiB, .ndim = 1, .shape = {1 * MiB}};
     snprintf(m.dtype, sizeof m.dtype, "uint8");
@@ -602,13 +608,13 @@ static void test_no_head_of_line(void **st) {
     /* the other consumer's load finished while the stalled pull still has no
      * answer: it did not wait behind it (an order, not a time) */
     assert_int_equal(zmq_recv(d, buf, sizeof buf, ZMQ_DONTWAIT), -1);
+    close(lfd); /* the black hole closes: the stalled write fails, answered non-zero */
     char err[300];
     assert_int_not_equal(recv_complete(d, "hol", 99, err, sizeof err), 0);
     assert_non_null(strstr(err, black_hole));
     ect_pull_consumer_close(c);
     zmq_close(d);
     zmq_ctx_term(ctx);
-    close(lfd);
     ect_pull_producer_close(p);
 }
 
@@ -2115,7 +2121,9 @@ static ect_pull_scheduler *gap_open(fake_pub *f, int retry_ms, uint64_t end) {
         fake_pub_answer(f);
         usleep(1000);
     }
-    assert_int_equal(f->requests, 2);
+    /* at least 2: with a short retry_ms a test thread off its CPU that long
+     * meets a timed re-ask too (answered before "gap": it cannot hold it) */
+    assert_true(f->requests >= 2);
     fake_pub_publish(f, "gap");
     assert_int_equal(zmq_setsockopt(f->xpub, ZMQ_SUBSCRIBE, "", 0), 0);
     return s;

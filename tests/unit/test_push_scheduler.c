@@ -232,11 +232,14 @@ static void test_bad_frames_and_late_events(void **state) {
     assert_int_equal(atomic_load(&f.cancels), 1);
     assert_non_null(strstr(f.last_cancel, "\"transfer_id\":\"t\""));
     fake_event(&f, "t", f.port);
-    for (int i = 0; i < 40; i++) {
+    /* until the event came and the cancel's answer was taken (~60 s: only a
+     * lost one reaches it; 40 polls here failed on a loaded machine) */
+    for (int i = 0; i < 12000; i++) {
         ect_push_scheduler_poll(s);
+        ect_push_scheduler_stats(s, &st);
+        if (st.late_events >= 1 && st.cancels_sent >= 1) break;
         nap(5);
     }
-    ect_push_scheduler_stats(s, &st);
     assert_int_equal(st.late_events, 1);
     assert_int_equal(st.cancels_sent, 1);
     assert_int_equal(ect_push_scheduler_state(s, "t", &it), 0);
@@ -279,8 +282,10 @@ static void test_push_wait_and_cancel_attempts(void **state) {
 }
 
 /* Nobody listens at the consumer's address: discovery retries in the
- * background with a 30 s control timeout, poll() stays instant, the push
- * wait still works, and close() does not wait out the timeout. */
+ * background with a 10-minute control timeout, poll() stays instant, the
+ * push wait still works, and close() does not wait out the timeout. The
+ * bounds are a tenth of that timeout: far above what a loaded machine's
+ * scheduling adds (close under 2 s failed there), far below a wait for it. */
 static void test_unreachable_consumer(void **state) {
     (void)state;
     void *z = zmq_ctx_new();
@@ -289,7 +294,9 @@ static void test_unreachable_consumer(void **state) {
     int port = bound_port(tmp);
     zmq_close(tmp); /* the port is now closed */
     zmq_ctx_term(z);
-    ect_push_scheduler *s = sched(port, 100, 30);
+    const double timeout_s = 600;
+    const uint64_t bound_ms = (uint64_t)(timeout_s * 1000) / 10;
+    ect_push_scheduler *s = sched(port, 100, timeout_s);
     assert_int_equal(ect_push_scheduler_expect(s, "u", NULL), 0);
     uint64_t worst = 0;
     for (int i = 0; i < 60; i++) {
@@ -299,9 +306,8 @@ static void test_unreachable_consumer(void **state) {
         if (dt > worst) worst = dt;
         nap(5);
     }
-    /* never waits on the network: a wait would be the 30 s control timeout;
-     * the bound is generous so a loaded machine's scheduling never reaches it */
-    assert_true(worst < 10000 * 1000000ull);
+    /* never waits on the network: a wait would be the control timeout */
+    assert_true(worst < bound_ms * 1000000ull);
     ect_push_sched_item it;
     assert_int_equal(ect_push_scheduler_state(s, "u", &it), 0);
     assert_int_equal(it.state, ECT_PUSH_UNAVAILABLE);
@@ -310,7 +316,7 @@ static void test_unreachable_consumer(void **state) {
     assert_int_equal(st.shards, 0);
     uint64_t t0 = ect_now_ms();
     ect_push_scheduler_close(s);
-    assert_true(ect_now_ms() - t0 < 2000);
+    assert_true(ect_now_ms() - t0 < bound_ms);
 }
 
 /* Arrived on every shard but never loaded: EXPIRED after the TTL, retryable,

@@ -663,7 +663,9 @@ static void test_tcp_unregister_waits(void **state) {
     tcp_encode_write(hdr, 77, (uint64_t)(uintptr_t)r.addr, 2000, token);
     assert_int_equal(xp_send_all(fd, hdr, sizeof hdr, 2000), 0);
     assert_int_equal(xp_send_all(fd, half, sizeof half, 2000), 0);
-    usleep(50000);
+    /* the target took it: unregister must meet the write in progress (a
+     * 50 ms sleep here let a descheduled target take it after unregister) */
+    while (!xp_range_busy(t, r.addr, 2000)) usleep(1000);
     unreg_arg a = {.t = t, .key = r.key};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, unreg_main, &a), 0);
