@@ -127,6 +127,28 @@ static const char *raw_call(raw *c, const char *fmt, ...) {
     return buf;
 }
 
+/* One shard, a producer on it, and two raw clients of its control port:
+ * an outsider (127.0.0.2) and this host (127.0.0.1, trusted). */
+typedef struct rig {
+    test_inst in;
+    test_prod p;
+    raw out, local;
+} rig;
+
+static void rig_open(rig *r) {
+    inst_open(&r->in, 1, 0);
+    prod_open(&r->p, r->in.base);
+    raw_open(&r->out, "127.0.0.2", r->in.base);
+    raw_open(&r->local, "127.0.0.1", r->in.base);
+}
+
+static void rig_close(rig *r) {
+    raw_close(&r->out);
+    raw_close(&r->local);
+    test_prod_close(&r->p);
+    test_inst_close_checked(&r->in);
+}
+
 /* The count under "peer_refused" -> key in the shard's ect_status. */
 static long peer_refused(raw *c, const char *key) {
     const char *s = raw_call(c, "{\"op\":\"ect_status\"}");
@@ -352,50 +374,46 @@ static void test_dropped_events_lose_no_item(void **state) {
 
 static void test_outsider_cannot_touch_reservations(void **state) {
     (void)state;
-    test_inst in;
-    inst_open(&in, 1, 0);
-    test_prod p;
-    prod_open(&p, in.base);
-    raw out, local;
-    raw_open(&out, "127.0.0.2", in.base);
-    raw_open(&local, "127.0.0.1", in.base);
+    rig t;
+    rig_open(&t);
     for (int i = 0; i < NITEMS; i++) {
         char tid[32], hash[32];
         snprintf(tid, sizeof tid, "x%d", i);
         snprintf(hash, sizeof hash, "hx%d", i);
-        wire_ctl_reply r = reserve(&p, 0, tid, hash);
+        wire_ctl_reply r = reserve(&t.p, 0, tid, hash);
         const char *rid = r.u.reserve.reservation_id;
 
         /* status: the outsider sees the item but not its reservation id. */
-        const char *s = raw_call(&out, "{\"op\":\"status\",\"transfer_id\":\"%s\"}", tid);
+        const char *s = raw_call(&t.out, "{\"op\":\"status\",\"transfer_id\":\"%s\"}", tid);
         assert_non_null(strstr(s, "\"ok\":true"));
         assert_non_null(strstr(s, "\"reservation_id\":\"\""));
         assert_null(strstr(s, rid));
         if (r.u.reserve.dst_key) assert_null(strstr(s, r.u.reserve.dst_key));
         /* The reserver's host sees the id, never the write key. */
-        s = raw_call(&local, "{\"op\":\"status\",\"transfer_id\":\"%s\"}", tid);
+        s = raw_call(&t.local, "{\"op\":\"status\",\"transfer_id\":\"%s\"}", tid);
         assert_non_null(strstr(s, rid));
         if (r.u.reserve.dst_key) assert_null(strstr(s, r.u.reserve.dst_key));
 
         /* Even knowing the id, the outsider can neither cancel nor complete. */
-        s = raw_call(&out,
+        s = raw_call(&t.out,
                      "{\"op\":\"cancel\",\"transfer_id\":\"%s\",\"reservation_id\":\"%s\","
                      "\"abandon\":true}",
                      tid, rid);
         assert_non_null(strstr(s, "\"ok\":false"));
         assert_non_null(strstr(s, "belongs to another peer"));
-        s = raw_call(&out, "{\"op\":\"cancel\",\"transfer_id\":\"%s\"}", tid);
+        s = raw_call(&t.out, "{\"op\":\"cancel\",\"transfer_id\":\"%s\"}", tid);
         assert_non_null(strstr(s, "belongs to another peer"));
-        s = raw_call(&out, "{\"op\":\"complete\",\"transfer_id\":\"%s\",\"reservation_id\":\"%s\"}",
-                     tid, rid);
+        s = raw_call(&t.out,
+                     "{\"op\":\"complete\",\"transfer_id\":\"%s\",\"reservation_id\":\"%s\"}", tid,
+                     rid);
         assert_non_null(strstr(s, "\"ok\":false"));
         assert_non_null(strstr(s, "belongs to another peer"));
-        s = raw_call(&out,
+        s = raw_call(&t.out,
                      "{\"op\":\"complete_batch\",\"items\":[{\"transfer_id\":\"%s\","
                      "\"reservation_id\":\"%s\"}]}",
                      tid, rid);
         assert_non_null(strstr(s, "\"completed\":false"));
-        s = raw_call(&out,
+        s = raw_call(&t.out,
                      "{\"op\":\"reserve\",\"transfer_id\":\"%s\",\"mm_hash\":\"%s\",\"nbytes\":%d,"
                      "\"shape\":[%d,%d],\"dtype\":\"bfloat16\"}",
                      tid, hash, ROWS * COLS * 2, ROWS, COLS);
@@ -403,32 +421,29 @@ static void test_outsider_cannot_touch_reservations(void **state) {
         assert_non_null(strstr(s, "conflicting reservation for transfer_id"));
 
         /* The legitimate push goes through untouched. */
-        write_complete(&p, 0, tid, &r, 500 + (uint64_t)i);
+        write_complete(&t.p, 0, tid, &r, 500 + (uint64_t)i);
         wire_ctl_reply_clear(&r);
         /* READY now: the outsider still cannot cancel it. */
-        s = raw_call(&out, "{\"op\":\"cancel\",\"transfer_id\":\"%s\"}", tid);
+        s = raw_call(&t.out, "{\"op\":\"cancel\",\"transfer_id\":\"%s\"}", tid);
         assert_non_null(strstr(s, "belongs to another peer"));
-        take_release(&in, tid, 500 + (uint64_t)i);
+        take_release(&t.in, tid, 500 + (uint64_t)i);
     }
-    assert_int_equal(peer_refused(&out, "complete"), 2 * NITEMS);
-    assert_int_equal(peer_refused(&out, "cancel"), 3 * NITEMS);
-    assert_int_equal(peer_refused(&out, "status"), NITEMS);
-    assert_int_equal(peer_refused(&out, "reserve"), NITEMS);
+    assert_int_equal(peer_refused(&t.out, "complete"), 2 * NITEMS);
+    assert_int_equal(peer_refused(&t.out, "cancel"), 3 * NITEMS);
+    assert_int_equal(peer_refused(&t.out, "status"), NITEMS);
+    assert_int_equal(peer_refused(&t.out, "reserve"), NITEMS);
 
     /* This host's scheduler (a trusted address) may still cancel another
      * peer's live reservation, as upstream's scheduler does. */
-    wire_ctl_reply r = reserve(&p, 0, "y", "hy");
-    const char *s = raw_call(&local,
+    wire_ctl_reply r = reserve(&t.p, 0, "y", "hy");
+    const char *s = raw_call(&t.local,
                              "{\"op\":\"cancel\",\"transfer_id\":\"y\",\"reservation_id\":\"%s\","
                              "\"abandon\":true}",
                              r.u.reserve.reservation_id);
     assert_non_null(strstr(s, "\"cancelled\":true"));
     wire_ctl_reply_clear(&r);
 
-    raw_close(&out);
-    raw_close(&local);
-    test_prod_close(&p);
-    test_inst_close_checked(&in);
+    rig_close(&t);
 }
 
 /* ect_ready lists every ready item with its reservation id: refused to an
@@ -437,25 +452,20 @@ static void test_outsider_cannot_touch_reservations(void **state) {
  * texts naming the field. */
 static void test_ect_ready_trusted_only(void **state) {
     (void)state;
-    test_inst in;
-    inst_open(&in, 1, 0);
-    test_prod p;
-    prod_open(&p, in.base);
-    raw out, local;
-    raw_open(&out, "127.0.0.2", in.base);
-    raw_open(&local, "127.0.0.1", in.base);
-    push_item(&p, "r0", "hr0", 40);
-    push_item(&p, "r1", "hr1", 41);
-    push_item(&p, "r2", "hr2", 42);
+    rig t;
+    rig_open(&t);
+    push_item(&t.p, "r0", "hr0", 40);
+    push_item(&t.p, "r1", "hr1", 41);
+    push_item(&t.p, "r2", "hr2", 42);
     const char *refused = "{\"ok\":false,\"error\":\"" CTL_READY_REFUSED "\"}";
-    assert_string_equal(raw_call(&out, "{\"op\":\"ect_ready\",\"after\":0}"), refused);
+    assert_string_equal(raw_call(&t.out, "{\"op\":\"ect_ready\",\"after\":0}"), refused);
     char doc[512];
     snprintf(doc, sizeof doc, "\n%s\n", refused);
     if (!strstr(test_protocol_md(), doc)) fail_msg("docs/PROTOCOL.md lacks %s", refused);
-    assert_int_equal(peer_refused(&out, "ready"), 1);
+    assert_int_equal(peer_refused(&t.out, "ready"), 1);
     /* this host: two, then the third, then nothing new */
     wire_ctl_reply r;
-    const char *s = raw_call(&local, "{\"op\":\"ect_ready\",\"after\":0,\"max\":2}");
+    const char *s = raw_call(&t.local, "{\"op\":\"ect_ready\",\"after\":0,\"max\":2}");
     assert_int_equal(wire_ctl_decode_reply(WIRE_OP_ECT_READY, 2, s, strlen(s), &r), 0);
     assert_true(r.ok && r.u.ready.n == 2 && r.u.ready.more);
     assert_string_equal(r.u.ready.items[0].transfer_id, "r0");
@@ -466,33 +476,33 @@ static void test_ect_ready_trusted_only(void **state) {
     assert_int_equal(r.u.ready.next, r.u.ready.items[1].seq);
     char rid0[WIRE_ID_MAX + 1];
     snprintf(rid0, sizeof rid0, "%s", r.u.ready.items[0].reservation_id);
-    assert_non_null(strstr(raw_call(&local, "{\"op\":\"status\",\"transfer_id\":\"r0\"}"), rid0));
+    assert_non_null(strstr(raw_call(&t.local, "{\"op\":\"status\",\"transfer_id\":\"r0\"}"), rid0));
     uint64_t next = r.u.ready.next;
     wire_ctl_reply_clear(&r);
-    s = raw_call(&local, "{\"op\":\"ect_ready\",\"after\":%llu,\"max\":2}",
+    s = raw_call(&t.local, "{\"op\":\"ect_ready\",\"after\":%llu,\"max\":2}",
                  (unsigned long long)next);
     assert_int_equal(wire_ctl_decode_reply(WIRE_OP_ECT_READY, 2, s, strlen(s), &r), 0);
     assert_true(r.ok && r.u.ready.n == 1 && !r.u.ready.more);
     assert_string_equal(r.u.ready.items[0].transfer_id, "r2");
     next = r.u.ready.next;
     wire_ctl_reply_clear(&r);
-    s = raw_call(&local, "{\"op\":\"ect_ready\",\"after\":%llu}", (unsigned long long)next);
+    s = raw_call(&t.local, "{\"op\":\"ect_ready\",\"after\":%llu}", (unsigned long long)next);
     assert_int_equal(wire_ctl_decode_reply(WIRE_OP_ECT_READY, SIZE_MAX, s, strlen(s), &r), 0);
     assert_true(r.ok && r.u.ready.n == 0 && !r.u.ready.more && r.u.ready.next == next);
     wire_ctl_reply_clear(&r);
     /* taken by the engine: no longer listed; finished: neither */
     ect_push_view v;
-    assert_int_equal(ect_push_consumer_take(in.c[0], "r1", &v), 0);
-    s = raw_call(&local, "{\"op\":\"ect_ready\",\"after\":0}");
+    assert_int_equal(ect_push_consumer_take(t.in.c[0], "r1", &v), 0);
+    s = raw_call(&t.local, "{\"op\":\"ect_ready\",\"after\":0}");
     assert_int_equal(wire_ctl_decode_reply(WIRE_OP_ECT_READY, SIZE_MAX, s, strlen(s), &r), 0);
     assert_true(r.ok && r.u.ready.n == 2);
     assert_string_equal(r.u.ready.items[0].transfer_id, "r0");
     assert_string_equal(r.u.ready.items[1].transfer_id, "r2");
     wire_ctl_reply_clear(&r);
-    assert_int_equal(ect_push_consumer_release(in.c[0], &v), 0);
-    take_release(&in, "r0", 40);
-    take_release(&in, "r2", 42);
-    s = raw_call(&local, "{\"op\":\"ect_ready\",\"after\":0}");
+    assert_int_equal(ect_push_consumer_release(t.in.c[0], &v), 0);
+    take_release(&t.in, "r0", 40);
+    take_release(&t.in, "r2", 42);
+    s = raw_call(&t.local, "{\"op\":\"ect_ready\",\"after\":0}");
     assert_non_null(strstr(s, "\"items\":[]"));
     /* bad requests: refused, the field named */
     static const char *const bad[][2] = {
@@ -508,12 +518,9 @@ static void test_ect_ready_trusted_only(void **state) {
     for (size_t i = 0; i < ECT_ARRAY_LEN(bad); i++) {
         char want[256];
         snprintf(want, sizeof want, "{\"ok\":false,\"error\":\"%s\"}", bad[i][1]);
-        assert_string_equal(raw_call(&local, "%s", bad[i][0]), want);
+        assert_string_equal(raw_call(&t.local, "%s", bad[i][0]), want);
     }
-    raw_close(&out);
-    raw_close(&local);
-    test_prod_close(&p);
-    test_inst_close_checked(&in);
+    rig_close(&t);
 }
 
 int main(void) {
