@@ -100,11 +100,25 @@ uint64_t shm_offer_skips(void);
 #define SHM_PARK_MAPS 256
 #define SHM_PARK_BYTES (64ull << 20)
 #define SHM_PARK_PROCESS 4096
-/* A window offered alone (an OFFER of one entry: a lone step's) of at most
- * this many bytes, in a pool file the connection holds, is written with
- * pwrite(2) into the file instead of being mapped ("direct"): no mapping,
- * so no mprotect to revive and park it, nor the TLB shootdown of the park. */
+/* A window of at most this many bytes, in a pool file the connection
+ * holds, is written with pwrite(2) into the file instead of being mapped
+ * ("direct") when it is offered alone (an OFFER of one entry: a lone
+ * step's), or when no retired mapping covers it and the connection's
+ * windows do not nearly always land on pages their own message freed (the
+ * reuse score below SHM_REUSE_MAP): no mapping, so no mprotect to revive and park
+ * it, nor the TLB shootdown of the park, nor a fresh mapping's faults. */
 #define SHM_DIRECT_MAX (256u << 10)
+/* The reuse score: a moving average over the connection's small windows
+ * in units of 1 / SHM_REUSE_ONE, each window weighing 1 / SHM_REUSE_SPAN;
+ * a new connection starts at SHM_REUSE_ONE (map, as before). */
+#define SHM_REUSE_ONE 65536u
+#define SHM_REUSE_SPAN 128u
+/* New windows no retired mapping covers are mapped only at or above this
+ * score: a mapping pays for its revival or fresh mmap (and its park) only
+ * when nearly every later window on its pages takes it over. */
+#define SHM_REUSE_MAP (SHM_REUSE_ONE / 8 * 7)
+/* A message's closed direct windows remembered for the score. */
+#define SHM_GONE_MAX 64
 extern const xp_conn_ops shm_conn_ops;
 /* BEGINs x's initiator sent and OFFERs it applied since open. */
 void shm_counts(ect_xport *x, uint64_t *begins, uint64_t *offers);

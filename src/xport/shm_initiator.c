@@ -20,14 +20,20 @@
  * instead of an munmap (the mappings one GRANT drops, or revives, that lie
  * end to end are parked, or revived, by one mprotect per run: retired_park,
  * revive). So no writable mapping lies outside a live window.
- * A window offered alone (an OFFER of one entry: a lone step's spare or
- * reservation) that no retired mapping covers, of at most SHM_DIRECT_MAX
- * bytes in a file the connection holds, is not mapped at all ("direct"):
- * its copies are pwrite(2) calls into the file at the window's offset,
- * checked against the window and its slot like any fast-path copy. It
- * costs no mapping, revival or park (two mprotect and a TLB shootdown a
- * lone step when such windows alternate between two pool ranges), and
- * leaves nothing mapped when it closes.
+ * An offered window that no retired mapping covers, of at most
+ * SHM_DIRECT_MAX bytes in a file the connection holds, is not mapped at all
+ * ("direct") when it is offered alone (an OFFER of one entry: a lone
+ * step's spare or reservation), or when the connection's offered windows
+ * have lately not nearly always landed on pages their own OFFER dropped
+ * (the reuse score, below SHM_REUSE_MAP: several steps in flight, whose
+ * dropped ranges are still held by items the consumer has not taken). Its
+ * copies are pwrite(2) calls into the file at the window's offset, checked
+ * against the window and its slot like any fast-path copy. It costs no
+ * mapping, revival or park: page-table changes that no later window would
+ * reuse (an mprotect pair, a TLB shootdown and, on a guest whose page
+ * tables its hypervisor shadows, a fault per page on the next copy), and
+ * leaves nothing mapped when it closes. While windows keep landing on
+ * freed pages (one step in flight), they are mapped and taken over.
  * A file drop and the connection's close unmap the file's parked mappings.
  *
  * A CUDA device region arrives as its IPC handle instead, which the
@@ -124,6 +130,11 @@ typedef struct shm_conn {
     shm_map *park_order; /* the same, oldest parked first */
     size_t nparked;
     uint64_t parked_bytes;
+    /* How often, lately, a new small window lay on pages that a window its
+     * own message dropped had covered (SHM_REUSE_ONE means always): when
+     * that is rare, mapping new windows costs page-table changes (revive,
+     * fresh mmap, park) that no later window reuses, so they go direct. */
+    uint32_t reuse;
 } shm_conn;
 
 static shm_file *file_find(shm_conn *c, uint32_t num) {
@@ -466,6 +477,7 @@ static int take_conn(ect_xport *x, xp_peer *p, shm_conn **out) {
     c->seg = seg;
     c->si = s;
     c->offers = offers;
+    c->reuse = SHM_REUSE_ONE;
     *out = c;
     return 0;
 }
@@ -492,7 +504,14 @@ static shm_map *run_cut(shm_map *run, size_t *len) {
  * took (made read-write before the copies). */
 typedef struct grant_maps {
     shm_map *retired, *reviving;
+    bool offer;      /* an OFFER: its windows count in the reuse score */
     bool lone_offer; /* an OFFER of one window: it may be direct (map_region) */
+    /* Where the direct windows its drop list closed lay (the first
+     * SHM_GONE_MAX): with the retired mappings, what a new window's pages
+     * are checked against for the connection's reuse score. */
+    shm_at gone[SHM_GONE_MAX];
+    size_t gone_len[SHM_GONE_MAX];
+    uint32_t ngone;
 } grant_maps;
 
 /* Parks (or unmaps) what a chunk retired and did not reuse. Mappings that
@@ -592,22 +611,45 @@ static int map_fresh(const shm_file *f, const shm_at *at, size_t ml, uint64_t ri
     return 0;
 }
 
-/* True when a window of rlen bytes of file f may be direct (not mapped,
- * written by pwrite): offered alone, small, in a file the connection holds
- * (held: f is in its table, so the fd outlives the window), and a file of
- * ordinary pages (a huge-page file takes no write(2)). */
-static bool direct_fits(const grant_maps *gm, const shm_file *f, bool held, uint64_t rlen) {
-    return gm->lone_offer && held && rlen <= SHM_DIRECT_MAX &&
-           f->blksize <= (uint64_t)sysconf(_SC_PAGESIZE);
+/* True when a window of rlen bytes of file f could be direct (not mapped,
+ * written by pwrite): small, in a file the connection holds (held: f is in
+ * its table, so the fd outlives the window), and a file of ordinary pages
+ * (a huge-page file takes no write(2)). */
+static bool direct_fits(const shm_file *f, bool held, uint64_t rlen) {
+    return held && rlen <= SHM_DIRECT_MAX && f->blksize <= (uint64_t)sysconf(_SC_PAGESIZE);
 }
 
-/* A direct window over bytes [foff, foff + rlen) of held file f. */
-static int map_direct(shm_conn *c, const shm_file *f, uint64_t foff, shm_map **out) {
+/* True when the ml bytes of a file from at->aoff on lie inside a direct
+ * window this message closed (gm->gone). */
+static bool gone_covers(const grant_maps *gm, const shm_at *at, size_t ml) {
+    for (uint32_t i = 0; i < gm->ngone; i++) {
+        const shm_at *g = &gm->gone[i];
+        if (g->fdev == at->fdev && g->ino == at->ino && g->aoff <= at->aoff &&
+            at->aoff + ml <= g->aoff + gm->gone_len[i])
+            return true;
+    }
+    return false;
+}
+
+/* Counts one small window into c's reuse score: whether its pages lay
+ * inside a window its own message dropped (mapped or direct), i.e. whether
+ * a mapping of it would have cost no page-table change. */
+static void reuse_note(shm_conn *c, bool reused) {
+    c->reuse -= c->reuse / SHM_REUSE_SPAN;
+    if (reused) c->reuse += SHM_REUSE_ONE / SHM_REUSE_SPAN;
+}
+
+/* A direct window over bytes [foff, foff + rlen) of held file f, whose
+ * pages are the ml bytes from at->aoff on (kept for the reuse score). */
+static int map_direct(shm_conn *c, const shm_file *f, uint64_t foff, const shm_at *at, size_t ml,
+                      shm_map **out) {
     shm_map *m = calloc(1, sizeof *m);
     if (!m) return ect_set_error(ECT_ENOMEM, "shm mapping");
     m->direct = true;
     m->fd = f->fd;
     m->foff = foff;
+    m->at = *at;
+    m->maplen = ml;
     if (c->si) __atomic_add_fetch(&c->si->directs, 1, __ATOMIC_RELAXED);
     *out = m;
     return 0;
@@ -617,8 +659,9 @@ static int map_direct(shm_conn *c, const shm_file *f, uint64_t foff, shm_map **o
  * cover it, read-write. When a mapping retired by this same GRANT's drop
  * list covers those pages of the same file (the pool handed a closed
  * window's range, or part of it, to the new one), that mapping is taken
- * over, its pages beyond the new window unmapped; else a window offered
- * alone that may be direct (direct_fits) is not mapped at all; else a
+ * over, its pages beyond the new window unmapped; else an offered window
+ * that may be direct (direct_fits), offered alone or on a connection whose
+ * reuse score is below SHM_REUSE_MAP, is not mapped at all; else a
  * parked mapping that starts on the same page is revived; only then is a
  * populated mmap made. Either way nothing read-write lies beyond the new
  * window (a retired mapping is parked or unmapped by the end of its chunk).
@@ -643,10 +686,13 @@ static int map_region(shm_conn *c, const shm_grant_entry *e, const shm_file *f, 
     size_t ml = (size_t)(rlen + (foff - aoff));
     ml = (ml + pg - 1) & ~(size_t)(pg - 1);
     shm_at at = {f->dev, f->ino, aoff};
-    if (!(m = retired_take(&gm->retired, &at, ml))) {
+    bool small = direct_fits(f, held, rlen);
+    m = retired_take(&gm->retired, &at, ml);
+    if (small && gm->offer) reuse_note(c, m || gone_covers(gm, &at, ml));
+    if (!m) {
         int rc = 0;
-        if (direct_fits(gm, f, held, rlen))
-            rc = map_direct(c, f, foff, &m);
+        if (small && gm->offer && (gm->lone_offer || c->reuse < SHM_REUSE_MAP))
+            rc = map_direct(c, f, foff, &at, ml, &m);
         else if ((m = park_take(c, &at, ml)) != NULL)
             LL_PREPEND(gm->reviving, m);
         else
@@ -773,6 +819,10 @@ static bool grant_begin(shm_conn *c, const uint8_t *buf, const shm_grant *g, con
             m->next = gm->retired;
             gm->retired = m;
         } else if (m) {
+            if (m->direct && gm->ngone < SHM_GONE_MAX) {
+                gm->gone[gm->ngone] = m->at;
+                gm->gone_len[gm->ngone++] = m->maplen;
+            }
             map_drop(c, m);
         }
     }
@@ -813,7 +863,7 @@ static int offer_apply(shm_conn *c, const uint8_t *buf, size_t len, const int *f
         shm_grant_entry_get(buf, &g, i, &ipc_seen, &e);
         etok[i] = e.key;
     }
-    grant_maps gm = {.lone_offer = g.n == 1};
+    grant_maps gm = {.offer = true, .lone_offer = g.n == 1};
     bool lost_file = grant_begin(c, buf, &g, etok, fds, nfds, &gm, es, rids);
     for (uint32_t i = 0; i < g.n; i++) {
         shm_map *m;

@@ -1762,6 +1762,95 @@ static void test_shm_direct_windows(void **state) {
     ect_xport_close(t);
 }
 
+/* Offers two windows of len bytes at offs a and b of r in one OFFER to id
+ * and writes both through i; closes them after (the next OFFER drops
+ * them). Returns the bytes of read-write shared mappings below `below`
+ * while they were open. */
+static size_t offered_pair(ect_xport *t, ect_xport *i, uint64_t id, const region *r, size_t a,
+                           size_t b, size_t len, uint8_t seed, size_t below) {
+    static uint8_t src[2][16 * 4096];
+    char k[2][ECT_XPORT_KEY_MAX];
+    const char *keys[2] = {k[0], k[1]};
+    assert_true(len <= sizeof src[0]);
+    assert_int_equal(xp_window_open(t, r->key, a, len, k[0]), 0);
+    assert_int_equal(xp_window_open(t, r->key, b, len, k[1]), 0);
+    offer_until_taken(t, id, keys, 2);
+    test_fill_pattern(src[0], len, seed);
+    test_fill_pattern(src[1], len, (uint8_t)(seed + 1));
+    ect_write w[2] = {{src[0], (uint64_t)(uintptr_t)(r->addr + a), len, k[0]},
+                      {src[1], (uint64_t)(uintptr_t)(r->addr + b), len, k[1]}};
+    int st[2] = {-1, -1};
+    assert_int_equal(ect_xport_write_batch(i, ect_xport_session(t), w, 2, st), 0);
+    assert_int_equal(st[0], 0);
+    assert_int_equal(st[1], 0);
+    assert_memory_equal(r->addr + a, src[0], len);
+    assert_memory_equal(r->addr + b, src[1], len);
+    size_t rw = window_maps("rw-s", below).total;
+    assert_int_equal(xp_window_close(t, k[0]), 0);
+    assert_int_equal(xp_window_close(t, k[1]), 0);
+    return rw;
+}
+
+/* shm, the reuse score (shm_initiator.c, SHM_REUSE_MAP): windows offered
+ * together are mapped while new windows land on the pages their OFFER
+ * dropped (each takes the dropped window's mapping over: no mprotect, no
+ * mmap, nothing new parked); once they keep landing on other pages (four
+ * steps in flight: the dropped ranges are still held by items not yet
+ * consumed), a mapping would cost a revival or a fresh mmap and a park that
+ * nothing reuses, so they are written direct (pwrite, nothing mapped, the
+ * bytes land all the same); when they land on freed pages again, they are
+ * mapped again and taken over from then on. */
+static void test_shm_reuse_score(void **state) {
+    (void)state;
+    ect_xport *t = open_kind("shm"), *i = open_kind("shm");
+    xp_set_offer_id(i, 0x99);
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), below = 128 * pg, len = 8 * pg;
+    region r;
+    private_region_open(t, 512 * pg, &r);
+    write_window(t, i, &r, 0, pg, 1); /* connects: the pool's file held */
+    /* Pairs on the same two ranges: mapped once, then taken over. */
+    for (int j = 0; j < 8; j++)
+        assert_int_equal(offered_pair(t, i, 0x99, &r, 16 * pg, 32 * pg, len, (uint8_t)j, below),
+                         2 * len);
+    assert_int_equal(shm_direct_count(i), 0);
+    /* Pairs on ranges their OFFER did not drop (eight slots in turn). */
+    int first_direct = -1;
+    uint64_t before_first = 0;
+    size_t parked = 0;
+    for (int j = 0; j < 40; j++) {
+        size_t a = (size_t)(64 + 32 * (j % 8)) * pg;
+        uint64_t d = shm_direct_count(i);
+        size_t rw = offered_pair(t, i, 0x99, &r, a, a + 16 * pg, len, (uint8_t)j, below);
+        if (rw == 0 && first_direct < 0) {
+            first_direct = j;
+            before_first = d;
+            parked = parked_maps(below).total; /* the last mapped pair's, by now */
+        }
+        if (first_direct >= 0) assert_int_equal(rw, 0); /* stays direct */
+    }
+    /* the score falls by 1/SHM_REUSE_SPAN of itself a window: ~17 windows */
+    assert_true(first_direct > 4 && first_direct < 20);
+    assert_int_equal(shm_direct_count(i) - before_first, 2 * (uint64_t)(40 - first_direct));
+    /* Direct windows park nothing. */
+    assert_true(parked > 0);
+    assert_int_equal(parked_maps(below).total, parked);
+    /* Back on the same two ranges: direct until the score is back, then
+     * mapped, then taken over (no more direct windows). */
+    int mapped_again = -1;
+    for (int j = 0; j < 200 && mapped_again < 0; j++)
+        if (offered_pair(t, i, 0x99, &r, 16 * pg, 32 * pg, len, (uint8_t)j, below) == 2 * len)
+            mapped_again = j;
+    assert_true(mapped_again > 0);
+    uint64_t directs = shm_direct_count(i);
+    for (int j = 0; j < 8; j++)
+        assert_int_equal(offered_pair(t, i, 0x99, &r, 16 * pg, 32 * pg, len, (uint8_t)j, below),
+                         2 * len);
+    assert_int_equal(shm_direct_count(i), directs);
+    test_region_close(t, &r);
+    ect_xport_close(i);
+    ect_xport_close(t);
+}
+
 /* Two OFFERs queued before a write of both their windows (and before a
  * write into the second one's alone): leaving the cache reads only the
  * first, and the windows the write misses are looked for behind it before
@@ -2183,6 +2272,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_shm_file_once),
         cmocka_unit_test(test_shm_parked_windows),
         cmocka_unit_test(test_shm_direct_windows),
+        cmocka_unit_test(test_shm_reuse_score),
         cmocka_unit_test(test_shm_parked_runs),
         cmocka_unit_test(test_shm_parked_process_bound),
         cmocka_unit_test(test_shm_offers),
