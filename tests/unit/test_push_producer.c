@@ -1103,12 +1103,35 @@ static void test_cancel(void **st) {
     free(b[1].data);
 }
 
+/* Waits until the producer applied the reserve replies of n shards of tid. */
+static void wait_reserved(ect_push_producer *p, const char *tid, size_t n) {
+    uint64_t end = ect_now_ms() + 10000;
+    for (;;) {
+        push_info in;
+        pthread_mutex_lock(&p->mu);
+        int rc = push_get(p->table, tid, &in);
+        pthread_mutex_unlock(&p->mu);
+        assert_int_equal(rc, 0);
+        if (in.reserved == n) return;
+        assert_true(ect_now_ms() < end);
+        test_nap_ms(1);
+    }
+}
+
 /* A reservation older than refresh_after_ms is refreshed (cancel with
- * refresh, then reserve anew) before the write; the bytes still land. */
+ * refresh, then reserve anew) before the write, once; the bytes still land.
+ * The producer runs on the test's clock (pp_set_clock), moved to the
+ * refresh age once both replies are applied, so the new reservations are
+ * written at age 0. On the real clock a thread off its CPU made either
+ * count wrong: a reply applied late was still too young at the write, or a
+ * new reservation aged past the 100 ms (its other shard's reply late) and
+ * was refreshed again. */
 static void test_refresh(void **st) {
     (void)st;
     fake *f = fake_open(2, "tcp");
     ect_push_producer *p = prod_open(5000, 100);
+    uint64_t clock = ect_now_ms() + 60000; /* past any time the table was told yet */
+    pp_set_clock(p, clock);
     const char *addr = f->addr;
     item_buf b;
     item_make(&b, "rf", 0, 8192);
@@ -1116,12 +1139,8 @@ static void test_refresh(void **st) {
     it.data = NULL;
     assert_int_equal(ect_push_producer_reserve(p, &it), 0);
     assert_int_equal(ect_push_producer_flush(p), 1);
-    uint64_t end = ect_now_ms() + 10000;
-    while (shard_stats(&f->sh[1]).live < 1) {
-        assert_true(ect_now_ms() < end);
-        usleep(5000);
-    }
-    usleep(250 * 1000);
+    wait_reserved(p, "rf-0", 2);
+    pp_set_clock(p, clock + 100);
     assert_err(ect_push_producer_stage(p, "rf-0", b.data, 1, NULL, NULL), ECT_EINVAL, "nbytes");
     assert_int_equal(ect_push_producer_stage(p, "rf-0", b.data, b.nbytes, NULL, NULL), 0);
     assert_err(ect_push_producer_stage(p, "rf-0", b.data, b.nbytes, NULL, NULL), ECT_ESTATE,
