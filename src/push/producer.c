@@ -660,6 +660,15 @@ void ect_push_producer_close(ect_push_producer *p) {
         pthread_cond_broadcast(&p->room);
         pthread_cond_broadcast(&p->baton);
         pthread_mutex_unlock(&p->mu);
+        /* A control exchange in progress ends now, not at its control
+         * timeout (a shard that never answers would hold close for all of
+         * it): the context's shutdown wakes every wait of the lanes' clients
+         * (ECT_EIO), and `closing` keeps a lane from starting another
+         * exchange, whose wait that shutdown, seen once, would not wake
+         * again. The dispatcher fails every item still in flight with
+         * ECT_ECLOSED, whatever its exchanges' outcome. */
+        atomic_store(&p->closing, true);
+        if (p->zctx) zmq_ctx_shutdown(p->zctx);
         pthread_join(p->thread, NULL);
     }
     /* Single-threaded from here. The dispatcher ended every record (their

@@ -102,6 +102,7 @@ struct ect_push_producer {
     uint64_t pipelined;   /* exchanges that rode behind another in one write (pp_pipelined) */
     _Atomic uint64_t lent;   /* lane jobs run on a poll's thread (pp_lent) */
     _Atomic uint64_t yields; /* ... handed back mid-exchange (pp_lend_yields) */
+    atomic_bool closing;     /* no lane starts an exchange (ect_push_producer_close) */
     atomic_bool quiet;         /* a flush_poll's round left a lane asleep (pp_lane_submit) */
     atomic_int lenders;        /* ect_push_producer_flush_poll calls in progress */
     bool kick_lender;          /* [mu] the kick is a flush_poll's flush: quiet submits */
@@ -207,8 +208,8 @@ void pp_route_settled_locked(ect_push_producer *p, const px *x);
 void pp_routes_free(ect_push_producer *p);
 
 /* Stops and joins the control lanes; each first ends the exchange it is in
- * (up to the control timeout); exchanges never run arrive on p->done with
- * ECT_ECLOSED. */
+ * (at once when closing, ect_push_producer_close; else up to the control
+ * timeout); exchanges never run arrive on p->done with ECT_ECLOSED. */
 void pp_lanes_close(ect_push_producer *p);
 
 /* Appends the chain x (linked by lj.next; one exchange: next NULL) to

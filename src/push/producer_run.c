@@ -443,7 +443,8 @@ uint64_t pp_pipelined(ect_push_producer *p) {
 }
 
 /* Closing: what is still in flight fails here without contacting the
- * consumer (a control exchange could take the full timeout); the shards'
+ * consumer (a control exchange could take the full timeout; those in
+ * progress were cut short, ect_push_producer_close); the shards'
  * TTL ends their reservations; unwaited writes are waited for first (they
  * read the sources). Every source is given back, every result queued.
  * Caller holds mu; returns without it. */
