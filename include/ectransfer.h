@@ -1322,10 +1322,12 @@ ECT_API size_t ect_push_producer_pending(ect_push_producer *p);
 /** Fills *st. Any thread. */
 ECT_API void ect_push_producer_stats(ect_push_producer *p, ect_push_producer_stat *st);
 
-/** Stops the dispatcher (a control exchange in progress may take up to its
- *  timeout), fails what is still in flight without contacting the consumer
- *  (its reservations end by their TTL), fires every pending release callback,
- *  closes the transports and frees p. Accepts NULL. */
+/** Stops the dispatcher, cuts short every control exchange in progress (its
+ *  reply is not waited for), waits for the data-plane writes in flight (each
+ *  up to io_timeout_ms: they read the sources), fails what is still in
+ *  flight with ECT_ECLOSED without contacting the consumer (its reservations
+ *  end by their TTL), fires every pending release callback, closes the
+ *  transports and frees p. Accepts NULL. */
 ECT_API void ect_push_producer_close(ect_push_producer *p);
 
 /* ------------------------------------------------------ generation 1 */

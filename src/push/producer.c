@@ -359,7 +359,7 @@ int ect_push_producer_reserve(ect_push_producer *p, const ect_push_item *item) {
     pthread_mutex_lock(&p->mu);
     /* the table refuses a racing reserve of the same id (dedup) */
     rc = p->stop ? ect_set_error(ECT_ECLOSED, "push producer is closing")
-                 : push_add(p->table, &pi, ect_now_ms(), NULL);
+                 : push_add(p->table, &pi, pp_now(p), NULL);
     pthread_mutex_unlock(&p->mu);
     if (rc) drop_src(p, &src);
     if (rc == ECT_EEXIST)
@@ -377,7 +377,7 @@ int ect_push_producer_stage(ect_push_producer *p, const char *transfer_id, const
     push_source src;
     int crc = take_src(p, &src, data, nbytes, release, release_user);
     pthread_mutex_lock(&p->mu);
-    rc = push_stage_end(p->table, transfer_id, crc ? NULL : &src, ect_now_ms());
+    rc = push_stage_end(p->table, transfer_id, crc ? NULL : &src, pp_now(p));
     pthread_mutex_unlock(&p->mu);
     if (crc) return crc;
     if (rc) drop_src(p, &src); /* cancelled while we copied: never fire the callback */
@@ -527,7 +527,7 @@ int ect_push_producer_cancel(ect_push_producer *p, const char *transfer_id) {
     }
     push_action fin[2];
     size_t n = 0;
-    int rc = push_cancel(p->table, transfer_id, ect_now_ms(), fin, &n);
+    int rc = push_cancel(p->table, transfer_id, pp_now(p), fin, &n);
     pp_count_finished_locked(p, fin, n);
     if (!n) { /* it went out: the dispatcher abandons it */
         p->kick = true;
@@ -660,6 +660,15 @@ void ect_push_producer_close(ect_push_producer *p) {
         pthread_cond_broadcast(&p->room);
         pthread_cond_broadcast(&p->baton);
         pthread_mutex_unlock(&p->mu);
+        /* A control exchange in progress ends now, not at its control
+         * timeout (a shard that never answers would hold close for all of
+         * it): the context's shutdown wakes every wait of the lanes' clients
+         * (ECT_EIO), and `closing` keeps a lane from starting another
+         * exchange, whose wait that shutdown, seen once, would not wake
+         * again. The dispatcher fails every item still in flight with
+         * ECT_ECLOSED, whatever its exchanges' outcome. */
+        atomic_store(&p->closing, true);
+        if (p->zctx) zmq_ctx_shutdown(p->zctx);
         pthread_join(p->thread, NULL);
     }
     /* Single-threaded from here. The dispatcher ended every record (their

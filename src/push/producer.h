@@ -102,10 +102,12 @@ struct ect_push_producer {
     uint64_t pipelined;   /* exchanges that rode behind another in one write (pp_pipelined) */
     _Atomic uint64_t lent;   /* lane jobs run on a poll's thread (pp_lent) */
     _Atomic uint64_t yields; /* ... handed back mid-exchange (pp_lend_yields) */
+    atomic_bool closing;     /* no lane starts an exchange (ect_push_producer_close) */
     atomic_bool quiet;         /* a flush_poll's round left a lane asleep (pp_lane_submit) */
     atomic_int lenders;        /* ect_push_producer_flush_poll calls in progress */
     bool kick_lender;          /* [mu] the kick is a flush_poll's flush: quiet submits */
     size_t pollers;            /* [mu] polls waiting on `results` */
+    _Atomic uint64_t clock_ms; /* a test's clock (pp_set_clock); 0: ect_now_ms */
     uint64_t lend_seq;         /* [mu] bumped when a lane's work was left to a poll */
     bool caller_runs;     /* the baton is a public call's (a flush: it never waits) */
     size_t baton_waiters; /* lanes waiting on `baton` for that call's round to end */
@@ -206,8 +208,8 @@ void pp_route_settled_locked(ect_push_producer *p, const px *x);
 void pp_routes_free(ect_push_producer *p);
 
 /* Stops and joins the control lanes; each first ends the exchange it is in
- * (up to the control timeout); exchanges never run arrive on p->done with
- * ECT_ECLOSED. */
+ * (at once when closing, ect_push_producer_close; else up to the control
+ * timeout); exchanges never run arrive on p->done with ECT_ECLOSED. */
 void pp_lanes_close(ect_push_producer *p);
 
 /* Appends the chain x (linked by lj.next; one exchange: next NULL) to
@@ -219,6 +221,20 @@ void pp_deliver(ect_push_producer *p, px *x);
  * lock, waking poll once. Call without mu; the records were already counted
  * in p->unreported. */
 void pp_local(ect_push_producer *p, const push_action *a, size_t n);
+
+/* The time (ms) the records table and the batcher are told: ect_now_ms(),
+ * unless a test set its own clock (pp_set_clock). Any thread. */
+uint64_t pp_now(ect_push_producer *p);
+
+/* Tests: the table and the batcher are told `ms` from now on, whatever the
+ * real time (0: ect_now_ms() again), so that a test gives a reservation the
+ * age it needs by setting the clock after it saw the reply applied, rather
+ * than by sleeping while a thread off its CPU may apply the reply late or
+ * age the next one too. Set it before the items it concerns are added; it
+ * never goes back (the table keeps the latest time it was told). Waits and
+ * timeouts (control, I/O, staging, polls) stay on the real clock. Any
+ * thread. */
+void pp_set_clock(ect_push_producer *p, uint64_t ms);
 
 /* How many times the dispatcher took the baton handed to it (p->ho): each
  * is a thread hand-off inside a step (for tests and profiles). Any thread. */

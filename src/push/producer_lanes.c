@@ -220,6 +220,9 @@ static void lane_run(void *ctx, lane *l, void *state, lane_job *lj) {
     } else if (lc->orc) {
         snprintf(why, sizeof why, "control client: %.200s", lc->oerr);
         fail_chain(x, lc->orc, why);
+    } else if (atomic_load(&p->closing)) { /* its wait might not end (ect_push_producer_close) */
+        lc->susp = NULL;
+        fail_chain(x, ECT_ECLOSED, "push producer closed");
     } else {
         write_puts(x);
         if (run_chain(lc, x)) return; /* a borrower's time ran out: its thread goes on */

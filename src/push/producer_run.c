@@ -226,7 +226,7 @@ static void wait_writes_out(ect_push_producer *p) {
 
 /* Settles the exchanges of the list x. Caller holds mu. */
 static void settle_list_locked(ect_push_producer *p, px *x) {
-    uint64_t now = ect_now_ms();
+    uint64_t now = pp_now(p);
     while (x) {
         px *next = x->next;
         pp_route_settled_locked(p, x);
@@ -332,7 +332,7 @@ static bool run_rounds(ect_push_producer *p, runner *r) {
         p->kick = false;
         r->quiet_ok = p->kick_lender; /* the lender's poll runs this round's exchanges */
         p->kick_lender = false;
-        uint64_t now = ect_now_ms();
+        uint64_t now = pp_now(p);
         size_t n = push_next_actions(p->table, now, p->acts, p->acts_cap);
         if (!n) return false;
         px *xs = NULL;
@@ -428,6 +428,13 @@ uint64_t pp_async_writes(ect_push_producer *p) {
     return n;
 }
 
+uint64_t pp_now(ect_push_producer *p) {
+    uint64_t ms = atomic_load_explicit(&p->clock_ms, memory_order_relaxed);
+    return ms ? ms : ect_now_ms();
+}
+
+void pp_set_clock(ect_push_producer *p, uint64_t ms) { atomic_store(&p->clock_ms, ms); }
+
 uint64_t pp_pipelined(ect_push_producer *p) {
     pthread_mutex_lock(&p->mu);
     uint64_t n = p->pipelined;
@@ -436,7 +443,8 @@ uint64_t pp_pipelined(ect_push_producer *p) {
 }
 
 /* Closing: what is still in flight fails here without contacting the
- * consumer (a control exchange could take the full timeout); the shards'
+ * consumer (a control exchange could take the full timeout; those in
+ * progress were cut short, ect_push_producer_close); the shards'
  * TTL ends their reservations; unwaited writes are waited for first (they
  * read the sources). Every source is given back, every result queued.
  * Caller holds mu; returns without it. */
@@ -444,7 +452,7 @@ static void close_all(ect_push_producer *p) {
     wait_writes_out(p);
     push_abort_all(p->table, "push producer closed");
     for (;;) {
-        size_t n = push_next_actions(p->table, ect_now_ms(), p->acts, p->acts_cap);
+        size_t n = push_next_actions(p->table, pp_now(p), p->acts, p->acts_cap);
         pp_count_finished_locked(p, p->acts, n);
         pthread_mutex_unlock(&p->mu);
         if (!n) break;
@@ -491,7 +499,7 @@ void *pp_dispatch_main(void *arg) {
             timed = false;
             continue;
         }
-        uint64_t ms = WAKE_MS, wake = push_next_wake(p->table), now = ect_now_ms();
+        uint64_t ms = WAKE_MS, wake = push_next_wake(p->table), now = pp_now(p);
         if (wake && !p->running) ms = wake <= now ? 0 : wake - now < ms ? wake - now : ms;
         timed |= ect_cond_wait_until(&p->wake, &p->mu, ect_deadline_ns(ms)) != 0;
     }
