@@ -100,13 +100,14 @@ uint64_t shm_offer_skips(void);
 #define SHM_PARK_MAPS 256
 #define SHM_PARK_BYTES (64ull << 20)
 #define SHM_PARK_PROCESS 4096
-/* A window of at most this many bytes, in a pool file the connection
- * holds, is written with pwrite(2) into the file instead of being mapped
- * ("direct") when it is offered alone (an OFFER of one entry: a lone
- * step's), or when no retired mapping covers it and the connection's
- * windows do not nearly always land on pages their own message freed (the
- * reuse score below SHM_REUSE_MAP): no mapping, so no mprotect to revive and park
- * it, nor the TLB shootdown of the park, nor a fresh mapping's faults. */
+/* An offered window of at most this many bytes, in a pool file the
+ * connection holds, that no retired mapping covers is written with
+ * pwrite(2) into the file instead of being mapped ("direct") when it is
+ * offered alone (an OFFER of one entry: a lone step's), or when the
+ * connection's offered windows do not nearly always land on pages their
+ * own OFFER freed (the reuse score below SHM_REUSE_MAP): no mapping, so no
+ * mprotect to revive and park it, nor the TLB shootdown of the park, nor a
+ * fresh mapping's faults. */
 #define SHM_DIRECT_MAX (256u << 10)
 /* The reuse score: a moving average over the connection's small windows
  * in units of 1 / SHM_REUSE_ONE, each window weighing 1 / SHM_REUSE_SPAN;
