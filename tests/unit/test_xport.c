@@ -1834,6 +1834,28 @@ static void test_shm_reuse_score(void **state) {
     /* Direct windows park nothing. */
     assert_true(parked > 0);
     assert_int_equal(parked_maps(below).total, parked);
+    /* A direct pair's windows once closed: their keys are refused (the
+     * slots show them gone), nothing lands. */
+    char k[2][ECT_XPORT_KEY_MAX];
+    const char *keys[2] = {k[0], k[1]};
+    assert_int_equal(xp_window_open(t, r.key, 400 * pg, len, k[0]), 0);
+    assert_int_equal(xp_window_open(t, r.key, 420 * pg, len, k[1]), 0);
+    offer_until_taken(t, 0x99, keys, 2);
+    assert_int_equal(xp_window_close(t, k[0]), 0);
+    assert_int_equal(xp_window_close(t, k[1]), 0);
+    static uint8_t src[8 * 4096];
+    uint8_t before[2][64];
+    memcpy(before[0], r.addr + 400 * pg, sizeof before[0]);
+    memcpy(before[1], r.addr + 420 * pg, sizeof before[1]);
+    test_fill_pattern(src, len, 77);
+    ect_write w[2] = {{src, (uint64_t)(uintptr_t)(r.addr + 400 * pg), len, k[0]},
+                      {src, (uint64_t)(uintptr_t)(r.addr + 420 * pg), len, k[1]}};
+    int st[2] = {0, 0};
+    ect_xport_write_batch(i, ect_xport_session(t), w, 2, st);
+    assert_int_equal(st[0], ECT_EACCES);
+    assert_int_equal(st[1], ECT_EACCES);
+    assert_memory_equal(r.addr + 400 * pg, before[0], sizeof before[0]);
+    assert_memory_equal(r.addr + 420 * pg, before[1], sizeof before[1]);
     /* Back on the same two ranges: direct until the score is back, then
      * mapped, then taken over (no more direct windows). */
     int mapped_again = -1;
