@@ -4,7 +4,8 @@
  * nothing on any socket of either generation, while accepted clients work;
  * the server-key probe finds the right key among several; in plain mode the
  * push event port serves our scheduler and no stray PULL, and with
- * event_auth_off an upstream-style plain PULL gets events again.
+ * event_auth_off an upstream-style plain PULL gets events again; a producer
+ * with keys closes at once while a shard holds its request unanswered.
  *
  * "Gets nothing" is checked by event, never by waiting: a stray socket's
  * monitor reports its handshake failed (or the peer closed it) before the
@@ -399,6 +400,75 @@ static void test_bad_key_dir_fails_open(void **state) {
     assert_err(ect_pull_consumer_open(&co, &pc), ECT_EINVAL, "/nonexistent-ect-dir");
 }
 
+/* Keys on, a shard that takes a request and never answers (a raw CURVE
+ * REP holding the shard's keys): the producer's close, with a ten-minute
+ * control timeout, cuts its libzmq REQ exchange short as it does the
+ * plain one (test_push_producer test_close_during_a_hung_exchange): close
+ * returns and the borrowed source is released exactly once. Nothing is
+ * timed: a close that waited the exchange out runs into the test's
+ * timeout. */
+static atomic_int hung_released;
+static void on_hung_release(void *user, const void *data, uint64_t nbytes) {
+    (void)nbytes;
+    assert_ptr_equal(user, data);
+    atomic_fetch_add(&hung_released, 1);
+}
+
+static void test_push_close_keyed_hung_shard(void **state) {
+    (void)state;
+    keydirs *k = make_keys();
+    ect_keyset *srv = load(k->srv);
+    void *z = zmq_ctx_new();
+    zauth *za = NULL;
+    assert_int_equal(zauth_open(z, srv, "hung shard", &za), 0);
+    void *rep = zmq_socket(z, ZMQ_REP);
+    int zero = 0;
+    zmq_setsockopt(rep, ZMQ_LINGER, &zero, sizeof zero);
+    assert_int_equal(zauth_curve_server(rep, srv), 0);
+    assert_int_equal(zmq_bind(rep, "tcp://127.0.0.1:*"), 0);
+    char ep[64], consumer[64];
+    size_t eplen = sizeof ep;
+    assert_int_equal(zmq_getsockopt(rep, ZMQ_LAST_ENDPOINT, ep, &eplen), 0);
+    snprintf(consumer, sizeof consumer, "127.0.0.1:%s", strrchr(ep, ':') + 1);
+
+    ect_push_producer_opts o;
+    ect_push_producer_opts_init(&o);
+    o.curve_keys = k->cli;
+    o.control_timeout_ms = 600000;
+    ect_push_producer *p = NULL;
+    assert_int_equal(ect_push_producer_open(&o, &p), 0);
+    uint64_t shape[1] = {2048};
+    void *data = malloc(4096);
+    memset(data, 7, 4096);
+    ect_push_item it = {0};
+    it.transfer_id = "hung-keyed-0";
+    it.consumer = consumer;
+    it.mm_hash = "h-hung-keyed-0";
+    it.shape = shape;
+    it.ndim = 1;
+    it.dtype = "bfloat16";
+    it.nbytes = 4096;
+    it.data = data;
+    it.release = on_hung_release;
+    it.release_user = data;
+    atomic_store(&hung_released, 0);
+    assert_int_equal(ect_push_producer_reserve(p, &it), 0);
+    assert_int_equal(ect_push_producer_flush(p), 1);
+    /* the producer's first request arrives (the handshake passed); no answer */
+    zmq_pollitem_t pi = {.socket = rep, .events = ZMQ_POLLIN};
+    assert_int_equal(zmq_poll(&pi, 1, DEADLINE_MS), 1);
+    char req[4096];
+    assert_true(zmq_recv(rep, req, sizeof req, 0) > 0);
+    ect_push_producer_close(p);
+    assert_int_equal(atomic_load(&hung_released), 1);
+    free(data);
+    zmq_close(rep);
+    zauth_close(za);
+    zmq_ctx_term(z);
+    ect_keys_free(srv);
+    free_keys(k);
+}
+
 /* -------------------------------------------------------------- pull */
 
 static void on_release(void *user, const void *data) {
@@ -558,6 +628,7 @@ int main(void) {
         cmocka_unit_test(test_push_plain_event_port),
         cmocka_unit_test(test_push_event_auth_off_serves_upstream),
         cmocka_unit_test(test_bad_key_dir_fails_open),
+        cmocka_unit_test(test_push_close_keyed_hung_shard),
         cmocka_unit_test(test_pull_keys_on),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
