@@ -571,14 +571,19 @@ static void revive(shm_conn *c, shm_map *rv) {
     }
 }
 
+/* True when the len bytes of a file from `in`->aoff on hold the ml bytes
+ * of the same file from at->aoff on. */
+static bool at_covers(const shm_at *in, size_t len, const shm_at *at, size_t ml) {
+    return in->fdev == at->fdev && in->ino == at->ino && in->aoff <= at->aoff &&
+           at->aoff + ml <= in->aoff + len;
+}
+
 /* A mapping retired by this GRANT's drop list (still read-write) that
  * covers ml bytes of the file from at->aoff on, taken over: its pages
  * beyond them unmapped. NULL when none covers them. */
 static shm_map *retired_take(shm_map **retired, const shm_at *at, size_t ml) {
     shm_map **pp = retired;
-    while (*pp && !((*pp)->at.fdev == at->fdev && (*pp)->at.ino == at->ino &&
-                    (*pp)->at.aoff <= at->aoff && at->aoff + ml <= (*pp)->at.aoff + (*pp)->maplen))
-        pp = &(*pp)->next;
+    while (*pp && !at_covers(&(*pp)->at, (*pp)->maplen, at, ml)) pp = &(*pp)->next;
     shm_map *m = *pp;
     if (!m) return NULL;
     *pp = m->next;
@@ -622,12 +627,8 @@ static bool direct_fits(const shm_file *f, bool held, uint64_t rlen) {
 /* True when the ml bytes of a file from at->aoff on lie inside a direct
  * window this message closed (gm->gone). */
 static bool gone_covers(const grant_maps *gm, const shm_at *at, size_t ml) {
-    for (uint32_t i = 0; i < gm->ngone; i++) {
-        const shm_at *g = &gm->gone[i];
-        if (g->fdev == at->fdev && g->ino == at->ino && g->aoff <= at->aoff &&
-            at->aoff + ml <= g->aoff + gm->gone_len[i])
-            return true;
-    }
+    for (uint32_t i = 0; i < gm->ngone; i++)
+        if (at_covers(&gm->gone[i], gm->gone_len[i], at, ml)) return true;
     return false;
 }
 
@@ -686,12 +687,12 @@ static int map_region(shm_conn *c, const shm_grant_entry *e, const shm_file *f, 
     size_t ml = (size_t)(rlen + (foff - aoff));
     ml = (ml + pg - 1) & ~(size_t)(pg - 1);
     shm_at at = {f->dev, f->ino, aoff};
-    bool small = direct_fits(f, held, rlen);
+    bool scored = gm->offer && direct_fits(f, held, rlen); /* may be direct */
     m = retired_take(&gm->retired, &at, ml);
-    if (small && gm->offer) reuse_note(c, m || gone_covers(gm, &at, ml));
+    if (scored) reuse_note(c, m || gone_covers(gm, &at, ml));
     if (!m) {
         int rc = 0;
-        if (small && gm->offer && (gm->lone_offer || c->reuse < SHM_REUSE_MAP))
+        if (scored && (gm->lone_offer || c->reuse < SHM_REUSE_MAP))
             rc = map_direct(c, f, foff, &at, ml, &m);
         else if ((m = park_take(c, &at, ml)) != NULL)
             LL_PREPEND(gm->reviving, m);
