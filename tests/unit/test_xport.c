@@ -1704,6 +1704,7 @@ static void offered_write(ect_xport *t, ect_xport *i, uint64_t id, const region 
  * than SHM_DIRECT_MAX, a window is mapped as before. */
 static void test_shm_direct_windows(void **state) {
     (void)state;
+    shm_remap_mode(SHM_REMAP_CHEAP); /* the larger window's rule: test_shm_large_windows */
     ect_xport *t = open_kind("shm"), *i = open_kind("shm");
     xp_set_offer_id(i, 0x77);
     size_t pg = (size_t)sysconf(_SC_PAGESIZE), below = 128 * pg;
@@ -1760,6 +1761,7 @@ static void test_shm_direct_windows(void **state) {
     test_region_close(t, &r);
     ect_xport_close(i);
     ect_xport_close(t);
+    shm_remap_mode(SHM_REMAP_MEASURE);
 }
 
 /* Offers two windows of len bytes at offs a and b of r in one OFFER to id
@@ -1768,7 +1770,7 @@ static void test_shm_direct_windows(void **state) {
  * while they were open. */
 static size_t offered_pair(ect_xport *t, ect_xport *i, uint64_t id, const region *r, size_t a,
                            size_t b, size_t len, uint8_t seed, size_t below) {
-    static uint8_t src[2][16 * 4096];
+    static uint8_t src[2][80 * 4096];
     char k[2][ECT_XPORT_KEY_MAX];
     const char *keys[2] = {k[0], k[1]};
     assert_true(len <= sizeof src[0]);
@@ -1871,6 +1873,58 @@ static void test_shm_reuse_score(void **state) {
     test_region_close(t, &r);
     ect_xport_close(i);
     ect_xport_close(t);
+}
+
+/* shm, larger offered windows (over SHM_DIRECT_MAX): they move the reuse
+ * score too, but go direct only where page-table changes are dear
+ * (shm_remaps_dear; set here both ways). Where they are dear, pairs on the
+ * pages their OFFER dropped stay mapped and are taken over, and pairs on
+ * other pages go direct once the score falls: nothing mapped, the bytes
+ * land all the same. Where they are cheap, those pairs are mapped every
+ * time (revived or fresh), as before. */
+static void test_shm_large_windows(void **state) {
+    (void)state;
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), len = SHM_DIRECT_MAX + 4 * pg, below = 1024 * pg;
+    for (int dear = 1; dear >= 0; dear--) {
+        shm_remap_mode(dear ? SHM_REMAP_IS_DEAR : SHM_REMAP_CHEAP);
+        assert_int_equal(shm_remaps_dear(), dear);
+        ect_xport *t = open_kind("shm"), *i = open_kind("shm");
+        xp_set_offer_id(i, 0x55);
+        region r;
+        private_region_open(t, 2048 * pg, &r);
+        write_window(t, i, &r, 0, pg, 1); /* connects: the pool's file held */
+        for (int j = 0; j < 8; j++)
+            assert_int_equal(
+                offered_pair(t, i, 0x55, &r, 16 * pg, 100 * pg, len, (uint8_t)j, below), 2 * len);
+        assert_int_equal(shm_direct_count(i), 0);
+        int first_direct = -1;
+        uint64_t before_first = 0;
+        for (int j = 0; j < 40; j++) {
+            size_t a = (size_t)(200 + 160 * (j % 8)) * pg;
+            uint64_t d = shm_direct_count(i);
+            size_t rw = offered_pair(t, i, 0x55, &r, a, a + 80 * pg, len, (uint8_t)j, below);
+            if (!dear) {
+                assert_int_equal(rw, 2 * len);
+                continue;
+            }
+            if (rw == 0 && first_direct < 0) {
+                first_direct = j;
+                before_first = d;
+            }
+            if (first_direct >= 0) assert_int_equal(rw, 0); /* stays direct */
+        }
+        if (dear) {
+            /* the score falls by 1/SHM_REUSE_SPAN of itself a window: ~17 windows */
+            assert_true(first_direct > 4 && first_direct < 20);
+            assert_int_equal(shm_direct_count(i) - before_first, 2 * (uint64_t)(40 - first_direct));
+        } else {
+            assert_int_equal(shm_direct_count(i), 0);
+        }
+        test_region_close(t, &r);
+        ect_xport_close(i);
+        ect_xport_close(t);
+    }
+    shm_remap_mode(SHM_REMAP_MEASURE);
 }
 
 /* Two OFFERs queued before a write of both their windows (and before a
@@ -2295,6 +2349,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_shm_parked_windows),
         cmocka_unit_test(test_shm_direct_windows),
         cmocka_unit_test(test_shm_reuse_score),
+        cmocka_unit_test(test_shm_large_windows),
         cmocka_unit_test(test_shm_parked_runs),
         cmocka_unit_test(test_shm_parked_process_bound),
         cmocka_unit_test(test_shm_offers),
