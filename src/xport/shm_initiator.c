@@ -27,9 +27,9 @@
  * have lately not nearly always landed on pages their own OFFER dropped
  * (the reuse score, below SHM_REUSE_MAP: several steps in flight, whose
  * dropped ranges are still held by items the consumer has not taken); a
- * larger one only on that score, and only where a page-table change costs
- * many times a pwrite of the same bytes (a shadow-paged guest: measured
- * once per process, shm_remaps_dear). Its
+ * larger one only where a page-table change costs many times a pwrite of
+ * the same bytes (a shadow-paged guest: measured once per process,
+ * shm_remaps_dear), and then below the higher SHM_REUSE_MAP_DEAR. Its
  * copies are pwrite(2) calls into the file at the window's offset, checked
  * against the window and its slot like any fast-path copy. It costs no
  * mapping, revival or park: page-table changes that no later window would
@@ -636,12 +636,17 @@ static bool gone_covers(const grant_maps *gm, const shm_at *at, size_t ml) {
     return false;
 }
 
-/* Counts one small window into c's reuse score: whether its pages lay
- * inside a window its own message dropped (mapped or direct), i.e. whether
- * a mapping of it would have cost no page-table change. */
-static void reuse_note(shm_conn *c, bool reused) {
-    c->reuse -= c->reuse / SHM_REUSE_SPAN;
-    if (reused) c->reuse += SHM_REUSE_ONE / SHM_REUSE_SPAN;
+/* Counts one window of rlen bytes into c's reuse score, once per
+ * SHM_DIRECT_MAX bytes of it (rounded up, at most SHM_REUSE_WEIGHT_MAX
+ * times): whether its pages lay inside a window its own message dropped
+ * (mapped or direct), i.e. whether a mapping of it would have cost no
+ * page-table change. */
+static void reuse_note(shm_conn *c, bool reused, uint64_t rlen) {
+    uint64_t w = (rlen + SHM_DIRECT_MAX - 1) / SHM_DIRECT_MAX;
+    for (uint64_t k = 0; k < w && k < SHM_REUSE_WEIGHT_MAX; k++) {
+        c->reuse -= c->reuse / SHM_REUSE_SPAN;
+        if (reused) c->reuse += SHM_REUSE_ONE / SHM_REUSE_SPAN;
+    }
 }
 
 /* The page-table probe (SHM_REMAP_DEAR): the mode tests set, and what the
@@ -719,8 +724,9 @@ static int map_direct(shm_conn *c, const shm_file *f, uint64_t foff, const shm_a
  * over, its pages beyond the new window unmapped; else an offered window
  * that may be direct (direct_fits) is not mapped at all when it is small
  * (SHM_DIRECT_MAX) and offered alone or on a connection whose reuse score
- * is below SHM_REUSE_MAP, or when it is larger, the score is below that
- * and page-table changes are dear here (shm_remaps_dear); else a
+ * is below SHM_REUSE_MAP, or when it is larger, page-table changes are
+ * dear here (shm_remaps_dear) and the score is below SHM_REUSE_MAP_DEAR;
+ * else a
  * parked mapping that starts on the same page is revived; only then is a
  * populated mmap made. Either way nothing read-write lies beyond the new
  * window (a retired mapping is parked or unmapped by the end of its chunk).
@@ -747,11 +753,11 @@ static int map_region(shm_conn *c, const shm_grant_entry *e, const shm_file *f, 
     shm_at at = {f->dev, f->ino, aoff};
     bool scored = gm->offer && direct_fits(f, held); /* may be direct */
     m = retired_take(&gm->retired, &at, ml);
-    if (scored) reuse_note(c, m || gone_covers(gm, &at, ml));
+    if (scored) reuse_note(c, m || gone_covers(gm, &at, ml), rlen);
     if (!m) {
         int rc = 0;
         bool direct = rlen <= SHM_DIRECT_MAX ? gm->lone_offer || c->reuse < SHM_REUSE_MAP
-                                             : c->reuse < SHM_REUSE_MAP && shm_remaps_dear();
+                                             : c->reuse < SHM_REUSE_MAP_DEAR && shm_remaps_dear();
         if (scored && direct)
             rc = map_direct(c, f, foff, &at, ml, &m);
         else if ((m = park_take(c, &at, ml)) != NULL)

@@ -1227,8 +1227,7 @@ static void test_shm_drops_from_log(void **state) {
     uint32_t nd = 99;
     for (int i = 0; i < 3; i++) { /* A, B, C given */
         assert_int_equal(xp_window_open(t, r.key, (uint64_t)i * pg, pg, k[i]), 0);
-        shm_raw_grant_drops(fd, base + i * pg, pg, k[i], &e[i], &nf, buf, drops, SHM_MAX_DROP,
-                            &nd);
+        shm_raw_grant_drops(fd, base + i * pg, pg, k[i], &e[i], &nf, buf, drops, SHM_MAX_DROP, &nd);
         assert_int_equal(e[i].status, 0);
         assert_int_equal(nd, 0);
     }
@@ -1770,7 +1769,7 @@ static void test_shm_direct_windows(void **state) {
  * while they were open. */
 static size_t offered_pair(ect_xport *t, ect_xport *i, uint64_t id, const region *r, size_t a,
                            size_t b, size_t len, uint8_t seed, size_t below) {
-    static uint8_t src[2][80 * 4096];
+    static uint8_t src[2][256 * 4096];
     char k[2][ECT_XPORT_KEY_MAX];
     const char *keys[2] = {k[0], k[1]};
     assert_true(len <= sizeof src[0]);
@@ -1875,34 +1874,50 @@ static void test_shm_reuse_score(void **state) {
     ect_xport_close(t);
 }
 
-/* shm, larger offered windows (over SHM_DIRECT_MAX): they move the reuse
- * score too, but go direct only where page-table changes are dear
- * (shm_remaps_dear; set here both ways). Where they are dear, pairs on the
- * pages their OFFER dropped stay mapped and are taken over, and pairs on
- * other pages go direct once the score falls: nothing mapped, the bytes
- * land all the same. Where they are cheap, those pairs are mapped every
- * time (revived or fresh), as before. */
+/* shm, larger offered windows (1 MiB: over SHM_DIRECT_MAX): they move the
+ * reuse score too, by their bytes (a 1 MiB window weighs four small ones),
+ * but go direct only where page-table changes are dear (shm_remaps_dear;
+ * set here both ways), and then below the higher SHM_REUSE_MAP_DEAR.
+ * Where they are dear, pairs on the pages their OFFER dropped end up
+ * mapped and taken over, and pairs on other pages go direct at once:
+ * nothing mapped, the bytes land all the same. Where they are cheap,
+ * those pairs are mapped every time (revived or fresh), as before. */
 static void test_shm_large_windows(void **state) {
     (void)state;
-    size_t pg = (size_t)sysconf(_SC_PAGESIZE), len = SHM_DIRECT_MAX + 4 * pg, below = 1024 * pg;
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), len = 4 * SHM_DIRECT_MAX, below = 2048 * pg;
+    assert_true(len == 256 * pg); /* the pairs' ranges below are in 4 KiB pages */
     for (int dear = 1; dear >= 0; dear--) {
         shm_remap_mode(dear ? SHM_REMAP_IS_DEAR : SHM_REMAP_CHEAP);
         assert_int_equal(shm_remaps_dear(), dear);
         ect_xport *t = open_kind("shm"), *i = open_kind("shm");
         xp_set_offer_id(i, 0x55);
         region r;
-        private_region_open(t, 2048 * pg, &r);
+        private_region_open(t, 5120 * pg, &r);
         write_window(t, i, &r, 0, pg, 1); /* connects: the pool's file held */
+        /* Pairs on the same two ranges. Where remaps are cheap: mapped
+         * from the first. Where dear: the first pair's two fresh windows
+         * bring the score below SHM_REUSE_MAP_DEAR, so some go direct, then
+         * pairs landing on those closed direct windows' pages raise it
+         * again until a pair is mapped; from then on they are taken over. */
+        int mapped = -1;
+        for (int j = 0; j < 200 && mapped < 0; j++)
+            if (offered_pair(t, i, 0x55, &r, 16 * pg, 300 * pg, len, (uint8_t)j, below) == 2 * len)
+                mapped = j;
+        /* dear: 1 - score halves in ~86 small-window steps, ~11 pairs of
+         * these windows weighing four (~43 if they weighed one) */
+        assert_int_equal(mapped < 0 ? -1 : mapped > 0 && mapped < 20, dear);
+        uint64_t directs = shm_direct_count(i);
+        assert_int_equal(directs > 0, dear);
         for (int j = 0; j < 8; j++)
             assert_int_equal(
-                offered_pair(t, i, 0x55, &r, 16 * pg, 100 * pg, len, (uint8_t)j, below), 2 * len);
-        assert_int_equal(shm_direct_count(i), 0);
+                offered_pair(t, i, 0x55, &r, 16 * pg, 300 * pg, len, (uint8_t)j, below), 2 * len);
+        assert_int_equal(shm_direct_count(i), directs);
         int first_direct = -1;
         uint64_t before_first = 0;
         for (int j = 0; j < 40; j++) {
-            size_t a = (size_t)(200 + 160 * (j % 8)) * pg;
+            size_t a = (size_t)(600 + 520 * (j % 8)) * pg;
             uint64_t d = shm_direct_count(i);
-            size_t rw = offered_pair(t, i, 0x55, &r, a, a + 80 * pg, len, (uint8_t)j, below);
+            size_t rw = offered_pair(t, i, 0x55, &r, a, a + 260 * pg, len, (uint8_t)j, below);
             if (!dear) {
                 assert_int_equal(rw, 2 * len);
                 continue;
@@ -1914,8 +1929,9 @@ static void test_shm_large_windows(void **state) {
             if (first_direct >= 0) assert_int_equal(rw, 0); /* stays direct */
         }
         if (dear) {
-            /* the score falls by 1/SHM_REUSE_SPAN of itself a window: ~17 windows */
-            assert_true(first_direct > 4 && first_direct < 20);
+            /* just above SHM_REUSE_MAP_DEAR after the pairs above: within
+             * a few windows */
+            assert_true(first_direct >= 0 && first_direct <= 2);
             assert_int_equal(shm_direct_count(i) - before_first, 2 * (uint64_t)(40 - first_direct));
         } else {
             assert_int_equal(shm_direct_count(i), 0);
