@@ -109,36 +109,33 @@ uint64_t shm_offer_skips(void);
  * mprotect to revive and park it, nor the TLB shootdown of the park, nor a
  * fresh mapping's faults. */
 #define SHM_DIRECT_MAX (256u << 10)
-/* The reuse score: a moving average over the connection's offered windows
- * in units of 1 / SHM_REUSE_ONE, each SHM_DIRECT_MAX bytes of a window
- * (rounded up, at most SHM_REUSE_WEIGHT_MAX of them: a 2 MiB window and
- * larger ones weigh 1 / 16) weighing 1 / SHM_REUSE_SPAN; a new connection
- * starts at SHM_REUSE_ONE (map, as before). By bytes, because a mapping's
- * page-table cost grows with its pages: a connection of 4.5 MiB windows
- * that land on other pages goes direct after 3 of them, not 17. */
+/* The reuse score: a moving average over the connection's small windows
+ * in units of 1 / SHM_REUSE_ONE, each window weighing 1 / SHM_REUSE_SPAN;
+ * a new connection starts at SHM_REUSE_ONE (map, as before). */
 #define SHM_REUSE_ONE 65536u
 #define SHM_REUSE_SPAN 128u
-#define SHM_REUSE_WEIGHT_MAX 8u
 /* New windows no retired mapping covers are mapped only at or above this
  * score: a mapping pays for its revival or fresh mmap (and its park) only
  * when nearly every later window on its pages takes it over. */
 #define SHM_REUSE_MAP (SHM_REUSE_ONE / 8 * 7)
 /* A message's closed direct windows remembered for the score. */
 #define SHM_GONE_MAX 64
-/* Larger offered windows count in the same score. Below
- * SHM_REUSE_MAP_DEAR, one that no retired mapping covers is direct too,
- * but only where a page-table change is dear: where an mprotect pair and
- * a copy through the pages it changed cost more than SHM_REMAP_DEAR times
- * a pwrite(2) of the same SHM_REMAP_PROBE bytes (measured once per
- * process, the best of three; a guest whose hypervisor shadows its page
- * tables refaults every page it changed, ~9 us a page here). There a
- * fresh or revived mapping of a large window costs ~17 pwrites of it and
- * pays only when dozens of later windows take it over (one step in
- * flight), hence the higher bar. Elsewhere a revived or fresh mapping,
+/* A larger offered window that no retired mapping covers is direct too,
+ * but only where a page-table change is dear, and only when it does not
+ * lie on pages its own message freed (one step in flight: mapped once,
+ * the windows after it take the mapping over with no system call). It
+ * has no score: a fresh or revived mapping of a large window costs ~17
+ * pwrites of it there, so one elsewhere, which no successor takes over,
+ * is never worth mapping, and one on freed pages is mapped at once (a
+ * score's climb back would cost steps of pwrite first, then the same
+ * fresh mappings). Dear: an mprotect pair and a copy through the pages it
+ * changed cost more than SHM_REMAP_DEAR times a pwrite(2) of the same
+ * SHM_REMAP_PROBE bytes (measured once per process, the best of three; a
+ * guest whose hypervisor shadows its page tables refaults every page it
+ * changed, ~9 us a page here). Elsewhere a revived or fresh mapping,
  * copied into on two threads, beats one thread's pwrite of a large
  * window, and it is mapped as before. */
 #define SHM_REMAP_DEAR 2u
-#define SHM_REUSE_MAP_DEAR (SHM_REUSE_ONE / 32 * 31)
 #define SHM_REMAP_PROBE (256u << 10)
 /* Tests: measure (the default), or take page-table changes as cheap or as
  * dear without measuring. */

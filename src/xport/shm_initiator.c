@@ -27,9 +27,9 @@
  * have lately not nearly always landed on pages their own OFFER dropped
  * (the reuse score, below SHM_REUSE_MAP: several steps in flight, whose
  * dropped ranges are still held by items the consumer has not taken); a
- * larger one only where a page-table change costs many times a pwrite of
- * the same bytes (a shadow-paged guest: measured once per process,
- * shm_remaps_dear), and then below the higher SHM_REUSE_MAP_DEAR. Its
+ * larger one where a page-table change costs many times a pwrite of the
+ * same bytes (a shadow-paged guest: measured once per process,
+ * shm_remaps_dear), unless it lies on pages its own message freed. Its
  * copies are pwrite(2) calls into the file at the window's offset, checked
  * against the window and its slot like any fast-path copy. It costs no
  * mapping, revival or park: page-table changes that no later window would
@@ -636,17 +636,12 @@ static bool gone_covers(const grant_maps *gm, const shm_at *at, size_t ml) {
     return false;
 }
 
-/* Counts one window of rlen bytes into c's reuse score, once per
- * SHM_DIRECT_MAX bytes of it (rounded up, at most SHM_REUSE_WEIGHT_MAX
- * times): whether its pages lay inside a window its own message dropped
- * (mapped or direct), i.e. whether a mapping of it would have cost no
- * page-table change. */
-static void reuse_note(shm_conn *c, bool reused, uint64_t rlen) {
-    uint64_t w = (rlen + SHM_DIRECT_MAX - 1) / SHM_DIRECT_MAX;
-    for (uint64_t k = 0; k < w && k < SHM_REUSE_WEIGHT_MAX; k++) {
-        c->reuse -= c->reuse / SHM_REUSE_SPAN;
-        if (reused) c->reuse += SHM_REUSE_ONE / SHM_REUSE_SPAN;
-    }
+/* Counts one small window into c's reuse score: whether its pages lay
+ * inside a window its own message dropped (mapped or direct), i.e. whether
+ * a mapping of it would have cost no page-table change. */
+static void reuse_note(shm_conn *c, bool reused) {
+    c->reuse -= c->reuse / SHM_REUSE_SPAN;
+    if (reused) c->reuse += SHM_REUSE_ONE / SHM_REUSE_SPAN;
 }
 
 /* The page-table probe (SHM_REMAP_DEAR): the mode tests set, and what the
@@ -725,8 +720,8 @@ static int map_direct(shm_conn *c, const shm_file *f, uint64_t foff, const shm_a
  * that may be direct (direct_fits) is not mapped at all when it is small
  * (SHM_DIRECT_MAX) and offered alone or on a connection whose reuse score
  * is below SHM_REUSE_MAP, or when it is larger, page-table changes are
- * dear here (shm_remaps_dear) and the score is below SHM_REUSE_MAP_DEAR;
- * else a
+ * dear here (shm_remaps_dear) and no window its message dropped (mapped or
+ * direct) covered its pages; else a
  * parked mapping that starts on the same page is revived; only then is a
  * populated mmap made. Either way nothing read-write lies beyond the new
  * window (a retired mapping is parked or unmapped by the end of its chunk).
@@ -751,14 +746,18 @@ static int map_region(shm_conn *c, const shm_grant_entry *e, const shm_file *f, 
     size_t ml = (size_t)(rlen + (foff - aoff));
     ml = (ml + pg - 1) & ~(size_t)(pg - 1);
     shm_at at = {f->dev, f->ino, aoff};
-    bool scored = gm->offer && direct_fits(f, held); /* may be direct */
+    bool may_direct = gm->offer && direct_fits(f, held), small = rlen <= SHM_DIRECT_MAX;
     m = retired_take(&gm->retired, &at, ml);
-    if (scored) reuse_note(c, m || gone_covers(gm, &at, ml), rlen);
+    bool reused = m || gone_covers(gm, &at, ml); /* on pages its own message freed */
+    if (may_direct && small) reuse_note(c, reused);
     if (!m) {
         int rc = 0;
-        bool direct = rlen <= SHM_DIRECT_MAX ? gm->lone_offer || c->reuse < SHM_REUSE_MAP
-                                             : c->reuse < SHM_REUSE_MAP_DEAR && shm_remaps_dear();
-        if (scored && direct)
+        /* Small: on the score. Larger, where page-table changes are dear:
+         * direct unless it lies on pages its own message freed (one step
+         * in flight: mapped once, its successors take the mapping over). */
+        bool direct =
+            small ? gm->lone_offer || c->reuse < SHM_REUSE_MAP : !reused && shm_remaps_dear();
+        if (may_direct && direct)
             rc = map_direct(c, f, foff, &at, ml, &m);
         else if ((m = park_take(c, &at, ml)) != NULL)
             LL_PREPEND(gm->reviving, m);

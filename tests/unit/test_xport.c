@@ -1874,14 +1874,15 @@ static void test_shm_reuse_score(void **state) {
     ect_xport_close(t);
 }
 
-/* shm, larger offered windows (1 MiB: over SHM_DIRECT_MAX): they move the
- * reuse score too, by their bytes (a 1 MiB window weighs four small ones),
- * but go direct only where page-table changes are dear (shm_remaps_dear;
- * set here both ways), and then below the higher SHM_REUSE_MAP_DEAR.
- * Where they are dear, pairs on the pages their OFFER dropped end up
- * mapped and taken over, and pairs on other pages go direct at once:
- * nothing mapped, the bytes land all the same. Where they are cheap,
- * those pairs are mapped every time (revived or fresh), as before. */
+/* shm, larger offered windows (1 MiB: over SHM_DIRECT_MAX), with page-table
+ * changes taken as dear and as cheap (shm_remaps_dear; set here). Where
+ * they are dear, a window that does not lie on pages its own OFFER freed
+ * goes direct (nothing mapped, the bytes land all the same), and one that
+ * does is mapped and its successors take the mapping over: a pair's first
+ * OFFER (nothing freed) is direct, the next pair on the same pages is
+ * mapped, the ones after are taken over; pairs on other pages are direct
+ * every time. Where page-table changes are cheap, every pair is mapped
+ * (taken over, revived or fresh), as before. */
 static void test_shm_large_windows(void **state) {
     (void)state;
     size_t pg = (size_t)sysconf(_SC_PAGESIZE), len = 4 * SHM_DIRECT_MAX, below = 2048 * pg;
@@ -1894,48 +1895,21 @@ static void test_shm_large_windows(void **state) {
         region r;
         private_region_open(t, 5120 * pg, &r);
         write_window(t, i, &r, 0, pg, 1); /* connects: the pool's file held */
-        /* Pairs on the same two ranges. Where remaps are cheap: mapped
-         * from the first. Where dear: the first pair's two fresh windows
-         * bring the score below SHM_REUSE_MAP_DEAR, so some go direct, then
-         * pairs landing on those closed direct windows' pages raise it
-         * again until a pair is mapped; from then on they are taken over. */
-        int mapped = -1;
-        for (int j = 0; j < 200 && mapped < 0; j++)
-            if (offered_pair(t, i, 0x55, &r, 16 * pg, 300 * pg, len, (uint8_t)j, below) == 2 * len)
-                mapped = j;
-        /* dear: 1 - score halves in ~86 small-window steps, ~11 pairs of
-         * these windows weighing four (~43 if they weighed one) */
-        assert_int_equal(mapped < 0 ? -1 : mapped > 0 && mapped < 20, dear);
-        uint64_t directs = shm_direct_count(i);
-        assert_int_equal(directs > 0, dear);
+        /* Pairs on the same two ranges. */
+        size_t rw = offered_pair(t, i, 0x55, &r, 16 * pg, 300 * pg, len, 1, below);
+        assert_int_equal(rw, dear ? 0 : 2 * len);
+        assert_int_equal(shm_direct_count(i), dear ? 2 : 0);
         for (int j = 0; j < 8; j++)
             assert_int_equal(
                 offered_pair(t, i, 0x55, &r, 16 * pg, 300 * pg, len, (uint8_t)j, below), 2 * len);
-        assert_int_equal(shm_direct_count(i), directs);
-        int first_direct = -1;
-        uint64_t before_first = 0;
-        for (int j = 0; j < 40; j++) {
+        assert_int_equal(shm_direct_count(i), dear ? 2 : 0);
+        /* Pairs on other pages (eight ranges in turn). */
+        for (int j = 0; j < 16; j++) {
             size_t a = (size_t)(600 + 520 * (j % 8)) * pg;
-            uint64_t d = shm_direct_count(i);
-            size_t rw = offered_pair(t, i, 0x55, &r, a, a + 260 * pg, len, (uint8_t)j, below);
-            if (!dear) {
-                assert_int_equal(rw, 2 * len);
-                continue;
-            }
-            if (rw == 0 && first_direct < 0) {
-                first_direct = j;
-                before_first = d;
-            }
-            if (first_direct >= 0) assert_int_equal(rw, 0); /* stays direct */
+            rw = offered_pair(t, i, 0x55, &r, a, a + 260 * pg, len, (uint8_t)j, below);
+            assert_int_equal(rw, dear ? 0 : 2 * len);
         }
-        if (dear) {
-            /* just above SHM_REUSE_MAP_DEAR after the pairs above: within
-             * a few windows */
-            assert_true(first_direct >= 0 && first_direct <= 2);
-            assert_int_equal(shm_direct_count(i) - before_first, 2 * (uint64_t)(40 - first_direct));
-        } else {
-            assert_int_equal(shm_direct_count(i), 0);
-        }
+        assert_int_equal(shm_direct_count(i), dear ? 2 + 32 : 0);
         test_region_close(t, &r);
         ect_xport_close(i);
         ect_xport_close(t);
