@@ -40,9 +40,9 @@ typedef struct shm_impl {
     pthread_mutex_t smu; /* guards segs and slot_state (target side) */
     shm_seg *segs;
     uint64_t slot_state[SHM_SLOTS]; /* master copy of every segment's states */
-    int slot_next; /* [smu] where the search for a free slot starts (after the last taken) */
+    int slot_next;       /* [smu] where the search for a free slot starts (after the last taken) */
     uint64_t drop_walks; /* drop lists made by a walk of every region (atomic) */
-    xp_conncache cache;             /* the initiator's connections */
+    xp_conncache cache;  /* the initiator's connections */
     /* initiator: BEGINs sent, OFFERs applied, windows written without a
      * mapping (shm_initiator.c, "direct"; tests, benchmarks) */
     uint64_t begins, offers, directs; /* __atomic builtins */
@@ -120,6 +120,30 @@ uint64_t shm_offer_skips(void);
 #define SHM_REUSE_MAP (SHM_REUSE_ONE / 8 * 7)
 /* A message's closed direct windows remembered for the score. */
 #define SHM_GONE_MAX 64
+/* A larger offered window that no retired mapping covers is direct too,
+ * but only where a page-table change is dear, and only when it does not
+ * lie on pages its own message freed (one step in flight: mapped once,
+ * the windows after it take the mapping over with no system call). It
+ * has no score: a fresh or revived mapping of a large window costs ~17
+ * pwrites of it there, so one elsewhere, which no successor takes over,
+ * is never worth mapping, and one on freed pages is mapped at once (a
+ * score's climb back would cost steps of pwrite first, then the same
+ * fresh mappings). Dear: an mprotect pair and a copy through the pages it
+ * changed cost more than SHM_REMAP_DEAR times a pwrite(2) of the same
+ * SHM_REMAP_PROBE bytes (measured once per process, the best of three; a
+ * guest whose hypervisor shadows its page tables refaults every page it
+ * changed, ~9 us a page here). Elsewhere a revived or fresh mapping,
+ * copied into on two threads, beats one thread's pwrite of a large
+ * window, and it is mapped as before. */
+#define SHM_REMAP_DEAR 2u
+#define SHM_REMAP_PROBE (256u << 10)
+/* Tests: measure (the default), or take page-table changes as cheap or as
+ * dear without measuring. */
+enum { SHM_REMAP_MEASURE, SHM_REMAP_CHEAP, SHM_REMAP_IS_DEAR };
+void shm_remap_mode(int mode);
+/* Whether page-table changes are dear here (measured on the first call in
+ * measure mode). */
+bool shm_remaps_dear(void);
 extern const xp_conn_ops shm_conn_ops;
 /* BEGINs x's initiator sent and OFFERs it applied since open. */
 void shm_counts(ect_xport *x, uint64_t *begins, uint64_t *offers);

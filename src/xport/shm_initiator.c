@@ -26,7 +26,10 @@
  * step's spare or reservation), or when the connection's offered windows
  * have lately not nearly always landed on pages their own OFFER dropped
  * (the reuse score, below SHM_REUSE_MAP: several steps in flight, whose
- * dropped ranges are still held by items the consumer has not taken). Its
+ * dropped ranges are still held by items the consumer has not taken); a
+ * larger one where a page-table change costs many times a pwrite of the
+ * same bytes (a shadow-paged guest: measured once per process,
+ * shm_remaps_dear), unless it lies on pages its own message freed. Its
  * copies are pwrite(2) calls into the file at the window's offset, checked
  * against the window and its slot like any fast-path copy. It costs no
  * mapping, revival or park: page-table changes that no later window would
@@ -65,6 +68,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -616,12 +620,12 @@ static int map_fresh(const shm_file *f, const shm_at *at, size_t ml, uint64_t ri
     return 0;
 }
 
-/* True when a window of rlen bytes of file f could be direct (not mapped,
- * written by pwrite): small, in a file the connection holds (held: f is in
- * its table, so the fd outlives the window), and a file of ordinary pages
- * (a huge-page file takes no write(2)). */
-static bool direct_fits(const shm_file *f, bool held, uint64_t rlen) {
-    return held && rlen <= SHM_DIRECT_MAX && f->blksize <= (uint64_t)sysconf(_SC_PAGESIZE);
+/* True when a window of file f could be direct (not mapped, written by
+ * pwrite): in a file the connection holds (held: f is in its table, so the
+ * fd outlives the window), and a file of ordinary pages (a huge-page file
+ * takes no write(2)). */
+static bool direct_fits(const shm_file *f, bool held) {
+    return held && f->blksize <= (uint64_t)sysconf(_SC_PAGESIZE);
 }
 
 /* True when the ml bytes of a file from at->aoff on lie inside a direct
@@ -638,6 +642,58 @@ static bool gone_covers(const grant_maps *gm, const shm_at *at, size_t ml) {
 static void reuse_note(shm_conn *c, bool reused) {
     c->reuse -= c->reuse / SHM_REUSE_SPAN;
     if (reused) c->reuse += SHM_REUSE_ONE / SHM_REUSE_SPAN;
+}
+
+/* The page-table probe (SHM_REMAP_DEAR): the mode tests set, and what the
+ * one measurement of this process found. */
+static int remap_mode = SHM_REMAP_MEASURE;
+static pthread_once_t remap_once = PTHREAD_ONCE_INIT;
+static bool remap_dear;
+
+/* Best of three, on a memory file of SHM_REMAP_PROBE bytes already mapped
+ * and touched: an mprotect pair (a park and a revival) and a copy into
+ * the pages it changed, against a pwrite of the same bytes. Anything that
+ * fails leaves page-table changes taken as cheap (mapped, as before). */
+static void remap_probe(void) {
+    size_t n = SHM_REMAP_PROBE;
+    int fd = memfd_create("ect-remap-probe", MFD_CLOEXEC);
+    uint8_t *src = malloc(n), *m = MAP_FAILED;
+    if (fd >= 0 && src && ftruncate(fd, (off_t)n) == 0)
+        m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m != MAP_FAILED) {
+        memset(src, 0x5a, n);
+        memcpy(m, src, n);
+        uint64_t remap = UINT64_MAX, write = UINT64_MAX;
+        bool ok = true;
+        for (int k = 0; k < 3 && ok; k++) {
+            uint64_t t0 = ect_now_ns();
+            ok = mprotect(m, n, PROT_NONE) == 0 && mprotect(m, n, PROT_READ | PROT_WRITE) == 0;
+            memcpy(m, src, n);
+            uint64_t t1 = ect_now_ns();
+            ok = ok && pwrite(fd, src, n, 0) == (ssize_t)n;
+            uint64_t t2 = ect_now_ns();
+            if (t1 - t0 < remap) remap = t1 - t0;
+            if (t2 - t1 < write) write = t2 - t1;
+        }
+        remap_dear = ok && remap > (uint64_t)SHM_REMAP_DEAR * write;
+        ECT_LOGI("shm",
+                 "page-table probe: an mprotect pair and a copy of %zu KiB %.1f us, a pwrite "
+                 "%.1f us: larger windows that land on other pages are %s",
+                 n >> 10, (double)remap / 1e3, (double)write / 1e3,
+                 remap_dear ? "written with pwrite (page-table changes are dear here)" : "mapped");
+        munmap(m, n);
+    }
+    free(src);
+    if (fd >= 0) close(fd);
+}
+
+void shm_remap_mode(int mode) { __atomic_store_n(&remap_mode, mode, __ATOMIC_RELAXED); }
+
+bool shm_remaps_dear(void) {
+    int mode = __atomic_load_n(&remap_mode, __ATOMIC_RELAXED);
+    if (mode != SHM_REMAP_MEASURE) return mode == SHM_REMAP_IS_DEAR;
+    pthread_once(&remap_once, remap_probe);
+    return remap_dear;
 }
 
 /* A direct window over bytes [foff, foff + rlen) of held file f, whose
@@ -661,8 +717,11 @@ static int map_direct(shm_conn *c, const shm_file *f, uint64_t foff, const shm_a
  * list covers those pages of the same file (the pool handed a closed
  * window's range, or part of it, to the new one), that mapping is taken
  * over, its pages beyond the new window unmapped; else an offered window
- * that may be direct (direct_fits), offered alone or on a connection whose
- * reuse score is below SHM_REUSE_MAP, is not mapped at all; else a
+ * that may be direct (direct_fits) is not mapped at all when it is small
+ * (SHM_DIRECT_MAX) and offered alone or on a connection whose reuse score
+ * is below SHM_REUSE_MAP, or when it is larger, page-table changes are
+ * dear here (shm_remaps_dear) and no window its message dropped (mapped or
+ * direct) covered its pages; else a
  * parked mapping that starts on the same page is revived; only then is a
  * populated mmap made. Either way nothing read-write lies beyond the new
  * window (a retired mapping is parked or unmapped by the end of its chunk).
@@ -687,12 +746,18 @@ static int map_region(shm_conn *c, const shm_grant_entry *e, const shm_file *f, 
     size_t ml = (size_t)(rlen + (foff - aoff));
     ml = (ml + pg - 1) & ~(size_t)(pg - 1);
     shm_at at = {f->dev, f->ino, aoff};
-    bool scored = gm->offer && direct_fits(f, held, rlen); /* may be direct */
+    bool may_direct = gm->offer && direct_fits(f, held), small = rlen <= SHM_DIRECT_MAX;
     m = retired_take(&gm->retired, &at, ml);
-    if (scored) reuse_note(c, m || gone_covers(gm, &at, ml));
+    bool reused = m || gone_covers(gm, &at, ml); /* on pages its own message freed */
+    if (may_direct && small) reuse_note(c, reused);
     if (!m) {
         int rc = 0;
-        if (scored && (gm->lone_offer || c->reuse < SHM_REUSE_MAP))
+        /* Small: on the score. Larger, where page-table changes are dear:
+         * direct unless it lies on pages its own message freed (one step
+         * in flight: mapped once, its successors take the mapping over). */
+        bool direct =
+            small ? gm->lone_offer || c->reuse < SHM_REUSE_MAP : !reused && shm_remaps_dear();
+        if (may_direct && direct)
             rc = map_direct(c, f, foff, &at, ml, &m);
         else if ((m = park_take(c, &at, ml)) != NULL)
             LL_PREPEND(gm->reviving, m);

@@ -1227,8 +1227,7 @@ static void test_shm_drops_from_log(void **state) {
     uint32_t nd = 99;
     for (int i = 0; i < 3; i++) { /* A, B, C given */
         assert_int_equal(xp_window_open(t, r.key, (uint64_t)i * pg, pg, k[i]), 0);
-        shm_raw_grant_drops(fd, base + i * pg, pg, k[i], &e[i], &nf, buf, drops, SHM_MAX_DROP,
-                            &nd);
+        shm_raw_grant_drops(fd, base + i * pg, pg, k[i], &e[i], &nf, buf, drops, SHM_MAX_DROP, &nd);
         assert_int_equal(e[i].status, 0);
         assert_int_equal(nd, 0);
     }
@@ -1704,6 +1703,7 @@ static void offered_write(ect_xport *t, ect_xport *i, uint64_t id, const region 
  * than SHM_DIRECT_MAX, a window is mapped as before. */
 static void test_shm_direct_windows(void **state) {
     (void)state;
+    shm_remap_mode(SHM_REMAP_CHEAP); /* the larger window's rule: test_shm_large_windows */
     ect_xport *t = open_kind("shm"), *i = open_kind("shm");
     xp_set_offer_id(i, 0x77);
     size_t pg = (size_t)sysconf(_SC_PAGESIZE), below = 128 * pg;
@@ -1760,6 +1760,7 @@ static void test_shm_direct_windows(void **state) {
     test_region_close(t, &r);
     ect_xport_close(i);
     ect_xport_close(t);
+    shm_remap_mode(SHM_REMAP_MEASURE);
 }
 
 /* Offers two windows of len bytes at offs a and b of r in one OFFER to id
@@ -1768,7 +1769,7 @@ static void test_shm_direct_windows(void **state) {
  * while they were open. */
 static size_t offered_pair(ect_xport *t, ect_xport *i, uint64_t id, const region *r, size_t a,
                            size_t b, size_t len, uint8_t seed, size_t below) {
-    static uint8_t src[2][16 * 4096];
+    static uint8_t src[2][256 * 4096];
     char k[2][ECT_XPORT_KEY_MAX];
     const char *keys[2] = {k[0], k[1]};
     assert_true(len <= sizeof src[0]);
@@ -1871,6 +1872,49 @@ static void test_shm_reuse_score(void **state) {
     test_region_close(t, &r);
     ect_xport_close(i);
     ect_xport_close(t);
+}
+
+/* shm, larger offered windows (1 MiB: over SHM_DIRECT_MAX), with page-table
+ * changes taken as dear and as cheap (shm_remaps_dear; set here). Where
+ * they are dear, a window that does not lie on pages its own OFFER freed
+ * goes direct (nothing mapped, the bytes land all the same), and one that
+ * does is mapped and its successors take the mapping over: a pair's first
+ * OFFER (nothing freed) is direct, the next pair on the same pages is
+ * mapped, the ones after are taken over; pairs on other pages are direct
+ * every time. Where page-table changes are cheap, every pair is mapped
+ * (taken over, revived or fresh), as before. */
+static void test_shm_large_windows(void **state) {
+    (void)state;
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), len = 4 * SHM_DIRECT_MAX, below = 2048 * pg;
+    assert_true(len == 256 * pg); /* the pairs' ranges below are in 4 KiB pages */
+    for (int dear = 1; dear >= 0; dear--) {
+        shm_remap_mode(dear ? SHM_REMAP_IS_DEAR : SHM_REMAP_CHEAP);
+        assert_int_equal(shm_remaps_dear(), dear);
+        ect_xport *t = open_kind("shm"), *i = open_kind("shm");
+        xp_set_offer_id(i, 0x55);
+        region r;
+        private_region_open(t, 5120 * pg, &r);
+        write_window(t, i, &r, 0, pg, 1); /* connects: the pool's file held */
+        /* Pairs on the same two ranges. */
+        size_t rw = offered_pair(t, i, 0x55, &r, 16 * pg, 300 * pg, len, 1, below);
+        assert_int_equal(rw, dear ? 0 : 2 * len);
+        assert_int_equal(shm_direct_count(i), dear ? 2 : 0);
+        for (int j = 0; j < 8; j++)
+            assert_int_equal(
+                offered_pair(t, i, 0x55, &r, 16 * pg, 300 * pg, len, (uint8_t)j, below), 2 * len);
+        assert_int_equal(shm_direct_count(i), dear ? 2 : 0);
+        /* Pairs on other pages (eight ranges in turn). */
+        for (int j = 0; j < 16; j++) {
+            size_t a = (size_t)(600 + 520 * (j % 8)) * pg;
+            rw = offered_pair(t, i, 0x55, &r, a, a + 260 * pg, len, (uint8_t)j, below);
+            assert_int_equal(rw, dear ? 0 : 2 * len);
+        }
+        assert_int_equal(shm_direct_count(i), dear ? 2 + 32 : 0);
+        test_region_close(t, &r);
+        ect_xport_close(i);
+        ect_xport_close(t);
+    }
+    shm_remap_mode(SHM_REMAP_MEASURE);
 }
 
 /* Two OFFERs queued before a write of both their windows (and before a
@@ -2295,6 +2339,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_shm_parked_windows),
         cmocka_unit_test(test_shm_direct_windows),
         cmocka_unit_test(test_shm_reuse_score),
+        cmocka_unit_test(test_shm_large_windows),
         cmocka_unit_test(test_shm_parked_runs),
         cmocka_unit_test(test_shm_parked_process_bound),
         cmocka_unit_test(test_shm_offers),
