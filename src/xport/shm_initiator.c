@@ -663,7 +663,7 @@ static void remap_probe(void) {
     if (m != MAP_FAILED) {
         memset(src, 0x5a, n);
         memcpy(m, src, n);
-        uint64_t remap = UINT64_MAX, write = UINT64_MAX;
+        uint64_t remap_ns = UINT64_MAX, pwrite_ns = UINT64_MAX;
         bool ok = true;
         for (int k = 0; k < 3 && ok; k++) {
             uint64_t t0 = ect_now_ns();
@@ -672,14 +672,14 @@ static void remap_probe(void) {
             uint64_t t1 = ect_now_ns();
             ok = ok && pwrite(fd, src, n, 0) == (ssize_t)n;
             uint64_t t2 = ect_now_ns();
-            if (t1 - t0 < remap) remap = t1 - t0;
-            if (t2 - t1 < write) write = t2 - t1;
+            if (t1 - t0 < remap_ns) remap_ns = t1 - t0;
+            if (t2 - t1 < pwrite_ns) pwrite_ns = t2 - t1;
         }
-        remap_dear = ok && remap > (uint64_t)SHM_REMAP_DEAR * write;
+        remap_dear = ok && remap_ns > (uint64_t)SHM_REMAP_DEAR * pwrite_ns;
         ECT_LOGI("shm",
                  "page-table probe: an mprotect pair and a copy of %zu KiB %.1f us, a pwrite "
                  "%.1f us: larger windows that land on other pages are %s",
-                 n >> 10, (double)remap / 1e3, (double)write / 1e3,
+                 n >> 10, (double)remap_ns / 1e3, (double)pwrite_ns / 1e3,
                  remap_dear ? "written with pwrite (page-table changes are dear here)" : "mapped");
         munmap(m, n);
     }
