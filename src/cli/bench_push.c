@@ -563,6 +563,7 @@ typedef struct push_srv {
  * copies (each step allocates afresh, as on loopback). */
 static void *push_srv_loop(void *p) {
     push_srv *v = p;
+    pthread_setname_np(pthread_self(), "ect-bench-sched");
     while (!v->stop) {
         ect_push_scheduler_wait(v->s, 100); /* sleeps until an item lands (stop: within 100 ms) */
         ect_push_sched_item it;

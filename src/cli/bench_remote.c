@@ -110,6 +110,7 @@ static void told_session(srv *s, int fd, char *out, size_t cap) {
 
 static void *serve(void *p) {
     conn *c = p;
+    pthread_setname_np(pthread_self(), "ect-bench-conn");
     char line[128];
     uint64_t n = 0;
     if (read_line(c->fd, line, sizeof line) < 0) goto out;

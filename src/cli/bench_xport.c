@@ -82,6 +82,7 @@ typedef struct raw_ctx {
 
 static void *raw_server(void *p) {
     raw_ctx *c = p;
+    pthread_setname_np(pthread_self(), "ect-bench-raw");
     for (;;) {
         size_t got = 0;
         while (got < c->n) {

@@ -213,6 +213,7 @@ static void publish(ect_pull_producer *p, wire_pull_item *items, size_t n) {
 
 static void *save_main(void *arg) {
     ect_pull_producer *p = arg;
+    pthread_setname_np(pthread_self(), "ect-pull-save");
     for (;;) {
         pthread_mutex_lock(&p->mu);
         while (!p->q_head && !p->save_stop) pthread_cond_wait(&p->cv, &p->mu);
@@ -794,6 +795,7 @@ static void listener_main(ect_pull_producer *p) {
 
 static void *router_main(void *arg) {
     ect_pull_producer *p = arg;
+    pthread_setname_np(pthread_self(), "ect-pull-router");
     if (p->lst) {
         listener_main(p);
         return NULL;
@@ -1009,7 +1011,7 @@ int ect_pull_producer_open(const ect_pull_producer_opts *opts, ect_pull_producer
     po.alignment = opts->alignment;
     po.use_memfd = 1;
     if ((rc = ect_pool_open(&po, &p->pool)) != 0) goto fail;
-    lane_ops lo = {.run = lane_run, .ctx = p};
+    lane_ops lo = {.run = lane_run, .ctx = p, .name = "ect-pull-lane"};
     if ((rc = lanes_open(&lo, opts->max_lanes, LANE_IDLE_MS, &p->lanes)) != 0) goto fail;
 
     ect_xport_opts xo;

@@ -934,6 +934,7 @@ static bool serve_requests(ctl_server *s) {
 
 static void *server_main(void *arg) {
     ctl_server *s = arg;
+    pthread_setname_np(pthread_self(), "ect-ctl-server");
     uint64_t next_reap = ect_now_ms() + (uint64_t)s->o.reap_interval_ms;
     while (!atomic_load(&s->stop)) {
         if (!serve_requests(s)) break;

@@ -80,6 +80,7 @@ static int discover(inbox *b, ctl_client *cli, int *ports, int *evp, size_t *n,
 
 static void *discovery_main(void *arg) {
     inbox *b = arg;
+    pthread_setname_np(pthread_self(), "ect-ev-discover");
     ctl_client *cli = NULL;
     if (ctl_client_open(b->dctx, b->o.timeout_ms, &cli)) {
         ECT_LOGE(MOD, "discovery: %s", ect_last_error());

@@ -307,7 +307,7 @@ uint64_t pp_lent(ect_push_producer *p) { return atomic_load(&p->lent); }
 uint64_t pp_lend_yields(ect_push_producer *p) { return atomic_load(&p->yields); }
 
 int pp_lanes_open(ect_push_producer *p) {
-    lane_ops o = {lane_start, lane_run, lane_stop, lane_cancel, p, lendable};
+    lane_ops o = {lane_start, lane_run, lane_stop, lane_cancel, p, lendable, "ect-push-ctl"};
     return lanes_open(&o, PP_MAX_LANES, PP_LANE_IDLE_MS, &p->lanes);
 }
 

@@ -39,6 +39,7 @@
  * Locking: the table and the batcher are called under p->mu; the mutex is
  * dropped around every send, write and release callback.
  */
+#include <pthread.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -130,7 +131,7 @@ static void write_lane_run(void *ctx, lane *l, void *state, lane_job *lj) {
 }
 
 int pp_write_lanes_open(ect_push_producer *p) {
-    lane_ops o = {.run = write_lane_run, .ctx = p};
+    lane_ops o = {.run = write_lane_run, .ctx = p, .name = "ect-push-write"};
     return lanes_open(&o, PP_MAX_LANES, PP_LANE_IDLE_MS, &p->wlanes);
 }
 
@@ -483,6 +484,7 @@ static void close_all(ect_push_producer *p) {
  * waits, backoffs, tombstones); otherwise it sleeps. */
 void *pp_dispatch_main(void *arg) {
     ect_push_producer *p = arg;
+    pthread_setname_np(pthread_self(), "ect-push-disp");
     runner self = {PP_RUN_DISPATCHER, false, NULL, false};
     bool timed = false;
     pthread_mutex_lock(&p->mu);

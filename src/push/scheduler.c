@@ -213,6 +213,7 @@ static void ask_ready(ect_push_scheduler *s, ctl_client *cli, job *j) {
 
 static void *cancel_main(void *arg) {
     ect_push_scheduler *s = arg;
+    pthread_setname_np(pthread_self(), "ect-sched-cncl");
     ctl_client *cli = NULL;
     if (ctl_client_open(s->cctx, ctl_timeout_ms(s->o.control_timeout_s), &cli)) {
         ECT_LOGE(MOD, "cancel thread: %s", ect_last_error());

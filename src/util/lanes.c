@@ -91,6 +91,7 @@ static lane_job *pop_locked(lane *l) {
 static void *lane_main(void *arg) {
     lane *l = arg;
     lane_pool *lp = l->lp;
+    pthread_setname_np(pthread_self(), lp->ops.name ? lp->ops.name : "ect-lane");
     void *state = lp->ops.start ? lp->ops.start(lp->ops.ctx, l->key) : NULL;
     lane_job *cancelled = NULL, *resumed = NULL;
     pthread_mutex_lock(&lp->mu);

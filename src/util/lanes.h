@@ -49,6 +49,9 @@ typedef struct lane_ops {
      * (lanes_submit_quiet) for a borrower; called on that thread, without
      * the pool's lock, so the owner can tell a thread that lends. */
     void (*lendable)(void *ctx);
+    /* Optional: the lanes' thread name (at most 15 characters; top -H, perf,
+     * gdb show it); NULL: "ect-lane". */
+    const char *name;
 } lane_ops;
 
 typedef struct lane_pool lane_pool;

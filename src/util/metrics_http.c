@@ -103,6 +103,7 @@ static void serve_conn(int fd) {
 
 static void *server_main(void *arg) {
     ect_metrics_server *m = arg;
+    pthread_setname_np(pthread_self(), "ect-metrics");
     for (;;) {
         struct pollfd pf[2] = {{.fd = m->fd, .events = POLLIN},
                                {.fd = m->wake[0], .events = POLLIN}};

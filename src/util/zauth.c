@@ -188,6 +188,7 @@ static void answer(zauth *a, zap_req *r) {
 
 static void *handler_main(void *arg) {
     zauth *a = arg;
+    pthread_setname_np(pthread_self(), "ect-zauth");
     void *pipe = zmq_socket(a->zctx, ZMQ_PAIR);
     if (!pipe || zmq_connect(pipe, a->stop_ep) != 0) {
         ECT_LOGE(MOD, "%s: cannot reach the stop pipe; the handler stops", a->who);

@@ -19,6 +19,7 @@
  * OFFER built and sent under the connection's lock, as every GRANT is, never
  * waited for, and undone in the connection's sets when it cannot be sent.
  */
+#include <pthread.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -381,6 +382,7 @@ static int read_id(shm_impl *si, shm_seg *seg, uint8_t *in, int to) {
 
 static void serve_conn(void *ctx, int fd, int stopfd) {
     ect_xport *x = ctx;
+    pthread_setname_np(pthread_self(), "ect-shm-target");
     shm_impl *si = x->impl;
     shm_seg seg = {0};
     int segfd = -1;

@@ -18,6 +18,7 @@
  * closed, so the next batch reconnects. Any number of threads may run
  * batches at once; each takes its own connections from the cache.
  */
+#include <pthread.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
@@ -141,6 +142,7 @@ static int target_auth(ect_xport *x, int fd) {
 
 static void serve_conn(void *ctx, int fd, int stopfd) {
     ect_xport *x = ctx;
+    pthread_setname_np(pthread_self(), "ect-tcp-target");
     tcp_rx rx;
     dev_sink sink = {0};
     (void)stopfd; /* the server's stop shuts the socket down, which ends recv() */

@@ -29,6 +29,7 @@
  * unregistered region or window, nor one outside a window's registration;
  * RDMA hardware does, tcp and cma do not.
  */
+#include <pthread.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
@@ -100,6 +101,7 @@ static int ucs_err(ucs_status_t s, const char *what) {
  * initiator.) */
 static void *progress_main(void *arg) {
     ucx_impl *u = arg;
+    pthread_setname_np(pthread_self(), "ect-ucx-prog");
     unsigned nap_us = 0;
     prctl(PR_SET_TIMERSLACK, 1000UL); /* 1 us: short naps stay short */
     for (;;) {
@@ -124,6 +126,7 @@ static void *progress_main(void *arg) {
  * initiator learns that the target went away, whatever UCX transport runs. */
 static void serve_addr(void *ctx, int fd, int stopfd) {
     ucx_impl *u = ctx;
+    pthread_setname_np(pthread_self(), "ect-ucx-addr");
     uint8_t h[8];
     xp_put_u32(h, UCX_MAGIC_ADDR);
     xp_put_u32(h + 4, (uint32_t)u->taddr_len);

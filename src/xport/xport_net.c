@@ -8,6 +8,7 @@
  * and per peer address) so a flood of connections costs a bounded number of
  * threads and descriptors.
  */
+#include <pthread.h>
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -259,6 +260,7 @@ static void reap(xp_server *s, bool all) {
 
 static void *accept_main(void *arg) {
     xp_server *s = arg;
+    pthread_setname_np(pthread_self(), "ect-xp-accept");
     struct pollfd p[2] = {{.fd = s->lfd, .events = POLLIN}, {.fd = s->stopfd, .events = POLLIN}};
     for (;;) {
         int pr = poll(p, 2, 1000);

@@ -2,8 +2,8 @@
  * Tests for util/lanes, the keyed worker lanes: order per key on one thread,
  * keys in parallel (a blocked key does not hold up another), the lane limit,
  * per-lane state made and ended on the lane's thread, idle lanes ending, the
- * jobs queued behind one seen (lane_has_queued) and taken back, and close with and without
- * draining. Readiness by state (polls with generous deadlines), never by sleeping.
+ * jobs queued behind one seen (lane_has_queued) and taken back, the lanes' thread name, and
+ * close with and without draining. Readiness by state (polls with generous deadlines), never by sleeping.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -30,6 +30,7 @@ typedef struct job {
 
 static atomic_int starts, stops, order_errors, last_seq[8];
 static lane_job *taken;
+static pthread_t main_thread; /* lends in test_lend */
 
 static void *on_start(void *ctx, const char *key) {
     (void)ctx;
@@ -52,6 +53,10 @@ static void on_run(void *ctx, lane *l, void *state, lane_job *lj) {
     snprintf(want, sizeof want, "k%d", j->key);
     assert_string_equal(state, want); /* this lane's own state */
     assert_string_equal(lane_key(l), want);
+    char name[16] = "";
+    assert_int_equal(pthread_getname_np(pthread_self(), name, sizeof name), 0);
+    if (!pthread_equal(pthread_self(), main_thread)) /* a lane's own thread, not a lender */
+        assert_string_equal(name, "ect-test-lane"); /* ops.name names it */
     if (j->wait_for) wait_true(j->wait_for);
     if (atomic_exchange(&last_seq[j->key], j->seq) != j->seq - 1)
         atomic_fetch_add(&order_errors, 1);
@@ -76,7 +81,7 @@ static void on_cancel(void *ctx, lane_job *lj) {
     atomic_store(&((job *)lj)->cancelled, true);
 }
 
-static const lane_ops OPS = {on_start, on_run, on_stop, on_cancel, NULL, NULL};
+static const lane_ops OPS = {on_start, on_run, on_stop, on_cancel, NULL, NULL, "ect-test-lane"};
 
 static void reset(void) {
     atomic_store(&starts, 0);
@@ -324,6 +329,7 @@ static void test_lend(void **state) {
 }
 
 int main(void) {
+    main_thread = pthread_self();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_order_parallel_and_limit),
         cmocka_unit_test(test_idle_lanes_end),
