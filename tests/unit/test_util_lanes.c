@@ -3,7 +3,8 @@
  * keys in parallel (a blocked key does not hold up another), the lane limit,
  * per-lane state made and ended on the lane's thread, idle lanes ending, the
  * jobs queued behind one seen (lane_has_queued) and taken back, the lanes' thread name, and
- * close with and without draining. Readiness by state (polls with generous deadlines), never by sleeping.
+ * close with and without draining. Readiness by state (polls with generous deadlines), never by
+ * sleeping.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -56,7 +57,7 @@ static void on_run(void *ctx, lane *l, void *state, lane_job *lj) {
     char name[16] = "";
     assert_int_equal(pthread_getname_np(pthread_self(), name, sizeof name), 0);
     if (!pthread_equal(pthread_self(), main_thread)) /* a lane's own thread, not a lender */
-        assert_string_equal(name, "ect-test-lane"); /* ops.name names it */
+        assert_string_equal(name, "ect-test-lane");  /* ops.name names it */
     if (j->wait_for) wait_true(j->wait_for);
     if (atomic_exchange(&last_seq[j->key], j->seq) != j->seq - 1)
         atomic_fetch_add(&order_errors, 1);
