@@ -101,6 +101,7 @@ typedef struct row {
      * p50), raw p50 being one raw write_batch of the step's k items */
     double rtt_ms, lat_ratio;
     size_t rounds, raw_rounds; /* the timed rounds of the push and of the limit */
+    cli_thr_acc *thr;          /* --threads: CPU by thread over the push rounds (else NULL) */
     bool ok;
 } row;
 
@@ -300,6 +301,20 @@ typedef struct raw_side {
  * change of load on a busy machine hits both alike. The push's columns come
  * from its rounds only; raw GB/s and p50 from the limit's. A limit call
  * that fails stops the limit's rounds (its columns stay NaN). */
+/* A timed push round; with thr, the CPU of each thread over it (the two
+ * snapshots lie outside the round's own clocks; bench_push checked once
+ * that they can be taken, and a round whose snapshot fails is not added). */
+static int push_round_threads(push_job *j, uint64_t dur_ns, cli_thr_acc *thr) {
+    static cli_thr_snap a, b; /* one bench thread */
+    if (!thr) return push_round(j, dur_ns, 1, false);
+    bool before = cli_thr_snap_take(&a);
+    uint64_t t0 = cli_now_ns();
+    int rc = push_round(j, dur_ns, 1, false);
+    uint64_t wall = cli_now_ns() - t0;
+    if (!rc && before && cli_thr_snap_take(&b)) cli_thr_acc_add(thr, &a, &b, wall);
+    return rc;
+}
+
 static int run_row(push_job *j, raw_side *raw, double secs, double warm_s, row *r) {
     size_t rounds = cli_round_count(secs);
     uint64_t dur = (uint64_t)(secs * 1e9) / rounds, warm_ns = (uint64_t)(warm_s * 1e9);
@@ -311,7 +326,7 @@ static int run_row(push_job *j, raw_side *raw, double secs, double warm_s, row *
     ect_push_producer_stats(j->p, &st0);
     j->next_ping = cli_now_ns() + PING_EVERY_NS;
     for (size_t i = 0; !rc && i < rounds; i++) {
-        rc = push_round(j, dur, 1, false);
+        rc = push_round_threads(j, dur, r->thr);
         if (!rc && raw->fn && cli_round(raw->fn, raw->ctx, dur, SIZE_MAX, &lim) != 0)
             raw->fn = NULL;
     }
@@ -412,6 +427,7 @@ static void print_row(bool json, bool *first, const char *kind, uint64_t n, size
         }
         printf(",\"rounds\":%zu,\"raw_rounds\":%zu", r->rounds, r->raw_rounds);
         if (server) printf(",\"limit\":\"raw-tcp\",\"server\":\"%s\"", server);
+        if (r->thr) cli_thr_acc_print(r->thr, true);
         printf("}");
         *first = false;
     } else {
@@ -422,6 +438,7 @@ static void print_row(bool json, bool *first, const char *kind, uint64_t n, size
             "%-4s %9s %4zu %3zu %9.0f %8.2f %8.2f %8.2f %6.1f %8.1f   %8.2f %8.2f %s %s  %6.2f\n",
             kind, sz, k, fl, r->items_s, r->gbps, r->p50_ms, r->p99_ms, r->rt_per_step, r->cpu_us,
             r->raw_gbps, r->raw_p50_ms, rtt, lim, ratio);
+        if (r->thr) cli_thr_acc_print(r->thr, false);
     }
     fflush(stdout);
 }
@@ -431,6 +448,7 @@ typedef struct cases {
     const uint64_t *sizes, *steps, *flights;
     size_t nsizes, nsteps, nflights;
     bool json, *first;
+    bool threads; /* --threads */
     void **src;
     double secs, warm;
     uint64_t *serial;
@@ -449,7 +467,10 @@ static int run_cases(const cases *cs, const char *kind, const char *server, case
             size_t k = (size_t)cs->steps[ki / cs->nflights];
             size_t fl = (size_t)cs->flights[ki % cs->nflights];
             row r;
+            cli_thr_acc thr;
             memset(&r, 0, sizeof r);
+            memset(&thr, 0, sizeof thr);
+            r.thr = cs->threads ? &thr : NULL;
             r.raw_gbps = NAN;
             r.raw_p50_ms = NAN;
             r.rtt_ms = NAN;
@@ -708,6 +729,9 @@ static void help(void) {
            "  --inflight LIST   steps kept in flight (default 1: each step waits for the\n"
            "                    previous one's results; N: a new step starts whenever fewer\n"
            "                    than N are unfinished); column `fl`\n"
+           "  --threads         after each row, the CPU of every thread over the row's push\n"
+           "                    rounds, summed by thread name (README \"Threads\"), as a\n"
+           "                    share of one CPU; JSON: \"threads\": {NAME: SHARE}\n"
            "  --pool-size SIZE  server: the shard's pool (default 1GiB)\n\n"
            "Two hosts (tcp), as `ect bench xport`: on one, `ect bench push --server`; on the\n"
            "other, `ect bench push --client HOST:PORT` pushes the same steps to it (JSON rows\n"
@@ -756,13 +780,14 @@ int bench_push(int argc, char **argv) {
                                          {"sizes", required_argument, 0, 'z'},
                                          {"inflight", required_argument, 0, 'f'},
                                          {"pool-size", required_argument, 0, 'Z'},
+                                         {"threads", no_argument, 0, 'T'},
                                          BENCH_REMOTE_OPTIONS,
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     bench_remote_args ra;
     bench_remote_args_init(&ra);
     uint64_t pool = 1ull << 30;
-    bool json = false;
+    bool json = false, threads = false;
     double secs = 0.3;
     const char *list = "tcp,shm";
     uint64_t steps[MAX_LIST] = {1, 8, 32}, sizes[MAX_LIST] = {64 << 10, 4718592, 16 << 20};
@@ -780,6 +805,7 @@ int bench_push(int argc, char **argv) {
                 return cli_usage_error("bench push", "--pool-size: at least 1MiB");
             break;
         case 'j': json = true; break;
+        case 'T': threads = true; break;
         case 't': list = optarg; break;
         case 's':
             if (!cli_parse_seconds("bench push", optarg, 0.05, 60, &secs)) return CLI_EXIT_USAGE;
@@ -803,6 +829,12 @@ int bench_push(int argc, char **argv) {
     int cp = 0;
     if (bench_remote_check("push", &ra, ch, sizeof ch, &cp) != CLI_EXIT_OK) return CLI_EXIT_USAGE;
     if (ra.server) return push_server(&ra, pool);
+    static cli_thr_snap probe;
+    if (threads && !cli_thr_snap_take(&probe)) {
+        fprintf(stderr, "ect bench push: --threads: cannot read /proc/self/task/*/schedstat "
+                        "(no /proc, or a kernel without CONFIG_SCHED_INFO)\n");
+        return CLI_EXIT_FAIL;
+    }
     char kinds[64];
     snprintf(kinds, sizeof kinds, "%s", list);
     for (char *save = NULL, *k = strtok_r(kinds, ",", &save); k; k = strtok_r(NULL, ",", &save))
@@ -842,6 +874,7 @@ int bench_push(int argc, char **argv) {
                 .nflights = nflights,
                 .json = json,
                 .first = &first,
+                .threads = threads,
                 .src = src,
                 .secs = secs,
                 .warm = ra.warm_ms / 1000,

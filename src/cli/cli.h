@@ -201,6 +201,33 @@ void cli_rounds_summarize(cli_rounds *r, uint64_t bytes, cli_timing *s);
 int cli_timed_pair(cli_iter_fn fa, void *ca, uint64_t bytes_a, cli_iter_fn fb, void *cb,
                    uint64_t bytes_b, double secs, cli_timing *sa, cli_timing *sb);
 
+/* thread_cpu.c: CPU time by thread name over intervals (`ect bench push
+ * --threads`), from /proc/self/task/TID/{comm,schedstat}. */
+#define CLI_THR_MAX 64
+typedef struct cli_thr {
+    long tid; /* snapshots only */
+    uint64_t ns;
+    char name[16];
+} cli_thr;
+typedef struct cli_thr_snap {
+    size_t n;
+    cli_thr t[CLI_THR_MAX];
+} cli_thr_snap;
+typedef struct cli_thr_acc {
+    size_t n;
+    cli_thr t[CLI_THR_MAX]; /* one per name: its summed ns */
+    uint64_t wall_ns;       /* the intervals' wall time */
+} cli_thr_acc;
+/* False when no task could be read (no /proc, or no schedstat: a kernel
+ * without CONFIG_SCHED_INFO). */
+bool cli_thr_snap_take(cli_thr_snap *s);
+/* Adds the CPU between two snapshots, by name, and the interval's wall time. */
+void cli_thr_acc_add(cli_thr_acc *a, const cli_thr_snap *before, const cli_thr_snap *after,
+                     uint64_t wall_ns);
+/* Text: one line, names of at least 0.5 % of one CPU, busiest first; JSON:
+ * `,"threads":{NAME:SHARE,...}` inside the row's object. Sorts a. */
+void cli_thr_acc_print(cli_thr_acc *a, bool json);
+
 /* json_out.c: s needs no JSON escape (printable ASCII, no '"' or '\\'). */
 bool cli_json_plain(const char *s);
 /* json_out.c: v as jansson prints json_real(v) (17 significant digits, ".0"

@@ -181,5 +181,23 @@ assert rows[0]["round_trips_per_step"] == 1 and rows[1]["round_trips_per_step"] 
 assert all(r["ctl_rtt_ms"] > 0 and r["p50_over_limit"] > 0 for r in rows), rows
 # push rounds and raw rounds alternate: at least 3 of each kind per row
 assert all(r["rounds"] >= 3 and r["raw_rounds"] >= 3 for r in rows), rows
+assert all("threads" not in r for r in rows), rows  # only with --threads
 EOF
+# --threads: the CPU of each named thread over the push rounds (README "Threads")
+timeout 60 "$ect" bench push --json --threads --seconds 0.05 --transport tcp --sizes 64KiB \
+  --steps 4 >"$tmp/bench_thr.json"
+python3 - "$tmp/bench_thr.json" <<'EOF'
+import json, os, sys
+rows = json.load(open(sys.argv[1]))
+thr = rows[0]["threads"]
+# the shard's control server answered the steps, its data-plane target took the bytes
+assert thr["ect-ctl-server"] > 0 and thr["ect-tcp-target"] > 0, thr
+# shares of one CPU: together at most the CPUs this process may run on (and a little slop)
+assert all(v >= 0 for v in thr.values()), thr
+assert sum(thr.values()) <= len(os.sched_getaffinity(0)) * 1.1, thr
+EOF
+timeout 60 "$ect" bench push --threads --seconds 0.05 --transport tcp --sizes 64KiB --steps 4 \
+  >"$tmp/bench_thr.txt"
+grep -q '^     threads, share of one CPU over the push rounds: all [0-9.]*: .*ect-ctl-server' \
+  "$tmp/bench_thr.txt"
 echo "push_cli: ok"
