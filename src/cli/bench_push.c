@@ -293,14 +293,6 @@ typedef struct raw_side {
     void *ctx;
 } raw_side;
 
-/* Measures a row into r: untimed, the push's warm-up (`inflight` steps, and
- * for warm_s seconds) and the limit's (one call, and for warm_s seconds);
- * then cli_round_count(secs) rounds of each kind, a push round and a limit
- * round in turn, each secs / that count long. A push round drains its steps
- * before the limit's round starts, so neither runs beside the other, and a
- * change of load on a busy machine hits both alike. The push's columns come
- * from its rounds only; raw GB/s and p50 from the limit's. A limit call
- * that fails stops the limit's rounds (its columns stay NaN). */
 /* A timed push round; with thr, the CPU of each thread over it (the two
  * snapshots lie outside the round's own clocks; bench_push checked once
  * that they can be taken, and a round whose snapshot fails is not added). */
@@ -315,6 +307,14 @@ static int push_round_threads(push_job *j, uint64_t dur_ns, cli_thr_acc *thr) {
     return rc;
 }
 
+/* Measures a row into r: untimed, the push's warm-up (`inflight` steps, and
+ * for warm_s seconds) and the limit's (one call, and for warm_s seconds);
+ * then cli_round_count(secs) rounds of each kind, a push round and a limit
+ * round in turn, each secs / that count long. A push round drains its steps
+ * before the limit's round starts, so neither runs beside the other, and a
+ * change of load on a busy machine hits both alike. The push's columns come
+ * from its rounds only; raw GB/s and p50 from the limit's. A limit call
+ * that fails stops the limit's rounds (its columns stay NaN). */
 static int run_row(push_job *j, raw_side *raw, double secs, double warm_s, row *r) {
     size_t rounds = cli_round_count(secs);
     uint64_t dur = (uint64_t)(secs * 1e9) / rounds, warm_ns = (uint64_t)(warm_s * 1e9);
