@@ -299,11 +299,11 @@ typedef struct raw_side {
 static int push_round_threads(push_job *j, uint64_t dur_ns, cli_thr_acc *thr) {
     static cli_thr_snap a, b; /* one bench thread */
     if (!thr) return push_round(j, dur_ns, 1, false);
-    bool before = cli_thr_snap_take(&a);
+    bool before = cli_thr_snap_take(&a, true);
     uint64_t t0 = cli_now_ns();
     int rc = push_round(j, dur_ns, 1, false);
     uint64_t wall = cli_now_ns() - t0;
-    if (!rc && before && cli_thr_snap_take(&b)) cli_thr_acc_add(thr, &a, &b, wall);
+    if (!rc && before && cli_thr_snap_take(&b, false)) cli_thr_acc_add(thr, &a, &b, wall);
     return rc;
 }
 
@@ -427,7 +427,7 @@ static void print_row(bool json, bool *first, const char *kind, uint64_t n, size
         }
         printf(",\"rounds\":%zu,\"raw_rounds\":%zu", r->rounds, r->raw_rounds);
         if (server) printf(",\"limit\":\"raw-tcp\",\"server\":\"%s\"", server);
-        if (r->thr) cli_thr_acc_print(r->thr, true);
+        if (r->thr) cli_thr_acc_print(r->thr, "push", true);
         printf("}");
         *first = false;
     } else {
@@ -438,7 +438,7 @@ static void print_row(bool json, bool *first, const char *kind, uint64_t n, size
             "%-4s %9s %4zu %3zu %9.0f %8.2f %8.2f %8.2f %6.1f %8.1f   %8.2f %8.2f %s %s  %6.2f\n",
             kind, sz, k, fl, r->items_s, r->gbps, r->p50_ms, r->p99_ms, r->rt_per_step, r->cpu_us,
             r->raw_gbps, r->raw_p50_ms, rtt, lim, ratio);
-        if (r->thr) cli_thr_acc_print(r->thr, false);
+        if (r->thr) cli_thr_acc_print(r->thr, "push", false);
     }
     fflush(stdout);
 }
@@ -829,12 +829,7 @@ int bench_push(int argc, char **argv) {
     int cp = 0;
     if (bench_remote_check("push", &ra, ch, sizeof ch, &cp) != CLI_EXIT_OK) return CLI_EXIT_USAGE;
     if (ra.server) return push_server(&ra, pool);
-    static cli_thr_snap probe;
-    if (threads && !cli_thr_snap_take(&probe)) {
-        fprintf(stderr, "ect bench push: --threads: cannot read /proc/self/task/*/schedstat "
-                        "(no /proc, or a kernel without CONFIG_SCHED_INFO)\n");
-        return CLI_EXIT_FAIL;
-    }
+    if (threads && !cli_thr_usable("bench push")) return CLI_EXIT_FAIL;
     char kinds[64];
     snprintf(kinds, sizeof kinds, "%s", list);
     for (char *save = NULL, *k = strtok_r(kinds, ",", &save); k; k = strtok_r(NULL, ",", &save))

@@ -202,7 +202,8 @@ int cli_timed_pair(cli_iter_fn fa, void *ca, uint64_t bytes_a, cli_iter_fn fb, v
                    uint64_t bytes_b, double secs, cli_timing *sa, cli_timing *sb);
 
 /* thread_cpu.c: CPU time by thread name over intervals (`ect bench push
- * --threads`), from /proc/self/task/TID/{comm,schedstat}. */
+ * --threads`, `ect bench pull --threads`): the tasks of /proc/self/task,
+ * their names (comm) and their CPU clocks. */
 #define CLI_THR_MAX 64
 typedef struct cli_thr {
     long tid; /* snapshots only */
@@ -218,15 +219,21 @@ typedef struct cli_thr_acc {
     cli_thr t[CLI_THR_MAX]; /* one per name: its summed ns */
     uint64_t wall_ns;       /* the intervals' wall time */
 } cli_thr_acc;
-/* False when no task could be read (no /proc, or no schedstat: a kernel
- * without CONFIG_SCHED_INFO). */
-bool cli_thr_snap_take(cli_thr_snap *s);
+/* A snapshot taken just before an interval (before) or just after it; the
+ * calling thread's own clock is read closest to the interval. False when no
+ * task could be read (no /proc). */
+bool cli_thr_snap_take(cli_thr_snap *s, bool before);
+/* Whether snapshots can be taken here; if not, says so on stderr as `ect
+ * <cmd>: --threads: ...` (fails at once, not with an empty line under every
+ * row). */
+bool cli_thr_usable(const char *cmd);
 /* Adds the CPU between two snapshots, by name, and the interval's wall time. */
 void cli_thr_acc_add(cli_thr_acc *a, const cli_thr_snap *before, const cli_thr_snap *after,
                      uint64_t wall_ns);
-/* Text: one line, names of at least 0.5 % of one CPU, busiest first; JSON:
+/* Text: one line, names of at least 0.5 % of one CPU, busiest first, as a
+ * share over the `rounds` ("push", "pull") rounds; JSON:
  * `,"threads":{NAME:SHARE,...}` inside the row's object. Sorts a. */
-void cli_thr_acc_print(cli_thr_acc *a, bool json);
+void cli_thr_acc_print(cli_thr_acc *a, const char *rounds, bool json);
 
 /* json_out.c: s needs no JSON escape (printable ASCII, no '"' or '\\'). */
 bool cli_json_plain(const char *s);
