@@ -42,6 +42,7 @@ typedef struct row {
      * item of the pull rounds, and of the limit's rounds (the batched one
      * for in-flight rows) */
     double cpu_us, lim_cpu_us;
+    cli_thr_acc *thr; /* --threads: CPU by thread over the pull rounds (else NULL) */
     bool ok;
 } row;
 
@@ -50,18 +51,23 @@ typedef int (*round_fn)(void *ctx);
 /* Alternates rounds of a (pull) and b (raw) for `ms` in all (at least 3 of
  * each, at most 1000), so load changes on a busy machine hit both alike;
  * fills each one's p50 round time and GB/s at that median, and the CPU time
- * per item of a's rounds and of the limit's (c's when given, else b's). */
+ * per item of a's rounds and of the limit's (c's when given, else b's). With
+ * r->thr, also the CPU of each thread over a's rounds (the snapshots lie
+ * outside the rounds' clocks; a round whose snapshot fails is not added). */
 static int timed_pair(round_fn a, round_fn b, round_fn c, void *ctx, uint64_t bytes, int items,
                       int ms, row *r) {
     static uint64_t la[1000], lb[1000], lc[1000];
+    static cli_thr_snap sa, sb; /* one bench thread */
     /* warm-up: connections, page faults */
     if (a(ctx) != 0 || b(ctx) != 0 || (c && c(ctx) != 0)) return -1;
     size_t n = 0;
     uint64_t t0 = cli_now_ns(), budget = (uint64_t)ms * 1000000ull, cpu_a = 0, cpu_lim = 0;
     while (n < 1000 && (n < 3 || cli_now_ns() - t0 < budget)) {
+        bool snap = r->thr && cli_thr_snap_take(&sa, true);
         uint64_t ca = cli_cpu_ns(), t = cli_now_ns();
         if (a(ctx) != 0) return -1;
         uint64_t u = cli_now_ns(), cb = cli_cpu_ns();
+        if (snap && cli_thr_snap_take(&sb, false)) cli_thr_acc_add(r->thr, &sa, &sb, u - t);
         if (b(ctx) != 0) return -1;
         uint64_t v = cli_now_ns(), cc = cli_cpu_ns();
         if (c && c(ctx) != 0) return -1;
@@ -193,7 +199,7 @@ static const struct {
 } cases[3] = {{1, false}, {32, false}, {32, true}};
 
 static int one_kind(const char *kind, const uint64_t *sizes, size_t nsizes, int ms, bool json,
-                    bool inflight_only, bool *first) {
+                    bool inflight_only, bool threads, bool *first) {
     const uint64_t pool_bytes = 32 * 16 * MiB + 64 * MiB;
     ect_pull_producer_opts po;
     ect_pull_producer_opts_init(&po);
@@ -264,6 +270,9 @@ static int one_kind(const char *kind, const uint64_t *sizes, size_t nsizes, int 
             x.meta.shape[0] = size;
             snprintf(x.meta.dtype, sizeof x.meta.dtype, "uint8");
             row r = {0};
+            static cli_thr_acc thr;
+            memset(&thr, 0, sizeof thr);
+            r.thr = threads ? &thr : NULL;
             uint64_t bytes = size * (uint64_t)count;
             if (timed_pair(pull_round, raw_round, x.many ? batched_round : NULL, &x, bytes, count,
                            2 * ms, &r) != 0)
@@ -281,8 +290,10 @@ static int one_kind(const char *kind, const uint64_t *sizes, size_t nsizes, int 
                 cli_json_num(r.bat_gbps);
                 printf(",\"ratio_batched\":");
                 cli_json_num(r.gbps / r.bat_gbps);
-                printf(",\"cpu_us_per_item\":%.17g,\"limit_cpu_us_per_item\":%.17g}", r.cpu_us,
+                printf(",\"cpu_us_per_item\":%.17g,\"limit_cpu_us_per_item\":%.17g", r.cpu_us,
                        r.lim_cpu_us);
+                if (r.thr) cli_thr_acc_print(r.thr, "pull", true);
+                printf("}");
                 *first = false;
             } else {
                 char bat[48];
@@ -293,6 +304,7 @@ static int one_kind(const char *kind, const uint64_t *sizes, size_t nsizes, int 
                 printf("%-5s %10s %5d %3d %10.3f %12.3f %10.3f %12.3f %7.2f%s %8.2f %8.2f\n", kind,
                        sz, count, fl, r.gbps, r.p50_ms, r.raw_gbps, r.raw_p50_ms, ratio, bat,
                        r.cpu_us, r.lim_cpu_us);
+                if (r.thr) cli_thr_acc_print(r.thr, "pull", false);
             }
             fflush(stdout);
         }
@@ -315,7 +327,8 @@ done:
 
 static void help(void) {
     printf(
-        "usage: ect bench pull [--json] [--ms N] [--transport tcp,shm] [--sizes LIST]\n\n"
+        "usage: ect bench pull [--json] [--ms N] [--transport tcp,shm] [--sizes LIST]\n"
+        "                      [--inflight-only] [--threads]\n\n"
         "Generation-1 pulls in this process over loopback: 1 and 32 items of 64 KiB, 4.5 MiB\n"
         "and 16 MiB loaded one after the other (pull round trip + write + completion), and\n"
         "32 with every pull in flight at once (ect_pull_consumer_load_many; column fl),\n"
@@ -334,7 +347,10 @@ static void help(void) {
         "  --transport L  comma-separated back ends (default tcp,shm)\n"
         "  --sizes LIST   item sizes, each 1 B .. 16 MiB (default 64KiB,4.5MiB,16MiB)\n"
         "  --inflight-only  only the rows with every pull in flight (fl 32), e.g. to profile "
-        "them\n");
+        "them\n"
+        "  --threads      after each row, the CPU of every thread over the row's pull rounds,\n"
+        "                 summed by thread name (README \"Threads\"), as a share of one CPU;\n"
+        "                 JSON: \"threads\": {NAME: SHARE}\n");
 }
 
 int bench_pull(int argc, char **argv) {
@@ -343,9 +359,10 @@ int bench_pull(int argc, char **argv) {
                                          {"transport", required_argument, 0, 't'},
                                          {"sizes", required_argument, 0, 'z'},
                                          {"inflight-only", no_argument, 0, 'i'},
+                                         {"threads", no_argument, 0, 'T'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    bool json = false, inflight_only = false;
+    bool json = false, inflight_only = false, threads = false;
     uint64_t ms = 400;
     char kinds[64] = "tcp,shm";
     uint64_t sizes[8] = {64 * 1024, 4718592, 16 * MiB};
@@ -356,6 +373,7 @@ int bench_pull(int argc, char **argv) {
         switch (ch) {
         case 'j': json = true; break;
         case 'i': inflight_only = true; break;
+        case 'T': threads = true; break;
         case 'm':
             if (!cli_parse_duration_u64("--ms", optarg, 1, 1, 60000, &ms)) return CLI_EXIT_USAGE;
             break;
@@ -378,6 +396,9 @@ int bench_pull(int argc, char **argv) {
         default: return cli_bad_flag("bench pull", opts);
         }
     }
+    if (optind < argc)
+        return cli_usage_error("bench pull", "unexpected argument '%s'", argv[optind]);
+    if (threads && !cli_thr_usable("bench pull")) return CLI_EXIT_FAIL;
     if (json)
         printf("[");
     else
@@ -388,7 +409,7 @@ int bench_pull(int argc, char **argv) {
     int rc = CLI_EXIT_OK;
     char *save = NULL;
     for (char *k = strtok_r(kinds, ",", &save); k; k = strtok_r(NULL, ",", &save))
-        if (one_kind(k, sizes, nsizes, (int)ms, json, inflight_only, &first) != 0)
+        if (one_kind(k, sizes, nsizes, (int)ms, json, inflight_only, threads, &first) != 0)
             rc = CLI_EXIT_FAIL;
     if (json) printf("]\n");
     return rc;
