@@ -534,8 +534,9 @@ typedef struct ect_xport_opts {
                                ephemeral; default "127.0.0.1:0"; copied at open */
     int conns_per_peer;     /* tcp: connections one batch may stripe large writes over,
                                1..64; default 2 */
-    uint64_t stripe_min;    /* tcp: a batch of at least twice this many bytes is striped,
-                               in pieces of at least this size; default 1 MiB */
+    uint64_t stripe_min;    /* tcp: a write of at least twice this many bytes is striped,
+                               in pieces of at least this size; a batch of smaller writes
+                               keeps to one connection; default 1 MiB */
     int connect_timeout_ms; /* connecting to a peer, 1..600000; default 5000 */
     int io_timeout_ms;      /* a connection that makes no progress this long fails its
                                unfinished writes (both sides), 1..3600000; default 30000.

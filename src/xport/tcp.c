@@ -453,18 +453,26 @@ static int tcp_write_batch(ect_xport *x, const char *session, const ect_write *w
     /* Keys first: a malformed key fails only its own write. */
     uint64_t *tok = malloc(n * sizeof *tok);
     if (!tok) return ect_set_error(ECT_ENOMEM, "batch");
-    uint64_t total = 0;
+    uint64_t smin = x->opts.stripe_min, biggest = 0;
     for (size_t i = 0; i < n; i++) {
         if (xp_key_parse(w[i].dst_key, &tok[i]) != 0)
             st[i] = ECT_EINVAL;
-        else
-            total += w[i].len;
+        else if (w[i].len > biggest)
+            biggest = w[i].len;
     }
-    uint64_t smin = x->opts.stripe_min;
+    /* Connections: as many as the largest write is cut into (a write of at
+     * least 2 * stripe_min, in pieces of at least stripe_min, over at most
+     * conns_per_peer). A batch of smaller writes keeps to one connection,
+     * whatever its total: its writes are pipelined with their acks
+     * coalesced already, and a second connection would only add a
+     * receiving thread and its wake-ups (on two vCPUs, `ect bench pull`'s 32
+     * x 64 KiB in flight ran at 0.57-0.84 of its raw batch over two, at
+     * 1.01-1.11 over one in most runs; docs/BENCHMARKS.md, issue 13,
+     * fifteenth pass). */
     int want = 1;
-    if (x->opts.conns_per_peer > 1 && total >= 2 * smin)
-        want = (int)(total / smin < (uint64_t)x->opts.conns_per_peer
-                         ? total / smin
+    if (x->opts.conns_per_peer > 1 && biggest >= 2 * smin)
+        want = (int)(biggest / smin < (uint64_t)x->opts.conns_per_peer
+                         ? biggest / smin
                          : (uint64_t)x->opts.conns_per_peer);
     lane ln[64];
     int nl = 0;

@@ -8,7 +8,6 @@
  * the scheduler's entry, the shards' threads named (README "Threads"), and
  * the pools' used bytes back at zero after every scenario.
  */
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,25 +113,6 @@ static void wait_cancels(ect_push_scheduler *s, uint64_t want) {
              (unsigned long long)want);
 }
 
-/* Whether a thread of this process is named `name` (/proc/self/task/N/comm). */
-static bool thread_named(const char *name) {
-    DIR *d = opendir("/proc/self/task");
-    assert_non_null(d);
-    bool found = false;
-    for (struct dirent *de; !found && (de = readdir(d));) {
-        if (de->d_name[0] == '.') continue;
-        char path[300], comm[32] = "";
-        snprintf(path, sizeof path, "/proc/self/task/%s/comm", de->d_name);
-        FILE *f = fopen(path, "r");
-        if (!f) continue; /* the thread ended meanwhile */
-        if (fgets(comm, sizeof comm, f)) comm[strcspn(comm, "\n")] = 0;
-        fclose(f);
-        found = strcmp(comm, name) == 0;
-    }
-    closedir(d);
-    return found;
-}
-
 static void run_roundtrip(int tp, const char *transport) {
     test_inst in;
     inst_open(&in, tp, transport, 16u << 20, 0);
@@ -191,9 +171,9 @@ static void run_roundtrip(int tp, const char *transport) {
      * that carried the bytes */
     char target[16];
     snprintf(target, sizeof target, "ect-%s-target", transport);
-    assert_true(thread_named("ect-ctl-server"));
-    assert_true(thread_named("ect-xp-accept"));
-    assert_true(thread_named(target));
+    assert_true(test_threads_named("ect-ctl-server") > 0);
+    assert_true(test_threads_named("ect-xp-accept") > 0);
+    assert_true(test_threads_named(target) > 0);
     ect_push_scheduler_close(s);
     test_prod_close(&p);
     test_inst_close_checked(&in);

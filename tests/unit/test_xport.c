@@ -2321,6 +2321,41 @@ static void test_tcp_nodelay(void **st) {
     xp_server_stop(srv);
 }
 
+/* How many connections a tcp batch uses (the target runs one thread per
+ * accepted connection, `ect-tcp-target`, alive while the initiator caches
+ * it): a batch of small writes keeps to one, however many bytes it carries
+ * in all (32 x 64 KiB = 2 MiB, twice stripe_min); a write of at least twice
+ * stripe_min is cut over conns_per_peer (docs/PROTOCOL.md "tcp",
+ * "Initiator behaviour"). Every byte lands either way. */
+static void test_tcp_stripe_conns(void **st) {
+    (void)st;
+    ect_xport *t = open_kind("tcp"), *i = open_kind("tcp");
+    region r;
+    test_region_open(t, 8 * MiB, &r);
+    uint8_t *src = malloc(4 * MiB);
+    assert_non_null(src);
+    test_fill_pattern(src, 4 * MiB, 7);
+    int before = test_threads_named("ect-tcp-target");
+    ect_write w[32];
+    int wst[32];
+    for (size_t k = 0; k < 32; k++) w[k] = wr(src + k * 64 * 1024, &r, k * 64 * 1024, 64 * 1024);
+    assert_int_equal(ect_xport_write_batch(i, ect_xport_session(t), w, 32, wst), 0);
+    for (size_t k = 0; k < 32; k++) assert_int_equal(wst[k], 0);
+    assert_memory_equal(r.addr, src, 2 * MiB);
+    /* the write is acknowledged, so its connection's thread has read it */
+    assert_int_equal(test_threads_named("ect-tcp-target") - before, 1);
+    memset(r.addr, 0, 4 * MiB);
+    w[0] = wr(src, &r, 0, 4 * MiB); /* 4 MiB >= 2 x 1 MiB: cut over both */
+    assert_int_equal(ect_xport_write_batch(i, ect_xport_session(t), w, 1, wst), 0);
+    assert_int_equal(wst[0], 0);
+    assert_memory_equal(r.addr, src, 4 * MiB);
+    assert_int_equal(test_threads_named("ect-tcp-target") - before, 2);
+    free(src);
+    test_region_close(t, &r);
+    ect_xport_close(i);
+    ect_xport_close(t);
+}
+
 int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     if (argc == 4 && strcmp(argv[1], "--child-target") == 0) child_target(argv[2], atoi(argv[3]));
@@ -2349,6 +2384,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_shm_offer_full_socket),
         cmocka_unit_test(test_tcp_stall),
         cmocka_unit_test(test_tcp_nodelay),
+        cmocka_unit_test(test_tcp_stripe_conns),
         KIND_TESTS("tcp"),
         KIND_TESTS("shm"),
 #if ECT_HAVE_UCX && !XP_TSAN

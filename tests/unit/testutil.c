@@ -1,4 +1,5 @@
 /* testutil — see testutil.h. */
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -87,6 +88,24 @@ void test_accept_key(const char *dir, const char *name, const char *from) {
 void test_nap_ms(int ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
+}
+
+int test_threads_named(const char *name) {
+    DIR *d = opendir("/proc/self/task");
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *de; (de = readdir(d));) {
+        if (de->d_name[0] == '.') continue;
+        char path[300], comm[32] = "";
+        snprintf(path, sizeof path, "/proc/self/task/%s/comm", de->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue; /* the thread ended meanwhile */
+        if (fgets(comm, sizeof comm, f)) comm[strcspn(comm, "\n")] = 0;
+        fclose(f);
+        n += strcmp(comm, name) == 0;
+    }
+    closedir(d);
+    return n;
 }
 
 void test_inst_open(test_inst *in, int tp, const ect_push_consumer_opts *tmpl) {

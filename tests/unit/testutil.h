@@ -53,6 +53,10 @@ void test_region_close(ect_xport *x, test_region *r);
 /* Sleeps ms milliseconds (a poll's pause, never a wait for an event). */
 void test_nap_ms(int ms);
 
+/* How many threads of this process are named `name` right now
+ * (/proc/self/task/N/comm). */
+int test_threads_named(const char *name);
+
 /* ---- push tests: a consumer instance and a producer of raw control calls */
 
 #define TEST_MAXTP 4
