@@ -270,7 +270,7 @@ static int one_kind(const char *kind, const uint64_t *sizes, size_t nsizes, int 
             x.meta.shape[0] = size;
             snprintf(x.meta.dtype, sizeof x.meta.dtype, "uint8");
             row r = {0};
-            static cli_thr_acc thr;
+            cli_thr_acc thr;
             memset(&thr, 0, sizeof thr);
             r.thr = threads ? &thr : NULL;
             uint64_t bytes = size * (uint64_t)count;

@@ -467,8 +467,7 @@ static int tcp_write_batch(ect_xport *x, const char *session, const ect_write *w
      * coalesced already, and a second connection would only add a
      * receiving thread and its wake-ups (on two vCPUs, `ect bench pull`'s 32
      * x 64 KiB in flight ran at 0.57-0.84 of its raw batch over two, at
-     * 1.01-1.11 over one in most runs; docs/BENCHMARKS.md, issue 13,
-     * fifteenth pass). */
+     * 0.82-1.08 over one; docs/BENCHMARKS.md, issue 13, fifteenth pass). */
     int want = 1;
     if (x->opts.conns_per_peer > 1 && biggest >= 2 * smin)
         want = (int)(biggest / smin < (uint64_t)x->opts.conns_per_peer
