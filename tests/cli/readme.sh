@@ -7,7 +7,7 @@
 # exports ECT_README_TEST=1 and this script skips itself (exit 0) when it sees
 # it. Run time: the nested `make test` gets CTEST_ARGS (honoured by the
 # Makefile) excluding this test, the unit test programs (test_*), the
-# benchmark smoke test (cli_demo_bench) and the longer Python suites (py_binding
+# benchmark smoke tests (cli_demo_bench, py_goal_bounds) and the longer Python suites (py_binding
 # stays: the package imports from the fresh copy) — the outer suite runs those — so the
 # whole check is a full build, the full default demo and every other CLI test
 # (a few minutes on 2 cores); set ECT_README_FULL=1 to run the nested suite
@@ -41,7 +41,7 @@ if [ "${ECT_README_FULL:-}" != 1 ]; then
   # make imports CTEST_ARGS as a recursively expanded variable: a lone `$)`
   # would be make's (empty) variable `)`, leaving an unbalanced regex that
   # excludes nothing, so the anchor is written `$$` for make.
-  export CTEST_ARGS='-E '\''^(cli_readme|cli_demo_bench|test_|py_(push|pull|vllm|cuda)$$)'\'
+  export CTEST_ARGS='-E '\''^(cli_readme|cli_demo_bench|test_|py_(push|pull|vllm|cuda|goal_bounds)$$)'\'
 fi
 n=0
 while IFS= read -r line; do
