@@ -20,9 +20,9 @@ three ceilings on that ratio, each from figures of the same row:
 (the limit's items a second: its GB/s over the item's size; pull's batched limit for the pull
 row). The lowest ceiling is the binding one; a ceiling the row's own ratio exceeds is printed
 in brackets and left out (pull's GB/s is over the median round, its CPU the mean over its
-rounds: a row whose rounds vary in CPU can beat its mean). A goal above it cannot be met on this machine by
-running the same work faster or better overlapped: the round trips, the CPU an item or the
-busiest thread's CPU an item must fall first. Each ceiling is an estimate from one run: the CPU
+rounds: a row whose rounds vary in CPU can beat its mean). A goal above the binding ceiling
+cannot be met on this machine by running the same work faster or better overlapped: the round
+trips, the CPU an item or the busiest thread's CPU an item must fall first. Each ceiling is an estimate from one run: the CPU
 an item is what the row spent, and a row with the CPUs free might spend less; read them over
 several runs (docs/BENCHMARKS.md). `--threads` costs a row some speed, so ratios here read lower
 than in a run without it.
@@ -218,7 +218,8 @@ def main():
         print("%-5s %-4s %8s %3d %3d  %5.2f %5.2f  %s %s %s  %-11s %s%s" %
               (r["bench"], r["transport"], size_txt(r["size"]), r["step"], r["inflight"],
                r["goal"], r["ratio"], fmt(c["round_trips"], r["ratio"]),
-               fmt(c["cpus"], r["ratio"]), fmt(c["one_thread"], r["ratio"]), r["binding"] or "-", r["busiest"] or "-",
+               fmt(c["cpus"], r["ratio"]), fmt(c["one_thread"], r["ratio"]),
+               r["binding"] or "-", r["busiest"] or "-",
                "  GOAL ABOVE CEILING" if r["goal_above_ceiling"] else ""))
         if r["bench"] == "demo":
             d = r["demo_cpu_us_per_item"]
