@@ -24,8 +24,8 @@ rounds: a row whose rounds vary in CPU can beat its mean). A goal above the bind
 cannot be met on this machine by running the same work faster or better overlapped: the round
 trips, the CPU an item or the busiest thread's CPU an item must fall first. Each ceiling is an
 estimate from one run: the CPU an item is what the row spent, and a row with the CPUs free might
-spend less; read them over several runs (docs/BENCHMARKS.md). `--threads` costs a row some speed, so ratios here read lower
-than in a run without it.
+spend less; read them over several runs (docs/BENCHMARKS.md). `--threads` costs a row some
+speed, so ratios here read lower than in a run without it.
 
 The demo's ceiling: `ect demo` is run twice (--demo-items and a tenth of it) and the CPU of all
 its processes (RUSAGE_CHILDREN) differenced, which leaves out start-up: cpu an item of the
