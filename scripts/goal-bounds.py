@@ -42,7 +42,8 @@ import resource
 import subprocess
 import sys
 
-# issue 13's goals: (bench, transport, size, step, inflight) -> ratio goal
+# issue 13's goals, ratio against the row's limit: push by (transport, size, step, inflight),
+# pull (32 items, all in flight) by (transport, size)
 PUSH_GOALS = {
     ("tcp", 65536, 32, 1): 0.8, ("shm", 65536, 32, 1): 0.5,
     ("tcp", 65536, 32, 4): 0.8, ("shm", 65536, 32, 4): 0.5,
@@ -51,6 +52,11 @@ PUSH_GOALS = {
 }
 PULL_GOALS = {("tcp", 65536): 0.8, ("shm", 65536): 0.8}
 DEMO_GOAL = 0.8
+
+
+def items_a_second(gbps, size):
+    """A rate in GB/s (10^9 B/s) as items of size bytes a second."""
+    return gbps * 1e9 / size
 
 
 def busiest(threads, items_per_s):
@@ -107,7 +113,7 @@ def push_rows(ect, seconds, cpus):
         key = (r["transport"], r["size"], r["step"], r["inflight"])
         if key not in PUSH_GOALS:
             continue
-        lim = r["raw_gbps"] * 1e9 / (r["size"] * 1.0)
+        lim = items_a_second(r["raw_gbps"], r["size"])
         serial = (r["raw_p50_ms"], r["round_trips_per_step"], r.get("ctl_rtt_ms")) \
             if r["inflight"] == 1 else None
         ceil, name = ceilings(lim, cpus, r["cpu_us_per_item"], r.get("threads"),
@@ -125,8 +131,8 @@ def pull_rows(ect, ms, cpus):
         key = (r["transport"], r["size"])
         if key not in PULL_GOALS or r["items"] != 32 or not r.get("raw_batched_gbps"):
             continue
-        lim = r["raw_batched_gbps"] * 1e9 / r["size"]
-        items_per_s = r["gbps"] * 1e9 / r["size"]
+        lim = items_a_second(r["raw_batched_gbps"], r["size"])
+        items_per_s = items_a_second(r["gbps"], r["size"])
         ceil, name = ceilings(lim, cpus, r["cpu_us_per_item"], r.get("threads"), items_per_s)
         out.append({"bench": "pull", "transport": r["transport"], "size": r["size"],
                     "step": r["items"], "inflight": r["inflight"], "goal": PULL_GOALS[key],
@@ -159,8 +165,7 @@ def demo_row(ect, items, seconds, cpus):
         per_item = None
     b = run_json([ect, "bench", "push", "--json", "--threads", "--sizes", "128KiB", "--steps",
                   "8", "--inflight", "4", "--transport", "tcp", "--seconds", str(seconds)])[0]
-    ceil = {"round_trips": None, "one_thread": None,
-            "cpus": cpus * 1e6 / per_item / b["items_per_s"] if per_item else None}
+    ceil, _ = ceilings(b["items_per_s"], cpus, per_item, None, None)  # the cpus ceiling alone
     return {"bench": "demo", "transport": "tcp", "size": 131072, "step": 8, "inflight": 4,
             "goal": DEMO_GOAL, "ratio": demo_ips / b["items_per_s"], "ceilings": ceil,
             "busiest": None, "demo_cpu_us_per_item": per_item,
