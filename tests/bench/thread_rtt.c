@@ -22,12 +22,14 @@
 #define _GNU_SOURCE
 #endif
 #include <errno.h>
+#include <signal.h>
 #include <linux/futex.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -53,12 +55,24 @@ static double now_us(void) {
     return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
 }
 
-/* Waits until *w no longer holds v. */
-static void wait_change(const side *s, _Atomic uint32_t *w, uint32_t v) {
-    while (atomic_load(w) == v) {
-        if (s->spin) continue;
-        syscall(SYS_futex, w, FUTEX_WAIT | s->op_private, v, NULL, NULL, 0);
+/* A side that has not answered in this long is gone (the other process
+ * died): the run fails rather than waits for ever. */
+#define GIVE_UP_US 10e6
+
+/* Waits until *w no longer holds v: 0, or -1 after GIVE_UP_US without a
+ * change. */
+static int wait_change(const side *s, _Atomic uint32_t *w, uint32_t v) {
+    const struct timespec second = {1, 0};
+    double start = 0;
+    for (unsigned long n = 0; atomic_load(w) == v; n++) {
+        if (s->spin && n % 4096) continue;
+        if (start == 0)
+            start = now_us();
+        else if (now_us() - start > GIVE_UP_US)
+            return -1;
+        if (!s->spin) syscall(SYS_futex, w, FUTEX_WAIT | s->op_private, v, &second, NULL, 0);
     }
+    return 0;
 }
 
 static void bump(const side *s, _Atomic uint32_t *w) {
@@ -70,20 +84,22 @@ static void bump(const side *s, _Atomic uint32_t *w) {
 static void *answer(void *arg) {
     const side *s = arg;
     for (long i = 0; i < s->rounds; i++) {
-        wait_change(s, &s->p->ping, (uint32_t)i);
+        if (wait_change(s, &s->p->ping, (uint32_t)i) != 0) return NULL;
         bump(s, &s->p->pong);
     }
     return NULL;
 }
 
-/* The asking side: times each ping until its pong into rt[0..rounds). */
-static void ask(const side *s, double *rt) {
+/* The asking side: times each ping until its pong into rt[0..rounds).
+ * -1 when the other side stopped answering. */
+static int ask(const side *s, double *rt) {
     for (long i = 0; i < s->rounds; i++) {
         double t = now_us();
         bump(s, &s->p->ping);
-        wait_change(s, &s->p->pong, (uint32_t)i);
+        if (wait_change(s, &s->p->pong, (uint32_t)i) != 0) return -1;
         rt[i] = now_us() - t;
     }
+    return 0;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -108,28 +124,42 @@ static pair *shared_pair(void) {
     return p;
 }
 
+/* Each run_* prints its line, or says on stderr why it has none: 0 or -1. */
 static int run_threads(const char *name, long rounds, int spin, double *rt) {
     pair *p = shared_pair();
-    if (!p) return -1;
+    if (!p) {
+        perror("thread_rtt: mmap");
+        return -1;
+    }
     side s = {p, rounds, FUTEX_PRIVATE_FLAG, spin};
     pthread_t th;
-    if (pthread_create(&th, NULL, answer, &s) != 0) {
+    int rc = pthread_create(&th, NULL, answer, &s);
+    if (rc != 0) {
+        fprintf(stderr, "thread_rtt: pthread_create: %s\n", strerror(rc));
         munmap(p, sizeof *p);
         return -1;
     }
-    ask(&s, rt);
+    rc = ask(&s, rt);
     pthread_join(th, NULL);
     munmap(p, sizeof *p);
+    if (rc != 0) {
+        fprintf(stderr, "thread_rtt: %s: the other thread stopped answering\n", name);
+        return -1;
+    }
     report(name, rt, rounds);
     return 0;
 }
 
 static int run_processes(long rounds, double *rt) {
     pair *p = shared_pair();
-    if (!p) return -1;
+    if (!p) {
+        perror("thread_rtt: mmap");
+        return -1;
+    }
     side s = {p, rounds, 0, 0};
     pid_t pid = fork();
     if (pid < 0) {
+        perror("thread_rtt: fork");
         munmap(p, sizeof *p);
         return -1;
     }
@@ -137,12 +167,16 @@ static int run_processes(long rounds, double *rt) {
         answer(&s);
         _exit(0);
     }
-    ask(&s, rt);
+    int rc = ask(&s, rt);
+    if (rc != 0) kill(pid, SIGKILL);
     int st;
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
     }
     munmap(p, sizeof *p);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) return -1;
+    if (rc != 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        fprintf(stderr, "thread_rtt: futex-process: the other process stopped answering\n");
+        return -1;
+    }
     report("futex-process", rt, rounds);
     return 0;
 }
@@ -171,10 +205,9 @@ int main(int argc, char **argv) {
         return 1;
     }
     int rc = 0;
-    if (run_threads("futex-thread", rounds, 0, rt) != 0) rc = 1;
-    if (rc == 0 && run_processes(rounds, rt) != 0) rc = 1;
-    if (rc == 0 && run_threads("spin-thread", rounds, 1, rt) != 0) rc = 1;
-    if (rc) fprintf(stderr, "thread_rtt: could not start the other side\n");
+    if (run_threads("futex-thread", rounds, 0, rt) != 0 || run_processes(rounds, rt) != 0 ||
+        run_threads("spin-thread", rounds, 1, rt) != 0)
+        rc = 1;
     free(rt);
     return rc;
 }
