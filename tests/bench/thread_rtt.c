@@ -22,9 +22,9 @@
 #define _GNU_SOURCE
 #endif
 #include <errno.h>
-#include <signal.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
